@@ -1,0 +1,465 @@
+#!/usr/bin/env bash
+# Benchmark Tessera against a plain PostgreSQL 15 server on the same machine.
+#
+# Workloads, each run against both targets (plain first, then Tessera):
+#   pgbench_select_only   pgbench -S -M prepared -c 8 -j 2 -T $DURATION -n
+#   pgbench_tpcb          pgbench    -M prepared -c 8 -j 2 -T $DURATION -n
+#   sysbench_oltp_insert  sysbench oltp_insert (pgsql driver), 1 table of 10000 rows, 8 threads
+#
+# Environment:
+#   DURATION=30         seconds per measured run
+#   SCALE=10            pgbench scale factor (pgbench -i -s)
+#   BENCH_LOG_DIR=DIR   where raw tool outputs go (default: a new temp dir, kept)
+#   BENCH_ONLY_PLAIN=1  measure only plain PostgreSQL (skip Tessera)
+#   TESSERA_BIN=PATH    coordinator binary (default: <repo>/target/release/tessera)
+#   PG_BIN=DIR          PostgreSQL 15 binaries (default: /usr/lib/postgresql/15/bin)
+#   TESSERA_START_TIMEOUT=180  seconds to wait for the cluster to accept connections
+#
+# Quick smoke run from the repo root:  DURATION=5 SCALE=1 bench/pgbench.sh
+set -euo pipefail
+
+SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
+REPO_ROOT=$(cd -- "$SCRIPT_DIR/.." && pwd)
+
+DURATION=${DURATION:-30}
+SCALE=${SCALE:-10}
+BENCH_ONLY_PLAIN=${BENCH_ONLY_PLAIN:-0}
+TESSERA_BIN=${TESSERA_BIN:-$REPO_ROOT/target/release/tessera}
+PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
+TESSERA_START_TIMEOUT=${TESSERA_START_TIMEOUT:-180}
+CLIENTS=8
+JOBS=2
+SB_TABLE_SIZE=10000
+SB_THREADS=8
+WORKLOADS=(pgbench_select_only pgbench_tpcb sysbench_oltp_insert)
+
+# ---------------------------------------------------------------- helpers
+
+log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+
+# die MESSAGE [LOGFILE]: print the message (and the log's tail) and exit 1.
+die() {
+    printf 'ERROR: %s\n' "$1" >&2
+    if [[ -n ${2:-} && -f $2 ]]; then
+        printf -- '--- last lines of %s ---\n' "$2" >&2
+        tail -n 25 -- "$2" >&2 || true
+        printf -- '---\n' >&2
+    fi
+    exit 1
+}
+
+is_uint() { [[ $1 =~ ^[0-9]+$ ]]; }
+
+# Run a PostgreSQL server-side binary as the postgres OS user when we are root
+# (initdb and postgres refuse to run as root). Runs from / so that the postgres
+# user never trips over an unreadable working directory.
+as_pg() {
+    if [[ $EUID -eq 0 ]]; then
+        (cd / && runuser -u postgres -- "$@")
+    else
+        (cd / && "$@")
+    fi
+}
+
+port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# A random TCP port that nothing listens on, with the next 3 ports free as
+# well (room for servers that put helpers right above their own port).
+free_port() {
+    local p i k ok
+    for ((i = 0; i < 500; i++)); do
+        p=$((20000 + RANDOM % 30000))
+        ok=1
+        for ((k = 0; k < 4; k++)); do
+            if port_in_use $((p + k)); then ok=0; break; fi
+        done
+        if [[ $ok -eq 1 ]]; then echo "$p"; return 0; fi
+    done
+    die "could not find a free TCP port"
+}
+
+psql_at() { # psql_at PORT [psql args...]
+    local port=$1; shift
+    "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres -d postgres "$@"
+}
+
+# Coordinator CPU time (utime+stime, clock ticks) from /proc/PID/stat fields
+# 14 and 15; empty when there is no coordinator process to account.
+COORD_PID=
+coord_ticks() {
+    local stat rest
+    local -a f
+    if [[ -z $COORD_PID || ! -r /proc/$COORD_PID/stat ]]; then echo ""; return 0; fi
+    stat=$(<"/proc/$COORD_PID/stat") || { echo ""; return 0; }
+    rest=${stat##*) }            # drop "pid (comm) ": rest starts at field 3
+    read -r -a f <<<"$rest"
+    echo $((f[11] + f[12]))      # fields 14 (utime) and 15 (stime)
+}
+
+# µs of coordinator CPU per transaction, or empty.
+us_per_txn() { # us_per_txn TICKS_BEFORE TICKS_AFTER TXNS
+    if [[ -z $1 || -z $2 || -z $3 || $3 -eq 0 ]]; then echo ""; return 0; fi
+    awk -v a="$1" -v b="$2" -v n="$3" -v hz="$CLK_TCK" 'BEGIN { printf "%.1f", (b - a) * 1e6 / hz / n }'
+}
+
+# Results, keyed "<target>:<workload>".
+declare -A TPS=() LAT=() COORD_US=() STATUS=()
+
+# ---------------------------------------------------------------- checks
+
+if ! is_uint "$DURATION" || [[ $DURATION -eq 0 ]]; then die "DURATION must be a positive integer (got '$DURATION')"; fi
+if ! is_uint "$SCALE" || [[ $SCALE -eq 0 ]]; then die "SCALE must be a positive integer (got '$SCALE')"; fi
+if ! is_uint "$TESSERA_START_TIMEOUT"; then die "TESSERA_START_TIMEOUT must be a number of seconds"; fi
+for b in initdb pg_ctl postgres pgbench psql; do
+    [[ -x $PG_BIN/$b ]] || die "$PG_BIN/$b not found (install postgresql-15, or set PG_BIN)"
+done
+if [[ $EUID -eq 0 ]]; then
+    id postgres >/dev/null 2>&1 || die "running as root but there is no 'postgres' OS user"
+fi
+if [[ $BENCH_ONLY_PLAIN != 1 && ! -x $TESSERA_BIN ]]; then
+    die "$TESSERA_BIN not found: run 'cargo build --release' in $REPO_ROOT first (or BENCH_ONLY_PLAIN=1 to measure only plain PostgreSQL)"
+fi
+HAVE_SYSBENCH=0
+if command -v sysbench >/dev/null 2>&1; then HAVE_SYSBENCH=1; fi
+CLK_TCK=$(getconf CLK_TCK)
+
+BENCH_LOG_DIR=${BENCH_LOG_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/tessera-bench-logs.XXXXXX")}
+mkdir -p -- "$BENCH_LOG_DIR"
+BENCH_LOG_DIR=$(cd -- "$BENCH_LOG_DIR" && pwd)
+
+# ---------------------------------------------------------------- cleanup
+
+PLAIN_DIR='' PLAIN_STARTED=0 PLAIN_PORT=''
+TESSERA_DIR='' TESSERA_STARTED=0 TESSERA_UP_PID='' TESSERA_PORT=''
+
+stop_plain() {
+    if [[ $PLAIN_STARTED -eq 1 ]]; then
+        as_pg "$PG_BIN/pg_ctl" -D "$PLAIN_DIR/data" -m fast -w stop >>"$BENCH_LOG_DIR/plain-pg_ctl.log" 2>&1 ||
+            printf 'warning: could not stop the plain PostgreSQL server\n' >&2
+        PLAIN_STARTED=0
+    fi
+    if [[ -n $PLAIN_DIR ]]; then
+        cp -- "$PLAIN_DIR/postgres.log" "$BENCH_LOG_DIR/plain-postgres.log" 2>/dev/null || true
+        rm -rf -- "$PLAIN_DIR"
+        PLAIN_DIR=
+    fi
+}
+
+stop_tessera() {
+    if [[ $TESSERA_STARTED -eq 1 ]]; then
+        "$TESSERA_BIN" down --data-dir "$TESSERA_DIR" >>"$BENCH_LOG_DIR/tessera-down.log" 2>&1 ||
+            printf 'warning: tessera down failed (see %s/tessera-down.log)\n' "$BENCH_LOG_DIR" >&2
+        TESSERA_STARTED=0
+    fi
+    if [[ -n $TESSERA_UP_PID ]]; then
+        # `tessera up` may run in the foreground; it should be gone after `down`.
+        if kill -0 "$TESSERA_UP_PID" 2>/dev/null; then
+            sleep 2
+            kill "$TESSERA_UP_PID" 2>/dev/null || true
+        fi
+        wait "$TESSERA_UP_PID" 2>/dev/null || true
+        TESSERA_UP_PID=
+    fi
+    if [[ -n $TESSERA_DIR ]]; then
+        # Keep the nodes' own logs for post-mortems.
+        if [[ -d $TESSERA_DIR ]]; then
+            mkdir -p -- "$BENCH_LOG_DIR/tessera-node-logs"
+            find "$TESSERA_DIR" -type f \( -name '*.log' -o -name '*.csv' \) -size -100M 2>/dev/null |
+                while IFS= read -r f; do
+                    rel=${f#"$TESSERA_DIR"/}
+                    cp -- "$f" "$BENCH_LOG_DIR/tessera-node-logs/${rel//\//_}" 2>/dev/null || true
+                done
+        fi
+        rm -rf -- "$TESSERA_DIR"
+        TESSERA_DIR=
+    fi
+}
+
+cleanup() {
+    local rc=$?
+    set +e
+    trap - EXIT INT TERM
+    stop_tessera
+    stop_plain
+    if [[ $rc -ne 0 ]]; then
+        printf 'benchmark FAILED (exit %s); raw outputs in %s\n' "$rc" "$BENCH_LOG_DIR" >&2
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# ---------------------------------------------------------------- targets
+
+start_plain() {
+    PLAIN_DIR=$(mktemp -d "${TMPDIR:-/tmp}/tessera-bench-plain.XXXXXX")
+    local data=$PLAIN_DIR/data
+    mkdir -- "$data"
+    if [[ $EUID -eq 0 ]]; then chown -R postgres:postgres -- "$PLAIN_DIR"; fi
+    chmod 700 -- "$data"
+    PLAIN_PORT=$(free_port)
+    log "plain: initdb in $data"
+    as_pg "$PG_BIN/initdb" -D "$data" -U postgres -A trust >"$BENCH_LOG_DIR/plain-initdb.log" 2>&1 ||
+        die "initdb failed" "$BENCH_LOG_DIR/plain-initdb.log"
+    # The settings Tessera writes for its nodes.
+    cat >>"$data/postgresql.conf" <<CONF
+
+# --- bench/pgbench.sh: same settings as Tessera's nodes ---
+port = $PLAIN_PORT
+listen_addresses = '127.0.0.1'
+max_connections = 300
+shared_buffers = 256MB
+max_prepared_transactions = 200
+wal_level = logical
+max_wal_size = 4GB
+checkpoint_timeout = 30min
+unix_socket_directories = '$data'
+CONF
+    log "plain: starting PostgreSQL 15 on 127.0.0.1:$PLAIN_PORT"
+    PLAIN_STARTED=1
+    as_pg "$PG_BIN/pg_ctl" -D "$data" -l "$PLAIN_DIR/postgres.log" -w -t 120 start >"$BENCH_LOG_DIR/plain-pg_ctl.log" 2>&1 || {
+        cp -- "$PLAIN_DIR/postgres.log" "$BENCH_LOG_DIR/plain-postgres.log" 2>/dev/null || true
+        die "could not start the plain PostgreSQL server" "$BENCH_LOG_DIR/plain-postgres.log"
+    }
+}
+
+start_tessera() {
+    TESSERA_DIR=$(mktemp -d "${TMPDIR:-/tmp}/tessera-bench-cluster.XXXXXX")
+    if [[ $EUID -eq 0 ]]; then chown postgres:postgres -- "$TESSERA_DIR"; fi
+    local port up_log=$BENCH_LOG_DIR/tessera-up.log status_file=$BENCH_LOG_DIR/tessera-status.env
+    port=$(free_port)
+    log "tessera: up --data-dir $TESSERA_DIR --port $port --workers 2"
+    TESSERA_STARTED=1
+    # In the background so that it works whether `up` daemonizes or stays in
+    # the foreground; readiness is "the coordinator answers SELECT 1".
+    "$TESSERA_BIN" up --data-dir "$TESSERA_DIR" --port "$port" --workers 2 >"$up_log" 2>&1 &
+    TESSERA_UP_PID=$!
+    local deadline=$((SECONDS + TESSERA_START_TIMEOUT)) rc
+    until psql_at "$port" -At -c 'SELECT 1' >/dev/null 2>&1; do
+        if ! kill -0 "$TESSERA_UP_PID" 2>/dev/null; then
+            rc=0
+            wait "$TESSERA_UP_PID" || rc=$?
+            TESSERA_UP_PID=
+            [[ $rc -eq 0 ]] || die "tessera up exited with status $rc" "$up_log"
+        fi
+        [[ $SECONDS -lt $deadline ]] || die "the coordinator did not accept connections on port $port within ${TESSERA_START_TIMEOUT}s" "$up_log"
+        sleep 0.5
+    done
+    "$TESSERA_BIN" status --data-dir "$TESSERA_DIR" --format env >"$status_file" 2>&1 ||
+        die "tessera status failed" "$status_file"
+    local key val
+    TS_COORDINATOR_PORT='' TS_COORDINATOR_PID='' TS_COORDINATOR_DB_PORT='' TS_WORKER_PORTS=''
+    while IFS='=' read -r key val; do
+        val=${val%$'\r'}
+        val=${val#\"}; val=${val%\"}; val=${val#\'}; val=${val%\'}
+        case $key in
+            COORDINATOR_PORT | COORDINATOR_PID | COORDINATOR_DB_PORT | WORKER_PORTS)
+                printf -v "TS_$key" '%s' "$val" ;;
+        esac
+    done <"$status_file"
+    TESSERA_PORT=${TS_COORDINATOR_PORT:-$port}
+    is_uint "$TESSERA_PORT" || die "bad COORDINATOR_PORT in tessera status output" "$status_file"
+    if [[ $TESSERA_PORT != "$port" ]]; then
+        printf 'warning: asked for port %s but status reports COORDINATOR_PORT=%s; using the latter\n' "$port" "$TESSERA_PORT" >&2
+    fi
+    if is_uint "$TS_COORDINATOR_PID" && [[ -r /proc/$TS_COORDINATOR_PID/stat ]]; then
+        COORD_PID=$TS_COORDINATOR_PID
+    else
+        COORD_PID=
+        printf 'warning: no usable COORDINATOR_PID in tessera status output; coordinator CPU will not be reported\n' >&2
+    fi
+    log "tessera: coordinator 127.0.0.1:$TESSERA_PORT pid=${COORD_PID:-?} db_port=${TS_COORDINATOR_DB_PORT:-?} workers=[${TS_WORKER_PORTS:-?}]"
+}
+
+# ---------------------------------------------------------------- workloads
+
+pgbench_init() { # pgbench_init TARGET PORT
+    local out=$BENCH_LOG_DIR/$1-pgbench-init.log
+    log "$1: pgbench -i -s $SCALE"
+    "$PG_BIN/pgbench" -h 127.0.0.1 -p "$2" -U postgres -i -s "$SCALE" postgres >"$out" 2>&1 ||
+        die "$1: pgbench -i failed" "$out"
+}
+
+distribute_pgbench_tables() { # distribute_pgbench_tables PORT
+    local out=$BENCH_LOG_DIR/tessera-distribute-pgbench.log
+    log "tessera: create_distributed_table on the pgbench tables"
+    psql_at "$1" -f - >"$out" 2>&1 <<'SQL' || die "tessera: distributing the pgbench tables failed" "$out"
+SET citus.shard_count = 32;
+SELECT create_distributed_table('pgbench_accounts','aid');
+SELECT create_distributed_table('pgbench_branches','bid');
+SELECT create_distributed_table('pgbench_tellers','tid');
+SELECT create_distributed_table('pgbench_history','aid');
+SQL
+}
+
+# run_pgbench TARGET PORT WORKLOAD [pgbench args...]; fails the script on error.
+run_pgbench() {
+    local target=$1 port=$2 name=$3; shift 3
+    local out=$BENCH_LOG_DIR/$target-$name.log t0 t1 tps lat txns
+    log "$target: $name: pgbench ${*:+$* }-M prepared -c $CLIENTS -j $JOBS -T $DURATION -n"
+    t0=$(coord_ticks)
+    "$PG_BIN/pgbench" -h 127.0.0.1 -p "$port" -U postgres "$@" -M prepared -c "$CLIENTS" -j "$JOBS" -T "$DURATION" -n postgres >"$out" 2>&1 ||
+        die "$target: pgbench ($name) failed" "$out"
+    t1=$(coord_ticks)
+    tps=$(sed -n 's/^tps = \([0-9.]*\) (without initial connection time).*/\1/p' "$out" | head -n 1)
+    lat=$(sed -n 's/^latency average = \([0-9.]*\) ms.*/\1/p' "$out" | head -n 1)
+    txns=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$out" | head -n 1)
+    [[ -n $tps && -n $lat && -n $txns ]] || die "$target: could not parse pgbench ($name) output" "$out"
+    [[ $txns -gt 0 ]] || die "$target: pgbench ($name) processed no transactions" "$out"
+    TPS[$target:$name]=$tps
+    LAT[$target:$name]=$lat
+    COORD_US[$target:$name]=$(us_per_txn "$t0" "$t1" "$txns")
+    STATUS[$target:$name]=ok
+    log "$target: $name: tps=$tps latency_ms=$lat txns=$txns${COORD_US[$target:$name]:+ coord_us_per_txn=${COORD_US[$target:$name]}}"
+}
+
+# run_sysbench TARGET PORT: returns non-zero (with a message) on failure.
+run_sysbench() {
+    local target=$1 port=$2 name=sysbench_oltp_insert
+    local pre=$BENCH_LOG_DIR/$target-$name-prepare.log
+    local out=$BENCH_LOG_DIR/$target-$name.log
+    local cln=$BENCH_LOG_DIR/$target-$name-cleanup.log
+    local -a sb=(sysbench oltp_insert --db-driver=pgsql --pgsql-host=127.0.0.1 --pgsql-port="$port"
+        --pgsql-user=postgres --pgsql-db=postgres --tables=1 --table-size="$SB_TABLE_SIZE"
+        --threads="$SB_THREADS" --time="$DURATION")
+    local t0 t1 tps lat txns
+    log "$target: $name: prepare"
+    if ! "${sb[@]}" prepare >"$pre" 2>&1; then
+        SB_ERR="sysbench prepare failed (see $pre)"; SB_ERR_LOG=$pre; return 1
+    fi
+    if [[ $target == tessera ]]; then
+        log "$target: $name: create_distributed_table('sbtest1','id')"
+        if ! psql_at "$port" -c "SELECT create_distributed_table('sbtest1','id')" >>"$pre" 2>&1; then
+            SB_ERR="create_distributed_table('sbtest1','id') failed (see $pre)"; SB_ERR_LOG=$pre; return 1
+        fi
+    fi
+    log "$target: $name: run (--threads=$SB_THREADS --time=$DURATION)"
+    t0=$(coord_ticks)
+    if ! "${sb[@]}" run >"$out" 2>&1; then
+        SB_ERR="sysbench run failed (see $out)"; SB_ERR_LOG=$out; return 1
+    fi
+    t1=$(coord_ticks)
+    log "$target: $name: cleanup"
+    "${sb[@]}" cleanup >"$cln" 2>&1 || printf 'warning: %s: sysbench cleanup failed (see %s)\n' "$target" "$cln" >&2
+    tps=$(sed -n 's/^ *transactions: *[0-9]* *(\([0-9.]*\) per sec\.).*/\1/p' "$out" | head -n 1)
+    txns=$(sed -n 's/^ *transactions: *\([0-9]*\) .*/\1/p' "$out" | head -n 1)
+    lat=$(awk '/^Latency \(ms\):/ { f = 1 } f && $1 == "avg:" { print $2; exit }' "$out")
+    if [[ -z $tps || -z $lat || -z $txns ]]; then
+        SB_ERR="could not parse the sysbench output (see $out)"; SB_ERR_LOG=$out; return 1
+    fi
+    if [[ $txns -eq 0 ]]; then
+        SB_ERR="sysbench processed no transactions (see $out)"; SB_ERR_LOG=$out; return 1
+    fi
+    TPS[$target:$name]=$tps
+    LAT[$target:$name]=$lat
+    COORD_US[$target:$name]=$(us_per_txn "$t0" "$t1" "$txns")
+    STATUS[$target:$name]=ok
+    log "$target: $name: tps=$tps latency_ms=$lat txns=$txns${COORD_US[$target:$name]:+ coord_us_per_txn=${COORD_US[$target:$name]}}"
+}
+
+sysbench_part() { # sysbench_part TARGET PORT
+    local target=$1 port=$2
+    if [[ $HAVE_SYSBENCH -ne 1 ]]; then
+        STATUS[$target:sysbench_oltp_insert]=skipped
+        return 0
+    fi
+    SB_ERR='' SB_ERR_LOG=''
+    if run_sysbench "$target" "$port"; then return 0; fi
+    if [[ $target == plain ]]; then
+        die "plain: sysbench_oltp_insert: $SB_ERR" "$SB_ERR_LOG"
+    fi
+    STATUS[$target:sysbench_oltp_insert]=failed
+    printf '%s: sysbench_oltp_insert FAILED: %s\n' "$target" "$SB_ERR" >&2
+    if [[ -n $SB_ERR_LOG && -f $SB_ERR_LOG ]]; then
+        grep -iE 'error|fatal' -- "$SB_ERR_LOG" | head -n 5 >&2 || tail -n 5 -- "$SB_ERR_LOG" >&2 || true
+    fi
+    psql_at "$port" -c 'DROP TABLE IF EXISTS sbtest1' >/dev/null 2>&1 || true
+    return 0
+}
+
+# ---------------------------------------------------------------- main
+
+log "Tessera benchmark: SCALE=$SCALE DURATION=${DURATION}s clients=$CLIENTS threads=$JOBS cpus=$(nproc)"
+log "raw outputs: $BENCH_LOG_DIR"
+if [[ $HAVE_SYSBENCH -ne 1 ]]; then
+    log "sysbench is not installed (apt-get install sysbench): skipping sysbench_oltp_insert"
+fi
+if [[ $BENCH_ONLY_PLAIN == 1 ]]; then
+    log "BENCH_ONLY_PLAIN=1: skipping Tessera"
+fi
+
+# (a) plain PostgreSQL 15
+start_plain
+pgbench_init plain "$PLAIN_PORT"
+run_pgbench plain "$PLAIN_PORT" pgbench_select_only -S
+run_pgbench plain "$PLAIN_PORT" pgbench_tpcb
+sysbench_part plain "$PLAIN_PORT"
+log "plain: stopping"
+stop_plain
+
+# (b) Tessera: coordinator + 2 workers
+if [[ $BENCH_ONLY_PLAIN != 1 ]]; then
+    start_tessera
+    pgbench_init tessera "$TESSERA_PORT"
+    distribute_pgbench_tables "$TESSERA_PORT"
+    run_pgbench tessera "$TESSERA_PORT" pgbench_select_only -S
+    run_pgbench tessera "$TESSERA_PORT" pgbench_tpcb
+    sysbench_part tessera "$TESSERA_PORT"
+    log "tessera: stopping"
+    stop_tessera
+fi
+
+# ---------------------------------------------------------------- report
+
+fmt1() { awk -v x="$1" 'BEGIN { printf "%.1f", x }'; }
+
+# cell TARGET WORKLOAD tps|lat|coord: the value, or why there is none.
+cell() {
+    local key=$1:$2 v=''
+    case $3 in
+        tps) v=${TPS[$key]:-}; if [[ -n $v ]]; then v=$(fmt1 "$v"); fi ;;
+        lat) v=${LAT[$key]:-} ;;
+        coord) v=${COORD_US[$key]:-} ;;
+    esac
+    case ${STATUS[$key]:-} in
+        ok) echo "${v:-NA}" ;;
+        failed) echo FAILED ;;
+        skipped) echo skipped ;;
+        *) echo - ;;
+    esac
+}
+
+ratio_of() { # ratio_of WORKLOAD
+    local p=${TPS[plain:$1]:-} t=${TPS[tessera:$1]:-}
+    if [[ ${STATUS[plain:$1]:-} == ok && ${STATUS[tessera:$1]:-} == ok ]]; then
+        awk -v p="$p" -v t="$t" 'BEGIN { if (p > 0) printf "%.2f", t / p; else printf "NA" }'
+    else
+        echo NA
+    fi
+}
+
+echo
+echo "Results (SCALE=$SCALE, DURATION=${DURATION}s, $CLIENTS clients; latency = average ms; ratio = tessera TPS / plain TPS)"
+fmt='%-21s | %10s | %16s | %11s | %18s | %5s | %s\n'
+# shellcheck disable=SC2059
+printf "$fmt" workload "plain TPS" "plain latency ms" "tessera TPS" "tessera latency ms" ratio "coordinator CPU µs/txn"
+# shellcheck disable=SC2059
+printf "$fmt" "---------------------" "----------" "----------------" "-----------" "------------------" "-----" "----------------------"
+for w in "${WORKLOADS[@]}"; do
+    # shellcheck disable=SC2059
+    printf "$fmt" "$w" "$(cell plain "$w" tps)" "$(cell plain "$w" lat)" \
+        "$(cell tessera "$w" tps)" "$(cell tessera "$w" lat)" "$(ratio_of "$w")" "$(cell tessera "$w" coord)"
+done
+echo
+for w in "${WORKLOADS[@]}"; do
+    p=NA t=NA c=NA
+    if [[ ${STATUS[plain:$w]:-} == ok ]]; then p=$(fmt1 "${TPS[plain:$w]}"); fi
+    if [[ ${STATUS[tessera:$w]:-} == ok ]]; then
+        t=$(fmt1 "${TPS[tessera:$w]}")
+        c=${COORD_US[tessera:$w]:-NA}
+    fi
+    echo "RESULT $w plain_tps=$p tessera_tps=$t ratio=$(ratio_of "$w") coord_us_per_txn=$c"
+done
+echo
+log "raw outputs: $BENCH_LOG_DIR"

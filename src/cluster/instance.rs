@@ -1,0 +1,154 @@
+//! One local PostgreSQL server that Tessera created: initdb, configuration, start
+//! and stop. Used by `tessera up` for the embedded cluster and by the test harness.
+//! PostgreSQL refuses to run as root, so as root every server command runs as the
+//! `postgres` OS user and the data directories belong to it.
+
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Settings every node gets: loopback only, room for many client and coordinator
+/// connections, prepared transactions for two-phase commit, logical WAL for
+/// online shard moves.
+const NODE_SETTINGS: &str = "\
+listen_addresses = '127.0.0.1'
+max_connections = 300
+shared_buffers = 256MB
+max_prepared_transactions = 200
+wal_level = logical
+max_wal_size = 4GB
+checkpoint_timeout = 30min
+log_line_prefix = '%m [%p] %q%u@%d '
+";
+
+#[derive(Clone, Debug)]
+pub struct Instance {
+    pub data_dir: PathBuf,
+    pub port: u16,
+}
+
+/// The directory holding initdb, pg_ctl and postgres: `TESSERA_PG_BIN`, Debian's
+/// PostgreSQL 15, or whatever `pg_config` reports.
+pub fn pg_bin_dir() -> Result<PathBuf> {
+    if let Ok(dir) = std::env::var("TESSERA_PG_BIN") {
+        return Ok(PathBuf::from(dir));
+    }
+    let debian = PathBuf::from("/usr/lib/postgresql/15/bin");
+    if debian.join("initdb").exists() {
+        return Ok(debian);
+    }
+    let out = Command::new("pg_config").arg("--bindir").output().context("PostgreSQL 15 not found: install postgresql-15 or set TESSERA_PG_BIN")?;
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+fn running_as_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Runs a PostgreSQL program, as the `postgres` user when we are root.
+fn run_pg(program: &str, args: &[&str]) -> Result<Output> {
+    let bin = pg_bin_dir()?.join(program);
+    let mut cmd = if running_as_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(&bin);
+        c
+    } else {
+        Command::new(&bin)
+    };
+    cmd.args(args).current_dir("/");
+    let out = cmd.output().with_context(|| format!("could not run {}", bin.display()))?;
+    Ok(out)
+}
+
+fn check(out: Output, what: &str) -> Result<Output> {
+    if !out.status.success() {
+        bail!("{what} failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(out)
+}
+
+/// Makes `dir` (and its new parents) and, as root, gives it to the postgres user.
+pub fn prepare_dir(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("could not create {}", dir.display()))?;
+    if running_as_root() {
+        let out = Command::new("chown").args(["-R", "postgres:postgres"]).arg(dir).output()?;
+        check(out, "chown")?;
+        // The postgres user must be able to reach the directory through its parents.
+        let mut p = dir.parent();
+        while let Some(parent) = p {
+            if let Ok(meta) = std::fs::metadata(parent) {
+                use std::os::unix::fs::PermissionsExt;
+                if meta.permissions().mode() & 0o001 == 0 {
+                    bail!("{} is not searchable by the postgres user; choose a data directory elsewhere (e.g. under /tmp or /var/lib)", parent.display());
+                }
+            }
+            p = parent.parent();
+        }
+    }
+    Ok(())
+}
+
+impl Instance {
+    pub fn new(data_dir: impl Into<PathBuf>, port: u16) -> Self {
+        Instance { data_dir: data_dir.into(), port }
+    }
+
+    pub fn is_initialized(&self) -> bool {
+        self.data_dir.join("PG_VERSION").exists()
+    }
+
+    /// initdb plus our settings. The port lives in the configuration so that a
+    /// plain `pg_ctl start` brings the node back where the catalog expects it.
+    pub fn init(&self) -> Result<()> {
+        prepare_dir(&self.data_dir)?;
+        let dir = self.data_dir.to_string_lossy();
+        check(run_pg("initdb", &["-D", &dir, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync"])?, "initdb")?;
+        let conf = format!("{NODE_SETTINGS}port = {}\nunix_socket_directories = '{}'\n", self.port, dir);
+        let conf_path = self.data_dir.join("postgresql.conf");
+        let mut existing = std::fs::read_to_string(&conf_path)?;
+        existing.push_str("\n# Written by tessera\n");
+        existing.push_str(&conf);
+        std::fs::write(&conf_path, existing)?;
+        Ok(())
+    }
+
+    pub fn start(&self) -> Result<()> {
+        if self.is_running() {
+            return Ok(());
+        }
+        let dir = self.data_dir.to_string_lossy();
+        let log = self.data_dir.join("server.log");
+        check(run_pg("pg_ctl", &["-D", &dir, "-l", &log.to_string_lossy(), "-w", "-t", "60", "start"])?, &format!("starting PostgreSQL in {dir}"))
+            .with_context(|| format!("see {}", log.display()))?;
+        Ok(())
+    }
+
+    /// Fast shutdown: open transactions are rolled back, clients disconnected.
+    pub fn stop(&self) -> Result<()> {
+        if !self.is_running() {
+            return Ok(());
+        }
+        let dir = self.data_dir.to_string_lossy();
+        check(run_pg("pg_ctl", &["-D", &dir, "-m", "fast", "-w", "-t", "60", "stop"])?, &format!("stopping PostgreSQL in {dir}"))?;
+        Ok(())
+    }
+
+    /// Immediate shutdown, as after a crash (for fault tests).
+    pub fn kill(&self) -> Result<()> {
+        let dir = self.data_dir.to_string_lossy();
+        run_pg("pg_ctl", &["-D", &dir, "-m", "immediate", "-w", "stop"])?;
+        Ok(())
+    }
+
+    pub fn is_running(&self) -> bool {
+        let dir = self.data_dir.to_string_lossy();
+        run_pg("pg_ctl", &["-D", &dir, "status"]).map(|o| o.status.success()).unwrap_or(false)
+    }
+}
+
+/// A TCP port on the loopback interface that nobody listens on right now.
+pub fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}

@@ -1,0 +1,198 @@
+//! The embedded cluster: `tessera up` creates and starts a coordinator database,
+//! N workers and the coordinator process under one data directory; `down` stops
+//! them and `status` reports on them. The directory's `cluster.toml` remembers
+//! the ports, so a second `up` restarts the same cluster instead of creating one.
+
+pub mod instance;
+
+use crate::config::{Config, DatabaseConfig, NodeConfig};
+use crate::connection::{Login, PgConnection, ServerAddr};
+use anyhow::{bail, Context, Result};
+use instance::{free_port, Instance};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const STATE_FILE: &str = "cluster.toml";
+const CONFIG_FILE: &str = "tessera.toml";
+const PID_FILE: &str = "coordinator.pid";
+const LOG_FILE: &str = "coordinator.log";
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ClusterState {
+    pub coordinator_port: u16,
+    pub coordinator_db_port: u16,
+    pub worker_ports: Vec<u16>,
+}
+
+pub struct LocalCluster {
+    pub dir: PathBuf,
+    pub state: ClusterState,
+}
+
+impl LocalCluster {
+    pub fn open(dir: &Path) -> Result<Option<LocalCluster>> {
+        let dir = absolute(dir)?;
+        let path = dir.join(STATE_FILE);
+        if !path.exists() {
+            return Ok(None);
+        }
+        let state: ClusterState = toml::from_str(&std::fs::read_to_string(&path)?).with_context(|| format!("invalid {}", path.display()))?;
+        Ok(Some(LocalCluster { dir, state }))
+    }
+
+    pub fn coordinator_db(&self) -> Instance {
+        Instance::new(self.dir.join("coordinator-db"), self.state.coordinator_db_port)
+    }
+
+    pub fn workers(&self) -> Vec<Instance> {
+        self.state.worker_ports.iter().enumerate().map(|(i, p)| Instance::new(self.dir.join(format!("worker-{}", i + 1)), *p)).collect()
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.join(CONFIG_FILE)
+    }
+
+    pub fn coordinator_pid(&self) -> Option<i32> {
+        let pid: i32 = std::fs::read_to_string(self.dir.join(PID_FILE)).ok()?.trim().parse().ok()?;
+        // SAFETY: signal 0 only checks that the process exists.
+        (unsafe { libc::kill(pid, 0) } == 0).then_some(pid)
+    }
+}
+
+fn absolute(dir: &Path) -> Result<PathBuf> {
+    Ok(if dir.is_absolute() { dir.to_path_buf() } else { std::env::current_dir()?.join(dir) })
+}
+
+/// Creates (first time) or restarts the embedded cluster and returns once the
+/// coordinator accepts connections.
+pub fn up(dir: &Path, port: u16, workers: usize) -> Result<LocalCluster> {
+    let cluster = match LocalCluster::open(dir)? {
+        Some(c) => {
+            if c.state.worker_ports.len() != workers {
+                eprintln!("note: {} already holds a cluster with {} workers; reusing it", c.dir.display(), c.state.worker_ports.len());
+            }
+            c
+        }
+        None => create(dir, port, workers)?,
+    };
+    cluster.coordinator_db().start()?;
+    for w in cluster.workers() {
+        w.start()?;
+    }
+    if cluster.coordinator_pid().is_none() {
+        start_coordinator(&cluster)?;
+    }
+    wait_for_port(cluster.state.coordinator_port, Duration::from_secs(60)).with_context(|| format!("see {}", cluster.dir.join(LOG_FILE).display()))?;
+    Ok(cluster)
+}
+
+fn create(dir: &Path, port: u16, workers: usize) -> Result<LocalCluster> {
+    let dir = absolute(dir)?;
+    if std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+        bail!("port {port} is already in use; choose another with --port");
+    }
+    instance::prepare_dir(&dir)?;
+    let state = ClusterState { coordinator_port: port, coordinator_db_port: free_port()?, worker_ports: (0..workers).map(|_| free_port()).collect::<Result<_>>()? };
+    let cluster = LocalCluster { dir, state };
+    let mut all = vec![cluster.coordinator_db()];
+    all.extend(cluster.workers());
+    for (i, node) in all.iter().enumerate() {
+        eprintln!("initializing {} ({}/{})", node.data_dir.display(), i + 1, all.len());
+        node.init()?;
+    }
+    let config = Config {
+        listen: format!("127.0.0.1:{port}"),
+        coordinator_db: DatabaseConfig { host: "127.0.0.1".into(), port: cluster.state.coordinator_db_port, user: "postgres".into(), database: "postgres".into(), password: None },
+        workers: cluster.state.worker_ports.iter().map(|p| NodeConfig { host: "127.0.0.1".into(), port: *p }).collect(),
+    };
+    std::fs::write(cluster.config_path(), toml::to_string(&config)?)?;
+    std::fs::write(cluster.dir.join(STATE_FILE), toml::to_string(&cluster.state)?)?;
+    Ok(cluster)
+}
+
+fn start_coordinator(cluster: &LocalCluster) -> Result<()> {
+    use std::os::unix::process::CommandExt;
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(cluster.dir.join(LOG_FILE))?;
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.arg("serve").arg("--config").arg(cluster.config_path()).stdin(std::process::Stdio::null()).stdout(log.try_clone()?).stderr(log);
+    // SAFETY: setsid is async-signal-safe; it detaches the coordinator from our
+    // terminal so it outlives this command.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().context("could not start the coordinator process")?;
+    std::fs::write(cluster.dir.join(PID_FILE), child.id().to_string())?;
+    Ok(())
+}
+
+fn wait_for_port(port: u16, patience: Duration) -> Result<()> {
+    let start = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if start.elapsed() > patience {
+            bail!("the coordinator did not start listening on port {port}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
+/// Stops the coordinator process and every node.
+pub fn down(dir: &Path) -> Result<()> {
+    let Some(cluster) = LocalCluster::open(dir)? else {
+        bail!("no Tessera cluster in {}", dir.display());
+    };
+    if let Some(pid) = cluster.coordinator_pid() {
+        // SAFETY: plain signal delivery to a process we started.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let start = Instant::now();
+        while cluster.coordinator_pid().is_some() && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let _ = std::fs::remove_file(cluster.dir.join(PID_FILE));
+    for w in cluster.workers() {
+        w.stop()?;
+    }
+    cluster.coordinator_db().stop()?;
+    Ok(())
+}
+
+/// Prints the cluster's processes and, when the coordinator database is up,
+/// each worker's shard count. `env` prints shell assignments for scripts.
+pub async fn status(dir: &Path, env: bool) -> Result<()> {
+    let Some(cluster) = LocalCluster::open(dir)? else {
+        bail!("no Tessera cluster in {}", dir.display());
+    };
+    let pid = cluster.coordinator_pid();
+    if env {
+        println!("COORDINATOR_PORT={}", cluster.state.coordinator_port);
+        println!("COORDINATOR_PID={}", pid.map(|p| p.to_string()).unwrap_or_default());
+        println!("COORDINATOR_DB_PORT={}", cluster.state.coordinator_db_port);
+        println!("WORKER_PORTS=\"{}\"", cluster.state.worker_ports.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(" "));
+        return Ok(());
+    }
+    let up = |b: bool| if b { "up" } else { "down" };
+    println!("data directory   {}", cluster.dir.display());
+    println!("coordinator      127.0.0.1:{:<5}  {}", cluster.state.coordinator_port, pid.map(|p| format!("up (pid {p})")).unwrap_or_else(|| "down".into()));
+    let db = cluster.coordinator_db();
+    println!("coordinator db   127.0.0.1:{:<5}  {}", db.port, up(db.is_running()));
+    let counts = shard_counts(&cluster).await.unwrap_or_default();
+    for w in cluster.workers() {
+        let shards = counts.iter().find(|(p, _)| *p == w.port).map(|(_, n)| format!("{n} shard placements")).unwrap_or_default();
+        println!("worker           127.0.0.1:{:<5}  {:<5} {}", w.port, up(w.is_running()), shards);
+    }
+    Ok(())
+}
+
+async fn shard_counts(cluster: &LocalCluster) -> Result<Vec<(u16, i64)>> {
+    let login = Login { user: "postgres".into(), database: "postgres".into(), password: None, options: vec![] };
+    let mut conn = PgConnection::connect(&ServerAddr { host: "127.0.0.1".into(), port: cluster.state.coordinator_db_port }, &login).await?;
+    let rows = conn
+        .query("SELECT n.nodeport, count(p.placementid) FROM tessera.pg_dist_node n LEFT JOIN tessera.pg_dist_placement p ON p.groupid = n.groupid GROUP BY n.nodeport")
+        .await?;
+    Ok(rows.into_iter().map(|r| (r[0].as_deref().unwrap_or("0").parse().unwrap_or(0), r[1].as_deref().unwrap_or("0").parse().unwrap_or(0))).collect())
+}

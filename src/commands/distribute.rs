@@ -1,0 +1,363 @@
+//! create_distributed_table, create_reference_table and undistribute_table:
+//! creating shards on the workers, moving existing rows into them (or back), and
+//! recording it all in the catalog in the same transaction.
+
+use super::table_ddl::TableDefinition;
+use super::{delete_catalog_rows_sql, finish_block, run_per_node, CommandContext};
+use crate::connection::{quote_ident, quote_literal, PgConnection};
+use crate::error::{sqlstate, PgError, PgResult};
+use crate::hash::{self, HashType};
+use crate::metadata::{Distribution, DistributedTable, Node};
+use bytes::Bytes;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+const DEFAULT_SHARD_COUNT: i32 = 32;
+const MAX_SHARD_COUNT: i32 = 64000;
+/// Tables with more rows than this get progress notices while their rows move.
+const PROGRESS_ROWS: u64 = 100_000;
+
+struct LocalTable {
+    oid: u32,
+    schema: String,
+    name: String,
+}
+
+impl LocalTable {
+    fn qualified(&self) -> String {
+        format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.name))
+    }
+}
+
+async fn resolve_table(conn: &mut PgConnection, name: &str) -> PgResult<LocalTable> {
+    let rows = conn
+        .query(&format!(
+            "SELECT c.oid, n.nspname, c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = {}::regclass",
+            quote_literal(name)
+        ))
+        .await?;
+    let r = rows.into_iter().next().ok_or_else(|| PgError::new(sqlstate::UNDEFINED_TABLE, format!("relation \"{name}\" does not exist")))?;
+    if r[3].as_deref() != Some("r") {
+        return Err(PgError::new(sqlstate::WRONG_OBJECT_TYPE, format!("\"{name}\" is not a regular table; only regular tables can be distributed")));
+    }
+    Ok(LocalTable { oid: r[0].as_deref().unwrap_or("0").parse().unwrap_or(0), schema: r[1].clone().unwrap_or_default(), name: r[2].clone().unwrap_or_default() })
+}
+
+fn active_nodes(ctx: &CommandContext<'_>) -> PgResult<Vec<Node>> {
+    let nodes: Vec<Node> = ctx.catalog.active_nodes().cloned().collect();
+    if nodes.is_empty() {
+        return Err(PgError::new("55000", "there are no active worker nodes").with_hint("Add workers with SELECT citus_add_node('host', port)."));
+    }
+    Ok(nodes)
+}
+
+async fn check_distributable(ctx: &mut CommandContext<'_>, table: &LocalTable) -> PgResult<()> {
+    if ctx.catalog.table_by_oid(table.oid).is_some() {
+        return Err(PgError::new(sqlstate::INVALID_TABLE_DEFINITION, format!("table \"{}\" is already distributed", table.name)));
+    }
+    let local = ctx.parts.local().await?;
+    let fks = local
+        .query_value(&format!("SELECT count(*) FROM pg_constraint WHERE contype = 'f' AND (conrelid = {0} OR confrelid = {0})", table.oid))
+        .await?;
+    if fks.as_deref() != Some("0") {
+        return Err(PgError::not_supported(format!("table \"{}\" has foreign keys; distribute it before adding them", table.name)));
+    }
+    Ok(())
+}
+
+pub async fn create_distributed_table(ctx: &mut CommandContext<'_>, table_name: &str, column: &str, colocate_with: &str, shard_count: Option<i32>) -> PgResult<()> {
+    let local = ctx.parts.local().await?;
+    let table = resolve_table(local, table_name).await?;
+    let attr = local
+        .query(&format!(
+            "SELECT atttypid, attcollation, attnum, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = {} AND attname = {} AND attnum > 0 AND NOT attisdropped",
+            table.oid,
+            quote_literal(column)
+        ))
+        .await?;
+    let Some(attr) = attr.into_iter().next() else {
+        return Err(PgError::new(sqlstate::UNDEFINED_COLUMN, format!("column \"{column}\" of relation \"{}\" does not exist", table.name)));
+    };
+    let type_oid: u32 = attr[0].as_deref().unwrap_or("0").parse().unwrap_or(0);
+    let collation = attr[1].clone().unwrap_or_else(|| "0".into());
+    let Some(column_type) = HashType::from_type_oid(type_oid) else {
+        return Err(PgError::not_supported(format!(
+            "the distribution column type {} is not supported; use an integer, text, uuid, numeric, date, timestamp, boolean or bytea column",
+            attr[3].as_deref().unwrap_or("?")
+        )));
+    };
+    let bad_unique = local
+        .query_value(&format!(
+            "SELECT string_agg(indexrelid::regclass::text, ', ') FROM pg_index WHERE indrelid = {} AND indisunique AND NOT ({} = ANY (indkey::int2[]))",
+            table.oid,
+            attr[2].as_deref().unwrap_or("0")
+        ))
+        .await?;
+    if let Some(indexes) = bad_unique {
+        return Err(PgError::not_supported(format!("cannot distribute relation \"{}\": unique index {indexes} does not include the distribution column", table.name))
+            .with_detail("Distributed relations cannot have UNIQUE, EXCLUDE, or PRIMARY KEY constraints that do not include the partition column."));
+    }
+    check_distributable(ctx, &table).await?;
+    let nodes = active_nodes(ctx)?;
+
+    // Co-location: an existing group's shard count and placements, or a new group.
+    let mut colocated: Option<Arc<DistributedTable>> = None;
+    let mut colocation_id: Option<i32> = None;
+    let count = match colocate_with {
+        "none" => shard_count_setting(ctx, shard_count).await?,
+        "default" => {
+            let n = shard_count_setting(ctx, shard_count).await?;
+            let existing = ctx
+                .parts
+                .local()
+                .await?
+                .query_value(&format!(
+                    "SELECT min(colocationid) FROM tessera.pg_dist_colocation WHERE shardcount = {n} AND distributioncolumntype = {type_oid} AND distributioncolumncollation = {collation}"
+                ))
+                .await?;
+            if let Some(id) = existing.and_then(|v| v.parse::<i32>().ok()) {
+                colocation_id = Some(id);
+                colocated = ctx.catalog.tables().find(|t| t.colocation_id == id && !t.is_reference()).cloned();
+            }
+            n
+        }
+        other => {
+            let target = resolve_table(ctx.parts.local().await?, other).await?;
+            let t = ctx
+                .catalog
+                .table_by_oid(target.oid)
+                .filter(|t| !t.is_reference())
+                .cloned()
+                .ok_or_else(|| PgError::new(sqlstate::INVALID_TABLE_DEFINITION, format!("cannot colocate with \"{other}\": it is not a distributed table")))?;
+            if let Distribution::Hash { column_type: other_type, .. } = &t.distribution {
+                if *other_type != column_type {
+                    return Err(PgError::new(sqlstate::DATATYPE_MISMATCH, format!("cannot colocate tables {} and {}", table.name, t.name))
+                        .with_detail("Distribution column types don't match."));
+                }
+            }
+            if shard_count.is_some_and(|n| n as u32 != t.shard_count()) {
+                return Err(PgError::new(sqlstate::INVALID_PARAMETER_VALUE, format!("cannot colocate with \"{}\": it has {} shards", t.name, t.shard_count())));
+            }
+            colocation_id = Some(t.colocation_id);
+            let n = t.shard_count() as i32;
+            colocated = Some(t);
+            n
+        }
+    };
+    let placements: Vec<Vec<i32>> = (0..count as usize)
+        .map(|i| match &colocated {
+            Some(t) => t.shards[i].placements.clone(),
+            None => vec![nodes[i % nodes.len()].group_id],
+        })
+        .collect();
+
+    let implicit = ctx.parts.begin_implicit();
+    let result = async {
+        let local = ctx.parts.local().await?;
+        let colocation_id = match colocation_id {
+            Some(id) => id,
+            None => {
+                let id: i32 = local.query_value("SELECT nextval('tessera.pg_dist_colocationid_seq')").await?.unwrap_or_default().parse().unwrap_or(0);
+                local
+                    .execute(&format!(
+                        "INSERT INTO tessera.pg_dist_colocation VALUES ({id}, {count}, 1, {type_oid}, {collation})"
+                    ))
+                    .await?;
+                id
+            }
+        };
+        local
+            .execute(&format!(
+                "INSERT INTO tessera.pg_dist_partition (logicalrelid, partmethod, partkey, colocationid, repmodel) VALUES ({}, 'h', {}, {colocation_id}, 's')",
+                table.oid,
+                quote_literal(column)
+            ))
+            .await?;
+        let column_index: usize = local
+            .query_value(&format!("SELECT count(*) FROM pg_attribute WHERE attrelid = {} AND attnum > 0 AND attnum < {} AND NOT attisdropped", table.oid, attr[2].as_deref().unwrap_or("0")))
+            .await?
+            .unwrap_or_default()
+            .parse()
+            .unwrap_or(0);
+        let shard_ids = create_shards(ctx, &table, &placements).await?;
+        move_rows_into_shards(ctx, &table, &shard_ids, &placements, |row| {
+            let value = crate::copy::text_field(row, column_index)
+                .ok_or_else(|| PgError::new(sqlstate::NOT_NULL_VIOLATION, format!("cannot distribute a row with NULL in the distribution column \"{column}\"")))?;
+            let h = hash::hash_text(column_type, &value).map_err(|e| PgError::internal(format!("could not hash distribution value: {e}")))?;
+            Ok(hash::shard_index(hash::row_hash(Some(h)), count as u32) as usize)
+        })
+        .await
+    }
+    .await;
+    finish_block(ctx, implicit, result).await
+}
+
+pub async fn create_reference_table(ctx: &mut CommandContext<'_>, table_name: &str) -> PgResult<()> {
+    let table = resolve_table(ctx.parts.local().await?, table_name).await?;
+    check_distributable(ctx, &table).await?;
+    let nodes = active_nodes(ctx)?;
+    let implicit = ctx.parts.begin_implicit();
+    let result = async {
+        let local = ctx.parts.local().await?;
+        let existing = local.query_value("SELECT min(colocationid) FROM tessera.pg_dist_colocation WHERE shardcount = 1 AND distributioncolumntype = 0").await?;
+        let colocation_id: i32 = match existing {
+            Some(id) => id.parse().unwrap_or(0),
+            None => {
+                let id: i32 = local.query_value("SELECT nextval('tessera.pg_dist_colocationid_seq')").await?.unwrap_or_default().parse().unwrap_or(0);
+                local.execute(&format!("INSERT INTO tessera.pg_dist_colocation VALUES ({id}, 1, {}, 0, 0)", nodes.len())).await?;
+                id
+            }
+        };
+        local
+            .execute(&format!(
+                "INSERT INTO tessera.pg_dist_partition (logicalrelid, partmethod, partkey, colocationid, repmodel) VALUES ({}, 'n', NULL, {colocation_id}, 't')",
+                table.oid
+            ))
+            .await?;
+        let placements = vec![nodes.iter().map(|n| n.group_id).collect::<Vec<_>>()];
+        let shard_ids = create_shards(ctx, &table, &placements).await?;
+        move_rows_into_shards(ctx, &table, &shard_ids, &placements, |_| Ok(0)).await
+    }
+    .await;
+    finish_block(ctx, implicit, result).await
+}
+
+async fn shard_count_setting(ctx: &mut CommandContext<'_>, explicit: Option<i32>) -> PgResult<i32> {
+    let n = match explicit {
+        Some(n) => n,
+        None => ctx
+            .parts
+            .local()
+            .await?
+            .query_value("SELECT current_setting('citus.shard_count', true)")
+            .await?
+            .filter(|v| !v.is_empty())
+            .map(|v| v.parse::<i32>().map_err(|_| PgError::new(sqlstate::INVALID_PARAMETER_VALUE, format!("invalid citus.shard_count \"{v}\""))))
+            .transpose()?
+            .unwrap_or(DEFAULT_SHARD_COUNT),
+    };
+    if !(1..=MAX_SHARD_COUNT).contains(&n) {
+        return Err(PgError::new(sqlstate::INVALID_PARAMETER_VALUE, format!("shard_count must be between 1 and {MAX_SHARD_COUNT}")));
+    }
+    Ok(n)
+}
+
+/// Creates one shard per entry of `placements` on each of its nodes and records
+/// them in the catalog; returns the new shard ids.
+async fn create_shards(ctx: &mut CommandContext<'_>, table: &LocalTable, placements: &[Vec<i32>]) -> PgResult<Vec<i64>> {
+    let local = ctx.parts.local().await?;
+    let ids: Vec<i64> = local
+        .query(&format!("SELECT nextval('tessera.pg_dist_shardid_seq') FROM generate_series(1, {})", placements.len()))
+        .await?
+        .into_iter()
+        .map(|r| r[0].as_deref().unwrap_or("0").parse().unwrap_or(0))
+        .collect();
+    let definition = TableDefinition::read(local, table.oid).await?;
+    let mut catalog_rows = String::new();
+    let mut per_node: BTreeMap<i32, Vec<String>> = BTreeMap::new();
+    for (index, (groups, id)) in placements.iter().zip(&ids).enumerate() {
+        let ddl = definition.shard_ddl(&format!("{}_{id}", table.name), *id)?;
+        for g in groups {
+            per_node.entry(*g).or_default().extend(ddl.iter().cloned());
+            catalog_rows.push_str(&format!("INSERT INTO tessera.pg_dist_placement (shardid, groupid) VALUES ({id}, {g});\n"));
+        }
+        catalog_rows.push_str(&format!(
+            "INSERT INTO tessera.pg_dist_shard (logicalrelid, shardid, shardminvalue, shardmaxvalue, shardindex) VALUES ({}, {id}, '{index}', '{index}', {index});\n",
+            table.oid
+        ));
+    }
+    local.execute(&catalog_rows).await?;
+    run_per_node(ctx, per_node).await?;
+    Ok(ids)
+}
+
+/// Streams the local table's rows out of the coordinator database and into the
+/// shards (`shard_of` picks a shard index per COPY text row), then empties the
+/// local table: from now on the shell only describes the table.
+async fn move_rows_into_shards(
+    ctx: &mut CommandContext<'_>,
+    table: &LocalTable,
+    shard_ids: &[i64],
+    placements: &[Vec<i32>],
+    shard_of: impl Fn(&[u8]) -> PgResult<usize>,
+) -> PgResult<()> {
+    let local = ctx.parts.local().await?;
+    local.execute(&format!("LOCK TABLE {} IN EXCLUSIVE MODE", table.qualified())).await?;
+    let mut buffers: Vec<Vec<Bytes>> = vec![Vec::new(); shard_ids.len()];
+    let total = local
+        .copy_out(&format!("COPY {} TO STDOUT", table.qualified()), |row| {
+            let i = shard_of(&row)?;
+            buffers[i].push(row);
+            Ok(())
+        })
+        .await?;
+    if total == 0 {
+        return Ok(());
+    }
+    if total >= PROGRESS_ROWS {
+        ctx.notice(format!("moving {total} rows of {} into {} shards", table.qualified(), shard_ids.len())).await;
+    }
+    let mut moved = 0u64;
+    let mut next_report = total / 10;
+    for (i, rows) in buffers.into_iter().enumerate() {
+        if rows.is_empty() {
+            continue;
+        }
+        let n = rows.len() as u64;
+        let shard = format!("{}.{}", quote_ident(&table.schema), quote_ident(&format!("{}_{}", table.name, shard_ids[i])));
+        for g in &placements[i] {
+            let node = ctx.catalog.node_for_group(*g).ok_or_else(|| PgError::internal(format!("no node for group {g}")))?.clone();
+            let worker = ctx.parts.worker(&node).await?;
+            worker.conn.copy_in(&format!("COPY {shard} FROM STDIN"), rows.iter().cloned()).await?;
+        }
+        moved += n;
+        if total >= PROGRESS_ROWS && moved >= next_report {
+            ctx.notice(format!("moved {moved} of {total} rows ({}%)", moved * 100 / total)).await;
+            next_report += total / 10;
+        }
+    }
+    ctx.parts.local().await?.execute(&format!("TRUNCATE ONLY {}", table.qualified())).await?;
+    ctx.notice(format!("copied {total} rows of {} into its shards", table.qualified())).await;
+    Ok(())
+}
+
+pub async fn undistribute_table(ctx: &mut CommandContext<'_>, table_name: &str) -> PgResult<()> {
+    let oid = resolve_table(ctx.parts.local().await?, table_name).await?.oid;
+    let table = ctx
+        .catalog
+        .table_by_oid(oid)
+        .cloned()
+        .ok_or_else(|| PgError::new(sqlstate::INVALID_TABLE_DEFINITION, format!("table \"{table_name}\" is not distributed")))?;
+    let implicit = ctx.parts.begin_implicit();
+    let result = async {
+        let qualified = table.qualified_name();
+        for shard in &table.shards {
+            let group = *shard.placements.first().ok_or_else(|| PgError::internal(format!("shard {} has no placement", shard.id)))?;
+            let node = ctx.catalog.node_for_group(group).ok_or_else(|| PgError::internal(format!("no node for group {group}")))?.clone();
+            let mut rows = Vec::new();
+            ctx.parts
+                .worker(&node)
+                .await?
+                .conn
+                .copy_out(&format!("COPY {} TO STDOUT", table.qualified_shard_name(shard)), |row| {
+                    rows.push(row);
+                    Ok(())
+                })
+                .await?;
+            if !rows.is_empty() {
+                ctx.parts.local().await?.copy_in(&format!("COPY {qualified} FROM STDIN"), rows).await?;
+            }
+        }
+        let mut per_node: BTreeMap<i32, Vec<String>> = BTreeMap::new();
+        for shard in &table.shards {
+            for g in &shard.placements {
+                per_node.entry(*g).or_default().push(format!("DROP TABLE IF EXISTS {}", table.qualified_shard_name(shard)));
+            }
+        }
+        run_per_node(ctx, per_node).await?;
+        ctx.parts.local().await?.execute(&delete_catalog_rows_sql(&table)).await?;
+        Ok(())
+    }
+    .await;
+    finish_block(ctx, implicit, result).await
+}

@@ -1,0 +1,91 @@
+//! citus_add_node and citus_remove_node.
+
+use super::table_ddl::TableDefinition;
+use super::{finish_block, CommandContext};
+use crate::connection::{quote_literal, PgConnection, ServerAddr};
+use crate::error::{sqlstate, PgError, PgResult};
+use crate::metadata::Node;
+
+/// Registers a worker (idempotent) and copies every reference table to it.
+/// Returns its node id.
+pub async fn add_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) -> PgResult<i32> {
+    if let Some(n) = ctx.catalog.nodes.iter().find(|n| n.addr.host == host && n.addr.port == port) {
+        return Ok(n.id);
+    }
+    let addr = ServerAddr { host: host.to_string(), port };
+    // Fail early, naming the node, if it cannot be reached.
+    PgConnection::connect(&addr, ctx.parts.login()).await?.terminate().await;
+    let implicit = ctx.parts.begin_implicit();
+    let result = async {
+        let local = ctx.parts.local().await?;
+        let row = local
+            .query(&format!(
+                "INSERT INTO tessera.pg_dist_node (nodename, nodeport) VALUES ({}, {port}) RETURNING nodeid, groupid",
+                quote_literal(host)
+            ))
+            .await?;
+        let id: i32 = row[0][0].as_deref().unwrap_or("0").parse().unwrap_or(0);
+        let group: i32 = row[0][1].as_deref().unwrap_or("0").parse().unwrap_or(0);
+        let node = Node { id, group_id: group, addr: addr.clone(), active: true };
+        let references: Vec<_> = ctx.catalog.tables().filter(|t| t.is_reference()).cloned().collect();
+        for table in references {
+            let Some(shard) = table.shards.first() else { continue };
+            let Some(source) = shard.placements.first().and_then(|g| ctx.catalog.node_for_group(*g)).cloned() else { continue };
+            let definition = TableDefinition::read(ctx.parts.local().await?, table.oid).await?;
+            let ddl = definition.shard_ddl(&table.shard_relname(shard), shard.id)?.join(";\n");
+            let mut rows = Vec::new();
+            ctx.parts
+                .worker(&source)
+                .await?
+                .conn
+                .copy_out(&format!("COPY {} TO STDOUT", table.qualified_shard_name(shard)), |row| {
+                    rows.push(row);
+                    Ok(())
+                })
+                .await?;
+            let target = ctx.parts.worker(&node).await?;
+            target.conn.execute(&ddl).await?;
+            target.conn.copy_in(&format!("COPY {} FROM STDIN", table.qualified_shard_name(shard)), rows).await?;
+            ctx.parts
+                .local()
+                .await?
+                .execute(&format!("INSERT INTO tessera.pg_dist_placement (shardid, groupid) VALUES ({}, {group})", shard.id))
+                .await?;
+        }
+        Ok(id)
+    }
+    .await;
+    finish_block(ctx, implicit, result).await
+}
+
+/// Unregisters a worker that holds no shards of distributed tables; its copies
+/// of reference tables are forgotten.
+pub async fn remove_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) -> PgResult<()> {
+    let Some(node) = ctx.catalog.nodes.iter().find(|n| n.addr.host == host && n.addr.port == port).cloned() else {
+        return Err(PgError::new(sqlstate::UNDEFINED_OBJECT, format!("node at \"{host}:{port}\" does not exist")));
+    };
+    let holding: Vec<String> = ctx
+        .catalog
+        .tables()
+        .filter(|t| !t.is_reference() && t.shards.iter().any(|s| s.placements.contains(&node.group_id)))
+        .map(|t| t.name.clone())
+        .collect();
+    if !holding.is_empty() {
+        return Err(PgError::new(sqlstate::OBJECT_IN_USE, format!("cannot remove node {host}:{port}: it holds shards of {}", holding.join(", ")))
+            .with_hint("Move the shards to other nodes or undistribute the tables first."));
+    }
+    let implicit = ctx.parts.begin_implicit();
+    let result = async {
+        ctx.parts
+            .local()
+            .await?
+            .execute(&format!(
+                "DELETE FROM tessera.pg_dist_placement WHERE groupid = {0}; DELETE FROM tessera.pg_dist_node WHERE nodeid = {1}",
+                node.group_id, node.id
+            ))
+            .await?;
+        Ok(())
+    }
+    .await;
+    finish_block(ctx, implicit, result).await
+}

@@ -1,0 +1,109 @@
+//! Reads a table's definition from the coordinator database and writes the DDL
+//! that creates one of its shards on a worker: columns, defaults, constraints and
+//! indexes, with every object name given the shard id as suffix.
+
+use crate::connection::{quote_ident, PgConnection};
+use crate::error::{PgError, PgResult};
+use pg_query::NodeEnum;
+
+/// The parts of a table definition that each shard repeats.
+pub struct TableDefinition {
+    pub schema: String,
+    columns: Vec<String>,
+    /// (constraint name, definition) for primary key, unique and check constraints.
+    constraints: Vec<(String, String)>,
+    /// CREATE INDEX statements for indexes that back no constraint.
+    indexes: Vec<String>,
+}
+
+impl TableDefinition {
+    pub async fn read(conn: &mut PgConnection, oid: u32) -> PgResult<Self> {
+        let schema = conn
+            .query_value(&format!("SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = {oid}"))
+            .await?
+            .ok_or_else(|| PgError::internal(format!("table {oid} vanished")))?;
+        let mut columns = Vec::new();
+        for r in conn
+            .query(&format!(
+                "SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+                        pg_get_expr(d.adbin, d.adrelid),
+                        CASE WHEN a.attcollation <> t.typcollation THEN quote_ident(co.collname) END,
+                        a.attgenerated
+                 FROM pg_attribute a
+                 JOIN pg_type t ON t.oid = a.atttypid
+                 LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+                 LEFT JOIN pg_collation co ON co.oid = a.attcollation
+                 WHERE a.attrelid = {oid} AND a.attnum > 0 AND NOT a.attisdropped
+                 ORDER BY a.attnum"
+            ))
+            .await?
+        {
+            let name = r[0].clone().unwrap_or_default();
+            let mut col = format!("{} {}", quote_ident(&name), r[1].as_deref().unwrap_or("text"));
+            if let Some(coll) = &r[4] {
+                col.push_str(&format!(" COLLATE {coll}"));
+            }
+            if let Some(default) = &r[3] {
+                if r[5].as_deref() == Some("s") {
+                    col.push_str(&format!(" GENERATED ALWAYS AS ({default}) STORED"));
+                } else if !default.contains("nextval(") {
+                    // Sequences live on the coordinator, which fills such values in.
+                    col.push_str(&format!(" DEFAULT {default}"));
+                }
+            }
+            if r[2].as_deref() == Some("t") {
+                col.push_str(" NOT NULL");
+            }
+            columns.push(col);
+        }
+        let constraints = conn
+            .query(&format!(
+                "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint
+                 WHERE conrelid = {oid} AND contype IN ('p', 'u', 'c') ORDER BY contype DESC, conname"
+            ))
+            .await?
+            .into_iter()
+            .map(|r| (r[0].clone().unwrap_or_default(), r[1].clone().unwrap_or_default()))
+            .collect();
+        let indexes = conn
+            .query(&format!(
+                "SELECT pg_get_indexdef(i.indexrelid) FROM pg_index i
+                 WHERE i.indrelid = {oid} AND NOT EXISTS (SELECT FROM pg_constraint c WHERE c.conindid = i.indexrelid)
+                 ORDER BY i.indexrelid"
+            ))
+            .await?
+            .into_iter()
+            .filter_map(|r| r[0].clone())
+            .collect();
+        Ok(TableDefinition { schema, columns, constraints, indexes })
+    }
+
+    /// Statements creating the shard `relname` (in the table's schema).
+    pub fn shard_ddl(&self, relname: &str, shard_id: i64) -> PgResult<Vec<String>> {
+        let qualified = format!("{}.{}", quote_ident(&self.schema), quote_ident(relname));
+        let mut out = vec![
+            format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(&self.schema)),
+            format!("CREATE TABLE {qualified} ({})", self.columns.join(", ")),
+        ];
+        for (name, def) in &self.constraints {
+            out.push(format!("ALTER TABLE {qualified} ADD CONSTRAINT {} {def}", quote_ident(&format!("{name}_{shard_id}"))));
+        }
+        for index in &self.indexes {
+            out.push(rewrite_index(index, &self.schema, relname, shard_id)?);
+        }
+        Ok(out)
+    }
+}
+
+/// Points a CREATE INDEX statement at a shard and suffixes the index name.
+fn rewrite_index(sql: &str, schema: &str, relname: &str, shard_id: i64) -> PgResult<String> {
+    let mut parsed = pg_query::parse(sql).map_err(|e| PgError::internal(format!("could not parse index definition: {e}")))?.protobuf;
+    if let Some(NodeEnum::IndexStmt(ix)) = parsed.stmts.first_mut().and_then(|s| s.stmt.as_mut()).and_then(|n| n.node.as_mut()) {
+        ix.idxname = format!("{}_{shard_id}", ix.idxname);
+        if let Some(rel) = ix.relation.as_mut() {
+            rel.relname = relname.to_string();
+            rel.schemaname = schema.to_string();
+        }
+    }
+    pg_query::deparse(&parsed).map_err(|e| PgError::internal(format!("could not deparse index definition: {e}")))
+}

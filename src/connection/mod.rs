@@ -1,0 +1,379 @@
+//! An async connection to one PostgreSQL server (the coordinator database or a
+//! worker), built on the pure codec in `protocol`. It exposes message-level I/O for
+//! the executor's forwarding paths plus a few conveniences for the coordinator's own
+//! catalog and DDL statements.
+
+use crate::error::{sqlstate, PgError, PgResult};
+use crate::protocol::backend::{self, TxStatus};
+use crate::protocol::{frontend, take_message, Message};
+use bytes::{Bytes, BytesMut};
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Where a PostgreSQL server listens, and how we log in to it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ServerAddr {
+    pub host: String,
+    pub port: u16,
+}
+
+impl std::fmt::Display for ServerAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.host, self.port)
+    }
+}
+
+/// Login details shared by every connection a session opens.
+#[derive(Clone, Debug)]
+pub struct Login {
+    pub user: String,
+    pub database: String,
+    pub password: Option<String>,
+    /// Extra start-up parameters (DateStyle, TimeZone, application_name, …).
+    pub options: Vec<(String, String)>,
+}
+
+pub struct PgConnection {
+    stream: TcpStream,
+    rbuf: BytesMut,
+    wbuf: BytesMut,
+    label: Arc<str>,
+    server_params: Vec<(String, String)>,
+    backend_key: (i32, i32),
+    tx_status: TxStatus,
+    broken: bool,
+    /// Statements queued with `queue_silent` whose responses are still to be skipped.
+    silent: u32,
+}
+
+/// Rows of a simple query in text form.
+pub type TextRows = Vec<Vec<Option<String>>>;
+
+impl PgConnection {
+    pub async fn connect(addr: &ServerAddr, login: &Login) -> PgResult<Self> {
+        let label: Arc<str> = Arc::from(format!("{}:{}", addr.host, addr.port));
+        let stream = TcpStream::connect((addr.host.as_str(), addr.port))
+            .await
+            .map_err(|e| PgError::new(sqlstate::CONNECTION_FAILURE, format!("could not connect to node {label}: {e}")))?;
+        stream.set_nodelay(true).ok();
+        let mut conn = PgConnection {
+            stream,
+            rbuf: BytesMut::with_capacity(16 * 1024),
+            wbuf: BytesMut::with_capacity(4 * 1024),
+            label,
+            server_params: Vec::new(),
+            backend_key: (0, 0),
+            tx_status: TxStatus::Idle,
+            broken: false,
+            silent: 0,
+        };
+        let mut params: Vec<(&str, &str)> = vec![("user", &login.user), ("database", &login.database)];
+        params.extend(login.options.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        frontend::startup(&mut conn.wbuf, &params);
+        conn.flush().await?;
+        loop {
+            let msg = conn.recv().await?;
+            match msg.tag() {
+                b'R' => {
+                    let (code, _) = backend::decode_authentication(&msg)?;
+                    match code {
+                        0 => {}
+                        3 => {
+                            let pw = login.password.as_deref().ok_or_else(|| conn.auth_error("a password is required"))?;
+                            let mut data = pw.as_bytes().to_vec();
+                            data.push(0);
+                            frontend::password(&mut conn.wbuf, &data);
+                            conn.flush().await?;
+                        }
+                        other => return Err(conn.auth_error(&format!("authentication method {other} is not supported; use trust or password on the node"))),
+                    }
+                }
+                b'S' => {
+                    let (k, v) = backend::decode_parameter_status(&msg)?;
+                    conn.server_params.push((k.to_string(), v.to_string()));
+                }
+                b'K' => conn.backend_key = backend::decode_backend_key_data(&msg)?,
+                b'Z' => return Ok(conn),
+                b'E' => return Err(conn.server_error(&msg)),
+                _ => {}
+            }
+        }
+    }
+
+    fn auth_error(&self, why: &str) -> PgError {
+        PgError::new(sqlstate::INVALID_PASSWORD, format!("could not log in to node {}: {why}", self.label))
+    }
+
+    /// The node this connection talks to, as "host:port", for error messages.
+    pub fn label(&self) -> &Arc<str> {
+        &self.label
+    }
+    pub fn server_params(&self) -> &[(String, String)] {
+        &self.server_params
+    }
+    pub fn backend_key(&self) -> (i32, i32) {
+        self.backend_key
+    }
+    /// The transaction status from the last ReadyForQuery received.
+    pub fn tx_status(&self) -> TxStatus {
+        self.tx_status
+    }
+    /// True once an I/O error has happened; such a connection must be dropped.
+    pub fn is_broken(&self) -> bool {
+        self.broken
+    }
+
+    /// The outgoing buffer; encoders append to it and `flush` sends it.
+    pub fn out(&mut self) -> &mut BytesMut {
+        &mut self.wbuf
+    }
+
+    pub async fn flush(&mut self) -> PgResult<()> {
+        if self.wbuf.is_empty() {
+            return Ok(());
+        }
+        let res = self.stream.write_all(&self.wbuf).await;
+        self.wbuf.clear();
+        res.map_err(|e| self.lost(e))
+    }
+
+    fn lost(&mut self, e: std::io::Error) -> PgError {
+        self.broken = true;
+        PgError::new(sqlstate::CONNECTION_FAILURE, format!("connection to node {} was lost: {e}", self.label))
+    }
+
+    /// Queues a simple-protocol statement (such as the BEGIN that opens a worker's
+    /// part of a transaction) ahead of whatever comes next, without waiting for
+    /// it: its responses are skipped by `recv`. Should it fail, the connection is
+    /// unusable for the transaction and is reported broken.
+    pub fn queue_silent(&mut self, sql: &str) {
+        frontend::query(&mut self.wbuf, sql);
+        self.silent += 1;
+    }
+
+    /// Receives the next message, flushing anything queued first.
+    pub async fn recv(&mut self) -> PgResult<Message> {
+        while self.silent > 0 {
+            let msg = self.recv_raw().await?;
+            match msg.tag() {
+                b'E' => {
+                    let e = self.server_error(&msg);
+                    self.broken = true;
+                    return Err(e);
+                }
+                b'Z' => self.silent -= 1,
+                _ => {}
+            }
+        }
+        self.recv_raw().await
+    }
+
+    async fn recv_raw(&mut self) -> PgResult<Message> {
+        self.flush().await?;
+        loop {
+            if let Some(msg) = take_message(&mut self.rbuf)? {
+                if msg.tag() == b'Z' {
+                    self.tx_status = backend::decode_ready_for_query(&msg);
+                }
+                return Ok(msg);
+            }
+            match self.stream.read_buf(&mut self.rbuf).await {
+                Ok(0) => {
+                    return Err(self.lost(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "server closed the connection")));
+                }
+                Ok(_) => {}
+                Err(e) => return Err(self.lost(e)),
+            }
+        }
+    }
+
+    /// Turns a server's ErrorResponse into our error, saying which node raised it.
+    pub fn server_error(&self, msg: &Message) -> PgError {
+        match backend::decode_error_fields(msg) {
+            Ok(e) => e.as_statement_error().with_context(format!("while executing command on {}", self.label)),
+            Err(e) => e.into(),
+        }
+    }
+
+    /// Reads and discards messages up to and including ReadyForQuery.
+    pub async fn drain_until_ready(&mut self) -> PgResult<()> {
+        while self.recv().await?.tag() != b'Z' {}
+        Ok(())
+    }
+
+    /// Runs one or more statements with the simple protocol, returning the rows of
+    /// the last result set in text form, or the first error.
+    pub async fn query(&mut self, sql: &str) -> PgResult<TextRows> {
+        frontend::query(&mut self.wbuf, sql);
+        let mut rows = Vec::new();
+        let mut error = None;
+        loop {
+            let msg = self.recv().await?;
+            match msg.tag() {
+                b'T' => rows.clear(),
+                b'D' => {
+                    let values = backend::decode_data_row(&msg)?;
+                    rows.push(values.into_iter().map(|v| v.map(|b| String::from_utf8_lossy(&b).into_owned())).collect());
+                }
+                b'E' => error = Some(self.server_error(&msg)),
+                b'G' => frontend::copy_fail(&mut self.wbuf, "COPY FROM STDIN is not allowed here"),
+                b'Z' => break,
+                _ => {}
+            }
+        }
+        match error {
+            Some(e) => Err(e),
+            None => Ok(rows),
+        }
+    }
+
+    /// Runs statements whose rows are not needed; returns the last command tag.
+    pub async fn execute(&mut self, sql: &str) -> PgResult<String> {
+        frontend::query(&mut self.wbuf, sql);
+        let mut tag = String::new();
+        let mut error = None;
+        loop {
+            let msg = self.recv().await?;
+            match msg.tag() {
+                b'C' => tag = backend::decode_command_complete(&msg)?.to_string(),
+                b'E' => error = Some(self.server_error(&msg)),
+                b'G' => frontend::copy_fail(&mut self.wbuf, "COPY FROM STDIN is not allowed here"),
+                b'Z' => break,
+                _ => {}
+            }
+        }
+        match error {
+            Some(e) => Err(e),
+            None => Ok(tag),
+        }
+    }
+
+    /// Runs a single-row query and returns its first column.
+    pub async fn query_value(&mut self, sql: &str) -> PgResult<Option<String>> {
+        let rows = self.query(sql).await?;
+        Ok(rows.into_iter().next().and_then(|r| r.into_iter().next().flatten()))
+    }
+
+    /// Runs `COPY … FROM STDIN` and streams `chunks` (already in the COPY format the
+    /// statement names) into it; returns the row count.
+    pub async fn copy_in<I>(&mut self, sql: &str, chunks: I) -> PgResult<u64>
+    where
+        I: IntoIterator<Item = Bytes>,
+    {
+        frontend::query(&mut self.wbuf, sql);
+        let msg = self.recv().await?;
+        match msg.tag() {
+            b'G' => {}
+            b'E' => {
+                let e = self.server_error(&msg);
+                self.drain_until_ready().await?;
+                return Err(e);
+            }
+            other => return Err(PgError::internal(format!("unexpected message {} from {} at COPY start", other as char, self.label))),
+        }
+        for chunk in chunks {
+            frontend::copy_data(&mut self.wbuf, &chunk);
+            if self.wbuf.len() > 256 * 1024 {
+                self.flush().await?;
+            }
+        }
+        frontend::copy_done(&mut self.wbuf);
+        let mut count = 0;
+        let mut error = None;
+        loop {
+            let msg = self.recv().await?;
+            match msg.tag() {
+                b'C' => count = backend::rows_in_tag(backend::decode_command_complete(&msg)?).unwrap_or(0),
+                b'E' => error = Some(self.server_error(&msg)),
+                b'Z' => break,
+                _ => {}
+            }
+        }
+        match error {
+            Some(e) => Err(e),
+            None => Ok(count),
+        }
+    }
+
+    /// Runs `COPY … TO STDOUT` and hands each data chunk (one row in text/CSV
+    /// formats) to `sink`.
+    pub async fn copy_out(&mut self, sql: &str, mut sink: impl FnMut(Bytes) -> PgResult<()>) -> PgResult<u64> {
+        frontend::query(&mut self.wbuf, sql);
+        let mut count = 0;
+        let mut error = None;
+        loop {
+            let msg = self.recv().await?;
+            match msg.tag() {
+                b'd' if error.is_none() => {
+                    if let Err(e) = sink(msg.body_bytes()) {
+                        error = Some(e);
+                    }
+                }
+                b'C' => count = backend::rows_in_tag(backend::decode_command_complete(&msg)?).unwrap_or(0),
+                b'E' => error = Some(self.server_error(&msg)),
+                b'Z' => break,
+                _ => {}
+            }
+        }
+        match error {
+            Some(e) => Err(e),
+            None => Ok(count),
+        }
+    }
+
+    /// Politely ends the session.
+    pub async fn terminate(mut self) {
+        frontend::terminate(&mut self.wbuf);
+        let _ = self.flush().await;
+    }
+}
+
+/// Asks a server to cancel the query running on the backend with this key.
+pub async fn send_cancel(addr: &ServerAddr, key: (i32, i32)) {
+    if let Ok(mut stream) = TcpStream::connect((addr.host.as_str(), addr.port)).await {
+        let mut buf = BytesMut::new();
+        frontend::cancel_request(&mut buf, key.0, key.1);
+        let _ = stream.write_all(&buf).await;
+    }
+}
+
+/// Quotes an identifier for SQL text we generate.
+pub fn quote_ident(name: &str) -> String {
+    let plain = !name.is_empty()
+        && name.chars().next().is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if plain && !pg_query::scan(name).map(|s| s.tokens.iter().any(|t| t.keyword_kind > 1)).unwrap_or(true) {
+        name.to_string()
+    } else {
+        format!("\"{}\"", name.replace('"', "\"\""))
+    }
+}
+
+/// Quotes a string literal for SQL text we generate.
+pub fn quote_literal(value: &str) -> String {
+    if value.contains('\\') {
+        format!("E'{}'", value.replace('\\', "\\\\").replace('\'', "''"))
+    } else {
+        format!("'{}'", value.replace('\'', "''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_are_quoted_only_when_needed() {
+        assert_eq!(quote_ident("accounts"), "accounts");
+        assert_eq!(quote_ident("Accounts"), "\"Accounts\"");
+        assert_eq!(quote_ident("select"), "\"select\"");
+        assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
+    }
+
+    #[test]
+    fn literals_escape_quotes_and_backslashes() {
+        assert_eq!(quote_literal("it's"), "'it''s'");
+        assert_eq!(quote_literal("a\\b"), "E'a\\\\b'");
+    }
+}

@@ -1,0 +1,133 @@
+//! The error every user-visible failure becomes: a PostgreSQL error with a SQLSTATE.
+
+use std::fmt;
+
+/// SQLSTATE codes the coordinator raises itself.
+pub mod sqlstate {
+    pub const FEATURE_NOT_SUPPORTED: &str = "0A000";
+    pub const INVALID_PARAMETER_VALUE: &str = "22023";
+    pub const NOT_NULL_VIOLATION: &str = "23502";
+    pub const INVALID_TRANSACTION_STATE: &str = "25000";
+    pub const IN_FAILED_TRANSACTION: &str = "25P02";
+    pub const PROTOCOL_VIOLATION: &str = "08P01";
+    pub const CONNECTION_FAILURE: &str = "08006";
+    pub const CONNECTION_EXCEPTION: &str = "08000";
+    pub const INVALID_PASSWORD: &str = "28P01";
+    pub const UNDEFINED_TABLE: &str = "42P01";
+    pub const UNDEFINED_COLUMN: &str = "42703";
+    pub const UNDEFINED_OBJECT: &str = "42704";
+    pub const DUPLICATE_OBJECT: &str = "42710";
+    pub const INVALID_TABLE_DEFINITION: &str = "42P16";
+    pub const WRONG_OBJECT_TYPE: &str = "42809";
+    pub const INVALID_SQL_STATEMENT_NAME: &str = "26000";
+    pub const INVALID_CURSOR_NAME: &str = "34000";
+    pub const SYNTAX_ERROR: &str = "42601";
+    pub const DATATYPE_MISMATCH: &str = "42804";
+    pub const INTERNAL_ERROR: &str = "XX000";
+    pub const OBJECT_IN_USE: &str = "55006";
+    pub const QUERY_CANCELED: &str = "57014";
+}
+
+/// An error or notice in PostgreSQL's field form (severity, SQLSTATE, message,
+/// detail, hint, …). Errors relayed from a server keep every field they came with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PgError {
+    fields: Vec<(u8, String)>,
+}
+
+impl PgError {
+    pub fn new(code: &str, message: impl Into<String>) -> Self {
+        PgError { fields: vec![(b'S', "ERROR".into()), (b'V', "ERROR".into()), (b'C', code.into()), (b'M', message.into())] }
+    }
+    pub fn notice(message: impl Into<String>) -> Self {
+        PgError { fields: vec![(b'S', "NOTICE".into()), (b'V', "NOTICE".into()), (b'C', "00000".into()), (b'M', message.into())] }
+    }
+    pub fn warning(code: &str, message: impl Into<String>) -> Self {
+        PgError { fields: vec![(b'S', "WARNING".into()), (b'V', "WARNING".into()), (b'C', code.into()), (b'M', message.into())] }
+    }
+    pub fn from_fields(fields: Vec<(u8, String)>) -> Self {
+        PgError { fields }
+    }
+    pub fn fields(&self) -> impl Iterator<Item = (u8, &str)> {
+        self.fields.iter().map(|(c, v)| (*c, v.as_str()))
+    }
+    fn field(&self, code: u8) -> Option<&str> {
+        self.fields.iter().find(|(c, _)| *c == code).map(|(_, v)| v.as_str())
+    }
+    fn set(mut self, code: u8, value: String) -> Self {
+        match self.fields.iter_mut().find(|(c, _)| *c == code) {
+            Some(slot) => slot.1 = value,
+            None => self.fields.push((code, value)),
+        }
+        self
+    }
+    pub fn code(&self) -> &str {
+        self.field(b'C').unwrap_or("XX000")
+    }
+    pub fn message(&self) -> &str {
+        self.field(b'M').unwrap_or("")
+    }
+    pub fn detail(&self) -> Option<&str> {
+        self.field(b'D')
+    }
+    pub fn hint(&self) -> Option<&str> {
+        self.field(b'H')
+    }
+    pub fn severity(&self) -> &str {
+        self.field(b'V').or_else(|| self.field(b'S')).unwrap_or("ERROR")
+    }
+    /// FATAL and PANIC errors end the session that receives them.
+    pub fn is_fatal(&self) -> bool {
+        matches!(self.severity(), "FATAL" | "PANIC")
+    }
+    pub fn with_detail(self, detail: impl Into<String>) -> Self {
+        self.set(b'D', detail.into())
+    }
+    pub fn with_hint(self, hint: impl Into<String>) -> Self {
+        self.set(b'H', hint.into())
+    }
+    /// Adds a context line, as PostgreSQL does for errors raised inside a callee.
+    pub fn with_context(self, line: impl Into<String>) -> Self {
+        let line = line.into();
+        let context = match self.field(b'W') {
+            Some(existing) => format!("{existing}\n{line}"),
+            None => line,
+        };
+        self.set(b'W', context)
+    }
+    /// An error a server raised, demoted from FATAL: our client's session outlives
+    /// the worker connection that died.
+    pub fn as_statement_error(self) -> Self {
+        if self.is_fatal() {
+            self.set(b'S', "ERROR".into()).set(b'V', "ERROR".into())
+        } else {
+            self
+        }
+    }
+    pub fn internal(message: impl fmt::Display) -> Self {
+        PgError::new(sqlstate::INTERNAL_ERROR, message.to_string())
+    }
+    pub fn not_supported(message: impl Into<String>) -> Self {
+        PgError::new(sqlstate::FEATURE_NOT_SUPPORTED, message)
+    }
+}
+
+impl fmt::Display for PgError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {} (SQLSTATE {})", self.severity(), self.message(), self.code())?;
+        if let Some(d) = self.detail() {
+            write!(f, "; DETAIL: {d}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for PgError {}
+
+impl From<crate::protocol::ProtocolError> for PgError {
+    fn from(e: crate::protocol::ProtocolError) -> Self {
+        PgError::new(sqlstate::PROTOCOL_VIOLATION, e.to_string())
+    }
+}
+
+pub type PgResult<T> = Result<T, PgError>;

@@ -1,0 +1,250 @@
+//! The distribution catalog: its tables in the coordinator database, and the
+//! immutable in-memory snapshot of them that the query path reads without locks.
+//! A change anywhere (this process, another coordinator process, a manual UPDATE)
+//! bumps `tessera.catalog_version` and notifies `tessera_catalog`; a listener task
+//! then loads a fresh snapshot and swaps it in atomically.
+
+use crate::connection::{quote_ident, quote_literal, PgConnection, ServerAddr};
+use crate::error::PgResult;
+use crate::hash::HashType;
+use arc_swap::ArcSwap;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+pub const SCHEMA_SQL: &str = include_str!("schema.sql");
+
+/// Creates or upgrades the catalog and puts its schema on the database's search
+/// path, so `pg_dist_node` and friends resolve unqualified as they do with Citus.
+pub async fn install(conn: &mut PgConnection) -> PgResult<()> {
+    // Concurrent first starts of several coordinator processes must not race.
+    conn.execute("SELECT pg_advisory_lock(7482910)").await?;
+    let result = async {
+        conn.execute(SCHEMA_SQL).await?;
+        conn.execute(
+            "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET search_path = \"$user\", public, tessera', current_database()); END $$",
+        )
+        .await
+    }
+    .await;
+    conn.execute("SELECT pg_advisory_unlock(7482910)").await?;
+    result.map(|_| ())
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Node {
+    pub id: i32,
+    pub group_id: i32,
+    pub addr: ServerAddr,
+    pub active: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Distribution {
+    /// Rows are spread over the shards by the hash of one column.
+    Hash { column: String, column_index: usize, column_type: HashType },
+    /// One shard, copied to every node.
+    Reference,
+}
+
+#[derive(Clone, Debug)]
+pub struct Shard {
+    pub id: i64,
+    /// The hash-partition remainder this shard holds.
+    pub index: u32,
+    /// Node groups holding a copy (one for hash shards, all for reference tables).
+    pub placements: Vec<i32>,
+}
+
+#[derive(Debug)]
+pub struct DistributedTable {
+    pub oid: u32,
+    pub schema: String,
+    pub name: String,
+    pub distribution: Distribution,
+    pub colocation_id: i32,
+    /// Column names in attribute order, for INSERTs without a column list.
+    pub columns: Vec<String>,
+    /// Ordered by shard index.
+    pub shards: Vec<Shard>,
+}
+
+impl DistributedTable {
+    /// The shard table's name on the worker: `<table>_<shardid>`, as with Citus.
+    pub fn shard_relname(&self, shard: &Shard) -> String {
+        format!("{}_{}", self.name, shard.id)
+    }
+    pub fn qualified_shard_name(&self, shard: &Shard) -> String {
+        format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.shard_relname(shard)))
+    }
+    pub fn qualified_name(&self) -> String {
+        format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.name))
+    }
+    pub fn is_reference(&self) -> bool {
+        matches!(self.distribution, Distribution::Reference)
+    }
+    pub fn shard_count(&self) -> u32 {
+        self.shards.len() as u32
+    }
+}
+
+/// One consistent view of the catalog.
+#[derive(Debug, Default)]
+pub struct Catalog {
+    pub version: i64,
+    /// Active and inactive worker nodes, by node id.
+    pub nodes: Vec<Node>,
+    tables: HashMap<(String, String), Arc<DistributedTable>>,
+    by_oid: HashMap<u32, Arc<DistributedTable>>,
+}
+
+impl Catalog {
+    pub fn table(&self, schema: &str, name: &str) -> Option<&Arc<DistributedTable>> {
+        self.tables.get(&(schema.to_string(), name.to_string()))
+    }
+    /// Resolves an unqualified table name the way the default search path would.
+    pub fn resolve(&self, schema: Option<&str>, name: &str) -> Option<&Arc<DistributedTable>> {
+        match schema {
+            Some(s) => self.table(s, name),
+            None => self.table("public", name),
+        }
+    }
+    pub fn table_by_oid(&self, oid: u32) -> Option<&Arc<DistributedTable>> {
+        self.by_oid.get(&oid)
+    }
+    pub fn tables(&self) -> impl Iterator<Item = &Arc<DistributedTable>> {
+        self.by_oid.values()
+    }
+    pub fn has_tables(&self) -> bool {
+        !self.by_oid.is_empty()
+    }
+    /// Whether any distributed table has this name in any schema (used to spot
+    /// references the parse tree walk could not classify).
+    pub fn is_distributed_name(&self, name: &str) -> bool {
+        self.tables.keys().any(|(_, n)| n == name)
+    }
+    pub fn node_for_group(&self, group_id: i32) -> Option<&Node> {
+        self.nodes.iter().find(|n| n.group_id == group_id)
+    }
+    pub fn active_nodes(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.iter().filter(|n| n.active)
+    }
+}
+
+/// Reads the whole catalog in one transaction so the snapshot is consistent.
+pub async fn load(conn: &mut PgConnection) -> PgResult<Catalog> {
+    let rows = conn
+        .query(
+            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY;
+             SELECT version FROM tessera.catalog_version;",
+        )
+        .await?;
+    let version = rows.first().and_then(|r| r[0].as_deref()).and_then(|v| v.parse().ok()).unwrap_or(0);
+    let result = load_in_transaction(conn, version).await;
+    conn.execute("COMMIT").await?;
+    result
+}
+
+fn int<T: std::str::FromStr + Default>(v: &Option<String>) -> T {
+    v.as_deref().and_then(|s| s.parse().ok()).unwrap_or_default()
+}
+
+async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<Catalog> {
+    let mut catalog = Catalog { version, ..Default::default() };
+    for r in conn
+        .query("SELECT nodeid, groupid, nodename, nodeport, isactive FROM tessera.pg_dist_node WHERE noderole = 'primary' ORDER BY nodeid")
+        .await?
+    {
+        catalog.nodes.push(Node {
+            id: int(&r[0]),
+            group_id: int(&r[1]),
+            addr: ServerAddr { host: r[2].clone().unwrap_or_default(), port: int(&r[3]) },
+            active: r[4].as_deref() == Some("t"),
+        });
+    }
+    let mut placements: HashMap<i64, Vec<i32>> = HashMap::new();
+    for r in conn.query("SELECT shardid, groupid FROM tessera.pg_dist_placement ORDER BY shardid, groupid").await? {
+        placements.entry(int(&r[0])).or_default().push(int(&r[1]));
+    }
+    let mut shards: HashMap<u32, Vec<Shard>> = HashMap::new();
+    for r in conn.query("SELECT logicalrelid::oid, shardid, shardindex FROM tessera.pg_dist_shard ORDER BY logicalrelid, shardindex").await? {
+        let id: i64 = int(&r[1]);
+        shards.entry(int(&r[0])).or_default().push(Shard { id, index: int(&r[2]), placements: placements.remove(&id).unwrap_or_default() });
+    }
+    let tables = conn
+        .query(
+            "SELECT c.oid, n.nspname, c.relname, p.partmethod, p.partkey, p.colocationid,
+                    (SELECT a.atttypid FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = p.partkey AND NOT a.attisdropped),
+                    (SELECT json_agg(a.attname ORDER BY a.attnum)
+                       FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped)
+             FROM tessera.pg_dist_partition p
+             JOIN pg_class c ON c.oid = p.logicalrelid
+             JOIN pg_namespace n ON n.oid = c.relnamespace",
+        )
+        .await?;
+    for r in tables {
+        let oid: u32 = int(&r[0]);
+        let columns = parse_json_string_array(r[7].as_deref().unwrap_or("[]"));
+        let distribution = if r[3].as_deref() == Some("h") {
+            let column = r[4].clone().unwrap_or_default();
+            let column_index = columns.iter().position(|c| *c == column).unwrap_or(0);
+            let type_oid: u32 = int(&r[6]);
+            match HashType::from_type_oid(type_oid) {
+                Some(column_type) => Distribution::Hash { column, column_index, column_type },
+                None => continue,
+            }
+        } else {
+            Distribution::Reference
+        };
+        let table = Arc::new(DistributedTable {
+            oid,
+            schema: r[1].clone().unwrap_or_default(),
+            name: r[2].clone().unwrap_or_default(),
+            distribution,
+            colocation_id: int(&r[5]),
+            columns,
+            shards: shards.remove(&oid).unwrap_or_default(),
+        });
+        catalog.tables.insert((table.schema.clone(), table.name.clone()), table.clone());
+        catalog.by_oid.insert(oid, table);
+    }
+    Ok(catalog)
+}
+
+/// Parses the JSON array of strings that json_agg produced for column names.
+fn parse_json_string_array(json: &str) -> Vec<String> {
+    serde_json::from_str(json).unwrap_or_default()
+}
+
+/// The current snapshot, shared by every session; readers never block.
+pub struct CatalogHandle {
+    current: ArcSwap<Catalog>,
+}
+
+impl CatalogHandle {
+    pub fn new(catalog: Catalog) -> Self {
+        CatalogHandle { current: ArcSwap::from_pointee(catalog) }
+    }
+    pub fn snapshot(&self) -> Arc<Catalog> {
+        self.current.load_full()
+    }
+    pub fn replace(&self, catalog: Catalog) {
+        self.current.store(Arc::new(catalog));
+    }
+}
+
+/// SQL that yields a regclass for a possibly schema-qualified table name given as
+/// text by the user (as Citus functions accept it).
+pub fn regclass_literal(name: &str) -> String {
+    format!("{}::regclass", quote_literal(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_column_lists() {
+        assert_eq!(parse_json_string_array(r#"["aid", "b\"x", "\u00e9t\u00e9"]"#), vec!["aid", "b\"x", "été"]);
+        assert!(parse_json_string_array("[]").is_empty());
+    }
+}

@@ -1,0 +1,103 @@
+//! Recognises calls of the cluster-management functions (`SELECT
+//! create_distributed_table(…)` and friends), which the coordinator carries out
+//! itself rather than sending anywhere.
+
+use super::Plan;
+use pg_query::protobuf::{self, LimitOption, ResTarget, SelectStmt, SetOperation};
+use pg_query::NodeEnum;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClusterFunction {
+    CreateDistributedTable,
+    CreateReferenceTable,
+    UndistributeTable,
+    AddNode,
+    RemoveNode,
+    ActiveWorkerNodes,
+}
+
+impl ClusterFunction {
+    fn by_name(name: &str) -> Option<Self> {
+        Some(match name {
+            "create_distributed_table" => Self::CreateDistributedTable,
+            "create_reference_table" => Self::CreateReferenceTable,
+            "undistribute_table" => Self::UndistributeTable,
+            "citus_add_node" | "master_add_node" => Self::AddNode,
+            "citus_remove_node" | "master_remove_node" => Self::RemoveNode,
+            "master_get_active_worker_nodes" | "citus_get_active_worker_nodes" => Self::ActiveWorkerNodes,
+            _ => return None,
+        })
+    }
+
+    /// Parameter names in declaration order, for named-argument calls.
+    pub fn parameters(self) -> &'static [&'static str] {
+        match self {
+            Self::CreateDistributedTable => &["table_name", "distribution_column", "distribution_type", "colocate_with", "shard_count"],
+            Self::CreateReferenceTable => &["table_name"],
+            Self::UndistributeTable => &["table_name", "cascade_via_foreign_keys"],
+            Self::AddNode => &["nodename", "nodeport", "groupid", "noderole", "nodecluster"],
+            Self::RemoveNode => &["nodename", "nodeport"],
+            Self::ActiveWorkerNodes => &[],
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct ClusterCall {
+    pub function: ClusterFunction,
+    /// The result column's name (the function name, or the alias given).
+    pub column_name: String,
+    /// `SELECT arg1, arg2, …` in parameter order (NULL where not given): the
+    /// coordinator database evaluates the arguments, whatever expressions they are.
+    pub arguments_sql: String,
+}
+
+pub(super) fn cluster_call(select: &SelectStmt) -> Option<Plan> {
+    if select.op != SetOperation::SetopNone as i32 || !select.from_clause.is_empty() || select.where_clause.is_some() || select.target_list.len() != 1 {
+        return None;
+    }
+    let Some(NodeEnum::ResTarget(target)) = select.target_list[0].node.as_ref() else { return None };
+    let Some(NodeEnum::FuncCall(call)) = target.val.as_deref().and_then(|v| v.node.as_ref()) else { return None };
+    let names: Vec<&str> = call.funcname.iter().filter_map(|n| match n.node.as_ref() {
+        Some(NodeEnum::String(s)) => Some(s.sval.as_str()),
+        _ => None,
+    }).collect();
+    let (name, schema_ok) = match names.as_slice() {
+        [name] => (*name, true),
+        [schema, name] => (*name, matches!(*schema, "pg_catalog" | "tessera" | "citus")),
+        _ => return None,
+    };
+    let function = ClusterFunction::by_name(name).filter(|_| schema_ok)?;
+    let params = function.parameters();
+    let mut slots: Vec<Option<protobuf::Node>> = vec![None; params.len()];
+    for (i, arg) in call.args.iter().enumerate() {
+        let (slot, value) = match arg.node.as_ref() {
+            Some(NodeEnum::NamedArgExpr(named)) => {
+                let Some(pos) = params.iter().position(|p| *p == named.name) else {
+                    return Some(super::not_supported(format!("{name}() has no parameter named \"{}\"", named.name)));
+                };
+                (pos, named.arg.as_deref().cloned())
+            }
+            _ => (i, Some(arg.clone())),
+        };
+        if slot >= slots.len() {
+            return Some(super::not_supported(format!("too many arguments for {name}()")));
+        }
+        slots[slot] = value;
+    }
+    let null = protobuf::Node { node: Some(NodeEnum::AConst(protobuf::AConst { isnull: true, val: None, location: -1 })) };
+    let targets = slots
+        .into_iter()
+        .map(|v| protobuf::Node {
+            node: Some(NodeEnum::ResTarget(Box::new(ResTarget { name: String::new(), indirection: vec![], val: Some(Box::new(v.unwrap_or_else(|| null.clone()))), location: -1 }))),
+        })
+        .collect();
+    let eval = SelectStmt { target_list: targets, op: SetOperation::SetopNone as i32, limit_option: LimitOption::Default as i32, ..Default::default() };
+    let tree = protobuf::ParseResult {
+        version: 150001,
+        stmts: vec![protobuf::RawStmt { stmt: Some(Box::new(protobuf::Node { node: Some(NodeEnum::SelectStmt(Box::new(eval))) })), stmt_location: 0, stmt_len: 0 }],
+    };
+    let arguments_sql = if params.is_empty() { String::new() } else { pg_query::deparse(&tree).ok()? };
+    let column_name = if target.name.is_empty() { name.to_string() } else { target.name.clone() };
+    Some(Plan::ClusterFunction(ClusterCall { function, column_name, arguments_sql }))
+}

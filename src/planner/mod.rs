@@ -1,0 +1,204 @@
+//! Turns SQL text into plans: plain data (enums that print and compare in tests)
+//! saying which tier runs each statement and how. Planning needs only the parse
+//! tree and a catalog snapshot, never I/O, so plans are cached by statement text.
+
+mod ddl;
+mod functions;
+pub mod rewrite;
+mod router;
+
+pub use ddl::DdlPlan;
+pub use functions::{ClusterCall, ClusterFunction};
+pub use router::{Command, KeyValue, RouterPlan, ShardTarget};
+
+use crate::error::{sqlstate, PgError};
+use crate::metadata::{Catalog, DistributedTable};
+use pg_query::protobuf::{self, TransactionStmtKind};
+use pg_query::{NodeEnum, NodeRef};
+use std::fmt;
+use std::sync::Arc;
+
+/// One statement of a query string and the plan that runs it.
+#[derive(Debug)]
+pub struct PlannedStatement {
+    /// The statement's own text (a query string may hold several).
+    pub sql: String,
+    pub plan: Plan,
+}
+
+#[derive(Debug)]
+pub enum Plan {
+    /// An empty query string.
+    Empty,
+    /// Touches no distributed table: the coordinator database runs it as is.
+    Local,
+    /// BEGIN, COMMIT, SAVEPOINT, …: managed by the coordinator across every node
+    /// the transaction touches.
+    Transaction(TransactionCommand),
+    /// A cluster-management function such as create_distributed_table().
+    ClusterFunction(ClusterCall),
+    /// DDL that must reach the shell table and every shard.
+    Ddl(Arc<DdlPlan>),
+    /// Runs entirely on one shard group, or on reference-table placements.
+    Router(Arc<RouterPlan>),
+    /// Valid SQL the coordinator cannot run yet; refused rather than answered wrongly.
+    Unsupported(PgError),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TransactionCommand {
+    /// BEGIN or START TRANSACTION, with the text to replay on each node it reaches.
+    Begin { sql: String },
+    Commit,
+    Rollback,
+    Savepoint(String),
+    Release(String),
+    RollbackTo(String),
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Plan::Empty => write!(f, "Empty"),
+            Plan::Local => write!(f, "Local"),
+            Plan::Transaction(t) => write!(f, "Transaction({t:?})"),
+            Plan::ClusterFunction(c) => write!(f, "ClusterFunction({:?})", c.function),
+            Plan::Ddl(d) => write!(f, "Ddl({d})"),
+            Plan::Router(r) => write!(f, "Router({r})"),
+            Plan::Unsupported(e) => write!(f, "Unsupported({})", e.message()),
+        }
+    }
+}
+
+/// Plans every statement of a query string. Text the parser rejects is planned as
+/// Local, so that the coordinator database reports the syntax error exactly as
+/// PostgreSQL would.
+pub fn plan_query(sql: &str, catalog: &Catalog) -> Vec<PlannedStatement> {
+    let parsed = match pg_query::parse(sql) {
+        Ok(parsed) => parsed,
+        Err(_) => return vec![PlannedStatement { sql: sql.to_string(), plan: Plan::Local }],
+    };
+    let version = parsed.protobuf.version;
+    let stmts = parsed.protobuf.stmts;
+    if stmts.is_empty() {
+        return vec![PlannedStatement { sql: sql.to_string(), plan: Plan::Empty }];
+    }
+    stmts
+        .into_iter()
+        .map(|raw| {
+            let text = statement_text(sql, &raw).to_string();
+            let plan = plan_statement(version, raw, &text, catalog);
+            PlannedStatement { sql: text, plan }
+        })
+        .collect()
+}
+
+fn statement_text<'a>(sql: &'a str, raw: &protobuf::RawStmt) -> &'a str {
+    let start = (raw.stmt_location.max(0) as usize).min(sql.len());
+    let end = if raw.stmt_len <= 0 { sql.len() } else { (start + raw.stmt_len as usize).min(sql.len()) };
+    sql.get(start..end).unwrap_or(sql).trim()
+}
+
+fn plan_statement(version: i32, raw: protobuf::RawStmt, text: &str, catalog: &Catalog) -> Plan {
+    let Some(node) = raw.stmt.as_ref().and_then(|n| n.node.as_ref()) else {
+        return Plan::Empty;
+    };
+    if let NodeEnum::TransactionStmt(t) = node {
+        return plan_transaction(t, text);
+    }
+    if let NodeEnum::SelectStmt(select) = node {
+        if let Some(call) = functions::cluster_call(select) {
+            return call;
+        }
+    }
+    if !catalog.has_tables() {
+        return Plan::Local;
+    }
+    let plan = match node {
+        NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) => {
+            router::plan_dml(version, &raw, catalog)
+        }
+        _ => ddl::plan_utility(version, &raw, catalog),
+    };
+    match plan {
+        Some(plan) => plan,
+        None => refuse_unseen_references(node, text, catalog),
+    }
+}
+
+fn plan_transaction(t: &protobuf::TransactionStmt, text: &str) -> Plan {
+    use TransactionStmtKind::*;
+    let command = match TransactionStmtKind::from_i32(t.kind) {
+        Some(TransStmtBegin | TransStmtStart) => TransactionCommand::Begin { sql: text.to_string() },
+        Some(TransStmtCommit) if !t.chain => TransactionCommand::Commit,
+        Some(TransStmtRollback) if !t.chain => TransactionCommand::Rollback,
+        Some(TransStmtSavepoint) => TransactionCommand::Savepoint(t.savepoint_name.clone()),
+        Some(TransStmtRelease) => TransactionCommand::Release(t.savepoint_name.clone()),
+        Some(TransStmtRollbackTo) => TransactionCommand::RollbackTo(t.savepoint_name.clone()),
+        _ => {
+            return Plan::Unsupported(PgError::not_supported(format!(
+                "\"{text}\" is not supported through the Tessera coordinator"
+            )))
+        }
+    };
+    Plan::Transaction(command)
+}
+
+/// The last line of defence for statements planned as Local: if one names a
+/// distributed table anywhere (in a view definition, a subquery of a utility
+/// statement, …), running it on the empty shell table could give wrong answers,
+/// so it is refused instead.
+fn refuse_unseen_references(node: &NodeEnum, text: &str, catalog: &Catalog) -> Plan {
+    if matches!(node, NodeEnum::CommentStmt(_) | NodeEnum::VariableSetStmt(_) | NodeEnum::VariableShowStmt(_)) {
+        return Plan::Local;
+    }
+    let Ok(scan) = pg_query::scan(text) else { return Plan::Local };
+    for token in &scan.tokens {
+        let Some(word) = text.get(token.start as usize..token.end as usize) else { continue };
+        let name = match word.strip_prefix('"').and_then(|w| w.strip_suffix('"')) {
+            Some(quoted) => quoted.replace("\"\"", "\""),
+            None if word.starts_with(|c: char| c.is_alphabetic() || c == '_') => word.to_lowercase(),
+            None => continue,
+        };
+        if catalog.is_distributed_name(&name) {
+            return Plan::Unsupported(PgError::not_supported(format!(
+                "this statement uses the distributed table \"{name}\" in a way Tessera does not support yet"
+            )));
+        }
+    }
+    Plan::Local
+}
+
+/// A table reference found in a statement, resolved against the catalog.
+pub(crate) fn resolve_range_var<'c>(rv: &protobuf::RangeVar, catalog: &'c Catalog) -> Option<&'c Arc<DistributedTable>> {
+    let schema = (!rv.schemaname.is_empty()).then_some(rv.schemaname.as_str());
+    catalog.resolve(schema, &rv.relname)
+}
+
+/// Every distributed or reference table the statement mentions, wherever it is.
+pub(crate) fn referenced_tables(raw: &protobuf::RawStmt, catalog: &Catalog) -> Vec<Arc<DistributedTable>> {
+    let mut out: Vec<Arc<DistributedTable>> = Vec::new();
+    let Some(node) = raw.stmt.as_ref().and_then(|n| n.node.as_ref()) else { return out };
+    for (n, _, _) in node.nodes() {
+        if let NodeRef::RangeVar(rv) = n {
+            if let Some(t) = resolve_range_var(rv, catalog) {
+                if !out.iter().any(|o| o.oid == t.oid) {
+                    out.push(t.clone());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Counts RangeVar nodes that name distributed (hash) tables.
+pub(crate) fn count_hash_references(node: &NodeEnum, catalog: &Catalog) -> usize {
+    node.nodes()
+        .into_iter()
+        .filter(|(n, _, _)| matches!(n, NodeRef::RangeVar(rv) if resolve_range_var(rv, catalog).is_some_and(|t| !t.is_reference())))
+        .count()
+}
+
+pub(crate) fn not_supported(message: impl Into<String>) -> Plan {
+    Plan::Unsupported(PgError::new(sqlstate::FEATURE_NOT_SUPPORTED, message))
+}

@@ -1,0 +1,88 @@
+//! The client side of a session: framed reads and buffered writes on the socket.
+
+use crate::error::PgResult;
+use crate::protocol::{take_message, take_startup_packet, Message, ProtocolError};
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Results are sent on as they arrive once this much is buffered.
+const FLUSH_THRESHOLD: usize = 64 * 1024;
+
+pub struct ClientConn {
+    stream: TcpStream,
+    rbuf: BytesMut,
+    wbuf: BytesMut,
+}
+
+impl ClientConn {
+    pub fn new(stream: TcpStream) -> Self {
+        stream.set_nodelay(true).ok();
+        ClientConn { stream, rbuf: BytesMut::with_capacity(16 * 1024), wbuf: BytesMut::with_capacity(16 * 1024) }
+    }
+
+    /// Reads the next start-up packet; None when the client went away.
+    pub async fn recv_startup(&mut self) -> std::io::Result<Option<Bytes>> {
+        loop {
+            match take_startup_packet(&mut self.rbuf) {
+                Ok(Some(p)) => return Ok(Some(p)),
+                Ok(None) => {}
+                Err(e) => return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
+            }
+            if self.stream.read_buf(&mut self.rbuf).await? == 0 {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Reads the next message; None when the client went away.
+    pub async fn recv(&mut self) -> std::io::Result<Option<Message>> {
+        loop {
+            match take_message(&mut self.rbuf) {
+                Ok(Some(m)) => return Ok(Some(m)),
+                Ok(None) => {}
+                Err(e @ ProtocolError::BadLength(_)) | Err(e @ ProtocolError::Malformed(_)) => {
+                    return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+                }
+            }
+            if !self.wbuf.is_empty() {
+                self.flush().await?;
+            }
+            if self.stream.read_buf(&mut self.rbuf).await? == 0 {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// The tag of the next message if it has already arrived (used to piggyback
+    /// a Sync on the worker round trip).
+    pub fn peek_tag(&self) -> Option<u8> {
+        (self.rbuf.len() >= 5).then(|| self.rbuf[0])
+    }
+
+    pub fn out(&mut self) -> &mut BytesMut {
+        &mut self.wbuf
+    }
+
+    pub async fn flush(&mut self) -> std::io::Result<()> {
+        if !self.wbuf.is_empty() {
+            self.stream.write_all(&self.wbuf).await?;
+            self.wbuf.clear();
+        }
+        Ok(())
+    }
+
+    /// Sends buffered results once enough have piled up, so large results stream.
+    pub async fn flush_if_large(&mut self) -> PgResult<()> {
+        if self.wbuf.len() >= FLUSH_THRESHOLD {
+            self.flush().await.map_err(|e| crate::error::PgError::new(crate::error::sqlstate::CONNECTION_FAILURE, format!("client connection lost: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// Writes raw bytes now (the SSL refusal byte before start-up).
+    pub async fn write_now(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.flush().await?;
+        self.stream.write_all(bytes).await
+    }
+}

@@ -1,0 +1,131 @@
+//! The coordinator process: accepts client connections and runs one session per
+//! connection; keeps the catalog snapshot fresh.
+
+pub mod client;
+mod session;
+
+use crate::config::Config;
+use crate::connection::{send_cancel, PgConnection};
+use crate::error::PgResult;
+use crate::metadata::{self, CatalogHandle};
+use crate::transaction::CancelTargets;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+/// State shared by every session of one coordinator process. None of it has to
+/// survive a restart: the catalog is reloaded from the coordinator database.
+pub struct Coordinator {
+    pub config: Config,
+    pub catalog: CatalogHandle,
+    /// Backends to cancel for each client session's (process id, secret key).
+    sessions: Mutex<HashMap<(i32, i32), CancelTargets>>,
+    reload_lock: tokio::sync::Mutex<()>,
+}
+
+impl Coordinator {
+    /// Connects to the coordinator database (waiting for it to come up), installs
+    /// or upgrades the catalog, registers configured workers and loads the catalog.
+    pub async fn start(config: Config) -> anyhow::Result<Arc<Coordinator>> {
+        let mut conn = connect_with_retry(&config, Duration::from_secs(60)).await?;
+        metadata::install(&mut conn).await.map_err(|e| anyhow::anyhow!("could not install the catalog: {e}"))?;
+        for w in &config.workers {
+            conn.execute(&format!(
+                "INSERT INTO tessera.pg_dist_node (nodename, nodeport) VALUES ({}, {}) ON CONFLICT (nodename, nodeport) DO NOTHING",
+                crate::connection::quote_literal(&w.host),
+                w.port
+            ))
+            .await
+            .map_err(|e| anyhow::anyhow!("could not register worker {}:{}: {e}", w.host, w.port))?;
+        }
+        let catalog = metadata::load(&mut conn).await.map_err(|e| anyhow::anyhow!("could not load the catalog: {e}"))?;
+        conn.terminate().await;
+        Ok(Arc::new(Coordinator { config, catalog: CatalogHandle::new(catalog), sessions: Mutex::new(HashMap::new()), reload_lock: tokio::sync::Mutex::new(()) }))
+    }
+
+    /// Loads the catalog afresh and swaps it in (never replacing a newer one).
+    pub async fn reload_catalog(&self) -> PgResult<()> {
+        let _guard = self.reload_lock.lock().await;
+        let mut conn = PgConnection::connect(&self.config.coordinator_db_addr(), &self.config.service_login()).await?;
+        let fresh = metadata::load(&mut conn).await;
+        conn.terminate().await;
+        let fresh = fresh?;
+        if fresh.version >= self.catalog.snapshot().version {
+            self.catalog.replace(fresh);
+        }
+        Ok(())
+    }
+
+    fn register_session(&self, key: (i32, i32)) -> CancelTargets {
+        let targets = CancelTargets::default();
+        self.sessions.lock().unwrap().insert(key, targets.clone());
+        targets
+    }
+
+    fn unregister_session(&self, key: (i32, i32)) {
+        self.sessions.lock().unwrap().remove(&key);
+    }
+
+    async fn cancel(&self, key: (i32, i32)) {
+        let targets = self.sessions.lock().unwrap().get(&key).map(|t| t.lock().unwrap().clone());
+        for (addr, backend_key) in targets.unwrap_or_default() {
+            send_cancel(&addr, backend_key).await;
+        }
+    }
+}
+
+async fn connect_with_retry(config: &Config, patience: Duration) -> anyhow::Result<PgConnection> {
+    let deadline = tokio::time::Instant::now() + patience;
+    loop {
+        match PgConnection::connect(&config.coordinator_db_addr(), &config.service_login()).await {
+            Ok(c) => return Ok(c),
+            Err(e) if tokio::time::Instant::now() >= deadline => {
+                return Err(anyhow::anyhow!("could not reach the coordinator database at {}: {e}", config.coordinator_db_addr()))
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// Follows catalog changes made by any process: the catalog triggers NOTIFY
+/// `tessera_catalog`, and each notification triggers a reload.
+async fn follow_catalog(coordinator: Arc<Coordinator>) {
+    loop {
+        let result: PgResult<()> = async {
+            let mut conn = PgConnection::connect(&coordinator.config.coordinator_db_addr(), &coordinator.config.service_login()).await?;
+            conn.execute("LISTEN tessera_catalog").await?;
+            // Changes made while we were not listening.
+            coordinator.reload_catalog().await?;
+            loop {
+                let msg = conn.recv().await?;
+                if msg.tag() == b'A' {
+                    coordinator.reload_catalog().await?;
+                }
+            }
+        }
+        .await;
+        if let Err(e) = result {
+            tracing::warn!("catalog listener: {e}; reconnecting");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Serves clients until the process is stopped.
+pub async fn serve(config: Config) -> anyhow::Result<()> {
+    let coordinator = Coordinator::start(config).await?;
+    let listen = &coordinator.config.listen;
+    let listener = TcpListener::bind(listen).await.map_err(|e| anyhow::anyhow!("could not listen on {listen}: {e}"))?;
+    tokio::spawn(follow_catalog(coordinator.clone()));
+    tracing::info!("tessera coordinator listening on {}", coordinator.config.listen);
+    loop {
+        let (stream, peer) = listener.accept().await?;
+        let coordinator = coordinator.clone();
+        tokio::spawn(async move {
+            if let Err(e) = session::run(coordinator, stream).await {
+                tracing::debug!("session from {peer} ended: {e}");
+            }
+        });
+    }
+}

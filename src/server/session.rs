@@ -1,0 +1,650 @@
+//! One client session: start-up, then the simple and extended query protocols.
+//! Each statement is planned (plans are cached by text) and dispatched: local
+//! statements are forwarded to the coordinator database message by message, the
+//! rest run through the executor or the command layer.
+
+use super::client::ClientConn;
+use super::Coordinator;
+use crate::commands::{self, CommandContext};
+use crate::connection::{Login, PgConnection};
+use crate::error::{sqlstate, PgError, PgResult};
+use crate::executor::{self, Mode};
+use crate::metadata::Catalog;
+use crate::planner::{self, Plan, PlannedStatement, TransactionCommand};
+use crate::protocol::backend::{self, FieldDescription};
+use crate::protocol::frontend::{self, Bind, StartupPacket, Target};
+use crate::protocol::Message;
+use crate::transaction::Participants;
+use std::collections::HashMap;
+use std::sync::Arc;
+use tokio::net::TcpStream;
+
+/// Cached plans per session; cleared when it grows past this (statements that
+/// embed literals never repeat).
+const PLAN_CACHE_LIMIT: usize = 2000;
+
+/// The statements of one query string, planned against one catalog version.
+struct CachedPlan {
+    version: i64,
+    statements: Vec<PlannedStatement>,
+}
+
+/// Parameter types and result columns of a distributed statement, as the
+/// coordinator database describes it against the shell tables.
+struct Shape {
+    param_types: Vec<u32>,
+    fields: Option<Vec<FieldDescription>>,
+}
+
+struct DistributedStatement {
+    plan: Arc<CachedPlan>,
+    shape: Arc<Shape>,
+}
+
+enum Statement {
+    /// Prepared on the coordinator database under the client's name.
+    Local,
+    Distributed(Arc<DistributedStatement>),
+}
+
+enum Portal {
+    Local,
+    Distributed { statement: Arc<DistributedStatement>, bind: Bind },
+}
+
+/// Why a statement did not complete.
+enum Failure {
+    /// The error has already been relayed to the client (it came from the
+    /// coordinator database while forwarding).
+    Reported,
+    Error(PgError),
+}
+
+impl From<PgError> for Failure {
+    fn from(e: PgError) -> Self {
+        Failure::Error(e)
+    }
+}
+
+struct Session {
+    coordinator: Arc<Coordinator>,
+    client: ClientConn,
+    parts: Participants,
+    /// False for sessions on a database other than the one holding the catalog:
+    /// those are plain pass-through.
+    distributed: bool,
+    plans: HashMap<String, Arc<CachedPlan>>,
+    shapes: HashMap<(String, Vec<u32>), Arc<Shape>>,
+    statements: HashMap<String, Statement>,
+    portals: HashMap<String, Portal>,
+    /// Extended-protocol responses the coordinator database still owes us.
+    local_expected: usize,
+    /// Something was forwarded to the coordinator database since the last Sync.
+    local_unsynced: bool,
+    /// After an error in an extended-protocol batch, messages up to Sync are ignored.
+    skip_until_sync: bool,
+}
+
+/// Start-up parameters forwarded to worker connections, so values are formatted
+/// and interpreted the same way on every node.
+const WORKER_PARAMETERS: &[&str] = &["DateStyle", "TimeZone", "IntervalStyle", "extra_float_digits", "client_encoding", "application_name", "bytea_output"];
+
+pub async fn run(coordinator: Arc<Coordinator>, stream: TcpStream) -> anyhow::Result<()> {
+    let mut client = ClientConn::new(stream);
+    let params = loop {
+        let Some(packet) = client.recv_startup().await? else { return Ok(()) };
+        match frontend::decode_startup(&packet)? {
+            StartupPacket::SslRequest | StartupPacket::GssEncRequest => client.write_now(b"N").await?,
+            StartupPacket::Cancel { process_id, secret_key } => {
+                coordinator.cancel((process_id, secret_key)).await;
+                return Ok(());
+            }
+            StartupPacket::Startup { params } => break params,
+        }
+    };
+    let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    let user = get("user").unwrap_or_default();
+    let database = get("database").unwrap_or_else(|| user.clone());
+    if user.is_empty() {
+        return refuse(&mut client, PgError::new("28000", "no PostgreSQL user name specified in startup packet")).await;
+    }
+    if get("replication").is_some() {
+        return refuse(&mut client, PgError::not_supported("replication connections are not supported by the Tessera coordinator")).await;
+    }
+    let options: Vec<(String, String)> = params.iter().filter(|(k, _)| k != "user" && k != "database").cloned().collect();
+    let local_login = Login { user: user.clone(), database: database.clone(), password: coordinator.config.coordinator_db.password.clone(), options: options.clone() };
+    let local = match PgConnection::connect(&coordinator.config.coordinator_db_addr(), &local_login).await {
+        Ok(c) => c,
+        Err(e) => return refuse(&mut client, e).await,
+    };
+    let worker_login = Login {
+        user,
+        database: coordinator.config.coordinator_db.database.clone(),
+        password: coordinator.config.coordinator_db.password.clone(),
+        options: options.into_iter().filter(|(k, _)| WORKER_PARAMETERS.iter().any(|p| p.eq_ignore_ascii_case(k))).collect(),
+    };
+    let key = (rand::random::<i32>() & 0x7fff_ffff, rand::random::<i32>());
+    let cancel_targets = coordinator.register_session(key);
+    cancel_targets.lock().unwrap().push((coordinator.config.coordinator_db_addr(), local.backend_key()));
+    backend::authentication_ok(client.out());
+    for (k, v) in local.server_params() {
+        backend::parameter_status(client.out(), k, v);
+    }
+    backend::backend_key_data(client.out(), key.0, key.1);
+    backend::ready_for_query(client.out(), backend::TxStatus::Idle);
+    client.flush().await?;
+    let distributed = database == coordinator.config.coordinator_db.database;
+    let mut session = Session {
+        coordinator: coordinator.clone(),
+        client,
+        parts: Participants::new(local, worker_login, cancel_targets),
+        distributed,
+        plans: HashMap::new(),
+        shapes: HashMap::new(),
+        statements: HashMap::new(),
+        portals: HashMap::new(),
+        local_expected: 0,
+        local_unsynced: false,
+        skip_until_sync: false,
+    };
+    let result = session.serve().await;
+    coordinator.unregister_session(key);
+    if session.parts.in_block() {
+        session.parts.rollback().await.ok();
+    }
+    session.parts.close().await;
+    result
+}
+
+async fn refuse(client: &mut ClientConn, e: PgError) -> anyhow::Result<()> {
+    let fatal = PgError::from_fields(e.fields().map(|(c, v)| (c, if c == b'S' || c == b'V' { "FATAL".to_string() } else { v.to_string() })).collect());
+    backend::error_response(client.out(), &fatal);
+    client.flush().await?;
+    Ok(())
+}
+
+impl Session {
+    async fn serve(&mut self) -> anyhow::Result<()> {
+        while let Some(msg) = self.client.recv().await? {
+            match msg.tag() {
+                b'Q' => self.simple_query(&msg).await?,
+                b'X' => return Ok(()),
+                b'S' => self.sync().await?,
+                _ if self.skip_until_sync => {}
+                b'P' => self.on_parse(&msg).await?,
+                b'B' => self.on_bind(&msg).await?,
+                b'D' => self.on_describe(&msg).await?,
+                b'E' => self.on_execute(&msg).await?,
+                b'C' => self.on_close(&msg).await?,
+                b'H' => {
+                    self.drain_local().await?;
+                    self.client.flush().await?;
+                }
+                b'd' | b'c' | b'f' => {} // stray COPY data after an aborted COPY
+                other => {
+                    let e = PgError::new(sqlstate::PROTOCOL_VIOLATION, format!("invalid frontend message type {}", other as char));
+                    backend::error_response(self.client.out(), &e);
+                    self.client.flush().await?;
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn catalog(&self) -> Arc<Catalog> {
+        if self.distributed {
+            self.coordinator.catalog.snapshot()
+        } else {
+            Arc::new(Catalog::default())
+        }
+    }
+
+    fn plan(&mut self, sql: &str) -> Arc<CachedPlan> {
+        let catalog = self.catalog();
+        if let Some(p) = self.plans.get(sql) {
+            if p.version == catalog.version {
+                return p.clone();
+            }
+        }
+        if self.plans.len() >= PLAN_CACHE_LIMIT {
+            self.plans.clear();
+        }
+        let planned = Arc::new(CachedPlan { version: catalog.version, statements: planner::plan_query(sql, &catalog) });
+        self.plans.insert(sql.to_string(), planned.clone());
+        planned
+    }
+
+    fn report(&mut self, failure: Failure) {
+        if let Failure::Error(e) = failure {
+            backend::error_response(self.client.out(), &e);
+        }
+        self.parts.mark_failed();
+    }
+
+    // ---- simple query protocol ----
+
+    async fn simple_query(&mut self, msg: &Message) -> anyhow::Result<()> {
+        let sql = frontend::decode_query(msg)?.to_string();
+        let planned = self.plan(&sql);
+        let all_local = planned.statements.iter().all(|s| matches!(s.plan, Plan::Local | Plan::Empty));
+        if all_local && !self.parts.is_failed() {
+            // The common pass-through case: the whole string, in one message.
+            match self.parts.local().await {
+                Ok(local) => {
+                    local.out().extend_from_slice(msg.frame());
+                    if let Err(f) = self.relay_local_until_ready().await {
+                        self.report(f);
+                    }
+                }
+                Err(e) => self.report(e.into()),
+            }
+        } else {
+            for stmt in &planned.statements {
+                if let Err(f) = self.execute_simple(stmt).await {
+                    self.report(f);
+                    break;
+                }
+            }
+        }
+        self.parts.observe_local_status();
+        backend::ready_for_query(self.client.out(), self.parts.status());
+        self.client.flush().await?;
+        Ok(())
+    }
+
+    async fn execute_simple(&mut self, stmt: &PlannedStatement) -> Result<(), Failure> {
+        self.check_not_failed(&stmt.plan)?;
+        match &stmt.plan {
+            Plan::Empty => backend::empty_query_response(self.client.out()),
+            Plan::Local => {
+                let local = self.parts.local().await?;
+                frontend::query(local.out(), &stmt.sql);
+                self.relay_local_until_ready().await?;
+                self.parts.observe_local_status();
+            }
+            other => self.execute_distributed(&stmt.sql, other, None).await?,
+        }
+        Ok(())
+    }
+
+    fn check_not_failed(&self, plan: &Plan) -> Result<(), Failure> {
+        let ends_block = matches!(plan, Plan::Transaction(TransactionCommand::Commit | TransactionCommand::Rollback | TransactionCommand::RollbackTo(_)));
+        if self.parts.is_failed() && !ends_block {
+            return Err(Participants::failed_error().into());
+        }
+        Ok(())
+    }
+
+    /// Runs a statement that is not plain pass-through. `extended` carries the
+    /// client's Bind and the statement's shape for the extended protocol.
+    async fn execute_distributed(&mut self, sql: &str, plan: &Plan, extended: Option<(&Bind, &Shape)>) -> Result<(), Failure> {
+        let catalog = self.catalog();
+        match plan {
+            Plan::Empty | Plan::Local => unreachable!("pass-through statements are forwarded"),
+            Plan::Unsupported(e) => return Err(e.clone().into()),
+            Plan::Transaction(command) => {
+                let tag = self.transaction_command(command).await?;
+                backend::command_complete(self.client.out(), tag);
+            }
+            Plan::Router(router) => {
+                let sync = self.client.peek_tag() == Some(b'S');
+                let mode = match extended {
+                    None => Mode::Simple,
+                    Some((bind, shape)) => Mode::Extended { bind, param_types: &shape.param_types, sync },
+                };
+                let result = executor::run_router(router, &mut self.parts, &catalog, &mode, &mut self.client).await;
+                if result.is_err() {
+                    self.parts.discard_broken();
+                }
+                result?;
+            }
+            Plan::ClusterFunction(call) => {
+                let params: Vec<Option<String>> = extended
+                    .map(|(bind, _)| bind.params.iter().map(|p| p.as_ref().map(|b| String::from_utf8_lossy(b).into_owned())).collect())
+                    .unwrap_or_default();
+                let mut ctx = CommandContext { coordinator: &self.coordinator, parts: &mut self.parts, client: &mut self.client, catalog };
+                commands::run_cluster_function(call, &mut ctx, extended.is_none(), &params).await?;
+            }
+            Plan::Ddl(ddl) => {
+                let mut ctx = CommandContext { coordinator: &self.coordinator, parts: &mut self.parts, client: &mut self.client, catalog };
+                commands::run_ddl(ddl, sql, &mut ctx).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn transaction_command(&mut self, command: &TransactionCommand) -> PgResult<&'static str> {
+        Ok(match command {
+            TransactionCommand::Begin { sql } => {
+                if let Some(warning) = self.parts.begin(sql) {
+                    backend::notice_response(self.client.out(), &warning);
+                }
+                "BEGIN"
+            }
+            TransactionCommand::Commit => {
+                if !self.parts.in_block() {
+                    backend::notice_response(self.client.out(), &PgError::warning("25P01", "there is no transaction in progress"));
+                }
+                self.parts.commit().await?
+            }
+            TransactionCommand::Rollback => {
+                if !self.parts.in_block() {
+                    backend::notice_response(self.client.out(), &PgError::warning("25P01", "there is no transaction in progress"));
+                }
+                self.parts.rollback().await?;
+                "ROLLBACK"
+            }
+            TransactionCommand::Savepoint(name) => {
+                self.parts.savepoint(name).await?;
+                "SAVEPOINT"
+            }
+            TransactionCommand::Release(name) => {
+                self.parts.release(name).await?;
+                "RELEASE"
+            }
+            TransactionCommand::RollbackTo(name) => {
+                self.parts.rollback_to(name).await?;
+                "ROLLBACK"
+            }
+        })
+    }
+
+    /// Forwards the coordinator database's responses to the client up to its
+    /// ReadyForQuery, feeding it the client's COPY data when it asks for some.
+    async fn relay_local_until_ready(&mut self) -> Result<(), Failure> {
+        let mut failed = false;
+        loop {
+            let msg = self.parts.local.recv().await?;
+            match msg.tag() {
+                b'Z' => break,
+                b'E' => {
+                    failed = true;
+                    self.client.out().extend_from_slice(msg.frame());
+                }
+                b'G' => {
+                    self.client.out().extend_from_slice(msg.frame());
+                    self.client.flush().await.map_err(client_lost)?;
+                    self.pump_copy_in().await?;
+                }
+                _ => {
+                    self.client.out().extend_from_slice(msg.frame());
+                    self.client.flush_if_large().await?;
+                }
+            }
+        }
+        if failed {
+            Err(Failure::Reported)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Passes the client's CopyData through to the coordinator database until
+    /// CopyDone or CopyFail.
+    async fn pump_copy_in(&mut self) -> PgResult<()> {
+        loop {
+            let Some(msg) = self.client.recv().await.map_err(client_lost)? else {
+                frontend::copy_fail(self.parts.local.out(), "client connection lost");
+                self.parts.local.flush().await?;
+                return Err(client_lost("end of stream"));
+            };
+            match msg.tag() {
+                b'd' => {
+                    self.parts.local.out().extend_from_slice(msg.frame());
+                    if self.parts.local.out().len() >= 256 * 1024 {
+                        self.parts.local.flush().await?;
+                    }
+                }
+                b'c' | b'f' => {
+                    self.parts.local.out().extend_from_slice(msg.frame());
+                    self.parts.local.flush().await?;
+                    return Ok(());
+                }
+                _ => {} // Flush and Sync are ignored during COPY, as PostgreSQL does
+            }
+        }
+    }
+
+    // ---- extended query protocol ----
+
+    /// Forwards one extended-protocol message to the coordinator database; its
+    /// response is relayed later, in order.
+    async fn forward_local(&mut self, msg: &Message) -> anyhow::Result<()> {
+        match self.parts.local().await {
+            Ok(local) => {
+                local.out().extend_from_slice(msg.frame());
+                self.local_expected += 1;
+                self.local_unsynced = true;
+            }
+            Err(e) => self.extended_error(Failure::Error(e)),
+        }
+        Ok(())
+    }
+
+    /// Relays what the coordinator database owes for forwarded messages, so that
+    /// a response we produce ourselves goes out in the right order.
+    async fn drain_local(&mut self) -> anyhow::Result<()> {
+        if self.local_expected == 0 {
+            return Ok(());
+        }
+        frontend::flush(self.parts.local.out());
+        while self.local_expected > 0 {
+            let msg = match self.parts.local.recv().await {
+                Ok(m) => m,
+                Err(e) => {
+                    self.local_expected = 0;
+                    self.extended_error(Failure::Error(e));
+                    return Ok(());
+                }
+            };
+            match msg.tag() {
+                b'1' | b'2' | b'3' | b'T' | b'n' | b'C' | b'I' | b's' => self.local_expected -= 1,
+                b'E' => {
+                    self.local_expected = 0;
+                    self.skip_until_sync = true;
+                }
+                _ => {}
+            }
+            self.client.out().extend_from_slice(msg.frame());
+            self.client.flush_if_large().await?;
+        }
+        Ok(())
+    }
+
+    fn extended_error(&mut self, failure: Failure) {
+        self.report(failure);
+        self.skip_until_sync = true;
+    }
+
+    async fn on_parse(&mut self, msg: &Message) -> anyhow::Result<()> {
+        let parse = frontend::decode_parse(msg)?;
+        let planned = self.plan(&parse.sql);
+        let distributed = planned.statements.len() == 1 && !matches!(planned.statements[0].plan, Plan::Local | Plan::Empty);
+        if !distributed {
+            self.statements.insert(parse.name.clone(), Statement::Local);
+            return self.forward_local(msg).await;
+        }
+        self.drain_local().await?;
+        match self.describe_shape(&parse.sql, &parse.param_types).await {
+            Ok(shape) => {
+                self.statements.insert(parse.name, Statement::Distributed(Arc::new(DistributedStatement { plan: planned, shape })));
+                backend::parse_complete(self.client.out());
+            }
+            Err(e) => self.extended_error(Failure::Error(e)),
+        }
+        Ok(())
+    }
+
+    /// Parameter types and result columns of a distributed statement: the shell
+    /// tables let the coordinator database describe it exactly as PostgreSQL would.
+    async fn describe_shape(&mut self, sql: &str, param_types: &[u32]) -> PgResult<Arc<Shape>> {
+        let key = (sql.to_string(), param_types.to_vec());
+        if let Some(shape) = self.shapes.get(&key) {
+            return Ok(shape.clone());
+        }
+        const NAME: &str = "tessera_describe";
+        let local = self.parts.local().await?;
+        frontend::close(local.out(), Target::Statement, NAME);
+        frontend::parse(local.out(), NAME, sql, param_types);
+        frontend::describe(local.out(), Target::Statement, NAME);
+        frontend::close(local.out(), Target::Statement, NAME);
+        frontend::sync(local.out());
+        let mut shape = Shape { param_types: param_types.to_vec(), fields: None };
+        let mut error = None;
+        loop {
+            let msg = local.recv().await?;
+            match msg.tag() {
+                b't' => shape.param_types = backend::decode_parameter_description(&msg)?,
+                b'T' => shape.fields = Some(backend::decode_row_description(&msg)?),
+                b'E' => error = Some(backend::decode_error_fields(&msg)?),
+                b'Z' => break,
+                _ => {}
+            }
+        }
+        self.parts.observe_local_status();
+        if let Some(e) = error {
+            return Err(e);
+        }
+        let shape = Arc::new(shape);
+        self.shapes.insert(key, shape.clone());
+        Ok(shape)
+    }
+
+    async fn on_bind(&mut self, msg: &Message) -> anyhow::Result<()> {
+        let bind = frontend::decode_bind(msg)?;
+        match self.statements.get(&bind.statement) {
+            Some(Statement::Distributed(statement)) => {
+                let statement = statement.clone();
+                self.drain_local().await?;
+                self.portals.insert(bind.portal.clone(), Portal::Distributed { statement, bind });
+                backend::bind_complete(self.client.out());
+                Ok(())
+            }
+            _ => {
+                self.portals.insert(bind.portal, Portal::Local);
+                self.forward_local(msg).await
+            }
+        }
+    }
+
+    async fn on_describe(&mut self, msg: &Message) -> anyhow::Result<()> {
+        let (target, name) = frontend::decode_describe_or_close(msg)?;
+        let described = match target {
+            Target::Statement => match self.statements.get(&name) {
+                Some(Statement::Distributed(s)) => Some((s.shape.clone(), None)),
+                _ => None,
+            },
+            Target::Portal => match self.portals.get(&name) {
+                Some(Portal::Distributed { statement, bind }) => Some((statement.shape.clone(), Some(bind.result_formats.clone()))),
+                _ => None,
+            },
+        };
+        let Some((shape, formats)) = described else {
+            return self.forward_local(msg).await;
+        };
+        self.drain_local().await?;
+        let out = self.client.out();
+        if formats.is_none() {
+            backend::parameter_description(out, &shape.param_types);
+        }
+        match &shape.fields {
+            None => backend::no_data(out),
+            Some(fields) => {
+                let formats = formats.unwrap_or_default();
+                let fields: Vec<FieldDescription> = fields
+                    .iter()
+                    .enumerate()
+                    .map(|(i, f)| FieldDescription {
+                        format: match formats.len() {
+                            0 => 0,
+                            1 => formats[0],
+                            _ => formats.get(i).copied().unwrap_or(0),
+                        },
+                        ..f.clone()
+                    })
+                    .collect();
+                backend::row_description(out, &fields);
+            }
+        }
+        Ok(())
+    }
+
+    async fn on_execute(&mut self, msg: &Message) -> anyhow::Result<()> {
+        let (portal, _max_rows) = frontend::decode_execute(msg)?;
+        let Some(Portal::Distributed { statement, bind }) = self.portals.get(&portal) else {
+            return self.forward_local(msg).await;
+        };
+        let (statement, bind) = (statement.clone(), bind.clone());
+        self.drain_local().await?;
+        let stmt = &statement.plan.statements[0];
+        let result = match self.check_not_failed(&stmt.plan) {
+            Ok(()) => self.execute_distributed(&stmt.sql, &stmt.plan, Some((&bind, &statement.shape))).await,
+            Err(f) => Err(f),
+        };
+        if let Err(f) = result {
+            self.extended_error(f);
+        }
+        Ok(())
+    }
+
+    async fn on_close(&mut self, msg: &Message) -> anyhow::Result<()> {
+        let (target, name) = frontend::decode_describe_or_close(msg)?;
+        let was_distributed = match target {
+            Target::Statement => matches!(self.statements.remove(&name), Some(Statement::Distributed(_))),
+            Target::Portal => matches!(self.portals.remove(&name), Some(Portal::Distributed { .. })),
+        };
+        if !was_distributed {
+            return self.forward_local(msg).await;
+        }
+        self.drain_local().await?;
+        backend::close_complete(self.client.out());
+        Ok(())
+    }
+
+    async fn sync(&mut self) -> anyhow::Result<()> {
+        self.skip_until_sync = false;
+        if self.local_unsynced {
+            self.local_unsynced = false;
+            self.local_expected = 0;
+            frontend::sync(self.parts.local.out());
+            // Everything still owed, then ReadyForQuery (not forwarded: ours follows).
+            loop {
+                match self.parts.local.recv().await {
+                    Ok(msg) if msg.tag() == b'Z' => break,
+                    Ok(msg) => self.client.out().extend_from_slice(msg.frame()),
+                    Err(e) => {
+                        self.report(Failure::Error(e));
+                        break;
+                    }
+                }
+            }
+            self.parts.observe_local_status();
+        }
+        let mut errors = Vec::new();
+        for worker in self.parts.workers_needing_sync() {
+            worker.needs_sync = false;
+            frontend::sync(worker.conn.out());
+            if let Err(e) = worker.conn.drain_until_ready().await {
+                errors.push(e);
+            }
+        }
+        if !errors.is_empty() {
+            self.parts.discard_broken();
+            for e in errors {
+                self.report(Failure::Error(e));
+            }
+        }
+        // Portals live until the end of the transaction; outside one, until Sync.
+        if !self.parts.in_block() {
+            self.portals.retain(|name, _| !name.is_empty());
+        }
+        backend::ready_for_query(self.client.out(), self.parts.status());
+        self.client.flush().await?;
+        Ok(())
+    }
+}
+
+fn client_lost(e: impl std::fmt::Display) -> PgError {
+    PgError::new(sqlstate::CONNECTION_FAILURE, format!("client connection lost: {e}"))
+}

@@ -1,0 +1,305 @@
+//! The connections a client session uses and the transaction that spans them.
+//! A transaction block is opened lazily: BEGIN is answered by the coordinator,
+//! and each node (the coordinator database or a worker) is sent the BEGIN — plus
+//! any savepoints already taken — only when a statement first reaches it. Each
+//! node keeps the one connection for the whole block (read-your-writes), and
+//! COMMIT/ROLLBACK go to exactly the nodes that were touched.
+
+use crate::connection::{Login, PgConnection, ServerAddr};
+use crate::error::{sqlstate, PgError, PgResult};
+use crate::metadata::Node;
+use crate::protocol::backend::TxStatus;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Backends a client's CancelRequest must reach.
+pub type CancelTargets = Arc<Mutex<Vec<(ServerAddr, (i32, i32))>>>;
+
+/// One worker connection and the statements prepared on it.
+pub struct WorkerConnection {
+    pub conn: PgConnection,
+    pub group_id: i32,
+    in_block: bool,
+    /// Shard statement text → name of the statement prepared for it on this connection.
+    prepared: HashMap<Arc<str>, String>,
+    /// True while an extended-protocol exchange awaits its Sync.
+    pub needs_sync: bool,
+}
+
+impl WorkerConnection {
+    /// The prepared-statement name for `sql`, and whether it must be parsed first.
+    pub fn statement_name(&mut self, sql: &Arc<str>) -> (String, bool) {
+        if let Some(name) = self.prepared.get(sql) {
+            return (name.clone(), false);
+        }
+        let name = format!("tessera_{}", self.prepared.len() + 1);
+        self.prepared.insert(sql.clone(), name.clone());
+        (name, true)
+    }
+    /// Forgets a statement whose Parse failed, so it is parsed again next time.
+    pub fn forget_statement(&mut self, sql: &Arc<str>) {
+        self.prepared.remove(sql);
+    }
+}
+
+#[derive(Debug)]
+struct Block {
+    begin_sql: String,
+    /// Opened by the coordinator for one multi-node statement, not by the client.
+    implicit: bool,
+    failed: bool,
+    savepoints: Vec<String>,
+}
+
+pub struct Participants {
+    pub local: PgConnection,
+    local_in_block: bool,
+    workers: HashMap<i32, WorkerConnection>,
+    login: Login,
+    block: Option<Block>,
+    cancel_targets: CancelTargets,
+}
+
+impl Participants {
+    pub fn new(local: PgConnection, login: Login, cancel_targets: CancelTargets) -> Self {
+        Participants { local, local_in_block: false, workers: HashMap::new(), login, block: None, cancel_targets }
+    }
+
+    /// The identity worker connections log in with.
+    pub fn login(&self) -> &Login {
+        &self.login
+    }
+
+    pub fn status(&self) -> TxStatus {
+        match &self.block {
+            None => TxStatus::Idle,
+            Some(b) if b.implicit => TxStatus::Idle,
+            Some(b) if b.failed => TxStatus::Failed,
+            Some(_) => TxStatus::InBlock,
+        }
+    }
+
+    pub fn in_block(&self) -> bool {
+        self.block.is_some()
+    }
+
+    /// True inside a client's transaction block that an error has aborted.
+    pub fn is_failed(&self) -> bool {
+        self.block.as_ref().is_some_and(|b| b.failed)
+    }
+
+    pub fn mark_failed(&mut self) {
+        if let Some(b) = &mut self.block {
+            b.failed = true;
+        }
+    }
+
+    pub fn failed_error() -> PgError {
+        PgError::new(sqlstate::IN_FAILED_TRANSACTION, "current transaction is aborted, commands ignored until end of transaction block")
+    }
+
+    /// The coordinator database connection, inside the block if there is one.
+    pub async fn local(&mut self) -> PgResult<&mut PgConnection> {
+        if let Some(block) = &self.block {
+            if !self.local_in_block {
+                let sql = replay_sql(block);
+                self.local_in_block = true;
+                self.local.execute(&sql).await?;
+            }
+        }
+        Ok(&mut self.local)
+    }
+
+    /// Whether the coordinator database has joined the current block.
+    pub fn local_in_block(&self) -> bool {
+        self.local_in_block
+    }
+
+    /// Called after forwarding client SQL (which may itself hold BEGIN/COMMIT, e.g.
+    /// inside a function) to keep our view in line with the coordinator database.
+    pub fn observe_local_status(&mut self) {
+        if self.block.is_none() && self.local.tx_status() != TxStatus::Idle {
+            // The statement opened a block on its own (e.g. a procedure); follow it.
+            self.block = Some(Block { begin_sql: "BEGIN".into(), implicit: false, failed: false, savepoints: vec![] });
+            self.local_in_block = true;
+        }
+        if self.local_in_block && self.local.tx_status() == TxStatus::Failed {
+            self.mark_failed();
+        }
+    }
+
+    /// A worker connection for `node`, opened on first use and joined to the
+    /// block if there is one. The BEGIN is pipelined ahead of the caller's first
+    /// statement rather than waited for.
+    pub async fn worker(&mut self, node: &Node) -> PgResult<&mut WorkerConnection> {
+        if !self.workers.contains_key(&node.group_id) {
+            if !node.active {
+                return Err(PgError::new(sqlstate::CONNECTION_FAILURE, format!("node {} is not active", node.addr)));
+            }
+            let conn = PgConnection::connect(&node.addr, &self.login).await?;
+            self.cancel_targets.lock().unwrap().push((node.addr.clone(), conn.backend_key()));
+            self.workers.insert(node.group_id, WorkerConnection { conn, group_id: node.group_id, in_block: false, prepared: HashMap::new(), needs_sync: false });
+        }
+        let worker = self.workers.get_mut(&node.group_id).unwrap();
+        if let Some(block) = &self.block {
+            if !worker.in_block {
+                worker.conn.queue_silent(&replay_sql(block));
+                worker.in_block = true;
+            }
+        }
+        Ok(worker)
+    }
+
+    /// Whether the current block has already touched this node group.
+    pub fn has_worker_in_block(&self, group_id: i32) -> bool {
+        self.workers.get(&group_id).is_some_and(|w| w.in_block)
+    }
+
+    /// Drops a worker connection after an I/O failure.
+    pub fn discard_broken(&mut self) {
+        self.workers.retain(|_, w| !w.conn.is_broken());
+    }
+
+    pub fn workers_needing_sync(&mut self) -> impl Iterator<Item = &mut WorkerConnection> {
+        self.workers.values_mut().filter(|w| w.needs_sync)
+    }
+
+    pub fn begin(&mut self, sql: &str) -> Option<PgError> {
+        if self.block.as_ref().is_some_and(|b| !b.implicit) {
+            return Some(PgError::warning("25001", "there is already a transaction in progress"));
+        }
+        self.block = Some(Block { begin_sql: sql.to_string(), implicit: false, failed: false, savepoints: vec![] });
+        None
+    }
+
+    /// Opens a block for one statement that writes on several nodes, unless the
+    /// client already has one open. Returns whether it did.
+    pub fn begin_implicit(&mut self) -> bool {
+        if self.block.is_some() {
+            return false;
+        }
+        self.block = Some(Block { begin_sql: "BEGIN".into(), implicit: true, failed: false, savepoints: vec![] });
+        true
+    }
+
+    fn touched_workers(&mut self) -> Vec<&mut WorkerConnection> {
+        self.workers.values_mut().filter(|w| w.in_block).collect()
+    }
+
+    /// Ends the block: COMMIT on every touched node (ROLLBACK if it failed).
+    /// Returns the command tag for the client.
+    pub async fn commit(&mut self) -> PgResult<&'static str> {
+        let Some(block) = self.block.take() else {
+            return Ok("COMMIT");
+        };
+        if block.failed {
+            self.finish("ROLLBACK").await?;
+            return Ok("ROLLBACK");
+        }
+        self.finish("COMMIT").await.map(|_| "COMMIT")
+    }
+
+    pub async fn rollback(&mut self) -> PgResult<()> {
+        if self.block.take().is_some() {
+            self.finish("ROLLBACK").await?;
+        }
+        Ok(())
+    }
+
+    /// Sends `command` to every touched node, workers in parallel, then the
+    /// coordinator database. Every node is finished even if one fails.
+    async fn finish(&mut self, command: &str) -> PgResult<()> {
+        let mut first_error = None;
+        {
+            let workers = self.touched_workers();
+            let results = futures::future::join_all(workers.into_iter().map(|w| async move {
+                w.in_block = false;
+                w.conn.execute(command).await
+            }))
+            .await;
+            for r in results {
+                if let Err(e) = r {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if self.local_in_block {
+            self.local_in_block = false;
+            if let Err(e) = self.local.execute(command).await {
+                first_error.get_or_insert(e);
+            }
+        }
+        self.discard_broken();
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    pub async fn savepoint(&mut self, name: &str) -> PgResult<()> {
+        self.on_touched(&format!("SAVEPOINT {}", crate::connection::quote_ident(name))).await?;
+        if let Some(b) = &mut self.block {
+            b.savepoints.push(name.to_string());
+        }
+        Ok(())
+    }
+
+    pub async fn release(&mut self, name: &str) -> PgResult<()> {
+        self.check_savepoint(name)?;
+        self.on_touched(&format!("RELEASE SAVEPOINT {}", crate::connection::quote_ident(name))).await?;
+        if let Some(b) = &mut self.block {
+            let at = b.savepoints.iter().rposition(|s| s == name).unwrap();
+            b.savepoints.truncate(at);
+        }
+        Ok(())
+    }
+
+    pub async fn rollback_to(&mut self, name: &str) -> PgResult<()> {
+        self.check_savepoint(name)?;
+        self.on_touched(&format!("ROLLBACK TO SAVEPOINT {}", crate::connection::quote_ident(name))).await?;
+        if let Some(b) = &mut self.block {
+            let at = b.savepoints.iter().rposition(|s| s == name).unwrap();
+            b.savepoints.truncate(at + 1);
+            b.failed = false;
+        }
+        Ok(())
+    }
+
+    fn check_savepoint(&self, name: &str) -> PgResult<()> {
+        match &self.block {
+            Some(b) if b.savepoints.iter().any(|s| s == name) => Ok(()),
+            Some(_) => Err(PgError::new("3B001", format!("savepoint \"{name}\" does not exist"))),
+            None => Err(PgError::new(sqlstate::INVALID_TRANSACTION_STATE, "savepoints can only be used in transaction blocks")),
+        }
+    }
+
+    async fn on_touched(&mut self, sql: &str) -> PgResult<()> {
+        if self.block.is_none() {
+            return Err(PgError::new(sqlstate::INVALID_TRANSACTION_STATE, "savepoints can only be used in transaction blocks"));
+        }
+        for w in self.touched_workers() {
+            w.conn.execute(sql).await?;
+        }
+        if self.local_in_block {
+            self.local.execute(sql).await?;
+        }
+        Ok(())
+    }
+
+    /// Closes every worker connection (session end).
+    pub async fn close(self) {
+        for (_, w) in self.workers {
+            w.conn.terminate().await;
+        }
+        self.local.terminate().await;
+    }
+}
+
+/// BEGIN plus the savepoints taken so far, for a node joining the block late.
+fn replay_sql(block: &Block) -> String {
+    let mut sql = block.begin_sql.clone();
+    for s in &block.savepoints {
+        sql.push_str(&format!("; SAVEPOINT {}", crate::connection::quote_ident(s)));
+    }
+    sql
+}
