@@ -45,7 +45,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Up { data_dir, port, workers } => {
-            let cluster = tessera::cluster::up(&data_dir, port, workers)?;
+            let cluster = tessera::cluster::up(&data_dir, port, workers, &std::env::current_exe()?)?;
             println!("Tessera is running: coordinator on 127.0.0.1:{port}, {} workers, data in {}", cluster.state.worker_ports.len(), cluster.dir.display());
             println!("Connect with:  psql -h 127.0.0.1 -p {port} -U postgres postgres");
             Ok(())

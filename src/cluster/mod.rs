@@ -55,8 +55,11 @@ impl LocalCluster {
 
     pub fn coordinator_pid(&self) -> Option<i32> {
         let pid: i32 = std::fs::read_to_string(self.dir.join(PID_FILE)).ok()?.trim().parse().ok()?;
-        // SAFETY: signal 0 only checks that the process exists.
-        (unsafe { libc::kill(pid, 0) } == 0).then_some(pid)
+        // A process that exited but was not yet reaped by its parent is a zombie:
+        // it still exists, but it is not running.
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start().chars().next())?;
+        (state != Some('Z')).then_some(pid)
     }
 }
 
@@ -65,8 +68,9 @@ fn absolute(dir: &Path) -> Result<PathBuf> {
 }
 
 /// Creates (first time) or restarts the embedded cluster and returns once the
-/// coordinator accepts connections.
-pub fn up(dir: &Path, port: u16, workers: usize) -> Result<LocalCluster> {
+/// coordinator accepts connections. `exe` is the tessera binary that runs the
+/// coordinator process.
+pub fn up(dir: &Path, port: u16, workers: usize, exe: &Path) -> Result<LocalCluster> {
     let cluster = match LocalCluster::open(dir)? {
         Some(c) => {
             if c.state.worker_ports.len() != workers {
@@ -81,7 +85,7 @@ pub fn up(dir: &Path, port: u16, workers: usize) -> Result<LocalCluster> {
         w.start()?;
     }
     if cluster.coordinator_pid().is_none() {
-        start_coordinator(&cluster)?;
+        start_coordinator(&cluster, exe)?;
     }
     wait_for_port(cluster.state.coordinator_port, Duration::from_secs(60)).with_context(|| format!("see {}", cluster.dir.join(LOG_FILE).display()))?;
     Ok(cluster)
@@ -111,10 +115,11 @@ fn create(dir: &Path, port: u16, workers: usize) -> Result<LocalCluster> {
     Ok(cluster)
 }
 
-fn start_coordinator(cluster: &LocalCluster) -> Result<()> {
+/// Starts the coordinator process in the background (e.g. again after a crash).
+pub fn start_coordinator(cluster: &LocalCluster, exe: &Path) -> Result<()> {
     use std::os::unix::process::CommandExt;
     let log = std::fs::OpenOptions::new().create(true).append(true).open(cluster.dir.join(LOG_FILE))?;
-    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    let mut cmd = std::process::Command::new(exe);
     cmd.arg("serve").arg("--config").arg(cluster.config_path()).stdin(std::process::Stdio::null()).stdout(log.try_clone()?).stderr(log);
     // SAFETY: setsid is async-signal-safe; it detaches the coordinator from our
     // terminal so it outlives this command.

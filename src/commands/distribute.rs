@@ -66,6 +66,9 @@ async fn check_distributable(ctx: &mut CommandContext<'_>, table: &LocalTable) -
 }
 
 pub async fn create_distributed_table(ctx: &mut CommandContext<'_>, table_name: &str, column: &str, colocate_with: &str, shard_count: Option<i32>) -> PgResult<()> {
+    if shard_count.is_some() {
+        shard_count_setting(ctx, shard_count).await?;
+    }
     let local = ctx.parts.local().await?;
     let table = resolve_table(local, table_name).await?;
     let attr = local

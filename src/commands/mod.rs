@@ -9,6 +9,7 @@ use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable};
 use crate::planner::{ClusterCall, ClusterFunction, DdlPlan};
 use crate::protocol::backend::{self, FieldDescription};
+use crate::protocol::frontend::{self, Bind};
 use crate::server::client::ClientConn;
 use crate::server::Coordinator;
 use crate::transaction::Participants;
@@ -33,19 +34,19 @@ impl CommandContext<'_> {
 
 const VOID_OID: u32 = 2278;
 const INT4_OID: u32 = 23;
-const INT8_OID: u32 = 20;
-const TEXT_OID: u32 = 25;
 
 /// Runs a cluster function and writes its result set (the RowDescription only
 /// when `describe` is set, as the extended protocol has described it already).
-pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'_>, describe: bool, params: &[Option<String>]) -> PgResult<()> {
-    if ctx.parts.in_block() && call.function != ClusterFunction::ActiveWorkerNodes {
+/// `bound` holds the client's Bind and parameter types for an extended-protocol
+/// call (its arguments may be parameters).
+pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'_>, bound: Option<(&Bind, &[u32])>) -> PgResult<()> {
+    if ctx.parts.in_block() {
         return Err(PgError::new(
             sqlstate::INVALID_TRANSACTION_STATE,
             format!("{} cannot run inside a transaction block", call.column_name),
         ));
     }
-    let args = evaluate_arguments(call, ctx, params).await?;
+    let args = evaluate_arguments(call, ctx, bound).await?;
     let arg = |i: usize| args.get(i).cloned().flatten();
     let (fields, rows): (Vec<FieldDescription>, Vec<Vec<Option<String>>>) = match call.function {
         ClusterFunction::CreateDistributedTable => {
@@ -86,19 +87,40 @@ pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'
             nodes::remove_node(ctx, &name, port).await?;
             (vec![FieldDescription::computed(&call.column_name, VOID_OID, 4)], vec![vec![Some(String::new())]])
         }
-        ClusterFunction::ActiveWorkerNodes => {
-            let rows = ctx.catalog.active_nodes().map(|n| vec![Some(n.addr.host.clone()), Some(n.addr.port.to_string())]).collect();
-            (vec![FieldDescription::computed("node_name", TEXT_OID, -1), FieldDescription::computed("node_port", INT8_OID, 8)], rows)
-        }
     };
-    if describe {
+    if bound.is_none() {
+        // The extended protocol described the result already.
         backend::row_description(ctx.client.out(), &fields);
     }
+    let formats = bound.map(|(bind, _)| bind.result_formats.as_slice()).unwrap_or(&[]);
     for row in &rows {
-        backend::data_row(ctx.client.out(), row.iter().map(|v| v.as_deref().map(str::as_bytes)));
+        let values: Vec<Option<Vec<u8>>> = row.iter().zip(&fields).enumerate().map(|(i, (v, f))| encode_value(v.as_deref(), f.type_oid, column_format(formats, i))).collect();
+        backend::data_row(ctx.client.out(), values.iter().map(|v| v.as_deref()));
     }
     backend::command_complete(ctx.client.out(), &format!("SELECT {}", rows.len()));
     Ok(())
+}
+
+/// The format code the client asked for column `i` (protocol rules: none, one
+/// for all, or one per column).
+fn column_format(formats: &[i16], i: usize) -> i16 {
+    match formats.len() {
+        0 => 0,
+        1 => formats[0],
+        _ => formats.get(i).copied().unwrap_or(0),
+    }
+}
+
+/// A result value of a cluster function in text or binary format.
+fn encode_value(text: Option<&str>, type_oid: u32, format: i16) -> Option<Vec<u8>> {
+    let text = text?;
+    if format == 0 {
+        return Some(text.as_bytes().to_vec());
+    }
+    Some(match type_oid {
+        INT4_OID => text.parse::<i32>().unwrap_or_default().to_be_bytes().to_vec(),
+        _ => Vec::new(), // void's binary form is empty
+    })
 }
 
 fn null_argument(name: &str) -> PgError {
@@ -118,22 +140,34 @@ fn parse_port(value: Option<String>) -> PgResult<u16> {
 
 /// Has the coordinator database evaluate the call's argument expressions, so
 /// casts, named arguments and parameters all behave as in PostgreSQL.
-async fn evaluate_arguments(call: &ClusterCall, ctx: &mut CommandContext<'_>, params: &[Option<String>]) -> PgResult<Vec<Option<String>>> {
+async fn evaluate_arguments(call: &ClusterCall, ctx: &mut CommandContext<'_>, bound: Option<(&Bind, &[u32])>) -> PgResult<Vec<Option<String>>> {
     if call.arguments_sql.is_empty() {
         return Ok(Vec::new());
     }
-    let mut sql = call.arguments_sql.clone();
-    // Parameters of an extended-protocol call become literals, highest number first
-    // so that $1 does not clobber $10.
-    for (i, value) in params.iter().enumerate().rev() {
-        let literal = match value {
-            Some(v) => crate::connection::quote_literal(v),
-            None => "NULL".into(),
-        };
-        sql = sql.replace(&format!("${}", i + 1), &literal);
+    let local = ctx.parts.local().await?;
+    let Some((bind, param_types)) = bound else {
+        let rows = local.query(&call.arguments_sql).await?;
+        return Ok(rows.into_iter().next().unwrap_or_default());
+    };
+    frontend::parse(local.out(), "", &call.arguments_sql, param_types);
+    frontend::bind(local.out(), "", "", &bind.param_formats, &bind.params, &[]);
+    frontend::execute(local.out(), "", 0);
+    frontend::sync(local.out());
+    let mut row = Vec::new();
+    let mut error = None;
+    loop {
+        let msg = local.recv().await?;
+        match msg.tag() {
+            b'D' => row = backend::decode_data_row(&msg)?.into_iter().map(|v| v.map(|b| String::from_utf8_lossy(&b).into_owned())).collect(),
+            b'E' => error = Some(local.server_error(&msg)),
+            b'Z' => break,
+            _ => {}
+        }
     }
-    let rows = ctx.parts.local().await?.query(&sql).await?;
-    Ok(rows.into_iter().next().unwrap_or_default())
+    match error {
+        Some(e) => Err(e),
+        None => Ok(row),
+    }
 }
 
 /// Runs distributed DDL and writes its CommandComplete.

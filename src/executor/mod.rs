@@ -11,6 +11,8 @@ use crate::server::client::ClientConn;
 use crate::transaction::{Participants, WorkerConnection};
 use std::sync::Arc;
 
+pub mod multi_shard;
+
 /// How the client asked for the statement to be run.
 pub enum Mode<'a> {
     /// Simple query protocol: the statement text carries its values; the worker's

@@ -95,6 +95,9 @@ pub struct Catalog {
     pub nodes: Vec<Node>,
     tables: HashMap<(String, String), Arc<DistributedTable>>,
     by_oid: HashMap<u32, Arc<DistributedTable>>,
+    /// Names of every aggregate function, so the planner can tell `count(x)` and
+    /// user-defined aggregates from ordinary function calls.
+    aggregates: std::collections::HashSet<String>,
 }
 
 impl Catalog {
@@ -121,6 +124,9 @@ impl Catalog {
     /// references the parse tree walk could not classify).
     pub fn is_distributed_name(&self, name: &str) -> bool {
         self.tables.keys().any(|(_, n)| n == name)
+    }
+    pub fn is_aggregate(&self, name: &str) -> bool {
+        self.aggregates.contains(name)
     }
     pub fn node_for_group(&self, group_id: i32) -> Option<&Node> {
         self.nodes.iter().find(|n| n.group_id == group_id)
@@ -160,6 +166,11 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
             addr: ServerAddr { host: r[2].clone().unwrap_or_default(), port: int(&r[3]) },
             active: r[4].as_deref() == Some("t"),
         });
+    }
+    for r in conn.query("SELECT DISTINCT proname FROM pg_proc WHERE prokind IN ('a', 'w')").await? {
+        if let Some(name) = &r[0] {
+            catalog.aggregates.insert(name.clone());
+        }
     }
     let mut placements: HashMap<i64, Vec<i32>> = HashMap::new();
     for r in conn.query("SELECT shardid, groupid FROM tessera.pg_dist_placement ORDER BY shardid, groupid").await? {

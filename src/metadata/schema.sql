@@ -139,5 +139,26 @@ CREATE OR REPLACE FUNCTION tessera.citus_remove_node(nodename text, nodeport int
     RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
 CREATE OR REPLACE FUNCTION tessera.master_remove_node(nodename text, nodeport int)
     RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
+
+-- Read-only catalog functions are ordinary SQL functions: they work anywhere in
+-- a query, including in FROM.
 CREATE OR REPLACE FUNCTION tessera.master_get_active_worker_nodes(OUT node_name text, OUT node_port bigint)
-    RETURNS SETOF record LANGUAGE sql AS 'SELECT tessera.coordinator_only(); SELECT NULL::text, NULL::bigint WHERE false';
+    RETURNS SETOF record LANGUAGE sql STABLE
+    AS 'SELECT nodename, nodeport::bigint FROM tessera.pg_dist_node WHERE isactive AND noderole = ''primary'' ORDER BY nodeid';
+CREATE OR REPLACE FUNCTION tessera.citus_get_active_worker_nodes(OUT node_name text, OUT node_port bigint)
+    RETURNS SETOF record LANGUAGE sql STABLE AS 'SELECT * FROM tessera.master_get_active_worker_nodes()';
+
+-- New or dropped aggregates change how queries split across shards; reload.
+CREATE OR REPLACE FUNCTION tessera.bump_catalog_version_on_ddl() RETURNS event_trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE tessera.catalog_version SET version = version + 1;
+    PERFORM pg_notify('tessera_catalog', '');
+END $$;
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_event_trigger WHERE evtname = 'tessera_aggregates_changed') THEN
+        CREATE EVENT TRIGGER tessera_aggregates_changed ON ddl_command_end
+            WHEN TAG IN ('CREATE AGGREGATE', 'ALTER AGGREGATE', 'DROP AGGREGATE')
+            EXECUTE FUNCTION tessera.bump_catalog_version_on_ddl();
+    END IF;
+END $$;

@@ -13,7 +13,6 @@ pub enum ClusterFunction {
     UndistributeTable,
     AddNode,
     RemoveNode,
-    ActiveWorkerNodes,
 }
 
 impl ClusterFunction {
@@ -24,7 +23,6 @@ impl ClusterFunction {
             "undistribute_table" => Self::UndistributeTable,
             "citus_add_node" | "master_add_node" => Self::AddNode,
             "citus_remove_node" | "master_remove_node" => Self::RemoveNode,
-            "master_get_active_worker_nodes" | "citus_get_active_worker_nodes" => Self::ActiveWorkerNodes,
             _ => return None,
         })
     }
@@ -37,7 +35,6 @@ impl ClusterFunction {
             Self::UndistributeTable => &["table_name", "cascade_via_foreign_keys"],
             Self::AddNode => &["nodename", "nodeport", "groupid", "noderole", "nodecluster"],
             Self::RemoveNode => &["nodename", "nodeport"],
-            Self::ActiveWorkerNodes => &[],
         }
     }
 }

@@ -4,11 +4,13 @@
 
 mod ddl;
 mod functions;
+mod multi_shard;
 pub mod rewrite;
 mod router;
 
 pub use ddl::DdlPlan;
 pub use functions::{ClusterCall, ClusterFunction};
+pub use multi_shard::{Combine, MultiShardPlan, PartialAggregate};
 pub use router::{Command, KeyValue, RouterPlan, ShardTarget};
 
 use crate::error::{sqlstate, PgError};
@@ -41,6 +43,8 @@ pub enum Plan {
     Ddl(Arc<DdlPlan>),
     /// Runs entirely on one shard group, or on reference-table placements.
     Router(Arc<RouterPlan>),
+    /// Runs on every shard group; the coordinator combines the results.
+    MultiShard(Arc<MultiShardPlan>),
     /// Valid SQL the coordinator cannot run yet; refused rather than answered wrongly.
     Unsupported(PgError),
 }
@@ -65,6 +69,7 @@ impl fmt::Display for Plan {
             Plan::ClusterFunction(c) => write!(f, "ClusterFunction({:?})", c.function),
             Plan::Ddl(d) => write!(f, "Ddl({d})"),
             Plan::Router(r) => write!(f, "Router({r})"),
+            Plan::MultiShard(m) => write!(f, "MultiShard({m})"),
             Plan::Unsupported(e) => write!(f, "Unsupported({})", e.message()),
         }
     }

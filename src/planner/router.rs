@@ -379,10 +379,15 @@ fn plan_pinned(command: Command, node: &NodeEnum, scope: Vec<ScopeEntry>, conjun
         let pin = pins.iter().find(|(owner, _)| find(&mut parent, *owner) == root);
         let this = match pin {
             None => {
-                return not_supported(format!(
-                    "queries over several shards of distributed table \"{}\" are not supported yet; filter on its distribution column with = (a constant or parameter)",
-                    scope[i].table.as_ref().unwrap().name
-                ))
+                let one_group = hash_entries.iter().all(|&j| find(&mut parent, j) == root);
+                return match node {
+                    NodeEnum::SelectStmt(select) if one_group => super::multi_shard::plan_select(select, anchor, template, catalog),
+                    NodeEnum::SelectStmt(_) => not_supported("joins between distributed tables that are not on their distribution columns are not supported yet"),
+                    _ => not_supported(format!(
+                        "UPDATE and DELETE across several shards of distributed table \"{}\" are not supported yet; filter on its distribution column with = (a constant or parameter)",
+                        scope[i].table.as_ref().unwrap().name
+                    )),
+                };
             }
             Some((_, KeyValue::Param(n))) => ShardTarget::Param { index: *n },
             Some((_, KeyValue::Literal(text))) => match hash::hash_text(key_type, text) {

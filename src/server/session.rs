@@ -240,10 +240,18 @@ impl Session {
                 Err(e) => self.report(e.into()),
             }
         } else {
-            for stmt in &planned.statements {
+            let mut planned = planned;
+            let mut i = 0;
+            while let Some(stmt) = planned.statements.get(i) {
                 if let Err(f) = self.execute_simple(stmt).await {
                     self.report(f);
                     break;
+                }
+                i += 1;
+                // A statement that changed the catalog (create_distributed_table,
+                // DROP TABLE, …) changes how the statements after it must run.
+                if self.catalog().version != planned.version {
+                    planned = self.plan(&sql);
                 }
             }
         }
@@ -299,12 +307,21 @@ impl Session {
                 }
                 result?;
             }
+            Plan::MultiShard(multi) => {
+                let mode = match extended {
+                    None => Mode::Simple,
+                    Some((bind, shape)) => Mode::Extended { bind, param_types: &shape.param_types, sync: false },
+                };
+                let result = executor::multi_shard::run(multi, &mut self.parts, &catalog, &mode, &mut self.client).await;
+                if result.is_err() {
+                    self.parts.discard_broken();
+                }
+                result?;
+            }
             Plan::ClusterFunction(call) => {
-                let params: Vec<Option<String>> = extended
-                    .map(|(bind, _)| bind.params.iter().map(|p| p.as_ref().map(|b| String::from_utf8_lossy(b).into_owned())).collect())
-                    .unwrap_or_default();
                 let mut ctx = CommandContext { coordinator: &self.coordinator, parts: &mut self.parts, client: &mut self.client, catalog };
-                commands::run_cluster_function(call, &mut ctx, extended.is_none(), &params).await?;
+                let bound = extended.map(|(bind, shape)| (bind, shape.param_types.as_slice()));
+                commands::run_cluster_function(call, &mut ctx, bound).await?;
             }
             Plan::Ddl(ddl) => {
                 let mut ctx = CommandContext { coordinator: &self.coordinator, parts: &mut self.parts, client: &mut self.client, catalog };

@@ -1,0 +1,193 @@
+//! The Citus-compatible cluster API through the wire protocol: nodes, creating
+//! distributed and reference tables, co-location, undistributing, catalog views.
+
+mod common;
+use common::{error_text, sqlstate, text_rows, TestCluster};
+
+#[tokio::test]
+async fn nodes_are_registered_and_listed() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    let ports: Vec<i64> = c.query("SELECT node_port FROM master_get_active_worker_nodes() ORDER BY node_port", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    let mut expected: Vec<i64> = cluster.cluster.state.worker_ports.iter().map(|p| *p as i64).collect();
+    expected.sort();
+    assert_eq!(ports, expected);
+
+    // Adding a known node is idempotent and returns its id.
+    let port = cluster.cluster.state.worker_ports[0] as i32;
+    let id: i32 = c.query_one("SELECT citus_add_node('127.0.0.1', $1)", &[&port]).await.unwrap().get(0);
+    let known: i32 = c.query_one("SELECT nodeid FROM pg_dist_node WHERE nodeport = $1", &[&port]).await.unwrap().get(0);
+    assert_eq!(id, known);
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM pg_dist_node").await, vec![vec![Some("2".to_string())]]);
+
+    // An unreachable node is refused with an error naming it.
+    let dead = tessera::cluster::instance::free_port().unwrap();
+    let err = c.simple_query(&format!("SELECT master_add_node('127.0.0.1', {dead})")).await.unwrap_err();
+    assert_eq!(sqlstate(&err), "08006");
+    assert!(error_text(&err).contains(&format!("127.0.0.1:{dead}")), "{err}");
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM pg_dist_node").await, vec![vec![Some("2".to_string())]]);
+
+    // A node holding shards cannot be removed.
+    c.batch_execute("CREATE TABLE pinned (id int); SELECT create_distributed_table('pinned', 'id')").await.unwrap();
+    let err = c.simple_query(&format!("SELECT citus_remove_node('127.0.0.1', {port})")).await.unwrap_err();
+    assert_eq!(sqlstate(&err), "55006", "{err}");
+}
+
+/// After distribution every row sits in the shard PostgreSQL's own hash
+/// partitioning assigns it, checked on the workers with satisfies_hash_partition.
+#[tokio::test]
+async fn rows_move_into_the_shards_the_hash_assigns() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute(
+        "CREATE TABLE items (key text PRIMARY KEY, n int);
+         INSERT INTO items SELECT 'key-' || g || repeat('ż', g % 5), g FROM generate_series(1, 2000) g;
+         SELECT create_distributed_table('items', 'key', shard_count => 8);",
+    )
+    .await
+    .unwrap();
+    assert_eq!(text_rows(&c, "SELECT count(*), sum(n) FROM items").await, vec![vec![Some("2000".into()), Some("2001000".into())]]);
+    let shards = c
+        .query("SELECT s.shardid, s.shardindex, n.nodeport FROM pg_dist_shard s JOIN pg_dist_placement p USING (shardid) JOIN pg_dist_node n ON n.groupid = p.groupid WHERE s.logicalrelid = 'items'::regclass", &[])
+        .await
+        .unwrap();
+    assert_eq!(shards.len(), 8);
+    let mut total = 0i64;
+    for row in shards {
+        let (id, index, port): (i64, i32, i32) = (row.get(0), row.get(1), row.get(2));
+        let worker = common::connect(port as u16).await;
+        worker.batch_execute("CREATE TABLE IF NOT EXISTS probe (key text) PARTITION BY HASH (key)").await.unwrap();
+        let r = worker
+            .query_one(&format!("SELECT count(*), count(*) FILTER (WHERE NOT satisfies_hash_partition('probe'::regclass, 8, {index}, key)) FROM items_{id}"), &[])
+            .await
+            .unwrap();
+        let (rows, misplaced): (i64, i64) = (r.get(0), r.get(1));
+        assert_eq!(misplaced, 0, "shard {id} (index {index}) holds rows of other shards");
+        assert!(rows > 100, "shard {id} holds only {rows} rows: the hash spreads badly");
+        total += rows;
+    }
+    assert_eq!(total, 2000);
+    // The shell on the coordinator database is empty now.
+    let local = cluster.connect_coordinator_db().await;
+    assert_eq!(text_rows(&local, "SELECT count(*) FROM items").await, vec![vec![Some("0".into())]]);
+}
+
+#[tokio::test]
+async fn create_distributed_table_errors_are_clear_and_harmless() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute("CREATE TABLE t (id int, doc jsonb, email text UNIQUE)").await.unwrap();
+    let cases = [
+        ("SELECT create_distributed_table('missing', 'id')", "42P01"),
+        ("SELECT create_distributed_table('t', 'nope')", "42703"),
+        ("SELECT create_distributed_table('t', 'doc')", "0A000"),
+        ("SELECT create_distributed_table('t', 'id')", "0A000"), // unique email without id
+        ("SELECT create_distributed_table('t', 'id', shard_count => 0)", "22023"),
+    ];
+    for (sql, code) in cases {
+        let err = c.simple_query(sql).await.unwrap_err();
+        assert_eq!(sqlstate(&err), code, "{sql}: {err}");
+    }
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM pg_dist_partition").await, vec![vec![Some("0".into())]]);
+    c.batch_execute("ALTER TABLE t DROP CONSTRAINT t_email_key; SELECT create_distributed_table('t', 'id')").await.unwrap();
+    let err = c.simple_query("SELECT create_distributed_table('t', 'id')").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "42P16");
+    assert!(error_text(&err).contains("already distributed"));
+    // Cluster functions are not transactional here; refuse inside a block.
+    c.batch_execute("CREATE TABLE u (id int)").await.unwrap();
+    c.batch_execute("BEGIN").await.unwrap();
+    let err = c.simple_query("SELECT create_distributed_table('u', 'id')").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "25000");
+    c.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(text_rows(&c, "SELECT 1").await, vec![vec![Some("1".into())]]);
+}
+
+#[tokio::test]
+async fn shard_counts_and_colocation() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute(
+        "CREATE TABLE a (id int); CREATE TABLE b (id int); CREATE TABLE c (id int); CREATE TABLE d (id bigint); CREATE TABLE e (id int);
+         SELECT create_distributed_table('a', 'id');
+         SELECT create_distributed_table('b', 'id');
+         SELECT create_distributed_table('c', 'id', colocate_with => 'none');
+         SELECT create_distributed_table('d', 'id');
+         SET citus.shard_count = 4;
+         SELECT create_distributed_table('e', 'id');",
+    )
+    .await
+    .unwrap();
+    let rows = text_rows(
+        &c,
+        "SELECT logicalrelid::text, colocationid, (SELECT count(*) FROM pg_dist_shard s WHERE s.logicalrelid = p.logicalrelid) FROM pg_dist_partition p ORDER BY 1",
+    )
+    .await;
+    let get = |t: &str| rows.iter().find(|r| r[0].as_deref() == Some(t)).unwrap().clone();
+    assert_eq!(get("a")[2].as_deref(), Some("32"));
+    assert_eq!(get("e")[2].as_deref(), Some("4"));
+    assert_eq!(get("a")[1], get("b")[1], "same type and count co-locate by default");
+    assert_ne!(get("a")[1], get("c")[1], "colocate_with => 'none' starts a new group");
+    assert_ne!(get("a")[1], get("d")[1], "different column types never co-locate");
+    // Co-located shards share nodes, shard by shard.
+    let mismatched = text_rows(
+        &c,
+        "SELECT count(*) FROM citus_shards x JOIN citus_shards y ON x.table_name = 'a'::regclass AND y.table_name = 'b'::regclass
+           JOIN pg_dist_shard sx ON sx.shardid = x.shardid JOIN pg_dist_shard sy ON sy.shardid = y.shardid
+         WHERE sx.shardindex = sy.shardindex AND x.nodeport <> y.nodeport",
+    )
+    .await;
+    assert_eq!(mismatched, vec![vec![Some("0".into())]]);
+    let err = c.simple_query("SELECT create_distributed_table('a2', 'id', colocate_with => 'd')").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "42P01");
+    c.batch_execute("CREATE TABLE a2 (id int)").await.unwrap();
+    let err = c.simple_query("SELECT create_distributed_table('a2', 'id', colocate_with => 'd')").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "42804", "{err}");
+    // citus_tables reports what we created.
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM citus_tables WHERE citus_table_type = 'distributed'").await, vec![vec![Some("5".into())]]);
+}
+
+#[tokio::test]
+async fn reference_tables_live_on_every_worker() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute(
+        "CREATE TABLE countries (code text PRIMARY KEY, name text);
+         INSERT INTO countries VALUES ('pl', 'Poland'), ('jp', 'Japan');
+         SELECT create_reference_table('countries');
+         INSERT INTO countries VALUES ('fr', 'France');
+         UPDATE countries SET name = 'Nippon' WHERE code = 'jp';",
+    )
+    .await
+    .unwrap();
+    let shard: i64 = c.query_one("SELECT shardid FROM pg_dist_shard WHERE logicalrelid = 'countries'::regclass", &[]).await.unwrap().get(0);
+    for i in 0..2 {
+        let w = cluster.connect_worker(i).await;
+        let rows = text_rows(&w, &format!("SELECT code, name FROM countries_{shard} ORDER BY code")).await;
+        assert_eq!(rows, vec![vec![Some("fr".into()), Some("France".into())], vec![Some("jp".into()), Some("Nippon".into())], vec![Some("pl".into()), Some("Poland".into())]]);
+    }
+    assert_eq!(text_rows(&c, "SELECT name FROM countries WHERE code = 'jp'").await, vec![vec![Some("Nippon".into())]]);
+    let tag = c.execute("DELETE FROM countries WHERE code <> 'pl'", &[]).await.unwrap();
+    assert_eq!(tag, 2, "a write to every placement reports the rows once");
+}
+
+#[tokio::test]
+async fn undistribute_brings_rows_back() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute(
+        "CREATE TABLE back (id int PRIMARY KEY, v text);
+         INSERT INTO back SELECT g, 'v' || g FROM generate_series(1, 300) g;
+         SELECT create_distributed_table('back', 'id', shard_count => 4);
+         INSERT INTO back VALUES (301, 'late');
+         SELECT undistribute_table('back');",
+    )
+    .await
+    .unwrap();
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM pg_dist_partition").await, vec![vec![Some("0".into())]]);
+    let local = cluster.connect_coordinator_db().await;
+    assert_eq!(text_rows(&local, "SELECT count(*), max(id) FROM back").await, vec![vec![Some("301".into()), Some("301".into())]]);
+    for i in 0..2 {
+        let w = cluster.connect_worker(i).await;
+        assert_eq!(text_rows(&w, "SELECT count(*) FROM pg_tables WHERE tablename LIKE 'back_%'").await, vec![vec![Some("0".into())]]);
+    }
+}

@@ -1,0 +1,831 @@
+//! Distributed DDL, seen through the wire protocol: statements on distributed
+//! and reference tables must reach the shell table in the coordinator database
+//! and every shard placement on every worker, all or nothing.
+//!
+//! Each test starts its own cluster (2 workers, 4 shards per distributed table),
+//! runs DDL through the coordinator and then checks the real state: the
+//! coordinator database and the workers are queried directly (pg_indexes,
+//! information_schema.columns, pg_constraint, pg_stat_user_tables …), and the
+//! catalog (citus_shards, pg_dist_*) through the coordinator.
+
+mod common;
+
+use common::{sqlstate, text_rows, TestCluster};
+use std::collections::BTreeSet;
+use tokio_postgres::error::DbError;
+use tokio_postgres::Client;
+
+const SHARD_COUNT: usize = 4;
+
+// ---------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------
+
+/// An error with everything a human needs to see in a failed assertion.
+fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(d) => format!(
+            "{} {}{}{}",
+            d.code().code(),
+            d.message(),
+            d.detail().map(|x| format!(" (detail: {x})")).unwrap_or_default(),
+            d.where_().map(|x| format!(" (context: {x})")).unwrap_or_default()
+        ),
+        None => format!("not a server error: {e}"),
+    }
+}
+
+async fn exec(c: &Client, sql: &str) {
+    if let Err(e) = c.batch_execute(sql).await {
+        panic!("{sql}: {}", describe(&e));
+    }
+}
+
+/// Runs `sql`, which must fail; returns the error.
+async fn fails(c: &Client, sql: &str) -> tokio_postgres::Error {
+    match c.batch_execute(sql).await {
+        Ok(()) => panic!("{sql}: succeeded, but it must fail"),
+        Err(e) => e,
+    }
+}
+
+/// Runs `sql`, which must fail with SQLSTATE `code`; returns the server's error.
+async fn fails_with(c: &Client, sql: &str, code: &str) -> DbError {
+    let e = fails(c, sql).await;
+    assert_eq!(sqlstate(&e), code, "{sql}: wrong error: {}", describe(&e));
+    e.as_db_error().unwrap().clone()
+}
+
+async fn rows(c: &Client, sql: &str) -> Vec<Vec<Option<String>>> {
+    text_rows(c, sql).await
+}
+
+/// The first column of the first row.
+async fn value(c: &Client, sql: &str) -> Option<String> {
+    let r = rows(c, sql).await;
+    assert_eq!(r.len(), 1, "{sql}: expected one row, got {r:?}");
+    r[0][0].clone()
+}
+
+async fn count(c: &Client, sql: &str) -> i64 {
+    value(c, sql).await.unwrap_or_else(|| panic!("{sql}: NULL")).parse().unwrap()
+}
+
+/// The first column of every row, NULLs as "NULL".
+async fn column(c: &Client, sql: &str) -> Vec<String> {
+    rows(c, sql).await.into_iter().map(|r| r[0].clone().unwrap_or_else(|| "NULL".into())).collect()
+}
+
+/// One shard placement: shard `shard` of some table lives on worker `worker` (0-based).
+#[derive(Debug, Clone, Copy)]
+struct Placement {
+    shard: i64,
+    worker: usize,
+}
+
+impl Placement {
+    /// The name of the shard's table on the worker: `<table>_<shardid>`.
+    fn rel(&self, table: &str) -> String {
+        format!("{table}_{}", self.shard)
+    }
+}
+
+struct Fixture {
+    cluster: TestCluster,
+    /// A coordinator session with `citus.shard_count = 4`.
+    client: Client,
+    /// Direct connections to the workers.
+    workers: Vec<Client>,
+}
+
+impl Fixture {
+    async fn start() -> Fixture {
+        let cluster = TestCluster::start(2);
+        let client = cluster.connect().await;
+        exec(&client, "SET citus.shard_count = 4").await;
+        let workers = vec![cluster.connect_worker(0).await, cluster.connect_worker(1).await];
+        Fixture { cluster, client, workers }
+    }
+
+    fn worker_port(&self, i: usize) -> u16 {
+        self.cluster.cluster.state.worker_ports[i]
+    }
+
+    /// Every placement of `table`, from citus_shards through the coordinator.
+    async fn placements(&self, table: &str) -> Vec<Placement> {
+        let ports = &self.cluster.cluster.state.worker_ports;
+        rows(&self.client, &format!("SELECT shardid, nodeport FROM citus_shards WHERE table_name = '{table}'::regclass ORDER BY shardid, nodeport"))
+            .await
+            .into_iter()
+            .map(|r| {
+                let port: u16 = r[1].as_deref().unwrap().parse().unwrap();
+                Placement {
+                    shard: r[0].as_deref().unwrap().parse().unwrap(),
+                    worker: ports.iter().position(|p| *p == port).unwrap_or_else(|| panic!("{table}: placement on unknown port {port}")),
+                }
+            })
+            .collect()
+    }
+
+    /// Creates a table through the coordinator and distributes it by `column`;
+    /// returns its placements (4 shards, spread over both workers).
+    async fn distributed(&self, table: &str, definition: &str, dist_column: &str) -> Vec<Placement> {
+        exec(&self.client, &format!("CREATE TABLE {table} ({definition})")).await;
+        exec(&self.client, &format!("SELECT create_distributed_table('{table}', '{dist_column}')")).await;
+        let ps = self.placements(table).await;
+        assert_eq!(ps.len(), SHARD_COUNT, "{table}: placements {ps:?}");
+        let shards: BTreeSet<i64> = ps.iter().map(|p| p.shard).collect();
+        assert_eq!(shards.len(), SHARD_COUNT, "{table}: one placement per shard expected: {ps:?}");
+        assert_eq!(count(&self.client, &format!("SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = '{table}'::regclass")).await, SHARD_COUNT as i64);
+        let workers: BTreeSet<usize> = ps.iter().map(|p| p.worker).collect();
+        assert_eq!(workers.len(), 2, "{table}: shards must be on both workers: {ps:?}");
+        for p in &ps {
+            assert!(exists(&self.workers[p.worker], &p.rel(table)).await, "{table}: shard {} missing on worker {}", p.shard, p.worker + 1);
+        }
+        ps
+    }
+
+    /// Creates a reference table through the coordinator; returns its placements
+    /// (one shard, on both workers).
+    async fn reference(&self, table: &str, definition: &str) -> Vec<Placement> {
+        exec(&self.client, &format!("CREATE TABLE {table} ({definition})")).await;
+        exec(&self.client, &format!("SELECT create_reference_table('{table}')")).await;
+        let ps = self.placements(table).await;
+        assert_eq!(ps.len(), 2, "{table}: placements {ps:?}");
+        assert_eq!(ps[0].shard, ps[1].shard, "{table}: a reference table has one shard: {ps:?}");
+        assert_ne!(ps[0].worker, ps[1].worker, "{table}: placements {ps:?}");
+        ps
+    }
+
+    fn worker_for(&self, p: &Placement) -> &Client {
+        &self.workers[p.worker]
+    }
+}
+
+/// Does table `public.rel` exist on this node?
+async fn exists(node: &Client, rel: &str) -> bool {
+    value(node, &format!("SELECT to_regclass('public.{rel}') IS NOT NULL")).await.as_deref() == Some("t")
+}
+
+/// (index name, definition) of every index on `public.rel`.
+async fn indexes(node: &Client, rel: &str) -> Vec<(String, String)> {
+    rows(node, &format!("SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'public' AND tablename = '{rel}' ORDER BY indexname"))
+        .await
+        .into_iter()
+        .map(|r| (r[0].clone().unwrap(), r[1].clone().unwrap()))
+        .collect()
+}
+
+/// (name, default, data type) of every column of `public.rel`.
+async fn columns(node: &Client, rel: &str) -> Vec<(String, Option<String>, String)> {
+    rows(
+        node,
+        &format!("SELECT column_name, column_default, data_type FROM information_schema.columns WHERE table_schema = 'public' AND table_name = '{rel}' ORDER BY ordinal_position"),
+    )
+    .await
+    .into_iter()
+    .map(|r| (r[0].clone().unwrap(), r[1].clone(), r[2].clone().unwrap()))
+    .collect()
+}
+
+async fn column_names(node: &Client, rel: &str) -> Vec<String> {
+    columns(node, rel).await.into_iter().map(|c| c.0).collect()
+}
+
+/// (name, type) of every constraint of `public.rel` (type as in pg_constraint.contype).
+async fn constraints(node: &Client, rel: &str) -> Vec<(String, String)> {
+    rows(node, &format!("SELECT conname, contype FROM pg_constraint WHERE conrelid = to_regclass('public.{rel}') ORDER BY conname"))
+        .await
+        .into_iter()
+        .map(|r| (r[0].clone().unwrap(), r[1].clone().unwrap()))
+        .collect()
+}
+
+async fn row_count(node: &Client, rel: &str) -> i64 {
+    count(node, &format!("SELECT count(*) FROM public.{rel}")).await
+}
+
+/// "VALUES (1, …), (2, …), …" for keys `keys`, the row built by `row`.
+fn values(keys: impl IntoIterator<Item = i32>, row: impl Fn(i32) -> String) -> String {
+    keys.into_iter().map(|k| format!("({})", row(k))).collect::<Vec<_>>().join(", ")
+}
+
+// ---------------------------------------------------------------------------
+// 1. CREATE INDEX
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn create_index_reaches_every_shard() {
+    let f = Fixture::start().await;
+    let coordinator_db = f.cluster.connect_coordinator_db().await;
+    let ps = f.distributed("items", "id int, category int, name text", "id").await;
+    exec(&f.client, &format!("INSERT INTO items VALUES {}", values(1..=8, |k| format!("{k}, {}, 'n{k}'", k * 10)))).await;
+    for p in &ps {
+        assert_eq!(indexes(f.worker_for(p), &p.rel("items")).await, vec![], "shard {} starts without indexes", p.shard);
+    }
+
+    // A named index: every shard gets it, named <index>_<shardid>.
+    exec(&f.client, "CREATE INDEX items_category_idx ON items (category)").await;
+    let shell = indexes(&coordinator_db, "items").await;
+    assert_eq!(shell.iter().map(|i| i.0.as_str()).collect::<Vec<_>>(), vec!["items_category_idx"], "shell table: {shell:?}");
+    for p in &ps {
+        let ix = indexes(f.worker_for(p), &p.rel("items")).await;
+        assert_eq!(ix.len(), 1, "shard {} on worker {}: {ix:?}", p.shard, p.worker + 1);
+        assert_eq!(ix[0].0, format!("items_category_idx_{}", p.shard), "shard {}: {ix:?}", p.shard);
+        assert!(ix[0].1.contains(&format!("ON public.{} USING btree (category)", p.rel("items"))), "shard {}: {ix:?}", p.shard);
+    }
+
+    // An unnamed index: PostgreSQL picks the names, every shard still gets one.
+    exec(&f.client, "CREATE INDEX ON items (name)").await;
+    assert_eq!(indexes(&coordinator_db, "items").await.len(), 2);
+    for p in &ps {
+        let ix = indexes(f.worker_for(p), &p.rel("items")).await;
+        assert_eq!(ix.len(), 2, "shard {} on worker {}: {ix:?}", p.shard, p.worker + 1);
+        assert_eq!(ix.iter().filter(|i| i.1.ends_with("USING btree (name)")).count(), 1, "shard {}: {ix:?}", p.shard);
+    }
+    // The data is untouched and still reachable.
+    assert_eq!(count(&f.client, "SELECT count(*) FROM items").await, 8);
+    assert_eq!(value(&f.client, "SELECT name FROM items WHERE id = 3").await.as_deref(), Some("n3"));
+
+    // A reference table: its one shard gets the index on both workers.
+    let rs = f.reference("kinds", "id int, label text").await;
+    exec(&f.client, "INSERT INTO kinds VALUES (1, 'a'), (2, 'b')").await;
+    exec(&f.client, "CREATE INDEX kinds_label_idx ON kinds (label)").await;
+    assert_eq!(indexes(&coordinator_db, "kinds").await.len(), 1);
+    for p in &rs {
+        let ix = indexes(f.worker_for(p), &p.rel("kinds")).await;
+        assert_eq!(ix.iter().map(|i| i.0.clone()).collect::<Vec<_>>(), vec![format!("kinds_label_idx_{}", p.shard)], "worker {}: {ix:?}", p.worker + 1);
+    }
+}
+
+#[tokio::test]
+async fn drop_index_reaches_every_shard() {
+    let f = Fixture::start().await;
+    let coordinator_db = f.cluster.connect_coordinator_db().await;
+    let ps = f.distributed("items", "id int, category int", "id").await;
+    exec(&f.client, "CREATE INDEX items_category_idx ON items (category)").await;
+    for p in &ps {
+        assert_eq!(indexes(f.worker_for(p), &p.rel("items")).await.len(), 1, "shard {}", p.shard);
+    }
+
+    exec(&f.client, "DROP INDEX items_category_idx").await;
+    assert_eq!(indexes(&coordinator_db, "items").await, vec![], "shell table");
+    for p in &ps {
+        let ix = indexes(f.worker_for(p), &p.rel("items")).await;
+        assert_eq!(ix, vec![], "DROP INDEX left the index on shard {} (worker {})", p.shard, p.worker + 1);
+    }
+    // …so that the same name can be used again.
+    exec(&f.client, "CREATE INDEX items_category_idx ON items (category)").await;
+}
+
+// ---------------------------------------------------------------------------
+// 2. Unique indexes and constraints must include the distribution column
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn unique_constraints_must_include_the_distribution_column() {
+    let f = Fixture::start().await;
+    let coordinator_db = f.cluster.connect_coordinator_db().await;
+    let ps = f.distributed("accounts", "id int, email text, n int", "id").await;
+
+    for sql in [
+        "CREATE UNIQUE INDEX accounts_email_idx ON accounts (email)",
+        "CREATE UNIQUE INDEX accounts_email_n_idx ON accounts (email, n)",
+        "ALTER TABLE accounts ADD PRIMARY KEY (email)",
+        "ALTER TABLE accounts ADD CONSTRAINT accounts_email_key UNIQUE (email)",
+        "ALTER TABLE accounts ADD CONSTRAINT accounts_email_n_key UNIQUE (email, n)",
+    ] {
+        let e = fails_with(&f.client, sql, "0A000").await;
+        assert!(e.message().to_lowercase().contains("partition column"), "{sql}: message must name the partition column: {}", e.message());
+    }
+    // Nothing was created anywhere, and the session is fine.
+    assert_eq!(indexes(&coordinator_db, "accounts").await, vec![]);
+    assert_eq!(constraints(&coordinator_db, "accounts").await, vec![]);
+    for p in &ps {
+        assert_eq!(indexes(f.worker_for(p), &p.rel("accounts")).await, vec![], "shard {}", p.shard);
+    }
+    assert_eq!(value(&f.client, "SELECT 1").await.as_deref(), Some("1"));
+
+    // Including the distribution column (anywhere in the key) is fine.
+    exec(&f.client, "CREATE UNIQUE INDEX accounts_email_id_idx ON accounts (email, id)").await;
+    exec(&f.client, "ALTER TABLE accounts ADD PRIMARY KEY (id)").await;
+    exec(&f.client, "ALTER TABLE accounts ADD CONSTRAINT accounts_n_id_key UNIQUE (n, id)").await;
+    let shell: Vec<String> = constraints(&coordinator_db, "accounts").await.into_iter().map(|c| c.1).collect();
+    assert_eq!(shell, vec!["p", "u"], "shell table constraints");
+    for p in &ps {
+        let w = f.worker_for(p);
+        let rel = p.rel("accounts");
+        let ix = indexes(w, &rel).await;
+        assert_eq!(ix.len(), 3, "shard {}: {ix:?}", p.shard);
+        assert!(ix.iter().all(|i| i.1.starts_with("CREATE UNIQUE INDEX")), "shard {}: {ix:?}", p.shard);
+        assert!(ix.iter().any(|i| i.0 == format!("accounts_email_id_idx_{}", p.shard)), "shard {}: {ix:?}", p.shard);
+        let cons = constraints(w, &rel).await;
+        assert_eq!(cons.iter().filter(|c| c.1 == "p").count(), 1, "shard {}: {cons:?}", p.shard);
+        assert!(cons.contains(&(format!("accounts_n_id_key_{}", p.shard), "u".into())), "shard {}: {cons:?}", p.shard);
+    }
+
+    // The shards enforce them: duplicates fail with 23505, through both protocols.
+    exec(&f.client, "INSERT INTO accounts VALUES (1, 'a@x', 1), (2, 'b@x', 2), (3, 'c@x', 3), (4, 'd@x', 4)").await;
+    fails_with(&f.client, "INSERT INTO accounts VALUES (1, 'other@x', 10)", "23505").await;
+    fails_with(&f.client, "INSERT INTO accounts VALUES (5, 'e@x', 5), (3, 'c@x', 3)", "23505").await;
+    let e = f.client.execute("INSERT INTO accounts VALUES ($1, $2, $3)", &[&2i32, &"again@x", &20i32]).await.expect_err("duplicate id through the extended protocol");
+    assert_eq!(sqlstate(&e), "23505", "{}", describe(&e));
+    // Only the key is unique: the same email under another id is fine.
+    exec(&f.client, "INSERT INTO accounts VALUES (6, 'a@x', 6)").await;
+    assert_eq!(count(&f.client, "SELECT count(*) FROM accounts").await, 5);
+    assert_eq!(count(&f.client, "SELECT count(*) FROM accounts WHERE id = 1").await, 1);
+}
+
+#[tokio::test]
+async fn add_column_with_inline_unique_constraint_must_include_the_distribution_column() {
+    let f = Fixture::start().await;
+    let coordinator_db = f.cluster.connect_coordinator_db().await;
+    let ps = f.distributed("accounts", "id int, email text", "id").await;
+    for sql in ["ALTER TABLE accounts ADD COLUMN code int UNIQUE", "ALTER TABLE accounts ADD COLUMN code int PRIMARY KEY"] {
+        let e = fails_with(&f.client, sql, "0A000").await;
+        assert!(e.message().to_lowercase().contains("partition column"), "{sql}: {}", e.message());
+    }
+    assert_eq!(column_names(&coordinator_db, "accounts").await, vec!["id", "email"]);
+    for p in &ps {
+        assert_eq!(column_names(f.worker_for(p), &p.rel("accounts")).await, vec!["id", "email"], "shard {}", p.shard);
+        assert_eq!(indexes(f.worker_for(p), &p.rel("accounts")).await, vec![], "shard {}", p.shard);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 3. ALTER TABLE on columns
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn alter_table_columns_reaches_every_shard() {
+    let f = Fixture::start().await;
+    let coordinator_db = f.cluster.connect_coordinator_db().await;
+    let ps = f.distributed("events", "id int, payload int", "id").await;
+    exec(&f.client, &format!("INSERT INTO events VALUES {}", values(1..=5, |k| format!("{k}, {k}")))).await;
+
+    // ADD COLUMN with a DEFAULT: existing rows on every shard get it.
+    exec(&f.client, "ALTER TABLE events ADD COLUMN flag int DEFAULT 7").await;
+    let flag = ("flag".to_string(), Some("7".to_string()), "integer".to_string());
+    assert!(columns(&coordinator_db, "events").await.contains(&flag), "shell table");
+    for p in &ps {
+        let cols = columns(f.worker_for(p), &p.rel("events")).await;
+        assert!(cols.contains(&flag), "shard {} on worker {}: {cols:?}", p.shard, p.worker + 1);
+    }
+    assert_eq!(count(&f.client, "SELECT count(*) FROM events WHERE flag = 7").await, 5);
+    exec(&f.client, "INSERT INTO events (id, payload) VALUES (6, 6)").await;
+    exec(&f.client, "INSERT INTO events (id, payload, flag) VALUES (7, 7, 70)").await;
+    assert_eq!(rows(&f.client, "SELECT payload, flag FROM events WHERE id = 6").await, vec![vec![Some("6".into()), Some("7".into())]]);
+    assert_eq!(value(&f.client, "SELECT flag FROM events WHERE id = 7").await.as_deref(), Some("70"));
+    let mut flags = column(&f.client, "SELECT flag FROM events").await;
+    flags.sort();
+    assert_eq!(flags, vec!["7", "7", "7", "7", "7", "7", "70"]);
+
+    // DROP COLUMN.
+    exec(&f.client, "ALTER TABLE events DROP COLUMN payload").await;
+    assert_eq!(column_names(&coordinator_db, "events").await, vec!["id", "flag"]);
+    for p in &ps {
+        assert_eq!(column_names(f.worker_for(p), &p.rel("events")).await, vec!["id", "flag"], "shard {}", p.shard);
+    }
+    fails_with(&f.client, "SELECT payload FROM events WHERE id = 1", "42703").await;
+    assert_eq!(count(&f.client, "SELECT count(*) FROM events").await, 7);
+
+    // RENAME COLUMN of a normal column.
+    exec(&f.client, "ALTER TABLE events RENAME COLUMN flag TO level").await;
+    assert_eq!(column_names(&coordinator_db, "events").await, vec!["id", "level"]);
+    for p in &ps {
+        assert_eq!(column_names(f.worker_for(p), &p.rel("events")).await, vec!["id", "level"], "shard {}", p.shard);
+    }
+    assert_eq!(value(&f.client, "SELECT level FROM events WHERE id = 7").await.as_deref(), Some("70"));
+
+    // RENAME COLUMN of the distribution column: the catalog follows, routing works.
+    exec(&f.client, "ALTER TABLE events RENAME COLUMN id TO event_id").await;
+    assert_eq!(column_names(&coordinator_db, "events").await, vec!["event_id", "level"]);
+    for p in &ps {
+        assert_eq!(column_names(f.worker_for(p), &p.rel("events")).await, vec!["event_id", "level"], "shard {}", p.shard);
+    }
+    assert_eq!(value(&f.client, "SELECT distribution_column FROM citus_tables WHERE table_name = 'events'::regclass").await.as_deref(), Some("event_id"));
+    assert_eq!(value(&f.client, "SELECT partkey FROM pg_dist_partition WHERE logicalrelid = 'events'::regclass").await.as_deref(), Some("event_id"));
+    assert_eq!(rows(&f.client, "SELECT event_id, level FROM events WHERE event_id = 5").await, vec![vec![Some("5".into()), Some("7".into())]]);
+    let by_param: i32 = f.client.query_one("SELECT event_id FROM events WHERE event_id = $1", &[&7i32]).await.map(|r| r.get(0)).unwrap_or_else(|e| panic!("{}", describe(&e)));
+    assert_eq!(by_param, 7);
+    fails_with(&f.client, "SELECT level FROM events WHERE id = 5", "42703").await;
+    // A new row is routed by the new name, to the shard a lookup by key finds.
+    exec(&f.client, "INSERT INTO events (event_id, level) VALUES (8, 80)").await;
+    assert_eq!(value(&f.client, "SELECT level FROM events WHERE event_id = 8").await.as_deref(), Some("80"));
+    let mut holding = 0;
+    for p in &ps {
+        holding += count(f.worker_for(p), &format!("SELECT count(*) FROM public.{} WHERE event_id = 8", p.rel("events"))).await;
+    }
+    assert_eq!(holding, 1, "the new row must be in exactly one shard");
+
+    // ADD CONSTRAINT … CHECK: every shard enforces it.
+    exec(&f.client, "ALTER TABLE events ADD CONSTRAINT events_level_check CHECK (level < 100)").await;
+    assert_eq!(constraints(&coordinator_db, "events").await, vec![("events_level_check".to_string(), "c".to_string())]);
+    for p in &ps {
+        let cons = constraints(f.worker_for(p), &p.rel("events")).await;
+        assert_eq!(cons, vec![(format!("events_level_check_{}", p.shard), "c".to_string())], "shard {}", p.shard);
+    }
+    for key in 9..=12 {
+        fails_with(&f.client, &format!("INSERT INTO events VALUES ({key}, 100)"), "23514").await;
+    }
+    exec(&f.client, "INSERT INTO events VALUES (9, 99)").await;
+    assert_eq!(count(&f.client, "SELECT count(*) FROM events").await, 9);
+
+    // The distribution column can be neither dropped nor retyped.
+    for sql in [
+        "ALTER TABLE events DROP COLUMN event_id",
+        "ALTER TABLE events DROP COLUMN event_id CASCADE",
+        "ALTER TABLE events ALTER COLUMN event_id TYPE bigint",
+        "ALTER TABLE events ALTER COLUMN event_id SET DATA TYPE text",
+        "ALTER TABLE events ADD COLUMN extra int, DROP COLUMN event_id",
+    ] {
+        fails_with(&f.client, sql, "0A000").await;
+    }
+    let expected = vec![("event_id".to_string(), None, "integer".to_string()), ("level".to_string(), Some("7".to_string()), "integer".to_string())];
+    assert_eq!(columns(&coordinator_db, "events").await, expected, "shell table");
+    for p in &ps {
+        assert_eq!(columns(f.worker_for(p), &p.rel("events")).await, expected, "shard {}", p.shard);
+    }
+    assert_eq!(count(&f.client, "SELECT count(*) FROM events").await, 9);
+}
+
+// ---------------------------------------------------------------------------
+// DDL in transaction blocks, and DDL that fails on one shard only
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn ddl_is_atomic_across_shards() {
+    let f = Fixture::start().await;
+    let coordinator_db = f.cluster.connect_coordinator_db().await;
+    let ps = f.distributed("t", "a int, b int", "a").await;
+    exec(&f.client, &format!("INSERT INTO t VALUES {}", values(1..=12, |k| format!("{k}, 0")))).await;
+
+    // Rolled back by the client: nothing anywhere.
+    exec(&f.client, "BEGIN").await;
+    exec(&f.client, "ALTER TABLE t ADD COLUMN x int").await;
+    exec(&f.client, "CREATE INDEX t_x_idx ON t (x)").await;
+    exec(&f.client, "ROLLBACK").await;
+    assert_eq!(column_names(&coordinator_db, "t").await, vec!["a", "b"]);
+    assert_eq!(indexes(&coordinator_db, "t").await, vec![]);
+    for p in &ps {
+        assert_eq!(column_names(f.worker_for(p), &p.rel("t")).await, vec!["a", "b"], "shard {}", p.shard);
+        assert_eq!(indexes(f.worker_for(p), &p.rel("t")).await, vec![], "shard {}", p.shard);
+    }
+
+    // Committed by the client: everywhere.
+    exec(&f.client, "BEGIN").await;
+    exec(&f.client, "ALTER TABLE t ADD COLUMN y int").await;
+    exec(&f.client, "CREATE INDEX t_y_idx ON t (y)").await;
+    exec(&f.client, "COMMIT").await;
+    assert_eq!(column_names(&coordinator_db, "t").await, vec!["a", "b", "y"]);
+    for p in &ps {
+        assert_eq!(column_names(f.worker_for(p), &p.rel("t")).await, vec!["a", "b", "y"], "shard {}", p.shard);
+        assert_eq!(indexes(f.worker_for(p), &p.rel("t")).await.len(), 1, "shard {}", p.shard);
+    }
+
+    // A CHECK that only one row on the second worker violates: the shell table
+    // (empty) and the first worker's shards accept it, the second worker refuses;
+    // the constraint must then exist nowhere.
+    let second: Vec<&Placement> = ps.iter().filter(|p| p.worker == 1).collect();
+    let key = count(&f.workers[1], &format!("SELECT min(a) FROM public.{}", second[0].rel("t"))).await;
+    exec(&f.client, &format!("UPDATE t SET b = 100 WHERE a = {key}")).await;
+    fails_with(&f.client, "ALTER TABLE t ADD CONSTRAINT t_b_small CHECK (b < 50)", "23514").await;
+    assert_eq!(constraints(&coordinator_db, "t").await, vec![], "shell table");
+    for p in &ps {
+        assert_eq!(constraints(f.worker_for(p), &p.rel("t")).await, vec![], "shard {} on worker {}", p.shard, p.worker + 1);
+    }
+    // The session is usable and the statement works once the data allows it.
+    exec(&f.client, &format!("UPDATE t SET b = 1 WHERE a = {key}")).await;
+    exec(&f.client, "ALTER TABLE t ADD CONSTRAINT t_b_small CHECK (b < 50)").await;
+    for p in &ps {
+        assert_eq!(constraints(f.worker_for(p), &p.rel("t")).await.len(), 1, "shard {}", p.shard);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Foreign keys to a reference table
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn foreign_key_to_reference_table_and_truncate_cascade() {
+    let f = Fixture::start().await;
+    let rs = f.reference("currencies", "code int PRIMARY KEY, name text").await;
+    let ps = f.distributed("payments", "id int, currency int", "id").await;
+    exec(&f.client, "INSERT INTO currencies VALUES (1, 'EUR'), (2, 'USD')").await;
+
+    exec(&f.client, "ALTER TABLE payments ADD CONSTRAINT payments_currency_fkey FOREIGN KEY (currency) REFERENCES currencies (code)").await;
+    let ref_shard = rs[0].rel("currencies");
+    for p in &ps {
+        let fk = rows(
+            f.worker_for(p),
+            &format!("SELECT conname, confrelid::regclass::text FROM pg_constraint WHERE conrelid = 'public.{}'::regclass AND contype = 'f'", p.rel("payments")),
+        )
+        .await;
+        assert_eq!(fk, vec![vec![Some(format!("payments_currency_fkey_{}", p.shard)), Some(ref_shard.clone())]], "shard {}", p.shard);
+    }
+    exec(&f.client, &format!("INSERT INTO payments VALUES {}", values(1..=8, |k| format!("{k}, {}", k % 2 + 1)))).await;
+    fails_with(&f.client, "INSERT INTO payments VALUES (9, 99)", "23503").await;
+
+    exec(&f.client, "TRUNCATE currencies CASCADE").await;
+    assert_eq!(count(&f.client, "SELECT count(*) FROM payments").await, 0);
+    assert_eq!(count(&f.client, "SELECT count(*) FROM currencies").await, 0);
+    for (table, placements) in [("currencies", &rs), ("payments", &ps)] {
+        for p in placements {
+            assert_eq!(row_count(f.worker_for(p), &p.rel(table)).await, 0, "{table} shard {} on worker {}", p.shard, p.worker + 1);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 4. TRUNCATE and DROP TABLE
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn truncate_and_drop_reach_every_shard() {
+    let f = Fixture::start().await;
+    let coordinator_db = f.cluster.connect_coordinator_db().await;
+    let ps = f.distributed("orders", "id int, amount int", "id").await;
+    let rs = f.reference("currencies", "code text, rate int").await;
+    exec(&f.client, &format!("INSERT INTO orders VALUES {}", values(1..=20, |k| format!("{k}, {}", k * 100)))).await;
+    exec(&f.client, "INSERT INTO currencies VALUES ('EUR', 1), ('USD', 2)").await;
+
+    // Before: the rows are spread over both workers.
+    assert_eq!(count(&f.client, "SELECT count(*) FROM orders").await, 20);
+    let mut per_worker = [0i64; 2];
+    for p in &ps {
+        per_worker[p.worker] += row_count(f.worker_for(p), &p.rel("orders")).await;
+    }
+    assert_eq!(per_worker.iter().sum::<i64>(), 20, "rows per worker {per_worker:?}");
+    assert!(per_worker.iter().all(|n| *n > 0), "rows per worker {per_worker:?}");
+    for p in &rs {
+        assert_eq!(row_count(f.worker_for(p), &p.rel("currencies")).await, 2, "worker {}", p.worker + 1);
+    }
+
+    // TRUNCATE empties every shard.
+    exec(&f.client, "TRUNCATE orders").await;
+    assert_eq!(count(&f.client, "SELECT count(*) FROM orders").await, 0);
+    for p in &ps {
+        assert_eq!(row_count(f.worker_for(p), &p.rel("orders")).await, 0, "shard {} on worker {}", p.shard, p.worker + 1);
+    }
+    exec(&f.client, "TRUNCATE TABLE currencies").await;
+    assert_eq!(count(&f.client, "SELECT count(*) FROM currencies").await, 0);
+    for p in &rs {
+        assert_eq!(row_count(f.worker_for(p), &p.rel("currencies")).await, 0, "worker {}", p.worker + 1);
+    }
+    // A TRUNCATE rolled back by the client leaves the rows.
+    exec(&f.client, &format!("INSERT INTO orders VALUES {}", values(1..=8, |k| format!("{k}, 1")))).await;
+    exec(&f.client, "BEGIN").await;
+    exec(&f.client, "TRUNCATE orders").await;
+    exec(&f.client, "ROLLBACK").await;
+    assert_eq!(count(&f.client, "SELECT count(*) FROM orders").await, 8);
+
+    // DROP TABLE removes the shards and the catalog rows.
+    let shard_list = ps.iter().map(|p| p.shard.to_string()).collect::<Vec<_>>().join(", ");
+    let oid = value(&f.client, "SELECT 'orders'::regclass::oid").await.unwrap();
+    let catalog_rows = |oid: &str| {
+        [
+            format!("SELECT count(*) FROM pg_dist_partition WHERE logicalrelid::oid = {oid}"),
+            format!("SELECT count(*) FROM pg_dist_shard WHERE shardid IN ({shard_list})"),
+            format!("SELECT count(*) FROM pg_dist_placement WHERE shardid IN ({shard_list})"),
+        ]
+    };
+    let before: Vec<i64> = counts(&f.client, &catalog_rows(&oid)).await;
+    assert_eq!(before, vec![1, SHARD_COUNT as i64, SHARD_COUNT as i64]);
+    exec(&f.client, "DROP TABLE orders").await;
+    assert_eq!(counts(&f.client, &catalog_rows(&oid)).await, vec![0, 0, 0], "catalog rows of the dropped table");
+    assert!(!exists(&coordinator_db, "orders").await, "shell table");
+    for p in &ps {
+        assert!(!exists(f.worker_for(p), &p.rel("orders")).await, "shard {} still on worker {}", p.shard, p.worker + 1);
+    }
+    fails_with(&f.client, "SELECT count(*) FROM orders", "42P01").await;
+
+    // DROP TABLE IF EXISTS of a local table, a distributed one and a missing one.
+    exec(&f.client, "CREATE TABLE scratch (x int)").await;
+    exec(&f.client, "INSERT INTO scratch VALUES (1)").await;
+    let ls = f.distributed("logs", "id int, line text", "id").await;
+    exec(&f.client, "INSERT INTO logs VALUES (1, 'a'), (2, 'b'), (3, 'c')").await;
+    assert!(exists(&coordinator_db, "scratch").await);
+    exec(&f.client, "DROP TABLE IF EXISTS scratch, logs, no_such_table").await;
+    assert!(!exists(&coordinator_db, "scratch").await, "local table");
+    assert!(!exists(&coordinator_db, "logs").await, "shell table");
+    for p in &ls {
+        assert!(!exists(f.worker_for(p), &p.rel("logs")).await, "shard {} still on worker {}", p.shard, p.worker + 1);
+    }
+    let log_shards = ls.iter().map(|p| p.shard.to_string()).collect::<Vec<_>>().join(", ");
+    assert_eq!(count(&f.client, &format!("SELECT count(*) FROM pg_dist_shard WHERE shardid IN ({log_shards})")).await, 0);
+    assert_eq!(count(&f.client, &format!("SELECT count(*) FROM pg_dist_placement WHERE shardid IN ({log_shards})")).await, 0);
+    // The reference table was not touched; then it goes too.
+    assert_eq!(count(&f.client, "SELECT count(*) FROM pg_dist_partition").await, 1);
+    for p in &rs {
+        assert!(exists(f.worker_for(p), &p.rel("currencies")).await, "worker {}", p.worker + 1);
+    }
+    exec(&f.client, "DROP TABLE currencies").await;
+    for p in &rs {
+        assert!(!exists(f.worker_for(p), &p.rel("currencies")).await, "worker {}", p.worker + 1);
+    }
+    for table in ["pg_dist_partition", "pg_dist_shard", "pg_dist_placement"] {
+        assert_eq!(count(&f.client, &format!("SELECT count(*) FROM {table}")).await, 0, "{table}");
+    }
+}
+
+/// The count each query returns, in order.
+async fn counts(c: &Client, queries: &[String]) -> Vec<i64> {
+    let mut out = Vec::new();
+    for q in queries {
+        out.push(count(c, q).await);
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------
+// 5. Atomicity with a worker down
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn ddl_with_a_worker_down_is_atomic() {
+    let mut f = Fixture::start().await;
+    let coordinator_db = f.cluster.connect_coordinator_db().await;
+    let ps = f.distributed("t", "a int, b int", "a").await;
+    exec(&f.client, &format!("INSERT INTO t VALUES {}", values(1..=12, |k| format!("{k}, {k}")))).await;
+    // This session now holds connections to both workers; `fresh` holds none.
+    assert_eq!(count(&f.client, "SELECT count(*) FROM t").await, 12);
+    let fresh = f.cluster.connect().await;
+    let first: Vec<Placement> = ps.iter().copied().filter(|p| p.worker == 0).collect();
+    let mut rows_on_first = 0;
+    for p in &first {
+        rows_on_first += row_count(&f.workers[0], &p.rel("t")).await;
+    }
+    assert!(rows_on_first > 0 && rows_on_first < 12, "rows on worker 1: {rows_on_first}");
+    let node = format!("127.0.0.1:{}", f.worker_port(1));
+
+    f.cluster.workers()[1].stop().expect("stop worker 2");
+
+    // The statement fails, naming the node that is down.
+    let e = fails(&f.client, "ALTER TABLE t ADD COLUMN c int").await;
+    let d = e.as_db_error().unwrap_or_else(|| panic!("expected a server error, got {e}"));
+    let text = format!("{} {} {}", d.message(), d.detail().unwrap_or(""), d.where_().unwrap_or(""));
+    assert!(text.contains(&node), "the error must name {node}: {}", describe(&e));
+    let e = fails(&fresh, "ALTER TABLE t ADD COLUMN c int").await;
+    let d = e.as_db_error().unwrap_or_else(|| panic!("expected a server error, got {e}"));
+    assert!(d.message().contains(&node), "the error message must name {node}: {}", describe(&e));
+
+    // Nothing was half-applied: not on the shell table, not on worker 1's shards.
+    assert_eq!(column_names(&coordinator_db, "t").await, vec!["a", "b"], "shell table");
+    for p in &first {
+        assert_eq!(column_names(&f.workers[0], &p.rel("t")).await, vec!["a", "b"], "shard {} on worker 1", p.shard);
+    }
+
+    // The sessions still work, and rows on worker 1 are still readable.
+    for c in [&f.client, &fresh] {
+        assert_eq!(value(c, "SELECT 1").await.as_deref(), Some("1"));
+    }
+    let mut readable = 0;
+    for key in 1..=12 {
+        if let Ok(r) = f.client.simple_query(&format!("SELECT b FROM t WHERE a = {key}")).await {
+            let vals: Vec<String> =
+                r.into_iter().filter_map(|m| if let tokio_postgres::SimpleQueryMessage::Row(r) = m { Some(r.get(0).unwrap().to_string()) } else { None }).collect();
+            assert_eq!(vals, vec![key.to_string()], "key {key}");
+            readable += 1;
+        }
+    }
+    assert_eq!(readable, rows_on_first, "every row on worker 1 must stay readable");
+
+    // Other DDL fails just as cleanly.
+    fails(&f.client, "CREATE INDEX t_b_idx ON t (b)").await;
+    assert_eq!(indexes(&coordinator_db, "t").await, vec![], "shell table");
+    fails(&f.client, "TRUNCATE t").await;
+    fails(&f.client, "DROP TABLE t").await;
+    assert!(exists(&coordinator_db, "t").await, "shell table");
+    assert_eq!(count(&f.client, "SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = 't'::regclass").await, SHARD_COUNT as i64);
+    assert_eq!(
+        count(&f.client, "SELECT count(*) FROM pg_dist_placement WHERE shardid IN (SELECT shardid FROM pg_dist_shard WHERE logicalrelid = 't'::regclass)").await,
+        SHARD_COUNT as i64
+    );
+    let mut still_there = 0;
+    for p in &first {
+        assert!(exists(&f.workers[0], &p.rel("t")).await, "shard {} on worker 1", p.shard);
+        assert_eq!(indexes(&f.workers[0], &p.rel("t")).await, vec![], "shard {} on worker 1", p.shard);
+        still_there += row_count(&f.workers[0], &p.rel("t")).await;
+    }
+    assert_eq!(still_there, rows_on_first, "TRUNCATE must not have emptied worker 1's shards");
+
+    // Once the worker is back, the same statement succeeds everywhere.
+    f.cluster.workers()[1].start().expect("start worker 2");
+    f.workers[1] = f.cluster.connect_worker(1).await;
+    let after = f.cluster.connect().await;
+    exec(&after, "ALTER TABLE t ADD COLUMN c int").await;
+    assert_eq!(column_names(&coordinator_db, "t").await, vec!["a", "b", "c"], "shell table");
+    for p in &ps {
+        assert_eq!(column_names(f.worker_for(p), &p.rel("t")).await, vec!["a", "b", "c"], "shard {} on worker {}", p.shard, p.worker + 1);
+    }
+    // The sessions that saw the failure work against the restarted worker too.
+    exec(&f.client, "ALTER TABLE t ADD COLUMN d int").await;
+    exec(&fresh, "CREATE INDEX t_b_idx ON t (b)").await;
+    for p in &ps {
+        assert_eq!(column_names(f.worker_for(p), &p.rel("t")).await, vec!["a", "b", "c", "d"], "shard {} on worker {}", p.shard, p.worker + 1);
+        assert_eq!(indexes(f.worker_for(p), &p.rel("t")).await.len(), 1, "shard {} on worker {}", p.shard, p.worker + 1);
+    }
+    assert_eq!(count(&f.client, "SELECT count(*) FROM t").await, 12);
+}
+
+#[tokio::test]
+async fn idle_session_survives_a_worker_restart() {
+    let mut f = Fixture::start().await;
+    let ps = f.distributed("t", "a int, b int", "a").await;
+    exec(&f.client, &format!("INSERT INTO t VALUES {}", values(1..=12, |k| format!("{k}, {k}")))).await;
+    // Both sessions hold connections to both workers, then sit idle while
+    // worker 2 restarts.
+    let other = f.cluster.connect().await;
+    assert_eq!(count(&f.client, "SELECT count(*) FROM t").await, 12);
+    assert_eq!(count(&other, "SELECT count(*) FROM t").await, 12);
+    f.cluster.workers()[1].stop().expect("stop worker 2");
+    f.cluster.workers()[1].start().expect("start worker 2");
+    f.workers[1] = f.cluster.connect_worker(1).await;
+
+    // Outside a transaction block nothing was lost with the old connections:
+    // the first statement after the restart must simply work.
+    assert_eq!(count(&other, "SELECT count(*) FROM t").await, 12);
+    exec(&f.client, "TRUNCATE t").await;
+    for p in &ps {
+        assert_eq!(row_count(f.worker_for(p), &p.rel("t")).await, 0, "shard {} on worker {}", p.shard, p.worker + 1);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 6. VACUUM and ANALYZE
+// ---------------------------------------------------------------------------
+
+/// (vacuum_count, analyze_count) of a table, manual runs only.
+async fn maintenance_counts(node: &Client, rel: &str) -> (i64, i64) {
+    let r = rows(node, &format!("SELECT vacuum_count, analyze_count FROM pg_stat_user_tables WHERE schemaname = 'public' AND relname = '{rel}'")).await;
+    assert_eq!(r.len(), 1, "{rel}: {r:?}");
+    (r[0][0].as_deref().unwrap().parse().unwrap(), r[0][1].as_deref().unwrap().parse().unwrap())
+}
+
+#[tokio::test]
+async fn vacuum_and_analyze_reach_every_shard() {
+    let f = Fixture::start().await;
+    let ps = f.distributed("t", "a int, b int", "a").await;
+    let rs = f.reference("r", "id int, name text").await;
+    exec(&f.client, &format!("INSERT INTO t VALUES {}", values(1..=40, |k| format!("{k}, {k}")))).await;
+    exec(&f.client, "INSERT INTO r VALUES (1, 'a'), (2, 'b'), (3, 'c')").await;
+    for p in &ps {
+        assert_eq!(maintenance_counts(f.worker_for(p), &p.rel("t")).await, (0, 0), "shard {}", p.shard);
+    }
+
+    exec(&f.client, "VACUUM t").await;
+    for p in &ps {
+        assert_eq!(maintenance_counts(f.worker_for(p), &p.rel("t")).await, (1, 0), "shard {} on worker {}", p.shard, p.worker + 1);
+    }
+
+    exec(&f.client, "ANALYZE t").await;
+    for p in &ps {
+        let w = f.worker_for(p);
+        let rel = p.rel("t");
+        assert_eq!(maintenance_counts(w, &rel).await, (1, 1), "shard {} on worker {}", p.shard, p.worker + 1);
+        // The statistics are the shard's: reltuples is its exact row count.
+        let reltuples = value(w, &format!("SELECT reltuples::bigint FROM pg_class WHERE oid = 'public.{rel}'::regclass")).await.unwrap();
+        assert_eq!(reltuples, row_count(w, &rel).await.to_string(), "shard {}", p.shard);
+        assert_eq!(count(w, &format!("SELECT count(*) FROM pg_stats WHERE schemaname = 'public' AND tablename = '{rel}'")).await, 2, "shard {}", p.shard);
+    }
+
+    exec(&f.client, "VACUUM (ANALYZE) r").await;
+    for p in &rs {
+        assert_eq!(maintenance_counts(f.worker_for(p), &p.rel("r")).await, (1, 1), "worker {}", p.worker + 1);
+    }
+
+    // VACUUM cannot run inside a transaction block; nothing is vacuumed.
+    exec(&f.client, "BEGIN").await;
+    fails_with(&f.client, "VACUUM t", "25001").await;
+    exec(&f.client, "ROLLBACK").await;
+    assert_eq!(value(&f.client, "SELECT 1").await.as_deref(), Some("1"));
+    for p in &ps {
+        assert_eq!(maintenance_counts(f.worker_for(p), &p.rel("t")).await.0, 1, "shard {}", p.shard);
+    }
+}
+
+#[tokio::test]
+async fn analyze_inside_a_transaction_block() {
+    // PostgreSQL (and Citus, for distributed tables) allow ANALYZE in a block.
+    let f = Fixture::start().await;
+    let ps = f.distributed("t", "a int, b int", "a").await;
+    exec(&f.client, &format!("INSERT INTO t VALUES {}", values(1..=8, |k| format!("{k}, {k}")))).await;
+    exec(&f.client, "BEGIN").await;
+    exec(&f.client, "ANALYZE t").await;
+    exec(&f.client, "COMMIT").await;
+    for p in &ps {
+        assert_eq!(maintenance_counts(f.worker_for(p), &p.rel("t")).await.1, 1, "shard {}", p.shard);
+    }
+}
+
+#[tokio::test]
+async fn vacuum_options_with_values() {
+    let f = Fixture::start().await;
+    let ps = f.distributed("t", "a int, b int", "a").await;
+    exec(&f.client, &format!("INSERT INTO t VALUES {}", values(1..=8, |k| format!("{k}, {k}")))).await;
+    exec(&f.client, "VACUUM (PARALLEL 0, INDEX_CLEANUP OFF) t").await;
+    exec(&f.client, "VACUUM (ANALYZE FALSE) t").await;
+    for p in &ps {
+        assert_eq!(maintenance_counts(f.worker_for(p), &p.rel("t")).await, (2, 0), "shard {}", p.shard);
+    }
+}
