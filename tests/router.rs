@@ -79,6 +79,15 @@ async fn multi_row_insert_splits_by_shard() {
     }
     assert_eq!(per_worker.iter().sum::<i64>(), 53);
     assert!(per_worker.iter().all(|n| *n > 0), "{per_worker:?}");
+    // A serial key is filled in by the coordinator from the sequence.
+    c.batch_execute("CREATE TABLE events (id bigserial PRIMARY KEY, note text); SELECT create_distributed_table('events', 'id', shard_count => 4)").await.unwrap();
+    let ids = text_rows(&c, "INSERT INTO events (note) VALUES ('a'), ('b'), ('c') RETURNING id").await;
+    assert_eq!(ids.len(), 3);
+    c.execute("INSERT INTO events VALUES (DEFAULT, $1)", &[&"d"]).await.unwrap();
+    let err = c.simple_query("SELECT count(DISTINCT id) FROM events").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "0A000", "count(DISTINCT) across shards is refused, not answered wrongly");
+    assert_eq!(text_rows(&c, "SELECT count(*), min(id), max(id) FROM events").await, vec![row(&["4", "1", "4"])]);
+    assert_eq!(text_rows(&c, "SELECT note FROM events WHERE id = 4").await, vec![row(&["d"])]);
     // A missing or NULL distribution value is refused, naming the problem.
     let err = c.simple_query("INSERT INTO accounts (owner) VALUES ('nobody')").await.unwrap_err();
     assert_eq!(sqlstate(&err), "0A000");

@@ -4,7 +4,7 @@
 
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, Node};
-use crate::planner::{RouterPlan, ShardTarget};
+use crate::planner::{KeyValue, RouterPlan, ShardTarget};
 use crate::protocol::backend;
 use crate::protocol::frontend::{self, Bind};
 use crate::server::client::ClientConn;
@@ -32,7 +32,8 @@ struct Task {
 
 /// Runs a router plan and writes its rows and CommandComplete to the client.
 pub async fn run_router(plan: &RouterPlan, parts: &mut Participants, catalog: &Catalog, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<()> {
-    let tasks = plan_tasks(plan, parts, catalog, mode)?;
+    let defaults = evaluate_key_defaults(plan, parts).await?;
+    let tasks = plan_tasks(plan, parts, catalog, mode, defaults)?;
     let implicit = tasks.len() > 1 && plan.is_write() && parts.begin_implicit();
     let result = run_tasks(plan, tasks, parts, mode, client).await;
     if implicit {
@@ -47,11 +48,25 @@ pub async fn run_router(plan: &RouterPlan, parts: &mut Participants, catalog: &C
     Ok(())
 }
 
+/// Values for INSERT rows that leave the distribution column to its default
+/// (typically a sequence living in the coordinator database), one per such row.
+async fn evaluate_key_defaults(plan: &RouterPlan, parts: &mut Participants) -> PgResult<Vec<String>> {
+    let ShardTarget::InsertRows(keys) = &plan.target else { return Ok(Vec::new()) };
+    let n = keys.iter().filter(|k| matches!(k, KeyValue::Default)).count();
+    let Some(default_sql) = plan.insert_key.as_ref().and_then(|k| k.default_sql.as_deref()).filter(|_| n > 0) else {
+        return Ok(Vec::new());
+    };
+    let rows = parts.local().await?.query(&format!("SELECT ({default_sql})::text FROM generate_series(1, {n})")).await?;
+    rows.into_iter()
+        .map(|r| r.into_iter().next().flatten().ok_or_else(|| PgError::new(crate::error::sqlstate::NOT_NULL_VIOLATION, "cannot perform an INSERT with NULL in the partition column")))
+        .collect()
+}
+
 fn node_of_group<'c>(catalog: &'c Catalog, group: i32) -> PgResult<&'c Node> {
     catalog.node_for_group(group).ok_or_else(|| PgError::internal(format!("no node for group {group} in the catalog")))
 }
 
-fn plan_tasks(plan: &RouterPlan, parts: &Participants, catalog: &Catalog, mode: &Mode<'_>) -> PgResult<Vec<Task>> {
+fn plan_tasks(plan: &RouterPlan, parts: &Participants, catalog: &Catalog, mode: &Mode<'_>, defaults: Vec<String>) -> PgResult<Vec<Task>> {
     let group_node = |index: u32| -> PgResult<Node> {
         let anchor = plan.anchor.as_ref().ok_or_else(|| PgError::internal("sharded plan without anchor table"))?;
         let shard = anchor.shards.get(index as usize).ok_or_else(|| PgError::internal(format!("shard index {index} missing")))?;
@@ -88,10 +103,18 @@ fn plan_tasks(plan: &RouterPlan, parts: &Participants, catalog: &Catalog, mode: 
         }
         ShardTarget::InsertRows(keys) => {
             let mut by_shard: Vec<(u32, Vec<usize>)> = Vec::new();
+            let mut defaults = defaults.into_iter();
+            let mut filled: Vec<(usize, String)> = Vec::new();
             for (row, key) in keys.iter().enumerate() {
                 let shard = match key {
-                    crate::planner::KeyValue::Literal(text) => plan.shard_for_text(text)?,
-                    crate::planner::KeyValue::Param(index) => {
+                    KeyValue::Literal(text) => plan.shard_for_text(text)?,
+                    KeyValue::Default => {
+                        let value = defaults.next().ok_or_else(|| PgError::internal("missing default value for INSERT row"))?;
+                        let shard = plan.shard_for_text(&value)?;
+                        filled.push((row, value));
+                        shard
+                    }
+                    KeyValue::Param(index) => {
                         let (value, binary) = param(*index)?;
                         if value.is_none() {
                             return Err(PgError::new(crate::error::sqlstate::NOT_NULL_VIOLATION, "cannot perform an INSERT with NULL in the partition column"));
@@ -104,13 +127,12 @@ fn plan_tasks(plan: &RouterPlan, parts: &Participants, catalog: &Catalog, mode: 
                     None => by_shard.push((shard, vec![row])),
                 }
             }
-            if let [(shard, _)] = by_shard.as_slice() {
-                vec![Task { node: group_node(*shard)?, sql: plan.sql_for_shard(*shard)? }]
-            } else {
-                by_shard
+            match by_shard.as_slice() {
+                [(shard, _)] if filled.is_empty() => vec![Task { node: group_node(*shard)?, sql: plan.sql_for_shard(*shard)? }],
+                _ => by_shard
                     .into_iter()
-                    .map(|(shard, rows)| Ok(Task { node: group_node(shard)?, sql: Arc::from(plan.insert_rows_sql(shard, &rows)?) }))
-                    .collect::<PgResult<_>>()?
+                    .map(|(shard, rows)| Ok(Task { node: group_node(shard)?, sql: Arc::from(plan.insert_rows_sql(shard, &rows, &filled)?) }))
+                    .collect::<PgResult<_>>()?,
             }
         }
     })

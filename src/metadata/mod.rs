@@ -64,6 +64,9 @@ pub struct DistributedTable {
     pub colocation_id: i32,
     /// Column names in attribute order, for INSERTs without a column list.
     pub columns: Vec<String>,
+    /// The distribution column's default expression (e.g. a sequence's nextval),
+    /// which the coordinator evaluates for INSERTs that leave the column out.
+    pub key_default: Option<String>,
     /// Ordered by shard index.
     pub shards: Vec<Shard>,
 }
@@ -186,7 +189,9 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
             "SELECT c.oid, n.nspname, c.relname, p.partmethod, p.partkey, p.colocationid,
                     (SELECT a.atttypid FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = p.partkey AND NOT a.attisdropped),
                     (SELECT json_agg(a.attname ORDER BY a.attnum)
-                       FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped)
+                       FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),
+                    (SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+                       WHERE d.adrelid = c.oid AND a.attname = p.partkey)
              FROM tessera.pg_dist_partition p
              JOIN pg_class c ON c.oid = p.logicalrelid
              JOIN pg_namespace n ON n.oid = c.relnamespace",
@@ -213,6 +218,7 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
             distribution,
             colocation_id: int(&r[5]),
             columns,
+            key_default: r[8].clone(),
             shards: shards.remove(&oid).unwrap_or_default(),
         });
         catalog.tables.insert((table.schema.clone(), table.name.clone()), table.clone());

@@ -11,7 +11,7 @@ mod router;
 pub use ddl::DdlPlan;
 pub use functions::{ClusterCall, ClusterFunction};
 pub use multi_shard::{Combine, MultiShardPlan, PartialAggregate};
-pub use router::{Command, KeyValue, RouterPlan, ShardTarget};
+pub use router::{Command, InsertKey, KeyValue, RouterPlan, ShardTarget};
 
 use crate::error::{sqlstate, PgError};
 use crate::metadata::{Catalog, DistributedTable};

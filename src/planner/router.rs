@@ -30,6 +30,19 @@ pub enum KeyValue {
     Literal(String),
     /// Bind parameter (0-based).
     Param(usize),
+    /// Left to the column default (e.g. a serial key): the coordinator evaluates it.
+    Default,
+}
+
+/// Where an INSERT's distribution-column value goes, for rows whose value the
+/// coordinator fills in from the column default.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InsertKey {
+    pub column: String,
+    /// Position in each VALUES row; None when the column list leaves it out.
+    pub position: Option<usize>,
+    /// SQL evaluating the default, e.g. `nextval('t_id_seq'::regclass)`.
+    pub default_sql: Option<String>,
 }
 
 /// Where a router statement runs.
@@ -54,6 +67,8 @@ pub struct RouterPlan {
     /// Type and shard count used to hash parameter or row keys.
     pub key_type: Option<HashType>,
     pub template: ShardTemplate,
+    /// Set for INSERTs: where the distribution column's value sits.
+    pub insert_key: Option<InsertKey>,
     /// Deparsed SQL per shard group, filled on first use.
     shard_sql: Vec<OnceLock<Arc<str>>>,
 }
@@ -88,14 +103,33 @@ impl RouterPlan {
         Ok(slot.get_or_init(|| sql).clone())
     }
 
-    /// SQL for a multi-row INSERT that keeps only the VALUES rows in `rows`.
-    pub fn insert_rows_sql(&self, index: u32, rows: &[usize]) -> PgResult<String> {
+    /// SQL for a multi-row INSERT that keeps only the VALUES rows in `rows`, with
+    /// the distribution-column values in `filled` (row, value) written in.
+    pub fn insert_rows_sql(&self, index: u32, rows: &[usize], filled: &[(usize, String)]) -> PgResult<String> {
+        let key = self.insert_key.as_ref();
         self.template.sql_with(index, |node| {
-            if let Some(NodeEnum::InsertStmt(insert)) = node.node.as_mut() {
-                if let Some(NodeEnum::SelectStmt(values)) = insert.select_stmt.as_mut().and_then(|s| s.node.as_mut()) {
-                    let all = std::mem::take(&mut values.values_lists);
-                    values.values_lists = all.into_iter().enumerate().filter(|(i, _)| rows.contains(i)).map(|(_, v)| v).collect();
+            let Some(NodeEnum::InsertStmt(insert)) = node.node.as_mut() else { return };
+            let append_column = !filled.is_empty() && key.is_some_and(|k| k.position.is_none());
+            if append_column {
+                let name = key.map(|k| k.column.clone()).unwrap_or_default();
+                insert.cols.push(protobuf::Node { node: Some(NodeEnum::ResTarget(Box::new(protobuf::ResTarget { name, indirection: vec![], val: None, location: -1 }))) });
+            }
+            let Some(NodeEnum::SelectStmt(values)) = insert.select_stmt.as_mut().and_then(|s| s.node.as_mut()) else { return };
+            let all = std::mem::take(&mut values.values_lists);
+            for (i, mut list) in all.into_iter().enumerate() {
+                if !rows.contains(&i) {
+                    continue;
                 }
+                if let (Some((_, value)), Some(NodeEnum::List(items))) = (filled.iter().find(|(r, _)| *r == i), list.node.as_mut()) {
+                    let constant = protobuf::Node {
+                        node: Some(NodeEnum::AConst(protobuf::AConst { isnull: false, val: Some(a_const::Val::Sval(protobuf::String { sval: value.clone() })), location: -1 })),
+                    };
+                    match key.and_then(|k| k.position) {
+                        Some(p) if p < items.items.len() => items.items[p] = constant,
+                        _ => items.items.push(constant),
+                    }
+                }
+                values.values_lists.push(list);
             }
         })
     }
@@ -192,6 +226,10 @@ pub(super) fn plan_dml(version: i32, raw: &protobuf::RawStmt, catalog: &Catalog)
 }
 
 fn router(command: Command, target: ShardTarget, anchor: Option<Arc<DistributedTable>>, template: ShardTemplate) -> Plan {
+    router_with_key(command, target, anchor, template, None)
+}
+
+fn router_with_key(command: Command, target: ShardTarget, anchor: Option<Arc<DistributedTable>>, template: ShardTemplate, insert_key: Option<InsertKey>) -> Plan {
     let key_type = anchor.as_ref().and_then(|a| match &a.distribution {
         Distribution::Hash { column_type, .. } => Some(*column_type),
         Distribution::Reference => None,
@@ -203,6 +241,7 @@ fn router(command: Command, target: ShardTarget, anchor: Option<Arc<DistributedT
         anchor,
         key_type,
         template,
+        insert_key,
         shard_sql: (0..groups).map(|_| OnceLock::new()).collect(),
     }))
 }
@@ -390,6 +429,7 @@ fn plan_pinned(command: Command, node: &NodeEnum, scope: Vec<ScopeEntry>, conjun
                 };
             }
             Some((_, KeyValue::Param(n))) => ShardTarget::Param { index: *n },
+            Some((_, KeyValue::Default)) => unreachable!("a WHERE clause never pins a key to a column default"),
             Some((_, KeyValue::Literal(text))) => match hash::hash_text(key_type, text) {
                 Ok(h) => ShardTarget::Shard(hash::shard_index(hash::row_hash(Some(h)), shards)),
                 Err(e) => return not_supported(format!("could not compute the shard for the value '{text}': {}", e.0)),
@@ -447,17 +487,29 @@ fn plan_insert(insert: &protobuf::InsertStmt, node: &NodeEnum, template: ShardTe
         insert.cols.iter().position(|n| matches!(n.node.as_ref(), Some(NodeEnum::ResTarget(r)) if r.name == *column))
     };
     let no_key = || Plan::Unsupported(PgError::not_supported("cannot perform an INSERT without a partition column value"));
-    let Some(position) = position else { return no_key() };
     if rows.is_empty() {
         return no_key();
     }
+    let insert_key = InsertKey { column: column.clone(), position, default_sql: table.key_default.clone() };
     let mut keys = Vec::with_capacity(rows.len());
     for row in &rows {
-        let Some(value) = row.get(position) else { return no_key() };
-        if matches!(value.node.as_ref(), Some(NodeEnum::SetToDefault(_))) {
-            return no_key();
+        let value = match position {
+            Some(p) => match row.get(p) {
+                Some(v) => Some(v),
+                None => return no_key(),
+            },
+            None if insert.cols.is_empty() => return no_key(),
+            None => None,
+        };
+        let defaulted = value.is_none_or(|v| matches!(v.node.as_ref(), Some(NodeEnum::SetToDefault(_))));
+        if defaulted {
+            if table.key_default.is_none() {
+                return no_key();
+            }
+            keys.push(KeyValue::Default);
+            continue;
         }
-        match key_value(value) {
+        match key_value(value.unwrap()) {
             Some(Ok(k)) => keys.push(k),
             Some(Err(e)) => return Plan::Unsupported(e),
             None => return not_supported("the distribution column value of an INSERT must be a constant or a parameter"),
@@ -471,7 +523,7 @@ fn plan_insert(insert: &protobuf::InsertStmt, node: &NodeEnum, template: ShardTe
                 Ok(h) => literal_shards.push(hash::shard_index(hash::row_hash(Some(h)), shards)),
                 Err(e) => return not_supported(format!("could not compute the shard for the value '{text}': {}", e.0)),
             },
-            KeyValue::Param(_) => {}
+            KeyValue::Param(_) | KeyValue::Default => {}
         }
     }
     let target = if literal_shards.len() == keys.len() && literal_shards.iter().all(|s| *s == literal_shards[0]) {
@@ -481,5 +533,5 @@ fn plan_insert(insert: &protobuf::InsertStmt, node: &NodeEnum, template: ShardTe
     } else {
         ShardTarget::InsertRows(keys)
     };
-    router(Command::Insert, target, Some(table), template)
+    router_with_key(Command::Insert, target, Some(table), template, Some(insert_key))
 }
