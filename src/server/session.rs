@@ -455,6 +455,12 @@ impl Session {
                     return Ok(());
                 }
             };
+            if msg.tag() == b'G' {
+                self.client.out().extend_from_slice(msg.frame());
+                self.client.flush().await?;
+                self.pump_copy_in().await?;
+                continue;
+            }
             match msg.tag() {
                 b'1' | b'2' | b'3' | b'T' | b'n' | b'C' | b'I' | b's' => self.local_expected -= 1,
                 b'E' => {
@@ -629,6 +635,17 @@ impl Session {
             loop {
                 match self.parts.local.recv().await {
                     Ok(msg) if msg.tag() == b'Z' => break,
+                    Ok(msg) if msg.tag() == b'G' => {
+                        // COPY FROM STDIN through the extended protocol: PostgreSQL
+                        // ignored the Sync we passed on; the client sends another
+                        // after its CopyDone/CopyFail.
+                        self.client.out().extend_from_slice(msg.frame());
+                        self.client.flush().await?;
+                        self.pump_copy_in().await?;
+                        if let Some(next) = self.client.recv().await? {
+                            self.parts.local.out().extend_from_slice(next.frame());
+                        }
+                    }
                     Ok(msg) => self.client.out().extend_from_slice(msg.frame()),
                     Err(e) => {
                         self.report(Failure::Error(e));

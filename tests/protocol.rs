@@ -1,0 +1,101 @@
+//! Wire-protocol behaviour through the coordinator: pass-through of local work,
+//! COPY, notices, cancellation, SSL negotiation and psql's meta-commands.
+
+mod common;
+use common::{sqlstate, text_rows, TestCluster};
+use std::time::{Duration, Instant};
+
+#[tokio::test]
+async fn local_work_passes_through() {
+    let cluster = TestCluster::start(1);
+    let c = cluster.connect().await;
+    c.batch_execute("CREATE TABLE notes (id int PRIMARY KEY, body text); CREATE FUNCTION twice(int) RETURNS int LANGUAGE sql AS 'SELECT $1 * 2'").await.unwrap();
+    let n = c.execute("INSERT INTO notes SELECT g, 'n' || g FROM generate_series(1, 100) g", &[]).await.unwrap();
+    assert_eq!(n, 100);
+    let r = c.query_one("SELECT twice($1), count(*) FROM notes WHERE id > $2", &[&21i32, &90i32]).await.unwrap();
+    assert_eq!((r.get::<_, i32>(0), r.get::<_, i64>(1)), (42, 10));
+    // SET travels with the session; SHOW sees it.
+    c.batch_execute("SET application_name = 'probe'").await.unwrap();
+    assert_eq!(text_rows(&c, "SHOW application_name").await, vec![vec![Some("probe".into())]]);
+    // Errors keep their SQLSTATE and the session goes on.
+    let err = c.simple_query("SELECT 1/0").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "22012");
+    let err = c.simple_query("SELEC 1").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "42601");
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM notes").await, vec![vec![Some("100".into())]]);
+}
+
+#[tokio::test]
+async fn copy_in_and_out_of_local_tables() {
+    let cluster = TestCluster::start(1);
+    let c = cluster.connect().await;
+    c.batch_execute("CREATE TABLE loaded (id int, name text)").await.unwrap();
+    let sink = c.copy_in("COPY loaded FROM STDIN").await.unwrap();
+    use futures::SinkExt;
+    let mut sink = Box::pin(sink);
+    let data: String = (1..=1000).map(|i| format!("{i}\tname {i}\n")).collect();
+    sink.send(bytes::Bytes::from(data.clone())).await.unwrap();
+    let n = sink.as_mut().finish().await.unwrap();
+    assert_eq!(n, 1000);
+    let stream = c.copy_out("COPY (SELECT * FROM loaded ORDER BY id) TO STDOUT").await.unwrap();
+    use futures::TryStreamExt;
+    let chunks: Vec<bytes::Bytes> = stream.try_collect().await.unwrap();
+    let out: Vec<u8> = chunks.concat();
+    assert_eq!(String::from_utf8(out).unwrap(), data);
+    // psql's \copy uses the same path.
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), "5001\tfrom psql\n5002\tagain\n").unwrap();
+    let (ok, _, err) = cluster.psql(&format!("\\copy loaded FROM '{}'", file.path().display()));
+    assert!(ok, "{err}");
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM loaded").await, vec![vec![Some("1002".into())]]);
+}
+
+#[tokio::test]
+async fn notices_and_psql_meta_commands() {
+    let cluster = TestCluster::start(2);
+    let (ok, _, err) = cluster.psql("CREATE TABLE shown (id int PRIMARY KEY, v text); SELECT create_distributed_table('shown', 'id');");
+    assert!(ok, "{err}");
+    let (ok, out, err) = cluster.psql("\\d shown");
+    assert!(ok, "{err}");
+    assert!(out.contains("id|integer||not null") && out.contains("v|text"), "\\d shows the shell's definition: {out}");
+    let (ok, out, err) = cluster.psql("\\di shown*");
+    assert!(ok, "{err}");
+    assert!(out.contains("shown_pkey"), "{out}");
+    let (ok, _, err) = cluster.psql("DO $$ BEGIN RAISE NOTICE 'hello from %', 'plpgsql'; END $$");
+    assert!(ok);
+    assert!(err.contains("NOTICE:  hello from plpgsql"), "{err}");
+}
+
+#[tokio::test]
+async fn cancel_request_stops_a_running_query() {
+    let cluster = TestCluster::start(1);
+    let c = cluster.connect().await;
+    let token = c.cancel_token();
+    let started = Instant::now();
+    let cancel = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        token.cancel_query(tokio_postgres::NoTls).await.unwrap();
+    });
+    let err = c.simple_query("SELECT pg_sleep(20)").await.unwrap_err();
+    cancel.await.unwrap();
+    assert_eq!(sqlstate(&err), "57014");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_eq!(text_rows(&c, "SELECT 1").await, vec![vec![Some("1".into())]]);
+}
+
+#[tokio::test]
+async fn ssl_is_declined_and_clients_fall_back() {
+    let cluster = TestCluster::start(1);
+    let out = std::process::Command::new("psql")
+        .arg(format!("host=127.0.0.1 port={} user=postgres dbname=postgres sslmode=prefer", cluster.port))
+        .args(["-X", "-A", "-t", "-c", "SELECT 42"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "42", "{}", String::from_utf8_lossy(&out.stderr));
+    let out = std::process::Command::new("psql")
+        .arg(format!("host=127.0.0.1 port={} user=postgres dbname=postgres sslmode=require", cluster.port))
+        .args(["-X", "-c", "SELECT 1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "sslmode=require must fail: the coordinator does not offer SSL");
+}
