@@ -92,7 +92,7 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
     let propagate = |table: &Arc<DistributedTable>, catalog_sql: Option<String>| {
         Plan::Ddl(Arc::new(DdlPlan::Propagate {
             table: table.clone(),
-            template: ShardTemplate::new(version, raw.clone(), referenced_tables(raw, catalog)),
+            template: ShardTemplate::for_utility(version, raw.clone(), referenced_tables(raw, catalog)),
             catalog_sql,
         }))
     };

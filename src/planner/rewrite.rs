@@ -13,11 +13,20 @@ use std::sync::Arc;
 pub struct ShardTemplate {
     tree: protobuf::ParseResult,
     tables: Vec<Arc<DistributedTable>>,
+    /// Queries keep the table's name as an alias of the shard so that column
+    /// references qualified with it still resolve; DDL takes no alias.
+    alias_tables: bool,
 }
 
 impl ShardTemplate {
-    pub fn new(version: i32, stmt: protobuf::RawStmt, tables: Vec<Arc<DistributedTable>>) -> Self {
-        ShardTemplate { tree: protobuf::ParseResult { version, stmts: vec![stmt] }, tables }
+    /// A template for a query (SELECT/INSERT/UPDATE/DELETE).
+    pub fn for_query(version: i32, stmt: protobuf::RawStmt, tables: Vec<Arc<DistributedTable>>) -> Self {
+        ShardTemplate { tree: protobuf::ParseResult { version, stmts: vec![stmt] }, tables, alias_tables: true }
+    }
+
+    /// A template for a utility statement (CREATE INDEX, ALTER TABLE, …).
+    pub fn for_utility(version: i32, stmt: protobuf::RawStmt, tables: Vec<Arc<DistributedTable>>) -> Self {
+        ShardTemplate { tree: protobuf::ParseResult { version, stmts: vec![stmt] }, tables, alias_tables: false }
     }
 
     pub fn tables(&self) -> &[Arc<DistributedTable>] {
@@ -41,23 +50,42 @@ impl ShardTemplate {
         // no node is removed while the returned references are alive.
         unsafe {
             for (node, _, _) in tree.nodes_mut() {
-                if let NodeMut::RangeVar(rv) = node {
-                    let rv = &mut *rv;
-                    self.point_at_shard(rv, index);
+                match node {
+                    NodeMut::RangeVar(rv) => self.point_at_shard(&mut *rv, index),
+                    NodeMut::ColumnRef(c) => self.unqualify_schema(&mut *c),
+                    _ => {}
                 }
             }
         }
         pg_query::deparse(&tree).map_err(|e| PgError::internal(format!("could not deparse the statement for a shard: {e}")))
     }
 
-    fn point_at_shard(&self, rv: &mut protobuf::RangeVar, index: u32) {
+    /// `schema.table.column` cannot name an aliased table; `table.column` can.
+    fn unqualify_schema(&self, c: &mut protobuf::ColumnRef) {
+        if !self.alias_tables || c.fields.len() != 3 {
+            return;
+        }
+        let name = |i: usize| match c.fields[i].node.as_ref() {
+            Some(pg_query::NodeEnum::String(s)) => Some(s.sval.clone()),
+            _ => None,
+        };
+        let (Some(schema), Some(table)) = (name(0), name(1)) else { return };
+        if self.tables.iter().any(|t| t.schema == schema && t.name == table) {
+            c.fields.remove(0);
+        }
+    }
+
+    /// Points a table reference at its shard for shard group `index`. Public so
+    /// that utility statements whose relation the generic walk misses (RENAME,
+    /// foreign-key targets) can use it too.
+    pub fn point_at_shard(&self, rv: &mut protobuf::RangeVar, index: u32) {
         let schema = if rv.schemaname.is_empty() { None } else { Some(rv.schemaname.as_str()) };
         let Some(table) = self.tables.iter().find(|t| t.name == rv.relname && schema.is_none_or(|s| s == t.schema)) else {
             return;
         };
         let shard = if table.is_reference() { table.shards.first() } else { table.shards.get(index as usize) };
         let Some(shard) = shard else { return };
-        if rv.alias.is_none() {
+        if self.alias_tables && rv.alias.is_none() {
             // Column references qualified with the table name keep resolving.
             rv.alias = Some(Alias { aliasname: rv.relname.clone(), colnames: vec![] });
         }

@@ -176,7 +176,7 @@ pub(super) fn plan_dml(version: i32, raw: &protobuf::RawStmt, catalog: &Catalog)
     if tables.is_empty() {
         return None;
     }
-    let template = ShardTemplate::new(version, raw.clone(), tables.clone());
+    let template = ShardTemplate::for_query(version, raw.clone(), tables.clone());
     Some(match node {
         NodeEnum::InsertStmt(insert) => plan_insert(insert, node, template, catalog),
         NodeEnum::SelectStmt(s) => {
