@@ -224,7 +224,6 @@ fn values(keys: impl IntoIterator<Item = i32>, row: impl Fn(i32) -> String) -> S
 // ---------------------------------------------------------------------------
 
 #[tokio::test]
-#[ignore = "bug: DDL sent to shards carries an alias on the table (`CREATE INDEX … ON public.items_102008 items …`), a syntax error on the worker (planner/rewrite.rs point_at_shard)"]
 async fn create_index_reaches_every_shard() {
     let f = Fixture::start().await;
     let coordinator_db = f.cluster.connect_coordinator_db().await;
@@ -323,7 +322,6 @@ async fn unique_constraints_without_the_distribution_column_are_refused() {
 }
 
 #[tokio::test]
-#[ignore = "bug: DDL sent to shards carries an alias on the table (`ALTER TABLE public.accounts_102008 accounts …`), a syntax error on the worker (planner/rewrite.rs point_at_shard)"]
 async fn unique_constraints_with_the_distribution_column_are_enforced() {
     let f = Fixture::start().await;
     let coordinator_db = f.cluster.connect_coordinator_db().await;
@@ -382,7 +380,6 @@ async fn add_column_with_inline_unique_constraint_is_refused() {
 // ---------------------------------------------------------------------------
 
 #[tokio::test]
-#[ignore = "bug: DDL sent to shards carries an alias on the table (`ALTER TABLE public.events_102008 events …`), a syntax error on the worker (planner/rewrite.rs point_at_shard)"]
 async fn add_and_drop_column_and_check_constraint_reach_every_shard() {
     let f = Fixture::start().await;
     let coordinator_db = f.cluster.connect_coordinator_db().await;
@@ -515,7 +512,6 @@ async fn distribution_column_cannot_be_dropped_or_retyped() {
 // ---------------------------------------------------------------------------
 
 #[tokio::test]
-#[ignore = "bug: DDL sent to shards carries an alias on the table (`ALTER TABLE public.t_102008 t …`), a syntax error on the worker (planner/rewrite.rs point_at_shard)"]
 async fn ddl_is_atomic_across_shards() {
     let f = Fixture::start().await;
     let coordinator_db = f.cluster.connect_coordinator_db().await;
@@ -777,7 +773,6 @@ impl WorkerDown {
 }
 
 #[tokio::test]
-#[ignore = "bug: DDL sent to shards carries an alias on the table (`ALTER TABLE public.t_102008 t …`), a syntax error on the worker (planner/rewrite.rs point_at_shard)"]
 async fn alter_table_with_a_worker_down_is_atomic() {
     let mut w = WorkerDown::start().await;
     w.must_fail("ALTER TABLE t ADD COLUMN c int").await;
