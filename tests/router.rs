@@ -90,7 +90,7 @@ async fn multi_row_insert_splits_by_shard() {
     assert_eq!(text_rows(&c, "SELECT note FROM events WHERE id = 4").await, vec![row(&["d"])]);
     // A missing or NULL distribution value is refused, naming the problem.
     let err = c.simple_query("INSERT INTO accounts (owner) VALUES ('nobody')").await.unwrap_err();
-    assert_eq!(sqlstate(&err), "0A000");
+    assert_eq!(sqlstate(&err), "23502");
     assert!(error_text(&err).contains("partition column"), "{err}");
     let err = c.simple_query("INSERT INTO accounts (id, owner) VALUES (NULL, 'nobody')").await.unwrap_err();
     assert_eq!(sqlstate(&err), "23502");

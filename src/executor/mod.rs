@@ -2,11 +2,11 @@
 //! client. Result rows are passed on as the frames the worker sent, never
 //! decoded; only command tags are combined when a statement ran as several tasks.
 
-use crate::error::{PgError, PgResult};
+use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Catalog, Node};
 use crate::planner::{KeyValue, RouterPlan, ShardTarget};
 use crate::protocol::backend;
-use crate::protocol::frontend::{self, Bind};
+use crate::protocol::frontend::{self, Bind, Target};
 use crate::server::client::ClientConn;
 use crate::transaction::{Participants, WorkerConnection};
 use std::sync::Arc;
@@ -33,7 +33,7 @@ struct Task {
 /// Runs a router plan and writes its rows and CommandComplete to the client.
 pub async fn run_router(plan: &RouterPlan, parts: &mut Participants, catalog: &Catalog, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<()> {
     let defaults = evaluate_key_defaults(plan, parts).await?;
-    let tasks = plan_tasks(plan, parts, catalog, mode, defaults)?;
+    let tasks = plan_tasks(plan, parts, catalog, mode, defaults).await?;
     let implicit = tasks.len() > 1 && plan.is_write() && parts.begin_implicit();
     let result = run_tasks(plan, tasks, parts, mode, client).await;
     if implicit {
@@ -57,36 +57,90 @@ async fn evaluate_key_defaults(plan: &RouterPlan, parts: &mut Participants) -> P
         return Ok(Vec::new());
     };
     let rows = parts.local().await?.query(&format!("SELECT ({default_sql})::text FROM generate_series(1, {n})")).await?;
-    rows.into_iter()
-        .map(|r| r.into_iter().next().flatten().ok_or_else(|| PgError::new(crate::error::sqlstate::NOT_NULL_VIOLATION, "cannot perform an INSERT with NULL in the partition column")))
-        .collect()
+    rows.into_iter().map(|r| r.into_iter().next().flatten().ok_or_else(null_key)).collect()
+}
+
+fn null_key() -> PgError {
+    PgError::new(sqlstate::NOT_NULL_VIOLATION, "cannot perform an INSERT with NULL in the partition column")
 }
 
 fn node_of_group<'c>(catalog: &'c Catalog, group: i32) -> PgResult<&'c Node> {
     catalog.node_for_group(group).ok_or_else(|| PgError::internal(format!("no node for group {group} in the catalog")))
 }
 
-fn plan_tasks(plan: &RouterPlan, parts: &Participants, catalog: &Catalog, mode: &Mode<'_>, defaults: Vec<String>) -> PgResult<Vec<Task>> {
+/// A key value as the executor sees it: bytes, their type and format.
+struct KeyInput<'a> {
+    value: Option<&'a [u8]>,
+    type_oid: u32,
+    binary: bool,
+}
+
+fn key_input<'a>(key: &'a KeyValue, mode: &'a Mode<'_>) -> PgResult<KeyInput<'a>> {
+    match key {
+        KeyValue::Literal { text, type_oid, .. } => Ok(KeyInput { value: Some(text.as_bytes()), type_oid: *type_oid, binary: false }),
+        KeyValue::Param(index) => match mode {
+            Mode::Extended { bind, param_types, .. } => {
+                let value = bind.params.get(*index).ok_or_else(|| PgError::new(sqlstate::PROTOCOL_VIOLATION, format!("no value bound for parameter ${}", index + 1)))?;
+                Ok(KeyInput { value: value.as_deref(), type_oid: param_types.get(*index).copied().unwrap_or(0), binary: bind.param_format(*index) == 1 })
+            }
+            Mode::Simple => Err(PgError::new(sqlstate::PROTOCOL_VIOLATION, format!("there is no parameter ${}", index + 1))),
+        },
+        KeyValue::Default => Err(PgError::internal("column default reached key resolution unevaluated")),
+    }
+}
+
+/// The shard group of a key value: hashed here when that is exact, otherwise
+/// first coerced to the column type by the coordinator database (which also
+/// raises PostgreSQL's own error for a value the type rejects). None for NULL.
+async fn shard_of(plan: &RouterPlan, parts: &mut Participants, input: KeyInput<'_>) -> PgResult<Option<u32>> {
+    let Some(value) = input.value else { return Ok(None) };
+    if let Some(shard) = plan.local_shard(value, input.type_oid, input.binary) {
+        return Ok(Some(shard));
+    }
+    let sql = plan.coercion_sql().ok_or_else(|| PgError::internal("router plan without a key"))?;
+    const NAME: &str = "tessera_key";
+    let local = parts.local().await?;
+    let out = local.out();
+    frontend::close(out, Target::Statement, NAME);
+    frontend::parse(out, NAME, &sql, &[input.type_oid]);
+    frontend::bind(out, "", NAME, &[i16::from(input.binary)], &[Some(bytes::Bytes::copy_from_slice(value))], &[1]);
+    frontend::execute(out, "", 0);
+    frontend::close(out, Target::Statement, NAME);
+    frontend::sync(out);
+    let mut coerced = None;
+    let mut error = None;
+    loop {
+        let msg = local.recv().await?;
+        match msg.tag() {
+            b'D' => coerced = backend::decode_data_row(&msg)?.into_iter().next().flatten(),
+            b'E' => error = Some(local.server_error(&msg)),
+            b'Z' => break,
+            _ => {}
+        }
+    }
+    parts.observe_local_status();
+    if let Some(e) = error {
+        return Err(e);
+    }
+    coerced.map(|v| plan.shard_for_coerced(&v)).transpose()
+}
+
+async fn plan_tasks(plan: &RouterPlan, parts: &mut Participants, catalog: &Catalog, mode: &Mode<'_>, defaults: Vec<String>) -> PgResult<Vec<Task>> {
     let group_node = |index: u32| -> PgResult<Node> {
         let anchor = plan.anchor.as_ref().ok_or_else(|| PgError::internal("sharded plan without anchor table"))?;
         let shard = anchor.shards.get(index as usize).ok_or_else(|| PgError::internal(format!("shard index {index} missing")))?;
         let group = *shard.placements.first().ok_or_else(|| PgError::internal(format!("shard {} has no placement", shard.id)))?;
         Ok(node_of_group(catalog, group)?.clone())
     };
-    let param = |index: usize| -> PgResult<(Option<&[u8]>, bool)> {
-        match mode {
-            Mode::Extended { bind, .. } => {
-                let value = bind.params.get(index).ok_or_else(|| PgError::new(crate::error::sqlstate::PROTOCOL_VIOLATION, format!("no value bound for parameter ${}", index + 1)))?;
-                Ok((value.as_deref(), bind.param_format(index) == 1))
-            }
-            Mode::Simple => Err(PgError::new(crate::error::sqlstate::PROTOCOL_VIOLATION, format!("there is no parameter ${}", index + 1))),
-        }
-    };
     Ok(match &plan.target {
         ShardTarget::Shard(i) => vec![Task { node: group_node(*i)?, sql: plan.sql_for_shard(*i)? }],
-        ShardTarget::Param { index } => {
-            let (value, binary) = param(*index)?;
-            let i = plan.shard_for_param(value, binary)?;
+        ShardTarget::Key(key) => {
+            let i = match shard_of(plan, parts, key_input(key, mode)?).await? {
+                Some(i) => i,
+                None if plan.command == crate::planner::Command::Insert => return Err(null_key()),
+                // `dist_col = NULL` matches no row; any shard answers that correctly.
+                None => 0,
+            };
             vec![Task { node: group_node(i)?, sql: plan.sql_for_shard(i)? }]
         }
         ShardTarget::Reference => {
@@ -107,21 +161,16 @@ fn plan_tasks(plan: &RouterPlan, parts: &Participants, catalog: &Catalog, mode: 
             let mut filled: Vec<(usize, String)> = Vec::new();
             for (row, key) in keys.iter().enumerate() {
                 let shard = match key {
-                    KeyValue::Literal(text) => plan.shard_for_text(text)?,
                     KeyValue::Default => {
                         let value = defaults.next().ok_or_else(|| PgError::internal("missing default value for INSERT row"))?;
-                        let shard = plan.shard_for_text(&value)?;
+                        let input = KeyInput { value: Some(value.as_bytes()), type_oid: 0, binary: false };
+                        let shard = shard_of(plan, parts, input).await?;
                         filled.push((row, value));
                         shard
                     }
-                    KeyValue::Param(index) => {
-                        let (value, binary) = param(*index)?;
-                        if value.is_none() {
-                            return Err(PgError::new(crate::error::sqlstate::NOT_NULL_VIOLATION, "cannot perform an INSERT with NULL in the partition column"));
-                        }
-                        plan.shard_for_param(value, binary)?
-                    }
-                };
+                    other => shard_of(plan, parts, key_input(other, mode)?).await?,
+                }
+                .ok_or_else(null_key)?;
                 match by_shard.iter_mut().find(|(s, _)| *s == shard) {
                     Some((_, rows)) => rows.push(row),
                     None => by_shard.push((shard, vec![row])),

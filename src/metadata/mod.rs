@@ -41,9 +41,32 @@ pub struct Node {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Distribution {
     /// Rows are spread over the shards by the hash of one column.
-    Hash { column: String, column_index: usize, column_type: HashType },
+    Hash { column: String, column_index: usize, column_type: HashType, key: KeyType },
     /// One shard, copied to every node.
     Reference,
+}
+
+/// The distribution column's exact SQL type, and whether values must be coerced
+/// to it (by the coordinator database) before they can be hashed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyType {
+    /// As `format_type` prints it, type modifier included: `numeric(10,2)`.
+    pub sql: String,
+    /// The same without the type modifier: `numeric`. A value compared with the
+    /// column is converted to this; a value stored in it, to `sql`.
+    pub base_sql: String,
+    pub oid: u32,
+    pub coercion: Coercion,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Coercion {
+    /// Values hash as given.
+    None,
+    /// varchar(n): a value with trailing spaces may be cut to n characters.
+    TrailingSpaces,
+    /// numeric(p,s), timestamp(p), …: storing a value may round it.
+    Always,
 }
 
 #[derive(Clone, Debug)]
@@ -191,7 +214,10 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
                     (SELECT json_agg(a.attname ORDER BY a.attnum)
                        FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),
                     (SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
-                       WHERE d.adrelid = c.oid AND a.attname = p.partkey)
+                       WHERE d.adrelid = c.oid AND a.attname = p.partkey),
+                    (SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = p.partkey),
+                    (SELECT a.atttypmod FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = p.partkey),
+                    (SELECT format_type(a.atttypid, NULL) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = p.partkey)
              FROM tessera.pg_dist_partition p
              JOIN pg_class c ON c.oid = p.logicalrelid
              JOIN pg_namespace n ON n.oid = c.relnamespace",
@@ -204,8 +230,17 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
             let column = r[4].clone().unwrap_or_default();
             let column_index = columns.iter().position(|c| *c == column).unwrap_or(0);
             let type_oid: u32 = int(&r[6]);
+            let typmod: i32 = int(&r[10]);
             match HashType::from_type_oid(type_oid) {
-                Some(column_type) => Distribution::Hash { column, column_index, column_type },
+                Some(column_type) => {
+                    let coercion = match (typmod, column_type) {
+                        (-1, _) | (_, HashType::Bpchar) => Coercion::None,
+                        (_, HashType::Text) => Coercion::TrailingSpaces,
+                        _ => Coercion::Always,
+                    };
+                    let key = KeyType { sql: r[9].clone().unwrap_or_default(), base_sql: r[11].clone().unwrap_or_default(), oid: type_oid, coercion };
+                    Distribution::Hash { column, column_index, column_type, key }
+                }
                 None => continue,
             }
         } else {

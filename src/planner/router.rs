@@ -9,7 +9,7 @@ use super::rewrite::ShardTemplate;
 use super::{count_hash_references, not_supported, referenced_tables, resolve_range_var, Plan};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::hash::{self, HashType};
-use crate::metadata::{Catalog, Distribution, DistributedTable};
+use crate::metadata::{Catalog, Coercion, Distribution, DistributedTable, KeyType};
 use pg_query::protobuf::{self, a_const, AExprKind, BoolExprType, JoinType};
 use pg_query::NodeEnum;
 use std::fmt;
@@ -26,8 +26,10 @@ pub enum Command {
 /// The distribution-column value that picks the shard group.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KeyValue {
-    /// A literal, in PostgreSQL text form.
-    Literal(String),
+    /// A literal in PostgreSQL text form, with the type PostgreSQL gives such a
+    /// constant (0 for a quoted string, whose type the column decides);
+    /// `cast_to_key` when written as `literal::<key type>`.
+    Literal { text: String, type_oid: u32, cast_to_key: bool },
     /// Bind parameter (0-based).
     Param(usize),
     /// Left to the column default (e.g. a serial key): the coordinator evaluates it.
@@ -52,8 +54,9 @@ pub enum ShardTarget {
     Reference,
     /// One shard group, known at planning time.
     Shard(u32),
-    /// One shard group, known once parameter `index` is bound.
-    Param { index: usize },
+    /// One shard group, known once the key value (a parameter, or a literal the
+    /// coordinator database must first coerce to the column type) is resolved.
+    Key(KeyValue),
     /// A multi-row INSERT whose rows may go to different shard groups.
     InsertRows(Vec<KeyValue>),
 }
@@ -79,7 +82,8 @@ impl fmt::Display for RouterPlan {
         match &self.target {
             ShardTarget::Reference => write!(f, "reference"),
             ShardTarget::Shard(i) => write!(f, "shard {i}"),
-            ShardTarget::Param { index } => write!(f, "shard of ${}", index + 1),
+            ShardTarget::Key(KeyValue::Param(index)) => write!(f, "shard of ${}", index + 1),
+            ShardTarget::Key(k) => write!(f, "shard of {k:?}"),
             ShardTarget::InsertRows(rows) => write!(f, "{} rows", rows.len()),
         }
     }
@@ -134,27 +138,88 @@ impl RouterPlan {
         })
     }
 
-    /// The shard group for a key value given in text form.
-    pub fn shard_for_text(&self, text: &str) -> PgResult<u32> {
-        let ty = self.key_type.ok_or_else(|| PgError::internal("router plan without a key type"))?;
-        let h = hash::hash_text(ty, text).map_err(|e| key_error(&e.0))?;
+    /// The shard group of a key value, when it can be hashed exactly as given;
+    /// None when the coordinator database must convert it to the column type
+    /// first (another type, a form we cannot parse, or — for a value being
+    /// stored (`assignment`) — a type modifier that may round it).
+    pub fn local_shard(&self, value: &[u8], type_oid: u32, binary: bool) -> Option<u32> {
+        let (ty, key) = self.key()?;
+        local_key_shard(ty, key, self.shard_count(), value, type_oid, binary, self.command == Command::Insert)
+    }
+
+    /// The shard group of a value already converted to the column type, in binary form.
+    pub fn shard_for_coerced(&self, value: &[u8]) -> PgResult<u32> {
+        let (ty, _) = self.key().ok_or_else(|| PgError::internal("router plan without a key"))?;
+        let h = hash::hash_binary(ty, value).map_err(|e| key_error(&e.0))?;
         Ok(hash::shard_index(hash::row_hash(Some(h)), self.shard_count()))
     }
 
-    /// The shard group for a bound parameter (text or binary format).
-    pub fn shard_for_param(&self, value: Option<&[u8]>, binary: bool) -> PgResult<u32> {
-        let Some(value) = value else {
-            // `dist_col = NULL` matches no row; any shard answers that correctly.
-            return Ok(0);
-        };
-        if binary {
-            let ty = self.key_type.ok_or_else(|| PgError::internal("router plan without a key type"))?;
-            let h = hash::hash_binary(ty, value).map_err(|e| key_error(&e.0))?;
-            Ok(hash::shard_index(hash::row_hash(Some(h)), self.shard_count()))
-        } else {
-            let text = std::str::from_utf8(value).map_err(|_| key_error("parameter is not valid UTF-8"))?;
-            self.shard_for_text(text)
+    /// `SELECT $1::<type>`: converts a key value as storing it (INSERT, with the
+    /// column's type modifier) or comparing it with the column would.
+    pub fn coercion_sql(&self) -> Option<String> {
+        let (_, key) = self.key()?;
+        let target = if self.command == Command::Insert { &key.sql } else { &key.base_sql };
+        Some(format!("SELECT $1::{target}"))
+    }
+
+    fn key(&self) -> Option<(HashType, &KeyType)> {
+        match &self.anchor.as_ref()?.distribution {
+            Distribution::Hash { column_type, key, .. } => Some((*column_type, key)),
+            Distribution::Reference => None,
         }
+    }
+}
+
+/// Hashes a key value locally when that is exactly what PostgreSQL would do.
+fn local_key_shard(ty: HashType, key: &KeyType, shards: u32, value: &[u8], type_oid: u32, binary: bool, assignment: bool) -> Option<u32> {
+    if assignment && key.coercion == Coercion::Always {
+        return None;
+    }
+    let h = if binary {
+        let same_type = type_oid == key.oid || (is_text_oid(type_oid) && is_text_oid(key.oid));
+        if same_type {
+            hash::hash_binary(ty, value).ok()?
+        } else {
+            hash::hash_binary(ty, &widen_integer(value, type_oid, ty)?).ok()?
+        }
+    } else {
+        let text = std::str::from_utf8(value).ok()?;
+        if assignment && key.coercion == Coercion::TrailingSpaces && text.ends_with(' ') {
+            return None;
+        }
+        // A typed value of another family (a bpchar parameter for a text key
+        // drops trailing spaces, say) converts before comparing; leave that to
+        // the server. Integer and numeric text forms are the same across types.
+        let compatible = type_oid == 0 || type_oid == key.oid || (is_text_oid(type_oid) && is_text_oid(key.oid)) || (is_number_oid(type_oid) && is_number_oid(key.oid));
+        if !compatible {
+            return None;
+        }
+        hash::hash_text(ty, text).ok()?
+    };
+    Some(hash::shard_index(hash::row_hash(Some(h)), shards))
+}
+
+fn is_text_oid(oid: u32) -> bool {
+    matches!(oid, 25 | 1043)
+}
+
+fn is_number_oid(oid: u32) -> bool {
+    matches!(oid, 20 | 21 | 23 | 1700)
+}
+
+/// A binary integer of one width re-encoded for an integer key of another.
+fn widen_integer(value: &[u8], type_oid: u32, ty: HashType) -> Option<Vec<u8>> {
+    let n: i64 = match (type_oid, value.len()) {
+        (21, 2) => i16::from_be_bytes(value.try_into().ok()?) as i64,
+        (23, 4) => i32::from_be_bytes(value.try_into().ok()?) as i64,
+        (20, 8) => i64::from_be_bytes(value.try_into().ok()?),
+        _ => return None,
+    };
+    match ty {
+        HashType::Int2 => i16::try_from(n).ok().map(|v| v.to_be_bytes().to_vec()),
+        HashType::Int4 => i32::try_from(n).ok().map(|v| v.to_be_bytes().to_vec()),
+        HashType::Int8 => Some(n.to_be_bytes().to_vec()),
+        _ => None,
     }
 }
 
@@ -176,6 +241,9 @@ pub(super) fn plan_dml(version: i32, raw: &protobuf::RawStmt, catalog: &Catalog)
     if tables.is_empty() {
         return None;
     }
+    if let Some(local) = first_local_table(node, catalog) {
+        return Some(not_supported(format!("queries that combine distributed tables with the local table \"{local}\" are not supported yet")));
+    }
     let template = ShardTemplate::for_query(version, raw.clone(), tables.clone());
     Some(match node {
         NodeEnum::InsertStmt(insert) => plan_insert(insert, node, template, catalog),
@@ -187,11 +255,11 @@ pub(super) fn plan_dml(version: i32, raw: &protobuf::RawStmt, catalog: &Catalog)
             }
             let mut scope = Vec::new();
             let mut conjuncts = Vec::new();
-            collect_from(&s.from_clause, catalog, &mut scope, &mut conjuncts);
+            let replicated_preserved = collect_from(&s.from_clause, catalog, &mut scope, &mut conjuncts);
             if let Some(w) = s.where_clause.as_deref() {
                 flatten_and(w, &mut conjuncts, true);
             }
-            plan_pinned(Command::Select, node, scope, &conjuncts, template, catalog)
+            plan_pinned(Command::Select, node, scope, &conjuncts, template, catalog, replicated_preserved)
         }
         NodeEnum::UpdateStmt(u) => {
             let Some(rel) = u.relation.as_ref() else { return None };
@@ -205,23 +273,42 @@ pub(super) fn plan_dml(version: i32, raw: &protobuf::RawStmt, catalog: &Catalog)
             }
             let mut scope = vec![scope_entry(rel, catalog)];
             let mut conjuncts = Vec::new();
-            collect_from(&u.from_clause, catalog, &mut scope, &mut conjuncts);
+            let replicated_preserved = collect_from(&u.from_clause, catalog, &mut scope, &mut conjuncts);
             if let Some(w) = u.where_clause.as_deref() {
                 flatten_and(w, &mut conjuncts, true);
             }
-            plan_pinned(Command::Update, node, scope, &conjuncts, template, catalog)
+            plan_pinned(Command::Update, node, scope, &conjuncts, template, catalog, replicated_preserved)
         }
         NodeEnum::DeleteStmt(d) => {
             let Some(rel) = d.relation.as_ref() else { return None };
             let mut scope = vec![scope_entry(rel, catalog)];
             let mut conjuncts = Vec::new();
-            collect_from(&d.using_clause, catalog, &mut scope, &mut conjuncts);
+            let replicated_preserved = collect_from(&d.using_clause, catalog, &mut scope, &mut conjuncts);
             if let Some(w) = d.where_clause.as_deref() {
                 flatten_and(w, &mut conjuncts, true);
             }
-            plan_pinned(Command::Delete, node, scope, &conjuncts, template, catalog)
+            plan_pinned(Command::Delete, node, scope, &conjuncts, template, catalog, replicated_preserved)
         }
         _ => return None,
+    })
+}
+
+/// A table the statement names that is neither distributed nor a reference
+/// table (nor one of its CTEs): the workers do not have it.
+fn first_local_table(node: &NodeEnum, catalog: &Catalog) -> Option<String> {
+    let nodes = node.nodes();
+    let ctes: Vec<&str> = nodes
+        .iter()
+        .filter_map(|(n, _, _)| match n {
+            pg_query::NodeRef::CommonTableExpr(c) => Some(c.ctename.as_str()),
+            _ => None,
+        })
+        .collect();
+    nodes.iter().find_map(|(n, _, _)| match n {
+        pg_query::NodeRef::RangeVar(rv) if resolve_range_var(rv, catalog).is_none() && !(rv.schemaname.is_empty() && ctes.contains(&rv.relname.as_str())) => {
+            Some(rv.relname.clone())
+        }
+        _ => None,
     })
 }
 
@@ -255,37 +342,54 @@ fn scope_entry(rv: &protobuf::RangeVar, catalog: &Catalog) -> ScopeEntry {
     ScopeEntry { name, table: resolve_range_var(rv, catalog).cloned() }
 }
 
-/// Walks a FROM list: tables enter the scope, join conditions become conjuncts
-/// (only their equalities between columns are used: a constant inside an outer
-/// join's ON clause does not restrict the preserved side).
-fn collect_from<'a>(items: &'a [protobuf::Node], catalog: &Catalog, scope: &mut Vec<ScopeEntry>, conjuncts: &mut Vec<Conjunct<'a>>) {
+/// Walks a FROM list: tables enter the scope, and join conditions become
+/// conjuncts — used only for their equalities between columns: a constant in an
+/// ON clause does not restrict an outer join's preserved side, nor a join nested
+/// inside one. Returns whether an outer join preserves rows of something other
+/// than a distributed table (a reference table, a subquery): run per shard, such
+/// rows would come back once per shard.
+fn collect_from<'a>(items: &'a [protobuf::Node], catalog: &Catalog, scope: &mut Vec<ScopeEntry>, conjuncts: &mut Vec<Conjunct<'a>>) -> bool {
+    let mut replicated_preserved = false;
     for item in items {
         match item.node.as_ref() {
             Some(NodeEnum::RangeVar(rv)) => scope.push(scope_entry(rv, catalog)),
             Some(NodeEnum::JoinExpr(j)) => {
-                let both = [j.larg.as_deref(), j.rarg.as_deref()];
-                for side in both.into_iter().flatten() {
-                    collect_from(std::slice::from_ref(side), catalog, scope, conjuncts);
+                let mut replicated = [false; 2];
+                for (side, arg) in [j.larg.as_deref(), j.rarg.as_deref()].into_iter().enumerate() {
+                    let Some(arg) = arg else { continue };
+                    let before = scope.len();
+                    replicated_preserved |= collect_from(std::slice::from_ref(arg), catalog, scope, conjuncts);
+                    replicated[side] = scope[before..].iter().any(|e| e.table.as_ref().is_none_or(|t| t.is_reference()));
                 }
-                let inner = j.jointype == JoinType::JoinInner as i32;
+                replicated_preserved |= match JoinType::from_i32(j.jointype) {
+                    Some(JoinType::JoinLeft) => replicated[0],
+                    Some(JoinType::JoinRight) => replicated[1],
+                    Some(JoinType::JoinFull) => replicated[0] || replicated[1],
+                    _ => false,
+                };
                 if let Some(q) = j.quals.as_deref() {
-                    flatten_and(q, conjuncts, inner);
+                    flatten_and(q, conjuncts, false);
                 }
             }
             Some(NodeEnum::RangeSubselect(sub)) => {
                 let name = sub.alias.as_ref().map(|a| a.aliasname.clone()).unwrap_or_default();
                 scope.push(ScopeEntry { name, table: None });
             }
+            Some(NodeEnum::RangeFunction(f)) => {
+                let name = f.alias.as_ref().map(|a| a.aliasname.clone()).unwrap_or_default();
+                scope.push(ScopeEntry { name, table: None });
+            }
             _ => {}
         }
     }
+    replicated_preserved
 }
 
 /// An equality found among the top-level ANDed conditions.
 struct Conjunct<'a> {
     left: &'a protobuf::Node,
     right: &'a protobuf::Node,
-    /// False for conditions of outer joins, whose constants must not pin a table.
+    /// False for join conditions, whose constants must not pin a table.
     may_pin_constant: bool,
 }
 
@@ -334,25 +438,91 @@ fn dist_column_owner(node: &protobuf::Node, scope: &[ScopeEntry]) -> Option<usiz
     }
 }
 
-/// A constant or parameter usable as a shard key: `5`, `'abc'`, `'x'::type`, `$1`.
-fn key_value(node: &protobuf::Node) -> Option<Result<KeyValue, PgError>> {
+/// A constant or parameter usable as a shard key: `5`, `'abc'`, `$1`, `$1::int`,
+/// or a literal cast to the key's own type (`'2024-01-01'::date`). Other casts
+/// may change the value (`1.25::numeric(3,1)` is 1.3), so they pin nothing.
+fn key_value(node: &protobuf::Node, key: &KeyType) -> Option<Result<KeyValue, PgError>> {
     match node.node.as_ref()? {
         NodeEnum::ParamRef(p) => Some(Ok(KeyValue::Param((p.number - 1).max(0) as usize))),
-        NodeEnum::TypeCast(c) => key_value(c.arg.as_deref()?),
+        NodeEnum::TypeCast(c) => {
+            let type_name = c.type_name.as_ref()?;
+            if !type_name.typmods.is_empty() || !type_name.array_bounds.is_empty() {
+                return None;
+            }
+            match c.arg.as_deref()?.node.as_ref()? {
+                NodeEnum::ParamRef(p) => Some(Ok(KeyValue::Param((p.number - 1).max(0) as usize))),
+                NodeEnum::AConst(_) if names_key_type(type_name, key) => match key_value(c.arg.as_deref()?, key)? {
+                    Ok(KeyValue::Literal { text, type_oid, .. }) => Some(Ok(KeyValue::Literal { text, type_oid, cast_to_key: true })),
+                    other => Some(other),
+                },
+                _ => None,
+            }
+        }
         NodeEnum::AConst(c) => {
             if c.isnull {
                 return Some(Err(PgError::new(sqlstate::NOT_NULL_VIOLATION, "cannot perform an INSERT with NULL in the partition column")));
             }
-            let text = match c.val.as_ref()? {
-                a_const::Val::Ival(i) => i.ival.to_string(),
-                a_const::Val::Fval(f) => f.fval.clone(),
-                a_const::Val::Sval(s) => s.sval.clone(),
-                a_const::Val::Boolval(b) => b.boolval.to_string(),
+            let (text, type_oid) = match c.val.as_ref()? {
+                a_const::Val::Ival(i) => (i.ival.to_string(), 23),
+                a_const::Val::Fval(f) => (f.fval.clone(), 1700),
+                a_const::Val::Sval(s) => (s.sval.clone(), 0),
+                a_const::Val::Boolval(b) => (b.boolval.to_string(), 16),
                 a_const::Val::Bsval(_) => return None,
             };
-            Some(Ok(KeyValue::Literal(text)))
+            Some(Ok(KeyValue::Literal { text, type_oid, cast_to_key: false }))
         }
         _ => None,
+    }
+}
+
+/// Whether a cast's type is the key column's own type.
+fn names_key_type(type_name: &protobuf::TypeName, key: &KeyType) -> bool {
+    let Some(NodeEnum::String(last)) = type_name.names.last().and_then(|n| n.node.as_ref()) else { return false };
+    let internal = match key.oid {
+        21 => "int2",
+        23 => "int4",
+        20 => "int8",
+        25 => "text",
+        1043 => "varchar",
+        1042 => "bpchar",
+        2950 => "uuid",
+        1700 => "numeric",
+        1082 => "date",
+        1114 => "timestamp",
+        1184 => "timestamptz",
+        16 => "bool",
+        17 => "bytea",
+        26 => "oid",
+        18 => "char",
+        _ => return false,
+    };
+    last.sval == internal
+}
+
+/// Where an INSERT row goes: a shard now, or one resolved at execution.
+fn insert_target(key_value: &KeyValue, ty: HashType, key: &KeyType, shards: u32) -> ShardTarget {
+    match key_value {
+        KeyValue::Literal { text, type_oid, .. } => match local_key_shard(ty, key, shards, text.as_bytes(), *type_oid, false, true) {
+            Some(shard) => ShardTarget::Shard(shard),
+            None => ShardTarget::Key(key_value.clone()),
+        },
+        other => ShardTarget::Key(other.clone()),
+    }
+}
+
+/// What `dist_col = value` in a WHERE clause pins. A typed literal of another
+/// type that we cannot hash pins nothing: PostgreSQL compares it in its own type
+/// (`int_col = 5.5`, `int_col = 3000000000`), so no conversion to the column
+/// type is sure to keep its meaning. A quoted literal or an explicit cast to the
+/// key type does convert, and the coordinator database can do that.
+fn pin_target(key_value: &KeyValue, ty: HashType, key: &KeyType, shards: u32) -> Option<ShardTarget> {
+    match key_value {
+        KeyValue::Literal { text, type_oid, cast_to_key } => match local_key_shard(ty, key, shards, text.as_bytes(), *type_oid, false, false) {
+            Some(shard) => Some(ShardTarget::Shard(shard)),
+            None if *type_oid == 0 || *cast_to_key => Some(ShardTarget::Key(key_value.clone())),
+            None => None,
+        },
+        other => Some(ShardTarget::Key(other.clone())),
     }
 }
 
@@ -366,7 +536,7 @@ fn find(parent: &mut [usize], i: usize) -> usize {
     root
 }
 
-fn plan_pinned(command: Command, node: &NodeEnum, scope: Vec<ScopeEntry>, conjuncts: &[Conjunct], template: ShardTemplate, catalog: &Catalog) -> Plan {
+fn plan_pinned(command: Command, node: &NodeEnum, scope: Vec<ScopeEntry>, conjuncts: &[Conjunct], template: ShardTemplate, catalog: &Catalog, replicated_preserved: bool) -> Plan {
     let hash_entries: Vec<usize> = scope.iter().enumerate().filter(|(_, e)| e.table.as_ref().is_some_and(|t| !t.is_reference())).map(|(i, _)| i).collect();
     if hash_entries.is_empty() {
         if count_hash_references(node, catalog) > 0 {
@@ -382,7 +552,7 @@ fn plan_pinned(command: Command, node: &NodeEnum, scope: Vec<ScopeEntry>, conjun
         return not_supported("joins between distributed tables that are not co-located are not supported yet");
     }
     let mut parent: Vec<usize> = (0..scope.len()).collect();
-    let mut pins: Vec<(usize, KeyValue)> = Vec::new();
+    let mut pins: Vec<(usize, ShardTarget)> = Vec::new();
     for c in conjuncts {
         let (l, r) = (dist_column_owner(c.left, &scope), dist_column_owner(c.right, &scope));
         match (l, r) {
@@ -392,8 +562,14 @@ fn plan_pinned(command: Command, node: &NodeEnum, scope: Vec<ScopeEntry>, conjun
             }
             (Some(owner), None) | (None, Some(owner)) if c.may_pin_constant => {
                 let other = if l.is_some() { c.right } else { c.left };
-                match key_value(other) {
-                    Some(Ok(v)) => pins.push((owner, v)),
+                let Some(Distribution::Hash { key, column_type, .. }) = scope[owner].table.as_ref().map(|t| &t.distribution) else { continue };
+                let shards = scope[owner].table.as_ref().map(|t| t.shard_count()).unwrap_or(1);
+                match key_value(other, key) {
+                    Some(Ok(v)) => {
+                        if let Some(target) = pin_target(&v, *column_type, key, shards) {
+                            pins.push((owner, target));
+                        }
+                    }
                     Some(Err(_)) => return router_for_null_key(command, anchor, template),
                     None => {}
                 }
@@ -403,11 +579,6 @@ fn plan_pinned(command: Command, node: &NodeEnum, scope: Vec<ScopeEntry>, conjun
     }
     // Every distributed table must be pinned, through its own group's key.
     let mut target: Option<ShardTarget> = None;
-    let shards = anchor.shard_count();
-    let key_type = match &anchor.distribution {
-        Distribution::Hash { column_type, .. } => *column_type,
-        Distribution::Reference => unreachable!(),
-    };
     let mut groups_done: Vec<usize> = Vec::new();
     for &i in &hash_entries {
         let root = find(&mut parent, i);
@@ -420,6 +591,9 @@ fn plan_pinned(command: Command, node: &NodeEnum, scope: Vec<ScopeEntry>, conjun
             None => {
                 let one_group = hash_entries.iter().all(|&j| find(&mut parent, j) == root);
                 return match node {
+                    NodeEnum::SelectStmt(_) if replicated_preserved => {
+                        not_supported("outer joins that keep rows of reference tables or subqueries across shards are not supported yet")
+                    }
                     NodeEnum::SelectStmt(select) if one_group => super::multi_shard::plan_select(select, anchor, template, catalog),
                     NodeEnum::SelectStmt(_) => not_supported("joins between distributed tables that are not on their distribution columns are not supported yet"),
                     _ => not_supported(format!(
@@ -428,12 +602,7 @@ fn plan_pinned(command: Command, node: &NodeEnum, scope: Vec<ScopeEntry>, conjun
                     )),
                 };
             }
-            Some((_, KeyValue::Param(n))) => ShardTarget::Param { index: *n },
-            Some((_, KeyValue::Default)) => unreachable!("a WHERE clause never pins a key to a column default"),
-            Some((_, KeyValue::Literal(text))) => match hash::hash_text(key_type, text) {
-                Ok(h) => ShardTarget::Shard(hash::shard_index(hash::row_hash(Some(h)), shards)),
-                Err(e) => return not_supported(format!("could not compute the shard for the value '{text}': {}", e.0)),
-            },
+            Some((_, target)) => target.clone(),
         };
         match &target {
             None => target = Some(this),
@@ -472,7 +641,7 @@ fn plan_insert(insert: &protobuf::InsertStmt, node: &NodeEnum, template: ShardTe
     if other_hash_refs > 0 {
         return not_supported("INSERT that reads other distributed tables is not supported yet");
     }
-    let Distribution::Hash { column, column_type, .. } = &table.distribution else {
+    let Distribution::Hash { column, column_type, key, .. } = &table.distribution else {
         return router(Command::Insert, ShardTarget::Reference, None, template);
     };
     if let Some(conflict) = &insert.on_conflict_clause {
@@ -486,7 +655,8 @@ fn plan_insert(insert: &protobuf::InsertStmt, node: &NodeEnum, template: ShardTe
     } else {
         insert.cols.iter().position(|n| matches!(n.node.as_ref(), Some(NodeEnum::ResTarget(r)) if r.name == *column))
     };
-    let no_key = || Plan::Unsupported(PgError::not_supported("cannot perform an INSERT without a partition column value"));
+    // The row would have a NULL key.
+    let no_key = || Plan::Unsupported(PgError::new(sqlstate::NOT_NULL_VIOLATION, "cannot perform an INSERT without a partition column value"));
     if rows.is_empty() {
         return no_key();
     }
@@ -509,29 +679,18 @@ fn plan_insert(insert: &protobuf::InsertStmt, node: &NodeEnum, template: ShardTe
             keys.push(KeyValue::Default);
             continue;
         }
-        match key_value(value.unwrap()) {
+        match value.and_then(|v| key_value(v, key)) {
             Some(Ok(k)) => keys.push(k),
             Some(Err(e)) => return Plan::Unsupported(e),
             None => return not_supported("the distribution column value of an INSERT must be a constant or a parameter"),
         }
     }
     let shards = table.shard_count();
-    let mut literal_shards = Vec::new();
-    for k in &keys {
-        match k {
-            KeyValue::Literal(text) => match hash::hash_text(*column_type, text) {
-                Ok(h) => literal_shards.push(hash::shard_index(hash::row_hash(Some(h)), shards)),
-                Err(e) => return not_supported(format!("could not compute the shard for the value '{text}': {}", e.0)),
-            },
-            KeyValue::Param(_) | KeyValue::Default => {}
-        }
-    }
-    let target = if literal_shards.len() == keys.len() && literal_shards.iter().all(|s| *s == literal_shards[0]) {
-        ShardTarget::Shard(literal_shards[0])
-    } else if let [KeyValue::Param(index)] = keys.as_slice() {
-        ShardTarget::Param { index: *index }
-    } else {
-        ShardTarget::InsertRows(keys)
+    let targets: Vec<ShardTarget> = keys.iter().map(|k| insert_target(k, *column_type, key, shards)).collect();
+    let target = match targets.as_slice() {
+        [ShardTarget::Shard(first), rest @ ..] if rest.iter().all(|t| *t == ShardTarget::Shard(*first)) => ShardTarget::Shard(*first),
+        [single @ ShardTarget::Key(KeyValue::Param(_) | KeyValue::Literal { .. })] => single.clone(),
+        _ => ShardTarget::InsertRows(keys),
     };
     router_with_key(Command::Insert, target, Some(table), template, Some(insert_key))
 }

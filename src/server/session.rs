@@ -290,7 +290,14 @@ impl Session {
         let catalog = self.catalog();
         match plan {
             Plan::Empty | Plan::Local => unreachable!("pass-through statements are forwarded"),
-            Plan::Unsupported(e) => return Err(e.clone().into()),
+            Plan::Unsupported(e) => {
+                // PostgreSQL's own complaint (an unknown column, say) is the more
+                // useful one; the coordinator database checks against the shells.
+                if extended.is_none() {
+                    self.describe_shape(sql, &[]).await?;
+                }
+                return Err(e.clone().into());
+            }
             Plan::Transaction(command) => {
                 let tag = self.transaction_command(command).await?;
                 backend::command_complete(self.client.out(), tag);

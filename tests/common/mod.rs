@@ -29,11 +29,23 @@ pub struct TestCluster {
 
 impl TestCluster {
     pub fn start(workers: usize) -> TestCluster {
-        let dir = temp_dir("tessera-test-");
-        let data = dir.path().join("cluster");
-        let port = free_port().unwrap();
-        let cluster = cluster::up(&data, port, workers, &tessera_bin()).expect("tessera up");
-        TestCluster { cluster, port, _dir: dir }
+        // A free port can be taken by a concurrently starting server before we
+        // bind it; try again with fresh ports rather than fail the test.
+        let mut last_error = None;
+        for _ in 0..3 {
+            let dir = temp_dir("tessera-test-");
+            let data = dir.path().join("cluster");
+            let port = free_port().unwrap();
+            match cluster::up(&data, port, workers, &tessera_bin()) {
+                Ok(cluster) => return TestCluster { cluster, port, _dir: dir },
+                Err(e) => {
+                    eprintln!("tessera up failed, retrying: {e:#}");
+                    let _ = cluster::down(&data);
+                    last_error = Some(e);
+                }
+            }
+        }
+        panic!("tessera up: {:#}", last_error.unwrap());
     }
 
     pub fn data_dir(&self) -> &Path {
