@@ -26,16 +26,16 @@ pub enum Mode<'a> {
 
 /// One statement for one node.
 struct Task {
-    node: Node,
+    group: i32,
     sql: Arc<str>,
 }
 
 /// Runs a router plan and writes its rows and CommandComplete to the client.
 pub async fn run_router(plan: &RouterPlan, parts: &mut Participants, catalog: &Catalog, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<()> {
     let defaults = evaluate_key_defaults(plan, parts).await?;
-    let tasks = plan_tasks(plan, parts, catalog, mode, defaults).await?;
+    let tasks = plan_tasks(plan, parts, mode, defaults).await?;
     let implicit = tasks.len() > 1 && plan.is_write() && parts.begin_implicit();
-    let result = run_tasks(plan, tasks, parts, mode, client).await;
+    let result = run_tasks(plan, tasks, parts, catalog, mode, client).await;
     if implicit {
         if result.is_ok() {
             parts.commit().await?;
@@ -125,15 +125,14 @@ async fn shard_of(plan: &RouterPlan, parts: &mut Participants, input: KeyInput<'
     coerced.map(|v| plan.shard_for_coerced(&v)).transpose()
 }
 
-async fn plan_tasks(plan: &RouterPlan, parts: &mut Participants, catalog: &Catalog, mode: &Mode<'_>, defaults: Vec<String>) -> PgResult<Vec<Task>> {
-    let group_node = |index: u32| -> PgResult<Node> {
+async fn plan_tasks(plan: &RouterPlan, parts: &mut Participants, mode: &Mode<'_>, defaults: Vec<String>) -> PgResult<Vec<Task>> {
+    let group_node = |index: u32| -> PgResult<i32> {
         let anchor = plan.anchor.as_ref().ok_or_else(|| PgError::internal("sharded plan without anchor table"))?;
         let shard = anchor.shards.get(index as usize).ok_or_else(|| PgError::internal(format!("shard index {index} missing")))?;
-        let group = *shard.placements.first().ok_or_else(|| PgError::internal(format!("shard {} has no placement", shard.id)))?;
-        Ok(node_of_group(catalog, group)?.clone())
+        shard.placements.first().copied().ok_or_else(|| PgError::internal(format!("shard {} has no placement", shard.id)))
     };
     Ok(match &plan.target {
-        ShardTarget::Shard(i) => vec![Task { node: group_node(*i)?, sql: plan.sql_for_shard(*i)? }],
+        ShardTarget::Shard(i) => vec![Task { group: group_node(*i)?, sql: plan.sql_for_shard(*i)? }],
         ShardTarget::Key(key) => {
             let i = match shard_of(plan, parts, key_input(key, mode)?).await? {
                 Some(i) => i,
@@ -141,18 +140,18 @@ async fn plan_tasks(plan: &RouterPlan, parts: &mut Participants, catalog: &Catal
                 // `dist_col = NULL` matches no row; any shard answers that correctly.
                 None => 0,
             };
-            vec![Task { node: group_node(i)?, sql: plan.sql_for_shard(i)? }]
+            vec![Task { group: group_node(i)?, sql: plan.sql_for_shard(i)? }]
         }
         ShardTarget::Reference => {
             let sql = plan.sql_for_shard(0)?;
             let table = plan.template.tables().iter().find(|t| t.is_reference()).ok_or_else(|| PgError::internal("reference plan without a reference table"))?;
             let groups = &table.shards.first().ok_or_else(|| PgError::internal("reference table without shard"))?.placements;
             if plan.is_write() {
-                groups.iter().map(|g| Ok(Task { node: node_of_group(catalog, *g)?.clone(), sql: sql.clone() })).collect::<PgResult<_>>()?
+                groups.iter().map(|g| Task { group: *g, sql: sql.clone() }).collect()
             } else {
                 // Prefer a node this transaction already uses, so it sees its own writes.
                 let g = groups.iter().find(|g| parts.has_worker_in_block(**g)).or(groups.first()).ok_or_else(|| PgError::internal("reference table without placement"))?;
-                vec![Task { node: node_of_group(catalog, *g)?.clone(), sql }]
+                vec![Task { group: *g, sql }]
             }
         }
         ShardTarget::InsertRows(keys) => {
@@ -177,10 +176,10 @@ async fn plan_tasks(plan: &RouterPlan, parts: &mut Participants, catalog: &Catal
                 }
             }
             match by_shard.as_slice() {
-                [(shard, _)] if filled.is_empty() => vec![Task { node: group_node(*shard)?, sql: plan.sql_for_shard(*shard)? }],
+                [(shard, _)] if filled.is_empty() => vec![Task { group: group_node(*shard)?, sql: plan.sql_for_shard(*shard)? }],
                 _ => by_shard
                     .into_iter()
-                    .map(|(shard, rows)| Ok(Task { node: group_node(shard)?, sql: Arc::from(plan.insert_rows_sql(shard, &rows, &filled)?) }))
+                    .map(|(shard, rows)| Ok(Task { group: group_node(shard)?, sql: Arc::from(plan.insert_rows_sql(shard, &rows, &filled)?) }))
                     .collect::<PgResult<_>>()?,
             }
         }
@@ -188,14 +187,14 @@ async fn plan_tasks(plan: &RouterPlan, parts: &mut Participants, catalog: &Catal
 }
 
 /// Runs the tasks one after another and returns the combined command tag.
-async fn run_tasks(plan: &RouterPlan, tasks: Vec<Task>, parts: &mut Participants, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<String> {
+async fn run_tasks(plan: &RouterPlan, tasks: Vec<Task>, parts: &mut Participants, catalog: &Catalog, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<String> {
     // Writes to every placement of a reference table return the same rows from
     // each; the client sees them once.
     let replicated = matches!(plan.target, ShardTarget::Reference) && plan.is_write();
     let mut total: u64 = 0;
     let mut tag_prefix = String::new();
     for (i, task) in tasks.iter().enumerate() {
-        let worker = parts.worker(&task.node).await?;
+        let worker = parts.worker(node_of_group(catalog, task.group)?).await?;
         let relay_rows = !replicated || i == 0;
         let result = run_task(worker, &task.sql, mode, client, relay_rows, i == 0).await;
         if result.is_err() {

@@ -602,10 +602,12 @@ impl Session {
 
     async fn on_execute(&mut self, msg: &Message) -> anyhow::Result<()> {
         let (portal, _max_rows) = frontend::decode_execute(msg)?;
-        let Some(Portal::Distributed { statement, bind }) = self.portals.get(&portal) else {
+        if !matches!(self.portals.get(&portal), Some(Portal::Distributed { .. })) {
             return self.forward_local(msg).await;
-        };
-        let (statement, bind) = (statement.clone(), bind.clone());
+        }
+        // Taken out for the execution and put back after (a named portal can be
+        // executed again), which spares copying its parameters.
+        let Some(Portal::Distributed { statement, bind }) = self.portals.remove(&portal) else { unreachable!() };
         self.drain_local().await?;
         let stmt = &statement.plan.statements[0];
         let result = match self.check_not_failed(&stmt.plan) {
@@ -615,6 +617,7 @@ impl Session {
         if let Err(f) = result {
             self.extended_error(f);
         }
+        self.portals.insert(portal, Portal::Distributed { statement, bind });
         Ok(())
     }
 
