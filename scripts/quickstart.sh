@@ -16,8 +16,10 @@ psql=(psql -X -h 127.0.0.1 -p "$PORT" -U postgres -d postgres -v ON_ERROR_STOP=1
 "${psql[@]}" -q <<'SQL'
 DROP TABLE IF EXISTS quickstart_events;
 CREATE TABLE quickstart_events (tenant_id int, event_id bigint, payload text, PRIMARY KEY (tenant_id, event_id));
-SELECT create_distributed_table('quickstart_events', 'tenant_id');
+-- Rows already in the table move into the shards when it is distributed.
 INSERT INTO quickstart_events SELECT t, e, 'event ' || e FROM generate_series(1, 3) t, generate_series(1, 4) e;
+SELECT create_distributed_table('quickstart_events', 'tenant_id');
+INSERT INTO quickstart_events VALUES (4, 1, 'late'), (5, 1, 'later');
 SQL
 echo
 echo "-- shards per node:"
