@@ -95,13 +95,19 @@ impl PgError {
         };
         self.set(b'W', context)
     }
-    /// An error a server raised, demoted from FATAL: our client's session outlives
-    /// the worker connection that died.
-    pub fn as_statement_error(self) -> Self {
-        if self.is_fatal() {
-            self.set(b'S', "ERROR".into()).set(b'V', "ERROR".into())
-        } else {
-            self
+    /// An error the server at `node` raised, as our client must see it. A FATAL
+    /// ended only our connection to that node, not the client's session, so it
+    /// becomes a lost connection (08006) with the server's message as DETAIL:
+    /// relaying its own SQLSTATE (57P01 admin shutdown, …) would tell clients
+    /// and poolers that the coordinator itself is going away.
+    pub fn as_statement_error(self, node: &str) -> Self {
+        if !self.is_fatal() {
+            return self;
+        }
+        let lost = PgError::new(sqlstate::CONNECTION_FAILURE, format!("connection to node {node} was lost")).with_detail(self.message());
+        match self.field(b'W') {
+            Some(context) => lost.with_context(context),
+            None => lost,
         }
     }
     pub fn internal(message: impl fmt::Display) -> Self {

@@ -846,7 +846,6 @@ async fn truncate_and_drop_with_a_worker_down_are_atomic() {
 }
 
 #[tokio::test]
-#[ignore = "bug: a session's cached worker connection that died while idle (worker restart) fails the next statement (`connection to node … was lost` / `terminating connection due to administrator command`) instead of being replaced (transaction/mod.rs Participants::worker)"]
 async fn idle_session_survives_a_worker_restart() {
     let mut f = Fixture::start().await;
     let ps = f.distributed("t", "a int, b int", "a").await;
@@ -867,6 +866,36 @@ async fn idle_session_survives_a_worker_restart() {
     for p in &ps {
         assert_eq!(row_count(f.worker_for(p), &p.rel("t")).await, 0, "shard {} on worker {}", p.shard, p.worker + 1);
     }
+}
+
+#[tokio::test]
+async fn worker_lost_inside_a_block_is_a_lost_connection() {
+    let f = Fixture::start().await;
+    let ps = f.distributed("t", "a int, b int", "a").await;
+    exec(&f.client, &format!("INSERT INTO t VALUES {}", values(1..=12, |k| format!("{k}, {k}")))).await;
+    let second = ps.iter().find(|p| p.worker == 1).unwrap();
+    let key = count(&f.workers[1], &format!("SELECT min(a) FROM public.{}", second.rel("t"))).await;
+    let node = format!("127.0.0.1:{}", f.worker_port(1));
+
+    exec(&f.client, "BEGIN").await;
+    exec(&f.client, &format!("UPDATE t SET b = -1 WHERE a = {key}")).await;
+    // Worker 2 ends the backend holding the block's part there, as a shutdown
+    // would: it sends FATAL 57P01 and closes the connection.
+    let ended = count(&f.workers[1], "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000)) FROM pg_stat_activity WHERE state = 'idle in transaction'").await;
+    assert_eq!(ended, 1);
+
+    // The transaction is lost, and the error says so: the node's connection was
+    // lost (08006), not the coordinator shutting down (57P01).
+    let e = fails_with(&f.client, &format!("SELECT b FROM t WHERE a = {key}"), "08006").await;
+    assert_eq!(e.severity(), "ERROR");
+    assert_eq!(e.message(), format!("connection to node {node} was lost"));
+    assert!(e.detail().is_some_and(|d| d.contains("terminating connection due to administrator command")), "detail: {:?}", e.detail());
+    assert!(e.where_().is_some_and(|w| w.contains(&node)), "context: {:?}", e.where_());
+    exec(&f.client, "ROLLBACK").await;
+
+    // Nothing was written, and the session carries on with a new connection.
+    assert_eq!(value(&f.client, &format!("SELECT b FROM t WHERE a = {key}")).await, Some(key.to_string()));
+    assert_eq!(count(&f.client, "SELECT count(*) FROM t WHERE b < 0").await, 0);
 }
 
 // ---------------------------------------------------------------------------

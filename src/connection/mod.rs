@@ -43,6 +43,9 @@ pub struct PgConnection {
     backend_key: (i32, i32),
     tx_status: TxStatus,
     broken: bool,
+    /// The FATAL error a server sent before closing the connection, reported in
+    /// place of the bare EOF that follows it.
+    farewell: Option<PgError>,
     /// Statements queued with `queue_silent` whose responses are still to be skipped.
     silent: u32,
 }
@@ -66,6 +69,7 @@ impl PgConnection {
             backend_key: (0, 0),
             tx_status: TxStatus::Idle,
             broken: false,
+            farewell: None,
             silent: 0,
         };
         let mut params: Vec<(&str, &str)> = vec![("user", &login.user), ("database", &login.database)];
@@ -140,7 +144,23 @@ impl PgConnection {
 
     fn lost(&mut self, e: std::io::Error) -> PgError {
         self.broken = true;
-        PgError::new(sqlstate::CONNECTION_FAILURE, format!("connection to node {} was lost: {e}", self.label))
+        self.farewell
+            .take()
+            .unwrap_or_else(|| PgError::new(sqlstate::CONNECTION_FAILURE, format!("connection to node {} was lost: {e}", self.label)))
+    }
+
+    /// Whether the server closed this connection while it sat idle (nothing
+    /// sent, no response owed), e.g. because the node restarted. An idle server
+    /// only ever speaks to say goodbye (a FATAL ErrorResponse, then EOF), so EOF
+    /// or any byte at all means dead, and "would block" means alive. One
+    /// non-blocking read at most, none when the socket is not known readable.
+    pub fn is_dead_while_idle(&mut self) -> bool {
+        if !self.broken {
+            let mut byte = [0u8; 1];
+            let quiet = self.rbuf.is_empty() && matches!(self.stream.try_read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+            self.broken = !quiet;
+        }
+        self.broken
     }
 
     /// Queues a simple-protocol statement (such as the BEGIN that opens a worker's
@@ -173,8 +193,10 @@ impl PgConnection {
         self.flush().await?;
         loop {
             if let Some(msg) = take_message(&mut self.rbuf)? {
-                if msg.tag() == b'Z' {
-                    self.tx_status = backend::decode_ready_for_query(&msg);
+                match msg.tag() {
+                    b'Z' => self.tx_status = backend::decode_ready_for_query(&msg),
+                    b'E' => self.note_farewell(&msg),
+                    _ => {}
                 }
                 return Ok(msg);
             }
@@ -191,8 +213,23 @@ impl PgConnection {
     /// Turns a server's ErrorResponse into our error, saying which node raised it.
     pub fn server_error(&self, msg: &Message) -> PgError {
         match backend::decode_error_fields(msg) {
-            Ok(e) => e.as_statement_error().with_context(format!("while executing command on {}", self.label)),
+            Ok(e) => self.node_error(e),
             Err(e) => e.into(),
+        }
+    }
+
+    fn node_error(&self, e: PgError) -> PgError {
+        e.as_statement_error(&self.label).with_context(format!("while executing command on {}", self.label))
+    }
+
+    /// A FATAL error ends the connection: it is broken from here on, and the
+    /// error says why when reading on hits EOF.
+    fn note_farewell(&mut self, msg: &Message) {
+        if let Ok(e) = backend::decode_error_fields(msg) {
+            if e.is_fatal() {
+                self.broken = true;
+                self.farewell = Some(self.node_error(e));
+            }
         }
     }
 

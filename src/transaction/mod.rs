@@ -40,6 +40,14 @@ impl WorkerConnection {
     pub fn forget_statement(&mut self, sql: &Arc<str>) {
         self.prepared.remove(sql);
     }
+
+    /// Whether the node closed this connection while it held nothing of ours:
+    /// outside a block and between exchanges, replacing it loses nothing. Once
+    /// it has joined a block, the block's work on that node died with it, and
+    /// the next statement must fail.
+    fn died_while_idle(&mut self) -> bool {
+        !self.in_block && !self.needs_sync && self.conn.is_dead_while_idle()
+    }
 }
 
 #[derive(Debug)]
@@ -132,6 +140,9 @@ impl Participants {
     /// block if there is one. The BEGIN is pipelined ahead of the caller's first
     /// statement rather than waited for.
     pub async fn worker(&mut self, node: &Node) -> PgResult<&mut WorkerConnection> {
+        if self.workers.get_mut(&node.group_id).is_some_and(WorkerConnection::died_while_idle) {
+            self.drop_worker(node.group_id);
+        }
         if !self.workers.contains_key(&node.group_id) {
             if !node.active {
                 return Err(PgError::new(sqlstate::CONNECTION_FAILURE, format!("node {} is not active", node.addr)));
@@ -155,9 +166,21 @@ impl Participants {
         self.workers.get(&group_id).is_some_and(|w| w.in_block)
     }
 
-    /// Drops a worker connection after an I/O failure.
+    /// Drops the worker connections an I/O failure broke.
     pub fn discard_broken(&mut self) {
-        self.workers.retain(|_, w| !w.conn.is_broken());
+        let broken: Vec<i32> = self.workers.iter().filter(|(_, w)| w.conn.is_broken()).map(|(group, _)| *group).collect();
+        for group in broken {
+            self.drop_worker(group);
+        }
+    }
+
+    /// Forgets a worker connection, and its backend as a target for the
+    /// client's cancel requests.
+    fn drop_worker(&mut self, group_id: i32) {
+        if let Some(w) = self.workers.remove(&group_id) {
+            let key = w.conn.backend_key();
+            self.cancel_targets.lock().unwrap().retain(|(_, k)| *k != key);
+        }
     }
 
     pub fn workers_needing_sync(&mut self) -> impl Iterator<Item = &mut WorkerConnection> {
