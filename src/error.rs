@@ -8,6 +8,7 @@ pub mod sqlstate {
     pub const INVALID_PARAMETER_VALUE: &str = "22023";
     pub const NOT_NULL_VIOLATION: &str = "23502";
     pub const INVALID_TRANSACTION_STATE: &str = "25000";
+    pub const ACTIVE_SQL_TRANSACTION: &str = "25001";
     pub const IN_FAILED_TRANSACTION: &str = "25P02";
     pub const PROTOCOL_VIOLATION: &str = "08P01";
     pub const CONNECTION_FAILURE: &str = "08006";

@@ -93,11 +93,12 @@ async fn create_distributed_table_errors_are_clear_and_harmless() {
     let err = c.simple_query("SELECT create_distributed_table('t', 'id')").await.unwrap_err();
     assert_eq!(sqlstate(&err), "42P16");
     assert!(error_text(&err).contains("already distributed"));
-    // Cluster functions are not transactional here; refuse inside a block.
+    // Cluster functions are not transactional here; refuse inside a block, as
+    // PostgreSQL refuses VACUUM (25001 active_sql_transaction).
     c.batch_execute("CREATE TABLE u (id int)").await.unwrap();
     c.batch_execute("BEGIN").await.unwrap();
     let err = c.simple_query("SELECT create_distributed_table('u', 'id')").await.unwrap_err();
-    assert_eq!(sqlstate(&err), "25000");
+    assert_eq!(sqlstate(&err), "25001");
     c.batch_execute("ROLLBACK").await.unwrap();
     assert_eq!(text_rows(&c, "SELECT 1").await, vec![vec![Some("1".into())]]);
 }

@@ -7,13 +7,13 @@ pub mod table_ddl;
 
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable};
-use crate::planner::{ClusterCall, ClusterFunction, DdlPlan};
+use crate::planner::{placement_groups, ClusterCall, ClusterFunction, DdlPlan, DropIndex};
 use crate::protocol::backend::{self, FieldDescription};
 use crate::protocol::frontend::{self, Bind};
 use crate::server::client::ClientConn;
 use crate::server::Coordinator;
 use crate::transaction::Participants;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// What a command needs from the session running it.
@@ -42,7 +42,7 @@ const INT4_OID: u32 = 23;
 pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'_>, bound: Option<(&Bind, &[u32])>) -> PgResult<()> {
     if ctx.parts.in_block() {
         return Err(PgError::new(
-            sqlstate::INVALID_TRANSACTION_STATE,
+            sqlstate::ACTIVE_SQL_TRANSACTION,
             format!("{} cannot run inside a transaction block", call.column_name),
         ));
     }
@@ -172,25 +172,64 @@ async fn evaluate_arguments(call: &ClusterCall, ctx: &mut CommandContext<'_>, bo
 
 /// Runs distributed DDL and writes its CommandComplete.
 pub async fn run_ddl(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_>) -> PgResult<()> {
-    if let DdlPlan::Vacuum { tables, analyze_only, options } = plan {
-        if ctx.parts.in_block() {
-            let what = if *analyze_only { "ANALYZE" } else { "VACUUM" };
-            return Err(PgError::new(sqlstate::INVALID_TRANSACTION_STATE, format!("{what} cannot run inside a transaction block")));
+    let tag = match plan {
+        DdlPlan::Vacuum { stmt, .. } => run_vacuum(plan, stmt.is_vacuumcmd, sql, ctx).await?,
+        DdlPlan::DropIndex(drop) => {
+            let indexes = distributed_indexes(drop, ctx).await?;
+            if indexes.is_empty() {
+                // Indexes of local tables only: the coordinator database's business.
+                ctx.parts.local().await?.execute(sql).await?
+            } else {
+                let implicit = ctx.parts.begin_implicit();
+                let result = drop_distributed_indexes(drop, &indexes, sql, ctx).await;
+                finish_block(ctx, implicit, result).await?
+            }
         }
-        let tag = ctx.parts.local().await?.execute(sql).await?;
-        let command = if *analyze_only { "ANALYZE" } else { "VACUUM" };
-        for (node, shards) in shards_by_node(&ctx.catalog, tables)? {
-            let worker = ctx.parts.worker(&node).await?;
-            worker.conn.execute(&format!("{command} {options} {}", shards.join(", "))).await?;
+        _ => {
+            let implicit = ctx.parts.begin_implicit();
+            let result = run_ddl_in_block(plan, sql, ctx).await;
+            finish_block(ctx, implicit, result).await?
         }
-        backend::command_complete(ctx.client.out(), &tag);
-        return Ok(());
-    }
-    let implicit = ctx.parts.begin_implicit();
-    let result = run_ddl_in_block(plan, sql, ctx).await;
-    let tag = finish_block(ctx, implicit, result).await?;
+    };
     backend::command_complete(ctx.client.out(), &tag);
     Ok(())
+}
+
+/// VACUUM and ANALYZE: the coordinator database runs the statement, each node
+/// its version for the shards it holds. VACUUM cannot run inside a transaction
+/// block; ANALYZE can, and then runs through the block's connections.
+async fn run_vacuum(plan: &DdlPlan, vacuum: bool, sql: &str, ctx: &mut CommandContext<'_>) -> PgResult<String> {
+    if vacuum && ctx.parts.in_block() {
+        return Err(PgError::new(sqlstate::ACTIVE_SQL_TRANSACTION, "VACUUM cannot run inside a transaction block"));
+    }
+    let tag = ctx.parts.local().await?.execute(sql).await?;
+    run_node_statements(plan, ctx).await?;
+    Ok(tag)
+}
+
+/// The indexes a DROP INDEX names that belong to distributed or reference
+/// tables, with their table; the coordinator database knows whose they are.
+async fn distributed_indexes(drop: &DropIndex, ctx: &mut CommandContext<'_>) -> PgResult<Vec<(String, Arc<DistributedTable>)>> {
+    let rows = ctx.parts.local().await?.query(&drop.tables_sql()).await?;
+    Ok(drop
+        .index_names()
+        .into_iter()
+        .zip(rows)
+        .filter_map(|(index, row)| {
+            let oid = row.into_iter().next().flatten()?.parse().ok()?;
+            Some((index, ctx.catalog.table_by_oid(oid)?.clone()))
+        })
+        .collect())
+}
+
+/// Drops the indexes on the shell tables and their copies on every shard.
+async fn drop_distributed_indexes(drop: &DropIndex, indexes: &[(String, Arc<DistributedTable>)], sql: &str, ctx: &mut CommandContext<'_>) -> PgResult<String> {
+    if drop.is_concurrent() {
+        return Err(PgError::not_supported("DROP INDEX CONCURRENTLY of indexes on distributed tables is not supported yet; use DROP INDEX"));
+    }
+    let tag = ctx.parts.local().await?.execute(sql).await?;
+    run_per_group(ctx, placement_groups(indexes.iter().map(|(_, t)| t)), |group| drop.node_sql(indexes, group)).await?;
+    Ok(tag)
 }
 
 /// Commits (or rolls back) the block a command opened for itself, then refreshes
@@ -226,27 +265,19 @@ async fn run_ddl_in_block(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_
             Ok(tag)
         }
         DdlPlan::Drop { tables } => {
-            let mut per_node: BTreeMap<i32, Vec<String>> = BTreeMap::new();
-            for (node, shards) in shards_by_node(&ctx.catalog, tables)? {
-                per_node.insert(node.group_id, vec![format!("DROP TABLE IF EXISTS {} CASCADE", shards.join(", "))]);
-            }
-            run_per_node(ctx, per_node).await?;
+            run_node_statements(plan, ctx).await?;
             let local = ctx.parts.local().await?;
             for t in tables {
                 local.execute(&delete_catalog_rows_sql(t)).await?;
             }
             local.execute(sql).await
         }
-        DdlPlan::Truncate { tables } => {
+        DdlPlan::Truncate { .. } => {
             let tag = ctx.parts.local().await?.execute(sql).await?;
-            let mut per_node: BTreeMap<i32, Vec<String>> = BTreeMap::new();
-            for (node, shards) in shards_by_node(&ctx.catalog, tables)? {
-                per_node.insert(node.group_id, vec![format!("TRUNCATE TABLE {}", shards.join(", "))]);
-            }
-            run_per_node(ctx, per_node).await?;
+            run_node_statements(plan, ctx).await?;
             Ok(tag)
         }
-        DdlPlan::Vacuum { .. } => unreachable!("VACUUM runs outside a transaction block"),
+        DdlPlan::DropIndex(_) | DdlPlan::Vacuum { .. } => unreachable!("{plan} runs on its own"),
     }
 }
 
@@ -260,21 +291,17 @@ pub(crate) fn delete_catalog_rows_sql(t: &DistributedTable) -> String {
     )
 }
 
-/// Every shard placement of the tables, grouped by the node holding it.
-fn shards_by_node(catalog: &Catalog, tables: &[Arc<DistributedTable>]) -> PgResult<Vec<(crate::metadata::Node, Vec<String>)>> {
-    let mut out: Vec<(crate::metadata::Node, Vec<String>)> = Vec::new();
-    for t in tables {
-        for shard in &t.shards {
-            for group in &shard.placements {
-                let node = catalog.node_for_group(*group).ok_or_else(|| PgError::internal(format!("no node for group {group}")))?;
-                match out.iter_mut().find(|(n, _)| n.group_id == *group) {
-                    Some((_, list)) => list.push(t.qualified_shard_name(shard)),
-                    None => out.push((node.clone(), vec![t.qualified_shard_name(shard)])),
-                }
-            }
-        }
-    }
-    Ok(out)
+/// Runs a DROP TABLE, TRUNCATE or VACUUM on every node holding shards of its
+/// tables, each node naming its own shards.
+async fn run_node_statements(plan: &DdlPlan, ctx: &mut CommandContext<'_>) -> PgResult<()> {
+    run_per_group(ctx, placement_groups(plan.tables()), |group| plan.node_sql(group)).await
+}
+
+/// Runs on each node group the statement `sql_for` gives for it (inside the
+/// current block, if any).
+async fn run_per_group(ctx: &mut CommandContext<'_>, groups: BTreeSet<i32>, sql_for: impl Fn(i32) -> PgResult<String>) -> PgResult<()> {
+    let per_node = groups.into_iter().map(|group| Ok((group, vec![sql_for(group)?]))).collect::<PgResult<_>>()?;
+    run_per_node(ctx, per_node).await
 }
 
 /// Runs each node's statements as one batch on the session's connection to it

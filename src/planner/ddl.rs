@@ -1,12 +1,14 @@
 //! Utility statements on distributed tables: DDL that must reach the shell table
 //! on the coordinator database and every shard, atomically.
 
-use super::rewrite::ShardTemplate;
+use super::rewrite::{self, name_shard, ShardTemplate};
 use super::{not_supported, referenced_tables, resolve_range_var, Plan};
-use crate::error::PgError;
-use crate::metadata::{Catalog, Distribution, DistributedTable};
+use crate::connection::{quote_ident, quote_literal};
+use crate::error::{PgError, PgResult};
+use crate::metadata::{Catalog, Distribution, DistributedTable, Shard};
 use pg_query::protobuf::{self, AlterTableType, ConstrType, ObjectType};
 use pg_query::NodeEnum;
+use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
 
@@ -19,48 +21,199 @@ pub enum DdlPlan {
     Propagate { table: Arc<DistributedTable>, template: ShardTemplate, catalog_sql: Option<String> },
     /// DROP TABLE of distributed tables (possibly with local ones).
     Drop { tables: Vec<Arc<DistributedTable>> },
-    /// TRUNCATE of distributed tables (possibly with local ones).
-    Truncate { tables: Vec<Arc<DistributedTable>> },
-    /// VACUUM / ANALYZE: per shard, outside any transaction.
-    Vacuum { tables: Vec<Arc<DistributedTable>>, analyze_only: bool, options: String },
+    /// TRUNCATE of distributed tables (possibly with local ones): each node
+    /// truncates its shards of them, with the statement's CASCADE. `tables` are
+    /// the statement's references to distributed tables.
+    Truncate { version: i32, stmt: protobuf::TruncateStmt, tables: Vec<(Arc<DistributedTable>, protobuf::RangeVar)> },
+    /// DROP INDEX, when distributed tables exist: which indexes are theirs is
+    /// only found out at execution.
+    DropIndex(DropIndex),
+    /// VACUUM / ANALYZE: each node runs the statement, options and all, for its
+    /// shards. `rels` are the statement's relations that are distributed tables.
+    Vacuum { version: i32, stmt: protobuf::VacuumStmt, rels: Vec<(Arc<DistributedTable>, protobuf::VacuumRelation)> },
+}
+
+/// DROP INDEX: the parse tree names indexes, not their tables.
+#[derive(Debug)]
+pub struct DropIndex {
+    version: i32,
+    stmt: protobuf::DropStmt,
 }
 
 impl fmt::Display for DdlPlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names = |ts: &[Arc<DistributedTable>]| ts.iter().map(|t| t.name.clone()).collect::<Vec<_>>().join(",");
+        let names = self.tables().iter().map(|t| t.name.clone()).collect::<Vec<_>>().join(",");
         match self {
-            DdlPlan::Propagate { table, .. } => write!(f, "propagate to {}", table.name),
-            DdlPlan::Drop { tables } => write!(f, "drop {}", names(tables)),
-            DdlPlan::Truncate { tables } => write!(f, "truncate {}", names(tables)),
-            DdlPlan::Vacuum { tables, .. } => write!(f, "vacuum {}", names(tables)),
+            DdlPlan::Propagate { .. } => write!(f, "propagate to {names}"),
+            DdlPlan::Drop { .. } => write!(f, "drop {names}"),
+            DdlPlan::Truncate { .. } => write!(f, "truncate {names}"),
+            DdlPlan::DropIndex(_) => write!(f, "drop index"),
+            DdlPlan::Vacuum { .. } => write!(f, "vacuum {names}"),
         }
     }
 }
 
 impl DdlPlan {
-    /// The statement for shard `index` of a propagated DDL.
-    pub fn shard_sql(table: &DistributedTable, template: &ShardTemplate, index: u32) -> Result<String, PgError> {
+    /// The statement for shard `index` of a propagated DDL. pg_query 0.8's
+    /// generic walk misses RENAME's table and foreign keys' referenced tables, so
+    /// the relations utility statements name are pointed at the shard here (the
+    /// walk then finds them renamed already).
+    pub fn shard_sql(table: &DistributedTable, template: &ShardTemplate, index: u32) -> PgResult<String> {
         let shard = &table.shards[index as usize];
         let suffix = format!("_{}", shard.id);
+        let point = |rv: &mut Option<protobuf::RangeVar>| {
+            if let Some(rv) = rv {
+                template.point_at_shard(rv, index);
+            }
+        };
         template.sql_with(index, |node| match node.node.as_mut() {
-            Some(NodeEnum::IndexStmt(ix)) if !ix.idxname.is_empty() => ix.idxname.push_str(&suffix),
+            Some(NodeEnum::IndexStmt(ix)) => {
+                if !ix.idxname.is_empty() {
+                    ix.idxname.push_str(&suffix);
+                }
+                point(&mut ix.relation);
+            }
             Some(NodeEnum::AlterTableStmt(alter)) => {
+                point(&mut alter.relation);
                 for cmd in &mut alter.cmds {
-                    if let Some(NodeEnum::AlterTableCmd(cmd)) = cmd.node.as_mut() {
-                        if let Some(NodeEnum::Constraint(c)) = cmd.def.as_mut().and_then(|d| d.node.as_mut()) {
-                            if !c.conname.is_empty() {
-                                c.conname.push_str(&suffix);
-                            }
+                    let Some(NodeEnum::AlterTableCmd(cmd)) = cmd.node.as_mut() else { continue };
+                    if cmd.subtype == AlterTableType::AtDropConstraint as i32 && !cmd.name.is_empty() {
+                        cmd.name.push_str(&suffix);
+                    }
+                    for c in added_constraints_mut(cmd) {
+                        if !c.conname.is_empty() {
+                            c.conname.push_str(&suffix);
                         }
-                        if cmd.subtype == AlterTableType::AtDropConstraint as i32 && !cmd.name.is_empty() {
-                            cmd.name.push_str(&suffix);
-                        }
+                        point(&mut c.pktable);
                     }
                 }
             }
+            Some(NodeEnum::RenameStmt(r)) => point(&mut r.relation),
             _ => {}
         })
     }
+
+    /// The distributed tables the plan reaches (those of a DROP INDEX are only
+    /// known at execution).
+    pub fn tables(&self) -> Vec<&Arc<DistributedTable>> {
+        match self {
+            DdlPlan::Propagate { table, .. } => vec![table],
+            DdlPlan::Drop { tables } => tables.iter().collect(),
+            DdlPlan::Truncate { tables, .. } => tables.iter().map(|(t, _)| t).collect(),
+            DdlPlan::DropIndex(_) => vec![],
+            DdlPlan::Vacuum { rels, .. } => rels.iter().map(|(t, _)| t).collect(),
+        }
+    }
+
+    /// The statement for node group `group` of a DROP TABLE, TRUNCATE or
+    /// VACUUM: it names the shards the node holds instead of the distributed
+    /// tables.
+    pub fn node_sql(&self, group: i32) -> PgResult<String> {
+        match self {
+            DdlPlan::Drop { tables } => {
+                let shards: Vec<String> = tables.iter().flat_map(|t| shards_on(t, group).map(|s| t.qualified_shard_name(s))).collect();
+                Ok(format!("DROP TABLE IF EXISTS {} CASCADE", shards.join(", ")))
+            }
+            DdlPlan::Truncate { version, stmt, tables } => {
+                let mut stmt = stmt.clone();
+                stmt.relations = for_shards_on(tables, group, |rv| Some(rv)).into_iter().map(|rv| node(NodeEnum::RangeVar(rv))).collect();
+                // Sequences live on the coordinator database, which restarts them.
+                stmt.restart_seqs = false;
+                rewrite::deparse(*version, NodeEnum::TruncateStmt(stmt))
+            }
+            DdlPlan::Vacuum { version, stmt, rels } => {
+                let mut stmt = stmt.clone();
+                stmt.rels = for_shards_on(rels, group, |vr| vr.relation.as_mut()).into_iter().map(|vr| node(NodeEnum::VacuumRelation(vr))).collect();
+                rewrite::deparse(*version, NodeEnum::VacuumStmt(stmt))
+            }
+            DdlPlan::Propagate { .. } | DdlPlan::DropIndex(_) => unreachable!("{self} has no statement per node"),
+        }
+    }
+}
+
+impl DropIndex {
+    pub fn is_concurrent(&self) -> bool {
+        self.stmt.concurrent
+    }
+
+    /// The names of the indexes to drop, as written (optionally schema-qualified).
+    fn names(&self) -> Vec<Vec<String>> {
+        self.stmt
+            .objects
+            .iter()
+            .filter_map(|o| match o.node.as_ref() {
+                Some(NodeEnum::List(l)) => Some(names_of(&l.items)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A query for the coordinator database: one row per index named, in order,
+    /// holding the oid of its table (NULL where there is no such index).
+    pub fn tables_sql(&self) -> String {
+        let names: Vec<String> =
+            self.names().iter().map(|parts| quote_literal(&parts.iter().map(|p| quote_ident(p)).collect::<Vec<_>>().join("."))).collect();
+        format!(
+            "SELECT i.indrelid FROM unnest(ARRAY[{}]::text[]) WITH ORDINALITY AS n(name, ord) LEFT JOIN pg_index i ON i.indexrelid = to_regclass(n.name) ORDER BY n.ord",
+            names.join(", ")
+        )
+    }
+
+    /// The names of the indexes to drop, in order, without their schema (an
+    /// index lives in its table's).
+    pub fn index_names(&self) -> Vec<String> {
+        self.names().into_iter().filter_map(|mut parts| parts.pop()).collect()
+    }
+
+    /// The statement for node group `group`: it drops the shards' copies
+    /// (`<index>_<shardid>`, in their table's schema) of `indexes` there.
+    pub fn node_sql(&self, indexes: &[(String, Arc<DistributedTable>)], group: i32) -> PgResult<String> {
+        let string = |s: String| node(NodeEnum::String(protobuf::String { sval: s }));
+        let mut stmt = self.stmt.clone();
+        stmt.objects = indexes
+            .iter()
+            .flat_map(|(index, table)| {
+                shards_on(table, group).map(move |shard| {
+                    node(NodeEnum::List(protobuf::List { items: vec![string(table.schema.clone()), string(format!("{index}_{}", shard.id))] }))
+                })
+            })
+            .collect();
+        rewrite::deparse(self.version, NodeEnum::DropStmt(stmt))
+    }
+}
+
+/// Node groups holding a placement of any of `tables`.
+pub fn placement_groups<'a>(tables: impl IntoIterator<Item = &'a Arc<DistributedTable>>) -> BTreeSet<i32> {
+    tables.into_iter().flat_map(|t| t.shards.iter().flat_map(|s| s.placements.iter().copied())).collect()
+}
+
+/// The shards of `table` with a placement on node group `group`.
+fn shards_on(table: &DistributedTable, group: i32) -> impl Iterator<Item = &Shard> {
+    table.shards.iter().filter(move |s| s.placements.contains(&group))
+}
+
+/// Copies of a statement's `items` that name distributed tables, one per shard
+/// of the table on node group `group`, renamed to that shard.
+fn for_shards_on<T: Clone>(
+    items: &[(Arc<DistributedTable>, T)],
+    group: i32,
+    relation: impl Fn(&mut T) -> Option<&mut protobuf::RangeVar>,
+) -> Vec<T> {
+    let mut out = Vec::new();
+    for (table, item) in items {
+        for shard in shards_on(table, group) {
+            let mut item = item.clone();
+            if let Some(rv) = relation(&mut item) {
+                name_shard(rv, table, shard);
+            }
+            out.push(item);
+        }
+    }
+    out
+}
+
+fn node(n: NodeEnum) -> protobuf::Node {
+    protobuf::Node { node: Some(n) }
 }
 
 fn dist_column(table: &DistributedTable) -> Option<&str> {
@@ -89,12 +242,16 @@ fn unique_without_key() -> Plan {
 
 pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Catalog) -> Option<Plan> {
     let node = raw.stmt.as_ref()?.node.as_ref()?;
-    let propagate = |table: &Arc<DistributedTable>, catalog_sql: Option<String>| {
-        Plan::Ddl(Arc::new(DdlPlan::Propagate {
-            table: table.clone(),
-            template: ShardTemplate::for_utility(version, raw.clone(), referenced_tables(raw, catalog)),
-            catalog_sql,
-        }))
+    // `also`: tables the statement names where the generic walk behind
+    // referenced_tables does not look (RENAME's table, foreign-key targets).
+    let propagate = |table: &Arc<DistributedTable>, also: Vec<Arc<DistributedTable>>, catalog_sql: Option<String>| {
+        let mut tables = referenced_tables(raw, catalog);
+        for t in std::iter::once(table.clone()).chain(also) {
+            if !tables.iter().any(|o| o.oid == t.oid) {
+                tables.push(t);
+            }
+        }
+        Plan::Ddl(Arc::new(DdlPlan::Propagate { table: table.clone(), template: ShardTemplate::for_utility(version, raw.clone(), tables), catalog_sql }))
     };
     match node {
         NodeEnum::IndexStmt(ix) => {
@@ -107,41 +264,26 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
                     return Some(unique_without_key());
                 }
             }
-            Some(propagate(table, None))
+            Some(propagate(table, vec![], None))
         }
         NodeEnum::AlterTableStmt(alter) => {
             let table = resolve_range_var(alter.relation.as_ref()?, catalog)?;
             let col = dist_column(table);
+            let mut referenced = Vec::new();
             for cmd in &alter.cmds {
                 let Some(NodeEnum::AlterTableCmd(cmd)) = cmd.node.as_ref() else { continue };
                 let subtype = AlterTableType::from_i32(cmd.subtype);
                 if matches!(subtype, Some(AlterTableType::AtDropColumn | AlterTableType::AtAlterColumnType)) && Some(cmd.name.as_str()) == col {
                     return Some(not_supported("cannot execute ALTER TABLE command involving partition column"));
                 }
-                if let Some(NodeEnum::Constraint(c)) = cmd.def.as_deref().and_then(|d| d.node.as_ref()) {
-                    match ConstrType::from_i32(c.contype) {
-                        Some(ConstrType::ConstrPrimary | ConstrType::ConstrUnique) => {
-                            if let Some(col) = col {
-                                if !names_of(&c.keys).iter().any(|k| k == col) {
-                                    return Some(unique_without_key());
-                                }
-                            }
-                        }
-                        Some(ConstrType::ConstrExclusion) => return Some(not_supported("exclusion constraints on distributed tables are not supported yet")),
-                        Some(ConstrType::ConstrForeign) => {
-                            let target = c.pktable.as_ref().and_then(|p| resolve_range_var(p, catalog));
-                            let ok = target.is_some_and(|t| t.is_reference() || (t.colocation_id == table.colocation_id && !table.is_reference()));
-                            if !ok {
-                                return Some(not_supported(
-                                    "foreign keys from a distributed table must reference a reference table or a co-located distributed table",
-                                ));
-                            }
-                        }
-                        _ => {}
+                for (c, column) in added_constraints(cmd) {
+                    match check_constraint(table, c, column, catalog) {
+                        Ok(target) => referenced.extend(target),
+                        Err(refusal) => return Some(refusal),
                     }
                 }
             }
-            Some(propagate(table, None))
+            Some(propagate(table, referenced, None))
         }
         NodeEnum::RenameStmt(r) => {
             let table = resolve_range_var(r.relation.as_ref()?, catalog)?;
@@ -154,7 +296,7 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
                             table.oid
                         )
                     });
-                    Some(propagate(table, catalog_sql))
+                    Some(propagate(table, vec![], catalog_sql))
                 }
                 _ => Some(not_supported("renaming distributed tables or their constraints is not supported yet")),
             }
@@ -163,31 +305,30 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
             let tables = referenced_dropped_tables(&d.objects, catalog);
             (!tables.is_empty()).then(|| Plan::Ddl(Arc::new(DdlPlan::Drop { tables })))
         }
+        NodeEnum::DropStmt(d) if d.remove_type == ObjectType::ObjectIndex as i32 => {
+            Some(Plan::Ddl(Arc::new(DdlPlan::DropIndex(DropIndex { version, stmt: d.clone() }))))
+        }
         NodeEnum::TruncateStmt(t) => {
             let tables: Vec<_> = t
                 .relations
                 .iter()
                 .filter_map(|n| match n.node.as_ref() {
-                    Some(NodeEnum::RangeVar(rv)) => resolve_range_var(rv, catalog).cloned(),
+                    Some(NodeEnum::RangeVar(rv)) => resolve_range_var(rv, catalog).map(|table| (table.clone(), rv.clone())),
                     _ => None,
                 })
                 .collect();
-            (!tables.is_empty()).then(|| Plan::Ddl(Arc::new(DdlPlan::Truncate { tables })))
+            (!tables.is_empty()).then(|| Plan::Ddl(Arc::new(DdlPlan::Truncate { version, stmt: t.clone(), tables })))
         }
         NodeEnum::VacuumStmt(v) => {
-            let tables: Vec<_> = v
+            let rels: Vec<_> = v
                 .rels
                 .iter()
                 .filter_map(|n| match n.node.as_ref() {
-                    Some(NodeEnum::VacuumRelation(vr)) => vr.relation.as_ref().and_then(|rv| resolve_range_var(rv, catalog)).cloned(),
+                    Some(NodeEnum::VacuumRelation(vr)) => vr.relation.as_ref().and_then(|rv| resolve_range_var(rv, catalog)).map(|table| (table.clone(), vr.clone())),
                     _ => None,
                 })
                 .collect();
-            if tables.is_empty() {
-                return None;
-            }
-            let options = vacuum_options(v);
-            Some(Plan::Ddl(Arc::new(DdlPlan::Vacuum { tables, analyze_only: !v.is_vacuumcmd, options })))
+            (!rels.is_empty()).then(|| Plan::Ddl(Arc::new(DdlPlan::Vacuum { version, stmt: v.clone(), rels })))
         }
         NodeEnum::CopyStmt(c) => {
             let touches = c.relation.as_ref().and_then(|r| resolve_range_var(r, catalog)).is_some() || !referenced_tables(raw, catalog).is_empty();
@@ -217,19 +358,66 @@ fn referenced_dropped_tables(objects: &[protobuf::Node], catalog: &Catalog) -> V
         .collect()
 }
 
-/// VACUUM/ANALYZE options as SQL, e.g. "(VERBOSE, ANALYZE)"; empty when none.
-fn vacuum_options(v: &protobuf::VacuumStmt) -> String {
-    let opts: Vec<String> = v
-        .options
-        .iter()
-        .filter_map(|o| match o.node.as_ref() {
-            Some(NodeEnum::DefElem(d)) => Some(d.defname.to_uppercase()),
-            _ => None,
-        })
-        .collect();
-    if opts.is_empty() {
-        String::new()
-    } else {
-        format!("({})", opts.join(", "))
+/// The constraints an ALTER TABLE subcommand adds: a table constraint, or those
+/// of a new column, with that column (which they constrain).
+fn added_constraints(cmd: &protobuf::AlterTableCmd) -> Vec<(&protobuf::Constraint, Option<&str>)> {
+    match cmd.def.as_deref().and_then(|d| d.node.as_ref()) {
+        Some(NodeEnum::Constraint(c)) => vec![(c, None)],
+        Some(NodeEnum::ColumnDef(col)) => col
+            .constraints
+            .iter()
+            .filter_map(|n| match n.node.as_ref() {
+                Some(NodeEnum::Constraint(c)) => Some((c.as_ref(), Some(col.colname.as_str()))),
+                _ => None,
+            })
+            .collect(),
+        _ => vec![],
+    }
+}
+
+/// `added_constraints`, to edit them.
+fn added_constraints_mut(cmd: &mut protobuf::AlterTableCmd) -> Vec<&mut protobuf::Constraint> {
+    match cmd.def.as_deref_mut().and_then(|d| d.node.as_mut()) {
+        Some(NodeEnum::Constraint(c)) => vec![c],
+        Some(NodeEnum::ColumnDef(col)) => col
+            .constraints
+            .iter_mut()
+            .filter_map(|n| match n.node.as_mut() {
+                Some(NodeEnum::Constraint(c)) => Some(c.as_mut()),
+                _ => None,
+            })
+            .collect(),
+        _ => vec![],
+    }
+}
+
+/// Refuses a constraint the shards cannot enforce on their own. `column` is set
+/// for a column constraint. Returns the table a foreign key references.
+fn check_constraint(
+    table: &DistributedTable,
+    c: &protobuf::Constraint,
+    column: Option<&str>,
+    catalog: &Catalog,
+) -> Result<Option<Arc<DistributedTable>>, Plan> {
+    match ConstrType::from_i32(c.contype) {
+        Some(ConstrType::ConstrPrimary | ConstrType::ConstrUnique) => {
+            let keys = match column {
+                Some(column) => vec![column.to_string()],
+                None => names_of(&c.keys),
+            };
+            match dist_column(table) {
+                Some(col) if !keys.iter().any(|k| k == col) => Err(unique_without_key()),
+                _ => Ok(None),
+            }
+        }
+        Some(ConstrType::ConstrExclusion) => Err(not_supported("exclusion constraints on distributed tables are not supported yet")),
+        Some(ConstrType::ConstrForeign) => {
+            let target = c.pktable.as_ref().and_then(|p| resolve_range_var(p, catalog));
+            match target {
+                Some(t) if t.is_reference() || (t.colocation_id == table.colocation_id && !table.is_reference()) => Ok(Some(t.clone())),
+                _ => Err(not_supported("foreign keys from a distributed table must reference a reference table or a co-located distributed table")),
+            }
+        }
+        _ => Ok(None),
     }
 }

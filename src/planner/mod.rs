@@ -8,7 +8,7 @@ mod multi_shard;
 pub mod rewrite;
 mod router;
 
-pub use ddl::DdlPlan;
+pub use ddl::{placement_groups, DdlPlan, DropIndex};
 pub use functions::{ClusterCall, ClusterFunction};
 pub use multi_shard::{Combine, MultiShardPlan, PartialAggregate};
 pub use router::{Command, InsertKey, KeyValue, RouterPlan, ShardTarget};

@@ -3,9 +3,9 @@
 //! target node, then the tree is deparsed back to SQL for the worker.
 
 use crate::error::{PgError, PgResult};
-use crate::metadata::DistributedTable;
+use crate::metadata::{DistributedTable, Shard};
 use pg_query::protobuf::{self, Alias};
-use pg_query::NodeMut;
+use pg_query::{NodeEnum, NodeMut};
 use std::sync::Arc;
 
 /// The tables a statement references, and the parse tree to rewrite.
@@ -57,7 +57,7 @@ impl ShardTemplate {
                 }
             }
         }
-        pg_query::deparse(&tree).map_err(|e| PgError::internal(format!("could not deparse the statement for a shard: {e}")))
+        deparse_tree(&tree)
     }
 
     /// `schema.table.column` cannot name an aliased table; `table.column` can.
@@ -89,7 +89,22 @@ impl ShardTemplate {
             // Column references qualified with the table name keep resolving.
             rv.alias = Some(Alias { aliasname: rv.relname.clone(), colnames: vec![] });
         }
-        rv.relname = table.shard_relname(shard);
-        rv.schemaname = table.schema.clone();
+        name_shard(rv, table, shard);
     }
+}
+
+/// Makes a reference to `table` name its shard `shard` instead.
+pub fn name_shard(rv: &mut protobuf::RangeVar, table: &DistributedTable, shard: &Shard) {
+    rv.relname = table.shard_relname(shard);
+    rv.schemaname = table.schema.clone();
+}
+
+/// SQL text for one statement; `version` is that of the parse result it came from.
+pub fn deparse(version: i32, stmt: NodeEnum) -> PgResult<String> {
+    let raw = protobuf::RawStmt { stmt: Some(Box::new(protobuf::Node { node: Some(stmt) })), stmt_location: 0, stmt_len: 0 };
+    deparse_tree(&protobuf::ParseResult { version, stmts: vec![raw] })
+}
+
+fn deparse_tree(tree: &protobuf::ParseResult) -> PgResult<String> {
+    pg_query::deparse(tree).map_err(|e| PgError::internal(format!("could not deparse the statement for a shard: {e}")))
 }
