@@ -232,7 +232,14 @@ impl Participants {
     /// Sends `command` to every touched node, workers in parallel, then the
     /// coordinator database. Every node is finished even if one fails.
     async fn finish(&mut self, command: &str) -> PgResult<()> {
-        let mut first_error = None;
+        // A node whose connection broke has already rolled its part back; for a
+        // ROLLBACK there is nothing to send it, and a COMMIT cannot succeed.
+        let lost: Vec<Arc<str>> = self.workers.values().filter(|w| w.in_block && w.conn.is_broken()).map(|w| w.conn.label().clone()).collect();
+        self.discard_broken();
+        let mut first_error = lost.first().filter(|_| command == "COMMIT").map(|node| {
+            PgError::new(sqlstate::CONNECTION_FAILURE, format!("connection to node {node} was lost during the transaction; it was rolled back"))
+        });
+        let command = if lost.is_empty() { command } else { "ROLLBACK" };
         {
             let workers = self.touched_workers();
             let results = futures::future::join_all(workers.into_iter().map(|w| async move {
