@@ -9,10 +9,33 @@ use serde::{Deserialize, Serialize};
 pub struct Config {
     /// Address the coordinator accepts clients on, e.g. "127.0.0.1:5432".
     pub listen: String,
+    /// How clients prove who they are to the coordinator. Absent means trust,
+    /// so configurations written before the setting existed keep working.
+    #[serde(default, skip_serializing_if = "AuthMethod::is_trust")]
+    pub auth: AuthMethod,
     pub coordinator_db: DatabaseConfig,
     /// Workers registered at start-up if the catalog does not know them yet.
     #[serde(default)]
     pub workers: Vec<NodeConfig>,
+}
+
+/// Client authentication at the coordinator (`auth = "…"`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AuthMethod {
+    /// Every client is accepted under the user name it asks for.
+    #[default]
+    #[serde(rename = "trust")]
+    Trust,
+    /// Clients prove their password with SASL SCRAM-SHA-256 against the role's
+    /// verifier in the coordinator database's `pg_authid`.
+    #[serde(rename = "scram-sha-256")]
+    ScramSha256,
+}
+
+impl AuthMethod {
+    pub fn is_trust(&self) -> bool {
+        *self == AuthMethod::Trust
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -55,5 +78,28 @@ impl Config {
             password: self.coordinator_db.password.clone(),
             options: vec![("application_name".into(), "tessera".into())],
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = "listen = \"127.0.0.1:5432\"\n[coordinator_db]\nhost = \"127.0.0.1\"\nport = 5433\n";
+
+    #[test]
+    fn auth_defaults_to_trust_and_is_not_written_then() {
+        let config: Config = toml::from_str(MINIMAL).unwrap();
+        assert_eq!(config.auth, AuthMethod::Trust);
+        assert!(!toml::to_string(&config).unwrap().contains("auth"));
+    }
+
+    #[test]
+    fn auth_scram_round_trips() {
+        let config: Config = toml::from_str(&format!("auth = \"scram-sha-256\"\n{MINIMAL}")).unwrap();
+        assert_eq!(config.auth, AuthMethod::ScramSha256);
+        let again: Config = toml::from_str(&toml::to_string(&config).unwrap()).unwrap();
+        assert_eq!(again.auth, AuthMethod::ScramSha256);
+        assert!(toml::from_str::<Config>(&format!("auth = \"md5\"\n{MINIMAL}")).is_err());
     }
 }

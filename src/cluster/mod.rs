@@ -107,6 +107,7 @@ fn create(dir: &Path, port: u16, workers: usize) -> Result<LocalCluster> {
     }
     let config = Config {
         listen: format!("127.0.0.1:{port}"),
+        auth: Default::default(),
         coordinator_db: DatabaseConfig { host: "127.0.0.1".into(), port: cluster.state.coordinator_db_port, user: "postgres".into(), database: "postgres".into(), password: None },
         workers: cluster.state.worker_ports.iter().map(|p| NodeConfig { host: "127.0.0.1".into(), port: *p }).collect(),
     };

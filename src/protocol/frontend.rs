@@ -144,6 +144,18 @@ pub fn decode_query(msg: &Message) -> Result<&str, ProtocolError> {
     Reader::new(msg.body(), "Query").cstr()
 }
 
+/// A SASLInitialResponse ('p' while SASL authentication starts): the mechanism
+/// the client chose and its first message (None when sent as length -1).
+pub fn decode_sasl_initial_response(msg: &Message) -> Result<(&str, Option<&[u8]>), ProtocolError> {
+    let mut r = Reader::new(msg.body(), "SASLInitialResponse");
+    let mechanism = r.cstr()?;
+    let data = r.nullable_bytes()?;
+    if r.remaining() != 0 {
+        return Err(ProtocolError::Malformed("SASLInitialResponse"));
+    }
+    Ok((mechanism, data))
+}
+
 // ---- encoders (we are the client) ----
 
 pub fn startup(buf: &mut BytesMut, params: &[(&str, &str)]) {
@@ -167,6 +179,15 @@ pub fn cancel_request(buf: &mut BytesMut, process_id: i32, secret_key: i32) {
 
 pub fn password(buf: &mut BytesMut, data: &[u8]) {
     let at = begin_message(buf, b'p');
+    buf.put_slice(data);
+    finish_message(buf, at);
+}
+
+/// A SASLInitialResponse: the chosen mechanism and the client-first-message.
+pub fn sasl_initial_response(buf: &mut BytesMut, mechanism: &str, data: &[u8]) {
+    let at = begin_message(buf, b'p');
+    put_cstr(buf, mechanism);
+    buf.put_i32(data.len() as i32);
     buf.put_slice(data);
     finish_message(buf, at);
 }
@@ -284,6 +305,32 @@ mod tests {
         assert_eq!(b.params, params);
         assert_eq!(b.result_formats, vec![1]);
         assert_eq!(b.param_format(1), 0);
+    }
+
+    #[test]
+    fn sasl_initial_response_round_trip() {
+        let mut buf = BytesMut::new();
+        sasl_initial_response(&mut buf, "SCRAM-SHA-256", b"n,,n=,r=abc");
+        let msg = take_message(&mut buf).unwrap().unwrap();
+        assert_eq!(msg.tag(), b'p');
+        assert_eq!(decode_sasl_initial_response(&msg).unwrap(), ("SCRAM-SHA-256", Some(&b"n,,n=,r=abc"[..])));
+        // Length -1: no initial response.
+        let mut buf = BytesMut::new();
+        let at = begin_message(&mut buf, b'p');
+        put_cstr(&mut buf, "SCRAM-SHA-256");
+        buf.put_i32(-1);
+        finish_message(&mut buf, at);
+        let msg = take_message(&mut buf).unwrap().unwrap();
+        assert_eq!(decode_sasl_initial_response(&msg).unwrap(), ("SCRAM-SHA-256", None));
+        // A length running past the end, or bytes after the data, are malformed.
+        for body in [&b"SCRAM-SHA-256\0\0\0\0\x09abc"[..], b"SCRAM-SHA-256\0\0\0\0\x01ab", b"SCRAM-SHA-256"] {
+            let mut buf = BytesMut::new();
+            let at = begin_message(&mut buf, b'p');
+            buf.put_slice(body);
+            finish_message(&mut buf, at);
+            let msg = take_message(&mut buf).unwrap().unwrap();
+            assert!(decode_sasl_initial_response(&msg).is_err());
+        }
     }
 
     #[test]

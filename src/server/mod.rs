@@ -1,6 +1,7 @@
 //! The coordinator process: accepts client connections and runs one session per
 //! connection; keeps the catalog snapshot fresh.
 
+mod auth;
 pub mod client;
 mod session;
 

@@ -3,10 +3,12 @@
 //! statements are forwarded to the coordinator database message by message, the
 //! rest run through the executor or the command layer.
 
+use super::auth;
 use super::client::ClientConn;
 use super::Coordinator;
 use crate::commands::{self, CommandContext};
-use crate::connection::{Login, PgConnection};
+use crate::config::AuthMethod;
+use crate::connection::{quote_literal, Login, PgConnection};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::executor::{self, Mode};
 use crate::metadata::Catalog;
@@ -17,6 +19,7 @@ use crate::protocol::Message;
 use crate::transaction::Participants;
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::net::TcpStream;
 
 /// Cached plans per session; cleared when it grows past this (statements that
@@ -111,6 +114,16 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: TcpStream) -> anyhow::Re
     if get("replication").is_some() {
         return refuse(&mut client, PgError::not_supported("replication connections are not supported by the Tessera coordinator")).await;
     }
+    if coordinator.config.auth == AuthMethod::ScramSha256 {
+        let outcome = tokio::time::timeout(AUTH_TIMEOUT, scram_login(&coordinator, &mut client, &user)).await;
+        match outcome {
+            Ok(Ok(Authentication::Passed)) => {}
+            Ok(Ok(Authentication::Refused(e))) => return refuse(&mut client, e).await,
+            Ok(Ok(Authentication::Abandoned)) => return Ok(()),
+            Ok(Err(e)) => return Err(e.context("during authentication")),
+            Err(_) => return Err(anyhow::anyhow!("authentication of user \"{user}\" timed out")),
+        }
+    }
     let options: Vec<(String, String)> = params.iter().filter(|(k, _)| k != "user" && k != "database").cloned().collect();
     let local_login = Login { user: user.clone(), database: database.clone(), password: coordinator.config.coordinator_db.password.clone(), options: options.clone() };
     let local = match PgConnection::connect(&coordinator.config.coordinator_db_addr(), &local_login).await {
@@ -154,6 +167,84 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: TcpStream) -> anyhow::Re
     }
     session.parts.close().await;
     result
+}
+
+/// How long a client may take to authenticate (PostgreSQL's `authentication_timeout`).
+const AUTH_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// AuthenticationSASL, AuthenticationSASLContinue and AuthenticationSASLFinal.
+const AUTH_SASL: i32 = 10;
+const AUTH_SASL_CONTINUE: i32 = 11;
+const AUTH_SASL_FINAL: i32 = 12;
+
+/// How a client's password exchange ended.
+enum Authentication {
+    /// AuthenticationSASLFinal is buffered; AuthenticationOk follows once the
+    /// session's connections are up.
+    Passed,
+    /// Refuse the connection with this error.
+    Refused(PgError),
+    /// The client hung up part-way (as libpq does to prompt for a password).
+    Abandoned,
+}
+
+/// Runs SASL SCRAM-SHA-256 with the client against the role's verifier in the
+/// coordinator database. Every way of failing looks the same to the client,
+/// as in PostgreSQL; the reason goes to the log.
+async fn scram_login(coordinator: &Coordinator, client: &mut ClientConn, user: &str) -> anyhow::Result<Authentication> {
+    let stored = match stored_password(coordinator, user).await {
+        Ok(stored) => stored,
+        Err(e) => {
+            tracing::warn!("could not look up the password of user \"{user}\": {e}");
+            return Ok(Authentication::Refused(e));
+        }
+    };
+    let mut exchange = auth::ScramExchange::for_role(stored.as_deref(), user, auth::new_server_nonce());
+    backend::authentication_sasl(client.out(), AUTH_SASL, &auth::mechanism_list());
+    client.flush().await?;
+    let Some(msg) = client.recv().await? else { return Ok(Authentication::Abandoned) };
+    let server_first = match (msg.tag(), frontend::decode_sasl_initial_response(&msg)) {
+        (b'p', Ok((mechanism, data))) => exchange.client_first(mechanism, data.unwrap_or_default()),
+        _ => Err(auth::Rejected("expected a SASLInitialResponse message")),
+    };
+    let server_first = match server_first {
+        Ok(message) => message,
+        Err(why) => return Ok(password_failed(user, why)),
+    };
+    backend::authentication_sasl(client.out(), AUTH_SASL_CONTINUE, server_first.as_bytes());
+    client.flush().await?;
+    let Some(msg) = client.recv().await? else { return Ok(Authentication::Abandoned) };
+    let server_final = match msg.tag() {
+        b'p' => exchange.client_final(msg.body()),
+        _ => Err(auth::Rejected("expected a SASLResponse message")),
+    };
+    match server_final {
+        Ok(message) => {
+            backend::authentication_sasl(client.out(), AUTH_SASL_FINAL, message.as_bytes());
+            Ok(Authentication::Passed)
+        }
+        Err(why) => Ok(password_failed(user, why)),
+    }
+}
+
+fn password_failed(user: &str, why: auth::Rejected) -> Authentication {
+    tracing::info!("password authentication failed for user \"{user}\": {why}");
+    Authentication::Refused(PgError::new(sqlstate::INVALID_PASSWORD, format!("password authentication failed for user \"{user}\"")))
+}
+
+/// The role's `rolpassword` unless it has expired; None for unknown roles.
+/// Read with the coordinator's own login, which must be allowed to read
+/// `pg_authid` (a superuser).
+async fn stored_password(coordinator: &Coordinator, user: &str) -> PgResult<Option<String>> {
+    let config = &coordinator.config;
+    let mut conn = PgConnection::connect(&config.coordinator_db_addr(), &config.service_login()).await?;
+    let sql = format!(
+        "SELECT rolpassword FROM pg_catalog.pg_authid WHERE rolname = {} AND (rolvaliduntil IS NULL OR rolvaliduntil > now())",
+        quote_literal(user)
+    );
+    let stored = conn.query_value(&sql).await;
+    conn.terminate().await;
+    stored
 }
 
 async fn refuse(client: &mut ClientConn, e: PgError) -> anyhow::Result<()> {
