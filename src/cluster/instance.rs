@@ -75,11 +75,14 @@ pub fn prepare_dir(dir: &Path) -> Result<()> {
         let out = Command::new("chown").args(["-R", "postgres:postgres"]).arg(dir).output()?;
         check(out, "chown")?;
         // The postgres user must be able to reach the directory through its parents.
+        let postgres_uid = postgres_uid()?;
         let mut p = dir.parent();
         while let Some(parent) = p {
             if let Ok(meta) = std::fs::metadata(parent) {
-                use std::os::unix::fs::PermissionsExt;
-                if meta.permissions().mode() & 0o001 == 0 {
+                use std::os::unix::fs::{MetadataExt, PermissionsExt};
+                let mode = meta.permissions().mode();
+                let searchable = if meta.uid() == postgres_uid { mode & 0o100 != 0 } else { mode & 0o001 != 0 };
+                if !searchable {
                     bail!("{} is not searchable by the postgres user; choose a data directory elsewhere (e.g. under /tmp or /var/lib)", parent.display());
                 }
             }
@@ -87,6 +90,11 @@ pub fn prepare_dir(dir: &Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+fn postgres_uid() -> Result<u32> {
+    let out = check(Command::new("id").args(["-u", "postgres"]).output()?, "id -u postgres")?;
+    String::from_utf8_lossy(&out.stdout).trim().parse().context("unexpected output of id -u postgres")
 }
 
 impl Instance {
