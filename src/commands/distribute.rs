@@ -3,7 +3,7 @@
 //! recording it all in the catalog in the same transaction.
 
 use super::table_ddl::TableDefinition;
-use super::{delete_catalog_rows_sql, finish_block, run_per_node, CommandContext};
+use super::{delete_catalog_rows_sql, finish_block, read_shard_rows, run_per_node, CommandContext};
 use crate::connection::{quote_ident, quote_literal, PgConnection};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::hash::{self, HashType};
@@ -337,16 +337,7 @@ pub async fn undistribute_table(ctx: &mut CommandContext<'_>, table_name: &str) 
         for shard in &table.shards {
             let group = *shard.placements.first().ok_or_else(|| PgError::internal(format!("shard {} has no placement", shard.id)))?;
             let node = ctx.catalog.node_for_group(group).ok_or_else(|| PgError::internal(format!("no node for group {group}")))?.clone();
-            let mut rows = Vec::new();
-            ctx.parts
-                .worker(&node)
-                .await?
-                .conn
-                .copy_out(&format!("COPY {} TO STDOUT", table.qualified_shard_name(shard)), |row| {
-                    rows.push(row);
-                    Ok(())
-                })
-                .await?;
+            let rows = read_shard_rows(ctx, &node, &table, shard).await?;
             if !rows.is_empty() {
                 ctx.parts.local().await?.copy_in(&format!("COPY {qualified} FROM STDIN"), rows).await?;
             }

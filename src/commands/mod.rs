@@ -304,6 +304,20 @@ async fn run_per_group(ctx: &mut CommandContext<'_>, groups: BTreeSet<i32>, sql_
     run_per_node(ctx, per_node).await
 }
 
+/// Every row of one shard placement, in COPY text format.
+pub(crate) async fn read_shard_rows(ctx: &mut CommandContext<'_>, node: &crate::metadata::Node, table: &DistributedTable, shard: &crate::metadata::Shard) -> PgResult<Vec<bytes::Bytes>> {
+    let mut rows = Vec::new();
+    let worker = ctx.parts.worker(node).await?;
+    worker
+        .conn
+        .copy_out(&format!("COPY {} TO STDOUT", table.qualified_shard_name(shard)), |row| {
+            rows.push(row);
+            Ok(())
+        })
+        .await?;
+    Ok(rows)
+}
+
 /// Runs each node's statements as one batch on the session's connection to it
 /// (inside the current block), naming the node in any error.
 async fn run_per_node(ctx: &mut CommandContext<'_>, per_node: BTreeMap<i32, Vec<String>>) -> PgResult<()> {

@@ -1,7 +1,7 @@
 //! citus_add_node and citus_remove_node.
 
 use super::table_ddl::TableDefinition;
-use super::{finish_block, CommandContext};
+use super::{finish_block, read_shard_rows, CommandContext};
 use crate::connection::{quote_literal, PgConnection, ServerAddr};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::Node;
@@ -33,16 +33,7 @@ pub async fn add_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) -> Pg
             let Some(source) = shard.placements.first().and_then(|g| ctx.catalog.node_for_group(*g)).cloned() else { continue };
             let definition = TableDefinition::read(ctx.parts.local().await?, table.oid).await?;
             let ddl = definition.shard_ddl(&table.shard_relname(shard), shard.id)?.join(";\n");
-            let mut rows = Vec::new();
-            ctx.parts
-                .worker(&source)
-                .await?
-                .conn
-                .copy_out(&format!("COPY {} TO STDOUT", table.qualified_shard_name(shard)), |row| {
-                    rows.push(row);
-                    Ok(())
-                })
-                .await?;
+            let rows = read_shard_rows(ctx, &source, &table, shard).await?;
             let target = ctx.parts.worker(&node).await?;
             target.conn.execute(&ddl).await?;
             target.conn.copy_in(&format!("COPY {} FROM STDIN", table.qualified_shard_name(shard)), rows).await?;

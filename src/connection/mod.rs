@@ -239,44 +239,26 @@ impl PgConnection {
         Ok(())
     }
 
-    /// Runs one or more statements with the simple protocol, returning the rows of
-    /// the last result set in text form, or the first error.
-    pub async fn query(&mut self, sql: &str) -> PgResult<TextRows> {
-        frontend::query(&mut self.wbuf, sql);
-        let mut rows = Vec::new();
-        let mut error = None;
-        loop {
-            let msg = self.recv().await?;
-            match msg.tag() {
-                b'T' => rows.clear(),
-                b'D' => {
-                    let values = backend::decode_data_row(&msg)?;
-                    rows.push(values.into_iter().map(|v| v.map(|b| String::from_utf8_lossy(&b).into_owned())).collect());
-                }
-                b'E' => error = Some(self.server_error(&msg)),
-                b'G' => frontend::copy_fail(&mut self.wbuf, "COPY FROM STDIN is not allowed here"),
-                b'Z' => break,
-                _ => {}
-            }
-        }
-        match error {
-            Some(e) => Err(e),
-            None => Ok(rows),
-        }
-    }
-
-    /// Runs statements whose rows are not needed; returns the last command tag.
-    pub async fn execute(&mut self, sql: &str) -> PgResult<String> {
-        frontend::query(&mut self.wbuf, sql);
+    /// Reads a simple-protocol exchange's responses up to ReadyForQuery. Returns
+    /// the last command tag, or the first error; every other message goes to
+    /// `on_message` (a failing callback also ends in that error, after the
+    /// exchange is drained).
+    async fn finish_exchange(&mut self, mut on_message: impl FnMut(&mut BytesMut, &Message) -> PgResult<()>) -> PgResult<String> {
         let mut tag = String::new();
         let mut error = None;
         loop {
             let msg = self.recv().await?;
             match msg.tag() {
                 b'C' => tag = backend::decode_command_complete(&msg)?.to_string(),
-                b'E' => error = Some(self.server_error(&msg)),
-                b'G' => frontend::copy_fail(&mut self.wbuf, "COPY FROM STDIN is not allowed here"),
+                b'E' => {
+                    error.get_or_insert_with(|| self.server_error(&msg));
+                }
                 b'Z' => break,
+                _ if error.is_none() => {
+                    if let Err(e) = on_message(&mut self.wbuf, &msg) {
+                        error = Some(e);
+                    }
+                }
                 _ => {}
             }
         }
@@ -284,6 +266,36 @@ impl PgConnection {
             Some(e) => Err(e),
             None => Ok(tag),
         }
+    }
+
+    /// Runs one or more statements with the simple protocol, returning the rows of
+    /// the last result set in text form, or the first error.
+    pub async fn query(&mut self, sql: &str) -> PgResult<TextRows> {
+        frontend::query(&mut self.wbuf, sql);
+        let mut rows = Vec::new();
+        self.finish_exchange(|out, msg| {
+            match msg.tag() {
+                b'T' => rows.clear(),
+                b'D' => rows.push(backend::decode_data_row(msg)?.into_iter().map(|v| v.map(|b| String::from_utf8_lossy(&b).into_owned())).collect()),
+                b'G' => frontend::copy_fail(out, "COPY FROM STDIN is not allowed here"),
+                _ => {}
+            }
+            Ok(())
+        })
+        .await?;
+        Ok(rows)
+    }
+
+    /// Runs statements whose rows are not needed; returns the last command tag.
+    pub async fn execute(&mut self, sql: &str) -> PgResult<String> {
+        frontend::query(&mut self.wbuf, sql);
+        self.finish_exchange(|out, msg| {
+            if msg.tag() == b'G' {
+                frontend::copy_fail(out, "COPY FROM STDIN is not allowed here");
+            }
+            Ok(())
+        })
+        .await
     }
 
     /// Runs a single-row query and returns its first column.
@@ -316,47 +328,21 @@ impl PgConnection {
             }
         }
         frontend::copy_done(&mut self.wbuf);
-        let mut count = 0;
-        let mut error = None;
-        loop {
-            let msg = self.recv().await?;
-            match msg.tag() {
-                b'C' => count = backend::rows_in_tag(backend::decode_command_complete(&msg)?).unwrap_or(0),
-                b'E' => error = Some(self.server_error(&msg)),
-                b'Z' => break,
-                _ => {}
-            }
-        }
-        match error {
-            Some(e) => Err(e),
-            None => Ok(count),
-        }
+        let tag = self.finish_exchange(|_, _| Ok(())).await?;
+        Ok(backend::rows_in_tag(&tag).unwrap_or(0))
     }
 
     /// Runs `COPY … TO STDOUT` and hands each data chunk (one row in text/CSV
     /// formats) to `sink`.
     pub async fn copy_out(&mut self, sql: &str, mut sink: impl FnMut(Bytes) -> PgResult<()>) -> PgResult<u64> {
         frontend::query(&mut self.wbuf, sql);
-        let mut count = 0;
-        let mut error = None;
-        loop {
-            let msg = self.recv().await?;
-            match msg.tag() {
-                b'd' if error.is_none() => {
-                    if let Err(e) = sink(msg.body_bytes()) {
-                        error = Some(e);
-                    }
-                }
-                b'C' => count = backend::rows_in_tag(backend::decode_command_complete(&msg)?).unwrap_or(0),
-                b'E' => error = Some(self.server_error(&msg)),
-                b'Z' => break,
-                _ => {}
-            }
-        }
-        match error {
-            Some(e) => Err(e),
-            None => Ok(count),
-        }
+        let tag = self
+            .finish_exchange(|_, msg| match msg.tag() {
+                b'd' => sink(msg.body_bytes()),
+                _ => Ok(()),
+            })
+            .await?;
+        Ok(backend::rows_in_tag(&tag).unwrap_or(0))
     }
 
     /// Politely ends the session.
