@@ -99,3 +99,23 @@ async fn ssl_is_declined_and_clients_fall_back() {
         .unwrap();
     assert!(!out.status.success(), "sslmode=require must fail: the coordinator does not offer SSL");
 }
+
+#[tokio::test]
+async fn settings_reach_the_workers() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute(
+        "CREATE TABLE moments (id int PRIMARY KEY, d date, at timestamptz);
+         INSERT INTO moments VALUES (1, '2024-03-15', '2024-03-15 12:00:00+00');
+         SELECT create_distributed_table('moments', 'id');",
+    )
+    .await
+    .unwrap();
+    // A worker connection exists before the SET, and one is opened after it.
+    assert_eq!(text_rows(&c, "SELECT d FROM moments WHERE id = 1").await, vec![vec![Some("2024-03-15".into())]]);
+    c.batch_execute("SET DateStyle = 'SQL, DMY'; SET TimeZone = 'Asia/Tokyo'").await.unwrap();
+    let local = text_rows(&c, "SELECT '2024-03-15'::date, '2024-03-15 12:00:00+00'::timestamptz").await;
+    assert_eq!(local, vec![vec![Some("15/03/2024".into()), Some("15/03/2024 21:00:00 JST".into())]]);
+    assert_eq!(text_rows(&c, "SELECT d, at FROM moments WHERE id = 1").await, local, "routed rows are formatted like local ones");
+    assert_eq!(text_rows(&c, "SELECT min(d), max(at) FROM moments").await, local, "and so are combined aggregates");
+}

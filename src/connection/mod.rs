@@ -48,6 +48,8 @@ pub struct PgConnection {
     farewell: Option<PgError>,
     /// Statements queued with `queue_silent` whose responses are still to be skipped.
     silent: u32,
+    /// ParameterStatus changes reported since the last `take_changed_params`.
+    changed_params: Vec<(String, String)>,
 }
 
 /// Rows of a simple query in text form.
@@ -71,6 +73,7 @@ impl PgConnection {
             broken: false,
             farewell: None,
             silent: 0,
+            changed_params: Vec::new(),
         };
         let mut params: Vec<(&str, &str)> = vec![("user", &login.user), ("database", &login.database)];
         params.extend(login.options.iter().map(|(k, v)| (k.as_str(), v.as_str())));
@@ -196,6 +199,10 @@ impl PgConnection {
                 match msg.tag() {
                     b'Z' => self.tx_status = backend::decode_ready_for_query(&msg),
                     b'E' => self.note_farewell(&msg),
+                    b'S' => {
+                        let (name, value) = backend::decode_parameter_status(&msg)?;
+                        self.changed_params.push((name.to_string(), value.to_string()));
+                    }
                     _ => {}
                 }
                 return Ok(msg);
@@ -208,6 +215,11 @@ impl PgConnection {
                 Err(e) => return Err(self.lost(e)),
             }
         }
+    }
+
+    /// Settings the server reported as changed (by SET, say) since the last call.
+    pub fn take_changed_params(&mut self) -> Vec<(String, String)> {
+        std::mem::take(&mut self.changed_params)
     }
 
     /// Turns a server's ErrorResponse into our error, saying which node raised it.

@@ -16,7 +16,7 @@ use crate::planner::{self, Plan, PlannedStatement, TransactionCommand};
 use crate::protocol::backend::{self, FieldDescription};
 use crate::protocol::frontend::{self, Bind, StartupPacket, Target};
 use crate::protocol::Message;
-use crate::transaction::Participants;
+use crate::transaction::{Participants, WORKER_PARAMETERS};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -88,9 +88,6 @@ struct Session {
     skip_until_sync: bool,
 }
 
-/// Start-up parameters forwarded to worker connections, so values are formatted
-/// and interpreted the same way on every node.
-const WORKER_PARAMETERS: &[&str] = &["DateStyle", "TimeZone", "IntervalStyle", "extra_float_digits", "client_encoding", "application_name", "bytea_output"];
 
 pub async fn run(coordinator: Arc<Coordinator>, stream: TcpStream) -> anyhow::Result<()> {
     let mut client = ClientConn::new(stream);

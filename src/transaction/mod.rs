@@ -12,6 +12,10 @@ use crate::protocol::backend::TxStatus;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+/// Settings whose values shape how data is formatted or parsed; worker
+/// connections follow the client's values for them.
+pub const WORKER_PARAMETERS: &[&str] = &["DateStyle", "TimeZone", "IntervalStyle", "extra_float_digits", "client_encoding", "application_name", "bytea_output"];
+
 /// Backends a client's CancelRequest must reach.
 pub type CancelTargets = Arc<Mutex<Vec<(ServerAddr, (i32, i32))>>>;
 
@@ -126,6 +130,7 @@ impl Participants {
     /// Called after forwarding client SQL (which may itself hold BEGIN/COMMIT, e.g.
     /// inside a function) to keep our view in line with the coordinator database.
     pub fn observe_local_status(&mut self) {
+        self.follow_settings();
         if self.block.is_none() && self.local.tx_status() != TxStatus::Idle {
             // The statement opened a block on its own (e.g. a procedure); follow it.
             self.block = Some(Block { begin_sql: "BEGIN".into(), implicit: false, failed: false, savepoints: vec![] });
@@ -159,6 +164,25 @@ impl Participants {
             }
         }
         Ok(worker)
+    }
+
+    /// Carries settings that change how values are written and read (a SET
+    /// DateStyle, TimeZone, …, reported by the coordinator database) to the
+    /// worker connections, so routed results look like local ones.
+    fn follow_settings(&mut self) {
+        for (name, value) in self.local.take_changed_params() {
+            if !WORKER_PARAMETERS.iter().any(|p| p.eq_ignore_ascii_case(&name)) {
+                continue;
+            }
+            let sql = format!("SET {} TO {}", crate::connection::quote_ident(&name), crate::connection::quote_literal(&value));
+            for w in self.workers.values_mut() {
+                w.conn.queue_silent(&sql);
+            }
+            match self.login.options.iter_mut().find(|(k, _)| k.eq_ignore_ascii_case(&name)) {
+                Some(slot) => slot.1 = value,
+                None => self.login.options.push((name, value)),
+            }
+        }
     }
 
     /// Whether the current block has already touched this node group.
