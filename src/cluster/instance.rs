@@ -102,10 +102,6 @@ impl Instance {
         Instance { data_dir: data_dir.into(), port }
     }
 
-    pub fn is_initialized(&self) -> bool {
-        self.data_dir.join("PG_VERSION").exists()
-    }
-
     /// initdb plus our settings. The port lives in the configuration so that a
     /// plain `pg_ctl start` brings the node back where the catalog expects it.
     pub fn init(&self) -> Result<()> {

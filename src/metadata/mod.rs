@@ -4,7 +4,7 @@
 //! bumps `tessera.catalog_version` and notifies `tessera_catalog`; a listener task
 //! then loads a fresh snapshot and swaps it in atomically.
 
-use crate::connection::{quote_ident, quote_literal, PgConnection, ServerAddr};
+use crate::connection::{quote_ident, PgConnection, ServerAddr};
 use crate::error::PgResult;
 use crate::hash::HashType;
 use arc_swap::ArcSwap;
@@ -282,12 +282,6 @@ impl CatalogHandle {
     pub fn replace(&self, catalog: Catalog) {
         self.current.store(Arc::new(catalog));
     }
-}
-
-/// SQL that yields a regclass for a possibly schema-qualified table name given as
-/// text by the user (as Citus functions accept it).
-pub fn regclass_literal(name: &str) -> String {
-    format!("{}::regclass", quote_literal(name))
 }
 
 #[cfg(test)]

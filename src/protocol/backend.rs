@@ -109,9 +109,6 @@ pub fn close_complete(buf: &mut BytesMut) {
 pub fn no_data(buf: &mut BytesMut) {
     empty(buf, b'n');
 }
-pub fn portal_suspended(buf: &mut BytesMut) {
-    empty(buf, b's');
-}
 
 pub fn parameter_description(buf: &mut BytesMut, types: &[u32]) {
     let at = begin_message(buf, b't');
@@ -148,16 +145,6 @@ pub fn data_row<'a>(buf: &mut BytesMut, values: impl ExactSizeIterator<Item = Op
                 buf.put_slice(v);
             }
         }
-    }
-    finish_message(buf, at);
-}
-
-pub fn copy_in_response(buf: &mut BytesMut, format: i8, columns: usize) {
-    let at = begin_message(buf, b'G');
-    buf.put_i8(format);
-    buf.put_i16(columns as i16);
-    for _ in 0..columns {
-        buf.put_i16(format as i16);
     }
     finish_message(buf, at);
 }
