@@ -17,6 +17,38 @@ pub struct Config {
     /// Workers registered at start-up if the catalog does not know them yet.
     #[serde(default)]
     pub workers: Vec<NodeConfig>,
+    #[serde(default)]
+    pub transactions: TransactionConfig,
+}
+
+/// Two-phase commit and its recovery (`[transactions]`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TransactionConfig {
+    /// How often recovery looks for prepared transactions left behind.
+    #[serde(default = "default_recovery_interval")]
+    pub recovery_interval_secs: f64,
+    /// Prepared transactions without a commit record are rolled back once they
+    /// are this old (a committing coordinator may still be writing its record).
+    #[serde(default = "default_grace")]
+    pub grace_secs: f64,
+    /// For fault-injection tests only: make the process die at this point of
+    /// two-phase commit ("after-prepare" or "after-commit-record").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault_injection: Option<crate::transaction::Fault>,
+}
+
+impl Default for TransactionConfig {
+    fn default() -> Self {
+        TransactionConfig { recovery_interval_secs: default_recovery_interval(), grace_secs: default_grace(), fault_injection: None }
+    }
+}
+
+fn default_recovery_interval() -> f64 {
+    5.0
+}
+
+fn default_grace() -> f64 {
+    10.0
 }
 
 /// Client authentication at the coordinator (`auth = "…"`).

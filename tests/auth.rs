@@ -4,36 +4,11 @@
 //! FATAL 28P01.
 
 mod common;
-use common::{sqlstate, tessera_bin, text_rows, TestCluster};
+use common::{sqlstate, text_rows, TestCluster};
 use std::process::Command;
-use std::time::{Duration, Instant};
 use tessera::protocol::{backend, frontend, take_message, Message};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_postgres::NoTls;
-
-/// Stops the coordinator process, sets `auth` in its configuration and starts
-/// it again.
-fn restart_coordinator_with_auth(cluster: &TestCluster, auth: &str) {
-    let pid = cluster.cluster.coordinator_pid().expect("the coordinator is running");
-    // SAFETY: plain signal delivery to the coordinator process the harness started.
-    unsafe { libc::kill(pid, libc::SIGTERM) };
-    let start = Instant::now();
-    while cluster.cluster.coordinator_pid().is_some() {
-        assert!(start.elapsed() < Duration::from_secs(20), "the coordinator did not stop");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let path = cluster.cluster.config_path();
-    let text = std::fs::read_to_string(&path).unwrap();
-    let rest: String = text.lines().filter(|l| !l.trim_start().starts_with("auth")).map(|l| format!("{l}\n")).collect();
-    // A top-level key goes before the first table.
-    std::fs::write(&path, format!("auth = \"{auth}\"\n{rest}")).unwrap();
-    tessera::cluster::start_coordinator(&cluster.cluster, &tessera_bin()).unwrap();
-    let start = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", cluster.port)).is_err() {
-        assert!(start.elapsed() < Duration::from_secs(60), "the coordinator did not come back");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 async fn login(cluster: &TestCluster, user: &str, password: &str) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
     let conn_str = format!("host=127.0.0.1 port={} user={user} password={password} dbname=postgres", cluster.port);
@@ -120,7 +95,7 @@ async fn scram_sha_256_client_authentication() {
     // Trust is the default: no password needed yet.
     assert!(cluster.connect().await.simple_query("SELECT 1").await.is_ok());
 
-    restart_coordinator_with_auth(&cluster, "scram-sha-256");
+    cluster.restart_coordinator(|c| c.auth = tessera::config::AuthMethod::ScramSha256);
 
     // The right password logs in and runs queries, local and distributed.
     let alice = login(&cluster, "alice", "secret").await.expect("alice logs in");

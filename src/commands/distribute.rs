@@ -4,6 +4,7 @@
 
 use super::table_ddl::TableDefinition;
 use super::{delete_catalog_rows_sql, finish_block, read_shard_rows, run_per_node, CommandContext};
+use crate::transaction::Access;
 use crate::connection::{quote_ident, quote_literal, PgConnection};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::hash::{self, HashType};
@@ -310,7 +311,7 @@ async fn move_rows_into_shards(
         let shard = format!("{}.{}", quote_ident(&table.schema), quote_ident(&format!("{}_{}", table.name, shard_ids[i])));
         for g in &placements[i] {
             let node = ctx.catalog.node_for_group(*g).ok_or_else(|| PgError::internal(format!("no node for group {g}")))?.clone();
-            let worker = ctx.parts.worker(&node).await?;
+            let worker = ctx.parts.worker(&node, Access::Write).await?;
             worker.conn.copy_in(&format!("COPY {shard} FROM STDIN"), rows.iter().cloned()).await?;
         }
         moved += n;

@@ -12,7 +12,7 @@ use crate::protocol::backend::{self, FieldDescription};
 use crate::protocol::frontend::{self, Bind};
 use crate::server::client::ClientConn;
 use crate::server::Coordinator;
-use crate::transaction::Participants;
+use crate::transaction::{Access, Participants};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -80,6 +80,10 @@ pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'
             let port = parse_port(arg(1))?;
             let id = nodes::add_node(ctx, &name, port).await?;
             (vec![FieldDescription::computed(&call.column_name, INT4_OID, 4)], vec![vec![Some(id.to_string())]])
+        }
+        ClusterFunction::RecoverPreparedTransactions => {
+            let settled = ctx.coordinator.recover_prepared_transactions().await?;
+            (vec![FieldDescription::computed(&call.column_name, INT4_OID, 4)], vec![vec![Some(settled.to_string())]])
         }
         ClusterFunction::RemoveNode => {
             let name = arg(0).ok_or_else(|| null_argument("nodename"))?;
@@ -307,7 +311,7 @@ async fn run_per_group(ctx: &mut CommandContext<'_>, groups: BTreeSet<i32>, sql_
 /// Every row of one shard placement, in COPY text format.
 pub(crate) async fn read_shard_rows(ctx: &mut CommandContext<'_>, node: &crate::metadata::Node, table: &DistributedTable, shard: &crate::metadata::Shard) -> PgResult<Vec<bytes::Bytes>> {
     let mut rows = Vec::new();
-    let worker = ctx.parts.worker(node).await?;
+    let worker = ctx.parts.worker(node, Access::Read).await?;
     worker
         .conn
         .copy_out(&format!("COPY {} TO STDOUT", table.qualified_shard_name(shard)), |row| {
@@ -323,7 +327,7 @@ pub(crate) async fn read_shard_rows(ctx: &mut CommandContext<'_>, node: &crate::
 async fn run_per_node(ctx: &mut CommandContext<'_>, per_node: BTreeMap<i32, Vec<String>>) -> PgResult<()> {
     for (group, statements) in per_node {
         let node = ctx.catalog.node_for_group(group).ok_or_else(|| PgError::internal(format!("no node for group {group}")))?.clone();
-        let worker = ctx.parts.worker(&node).await?;
+        let worker = ctx.parts.worker(&node, Access::Write).await?;
         worker.conn.execute(&statements.join(";\n")).await?;
     }
     Ok(())

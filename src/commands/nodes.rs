@@ -2,6 +2,7 @@
 
 use super::table_ddl::TableDefinition;
 use super::{finish_block, read_shard_rows, CommandContext};
+use crate::transaction::Access;
 use crate::connection::{quote_literal, PgConnection, ServerAddr};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::Node;
@@ -34,7 +35,7 @@ pub async fn add_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) -> Pg
             let definition = TableDefinition::read(ctx.parts.local().await?, table.oid).await?;
             let ddl = definition.shard_ddl(&table.shard_relname(shard), shard.id)?.join(";\n");
             let rows = read_shard_rows(ctx, &source, &table, shard).await?;
-            let target = ctx.parts.worker(&node).await?;
+            let target = ctx.parts.worker(&node, Access::Write).await?;
             target.conn.execute(&ddl).await?;
             target.conn.copy_in(&format!("COPY {} FROM STDIN", table.qualified_shard_name(shard)), rows).await?;
             ctx.parts

@@ -8,7 +8,7 @@ use crate::planner::{KeyValue, RouterPlan, ShardTarget};
 use crate::protocol::backend;
 use crate::protocol::frontend::{self, Bind, Target};
 use crate::server::client::ClientConn;
-use crate::transaction::{Participants, WorkerConnection};
+use crate::transaction::{Participants, WorkerConnection, Access};
 use std::sync::Arc;
 
 pub mod multi_shard;
@@ -194,7 +194,8 @@ async fn run_tasks(plan: &RouterPlan, tasks: Vec<Task>, parts: &mut Participants
     let mut total: u64 = 0;
     let mut tag_prefix = String::new();
     for (i, task) in tasks.iter().enumerate() {
-        let worker = parts.worker(node_of_group(catalog, task.group)?).await?;
+        let access = if plan.is_write() { Access::Write } else { Access::Read };
+        let worker = parts.worker(node_of_group(catalog, task.group)?, access).await?;
         let relay_rows = !replicated || i == 0;
         let result = run_task(worker, &task.sql, mode, client, relay_rows, i == 0).await;
         if result.is_err() {

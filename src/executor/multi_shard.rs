@@ -10,7 +10,7 @@ use crate::planner::{Combine, MultiShardPlan};
 use crate::protocol::backend;
 use crate::protocol::frontend::{self, Target};
 use crate::server::client::ClientConn;
-use crate::transaction::Participants;
+use crate::transaction::{Access, Participants};
 use std::sync::Arc;
 
 /// What a node's results are for.
@@ -57,7 +57,7 @@ pub async fn run(plan: &MultiShardPlan, parts: &mut Participants, catalog: &Cata
 
 /// Sends every task for one node at once and reads the results in order.
 async fn run_on_node(parts: &mut Participants, node: &Node, sqls: &[Arc<str>], mode: &Mode<'_>, sink: &mut Sink<'_>) -> PgResult<u64> {
-    let w = parts.worker(node).await?;
+    let w = parts.worker(node, Access::Read).await?;
     let text_results = matches!(sink, Sink::Partials { .. });
     for sql in sqls {
         match mode {

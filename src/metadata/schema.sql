@@ -139,6 +139,8 @@ CREATE OR REPLACE FUNCTION tessera.citus_remove_node(nodename text, nodeport int
     RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
 CREATE OR REPLACE FUNCTION tessera.master_remove_node(nodename text, nodeport int)
     RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
+CREATE OR REPLACE FUNCTION tessera.recover_prepared_transactions()
+    RETURNS int LANGUAGE sql AS 'SELECT tessera.coordinator_only(); SELECT 0';
 
 -- Read-only catalog functions are ordinary SQL functions: they work anywhere in
 -- a query, including in FROM.

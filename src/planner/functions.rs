@@ -13,6 +13,7 @@ pub enum ClusterFunction {
     UndistributeTable,
     AddNode,
     RemoveNode,
+    RecoverPreparedTransactions,
 }
 
 impl ClusterFunction {
@@ -23,6 +24,7 @@ impl ClusterFunction {
             "undistribute_table" => Self::UndistributeTable,
             "citus_add_node" | "master_add_node" => Self::AddNode,
             "citus_remove_node" | "master_remove_node" => Self::RemoveNode,
+            "recover_prepared_transactions" => Self::RecoverPreparedTransactions,
             _ => return None,
         })
     }
@@ -35,6 +37,7 @@ impl ClusterFunction {
             Self::UndistributeTable => &["table_name", "cascade_via_foreign_keys"],
             Self::AddNode => &["nodename", "nodeport", "groupid", "noderole", "nodecluster"],
             Self::RemoveNode => &["nodename", "nodeport"],
+            Self::RecoverPreparedTransactions => &[],
         }
     }
 }

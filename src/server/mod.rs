@@ -23,6 +23,8 @@ pub struct Coordinator {
     /// Backends to cancel for each client session's (process id, secret key).
     sessions: Mutex<HashMap<(i32, i32), CancelTargets>>,
     reload_lock: tokio::sync::Mutex<()>,
+    /// Distinguishes this process's prepared transactions from other coordinators'.
+    pub process_id: u32,
 }
 
 impl Coordinator {
@@ -42,7 +44,7 @@ impl Coordinator {
         }
         let catalog = metadata::load(&mut conn).await.map_err(|e| anyhow::anyhow!("could not load the catalog: {e}"))?;
         conn.terminate().await;
-        Ok(Arc::new(Coordinator { config, catalog: CatalogHandle::new(catalog), sessions: Mutex::new(HashMap::new()), reload_lock: tokio::sync::Mutex::new(()) }))
+        Ok(Arc::new(Coordinator { config, catalog: CatalogHandle::new(catalog), sessions: Mutex::new(HashMap::new()), reload_lock: tokio::sync::Mutex::new(()), process_id: rand::random() }))
     }
 
     /// Loads the catalog afresh and swaps it in (never replacing a newer one).
@@ -66,6 +68,11 @@ impl Coordinator {
 
     fn unregister_session(&self, key: (i32, i32)) {
         self.sessions.lock().unwrap().remove(&key);
+    }
+
+    /// One pass of prepared-transaction recovery over every worker.
+    pub async fn recover_prepared_transactions(&self) -> PgResult<u64> {
+        crate::transaction::recovery::recover(&self.config, &self.catalog.snapshot()).await
     }
 
     async fn cancel(&self, key: (i32, i32)) {
@@ -113,12 +120,24 @@ async fn follow_catalog(coordinator: Arc<Coordinator>) {
     }
 }
 
+/// Runs recovery at start-up and then at the configured interval.
+async fn recover_periodically(coordinator: Arc<Coordinator>) {
+    let interval = Duration::from_secs_f64(coordinator.config.transactions.recovery_interval_secs.max(0.1));
+    loop {
+        if let Err(e) = coordinator.recover_prepared_transactions().await {
+            tracing::warn!("prepared-transaction recovery: {e}");
+        }
+        tokio::time::sleep(interval).await;
+    }
+}
+
 /// Serves clients until the process is stopped.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
     let coordinator = Coordinator::start(config).await?;
     let listen = &coordinator.config.listen;
     let listener = TcpListener::bind(listen).await.map_err(|e| anyhow::anyhow!("could not listen on {listen}: {e}"))?;
     tokio::spawn(follow_catalog(coordinator.clone()));
+    tokio::spawn(recover_periodically(coordinator.clone()));
     tracing::info!("tessera coordinator listening on {}", coordinator.config.listen);
     loop {
         let (stream, peer) = listener.accept().await?;

@@ -16,7 +16,7 @@ use crate::planner::{self, Plan, PlannedStatement, TransactionCommand};
 use crate::protocol::backend::{self, FieldDescription};
 use crate::protocol::frontend::{self, Bind, StartupPacket, Target};
 use crate::protocol::Message;
-use crate::transaction::{Participants, WORKER_PARAMETERS};
+use crate::transaction::{Participants, TwoPhase, WORKER_PARAMETERS};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -144,10 +144,12 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: TcpStream) -> anyhow::Re
     backend::ready_for_query(client.out(), backend::TxStatus::Idle);
     client.flush().await?;
     let distributed = database == coordinator.config.coordinator_db.database;
+    let transactions = &coordinator.config.transactions;
+    let two_phase = TwoPhase::new(coordinator.process_id, key.0, Duration::from_secs_f64(transactions.grace_secs), transactions.fault_injection);
     let mut session = Session {
         coordinator: coordinator.clone(),
         client,
-        parts: Participants::new(local, worker_login, cancel_targets),
+        parts: Participants::new(local, worker_login, cancel_targets, two_phase),
         distributed,
         plans: HashMap::new(),
         shapes: HashMap::new(),

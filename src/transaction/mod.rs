@@ -5,6 +5,8 @@
 //! node keeps the one connection for the whole block (read-your-writes), and
 //! COMMIT/ROLLBACK go to exactly the nodes that were touched.
 
+pub mod recovery;
+
 use crate::connection::{Login, PgConnection, ServerAddr};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::Node;
@@ -16,6 +18,51 @@ use std::sync::{Arc, Mutex};
 /// connections follow the client's values for them.
 pub const WORKER_PARAMETERS: &[&str] = &["DateStyle", "TimeZone", "IntervalStyle", "extra_float_digits", "client_encoding", "application_name", "bytea_output"];
 
+/// Points in two-phase commit where a test can make the coordinator process die,
+/// as it might crash in production.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fault {
+    /// After every writer prepared, before the commit record is written.
+    AfterPrepare,
+    /// After the commit record is committed, before COMMIT PREPARED.
+    AfterCommitRecord,
+}
+
+/// Two-phase commit settings and transaction naming, shared by a process's sessions.
+#[derive(Clone, Debug)]
+pub struct TwoPhase {
+    /// `tessera_<process>_<session>_`: names never collide across coordinator
+    /// processes, so recovery can tell whose transaction a prepared one is.
+    prefix: Arc<str>,
+    counter: Arc<std::sync::atomic::AtomicU64>,
+    /// Recovery leaves prepared transactions without a commit record alone until
+    /// they are this old; a commit never writes its record later than half of it.
+    pub grace: std::time::Duration,
+    fault: Option<Fault>,
+}
+
+impl TwoPhase {
+    pub fn new(process_id: u32, session_id: i32, grace: std::time::Duration, fault: Option<Fault>) -> Self {
+        TwoPhase { prefix: Arc::from(format!("{GID_PREFIX}{process_id}_{session_id}_")), counter: Default::default(), grace, fault }
+    }
+
+    fn next_gid(&self) -> String {
+        let n = self.counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("{}{n}", self.prefix)
+    }
+
+    fn inject(&self, at: Fault) {
+        if self.fault == Some(at) {
+            tracing::error!("fault injection: stopping at {at:?}");
+            std::process::abort();
+        }
+    }
+}
+
+/// Every prepared transaction Tessera creates is named with this prefix.
+pub const GID_PREFIX: &str = "tessera_";
+
 /// Backends a client's CancelRequest must reach.
 pub type CancelTargets = Arc<Mutex<Vec<(ServerAddr, (i32, i32))>>>;
 
@@ -24,6 +71,9 @@ pub struct WorkerConnection {
     pub conn: PgConnection,
     pub group_id: i32,
     in_block: bool,
+    /// The current block wrote through this connection, so committing it needs
+    /// the same atomicity as the other writers'.
+    wrote: bool,
     /// Shard statement text → name of the statement prepared for it on this connection.
     prepared: HashMap<Arc<str>, String>,
     /// True while an extended-protocol exchange awaits its Sync.
@@ -63,6 +113,13 @@ struct Block {
     savepoints: Vec<String>,
 }
 
+/// Whether a statement only reads through a worker connection or may write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    Write,
+}
+
 pub struct Participants {
     pub local: PgConnection,
     local_in_block: bool,
@@ -70,11 +127,12 @@ pub struct Participants {
     login: Login,
     block: Option<Block>,
     cancel_targets: CancelTargets,
+    two_phase: TwoPhase,
 }
 
 impl Participants {
-    pub fn new(local: PgConnection, login: Login, cancel_targets: CancelTargets) -> Self {
-        Participants { local, local_in_block: false, workers: HashMap::new(), login, block: None, cancel_targets }
+    pub fn new(local: PgConnection, login: Login, cancel_targets: CancelTargets, two_phase: TwoPhase) -> Self {
+        Participants { local, local_in_block: false, workers: HashMap::new(), login, block: None, cancel_targets, two_phase }
     }
 
     /// The identity worker connections log in with.
@@ -144,7 +202,7 @@ impl Participants {
     /// A worker connection for `node`, opened on first use and joined to the
     /// block if there is one. The BEGIN is pipelined ahead of the caller's first
     /// statement rather than waited for.
-    pub async fn worker(&mut self, node: &Node) -> PgResult<&mut WorkerConnection> {
+    pub async fn worker(&mut self, node: &Node, access: Access) -> PgResult<&mut WorkerConnection> {
         if self.workers.get_mut(&node.group_id).is_some_and(WorkerConnection::died_while_idle) {
             self.drop_worker(node.group_id);
         }
@@ -154,7 +212,7 @@ impl Participants {
             }
             let conn = PgConnection::connect(&node.addr, &self.login).await?;
             self.cancel_targets.lock().unwrap().push((node.addr.clone(), conn.backend_key()));
-            self.workers.insert(node.group_id, WorkerConnection { conn, group_id: node.group_id, in_block: false, prepared: HashMap::new(), needs_sync: false });
+            self.workers.insert(node.group_id, WorkerConnection { conn, group_id: node.group_id, in_block: false, wrote: false, prepared: HashMap::new(), needs_sync: false });
         }
         let worker = self.workers.get_mut(&node.group_id).unwrap();
         if let Some(block) = &self.block {
@@ -162,6 +220,7 @@ impl Participants {
                 worker.conn.queue_silent(&replay_sql(block));
                 worker.in_block = true;
             }
+            worker.wrote |= access == Access::Write;
         }
         Ok(worker)
     }
@@ -254,7 +313,8 @@ impl Participants {
     }
 
     /// Sends `command` to every touched node, workers in parallel, then the
-    /// coordinator database. Every node is finished even if one fails.
+    /// coordinator database. Every node is finished even if one fails. A COMMIT
+    /// that has to be atomic across several writing nodes uses two-phase commit.
     async fn finish(&mut self, command: &str) -> PgResult<()> {
         // A node whose connection broke has already rolled its part back; for a
         // ROLLBACK there is nothing to send it, and a COMMIT cannot succeed.
@@ -264,17 +324,20 @@ impl Participants {
             PgError::new(sqlstate::CONNECTION_FAILURE, format!("connection to node {node} was lost during the transaction; it was rolled back"))
         });
         let command = if lost.is_empty() { command } else { "ROLLBACK" };
-        {
-            let workers = self.touched_workers();
-            let results = futures::future::join_all(workers.into_iter().map(|w| async move {
-                w.in_block = false;
-                w.conn.execute(command).await
-            }))
-            .await;
-            for r in results {
-                if let Err(e) = r {
-                    first_error.get_or_insert(e);
-                }
+        if command == "COMMIT" && self.needs_two_phase().await? {
+            let result = self.commit_two_phase().await;
+            self.discard_broken();
+            return result;
+        }
+        let results = futures::future::join_all(self.touched_workers().into_iter().map(|w| async move {
+            w.in_block = false;
+            w.wrote = false;
+            w.conn.execute(command).await
+        }))
+        .await;
+        for r in results {
+            if let Err(e) = r {
+                first_error.get_or_insert(e);
             }
         }
         if self.local_in_block {
@@ -288,6 +351,107 @@ impl Participants {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+
+    /// Two-phase commit is needed when more than one node wrote (the coordinator
+    /// database counts as a writer once it joined the block), unless the session
+    /// chose `SET citus.multi_shard_commit_protocol = '1pc'`.
+    async fn needs_two_phase(&mut self) -> PgResult<bool> {
+        let writers = self.workers.values().filter(|w| w.in_block && w.wrote).count() + usize::from(self.local_in_block);
+        if writers < 2 || self.workers.values().all(|w| !(w.in_block && w.wrote)) {
+            return Ok(false);
+        }
+        let protocol = self.local.query_value("SELECT current_setting('citus.multi_shard_commit_protocol', true)").await?;
+        Ok(protocol.as_deref() != Some("1pc"))
+    }
+
+    /// PREPARE TRANSACTION on every writing worker; the commit record in
+    /// `pg_dist_transaction` decides (it commits with the coordinator database's
+    /// part of the block, if any); then COMMIT PREPARED. Read-only participants
+    /// just commit. After a failure past the decision, recovery finishes the job.
+    async fn commit_two_phase(&mut self) -> PgResult<()> {
+        let started = std::time::Instant::now();
+        let two_phase = self.two_phase.clone();
+        let mut gids: Vec<(i32, String)> = Vec::new();
+        for w in self.workers.values().filter(|w| w.in_block && w.wrote) {
+            gids.push((w.group_id, two_phase.next_gid()));
+        }
+        let prepares = futures::future::join_all(self.touched_workers().into_iter().map(|w| {
+            let gid = gids.iter().find(|(g, _)| *g == w.group_id).map(|(_, gid)| gid.clone());
+            async move {
+                w.in_block = false;
+                w.wrote = false;
+                match gid {
+                    Some(gid) => w.conn.execute(&format!("PREPARE TRANSACTION '{gid}'")).await.map(|_| Some((w.group_id, gid))),
+                    None => w.conn.execute("COMMIT").await.map(|_| None),
+                }
+            }
+        }))
+        .await;
+        let mut prepared = Vec::new();
+        let mut failure = None;
+        for r in prepares {
+            match r {
+                Ok(Some(p)) => prepared.push(p),
+                Ok(None) => {}
+                Err(e) => {
+                    failure.get_or_insert(e);
+                }
+            }
+        }
+        two_phase.inject(Fault::AfterPrepare);
+        // Recovery rolls back prepared transactions without a record once they
+        // are older than its grace period; never write a record that late.
+        if failure.is_none() && started.elapsed() > two_phase.grace / 2 {
+            failure = Some(PgError::new(sqlstate::CONNECTION_FAILURE, "two-phase commit took too long to prepare; the transaction was rolled back"));
+        }
+        if let Some(e) = failure {
+            self.resolve_prepared(&prepared, "ROLLBACK PREPARED").await;
+            if self.local_in_block {
+                self.local_in_block = false;
+                self.local.execute("ROLLBACK").await.ok();
+            }
+            return Err(e);
+        }
+        let records: Vec<String> = prepared.iter().map(|(g, gid)| format!("({g}, '{gid}')")).collect();
+        let record_sql = format!("INSERT INTO tessera.pg_dist_transaction (groupid, gid) VALUES {}", records.join(", "));
+        let decided = if self.local_in_block {
+            self.local_in_block = false;
+            match self.local.execute(&record_sql).await {
+                Ok(_) => self.local.execute("COMMIT").await.map(|_| ()),
+                Err(e) => {
+                    self.local.execute("ROLLBACK").await.ok();
+                    Err(e)
+                }
+            }
+        } else {
+            self.local.execute(&record_sql).await.map(|_| ())
+        };
+        if let Err(e) = decided {
+            if self.local.is_broken() {
+                // The outcome is unknown to us; recovery reads the record (or its
+                // absence) and finishes either way.
+                return Err(e.with_detail("The transaction's outcome will be settled by prepared-transaction recovery."));
+            }
+            self.resolve_prepared(&prepared, "ROLLBACK PREPARED").await;
+            return Err(e);
+        }
+        two_phase.inject(Fault::AfterCommitRecord);
+        // Committed. A node that cannot confirm now is finished by recovery.
+        self.resolve_prepared(&prepared, "COMMIT PREPARED").await;
+        Ok(())
+    }
+
+    /// Sends COMMIT PREPARED or ROLLBACK PREPARED for each prepared transaction,
+    /// in parallel; failures are left to recovery.
+    async fn resolve_prepared(&mut self, prepared: &[(i32, String)], command: &str) {
+        let workers = self.workers.values_mut().filter_map(|w| prepared.iter().find(|(g, _)| *g == w.group_id).map(|(_, gid)| (w, gid)));
+        futures::future::join_all(workers.map(|(w, gid)| async move {
+            if let Err(e) = w.conn.execute(&format!("{command} '{gid}'")).await {
+                tracing::warn!("{command} '{gid}' on {}: {e}; recovery will retry", w.conn.label());
+            }
+        }))
+        .await;
     }
 
     pub async fn savepoint(&mut self, name: &str) -> PgResult<()> {

@@ -74,6 +74,40 @@ impl TestCluster {
         connect(self.cluster.state.coordinator_db_port).await
     }
 
+    /// Stops the coordinator process, changes its configuration and starts it
+    /// again, waiting until it accepts connections.
+    pub fn restart_coordinator(&self, edit: impl FnOnce(&mut tessera::config::Config)) {
+        use std::time::{Duration, Instant};
+        if let Some(pid) = self.cluster.coordinator_pid() {
+            // SAFETY: plain signal delivery to the coordinator process the harness started.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        let start = Instant::now();
+        while self.cluster.coordinator_pid().is_some() {
+            assert!(start.elapsed() < Duration::from_secs(20), "the coordinator did not stop");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let path = self.cluster.config_path();
+        let mut config = tessera::config::Config::load(&path).unwrap();
+        edit(&mut config);
+        std::fs::write(&path, toml::to_string(&config).unwrap()).unwrap();
+        cluster::start_coordinator(&self.cluster, &tessera_bin()).unwrap();
+        let start = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(start.elapsed() < Duration::from_secs(60), "the coordinator did not come back");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits until the coordinator process has exited (e.g. at a fault-injection point).
+    pub fn wait_for_coordinator_exit(&self) {
+        let start = std::time::Instant::now();
+        while self.cluster.coordinator_pid().is_some() {
+            assert!(start.elapsed() < std::time::Duration::from_secs(20), "the coordinator did not exit");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
     /// Runs psql against the coordinator; returns (success, stdout, stderr).
     pub fn psql(&self, sql: &str) -> (bool, String, String) {
         let out = Command::new("psql")
