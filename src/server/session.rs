@@ -291,6 +291,14 @@ impl Session {
     }
 
     fn plan(&mut self, sql: &str) -> Arc<CachedPlan> {
+        let planned = self.plan_cached(sql);
+        if planned.statements.iter().any(|s| s.changes_commit_protocol) {
+            self.parts.forget_commit_protocol();
+        }
+        planned
+    }
+
+    fn plan_cached(&mut self, sql: &str) -> Arc<CachedPlan> {
         let catalog = self.catalog();
         if let Some(p) = self.plans.get(sql) {
             if p.version == catalog.version {

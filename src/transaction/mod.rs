@@ -128,11 +128,14 @@ pub struct Participants {
     block: Option<Block>,
     cancel_targets: CancelTargets,
     two_phase: TwoPhase,
+    /// Whether `citus.multi_shard_commit_protocol` asks for two-phase commit, once
+    /// read; forgotten whenever a statement may have changed it.
+    two_phase_chosen: Option<bool>,
 }
 
 impl Participants {
     pub fn new(local: PgConnection, login: Login, cancel_targets: CancelTargets, two_phase: TwoPhase) -> Self {
-        Participants { local, local_in_block: false, workers: HashMap::new(), login, block: None, cancel_targets, two_phase }
+        Participants { local, local_in_block: false, workers: HashMap::new(), login, block: None, cancel_targets, two_phase, two_phase_chosen: None }
     }
 
     /// The identity worker connections log in with.
@@ -361,8 +364,18 @@ impl Participants {
         if writers < 2 || self.workers.values().all(|w| !(w.in_block && w.wrote)) {
             return Ok(false);
         }
+        if let Some(chosen) = self.two_phase_chosen {
+            return Ok(chosen);
+        }
         let protocol = self.local.query_value("SELECT current_setting('citus.multi_shard_commit_protocol', true)").await?;
-        Ok(protocol.as_deref() != Some("1pc"))
+        let chosen = protocol.as_deref() != Some("1pc");
+        self.two_phase_chosen = Some(chosen);
+        Ok(chosen)
+    }
+
+    /// A statement may have changed `citus.multi_shard_commit_protocol`.
+    pub fn forget_commit_protocol(&mut self) {
+        self.two_phase_chosen = None;
     }
 
     /// PREPARE TRANSACTION on every writing worker; the commit record in
