@@ -78,7 +78,12 @@ pub struct WorkerConnection {
     prepared: HashMap<Arc<str>, String>,
     /// True while an extended-protocol exchange awaits its Sync.
     pub needs_sync: bool,
+    last_used: std::time::Instant,
 }
+
+/// How long a worker connection must have been idle before it is probed for a
+/// server that went away meanwhile.
+const IDLE_PROBE_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
 
 impl WorkerConnection {
     /// The prepared-statement name for `sql`, and whether it must be parsed first.
@@ -100,7 +105,10 @@ impl WorkerConnection {
     /// it has joined a block, the block's work on that node died with it, and
     /// the next statement must fail.
     fn died_while_idle(&mut self) -> bool {
-        !self.in_block && !self.needs_sync && self.conn.is_dead_while_idle()
+        // Only connections that sat idle are checked: the probe costs a syscall,
+        // and it clears the socket's readiness, which delays the next read.
+        let idle = self.last_used.elapsed() > IDLE_PROBE_AFTER;
+        idle && !self.in_block && !self.needs_sync && self.conn.is_dead_while_idle()
     }
 }
 
@@ -215,9 +223,10 @@ impl Participants {
             }
             let conn = PgConnection::connect(&node.addr, &self.login).await?;
             self.cancel_targets.lock().unwrap().push((node.addr.clone(), conn.backend_key()));
-            self.workers.insert(node.group_id, WorkerConnection { conn, group_id: node.group_id, in_block: false, wrote: false, prepared: HashMap::new(), needs_sync: false });
+            self.workers.insert(node.group_id, WorkerConnection { conn, group_id: node.group_id, in_block: false, wrote: false, prepared: HashMap::new(), needs_sync: false, last_used: std::time::Instant::now() });
         }
         let worker = self.workers.get_mut(&node.group_id).unwrap();
+        worker.last_used = std::time::Instant::now();
         if let Some(block) = &self.block {
             if !worker.in_block {
                 worker.conn.queue_silent(&replay_sql(block));
