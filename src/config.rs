@@ -31,6 +31,9 @@ pub struct TransactionConfig {
     /// are this old (a committing coordinator may still be writing its record).
     #[serde(default = "default_grace")]
     pub grace_secs: f64,
+    /// How often waits across workers are checked for distributed deadlocks.
+    #[serde(default = "default_deadlock_interval")]
+    pub deadlock_check_interval_secs: f64,
     /// For fault-injection tests only: make the process die at this point of
     /// two-phase commit ("after-prepare" or "after-commit-record").
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -39,12 +42,21 @@ pub struct TransactionConfig {
 
 impl Default for TransactionConfig {
     fn default() -> Self {
-        TransactionConfig { recovery_interval_secs: default_recovery_interval(), grace_secs: default_grace(), fault_injection: None }
+        TransactionConfig {
+            recovery_interval_secs: default_recovery_interval(),
+            grace_secs: default_grace(),
+            deadlock_check_interval_secs: default_deadlock_interval(),
+            fault_injection: None,
+        }
     }
 }
 
 fn default_recovery_interval() -> f64 {
     5.0
+}
+
+fn default_deadlock_interval() -> f64 {
+    2.0
 }
 
 fn default_grace() -> f64 {

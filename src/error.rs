@@ -27,6 +27,7 @@ pub mod sqlstate {
     pub const INTERNAL_ERROR: &str = "XX000";
     pub const OBJECT_IN_USE: &str = "55006";
     pub const QUERY_CANCELED: &str = "57014";
+    pub const DEADLOCK_DETECTED: &str = "40P01";
 }
 
 /// An error or notice in PostgreSQL's field form (severity, SQLSTATE, message,

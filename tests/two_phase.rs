@@ -129,3 +129,41 @@ async fn a_crash_before_the_commit_record_is_rolled_back_by_recovery() {
     let c = cluster.connect().await;
     assert_eq!(text_rows(&c, "SELECT sum(balance), count(*) FROM bank").await, vec![vec![Some("4000".into()), Some("40".into())]]);
 }
+
+/// Two sessions update the same two rows, on different workers, in opposite
+/// order: each worker sees only one wait, so only the distributed detector can
+/// break the cycle. Exactly one session gets 40P01; the other commits.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deadlock_across_workers_is_broken() {
+    let cluster = TestCluster::start(2);
+    let (c, a, b) = setup(&cluster).await;
+    drop(c);
+    let s1 = cluster.connect().await;
+    let s2 = cluster.connect().await;
+    s1.batch_execute(&format!("BEGIN; UPDATE bank SET balance = balance + 1 WHERE id = {a}")).await.unwrap();
+    s2.batch_execute(&format!("BEGIN; UPDATE bank SET balance = balance + 10 WHERE id = {b}")).await.unwrap();
+    let started = std::time::Instant::now();
+    let first = tokio::spawn(async move {
+        let r = s1.batch_execute(&format!("UPDATE bank SET balance = balance + 1 WHERE id = {b}")).await;
+        (s1, r)
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let second = tokio::spawn(async move {
+        let r = s2.batch_execute(&format!("UPDATE bank SET balance = balance + 10 WHERE id = {a}")).await;
+        (s2, r)
+    });
+    let ((s1, r1), (s2, r2)) = (first.await.unwrap(), second.await.unwrap());
+    assert!(started.elapsed() < std::time::Duration::from_secs(15), "the deadlock took {:?} to break", started.elapsed());
+    let failures: Vec<&tokio_postgres::Error> = [&r1, &r2].into_iter().filter_map(|r| r.as_ref().err()).collect();
+    assert_eq!(failures.len(), 1, "exactly one session loses: {r1:?} {r2:?}");
+    assert_eq!(common::sqlstate(failures[0]), "40P01");
+    assert!(common::error_text(failures[0]).contains("tessera:"), "the message names the cycle: {}", common::error_text(failures[0]));
+    // The survivor commits; the victim rolls back.
+    let (winner, loser, delta) = if r1.is_ok() { (s1, s2, 1) } else { (s2, s1, 10) };
+    loser.batch_execute("ROLLBACK").await.unwrap();
+    winner.batch_execute("COMMIT").await.unwrap();
+    let c = cluster.connect().await;
+    let expected = (100 + delta).to_string();
+    assert_eq!(text_rows(&c, &format!("SELECT balance FROM bank WHERE id = {a}")).await, vec![vec![Some(expected.clone())]]);
+    assert_eq!(text_rows(&c, &format!("SELECT balance FROM bank WHERE id = {b}")).await, vec![vec![Some(expected)]]);
+}

@@ -48,8 +48,9 @@ pub struct PgConnection {
     farewell: Option<PgError>,
     /// Statements queued with `queue_silent` whose responses are still to be skipped.
     silent: u32,
-    /// ParameterStatus changes reported since the last `take_changed_params`.
-    changed_params: Vec<(String, String)>,
+    /// ParameterStatus changes reported since the last `take_changed_params`,
+    /// collected only once `track_parameter_changes` asked for them.
+    changed_params: Option<Vec<(String, String)>>,
 }
 
 /// Rows of a simple query in text form.
@@ -73,7 +74,7 @@ impl PgConnection {
             broken: false,
             farewell: None,
             silent: 0,
-            changed_params: Vec::new(),
+            changed_params: None,
         };
         let mut params: Vec<(&str, &str)> = vec![("user", &login.user), ("database", &login.database)];
         params.extend(login.options.iter().map(|(k, v)| (k.as_str(), v.as_str())));
@@ -200,8 +201,10 @@ impl PgConnection {
                     b'Z' => self.tx_status = backend::decode_ready_for_query(&msg),
                     b'E' => self.note_farewell(&msg),
                     b'S' => {
-                        let (name, value) = backend::decode_parameter_status(&msg)?;
-                        self.changed_params.push((name.to_string(), value.to_string()));
+                        if let Some(changed) = &mut self.changed_params {
+                            let (name, value) = backend::decode_parameter_status(&msg)?;
+                            changed.push((name.to_string(), value.to_string()));
+                        }
                     }
                     _ => {}
                 }
@@ -217,9 +220,14 @@ impl PgConnection {
         }
     }
 
+    /// From now on, remember the settings the server reports as changed.
+    pub fn track_parameter_changes(&mut self) {
+        self.changed_params.get_or_insert_with(Vec::new);
+    }
+
     /// Settings the server reported as changed (by SET, say) since the last call.
     pub fn take_changed_params(&mut self) -> Vec<(String, String)> {
-        std::mem::take(&mut self.changed_params)
+        self.changed_params.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// Turns a server's ErrorResponse into our error, saying which node raised it.

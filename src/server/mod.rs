@@ -25,6 +25,9 @@ pub struct Coordinator {
     reload_lock: tokio::sync::Mutex<()>,
     /// Distinguishes this process's prepared transactions from other coordinators'.
     pub process_id: u32,
+    /// Transactions the deadlock detector cancelled, with the cycle, so their
+    /// sessions can report a deadlock instead of a plain cancellation.
+    deadlock_victims: Mutex<HashMap<String, String>>,
 }
 
 impl Coordinator {
@@ -44,7 +47,7 @@ impl Coordinator {
         }
         let catalog = metadata::load(&mut conn).await.map_err(|e| anyhow::anyhow!("could not load the catalog: {e}"))?;
         conn.terminate().await;
-        Ok(Arc::new(Coordinator { config, catalog: CatalogHandle::new(catalog), sessions: Mutex::new(HashMap::new()), reload_lock: tokio::sync::Mutex::new(()), process_id: rand::random() }))
+        Ok(Arc::new(Coordinator { config, catalog: CatalogHandle::new(catalog), sessions: Mutex::new(HashMap::new()), reload_lock: tokio::sync::Mutex::new(()), process_id: rand::random(), deadlock_victims: Mutex::new(HashMap::new()) }))
     }
 
     /// Loads the catalog afresh and swaps it in (never replacing a newer one).
@@ -73,6 +76,29 @@ impl Coordinator {
     /// One pass of prepared-transaction recovery over every worker.
     pub async fn recover_prepared_transactions(&self) -> PgResult<u64> {
         crate::transaction::recovery::recover(&self.config, &self.catalog.snapshot()).await
+    }
+
+    /// One round of distributed deadlock detection: cancels the youngest
+    /// transaction of each cycle where it waits.
+    pub async fn break_deadlocks(&self) -> PgResult<()> {
+        let catalog = self.catalog.snapshot();
+        let waits = crate::transaction::deadlock::gather_waits(&self.config, &catalog).await?;
+        for victim in crate::transaction::deadlock::choose_victims(&waits) {
+            let cycle = victim.cycle.join(" -> ");
+            tracing::warn!("distributed deadlock {cycle}: cancelling {}", victim.transaction);
+            self.deadlock_victims.lock().unwrap().insert(victim.transaction.clone(), cycle);
+            for (addr, pid) in victim.waits {
+                let mut conn = PgConnection::connect(&addr, &self.config.service_login()).await?;
+                conn.execute(&format!("SELECT pg_cancel_backend({pid})")).await.ok();
+                conn.terminate().await;
+            }
+        }
+        Ok(())
+    }
+
+    /// The cycle, if the deadlock detector cancelled this transaction.
+    pub fn take_deadlock_victim(&self, transaction: &str) -> Option<String> {
+        self.deadlock_victims.lock().unwrap().remove(transaction)
     }
 
     async fn cancel(&self, key: (i32, i32)) {
@@ -131,6 +157,16 @@ async fn recover_periodically(coordinator: Arc<Coordinator>) {
     }
 }
 
+async fn detect_deadlocks_periodically(coordinator: Arc<Coordinator>) {
+    let interval = Duration::from_secs_f64(coordinator.config.transactions.deadlock_check_interval_secs.max(0.1));
+    loop {
+        tokio::time::sleep(interval).await;
+        if let Err(e) = coordinator.break_deadlocks().await {
+            tracing::warn!("distributed deadlock detection: {e}");
+        }
+    }
+}
+
 /// Serves clients until the process is stopped.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
     let coordinator = Coordinator::start(config).await?;
@@ -138,6 +174,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let listener = TcpListener::bind(listen).await.map_err(|e| anyhow::anyhow!("could not listen on {listen}: {e}"))?;
     tokio::spawn(follow_catalog(coordinator.clone()));
     tokio::spawn(recover_periodically(coordinator.clone()));
+    tokio::spawn(detect_deadlocks_periodically(coordinator.clone()));
     tracing::info!("tessera coordinator listening on {}", coordinator.config.listen);
     loop {
         let (stream, peer) = listener.accept().await?;

@@ -86,6 +86,9 @@ struct Session {
     local_unsynced: bool,
     /// After an error in an extended-protocol batch, messages up to Sync are ignored.
     skip_until_sync: bool,
+    /// A deadlock victim's work must be rolled back on every node before the
+    /// client hears back.
+    release_work: bool,
 }
 
 
@@ -158,6 +161,7 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: TcpStream) -> anyhow::Re
         local_expected: 0,
         local_unsynced: false,
         skip_until_sync: false,
+        release_work: false,
     };
     let result = session.serve().await;
     coordinator.unregister_session(key);
@@ -314,10 +318,32 @@ impl Session {
     }
 
     fn report(&mut self, failure: Failure) {
+        let failure = self.as_deadlock(failure);
         if let Failure::Error(e) = failure {
             backend::error_response(self.client.out(), &e);
         }
         self.parts.mark_failed();
+    }
+
+    /// A statement cancelled by the distributed deadlock detector reports the
+    /// deadlock, as PostgreSQL does for one it breaks itself.
+    fn as_deadlock(&mut self, failure: Failure) -> Failure {
+        let Failure::Error(e) = &failure else { return failure };
+        if e.code() != sqlstate::QUERY_CANCELED {
+            return failure;
+        }
+        let cycle = self.parts.transaction_id().and_then(|id| self.coordinator.take_deadlock_victim(id));
+        match cycle {
+            Some(cycle) => {
+                self.release_work = true;
+                Failure::Error(
+                PgError::new(sqlstate::DEADLOCK_DETECTED, "deadlock detected")
+                    .with_detail(format!("Distributed transactions wait for each other across workers: {cycle}; this one was cancelled."))
+                    .with_hint("Retry the transaction."),
+                )
+            }
+            None => failure,
+        }
     }
 
     // ---- simple query protocol ----
@@ -354,9 +380,16 @@ impl Session {
             }
         }
         self.parts.observe_local_status();
+        self.release_deadlocked_work().await;
         backend::ready_for_query(self.client.out(), self.parts.status());
         self.client.flush().await?;
         Ok(())
+    }
+
+    async fn release_deadlocked_work(&mut self) {
+        if std::mem::take(&mut self.release_work) {
+            self.parts.release_failed_work().await;
+        }
     }
 
     async fn execute_simple(&mut self, stmt: &PlannedStatement) -> Result<(), Failure> {
@@ -777,6 +810,7 @@ impl Session {
                 self.report(Failure::Error(e));
             }
         }
+        self.release_deadlocked_work().await;
         // Portals live until the end of the transaction; outside one, until Sync.
         if !self.parts.in_block() {
             self.portals.retain(|name, _| !name.is_empty());

@@ -5,6 +5,7 @@
 //! node keeps the one connection for the whole block (read-your-writes), and
 //! COMMIT/ROLLBACK go to exactly the nodes that were touched.
 
+pub mod deadlock;
 pub mod recovery;
 
 use crate::connection::{Login, PgConnection, ServerAddr};
@@ -47,6 +48,14 @@ impl TwoPhase {
         TwoPhase { prefix: Arc::from(format!("{GID_PREFIX}{process_id}_{session_id}_")), counter: Default::default(), grace, fault }
     }
 
+    /// `tessera:<process>:<session>:<n>:<start, ms since the epoch>`: the start
+    /// time lets the deadlock detector pick the youngest transaction in a cycle.
+    fn next_transaction_id(&self) -> String {
+        let n = self.counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
+        format!("{TRANSACTION_ID_PREFIX}{}{n}:{started}", self.prefix.trim_start_matches(GID_PREFIX).replace('_', ":"))
+    }
+
     fn next_gid(&self) -> String {
         let n = self.counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         format!("{}{n}", self.prefix)
@@ -59,6 +68,10 @@ impl TwoPhase {
         }
     }
 }
+
+/// Worker backends taking part in a distributed transaction carry an
+/// application_name with this prefix.
+pub const TRANSACTION_ID_PREFIX: &str = "tessera:";
 
 /// Every prepared transaction Tessera creates is named with this prefix.
 pub const GID_PREFIX: &str = "tessera_";
@@ -115,6 +128,10 @@ impl WorkerConnection {
 #[derive(Debug)]
 struct Block {
     begin_sql: String,
+    /// Names the distributed transaction on every worker it reaches (as the
+    /// worker backend's application_name), so the deadlock detector can tell
+    /// which waits belong to which transaction.
+    id: String,
     /// Opened by the coordinator for one multi-node statement, not by the client.
     implicit: bool,
     failed: bool,
@@ -142,7 +159,8 @@ pub struct Participants {
 }
 
 impl Participants {
-    pub fn new(local: PgConnection, login: Login, cancel_targets: CancelTargets, two_phase: TwoPhase) -> Self {
+    pub fn new(mut local: PgConnection, login: Login, cancel_targets: CancelTargets, two_phase: TwoPhase) -> Self {
+        local.track_parameter_changes();
         Participants { local, local_in_block: false, workers: HashMap::new(), login, block: None, cancel_targets, two_phase, two_phase_chosen: None }
     }
 
@@ -158,6 +176,11 @@ impl Participants {
             Some(b) if b.failed => TxStatus::Failed,
             Some(_) => TxStatus::InBlock,
         }
+    }
+
+    /// The distributed transaction's id, while a block is open.
+    pub fn transaction_id(&self) -> Option<&str> {
+        self.block.as_ref().map(|b| b.id.as_str())
     }
 
     pub fn in_block(&self) -> bool {
@@ -202,7 +225,7 @@ impl Participants {
         self.follow_settings();
         if self.block.is_none() && self.local.tx_status() != TxStatus::Idle {
             // The statement opened a block on its own (e.g. a procedure); follow it.
-            self.block = Some(Block { begin_sql: "BEGIN".into(), implicit: false, failed: false, savepoints: vec![] });
+            self.block = Some(Block { begin_sql: "BEGIN".into(), id: self.two_phase.next_transaction_id(), implicit: false, failed: false, savepoints: vec![] });
             self.local_in_block = true;
         }
         if self.local_in_block && self.local.tx_status() == TxStatus::Failed {
@@ -229,7 +252,8 @@ impl Participants {
         worker.last_used = std::time::Instant::now();
         if let Some(block) = &self.block {
             if !worker.in_block {
-                worker.conn.queue_silent(&replay_sql(block));
+                let sql = format!("{}; SET LOCAL application_name = {}", replay_sql(block), crate::connection::quote_literal(&block.id));
+                worker.conn.queue_silent(&sql);
                 worker.in_block = true;
             }
             worker.wrote |= access == Access::Write;
@@ -286,7 +310,7 @@ impl Participants {
         if self.block.as_ref().is_some_and(|b| !b.implicit) {
             return Some(PgError::warning("25001", "there is already a transaction in progress"));
         }
-        self.block = Some(Block { begin_sql: sql.to_string(), implicit: false, failed: false, savepoints: vec![] });
+        self.block = Some(Block { begin_sql: sql.to_string(), id: self.two_phase.next_transaction_id(), implicit: false, failed: false, savepoints: vec![] });
         None
     }
 
@@ -296,7 +320,7 @@ impl Participants {
         if self.block.is_some() {
             return false;
         }
-        self.block = Some(Block { begin_sql: "BEGIN".into(), implicit: true, failed: false, savepoints: vec![] });
+        self.block = Some(Block { begin_sql: "BEGIN".into(), id: self.two_phase.next_transaction_id(), implicit: true, failed: false, savepoints: vec![] });
         true
     }
 
@@ -315,6 +339,15 @@ impl Participants {
             return Ok("ROLLBACK");
         }
         self.finish("COMMIT").await.map(|_| "COMMIT")
+    }
+
+    /// Rolls back the block's work on every node now, leaving the block itself
+    /// failed until the client ends it: a deadlock victim must let go of its
+    /// locks on all nodes, not only where it was cancelled.
+    pub async fn release_failed_work(&mut self) {
+        if self.is_failed() {
+            self.finish("ROLLBACK").await.ok();
+        }
     }
 
     pub async fn rollback(&mut self) -> PgResult<()> {
