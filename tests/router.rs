@@ -84,8 +84,7 @@ async fn multi_row_insert_splits_by_shard() {
     let ids = text_rows(&c, "INSERT INTO events (note) VALUES ('a'), ('b'), ('c') RETURNING id").await;
     assert_eq!(ids.len(), 3);
     c.execute("INSERT INTO events VALUES (DEFAULT, $1)", &[&"d"]).await.unwrap();
-    let err = c.simple_query("SELECT count(DISTINCT id) FROM events").await.unwrap_err();
-    assert_eq!(sqlstate(&err), "0A000", "count(DISTINCT) across shards is refused, not answered wrongly");
+    assert_eq!(text_rows(&c, "SELECT count(DISTINCT id) FROM events").await, vec![row(&["4"])]);
     assert_eq!(text_rows(&c, "SELECT count(*), min(id), max(id) FROM events").await, vec![row(&["4", "1", "4"])]);
     assert_eq!(text_rows(&c, "SELECT note FROM events WHERE id = 4").await, vec![row(&["d"])]);
     // A missing or NULL distribution value is refused, naming the problem.
@@ -169,7 +168,7 @@ async fn refusals_are_clear_and_the_session_survives() {
     assert!(error_text(&err).contains("modifying the partition value of rows is not allowed"), "{err}");
     let err = c.simple_query("UPDATE accounts SET owner = 'x'").await.unwrap_err();
     assert_eq!(sqlstate(&err), "0A000");
-    let err = c.simple_query("SELECT owner, count(*) FROM accounts GROUP BY owner").await.unwrap_err();
+    let err = c.simple_query("INSERT INTO accounts SELECT id + 10, owner FROM accounts").await.unwrap_err();
     assert_eq!(sqlstate(&err), "0A000");
     assert!(error_text(&err).contains("not supported yet"), "{err}");
     let err = c.simple_query("CREATE VIEW v AS SELECT * FROM accounts").await.unwrap_err();

@@ -263,9 +263,13 @@ async fn run_ddl_in_block(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_
                 }
             }
             run_per_node(ctx, per_node).await?;
+            let local = ctx.parts.local().await?;
             if let Some(catalog_sql) = catalog_sql {
-                ctx.parts.local().await?.execute(catalog_sql).await?;
+                local.execute(catalog_sql).await?;
             }
+            // Columns may have changed: coordinators reload, and the fallback
+            // tier's foreign tables get rebuilt.
+            local.execute("SELECT tessera.catalog_changed()").await?;
             Ok(tag)
         }
         DdlPlan::Drop { tables } => {

@@ -11,6 +11,7 @@ use crate::server::client::ClientConn;
 use crate::transaction::{Participants, WorkerConnection, Access};
 use std::sync::Arc;
 
+pub mod fallback;
 pub mod multi_shard;
 
 /// How the client asked for the statement to be run.
@@ -296,5 +297,44 @@ async fn run_task(w: &mut WorkerConnection, sql: &Arc<str>, mode: &Mode<'_>, cli
         (Some(e), _) => Err(e),
         (None, Some(tag)) => Ok(tag),
         (None, None) => Err(PgError::internal(format!("node {} ended a statement without a command tag", w.conn.label()))),
+    }
+}
+
+/// Runs a statement on the coordinator database in the client's protocol and
+/// result formats, forwarding its rows. `with_params`: the statement takes the
+/// client's Bind values (otherwise they were meant for the workers' part).
+pub(crate) async fn run_on_coordinator_db(parts: &mut Participants, sql: &str, mode: &Mode<'_>, with_params: bool, client: &mut ClientConn) -> PgResult<()> {
+    let local = parts.local().await?;
+    match mode {
+        Mode::Simple => frontend::query(local.out(), sql),
+        Mode::Extended { bind, param_types, .. } => {
+            if with_params {
+                frontend::parse(local.out(), "", sql, param_types);
+                frontend::bind(local.out(), "", "", &bind.param_formats, &bind.params, &bind.result_formats);
+            } else {
+                frontend::parse(local.out(), "", sql, &[]);
+                frontend::bind(local.out(), "", "", &[], &[], &bind.result_formats);
+            }
+            frontend::execute(local.out(), "", 0);
+            frontend::sync(local.out());
+        }
+    }
+    let mut error = None;
+    loop {
+        let msg = local.recv().await?;
+        match msg.tag() {
+            b'T' | b'D' | b'C' | b'N' => {
+                client.out().extend_from_slice(msg.frame());
+                client.flush_if_large().await?;
+            }
+            b'E' => error = Some(local.server_error(&msg)),
+            b'Z' => break,
+            _ => {}
+        }
+    }
+    parts.observe_local_status();
+    match error {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
 }

@@ -50,7 +50,7 @@ pub async fn run(plan: &MultiShardPlan, parts: &mut Participants, catalog: &Cata
             }
             let Sink::Partials { rows, fields } = sink else { unreachable!() };
             let sql = combine_sql(kinds, &fields, &rows)?;
-            run_combine(parts, &sql, mode, client).await
+            super::run_on_coordinator_db(parts, &sql, mode, false, client).await
         }
     }
 }
@@ -172,34 +172,4 @@ fn combine_sql(kinds: &[crate::planner::PartialAggregate], fields: &[backend::Fi
         })
         .collect();
     Ok(format!("SELECT {} FROM (VALUES {}) AS partials({})", targets.join(", "), values.join(", "), columns.join(", ")))
-}
-
-/// Runs the combining query on the coordinator database in the client's protocol
-/// and result formats, forwarding its rows.
-async fn run_combine(parts: &mut Participants, sql: &str, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<()> {
-    let local = parts.local().await?;
-    match mode {
-        Mode::Simple => frontend::query(local.out(), sql),
-        Mode::Extended { bind, .. } => {
-            frontend::parse(local.out(), "", sql, &[]);
-            frontend::bind(local.out(), "", "", &[], &[], &bind.result_formats);
-            frontend::execute(local.out(), "", 0);
-            frontend::sync(local.out());
-        }
-    }
-    let mut error = None;
-    loop {
-        let msg = local.recv().await?;
-        match msg.tag() {
-            b'T' | b'D' | b'C' => client.out().extend_from_slice(msg.frame()),
-            b'E' => error = Some(local.server_error(&msg)),
-            b'Z' => break,
-            _ => {}
-        }
-    }
-    parts.observe_local_status();
-    match error {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
 }

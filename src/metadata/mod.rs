@@ -18,14 +18,7 @@ pub const SCHEMA_SQL: &str = include_str!("schema.sql");
 pub async fn install(conn: &mut PgConnection) -> PgResult<()> {
     // Concurrent first starts of several coordinator processes must not race.
     conn.execute("SELECT pg_advisory_lock(7482910)").await?;
-    let result = async {
-        conn.execute(SCHEMA_SQL).await?;
-        conn.execute(
-            "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET search_path = \"$user\", public, tessera', current_database()); END $$",
-        )
-        .await
-    }
-    .await;
+    let result = conn.execute(SCHEMA_SQL).await;
     conn.execute("SELECT pg_advisory_unlock(7482910)").await?;
     result.map(|_| ())
 }

@@ -76,10 +76,17 @@ CREATE TABLE IF NOT EXISTS tessera.pg_dist_transaction (
 CREATE TABLE IF NOT EXISTS tessera.catalog_version (version bigint NOT NULL);
 INSERT INTO tessera.catalog_version SELECT 1 WHERE NOT EXISTS (SELECT FROM tessera.catalog_version);
 
-CREATE OR REPLACE FUNCTION tessera.bump_catalog_version() RETURNS trigger LANGUAGE plpgsql AS $$
+-- Called by the triggers below, and by the coordinator after DDL that changes
+-- a distributed table's columns (which no catalog row records).
+CREATE OR REPLACE FUNCTION tessera.catalog_changed() RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
     UPDATE tessera.catalog_version SET version = version + 1;
     PERFORM pg_notify('tessera_catalog', '');
+END $$;
+
+CREATE OR REPLACE FUNCTION tessera.bump_catalog_version() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM tessera.catalog_changed();
     RETURN NULL;
 END $$;
 
@@ -153,8 +160,7 @@ CREATE OR REPLACE FUNCTION tessera.citus_get_active_worker_nodes(OUT node_name t
 -- New or dropped aggregates change how queries split across shards; reload.
 CREATE OR REPLACE FUNCTION tessera.bump_catalog_version_on_ddl() RETURNS event_trigger LANGUAGE plpgsql AS $$
 BEGIN
-    UPDATE tessera.catalog_version SET version = version + 1;
-    PERFORM pg_notify('tessera_catalog', '');
+    PERFORM tessera.catalog_changed();
 END $$;
 DO $$
 BEGIN
@@ -163,4 +169,96 @@ BEGIN
             WHEN TAG IN ('CREATE AGGREGATE', 'ALTER AGGREGATE', 'DROP AGGREGATE')
             EXECUTE FUNCTION tessera.bump_catalog_version_on_ddl();
     END IF;
+END $$;
+
+-- The general fallback tier. Queries the shards cannot answer on their own run
+-- here, in the coordinator database, against one hash-partitioned table per
+-- distributed table whose partitions are postgres_fdw foreign tables over the
+-- shards (and one foreign table per reference table). The objects live in the
+-- schema tessera_fallback and are rebuilt from the catalog whenever a
+-- coordinator finds them older than its catalog snapshot.
+CREATE EXTENSION IF NOT EXISTS postgres_fdw SCHEMA tessera;
+CREATE SCHEMA IF NOT EXISTS tessera_fallback;
+GRANT USAGE ON SCHEMA tessera_fallback TO PUBLIC;
+CREATE TABLE IF NOT EXISTS tessera.fallback_state (version bigint NOT NULL);
+INSERT INTO tessera.fallback_state SELECT 0 WHERE NOT EXISTS (SELECT FROM tessera.fallback_state);
+
+-- Column definitions of a table, for CREATE TABLE (LIKE cannot make a foreign table).
+CREATE OR REPLACE FUNCTION tessera.column_definitions(rel regclass) RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT string_agg(format('%I %s%s', a.attname, format_type(a.atttypid, a.atttypmod),
+                             CASE WHEN a.attcollation <> t.typcollation THEN ' COLLATE ' || a.attcollation::regcollation::text ELSE '' END),
+                      ', ' ORDER BY a.attnum)
+    FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+    WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped
+$$;
+
+-- Brings the fallback objects up to the current catalog (unless another
+-- coordinator already did) and gives `role` a user mapping on every node, so
+-- that the foreign tables reach the workers as that role, like the
+-- coordinator's own worker connections do.
+CREATE OR REPLACE FUNCTION tessera.prepare_fallback(role name, password text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, tessera AS $$
+DECLARE
+    current bigint;
+    n record;
+    t record;
+    s record;
+    server text;
+BEGIN
+    PERFORM pg_advisory_xact_lock(7482911);
+    SELECT version INTO current FROM tessera.catalog_version;
+    IF current > (SELECT version FROM tessera.fallback_state) THEN
+        FOR n IN SELECT DISTINCT ON (groupid) groupid, nodename, nodeport FROM tessera.pg_dist_node WHERE noderole = 'primary' ORDER BY groupid, nodeid LOOP
+            server := 'tessera_node_' || n.groupid;
+            IF EXISTS (SELECT FROM pg_foreign_server WHERE srvname = server) THEN
+                EXECUTE format('ALTER SERVER %I OPTIONS (SET host %L, SET port %L)', server, n.nodename, n.nodeport::text);
+            ELSE
+                EXECUTE format('CREATE SERVER %I FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host %L, port %L, dbname %L, async_capable ''true'', fetch_size ''10000'')',
+                               server, n.nodename, n.nodeport::text, current_database());
+            END IF;
+        END LOOP;
+        FOR s IN SELECT srvname FROM pg_foreign_server
+                 WHERE srvname LIKE 'tessera\_node\_%' AND substr(srvname, 14) NOT IN (SELECT groupid::text FROM tessera.pg_dist_node) LOOP
+            EXECUTE format('DROP SERVER %I CASCADE', s.srvname);
+        END LOOP;
+        DROP SCHEMA tessera_fallback CASCADE;
+        CREATE SCHEMA tessera_fallback;
+        GRANT USAGE ON SCHEMA tessera_fallback TO PUBLIC;
+        FOR t IN SELECT p.logicalrelid::oid AS relid, p.partmethod, p.partkey, c.relname, ns.nspname, (SELECT count(*) FROM tessera.pg_dist_shard x WHERE x.logicalrelid = p.logicalrelid) AS shards
+                 FROM tessera.pg_dist_partition p JOIN pg_class c ON c.oid = p.logicalrelid JOIN pg_namespace ns ON ns.oid = c.relnamespace LOOP
+            IF t.partmethod = 'h' THEN
+                EXECUTE format('CREATE TABLE tessera_fallback.%I (%s) PARTITION BY HASH (%I)', 'dist_' || t.relid, tessera.column_definitions(t.relid::regclass), t.partkey);
+                FOR s IN SELECT sh.shardid, sh.shardindex, min(pl.groupid) AS groupid FROM tessera.pg_dist_shard sh JOIN tessera.pg_dist_placement pl USING (shardid)
+                         WHERE sh.logicalrelid = t.relid::regclass GROUP BY sh.shardid, sh.shardindex LOOP
+                    EXECUTE format('CREATE FOREIGN TABLE tessera_fallback.%I PARTITION OF tessera_fallback.%I FOR VALUES WITH (MODULUS %s, REMAINDER %s) SERVER %I OPTIONS (schema_name %L, table_name %L)',
+                                   'dist_' || t.relid || '_' || s.shardindex, 'dist_' || t.relid, t.shards, s.shardindex, 'tessera_node_' || s.groupid, t.nspname, t.relname || '_' || s.shardid);
+                END LOOP;
+            ELSE
+                SELECT sh.shardid, min(pl.groupid) AS groupid INTO s FROM tessera.pg_dist_shard sh JOIN tessera.pg_dist_placement pl USING (shardid)
+                WHERE sh.logicalrelid = t.relid::regclass GROUP BY sh.shardid;
+                EXECUTE format('CREATE FOREIGN TABLE tessera_fallback.%I (%s) SERVER %I OPTIONS (schema_name %L, table_name %L)',
+                               'dist_' || t.relid, tessera.column_definitions(t.relid::regclass), 'tessera_node_' || s.groupid, t.nspname, t.relname || '_' || s.shardid);
+            END IF;
+            EXECUTE format('GRANT SELECT ON tessera_fallback.%I TO PUBLIC', 'dist_' || t.relid);
+        END LOOP;
+        UPDATE tessera.fallback_state SET version = current;
+    END IF;
+    FOR s IN SELECT srvname FROM pg_foreign_server f WHERE srvname LIKE 'tessera\_node\_%'
+             AND NOT EXISTS (SELECT FROM pg_user_mappings m WHERE m.srvid = f.oid AND m.usename = role) LOOP
+        IF password IS NULL THEN
+            EXECUTE format('CREATE USER MAPPING FOR %I SERVER %I OPTIONS (user %L, password_required ''false'')', role, s.srvname, role);
+        ELSE
+            EXECUTE format('CREATE USER MAPPING FOR %I SERVER %I OPTIONS (user %L, password %L)', role, s.srvname, role, password);
+        END IF;
+    END LOOP;
+END $$;
+REVOKE ALL ON FUNCTION tessera.prepare_fallback(name, text) FROM PUBLIC;
+
+-- Settings that let the fallback push work to the shards: joins and aggregates
+-- split per partition, and foreign scans of all shards started at once.
+DO $$
+BEGIN
+    EXECUTE format('ALTER DATABASE %I SET search_path = "$user", public, tessera', current_database());
+    EXECUTE format('ALTER DATABASE %I SET enable_partitionwise_join = on', current_database());
+    EXECUTE format('ALTER DATABASE %I SET enable_partitionwise_aggregate = on', current_database());
 END $$;

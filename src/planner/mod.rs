@@ -3,12 +3,15 @@
 //! tree and a catalog snapshot, never I/O, so plans are cached by statement text.
 
 mod ddl;
+mod fallback;
 mod functions;
 mod multi_shard;
 pub mod rewrite;
 mod router;
+mod walk;
 
 pub use ddl::{placement_groups, DdlPlan, DropIndex};
+pub use fallback::FallbackPlan;
 pub use functions::{ClusterCall, ClusterFunction};
 pub use multi_shard::{Combine, MultiShardPlan, PartialAggregate};
 pub use router::{Command, InsertKey, KeyValue, RouterPlan, ShardTarget};
@@ -16,7 +19,7 @@ pub use router::{Command, InsertKey, KeyValue, RouterPlan, ShardTarget};
 use crate::error::{sqlstate, PgError};
 use crate::metadata::{Catalog, DistributedTable};
 use pg_query::protobuf::{self, TransactionStmtKind};
-use pg_query::{NodeEnum, NodeRef};
+use pg_query::NodeEnum;
 use std::fmt;
 use std::sync::Arc;
 
@@ -48,6 +51,8 @@ pub enum Plan {
     Router(Arc<RouterPlan>),
     /// Runs on every shard group; the coordinator combines the results.
     MultiShard(Arc<MultiShardPlan>),
+    /// Runs in the coordinator database over foreign tables on the shards.
+    Fallback(Arc<FallbackPlan>),
     /// Valid SQL the coordinator cannot run yet; refused rather than answered wrongly.
     Unsupported(PgError),
 }
@@ -73,6 +78,7 @@ impl fmt::Display for Plan {
             Plan::Ddl(d) => write!(f, "Ddl({d})"),
             Plan::Router(r) => write!(f, "Router({r})"),
             Plan::MultiShard(m) => write!(f, "MultiShard({m})"),
+            Plan::Fallback(fb) => write!(f, "Fallback({fb})"),
             Plan::Unsupported(e) => write!(f, "Unsupported({})", e.message()),
         }
     }
@@ -139,6 +145,7 @@ fn plan_statement(version: i32, raw: protobuf::RawStmt, text: &str, catalog: &Ca
         _ => ddl::plan_utility(version, &raw, catalog),
     };
     match plan {
+        Some(Plan::Unsupported(refusal)) => fallback::plan(version, node, catalog, refusal.message()).unwrap_or(Plan::Unsupported(refusal)),
         Some(plan) => plan,
         None => refuse_unseen_references(node, text, catalog),
     }
@@ -197,24 +204,19 @@ pub(crate) fn resolve_range_var<'c>(rv: &protobuf::RangeVar, catalog: &'c Catalo
 pub(crate) fn referenced_tables(raw: &protobuf::RawStmt, catalog: &Catalog) -> Vec<Arc<DistributedTable>> {
     let mut out: Vec<Arc<DistributedTable>> = Vec::new();
     let Some(node) = raw.stmt.as_ref().and_then(|n| n.node.as_ref()) else { return out };
-    for (n, _, _) in node.nodes() {
-        if let NodeRef::RangeVar(rv) = n {
-            if let Some(t) = resolve_range_var(rv, catalog) {
-                if !out.iter().any(|o| o.oid == t.oid) {
-                    out.push(t.clone());
-                }
+    for rv in walk::range_vars(node) {
+        if let Some(t) = resolve_range_var(&rv, catalog) {
+            if !out.iter().any(|o| o.oid == t.oid) {
+                out.push(t.clone());
             }
         }
     }
     out
 }
 
-/// Counts RangeVar nodes that name distributed (hash) tables.
+/// Counts the references to distributed (hash) tables.
 pub(crate) fn count_hash_references(node: &NodeEnum, catalog: &Catalog) -> usize {
-    node.nodes()
-        .into_iter()
-        .filter(|(n, _, _)| matches!(n, NodeRef::RangeVar(rv) if resolve_range_var(rv, catalog).is_some_and(|t| !t.is_reference())))
-        .count()
+    walk::range_vars(node).iter().filter(|rv| resolve_range_var(rv, catalog).is_some_and(|t| !t.is_reference())).count()
 }
 
 pub(crate) fn not_supported(message: impl Into<String>) -> Plan {

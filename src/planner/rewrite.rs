@@ -5,7 +5,8 @@
 use crate::error::{PgError, PgResult};
 use crate::metadata::{DistributedTable, Shard};
 use pg_query::protobuf::{self, Alias};
-use pg_query::{NodeEnum, NodeMut};
+use super::walk::{references_mut, Reference};
+use pg_query::NodeEnum;
 use std::sync::Arc;
 
 /// The tables a statement references, and the parse tree to rewrite.
@@ -46,33 +47,14 @@ impl ShardTemplate {
         if let Some(node) = tree.stmts[0].stmt.as_deref_mut() {
             edit(node);
         }
-        // SAFETY: the tree is owned by this function and only modified in place;
-        // no node is removed while the returned references are alive.
-        unsafe {
-            for (node, _, _) in tree.nodes_mut() {
-                match node {
-                    NodeMut::RangeVar(rv) => self.point_at_shard(&mut *rv, index),
-                    NodeMut::ColumnRef(c) => self.unqualify_schema(&mut *c),
-                    _ => {}
-                }
-            }
+        if let Some(stmt) = tree.stmts[0].stmt.as_deref_mut().and_then(|n| n.node.as_mut()) {
+            references_mut(stmt, |r| match r {
+                Reference::Table(rv) => self.point_at_shard(rv, index),
+                Reference::Column(c) if self.alias_tables => unqualify_schema(c, |schema, table| self.tables.iter().any(|t| t.schema == schema && t.name == table)),
+                Reference::Column(_) => {}
+            });
         }
         deparse_tree(&tree)
-    }
-
-    /// `schema.table.column` cannot name an aliased table; `table.column` can.
-    fn unqualify_schema(&self, c: &mut protobuf::ColumnRef) {
-        if !self.alias_tables || c.fields.len() != 3 {
-            return;
-        }
-        let name = |i: usize| match c.fields[i].node.as_ref() {
-            Some(pg_query::NodeEnum::String(s)) => Some(s.sval.clone()),
-            _ => None,
-        };
-        let (Some(schema), Some(table)) = (name(0), name(1)) else { return };
-        if self.tables.iter().any(|t| t.schema == schema && t.name == table) {
-            c.fields.remove(0);
-        }
     }
 
     /// Points a table reference at its shard for shard group `index`. Public so
@@ -90,6 +72,22 @@ impl ShardTemplate {
             rv.alias = Some(Alias { aliasname: rv.relname.clone(), colnames: vec![] });
         }
         name_shard(rv, table, shard);
+    }
+}
+
+/// `schema.table.column` cannot name an aliased table; `table.column` can, so
+/// the schema goes when `renamed(schema, table)` says the table was aliased.
+pub fn unqualify_schema(c: &mut protobuf::ColumnRef, renamed: impl Fn(&str, &str) -> bool) {
+    if c.fields.len() != 3 {
+        return;
+    }
+    let name = |i: usize| match c.fields[i].node.as_ref() {
+        Some(NodeEnum::String(s)) => Some(s.sval.as_str()),
+        _ => None,
+    };
+    let (Some(schema), Some(table)) = (name(0), name(1)) else { return };
+    if renamed(schema, table) {
+        c.fields.remove(0);
     }
 }
 

@@ -10,7 +10,7 @@ use crate::connection::{send_cancel, PgConnection};
 use crate::error::PgResult;
 use crate::metadata::{self, CatalogHandle};
 use crate::transaction::CancelTargets;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -28,6 +28,9 @@ pub struct Coordinator {
     /// Transactions the deadlock detector cancelled, with the cycle, so their
     /// sessions can report a deadlock instead of a plain cancellation.
     deadlock_victims: Mutex<HashMap<String, String>>,
+    /// The catalog version the fallback tier's objects were last brought up to
+    /// by this process, and the roles given user mappings since.
+    fallback_ready: tokio::sync::Mutex<(i64, HashSet<String>)>,
 }
 
 impl Coordinator {
@@ -47,7 +50,10 @@ impl Coordinator {
         }
         let catalog = metadata::load(&mut conn).await.map_err(|e| anyhow::anyhow!("could not load the catalog: {e}"))?;
         conn.terminate().await;
-        Ok(Arc::new(Coordinator { config, catalog: CatalogHandle::new(catalog), sessions: Mutex::new(HashMap::new()), reload_lock: tokio::sync::Mutex::new(()), process_id: rand::random(), deadlock_victims: Mutex::new(HashMap::new()) }))
+        Ok(Arc::new(Coordinator { config, catalog: CatalogHandle::new(catalog), sessions: Mutex::new(HashMap::new()), reload_lock: tokio::sync::Mutex::new(()), process_id: rand::random(),
+            deadlock_victims: Mutex::new(HashMap::new()),
+            fallback_ready: tokio::sync::Mutex::new((0, HashSet::new())),
+        }))
     }
 
     /// Loads the catalog afresh and swaps it in (never replacing a newer one).
@@ -60,6 +66,29 @@ impl Coordinator {
         if fresh.version >= self.catalog.snapshot().version {
             self.catalog.replace(fresh);
         }
+        Ok(())
+    }
+
+    /// Makes the fallback tier's foreign tables match catalog `version` and lets
+    /// `role` use them. Runs on a service connection of its own, so the rebuild
+    /// never becomes part of (or waits for) a client's transaction.
+    pub async fn prepare_fallback(&self, version: i64, role: &str) -> PgResult<()> {
+        let mut ready = self.fallback_ready.lock().await;
+        if ready.0 >= version && ready.1.contains(role) {
+            return Ok(());
+        }
+        let password = match &self.config.coordinator_db.password {
+            Some(p) => crate::connection::quote_literal(p),
+            None => "NULL".into(),
+        };
+        let mut conn = PgConnection::connect(&self.config.coordinator_db_addr(), &self.config.service_login()).await?;
+        let result = conn.execute(&format!("SELECT tessera.prepare_fallback({}, {password})", crate::connection::quote_literal(role))).await;
+        conn.terminate().await;
+        result?;
+        if ready.0 < version {
+            *ready = (version, HashSet::new());
+        }
+        ready.1.insert(role.to_string());
         Ok(())
     }
 

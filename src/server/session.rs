@@ -456,6 +456,13 @@ impl Session {
                 }
                 result?;
             }
+            Plan::Fallback(fallback) => {
+                let mode = match extended {
+                    None => Mode::Simple,
+                    Some((bind, shape)) => Mode::Extended { bind, param_types: &shape.param_types, sync: false },
+                };
+                executor::fallback::run(fallback, &self.coordinator, catalog.version, &mut self.parts, &mode, &mut self.client).await?;
+            }
             Plan::ClusterFunction(call) => {
                 let mut ctx = CommandContext { coordinator: &self.coordinator, parts: &mut self.parts, client: &mut self.client, catalog };
                 let bound = extended.map(|(bind, shape)| (bind, shape.param_types.as_slice()));

@@ -285,6 +285,12 @@ impl Participants {
         self.workers.get(&group_id).is_some_and(|w| w.in_block)
     }
 
+    /// Whether the current block has written through any worker connection
+    /// (writes that connections other than the session's cannot see yet).
+    pub fn wrote_on_workers(&self) -> bool {
+        self.workers.values().any(|w| w.in_block && w.wrote)
+    }
+
     /// Drops the worker connections an I/O failure broke.
     pub fn discard_broken(&mut self) {
         let broken: Vec<i32> = self.workers.iter().filter(|(_, w)| w.conn.is_broken()).map(|(group, _)| *group).collect();

@@ -1,0 +1,105 @@
+//! The general fallback tier: a statement that reads distributed data in a way
+//! no cheaper tier can split over the shards (a join on other columns, a window
+//! over all rows, a correlated subquery, …) runs in the coordinator database.
+//! There each distributed table has a stand-in in the schema `tessera_fallback`:
+//! a hash-partitioned table whose partitions are postgres_fdw foreign tables over
+//! the shards, partitioned exactly as the shards are, so PostgreSQL's own planner
+//! prunes partitions, joins co-located tables partition by partition and pushes
+//! filters to the workers. Slower than pushdown, but PostgreSQL computes every
+//! row, so it is never wrong.
+//!
+//! Only reads of distributed tables go this way: writes to them would bypass the
+//! coordinator's transaction handling, so those stay refused.
+
+use super::rewrite::{deparse, unqualify_schema};
+use super::walk::{range_vars, references_mut, visit_mut, Reference};
+use super::{resolve_range_var, Plan};
+use crate::error::PgResult;
+use crate::metadata::{Catalog, DistributedTable};
+use pg_query::protobuf;
+use pg_query::NodeEnum;
+use std::fmt;
+use std::sync::Arc;
+
+/// The schema holding the foreign-table stand-ins (see metadata/schema.sql).
+pub const FALLBACK_SCHEMA: &str = "tessera_fallback";
+
+#[derive(Debug)]
+pub struct FallbackPlan {
+    /// The statement with every distributed table replaced by its stand-in.
+    pub sql: String,
+    /// Why no pushdown tier took the statement (for EXPLAIN and the log).
+    pub reason: String,
+}
+
+impl fmt::Display for FallbackPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.reason)
+    }
+}
+
+/// The stand-in's name for a distributed or reference table.
+pub fn stand_in_name(table: &DistributedTable) -> String {
+    format!("dist_{}", table.oid)
+}
+
+/// A fallback plan for a statement the other tiers refused with `reason`, if
+/// the statement only reads distributed tables.
+pub(super) fn plan(version: i32, node: &NodeEnum, catalog: &Catalog, reason: &str) -> Option<Plan> {
+    if !only_reads_distributed_tables(node, catalog) || shadows_distributed_table(node, catalog) {
+        return None;
+    }
+    let mut stmt = node.clone();
+    references_mut(&mut stmt, |r| match r {
+        Reference::Table(rv) => point_at_stand_in(rv, catalog),
+        Reference::Column(c) => unqualify_schema(c, |schema, table| catalog.table(schema, table).is_some()),
+    });
+    let sql: PgResult<String> = deparse(version, stmt);
+    Some(match sql {
+        Ok(sql) => Plan::Fallback(Arc::new(FallbackPlan { sql, reason: reason.to_string() })),
+        Err(e) => Plan::Unsupported(e),
+    })
+}
+
+/// SELECTs, and writes to local tables, whose distributed tables are only read.
+fn only_reads_distributed_tables(node: &NodeEnum, catalog: &Catalog) -> bool {
+    if !matches!(node, NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_)) {
+        return false;
+    }
+    let targets_distributed = |rv: Option<&protobuf::RangeVar>| rv.is_some_and(|rv| resolve_range_var(rv, catalog).is_some());
+    let mut writes_distributed = false;
+    visit_mut(&mut node.clone(), &mut |n| {
+        writes_distributed |= match n {
+            NodeEnum::InsertStmt(s) => targets_distributed(s.relation.as_ref()),
+            NodeEnum::UpdateStmt(s) => targets_distributed(s.relation.as_ref()),
+            NodeEnum::DeleteStmt(s) => targets_distributed(s.relation.as_ref()),
+            _ => false,
+        }
+    });
+    !writes_distributed
+}
+
+/// A WITH query named like a distributed table, referenced without a schema:
+/// which one a reference means depends on scoping this rewrite does not model.
+fn shadows_distributed_table(node: &NodeEnum, catalog: &Catalog) -> bool {
+    let mut cte_names = Vec::new();
+    visit_mut(&mut node.clone(), &mut |n| {
+        if let NodeEnum::CommonTableExpr(c) = n {
+            cte_names.push(c.ctename.clone());
+        }
+    });
+    range_vars(node).iter().any(|rv| rv.schemaname.is_empty() && cte_names.contains(&rv.relname) && resolve_range_var(rv, catalog).is_some())
+}
+
+fn point_at_stand_in(rv: &mut protobuf::RangeVar, catalog: &Catalog) {
+    let Some(table) = resolve_range_var(rv, catalog) else { return };
+    if rv.alias.is_none() {
+        // Column references qualified with the table's name keep resolving.
+        rv.alias = Some(protobuf::Alias { aliasname: rv.relname.clone(), colnames: vec![] });
+    }
+    rv.relname = stand_in_name(table);
+    rv.schemaname = FALLBACK_SCHEMA.to_string();
+    // ONLY would read the partitioned stand-in's (empty) parent alone.
+    rv.inh = true;
+}
+
