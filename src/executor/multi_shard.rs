@@ -34,19 +34,36 @@ pub async fn run(plan: &MultiShardPlan, parts: &mut Participants, catalog: &Cata
     }
     match &plan.combine {
         Combine::Concatenate => {
+            let access = if plan.is_write() { Access::Write } else { Access::Read };
+            // A write on several shards is one distributed transaction.
+            let implicit = plan.is_write() && parts.begin_implicit();
             let mut sink = Sink::Client { client, describe: matches!(mode, Mode::Simple) };
-            let mut total = 0;
+            let mut result = Ok(0);
             for (node, sqls) in &by_node {
-                total += run_on_node(parts, node, sqls, mode, &mut sink).await?;
+                match run_on_node(parts, node, access, sqls, mode, &mut sink).await {
+                    Ok(rows) => result = result.map(|total| total + rows),
+                    Err(e) => {
+                        result = Err(e);
+                        break;
+                    }
+                }
             }
+            if implicit {
+                if result.is_ok() {
+                    parts.commit().await?;
+                } else {
+                    parts.rollback().await.ok();
+                }
+            }
+            let total = result?;
             let Sink::Client { client, .. } = sink else { unreachable!() };
-            backend::command_complete(client.out(), &format!("SELECT {total}"));
+            backend::command_complete(client.out(), &format!("{} {total}", plan.command.tag()));
             Ok(())
         }
         Combine::Aggregate(kinds) => {
             let mut sink = Sink::Partials { rows: Vec::new(), fields: Vec::new() };
             for (node, sqls) in &by_node {
-                run_on_node(parts, node, sqls, mode, &mut sink).await?;
+                run_on_node(parts, node, Access::Read, sqls, mode, &mut sink).await?;
             }
             let Sink::Partials { rows, fields } = sink else { unreachable!() };
             let sql = combine_sql(kinds, &fields, &rows)?;
@@ -56,8 +73,8 @@ pub async fn run(plan: &MultiShardPlan, parts: &mut Participants, catalog: &Cata
 }
 
 /// Sends every task for one node at once and reads the results in order.
-async fn run_on_node(parts: &mut Participants, node: &Node, sqls: &[Arc<str>], mode: &Mode<'_>, sink: &mut Sink<'_>) -> PgResult<u64> {
-    let w = parts.worker(node, Access::Read).await?;
+async fn run_on_node(parts: &mut Participants, node: &Node, access: Access, sqls: &[Arc<str>], mode: &Mode<'_>, sink: &mut Sink<'_>) -> PgResult<u64> {
+    let w = parts.worker(node, access).await?;
     let text_results = matches!(sink, Sink::Partials { .. });
     for sql in sqls {
         match mode {

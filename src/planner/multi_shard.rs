@@ -5,7 +5,7 @@
 //! DISTINCT, HAVING, window functions, other aggregates) are refused for now.
 
 use super::rewrite::ShardTemplate;
-use super::{not_supported, Plan};
+use super::{not_supported, Command, Plan};
 use crate::metadata::{Catalog, DistributedTable};
 use pg_query::protobuf::{self, SelectStmt};
 use pg_query::{NodeEnum, NodeRef};
@@ -44,15 +44,28 @@ pub enum Combine {
 
 #[derive(Debug)]
 pub struct MultiShardPlan {
+    pub command: Command,
     pub anchor: Arc<DistributedTable>,
     pub template: ShardTemplate,
     pub combine: Combine,
 }
 
+impl MultiShardPlan {
+    pub fn is_write(&self) -> bool {
+        self.command != Command::Select
+    }
+}
+
 impl fmt::Display for MultiShardPlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} tasks, {:?}", self.anchor.shard_count(), self.combine)
+        write!(f, "{:?}, {} tasks, {:?}", self.command, self.anchor.shard_count(), self.combine)
     }
+}
+
+/// An UPDATE or DELETE that runs on every shard group (its rows and RETURNING
+/// output concatenated), in one distributed transaction.
+pub(super) fn plan_modify(command: Command, anchor: Arc<DistributedTable>, template: ShardTemplate) -> Plan {
+    Plan::MultiShard(Arc::new(MultiShardPlan { command, anchor, template, combine: Combine::Concatenate }))
 }
 
 /// Plans a SELECT whose distributed tables form one co-located join group.
@@ -97,7 +110,7 @@ pub(super) fn plan_select(select: &SelectStmt, anchor: Arc<DistributedTable>, te
         (false, 0) => Combine::Aggregate(partials),
         (false, _) => return not_supported("mixing aggregates and plain columns across shards needs GROUP BY, which is not supported yet"),
     };
-    Plan::MultiShard(Arc::new(MultiShardPlan { anchor, template, combine }))
+    Plan::MultiShard(Arc::new(MultiShardPlan { command: Command::Select, anchor, template, combine }))
 }
 
 fn function_name(call: &protobuf::FuncCall) -> Option<&str> {

@@ -23,6 +23,18 @@ pub enum Command {
     Delete,
 }
 
+impl Command {
+    /// The command tag's first word.
+    pub fn tag(self) -> &'static str {
+        match self {
+            Command::Select => "SELECT",
+            Command::Insert => "INSERT 0",
+            Command::Update => "UPDATE",
+            Command::Delete => "DELETE",
+        }
+    }
+}
+
 /// The distribution-column value that picks the shard group.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KeyValue {
@@ -596,8 +608,9 @@ fn plan_pinned(command: Command, node: &NodeEnum, scope: Vec<ScopeEntry>, conjun
                     }
                     NodeEnum::SelectStmt(select) if one_group => super::multi_shard::plan_select(select, anchor, template, catalog),
                     NodeEnum::SelectStmt(_) => not_supported("joins between distributed tables that are not on their distribution columns are not supported yet"),
+                    NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) if one_group && !replicated_preserved => super::multi_shard::plan_modify(command, anchor, template),
                     _ => not_supported(format!(
-                        "UPDATE and DELETE across several shards of distributed table \"{}\" are not supported yet; filter on its distribution column with = (a constant or parameter)",
+                        "UPDATE and DELETE across several shards of distributed table \"{}\" are only supported when every distributed table they join is co-located and joined on its distribution column",
                         scope[i].table.as_ref().unwrap().name
                     )),
                 };
