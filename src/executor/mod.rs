@@ -11,6 +11,7 @@ use crate::server::client::ClientConn;
 use crate::transaction::{Participants, WorkerConnection, Access};
 use std::sync::Arc;
 
+pub mod explain;
 pub mod fallback;
 pub mod multi_shard;
 

@@ -3,6 +3,7 @@
 //! tree and a catalog snapshot, never I/O, so plans are cached by statement text.
 
 mod ddl;
+mod explain;
 mod fallback;
 mod functions;
 mod multi_shard;
@@ -11,6 +12,7 @@ mod router;
 mod walk;
 
 pub use ddl::{placement_groups, DdlPlan, DropIndex};
+pub use explain::ExplainPlan;
 pub use fallback::FallbackPlan;
 pub use functions::{ClusterCall, ClusterFunction};
 pub use multi_shard::{Combine, MultiShardPlan, PartialAggregate};
@@ -53,6 +55,8 @@ pub enum Plan {
     MultiShard(Arc<MultiShardPlan>),
     /// Runs in the coordinator database over foreign tables on the shards.
     Fallback(Arc<FallbackPlan>),
+    /// EXPLAIN of a statement over distributed tables.
+    Explain(Arc<ExplainPlan>),
     /// Valid SQL the coordinator cannot run yet; refused rather than answered wrongly.
     Unsupported(PgError),
 }
@@ -79,6 +83,7 @@ impl fmt::Display for Plan {
             Plan::Router(r) => write!(f, "Router({r})"),
             Plan::MultiShard(m) => write!(f, "MultiShard({m})"),
             Plan::Fallback(fb) => write!(f, "Fallback({fb})"),
+            Plan::Explain(e) => write!(f, "Explain({e})"),
             Plan::Unsupported(e) => write!(f, "Unsupported({})", e.message()),
         }
     }
@@ -139,6 +144,7 @@ fn plan_statement(version: i32, raw: protobuf::RawStmt, text: &str, catalog: &Ca
         return Plan::Local;
     }
     let plan = match node {
+        NodeEnum::ExplainStmt(e) => explain::plan(version, e, text, catalog),
         NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) => {
             router::plan_dml(version, &raw, catalog)
         }

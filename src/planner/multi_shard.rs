@@ -42,6 +42,19 @@ pub enum Combine {
     Aggregate(Vec<PartialAggregate>),
 }
 
+impl Combine {
+    /// For EXPLAIN.
+    pub fn describe(&self) -> String {
+        match self {
+            Combine::Concatenate => "concatenate".into(),
+            Combine::Aggregate(kinds) => {
+                let names: Vec<&str> = kinds.iter().map(|k| k.combine_function()).collect();
+                format!("aggregate ({})", names.join(", "))
+            }
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct MultiShardPlan {
     pub command: Command,

@@ -172,6 +172,15 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: TcpStream) -> anyhow::Re
     result
 }
 
+/// How the executor runs a statement: with the statement text, or with the
+/// client's Bind values (`sync`: the client's Sync follows at once).
+fn execution_mode<'a>(extended: Option<(&'a Bind, &'a Shape)>, sync: bool) -> Mode<'a> {
+    match extended {
+        None => Mode::Simple,
+        Some((bind, shape)) => Mode::Extended { bind, param_types: &shape.param_types, sync },
+    }
+}
+
 /// How long a client may take to authenticate (PostgreSQL's `authentication_timeout`).
 const AUTH_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -434,11 +443,7 @@ impl Session {
                 backend::command_complete(self.client.out(), tag);
             }
             Plan::Router(router) => {
-                let sync = self.client.peek_tag() == Some(b'S');
-                let mode = match extended {
-                    None => Mode::Simple,
-                    Some((bind, shape)) => Mode::Extended { bind, param_types: &shape.param_types, sync },
-                };
+                let mode = execution_mode(extended, self.client.peek_tag() == Some(b'S'));
                 let result = executor::run_router(router, &mut self.parts, &catalog, &mode, &mut self.client).await;
                 if result.is_err() {
                     self.parts.discard_broken();
@@ -446,10 +451,7 @@ impl Session {
                 result?;
             }
             Plan::MultiShard(multi) => {
-                let mode = match extended {
-                    None => Mode::Simple,
-                    Some((bind, shape)) => Mode::Extended { bind, param_types: &shape.param_types, sync: false },
-                };
+                let mode = execution_mode(extended, false);
                 let result = executor::multi_shard::run(multi, &mut self.parts, &catalog, &mode, &mut self.client).await;
                 if result.is_err() {
                     self.parts.discard_broken();
@@ -457,11 +459,12 @@ impl Session {
                 result?;
             }
             Plan::Fallback(fallback) => {
-                let mode = match extended {
-                    None => Mode::Simple,
-                    Some((bind, shape)) => Mode::Extended { bind, param_types: &shape.param_types, sync: false },
-                };
+                let mode = execution_mode(extended, false);
                 executor::fallback::run(fallback, &self.coordinator, catalog.version, &mut self.parts, &mode, &mut self.client).await?;
+            }
+            Plan::Explain(explain) => {
+                let mode = execution_mode(extended, false);
+                executor::explain::run(explain, &self.coordinator, &catalog, &mut self.parts, &mode, &mut self.client).await?;
             }
             Plan::ClusterFunction(call) => {
                 let mut ctx = CommandContext { coordinator: &self.coordinator, parts: &mut self.parts, client: &mut self.client, catalog };

@@ -1,0 +1,78 @@
+//! EXPLAIN of distributed statements: a Citus-style header for the tier, then
+//! one task's plan as the node that runs it explains it.
+
+use super::{evaluate_key_defaults, node_of_group, plan_tasks, Mode};
+use crate::error::{PgError, PgResult};
+use crate::metadata::{Catalog, Node};
+use crate::planner::{ExplainPlan, Plan};
+use crate::protocol::backend::{self, FieldDescription};
+use crate::server::client::ClientConn;
+use crate::server::Coordinator;
+use crate::transaction::{Access, Participants};
+
+pub async fn run(plan: &ExplainPlan, coordinator: &Coordinator, catalog: &Catalog, parts: &mut Participants, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<()> {
+    if let Mode::Extended { bind, .. } = mode {
+        if !bind.params.is_empty() {
+            return Err(PgError::not_supported("EXPLAIN of distributed statements with bind parameters is not supported yet; write the values into the statement"));
+        }
+    }
+    let mut lines = Vec::new();
+    match &plan.inner {
+        Plan::Router(router) => {
+            let defaults = evaluate_key_defaults(router, parts).await?;
+            let tasks = plan_tasks(router, parts, mode, defaults).await?;
+            let task = tasks.first().ok_or_else(|| PgError::internal("router plan without tasks"))?;
+            lines.push("Custom Scan (Tessera Router)".to_string());
+            lines.push(format!("  Task Count: {}", tasks.len()));
+            lines.push(format!("  Tasks Shown: {}", if tasks.len() == 1 { "All".to_string() } else { format!("One of {}", tasks.len()) }));
+            let access = if router.is_write() { Access::Write } else { Access::Read };
+            explain_task(plan, node_of_group(catalog, task.group)?, access, &task.sql, parts, &mut lines).await?;
+        }
+        Plan::MultiShard(multi) => {
+            let shard = multi.anchor.shards.first().ok_or_else(|| PgError::internal("table without shards"))?;
+            let group = *shard.placements.first().ok_or_else(|| PgError::internal(format!("shard {} has no placement", shard.id)))?;
+            let n = multi.anchor.shard_count();
+            lines.push("Custom Scan (Tessera Multi-Shard)".to_string());
+            lines.push(format!("  Combine: {}", multi.combine.describe()));
+            lines.push(format!("  Task Count: {n}"));
+            lines.push(format!("  Tasks Shown: One of {n}"));
+            let access = if multi.is_write() { Access::Write } else { Access::Read };
+            explain_task(plan, node_of_group(catalog, group)?, access, &multi.template.sql_for_shard(shard.index)?, parts, &mut lines).await?;
+        }
+        Plan::Fallback(fallback) => {
+            coordinator.prepare_fallback(catalog.version, &parts.login().user.clone()).await?;
+            lines.push("Custom Scan (Tessera General Fallback)".to_string());
+            lines.push(format!("  Reason: {}", fallback.reason));
+            let rows = parts.local().await?.query(&plan.explain_sql(&fallback.sql)?).await;
+            parts.observe_local_status();
+            push_plan(rows?, "        ", &mut lines);
+        }
+        other => return Err(PgError::internal(format!("EXPLAIN planned for {other}"))),
+    }
+    if matches!(mode, Mode::Simple) {
+        let field = FieldDescription { name: "QUERY PLAN".into(), table_oid: 0, column: 0, type_oid: 25, type_size: -1, type_modifier: -1, format: 0 };
+        backend::row_description(client.out(), &[field]);
+    }
+    for line in &lines {
+        backend::data_row(client.out(), std::iter::once(Some(line.as_bytes())));
+    }
+    backend::command_complete(client.out(), "EXPLAIN");
+    Ok(())
+}
+
+async fn explain_task(plan: &ExplainPlan, node: &Node, access: Access, sql: &str, parts: &mut Participants, lines: &mut Vec<String>) -> PgResult<()> {
+    lines.push("  ->  Task".to_string());
+    lines.push(format!("        Node: host={} port={} dbname={}", node.addr.host, node.addr.port, parts.login().database));
+    let explain = plan.explain_sql(sql)?;
+    let worker = parts.worker(node, access).await?;
+    push_plan(worker.conn.query(&explain).await?, "        ", lines);
+    Ok(())
+}
+
+/// Appends a plan under an arrow, indented to sit below its parent line.
+fn push_plan(rows: Vec<Vec<Option<String>>>, indent: &str, lines: &mut Vec<String>) {
+    for (i, line) in rows.into_iter().filter_map(|r| r.into_iter().next().flatten()).enumerate() {
+        let arrow = if i == 0 { "->  " } else { "    " };
+        lines.push(format!("{indent}{arrow}{line}"));
+    }
+}

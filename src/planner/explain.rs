@@ -1,0 +1,70 @@
+//! EXPLAIN of a statement over distributed tables shows the distributed plan
+//! the way Citus does: the tier as a custom scan, the task count, and one
+//! task's plan from the worker that runs it (for the fallback, the coordinator
+//! database's plan).
+
+use super::rewrite::deparse;
+use super::{not_supported, plan_statement, Plan};
+use crate::error::{PgError, PgResult};
+use crate::metadata::Catalog;
+use pg_query::protobuf::{self, ExplainStmt};
+use pg_query::NodeEnum;
+use std::fmt;
+use std::sync::Arc;
+
+#[derive(Debug)]
+pub struct ExplainPlan {
+    version: i32,
+    /// EXPLAIN's options (ANALYZE, COSTS OFF, …), passed on to the node that
+    /// explains the task.
+    options: Vec<protobuf::Node>,
+    /// How the explained statement itself runs.
+    pub inner: Plan,
+}
+
+impl fmt::Display for ExplainPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.inner)
+    }
+}
+
+impl ExplainPlan {
+    /// `EXPLAIN (options) sql`, for the node that runs `sql`.
+    pub fn explain_sql(&self, sql: &str) -> PgResult<String> {
+        let parsed = pg_query::parse(sql).map_err(|e| PgError::internal(format!("could not parse a task to explain it: {e}")))?;
+        let query = parsed.protobuf.stmts.into_iter().next().and_then(|s| s.stmt);
+        deparse(self.version, NodeEnum::ExplainStmt(Box::new(ExplainStmt { query, options: self.options.clone() })))
+    }
+
+    pub fn analyze(&self) -> bool {
+        self.options.iter().any(|o| matches!(o.node.as_ref(), Some(NodeEnum::DefElem(d)) if d.defname == "analyze" && !is_off(d)))
+    }
+}
+
+fn is_off(d: &protobuf::DefElem) -> bool {
+    match d.arg.as_deref().and_then(|a| a.node.as_ref()) {
+        Some(NodeEnum::String(s)) => matches!(s.sval.to_lowercase().as_str(), "false" | "off" | "0" | "no"),
+        Some(NodeEnum::Integer(i)) => i.ival == 0,
+        _ => false,
+    }
+}
+
+/// Plans EXPLAIN of a statement that touches distributed tables; None when
+/// the explained statement is local (the coordinator database explains it).
+pub(super) fn plan(version: i32, e: &ExplainStmt, text: &str, catalog: &Catalog) -> Option<Plan> {
+    let raw = protobuf::RawStmt { stmt: e.query.clone(), stmt_location: 0, stmt_len: 0 };
+    let inner = plan_statement(version, raw, text, catalog);
+    let text_format = e.options.iter().all(|o| match o.node.as_ref() {
+        Some(NodeEnum::DefElem(d)) if d.defname == "format" => matches!(d.arg.as_deref().and_then(|a| a.node.as_ref()), Some(NodeEnum::String(s)) if s.sval.eq_ignore_ascii_case("text")),
+        _ => true,
+    });
+    match inner {
+        Plan::Local | Plan::Empty => None,
+        Plan::Unsupported(e) => Some(Plan::Unsupported(e)),
+        Plan::Router(_) | Plan::MultiShard(_) | Plan::Fallback(_) if !text_format => {
+            Some(not_supported("EXPLAIN of distributed statements supports only FORMAT TEXT"))
+        }
+        Plan::Router(_) | Plan::MultiShard(_) | Plan::Fallback(_) => Some(Plan::Explain(Arc::new(ExplainPlan { version, options: e.options.clone(), inner }))),
+        _ => Some(not_supported("EXPLAIN of this statement is not supported through the Tessera coordinator")),
+    }
+}

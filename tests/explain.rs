@@ -1,0 +1,81 @@
+//! EXPLAIN shows the distributed plan, and pins which tier each query shape
+//! takes: a shape that can be pushed down must not silently fall back.
+
+mod common;
+use common::TestCluster;
+
+async fn explain(c: &tokio_postgres::Client, sql: &str) -> Vec<String> {
+    let rows = c.simple_query(&format!("EXPLAIN (COSTS OFF) {sql}")).await.unwrap_or_else(|e| panic!("EXPLAIN {sql}: {}", common::error_text(&e)));
+    rows.iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn each_shape_takes_its_tier() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute(
+        "CREATE TABLE ea (k int PRIMARY KEY, g int, v int);
+         CREATE TABLE eb (k int PRIMARY KEY, w int);
+         CREATE TABLE ec (k int PRIMARY KEY, z int);
+         CREATE TABLE er (id int PRIMARY KEY, name text);
+         CREATE TABLE elocal (id int);
+         SELECT create_distributed_table('ea', 'k', shard_count => 4);
+         SELECT create_distributed_table('eb', 'k', colocate_with => 'ea');
+         SELECT create_distributed_table('ec', 'k', colocate_with => 'none');
+         SELECT create_reference_table('er');",
+    )
+    .await
+    .unwrap();
+    let tier = |lines: &[String]| lines.first().cloned().unwrap_or_default();
+    let cases = [
+        ("SELECT * FROM ea WHERE k = 5", "Custom Scan (Tessera Router)"),
+        ("SELECT * FROM ea JOIN eb ON ea.k = eb.k WHERE ea.k = 5", "Custom Scan (Tessera Router)"),
+        // USING is not yet read as an equality of distribution columns.
+        ("SELECT * FROM ea JOIN eb USING (k) WHERE ea.k = 5", "Custom Scan (Tessera General Fallback)"),
+        ("UPDATE ea SET v = 1 WHERE k = 3", "Custom Scan (Tessera Router)"),
+        ("SELECT * FROM er", "Custom Scan (Tessera Router)"),
+        ("SELECT count(*), sum(v) FROM ea", "Custom Scan (Tessera Multi-Shard)"),
+        ("SELECT ea.k, eb.w FROM ea JOIN eb ON ea.k = eb.k", "Custom Scan (Tessera Multi-Shard)"),
+        ("SELECT ea.k, er.name FROM ea JOIN er ON er.id = ea.g", "Custom Scan (Tessera Multi-Shard)"),
+        ("UPDATE ea SET v = v + 1", "Custom Scan (Tessera Multi-Shard)"),
+        ("DELETE FROM ea WHERE v > 10", "Custom Scan (Tessera Multi-Shard)"),
+        ("SELECT * FROM ea JOIN ec ON ea.k = ec.k", "Custom Scan (Tessera General Fallback)"),
+        ("SELECT * FROM ea JOIN eb ON ea.g = eb.w", "Custom Scan (Tessera General Fallback)"),
+        ("SELECT k, rank() OVER (ORDER BY v) FROM ea", "Custom Scan (Tessera General Fallback)"),
+        ("SELECT * FROM ea WHERE v > (SELECT avg(z) FROM ec)", "Custom Scan (Tessera General Fallback)"),
+        ("SELECT e.k FROM ea e JOIN elocal l ON l.id = e.k", "Custom Scan (Tessera General Fallback)"),
+    ];
+    for (sql, expected) in cases {
+        let lines = explain(&c, sql).await;
+        assert_eq!(tier(&lines), expected, "{sql}:\n{}", lines.join("\n"));
+    }
+    // Local statements are explained by the coordinator database itself.
+    assert!(!tier(&explain(&c, "SELECT * FROM elocal").await).contains("Tessera"));
+
+    // A task's plan comes from its worker, named with its node.
+    let lines = explain(&c, "SELECT count(*) FROM ea").await;
+    let text = lines.join("\n");
+    assert!(text.contains("Task Count: 4") && text.contains("Tasks Shown: One of 4"), "{text}");
+    let port = cluster.workers()[0].port;
+    let other = cluster.workers()[1].port;
+    assert!(text.contains(&format!("port={port}")) || text.contains(&format!("port={other}")), "{text}");
+    assert!(text.contains("Aggregate") && text.contains("Seq Scan on ea_"), "the worker's own plan of its shard:\n{text}");
+    // The fallback shows the coordinator database's plan over the foreign shards.
+    let text = explain(&c, "SELECT * FROM ea JOIN ec ON ea.g = ec.z").await.join("\n");
+    assert!(text.contains("Foreign Scan"), "{text}");
+    // EXPLAIN ANALYZE runs the statement.
+    c.batch_execute("INSERT INTO ea VALUES (1, 1, 1), (2, 2, 2)").await.unwrap();
+    let text = explain(&c, "SELECT * FROM ea WHERE k = 2").await.join("\n");
+    assert!(text.contains("Index Scan") || text.contains("Seq Scan"), "{text}");
+    let rows = c.simple_query("EXPLAIN ANALYZE SELECT * FROM ea WHERE k = 2").await.unwrap();
+    let analyzed: Vec<String> = rows.iter().filter_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+        _ => None,
+    }).collect();
+    assert!(analyzed.iter().any(|l| l.contains("actual time")), "{analyzed:?}");
+}
