@@ -58,11 +58,15 @@ async fn fallback_refuses_after_writes_in_the_same_transaction() {
     )
     .await
     .unwrap();
-    let ranked = "SELECT k FROM fw ORDER BY v DESC LIMIT 1";
+    // A window over all rows: only the fallback answers it.
+    let ranked = "SELECT k FROM (SELECT k, rank() OVER (ORDER BY v DESC) AS r FROM fw) ranked WHERE r = 1";
     // Reads before any write are fine inside a block.
     c.batch_execute("BEGIN").await.unwrap();
     assert_eq!(one(text_rows(&c, ranked).await), vec![Some("20".into())]);
     c.batch_execute("UPDATE fw SET v = 100 WHERE k = 1").await.unwrap();
+    // The multi-shard tier reads through the session's own connections and
+    // sees the write; the fallback could not, so it refuses.
+    assert_eq!(one(text_rows(&c, "SELECT k FROM fw ORDER BY v DESC LIMIT 1").await), vec![Some("1".into())]);
     let err = c.batch_execute(ranked).await.unwrap_err();
     assert_eq!(common::sqlstate(&err), "0A000");
     assert!(common::error_text(&err).contains("cannot see the writes"), "{}", common::error_text(&err));

@@ -6,7 +6,8 @@ use super::Mode;
 use crate::connection::{quote_ident, quote_literal};
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, Node};
-use crate::planner::{Combine, MultiShardPlan};
+use crate::planner::{AggregateKind, Combine, CombineQuery, MultiShardPlan};
+use crate::server::Coordinator;
 use crate::protocol::backend;
 use crate::protocol::frontend::{self, Target};
 use crate::server::client::ClientConn;
@@ -21,7 +22,7 @@ enum Sink<'a> {
     Partials { rows: Vec<Vec<Option<String>>>, fields: Vec<backend::FieldDescription> },
 }
 
-pub async fn run(plan: &MultiShardPlan, parts: &mut Participants, catalog: &Catalog, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<()> {
+pub async fn run(plan: &MultiShardPlan, coordinator: &Coordinator, parts: &mut Participants, catalog: &Catalog, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<()> {
     let mut by_node: Vec<(Node, Vec<Arc<str>>)> = Vec::new();
     for shard in &plan.anchor.shards {
         let group = *shard.placements.first().ok_or_else(|| PgError::internal(format!("shard {} has no placement", shard.id)))?;
@@ -60,14 +61,20 @@ pub async fn run(plan: &MultiShardPlan, parts: &mut Participants, catalog: &Cata
             backend::command_complete(client.out(), &format!("{} {total}", plan.command.tag()));
             Ok(())
         }
-        Combine::Aggregate(kinds) => {
+        Combine::Query(query) => {
             let mut sink = Sink::Partials { rows: Vec::new(), fields: Vec::new() };
             for (node, sqls) in &by_node {
                 run_on_node(parts, node, Access::Read, sqls, mode, &mut sink).await?;
             }
             let Sink::Partials { rows, fields } = sink else { unreachable!() };
-            let sql = combine_sql(kinds, &fields, &rows)?;
-            super::run_on_coordinator_db(parts, &sql, mode, false, client).await
+            let types = type_names(parts, &fields).await?;
+            match combine_sql(query, &fields, &types, &rows) {
+                Some(sql) => super::run_on_coordinator_db(parts, &sql, mode, true, client).await,
+                None => match &query.fallback {
+                    Some(fallback) => super::fallback::run(fallback, coordinator, catalog.version, parts, mode, client).await,
+                    None => Err(PgError::not_supported("these aggregates cannot be combined exactly across shards")),
+                },
+            }
         }
     }
 }
@@ -132,14 +139,15 @@ async fn run_on_node(parts: &mut Participants, node: &Node, access: Access, sqls
     }
 }
 
-/// Names of the built-in types partial aggregates come back as.
-fn type_name(oid: u32) -> Option<&'static str> {
+/// Names of the common built-in types, known without asking.
+fn builtin_type_name(oid: u32) -> Option<&'static str> {
     Some(match oid {
         16 => "bool",
         20 => "int8",
         21 => "int2",
         23 => "int4",
         25 => "text",
+        26 => "oid",
         700 => "float4",
         701 => "float8",
         790 => "money",
@@ -152,41 +160,86 @@ fn type_name(oid: u32) -> Option<&'static str> {
         1186 => "interval",
         1700 => "numeric",
         2950 => "uuid",
-        26 => "oid",
         _ => return None,
     })
 }
 
-/// `SELECT sum(c1)::int8 AS "count", … FROM (VALUES …) AS partials(c1, …)`.
-fn combine_sql(kinds: &[crate::planner::PartialAggregate], fields: &[backend::FieldDescription], rows: &[Vec<Option<String>>]) -> PgResult<String> {
-    if fields.len() != kinds.len() {
-        return Err(PgError::internal("partial aggregate results do not match the plan"));
+/// SQL names of the partial rows' column types, for typed literals.
+async fn type_names(parts: &mut Participants, fields: &[backend::FieldDescription]) -> PgResult<Vec<String>> {
+    let unknown: Vec<String> = fields.iter().filter(|f| builtin_type_name(f.type_oid).is_none()).map(|f| f.type_oid.to_string()).collect();
+    let mut looked_up = std::collections::HashMap::new();
+    if !unknown.is_empty() {
+        let sql = format!("SELECT oid, format_type(oid, NULL) FROM pg_type WHERE oid IN ({})", unknown.join(", "));
+        let rows = parts.local().await?.query(&sql).await;
+        parts.observe_local_status();
+        for row in rows? {
+            if let [Some(oid), Some(name)] = row.as_slice() {
+                looked_up.insert(oid.parse::<u32>().unwrap_or_default(), name.clone());
+            }
+        }
     }
-    let types: Vec<&str> = fields
+    fields
         .iter()
-        .map(|f| type_name(f.type_oid).ok_or_else(|| PgError::not_supported(format!("combining aggregates of type oid {} across shards is not supported yet", f.type_oid))))
-        .collect::<PgResult<_>>()?;
-    let columns: Vec<String> = (1..=kinds.len()).map(|i| format!("c{i}")).collect();
-    let targets: Vec<String> = kinds
-        .iter()
-        .zip(&types)
-        .zip(fields)
-        .enumerate()
-        .map(|(i, ((k, t), f))| format!("{}(c{})::{t} AS {}", k.combine_function(), i + 1, quote_ident(&f.name)))
-        .collect();
-    let values: Vec<String> = rows
-        .iter()
-        .map(|r| {
-            let items: Vec<String> = r
-                .iter()
-                .zip(&types)
-                .map(|(v, t)| match v {
-                    Some(v) => format!("{}::{t}", quote_literal(v)),
-                    None => format!("NULL::{t}"),
-                })
-                .collect();
-            format!("({})", items.join(", "))
+        .map(|f| {
+            builtin_type_name(f.type_oid)
+                .map(str::to_string)
+                .or_else(|| looked_up.get(&f.type_oid).cloned())
+                .ok_or_else(|| PgError::internal(format!("unknown type oid {} in a shard's result", f.type_oid)))
         })
-        .collect();
-    Ok(format!("SELECT {} FROM (VALUES {}) AS partials({})", targets.join(", "), values.join(", "), columns.join(", ")))
+        .collect()
+}
+
+/// The combining statement with the shards' rows filled in, or None when an
+/// aggregate cannot be combined exactly from these partial types.
+fn combine_sql(query: &CombineQuery, fields: &[backend::FieldDescription], types: &[String], rows: &[Vec<Option<String>>]) -> Option<String> {
+    let visible = fields.len().saturating_sub(query.hidden);
+    let columns: Vec<String> = (0..fields.len()).map(|i| if i < visible { format!("tessera_p_{i:03}") } else { format!("tessera_s_{:03}", i - visible) }).collect();
+    let source = if rows.is_empty() {
+        let nulls: Vec<String> = types.iter().map(|t| format!("NULL::{t}")).collect();
+        format!("(SELECT {} WHERE false)", nulls.join(", "))
+    } else {
+        let mut values = String::with_capacity(rows.len() * fields.len() * 16);
+        values.push_str("(VALUES ");
+        for (r, row) in rows.iter().enumerate() {
+            values.push_str(if r == 0 { "(" } else { ", (" });
+            for (i, (v, t)) in row.iter().zip(types).enumerate() {
+                if i > 0 {
+                    values.push_str(", ");
+                }
+                match v {
+                    Some(v) => values.push_str(&quote_literal(v)),
+                    None => values.push_str("NULL"),
+                }
+                values.push_str("::");
+                values.push_str(t);
+            }
+            values.push(')');
+        }
+        values.push(')');
+        values
+    };
+    let mut sql = query.sql.replacen("FROM tessera_partials", &format!("FROM {source} AS tessera_partials({})", columns.join(", ")), 1);
+    if sql.contains("tessera_visible_columns") {
+        let list: Vec<String> = fields[..visible].iter().enumerate().map(|(i, f)| format!("tessera_p_{i:03} AS {}", quote_ident(&f.name))).collect();
+        sql = sql.replacen("tessera_visible_columns", &list.join(", "), 1);
+    }
+    for (j, aggregate) in query.aggregates.iter().enumerate().rev() {
+        let col = |k: usize| format!("tessera_p_{:03}", aggregate.columns[k]);
+        let expr = match aggregate.kind {
+            AggregateKind::Count => format!("sum({})::int8", col(0)),
+            AggregateKind::Sum => format!("sum({})::{}", col(0), types[aggregate.columns[0]]),
+            AggregateKind::Min => format!("min({})", col(0)),
+            AggregateKind::Max => format!("max({})", col(0)),
+            AggregateKind::BoolAnd => format!("bool_and({})", col(0)),
+            AggregateKind::BoolOr => format!("bool_or({})", col(0)),
+            AggregateKind::Avg => match types[aggregate.columns[0]].as_str() {
+                // PostgreSQL averages float4 in float8; partial float4 sums lost that precision.
+                "float4" | "real" => return None,
+                "float8" | "interval" => format!("sum({}) / nullif(sum({}), 0)::float8", col(0), col(1)),
+                _ => format!("sum({})::numeric / nullif(sum({}), 0)", col(0), col(1)),
+            },
+        };
+        sql = sql.replace(&format!("tessera_agg_{j:03}"), &format!("({expr})"));
+    }
+    Some(sql)
 }

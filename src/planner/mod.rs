@@ -15,7 +15,7 @@ pub use ddl::{placement_groups, DdlPlan, DropIndex};
 pub use explain::ExplainPlan;
 pub use fallback::FallbackPlan;
 pub use functions::{ClusterCall, ClusterFunction};
-pub use multi_shard::{Combine, MultiShardPlan, PartialAggregate};
+pub use multi_shard::{AggregateKind, Combine, CombineQuery, MultiShardPlan, SplitAggregate};
 pub use router::{Command, InsertKey, KeyValue, RouterPlan, ShardTarget};
 
 use crate::error::{sqlstate, PgError};

@@ -1,45 +1,65 @@
-//! Multi-shard SELECT: a query over co-located tables joined on their
+//! Multi-shard pushdown: a query over co-located tables joined on their
 //! distribution columns, not pinned to one shard group, runs once per shard
-//! group; the coordinator concatenates the rows or combines partial aggregates.
-//! Shapes whose combination needs more than that (GROUP BY, ORDER BY, LIMIT,
-//! DISTINCT, HAVING, window functions, other aggregates) are refused for now.
+//! group. Without GROUP BY, aggregates, ORDER BY, LIMIT or DISTINCT the rows
+//! are simply concatenated. Otherwise each shard computes what it can (partial
+//! aggregates per group, its own top rows for ORDER BY … LIMIT, its distinct
+//! rows) and the coordinator database finishes the query over those rows with
+//! a combining statement, so that types, NULL handling and arithmetic are
+//! exactly PostgreSQL's. Shapes this cannot split exactly go to the general
+//! fallback instead.
 
+use super::fallback::{self, FallbackPlan};
 use super::rewrite::ShardTemplate;
-use super::{not_supported, Command, Plan};
+use super::walk::visit_mut;
+use super::{Command, Plan};
 use crate::metadata::{Catalog, DistributedTable};
-use pg_query::protobuf::{self, SelectStmt};
-use pg_query::{NodeEnum, NodeRef};
+use pg_query::protobuf::{self, a_const, Node, SelectStmt};
+use pg_query::NodeEnum;
 use std::fmt;
 use std::sync::Arc;
 
-/// How one output column's per-shard values become the final value.
+/// How an aggregate's per-shard values become its value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PartialAggregate {
-    /// count(…): the counts add up.
+pub enum AggregateKind {
     Count,
-    /// sum(…): the sums add up (NULL when every shard saw no rows).
     Sum,
     Min,
     Max,
+    /// Sum and count per shard; divided after the combine.
+    Avg,
+    BoolAnd,
+    BoolOr,
 }
 
-impl PartialAggregate {
-    /// The aggregate that combines the partial values on the coordinator.
-    pub fn combine_function(self) -> &'static str {
-        match self {
-            PartialAggregate::Count | PartialAggregate::Sum => "sum",
-            PartialAggregate::Min => "min",
-            PartialAggregate::Max => "max",
-        }
-    }
-}
-
+/// One aggregate of the query: its kind and the worker columns holding its
+/// per-shard values (two for avg: sum, then count).
 #[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SplitAggregate {
+    pub kind: AggregateKind,
+    pub columns: Vec<usize>,
+}
+
+/// The coordinator database's half of a split query. `sql` reads the worker
+/// rows from `tessera_partials`, whose columns are `tessera_p_NNN` (and
+/// `tessera_s_NNN` for the trailing `hidden` sort keys); `tessera_agg_NNN`
+/// stands for the combined value of aggregate NNN and `tessera_visible_columns`
+/// for every non-hidden worker column under the worker's own column name.
+#[derive(Debug)]
+pub struct CombineQuery {
+    pub sql: String,
+    pub aggregates: Vec<SplitAggregate>,
+    pub hidden: usize,
+    /// Run instead when the shards' results cannot be combined exactly (a
+    /// type whose partial sums lose precision).
+    pub fallback: Option<Arc<FallbackPlan>>,
+}
+
+#[derive(Debug)]
 pub enum Combine {
     /// Rows from every shard, in no particular order.
     Concatenate,
-    /// One row: each column combined from the shards' partial aggregates.
-    Aggregate(Vec<PartialAggregate>),
+    /// The coordinator database finishes the query over the shards' rows.
+    Query(CombineQuery),
 }
 
 impl Combine {
@@ -47,10 +67,7 @@ impl Combine {
     pub fn describe(&self) -> String {
         match self {
             Combine::Concatenate => "concatenate".into(),
-            Combine::Aggregate(kinds) => {
-                let names: Vec<&str> = kinds.iter().map(|k| k.combine_function()).collect();
-                format!("aggregate ({})", names.join(", "))
-            }
+            Combine::Query(q) => q.sql.clone(),
         }
     }
 }
@@ -71,7 +88,7 @@ impl MultiShardPlan {
 
 impl fmt::Display for MultiShardPlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?}, {} tasks, {:?}", self.command, self.anchor.shard_count(), self.combine)
+        write!(f, "{:?}, {} tasks, {}", self.command, self.anchor.shard_count(), self.combine.describe())
     }
 }
 
@@ -81,49 +98,78 @@ pub(super) fn plan_modify(command: Command, anchor: Arc<DistributedTable>, templ
     Plan::MultiShard(Arc::new(MultiShardPlan { command, anchor, template, combine: Combine::Concatenate }))
 }
 
+/// Why a query cannot be split over the shards; the general fallback takes it.
+type Refusal = String;
 /// Plans a SELECT whose distributed tables form one co-located join group.
 pub(super) fn plan_select(select: &SelectStmt, anchor: Arc<DistributedTable>, template: ShardTemplate, catalog: &Catalog) -> Plan {
-    let unsupported_clause = if !select.group_clause.is_empty() {
-        Some("GROUP BY")
-    } else if select.having_clause.is_some() {
-        Some("HAVING")
-    } else if !select.sort_clause.is_empty() {
-        Some("ORDER BY")
-    } else if select.limit_count.is_some() || select.limit_offset.is_some() {
-        Some("LIMIT/OFFSET")
-    } else if !select.distinct_clause.is_empty() {
-        Some("DISTINCT")
-    } else if !select.window_clause.is_empty() {
-        Some("WINDOW")
-    } else if !select.locking_clause.is_empty() {
-        Some("FOR UPDATE/SHARE")
-    } else if select.into_clause.is_some() {
-        Some("SELECT INTO")
-    } else {
-        None
-    };
-    if let Some(clause) = unsupported_clause {
-        return not_supported(format!("{clause} in queries across shards of distributed tables is not supported yet"));
-    }
-    let mut partials = Vec::new();
-    let mut plain = 0;
-    for target in &select.target_list {
-        let Some(NodeEnum::ResTarget(t)) = target.node.as_ref() else { continue };
-        let Some(val) = t.val.as_deref() else { continue };
-        match simple_aggregate(val, catalog) {
-            Some(p) => partials.push(p),
-            None if contains_aggregate_or_window(val, catalog) => {
-                return not_supported("this aggregate across shards of distributed tables is not supported yet; count, sum, min and max are");
-            }
-            None => plain += 1,
+    let (template, combine) = match split(select, catalog) {
+        Err(refusal) => return super::not_supported(format!("cannot split over the shards: {refusal}")),
+        Ok(None) => (template, Combine::Concatenate),
+        Ok(Some((worker, sql, aggregates, hidden))) => {
+            let reason = "the shards' rows cannot be combined exactly";
+            let fallback = match fallback::plan(template.version(), &NodeEnum::SelectStmt(Box::new(select.clone())), catalog, reason) {
+                Some(Plan::Fallback(f)) => Some(f),
+                _ => None,
+            };
+            (template.with_statement(worker), Combine::Query(CombineQuery { sql, aggregates, hidden, fallback }))
         }
-    }
-    let combine = match (partials.is_empty(), plain) {
-        (true, _) => Combine::Concatenate,
-        (false, 0) => Combine::Aggregate(partials),
-        (false, _) => return not_supported("mixing aggregates and plain columns across shards needs GROUP BY, which is not supported yet"),
     };
     Plan::MultiShard(Arc::new(MultiShardPlan { command: Command::Select, anchor, template, combine }))
+}
+
+/// The worker statement, the combining SQL, its aggregates and hidden sort
+/// columns; None when plain concatenation answers the query.
+type Split = Option<(NodeEnum, String, Vec<SplitAggregate>, usize)>;
+
+fn split(select: &SelectStmt, catalog: &Catalog) -> Result<Split, Refusal> {
+    if !select.window_clause.is_empty() {
+        return Err("window functions across shards".into());
+    }
+    if !select.locking_clause.is_empty() && (!select.sort_clause.is_empty() || select.limit_count.is_some()) {
+        return Err("FOR UPDATE with ORDER BY or LIMIT across shards".into());
+    }
+    if select.into_clause.is_some() {
+        return Err("SELECT INTO across shards".into());
+    }
+    if select.group_clause.iter().any(|g| matches!(g.node, Some(NodeEnum::GroupingSet(_)))) {
+        return Err("grouping sets across shards".into());
+    }
+    if is_distinct_on(select) {
+        return Err("DISTINCT ON across shards".into());
+    }
+    let (aggregate, window) = calls_in(select, catalog);
+    if window {
+        return Err("window functions across shards".into());
+    }
+    let aggregated = !select.group_clause.is_empty() || select.having_clause.is_some() || aggregate;
+    if aggregated {
+        split_aggregation(select, catalog).map(Some)
+    } else if !select.sort_clause.is_empty() || select.limit_count.is_some() || select.limit_offset.is_some() || !select.distinct_clause.is_empty() {
+        split_rows(select).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
+fn is_distinct_on(select: &SelectStmt) -> bool {
+    !select.distinct_clause.is_empty() && select.distinct_clause.iter().any(|n| n.node.is_some())
+}
+
+/// Whether the output or ORDER BY calls an aggregate, and a window function.
+fn calls_in(select: &SelectStmt, catalog: &Catalog) -> (bool, bool) {
+    let (mut aggregate, mut window) = (false, false);
+    let mut check = |n: &mut NodeEnum| {
+        if let NodeEnum::FuncCall(call) = n {
+            window |= call.over.is_some();
+            aggregate |= call.over.is_none() && (call.agg_star || catalog.is_aggregate(function_name(call).unwrap_or_default()));
+        }
+    };
+    for node in select.target_list.iter().chain(&select.sort_clause) {
+        if let Some(n) = node.node.clone().as_mut() {
+            visit_mut(n, &mut check);
+        }
+    }
+    (aggregate, window)
 }
 
 fn function_name(call: &protobuf::FuncCall) -> Option<&str> {
@@ -133,35 +179,367 @@ fn function_name(call: &protobuf::FuncCall) -> Option<&str> {
     }
 }
 
-/// count/sum/min/max with no DISTINCT, FILTER, ORDER BY or OVER.
-fn simple_aggregate(node: &protobuf::Node, catalog: &Catalog) -> Option<PartialAggregate> {
-    let Some(NodeEnum::FuncCall(call)) = node.node.as_ref() else { return None };
-    if call.agg_distinct || call.agg_filter.is_some() || !call.agg_order.is_empty() || call.over.is_some() || call.agg_within_group {
-        return None;
-    }
-    let kind = match function_name(call)? {
-        "count" => PartialAggregate::Count,
-        "sum" => PartialAggregate::Sum,
-        "min" => PartialAggregate::Min,
-        "max" => PartialAggregate::Max,
-        _ => return None,
-    };
-    // Nested aggregates or subqueries in the argument cannot be split this way.
-    let nested = call.args.iter().any(|a| contains_aggregate_or_window(a, catalog) || contains_subquery(a));
-    (!nested && catalog.is_aggregate(function_name(call)?)).then_some(kind)
+fn column_ref(name: &str) -> Node {
+    Node { node: Some(NodeEnum::ColumnRef(protobuf::ColumnRef { fields: vec![string_node(name)], location: -1 })) }
 }
 
-fn contains_aggregate_or_window(node: &protobuf::Node, catalog: &Catalog) -> bool {
-    let Some(n) = node.node.as_ref() else { return false };
-    let is_agg = |call: &protobuf::FuncCall| call.over.is_some() || call.agg_star || function_name(call).is_some_and(|name| catalog.is_aggregate(name));
-    if let NodeEnum::FuncCall(call) = n {
-        if is_agg(call) {
-            return true;
+fn string_node(s: &str) -> Node {
+    Node { node: Some(NodeEnum::String(protobuf::String { sval: s.to_string() })) }
+}
+
+fn res_target(name: &str, val: Node) -> Node {
+    Node { node: Some(NodeEnum::ResTarget(Box::new(protobuf::ResTarget { name: name.to_string(), indirection: vec![], val: Some(Box::new(val)), location: -1 }))) }
+}
+
+fn partial_column(i: usize) -> String {
+    format!("tessera_p_{i:03}")
+}
+
+fn aggregate_placeholder(j: usize) -> String {
+    format!("tessera_agg_{j:03}")
+}
+
+/// A SELECT with every enum field set (the deparser rejects unset ones).
+fn plain_select() -> SelectStmt {
+    SelectStmt { op: protobuf::SetOperation::SetopNone as i32, limit_option: protobuf::LimitOption::Default as i32, ..Default::default() }
+}
+
+/// An expression's text, to tell equal expressions apart from different ones.
+fn expression_key(node: &NodeEnum) -> Option<String> {
+    let select = SelectStmt { target_list: vec![res_target("", Node { node: Some(node.clone()) })], ..plain_select() };
+    NodeEnum::SelectStmt(Box::new(select)).deparse().ok()
+}
+
+fn is_expression(node: &NodeEnum) -> bool {
+    use NodeEnum::*;
+    matches!(
+        node,
+        ColumnRef(_) | FuncCall(_) | AExpr(_) | TypeCast(_) | CaseExpr(_) | CoalesceExpr(_) | MinMaxExpr(_) | BoolExpr(_) | NullTest(_) | BooleanTest(_) | AIndirection(_) | CollateClause(_) | RowExpr(_) | AArrayExpr(_) | SqlvalueFunction(_)
+    )
+}
+
+/// The integer of `ORDER BY 2` / `GROUP BY 2`.
+fn position(node: &Node) -> Option<usize> {
+    match node.node.as_ref()? {
+        NodeEnum::AConst(c) => match c.val.as_ref()? {
+            a_const::Val::Ival(i) if i.ival > 0 => Some(i.ival as usize),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// A bare name in ORDER BY that names an output column.
+fn output_alias<'a>(node: &Node, targets: &'a [Node]) -> Option<usize> {
+    let NodeEnum::ColumnRef(c) = node.node.as_ref()? else { return None };
+    let [field] = c.fields.as_slice() else { return None };
+    let NodeEnum::String(name) = field.node.as_ref()? else { return None };
+    targets.iter().position(|t| matches!(t.node.as_ref(), Some(NodeEnum::ResTarget(r)) if r.name == name.sval))
+}
+
+fn target_value(t: &Node) -> Option<&Node> {
+    match t.node.as_ref()? {
+        NodeEnum::ResTarget(r) => r.val.as_deref(),
+        _ => None,
+    }
+}
+
+fn is_star(t: &Node) -> bool {
+    matches!(target_value(t).and_then(|v| v.node.as_ref()), Some(NodeEnum::ColumnRef(c)) if c.fields.iter().any(|f| matches!(f.node, Some(NodeEnum::AStar(_)))))
+}
+
+/// Builds the combining statement: `targets` over `tessera_partials`.
+fn combine_statement(select: &SelectStmt, target_list: Vec<Node>, group_clause: Vec<Node>, having: Option<Box<Node>>, sort_clause: Vec<Node>) -> Result<String, Refusal> {
+    let from = Node { node: Some(NodeEnum::RangeVar(protobuf::RangeVar { relname: "tessera_partials".into(), inh: true, relpersistence: "p".into(), location: -1, ..Default::default() })) };
+    let combine = SelectStmt {
+        distinct_clause: select.distinct_clause.clone(),
+        target_list,
+        from_clause: vec![from],
+        group_clause,
+        having_clause: having,
+        sort_clause,
+        limit_count: select.limit_count.clone(),
+        limit_offset: select.limit_offset.clone(),
+        limit_option: select.limit_option,
+        ..plain_select()
+    };
+    NodeEnum::SelectStmt(Box::new(combine)).deparse().map_err(|e| e.to_string())
+}
+
+// ---------------------------------------------------------------- rows
+
+/// ORDER BY / LIMIT / OFFSET / DISTINCT without aggregation: each shard sends
+/// its distinct rows, or its first LIMIT + OFFSET rows in order; the combine
+/// sorts, de-duplicates and cuts again.
+fn split_rows(select: &SelectStmt) -> Result<(NodeEnum, String, Vec<SplitAggregate>, usize), Refusal> {
+    let star_seen_before = |i: usize| select.target_list[..i.min(select.target_list.len())].iter().any(is_star);
+    let mut worker = select.clone();
+    let mut combine_sorts = Vec::new();
+    let mut hidden = 0;
+    for sort in &select.sort_clause {
+        let Some(NodeEnum::SortBy(by)) = sort.node.as_ref() else { return Err("unusual ORDER BY".into()) };
+        let key = by.node.as_deref().ok_or("empty ORDER BY")?;
+        let output = position(key).map(|p| p - 1).or_else(|| output_alias(key, &select.target_list)).or_else(|| {
+            // With DISTINCT, ORDER BY must name output columns; find the one it equals.
+            let wanted = key.node.as_ref().and_then(expression_key);
+            (!select.distinct_clause.is_empty())
+                .then(|| select.target_list.iter().position(|t| target_value(t).and_then(|v| v.node.as_ref()).and_then(expression_key) == wanted && wanted.is_some()))
+                .flatten()
+        });
+        let column = match output {
+            Some(i) if star_seen_before(i) => return Err("ORDER BY an output column after * across shards".into()),
+            Some(i) => Node { node: Some(NodeEnum::AConst(protobuf::AConst { isnull: false, location: -1, val: Some(a_const::Val::Ival(protobuf::Integer { ival: i as i32 + 1 })) })) },
+            None if !select.distinct_clause.is_empty() => return Err("DISTINCT with ORDER BY on other expressions".into()),
+            None => {
+                let name = format!("tessera_s_{hidden:03}");
+                worker.target_list.push(res_target(&name, key.clone()));
+                hidden += 1;
+                column_ref(&name)
+            }
+        };
+        let mut by = by.as_ref().clone();
+        by.node = Some(Box::new(column));
+        combine_sorts.push(Node { node: Some(NodeEnum::SortBy(Box::new(by))) });
+    }
+    // Each shard's first LIMIT + OFFSET rows contain every row the query can return.
+    worker.limit_offset = None;
+    worker.limit_count = match (&select.limit_count, &select.limit_offset) {
+        (Some(count), Some(offset)) => Some(Box::new(plus(count, offset))),
+        (count, _) => count.clone(),
+    };
+    if worker.limit_count.is_none() {
+        worker.sort_clause.clear();
+    }
+    let targets = vec![res_target("", column_ref("tessera_visible_columns"))];
+    let sql = combine_statement(select, targets, vec![], None, combine_sorts)?;
+    Ok((NodeEnum::SelectStmt(Box::new(worker)), sql, vec![], hidden))
+}
+
+fn plus(a: &Node, b: &Node) -> Node {
+    Node {
+        node: Some(NodeEnum::AExpr(Box::new(protobuf::AExpr {
+            kind: protobuf::AExprKind::AexprOp as i32,
+            name: vec![string_node("+")],
+            lexpr: Some(Box::new(a.clone())),
+            rexpr: Some(Box::new(b.clone())),
+            location: -1,
+        }))),
+    }
+}
+
+// ---------------------------------------------------------------- aggregation
+
+struct Aggregation<'c> {
+    catalog: &'c Catalog,
+    /// GROUP BY expressions (worker columns 0..n) and their keys.
+    groups: Vec<(Node, Option<String>)>,
+    /// Per-shard aggregate calls, as worker columns after the groups.
+    partials: Vec<Node>,
+    aggregates: Vec<SplitAggregate>,
+    /// Keys of aggregates seen, to compute each once.
+    aggregate_keys: Vec<String>,
+}
+
+/// GROUP BY and aggregates: the shards group and aggregate their rows; the
+/// combine groups again and combines each aggregate's per-shard values, then
+/// applies HAVING, DISTINCT, ORDER BY and LIMIT.
+fn split_aggregation(select: &SelectStmt, catalog: &Catalog) -> Result<(NodeEnum, String, Vec<SplitAggregate>, usize), Refusal> {
+    let mut agg = Aggregation { catalog, groups: vec![], partials: vec![], aggregates: vec![], aggregate_keys: vec![] };
+    for g in &select.group_clause {
+        let expr = match position(g) {
+            Some(p) => target_value(select.target_list.get(p - 1).ok_or("GROUP BY position out of range")?).ok_or("GROUP BY a star")?.clone(),
+            None => {
+                if output_alias(g, &select.target_list).is_some() {
+                    return Err("GROUP BY an output column name".into());
+                }
+                g.clone()
+            }
+        };
+        let key = expr.node.as_ref().and_then(expression_key);
+        agg.groups.push((expr, key));
+    }
+    let mut targets = Vec::new();
+    for t in &select.target_list {
+        let Some(NodeEnum::ResTarget(r)) = t.node.as_ref() else { return Err("unusual target".into()) };
+        if is_star(t) {
+            return Err("* with aggregates".into());
+        }
+        let mut val = r.val.as_deref().ok_or("empty target")?.clone();
+        let name = if r.name.is_empty() { output_name(&val).ok_or("an output column whose name is hard to tell")? } else { r.name.clone() };
+        agg.rewrite(&mut val)?;
+        targets.push(res_target(&name, val));
+    }
+    let having = match select.having_clause.as_deref() {
+        Some(h) => {
+            let mut h = h.clone();
+            agg.rewrite(&mut h)?;
+            Some(Box::new(h))
+        }
+        None => None,
+    };
+    let mut sorts = Vec::new();
+    for sort in &select.sort_clause {
+        let Some(NodeEnum::SortBy(by)) = sort.node.as_ref() else { return Err("unusual ORDER BY".into()) };
+        let mut by = by.as_ref().clone();
+        let key = by.node.as_deref_mut().ok_or("empty ORDER BY")?;
+        if position(key).is_none() && output_alias(key, &select.target_list).is_none() {
+            agg.rewrite(key)?;
+        }
+        sorts.push(Node { node: Some(NodeEnum::SortBy(Box::new(by))) });
+    }
+    let group_columns: Vec<Node> = (0..agg.groups.len()).map(|i| column_ref(&partial_column(i))).collect();
+    let sql = combine_statement(select, targets, group_columns, having, sorts)?;
+    // The worker groups by the same expressions and computes the partials.
+    let mut worker_targets: Vec<Node> = agg.groups.iter().enumerate().map(|(i, (g, _))| res_target(&partial_column(i), g.clone())).collect();
+    let offset = worker_targets.len();
+    worker_targets.extend(agg.partials.iter().enumerate().map(|(i, p)| res_target(&partial_column(offset + i), p.clone())));
+    let worker = SelectStmt {
+        target_list: worker_targets,
+        from_clause: select.from_clause.clone(),
+        where_clause: select.where_clause.clone(),
+        group_clause: agg.groups.iter().map(|(g, _)| g.clone()).collect(),
+        with_clause: select.with_clause.clone(),
+        ..plain_select()
+    };
+    let aggregates = agg
+        .aggregates
+        .into_iter()
+        .map(|a| SplitAggregate { kind: a.kind, columns: a.columns.into_iter().map(|c| c + offset).collect() })
+        .collect();
+    Ok((NodeEnum::SelectStmt(Box::new(worker)), sql, aggregates, 0))
+}
+
+impl Aggregation<'_> {
+    /// Rewrites an expression over the query's rows into one over the partial
+    /// rows: GROUP BY expressions become their columns, aggregates their
+    /// combined values. Anything else reading the rows cannot be combined.
+    fn rewrite(&mut self, node: &mut Node) -> Result<(), Refusal> {
+        let mut refusal = None;
+        if let Some(n) = node.node.as_mut() {
+            visit_mut(n, &mut |n| {
+                if refusal.is_some() {
+                    return;
+                }
+                match self.replace(n) {
+                    Ok(Some(replacement)) => *n = replacement,
+                    Ok(None) => {}
+                    Err(e) => refusal = Some(e),
+                }
+            });
+        }
+        refusal.map_or(Ok(()), Err)
+    }
+
+    fn replace(&mut self, n: &NodeEnum) -> Result<Option<NodeEnum>, Refusal> {
+        if is_expression(n) && !self.groups.is_empty() {
+            if let Some(key) = expression_key(n) {
+                if let Some(i) = self.groups.iter().position(|(_, k)| k.as_deref() == Some(key.as_str())) {
+                    return Ok(column_ref(&partial_column(i)).node);
+                }
+            }
+        }
+        match n {
+            NodeEnum::FuncCall(call) if call.over.is_some() => Err("window functions across shards".into()),
+            NodeEnum::FuncCall(call) if call.agg_star || self.catalog.is_aggregate(function_name(call).unwrap_or_default()) => {
+                let j = self.aggregate(call)?;
+                Ok(column_ref(&aggregate_placeholder(j)).node)
+            }
+            NodeEnum::ColumnRef(_) => Err("a column outside GROUP BY and aggregates".into()),
+            NodeEnum::SubLink(_) => Err("a subquery over the grouped rows".into()),
+            NodeEnum::GroupingFunc(_) => Err("GROUPING() across shards".into()),
+            _ => Ok(None),
         }
     }
-    n.nodes().into_iter().any(|(child, _, _)| matches!(child, NodeRef::FuncCall(call) if is_agg(call)))
+
+    /// The index of the aggregate `call` in the plan, adding it if new.
+    fn aggregate(&mut self, call: &protobuf::FuncCall) -> Result<usize, Refusal> {
+        let key = expression_key(&NodeEnum::FuncCall(Box::new(call.clone()))).ok_or("an aggregate that cannot be printed")?;
+        if let Some(j) = self.aggregate_keys.iter().position(|k| *k == key) {
+            return Ok(j);
+        }
+        if call.agg_distinct || !call.agg_order.is_empty() || call.agg_within_group || call.func_variadic || call.funcname.len() > 1 {
+            return Err(format!("{key} across shards"));
+        }
+        let mut nested = false;
+        for arg in call.args.iter().chain(call.agg_filter.as_deref()) {
+            if let Some(mut a) = arg.node.clone() {
+                visit_mut(&mut a, &mut |n| {
+                    nested |= matches!(n, NodeEnum::SubLink(_))
+                        || matches!(n, NodeEnum::FuncCall(c) if c.agg_star || c.over.is_some() || self.catalog.is_aggregate(function_name(c).unwrap_or_default()));
+                });
+            }
+        }
+        if nested {
+            return Err(format!("{key} across shards"));
+        }
+        let kind = match (function_name(call).unwrap_or_default(), call.args.len()) {
+            ("count", 0 | 1) => AggregateKind::Count,
+            ("sum", 1) => AggregateKind::Sum,
+            ("min", 1) => AggregateKind::Min,
+            ("max", 1) => AggregateKind::Max,
+            ("avg", 1) => AggregateKind::Avg,
+            ("bool_and" | "every", 1) => AggregateKind::BoolAnd,
+            ("bool_or", 1) => AggregateKind::BoolOr,
+            _ => return Err(format!("{key} across shards")),
+        };
+        let renamed = |name: &str| {
+            let mut c = call.clone();
+            c.funcname = vec![string_node(name)];
+            Node { node: Some(NodeEnum::FuncCall(Box::new(c))) }
+        };
+        let first = self.partials.len();
+        match kind {
+            AggregateKind::Avg => {
+                self.partials.push(renamed("sum"));
+                self.partials.push(renamed("count"));
+            }
+            AggregateKind::BoolAnd => self.partials.push(renamed("bool_and")),
+            _ => self.partials.push(Node { node: Some(NodeEnum::FuncCall(Box::new(call.clone()))) }),
+        }
+        self.aggregates.push(SplitAggregate { kind, columns: (first..self.partials.len()).collect() });
+        self.aggregate_keys.push(key);
+        Ok(self.aggregates.len() - 1)
+    }
 }
 
-fn contains_subquery(node: &protobuf::Node) -> bool {
-    node.node.as_ref().is_some_and(|n| n.nodes().into_iter().any(|(child, _, _)| matches!(child, NodeRef::SubLink(_))))
+/// The column name PostgreSQL gives an unnamed output expression (its
+/// FigureColname), when it is one of the common cases.
+fn output_name(node: &Node) -> Option<String> {
+    name_strength(node.node.as_ref()?).0
+}
+
+/// A name and how strongly the expression suggests it (2: a column or function
+/// name; 1: a fallback such as "case"; 0: none).
+fn name_strength(node: &NodeEnum) -> (Option<String>, u8) {
+    let last_string = |nodes: &[Node]| {
+        nodes.iter().rev().find_map(|n| match n.node.as_ref() {
+            Some(NodeEnum::String(s)) => Some(s.sval.clone()),
+            _ => None,
+        })
+    };
+    match node {
+        NodeEnum::ColumnRef(c) => match c.fields.last().and_then(|f| f.node.as_ref()) {
+            Some(NodeEnum::String(s)) => (Some(s.sval.clone()), 2),
+            _ => (None, 0),
+        },
+        NodeEnum::FuncCall(c) => (last_string(&c.funcname), 2),
+        NodeEnum::TypeCast(t) => match t.arg.as_deref().and_then(|a| a.node.as_ref()).map(name_strength) {
+            Some((name, 2)) => (name, 2),
+            _ => (t.type_name.as_ref().and_then(|tn| last_string(&tn.names)), 1),
+        },
+        NodeEnum::CollateClause(c) => c.arg.as_deref().and_then(|a| a.node.as_ref()).map(name_strength).unwrap_or((None, 0)),
+        NodeEnum::CaseExpr(c) => match c.defresult.as_deref().and_then(|d| d.node.as_ref()).map(name_strength) {
+            Some((name, 2)) => (name, 2),
+            _ => (Some("case".into()), 1),
+        },
+        NodeEnum::CoalesceExpr(_) => (Some("coalesce".into()), 2),
+        NodeEnum::AArrayExpr(_) => (Some("array".into()), 2),
+        NodeEnum::RowExpr(_) => (Some("row".into()), 2),
+        NodeEnum::MinMaxExpr(m) => (Some(if m.op == protobuf::MinMaxOp::IsGreatest as i32 { "greatest" } else { "least" }.into()), 2),
+        NodeEnum::AExpr(e) if e.kind == protobuf::AExprKind::AexprNullif as i32 => (Some("nullif".into()), 2),
+        NodeEnum::AExpr(_) | NodeEnum::BoolExpr(_) | NodeEnum::NullTest(_) | NodeEnum::BooleanTest(_) | NodeEnum::AConst(_) | NodeEnum::ParamRef(_) => {
+            (Some("?column?".into()), 0)
+        }
+        _ => (None, 0),
+    }
 }

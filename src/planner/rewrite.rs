@@ -34,6 +34,16 @@ impl ShardTemplate {
         &self.tables
     }
 
+    pub fn version(&self) -> i32 {
+        self.tree.version
+    }
+
+    /// The same tables, for another statement (a query's per-shard part).
+    pub fn with_statement(self, stmt: NodeEnum) -> Self {
+        let raw = protobuf::RawStmt { stmt: Some(Box::new(protobuf::Node { node: Some(stmt) })), stmt_location: 0, stmt_len: 0 };
+        ShardTemplate { tree: protobuf::ParseResult { version: self.tree.version, stmts: vec![raw] }, ..self }
+    }
+
     /// SQL for shard group `index`: hash tables use their shard with that index,
     /// reference tables their single shard.
     pub fn sql_for_shard(&self, index: u32) -> PgResult<String> {

@@ -452,7 +452,7 @@ impl Session {
             }
             Plan::MultiShard(multi) => {
                 let mode = execution_mode(extended, false);
-                let result = executor::multi_shard::run(multi, &mut self.parts, &catalog, &mode, &mut self.client).await;
+                let result = executor::multi_shard::run(multi, &self.coordinator, &mut self.parts, &catalog, &mode, &mut self.client).await;
                 if result.is_err() {
                     self.parts.discard_broken();
                 }
