@@ -1,6 +1,7 @@
-//! Multi-shard SELECT: one task per shard group, pipelined on each node's
-//! connection; rows are concatenated, or partial aggregates are combined by the
-//! coordinator database so that types and arithmetic are exactly PostgreSQL's.
+//! Multi-shard statements: one task per shard group, pipelined on each node's
+//! connection, all nodes at once; rows are concatenated, or the shards' partial
+//! results are combined by the coordinator database so that types and
+//! arithmetic are exactly PostgreSQL's.
 
 use super::Mode;
 use crate::connection::{quote_ident, quote_literal};
@@ -11,7 +12,8 @@ use crate::server::Coordinator;
 use crate::protocol::backend;
 use crate::protocol::frontend::{self, Target};
 use crate::server::client::ClientConn;
-use crate::transaction::{Access, Participants};
+use crate::protocol::Message;
+use crate::transaction::{Access, Participants, WorkerConnection};
 use std::sync::Arc;
 
 /// What a node's results are for.
@@ -39,16 +41,7 @@ pub async fn run(plan: &MultiShardPlan, coordinator: &Coordinator, parts: &mut P
             // A write on several shards is one distributed transaction.
             let implicit = plan.is_write() && parts.begin_implicit();
             let mut sink = Sink::Client { client, describe: matches!(mode, Mode::Simple) };
-            let mut result = Ok(0);
-            for (node, sqls) in &by_node {
-                match run_on_node(parts, node, access, sqls, mode, &mut sink).await {
-                    Ok(rows) => result = result.map(|total| total + rows),
-                    Err(e) => {
-                        result = Err(e);
-                        break;
-                    }
-                }
-            }
+            let result = run_on_nodes(parts, &by_node, access, mode, &mut sink).await;
             if implicit {
                 if result.is_ok() {
                     parts.commit().await?;
@@ -63,9 +56,7 @@ pub async fn run(plan: &MultiShardPlan, coordinator: &Coordinator, parts: &mut P
         }
         Combine::Query(query) => {
             let mut sink = Sink::Partials { rows: Vec::new(), fields: Vec::new() };
-            for (node, sqls) in &by_node {
-                run_on_node(parts, node, Access::Read, sqls, mode, &mut sink).await?;
-            }
+            run_on_nodes(parts, &by_node, Access::Read, mode, &mut sink).await?;
             let Sink::Partials { rows, fields } = sink else { unreachable!() };
             let types = type_names(parts, &fields).await?;
             match combine_sql(query, &fields, &types, &rows) {
@@ -79,10 +70,79 @@ pub async fn run(plan: &MultiShardPlan, coordinator: &Coordinator, parts: &mut P
     }
 }
 
-/// Sends every task for one node at once and reads the results in order.
-async fn run_on_node(parts: &mut Participants, node: &Node, access: Access, sqls: &[Arc<str>], mode: &Mode<'_>, sink: &mut Sink<'_>) -> PgResult<u64> {
-    let w = parts.worker(node, access).await?;
+impl Sink<'_> {
+    async fn accept(&mut self, msg: &Message) -> PgResult<()> {
+        match (msg.tag(), self) {
+            (b'T', Sink::Client { client, describe }) => {
+                if *describe {
+                    client.out().extend_from_slice(msg.frame());
+                    *describe = false;
+                }
+            }
+            (b'D', Sink::Client { client, .. }) => {
+                client.out().extend_from_slice(msg.frame());
+                client.flush_if_large().await?;
+            }
+            (b'N', Sink::Client { client, .. }) => client.out().extend_from_slice(msg.frame()),
+            (b'T', Sink::Partials { fields, .. }) => *fields = backend::decode_row_description(msg)?,
+            (b'D', Sink::Partials { rows, .. }) => {
+                rows.push(backend::decode_data_row(msg)?.into_iter().map(|v| v.map(|b| String::from_utf8_lossy(&b).into_owned())).collect())
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// Runs every node's tasks at once: each node gets all its tasks in one
+/// write, the nodes work in parallel, and their rows reach the sink as they
+/// arrive. Returns the rows the command tags report.
+async fn run_on_nodes(parts: &mut Participants, by_node: &[(Node, Vec<Arc<str>>)], access: Access, mode: &Mode<'_>, sink: &mut Sink<'_>) -> PgResult<u64> {
+    for (node, _) in by_node {
+        parts.worker(node, access).await?;
+    }
     let text_results = matches!(sink, Sink::Partials { .. });
+    let groups: Vec<i32> = by_node.iter().map(|(n, _)| n.group_id).collect();
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Message>(1024);
+    let tasks = parts.workers_for(&groups).into_iter().filter_map(|w| {
+        let (_, sqls) = by_node.iter().find(|(n, _)| n.group_id == w.group_id)?;
+        let tx = tx.clone();
+        Some(async move {
+            send_tasks(w, sqls, mode, text_results);
+            read_results(w, sqls.len(), &tx).await
+        })
+    });
+    let tasks = futures::future::join_all(tasks);
+    drop(tx);
+    let consume = async {
+        // Keep draining after a failure so no node waits on a full channel.
+        let mut failure = Ok(());
+        while let Some(msg) = rx.recv().await {
+            if failure.is_ok() {
+                failure = sink.accept(&msg).await;
+            }
+        }
+        failure
+    };
+    let (results, consumed) = tokio::join!(tasks, consume);
+    let mut rows = 0;
+    let mut first_error = consumed.err();
+    for result in results {
+        match result {
+            Ok(n) => rows += n,
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    parts.discard_broken();
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(rows),
+    }
+}
+
+fn send_tasks(w: &mut WorkerConnection, sqls: &[Arc<str>], mode: &Mode<'_>, text_results: bool) {
     for sql in sqls {
         match mode {
             Mode::Simple => frontend::query(w.conn.out(), sql),
@@ -98,38 +158,25 @@ async fn run_on_node(parts: &mut Participants, node: &Node, access: Access, sqls
             }
         }
     }
-    let mut pending = sqls.len();
+}
+
+/// Reads one node's results up to its last ReadyForQuery, passing rows on.
+async fn read_results(w: &mut WorkerConnection, tasks: usize, rows_to: &tokio::sync::mpsc::Sender<Message>) -> PgResult<u64> {
+    let mut pending = tasks;
     let mut rows = 0u64;
     let mut error = None;
     while pending > 0 {
-        let msg = match w.conn.recv().await {
-            Ok(m) => m,
-            Err(e) => {
-                parts.discard_broken();
-                return Err(e);
-            }
-        };
-        match (msg.tag(), &mut *sink) {
-            (b'Z', _) => pending -= 1,
-            (b'E', _) => {
+        let msg = w.conn.recv().await?;
+        match msg.tag() {
+            b'Z' => pending -= 1,
+            b'E' => {
                 error.get_or_insert_with(|| w.conn.server_error(&msg));
             }
-            (b'C', _) => rows += backend::rows_in_tag(backend::decode_command_complete(&msg)?).unwrap_or(0),
-            (b'T', Sink::Client { client, describe }) => {
-                if *describe {
-                    client.out().extend_from_slice(msg.frame());
-                    *describe = false;
-                }
+            b'C' => rows += backend::rows_in_tag(backend::decode_command_complete(&msg)?).unwrap_or(0),
+            b'T' | b'D' | b'N' => {
+                // A closed channel means the consumer failed; keep reading to stay in step.
+                rows_to.send(msg).await.ok();
             }
-            (b'D', Sink::Client { client, .. }) => {
-                client.out().extend_from_slice(msg.frame());
-                client.flush_if_large().await?;
-            }
-            (b'N', Sink::Client { client, .. }) => client.out().extend_from_slice(msg.frame()),
-            (b'T', Sink::Partials { fields, .. }) => *fields = backend::decode_row_description(&msg)?,
-            (b'D', Sink::Partials { rows: collected, .. }) => collected.push(
-                backend::decode_data_row(&msg)?.into_iter().map(|v| v.map(|b| String::from_utf8_lossy(&b).into_owned())).collect(),
-            ),
             _ => {}
         }
     }

@@ -285,6 +285,11 @@ impl Participants {
         self.workers.get(&group_id).is_some_and(|w| w.in_block)
     }
 
+    /// The open connections to these node groups, to use side by side.
+    pub fn workers_for(&mut self, groups: &[i32]) -> Vec<&mut WorkerConnection> {
+        self.workers.iter_mut().filter(|(group, _)| groups.contains(group)).map(|(_, w)| w).collect()
+    }
+
     /// Whether the current block has written through any worker connection
     /// (writes that connections other than the session's cannot see yet).
     pub fn wrote_on_workers(&self) -> bool {

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Analytical queries across shards: Tessera against a plain PostgreSQL 15
+# server holding the same pgbench data, measured in the same run.
+#
+# Queries (each run RUNS times per target after one warm-up run; the median
+# wall time counts):
+#   aggregates   SELECT count(*), sum(abalance), avg(aid) FROM pgbench_accounts
+#   group_by     SELECT bid, count(*) FROM pgbench_accounts GROUP BY bid ORDER BY bid
+#   top10        SELECT aid, bid, abalance FROM pgbench_accounts ORDER BY abalance DESC, aid DESC LIMIT 10
+#   join         SELECT count(*) FROM pgbench_accounts a JOIN pgbench_tellers t ON a.bid = t.bid
+#
+# pgbench_accounts is distributed by aid and pgbench_tellers by tid (32 shards,
+# 2 workers), so the join is not co-located: Tessera runs it in its general
+# fallback. The plan of each query through Tessera is logged (EXPLAIN).
+#
+# Environment: SCALE=10 (pgbench -i -s), RUNS=7, BENCH_LOG_DIR, TESSERA_BIN,
+# PG_BIN, TESSERA_START_TIMEOUT — as for bench/pgbench.sh.
+# Quick smoke run from the repo root:  SCALE=1 RUNS=3 bench/analytics.sh
+set -euo pipefail
+
+SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
+REPO_ROOT=$(cd -- "$SCRIPT_DIR/.." && pwd)
+
+SCALE=${SCALE:-10}
+RUNS=${RUNS:-7}
+BENCH_ONLY_PLAIN=0
+TESSERA_BIN=${TESSERA_BIN:-$REPO_ROOT/target/release/tessera}
+PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
+TESSERA_START_TIMEOUT=${TESSERA_START_TIMEOUT:-180}
+
+# shellcheck source=bench/lib.sh
+source "$SCRIPT_DIR/lib.sh"
+
+if ! is_uint "$SCALE" || [[ $SCALE -eq 0 ]]; then die "SCALE must be a positive integer (got '$SCALE')"; fi
+if ! is_uint "$RUNS" || [[ $RUNS -eq 0 ]]; then die "RUNS must be a positive integer (got '$RUNS')"; fi
+
+QUERIES=(aggregates group_by top10 join)
+declare -A SQL=(
+    [aggregates]="SELECT count(*), sum(abalance), avg(aid) FROM pgbench_accounts"
+    [group_by]="SELECT bid, count(*) FROM pgbench_accounts GROUP BY bid ORDER BY bid"
+    [top10]="SELECT aid, bid, abalance FROM pgbench_accounts ORDER BY abalance DESC, aid DESC LIMIT 10"
+    [join]="SELECT count(*) FROM pgbench_accounts a JOIN pgbench_tellers t ON a.bid = t.bid"
+)
+declare -A MEDIAN=() ANSWER=()
+
+# measure TARGET PORT QUERY: the median wall time (ms) of RUNS runs.
+measure() {
+    local target=$1 port=$2 name=$3 out
+    out=$BENCH_LOG_DIR/$target-$name.log
+    {
+        echo '\timing on'
+        for ((i = 0; i <= RUNS; i++)); do echo "${SQL[$name]};"; done
+    } | psql_at "$port" -At >"$out" 2>&1 || die "$target: $name failed" "$out"
+    # The first run warms caches and connections; it does not count.
+    MEDIAN[$target:$name]=$(sed -n 's/^Time: \([0-9.]*\) ms.*/\1/p' "$out" | tail -n +2 | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
+    ANSWER[$target:$name]=$(grep -v '^Time:' "$out" | head -n 12 | md5sum | cut -c1-12)
+    log "$target: $name: median ${MEDIAN[$target:$name]} ms over $RUNS runs"
+}
+
+start_plain
+pgbench_init plain "$PLAIN_PORT"
+psql_at "$PLAIN_PORT" -c 'VACUUM ANALYZE' >/dev/null
+for q in "${QUERIES[@]}"; do measure plain "$PLAIN_PORT" "$q"; done
+stop_plain
+
+start_tessera
+pgbench_init tessera "$TESSERA_PORT"
+distribute_pgbench_tables "$TESSERA_PORT"
+psql_at "$TESSERA_PORT" -c 'VACUUM ANALYZE pgbench_accounts, pgbench_tellers, pgbench_branches' >/dev/null
+for q in "${QUERIES[@]}"; do
+    psql_at "$TESSERA_PORT" -c "EXPLAIN (COSTS OFF) ${SQL[$q]}" >"$BENCH_LOG_DIR/tessera-$q-plan.txt" 2>&1 || true
+    measure tessera "$TESSERA_PORT" "$q"
+done
+stop_tessera
+
+echo
+printf 'Analytical queries, pgbench scale %s (32 shards, 2 workers), median of %s runs\n' "$SCALE" "$RUNS"
+printf '%-12s %14s %14s %10s %8s\n' query plain_ms tessera_ms ratio same
+for q in "${QUERIES[@]}"; do
+    p=${MEDIAN[plain:$q]} t=${MEDIAN[tessera:$q]}
+    same=no
+    [[ ${ANSWER[plain:$q]} == "${ANSWER[tessera:$q]}" ]] && same=yes
+    printf '%-12s %14s %14s %9sx %8s\n' "$q" "$p" "$t" "$(awk -v a="$t" -v b="$p" 'BEGIN { printf "%.2f", a / b }')" "$same"
+done
+echo "(ratio = Tessera time / plain PostgreSQL time; lower is better. same = identical answers. Raw outputs and plans: $BENCH_LOG_DIR)"

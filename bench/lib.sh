@@ -1,0 +1,261 @@
+# Shared by the benchmark scripts: helpers, the plain PostgreSQL and Tessera
+# targets (started in temp dirs, stopped on exit), and pgbench data set-up.
+# A script sets PG_BIN, TESSERA_BIN, TESSERA_START_TIMEOUT, BENCH_ONLY_PLAIN
+# and SCALE, then sources this file.
+
+# ---------------------------------------------------------------- helpers
+
+log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+
+# die MESSAGE [LOGFILE]: print the message (and the log's tail) and exit 1.
+die() {
+    printf 'ERROR: %s\n' "$1" >&2
+    if [[ -n ${2:-} && -f $2 ]]; then
+        printf -- '--- last lines of %s ---\n' "$2" >&2
+        tail -n 25 -- "$2" >&2 || true
+        printf -- '---\n' >&2
+    fi
+    exit 1
+}
+
+is_uint() { [[ $1 =~ ^[0-9]+$ ]]; }
+
+# Run a PostgreSQL server-side binary as the postgres OS user when we are root
+# (initdb and postgres refuse to run as root). Runs from / so that the postgres
+# user never trips over an unreadable working directory.
+as_pg() {
+    if [[ $EUID -eq 0 ]]; then
+        (cd / && runuser -u postgres -- "$@")
+    else
+        (cd / && "$@")
+    fi
+}
+
+port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# A random TCP port that nothing listens on, with the next 3 ports free as
+# well (room for servers that put helpers right above their own port).
+free_port() {
+    local p i k ok
+    for ((i = 0; i < 500; i++)); do
+        p=$((20000 + RANDOM % 30000))
+        ok=1
+        for ((k = 0; k < 4; k++)); do
+            if port_in_use $((p + k)); then ok=0; break; fi
+        done
+        if [[ $ok -eq 1 ]]; then echo "$p"; return 0; fi
+    done
+    die "could not find a free TCP port"
+}
+
+psql_at() { # psql_at PORT [psql args...]
+    local port=$1; shift
+    "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres -d postgres "$@"
+}
+
+# Coordinator CPU time (utime+stime, clock ticks) from /proc/PID/stat fields
+# 14 and 15; empty when there is no coordinator process to account.
+COORD_PID=
+coord_ticks() {
+    local stat rest
+    local -a f
+    if [[ -z $COORD_PID || ! -r /proc/$COORD_PID/stat ]]; then echo ""; return 0; fi
+    stat=$(<"/proc/$COORD_PID/stat") || { echo ""; return 0; }
+    rest=${stat##*) }            # drop "pid (comm) ": rest starts at field 3
+    read -r -a f <<<"$rest"
+    echo $((f[11] + f[12]))      # fields 14 (utime) and 15 (stime)
+}
+
+# µs of coordinator CPU per transaction, or empty.
+us_per_txn() { # us_per_txn TICKS_BEFORE TICKS_AFTER TXNS
+    if [[ -z $1 || -z $2 || -z $3 || $3 -eq 0 ]]; then echo ""; return 0; fi
+    awk -v a="$1" -v b="$2" -v n="$3" -v hz="$CLK_TCK" 'BEGIN { printf "%.1f", (b - a) * 1e6 / hz / n }'
+}
+
+# Results, keyed "<target>:<workload>".
+# ---------------------------------------------------------------- checks
+
+if ! is_uint "$TESSERA_START_TIMEOUT"; then die "TESSERA_START_TIMEOUT must be a number of seconds"; fi
+for b in initdb pg_ctl postgres pgbench psql; do
+    [[ -x $PG_BIN/$b ]] || die "$PG_BIN/$b not found (install postgresql-15, or set PG_BIN)"
+done
+if [[ $EUID -eq 0 ]]; then
+    id postgres >/dev/null 2>&1 || die "running as root but there is no 'postgres' OS user"
+fi
+if [[ $BENCH_ONLY_PLAIN != 1 && ! -x $TESSERA_BIN ]]; then
+    die "$TESSERA_BIN not found: run 'cargo build --release' in $REPO_ROOT first (or BENCH_ONLY_PLAIN=1 to measure only plain PostgreSQL)"
+fi
+CLK_TCK=$(getconf CLK_TCK)
+
+BENCH_LOG_DIR=${BENCH_LOG_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/tessera-bench-logs.XXXXXX")}
+mkdir -p -- "$BENCH_LOG_DIR"
+BENCH_LOG_DIR=$(cd -- "$BENCH_LOG_DIR" && pwd)
+
+
+# ---------------------------------------------------------------- cleanup
+
+PLAIN_DIR='' PLAIN_STARTED=0 PLAIN_PORT=''
+TESSERA_DIR='' TESSERA_STARTED=0 TESSERA_UP_PID='' TESSERA_PORT=''
+
+stop_plain() {
+    if [[ $PLAIN_STARTED -eq 1 ]]; then
+        as_pg "$PG_BIN/pg_ctl" -D "$PLAIN_DIR/data" -m fast -w stop >>"$BENCH_LOG_DIR/plain-pg_ctl.log" 2>&1 ||
+            printf 'warning: could not stop the plain PostgreSQL server\n' >&2
+        PLAIN_STARTED=0
+    fi
+    if [[ -n $PLAIN_DIR ]]; then
+        cp -- "$PLAIN_DIR/postgres.log" "$BENCH_LOG_DIR/plain-postgres.log" 2>/dev/null || true
+        rm -rf -- "$PLAIN_DIR"
+        PLAIN_DIR=
+    fi
+}
+
+stop_tessera() {
+    if [[ $TESSERA_STARTED -eq 1 ]]; then
+        "$TESSERA_BIN" down --data-dir "$TESSERA_DIR" >>"$BENCH_LOG_DIR/tessera-down.log" 2>&1 ||
+            printf 'warning: tessera down failed (see %s/tessera-down.log)\n' "$BENCH_LOG_DIR" >&2
+        TESSERA_STARTED=0
+    fi
+    if [[ -n $TESSERA_UP_PID ]]; then
+        # `tessera up` may run in the foreground; it should be gone after `down`.
+        if kill -0 "$TESSERA_UP_PID" 2>/dev/null; then
+            sleep 2
+            kill "$TESSERA_UP_PID" 2>/dev/null || true
+        fi
+        wait "$TESSERA_UP_PID" 2>/dev/null || true
+        TESSERA_UP_PID=
+    fi
+    if [[ -n $TESSERA_DIR ]]; then
+        # Keep the nodes' own logs for post-mortems.
+        if [[ -d $TESSERA_DIR ]]; then
+            mkdir -p -- "$BENCH_LOG_DIR/tessera-node-logs"
+            find "$TESSERA_DIR" -type f \( -name '*.log' -o -name '*.csv' \) -size -100M 2>/dev/null |
+                while IFS= read -r f; do
+                    rel=${f#"$TESSERA_DIR"/}
+                    cp -- "$f" "$BENCH_LOG_DIR/tessera-node-logs/${rel//\//_}" 2>/dev/null || true
+                done
+        fi
+        rm -rf -- "$TESSERA_DIR"
+        TESSERA_DIR=
+    fi
+}
+
+cleanup() {
+    local rc=$?
+    set +e
+    trap - EXIT INT TERM
+    stop_tessera
+    stop_plain
+    if [[ $rc -ne 0 ]]; then
+        printf 'benchmark FAILED (exit %s); raw outputs in %s\n' "$rc" "$BENCH_LOG_DIR" >&2
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# ---------------------------------------------------------------- targets
+
+start_plain() {
+    PLAIN_DIR=$(mktemp -d "${TMPDIR:-/tmp}/tessera-bench-plain.XXXXXX")
+    local data=$PLAIN_DIR/data
+    mkdir -- "$data"
+    if [[ $EUID -eq 0 ]]; then chown -R postgres:postgres -- "$PLAIN_DIR"; fi
+    chmod 700 -- "$data"
+    PLAIN_PORT=$(free_port)
+    log "plain: initdb in $data"
+    as_pg "$PG_BIN/initdb" -D "$data" -U postgres -A trust >"$BENCH_LOG_DIR/plain-initdb.log" 2>&1 ||
+        die "initdb failed" "$BENCH_LOG_DIR/plain-initdb.log"
+    # The settings Tessera writes for its nodes.
+    cat >>"$data/postgresql.conf" <<CONF
+
+# --- bench/pgbench.sh: same settings as Tessera's nodes ---
+port = $PLAIN_PORT
+listen_addresses = '127.0.0.1'
+max_connections = 300
+shared_buffers = 256MB
+max_prepared_transactions = 200
+wal_level = logical
+max_wal_size = 4GB
+checkpoint_timeout = 30min
+unix_socket_directories = '$data'
+CONF
+    log "plain: starting PostgreSQL 15 on 127.0.0.1:$PLAIN_PORT"
+    PLAIN_STARTED=1
+    as_pg "$PG_BIN/pg_ctl" -D "$data" -l "$PLAIN_DIR/postgres.log" -w -t 120 start >"$BENCH_LOG_DIR/plain-pg_ctl.log" 2>&1 || {
+        cp -- "$PLAIN_DIR/postgres.log" "$BENCH_LOG_DIR/plain-postgres.log" 2>/dev/null || true
+        die "could not start the plain PostgreSQL server" "$BENCH_LOG_DIR/plain-postgres.log"
+    }
+}
+
+start_tessera() {
+    TESSERA_DIR=$(mktemp -d "${TMPDIR:-/tmp}/tessera-bench-cluster.XXXXXX")
+    if [[ $EUID -eq 0 ]]; then chown postgres:postgres -- "$TESSERA_DIR"; fi
+    local port up_log=$BENCH_LOG_DIR/tessera-up.log status_file=$BENCH_LOG_DIR/tessera-status.env
+    port=$(free_port)
+    log "tessera: up --data-dir $TESSERA_DIR --port $port --workers 2"
+    TESSERA_STARTED=1
+    # In the background so that it works whether `up` daemonizes or stays in
+    # the foreground; readiness is "the coordinator answers SELECT 1".
+    "$TESSERA_BIN" up --data-dir "$TESSERA_DIR" --port "$port" --workers 2 >"$up_log" 2>&1 &
+    TESSERA_UP_PID=$!
+    local deadline=$((SECONDS + TESSERA_START_TIMEOUT)) rc
+    until psql_at "$port" -At -c 'SELECT 1' >/dev/null 2>&1; do
+        if ! kill -0 "$TESSERA_UP_PID" 2>/dev/null; then
+            rc=0
+            wait "$TESSERA_UP_PID" || rc=$?
+            TESSERA_UP_PID=
+            [[ $rc -eq 0 ]] || die "tessera up exited with status $rc" "$up_log"
+        fi
+        [[ $SECONDS -lt $deadline ]] || die "the coordinator did not accept connections on port $port within ${TESSERA_START_TIMEOUT}s" "$up_log"
+        sleep 0.5
+    done
+    "$TESSERA_BIN" status --data-dir "$TESSERA_DIR" --format env >"$status_file" 2>&1 ||
+        die "tessera status failed" "$status_file"
+    local key val
+    TS_COORDINATOR_PORT='' TS_COORDINATOR_PID='' TS_COORDINATOR_DB_PORT='' TS_WORKER_PORTS=''
+    while IFS='=' read -r key val; do
+        val=${val%$'\r'}
+        val=${val#\"}; val=${val%\"}; val=${val#\'}; val=${val%\'}
+        case $key in
+            COORDINATOR_PORT | COORDINATOR_PID | COORDINATOR_DB_PORT | WORKER_PORTS)
+                printf -v "TS_$key" '%s' "$val" ;;
+        esac
+    done <"$status_file"
+    TESSERA_PORT=${TS_COORDINATOR_PORT:-$port}
+    is_uint "$TESSERA_PORT" || die "bad COORDINATOR_PORT in tessera status output" "$status_file"
+    if [[ $TESSERA_PORT != "$port" ]]; then
+        printf 'warning: asked for port %s but status reports COORDINATOR_PORT=%s; using the latter\n' "$port" "$TESSERA_PORT" >&2
+    fi
+    if is_uint "$TS_COORDINATOR_PID" && [[ -r /proc/$TS_COORDINATOR_PID/stat ]]; then
+        COORD_PID=$TS_COORDINATOR_PID
+    else
+        COORD_PID=
+        printf 'warning: no usable COORDINATOR_PID in tessera status output; coordinator CPU will not be reported\n' >&2
+    fi
+    log "tessera: coordinator 127.0.0.1:$TESSERA_PORT pid=${COORD_PID:-?} db_port=${TS_COORDINATOR_DB_PORT:-?} workers=[${TS_WORKER_PORTS:-?}]"
+}
+
+# ---------------------------------------------------------------- pgbench data
+
+pgbench_init() { # pgbench_init TARGET PORT
+    local out=$BENCH_LOG_DIR/$1-pgbench-init.log
+    log "$1: pgbench -i -s $SCALE"
+    "$PG_BIN/pgbench" -h 127.0.0.1 -p "$2" -U postgres -i -s "$SCALE" postgres >"$out" 2>&1 ||
+        die "$1: pgbench -i failed" "$out"
+}
+
+distribute_pgbench_tables() { # distribute_pgbench_tables PORT
+    local out=$BENCH_LOG_DIR/tessera-distribute-pgbench.log
+    log "tessera: create_distributed_table on the pgbench tables"
+    psql_at "$1" -f - >"$out" 2>&1 <<'SQL' || die "tessera: distributing the pgbench tables failed" "$out"
+SET citus.shard_count = 32;
+SELECT create_distributed_table('pgbench_accounts','aid');
+SELECT create_distributed_table('pgbench_branches','bid');
+SELECT create_distributed_table('pgbench_tellers','tid');
+SELECT create_distributed_table('pgbench_history','aid');
+SQL
+}
+
+# run_pgbench TARGET PORT WORKLOAD [pgbench args...]; fails the script on error.
