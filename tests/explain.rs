@@ -36,7 +36,7 @@ async fn each_shape_takes_its_tier() {
         ("SELECT * FROM ea WHERE k = 5", "Custom Scan (Tessera Router)"),
         ("SELECT * FROM ea JOIN eb ON ea.k = eb.k WHERE ea.k = 5", "Custom Scan (Tessera Router)"),
         // USING is not yet read as an equality of distribution columns.
-        ("SELECT * FROM ea JOIN eb USING (k) WHERE ea.k = 5", "Custom Scan (Tessera General Fallback)"),
+        ("SELECT * FROM ea JOIN eb USING (k) WHERE ea.k = 5", "Custom Scan (Tessera Broadcast)"),
         ("UPDATE ea SET v = 1 WHERE k = 3", "Custom Scan (Tessera Router)"),
         ("SELECT * FROM er", "Custom Scan (Tessera Router)"),
         ("SELECT count(*), sum(v) FROM ea", "Custom Scan (Tessera Multi-Shard)"),
@@ -48,13 +48,15 @@ async fn each_shape_takes_its_tier() {
         ("SELECT round(sum(v)::numeric / count(*), 2), bool_and(v > 0) FILTER (WHERE g = 1) FROM ea JOIN eb ON ea.k = eb.k", "Custom Scan (Tessera Multi-Shard)"),
         ("UPDATE ea SET v = v + 1", "Custom Scan (Tessera Multi-Shard)"),
         ("DELETE FROM ea WHERE v > 10", "Custom Scan (Tessera Multi-Shard)"),
-        ("SELECT * FROM ea JOIN ec ON ea.k = ec.k", "Custom Scan (Tessera General Fallback)"),
-        ("SELECT * FROM ea JOIN eb ON ea.g = eb.w", "Custom Scan (Tessera General Fallback)"),
+        // Joins that are not co-located ship the smaller side to the shards.
+        ("SELECT * FROM ea JOIN ec ON ea.k = ec.k", "Custom Scan (Tessera Broadcast)"),
+        ("SELECT * FROM ea JOIN eb ON ea.g = eb.w", "Custom Scan (Tessera Broadcast)"),
         ("SELECT k, rank() OVER (ORDER BY v) FROM ea", "Custom Scan (Tessera General Fallback)"),
         ("SELECT count(DISTINCT g) FROM ea", "Custom Scan (Tessera General Fallback)"),
         ("SELECT string_agg(k::text, ',' ORDER BY k) FROM ea", "Custom Scan (Tessera General Fallback)"),
         ("SELECT g, count(*) FROM ea GROUP BY ROLLUP (g)", "Custom Scan (Tessera General Fallback)"),
-        ("SELECT * FROM ea WHERE v > (SELECT avg(z) FROM ec)", "Custom Scan (Tessera General Fallback)"),
+        ("SELECT * FROM ea WHERE v > (SELECT avg(z) FROM ec)", "Custom Scan (Tessera Broadcast)"),
+        ("SELECT * FROM ea WHERE v > (SELECT avg(w) FROM eb WHERE eb.k = ea.g)", "Custom Scan (Tessera Broadcast)"),
         ("SELECT e.k FROM ea e JOIN elocal l ON l.id = e.k", "Custom Scan (Tessera General Fallback)"),
     ];
     for (sql, expected) in cases {
@@ -73,8 +75,11 @@ async fn each_shape_takes_its_tier() {
     assert!(text.contains(&format!("port={port}")) || text.contains(&format!("port={other}")), "{text}");
     assert!(text.contains("Aggregate") && text.contains("Seq Scan on ea_"), "the worker's own plan of its shard:\n{text}");
     // The fallback shows the coordinator database's plan over the foreign shards.
-    let text = explain(&c, "SELECT * FROM ea JOIN ec ON ea.g = ec.z").await.join("\n");
+    let text = explain(&c, "SELECT k, rank() OVER (ORDER BY v) FROM ea").await.join("\n");
     assert!(text.contains("Foreign Scan"), "{text}");
+    // A broadcast shows the pushdown it turned into, with the shipped rows in the task.
+    let text = explain(&c, "SELECT * FROM ea JOIN ec ON ea.g = ec.z").await.join("\n");
+    assert!(text.contains("->  Custom Scan (Tessera Multi-Shard)") && (text.contains("Values Scan") || text.contains("One-Time Filter: false")), "{text}");
     // EXPLAIN ANALYZE runs the statement.
     c.batch_execute("INSERT INTO ea VALUES (1, 1, 1), (2, 2, 2)").await.unwrap();
     let text = explain(&c, "SELECT * FROM ea WHERE k = 2").await.join("\n");

@@ -18,36 +18,27 @@ pub async fn run(plan: &ExplainPlan, coordinator: &Coordinator, catalog: &Catalo
     }
     let mut lines = Vec::new();
     match &plan.inner {
-        Plan::Router(router) => {
-            let defaults = evaluate_key_defaults(router, parts).await?;
-            let tasks = plan_tasks(router, parts, mode, defaults).await?;
-            let task = tasks.first().ok_or_else(|| PgError::internal("router plan without tasks"))?;
-            lines.push("Custom Scan (Tessera Router)".to_string());
-            lines.push(format!("  Task Count: {}", tasks.len()));
-            lines.push(format!("  Tasks Shown: {}", if tasks.len() == 1 { "All".to_string() } else { format!("One of {}", tasks.len()) }));
-            let access = if router.is_write() { Access::Write } else { Access::Read };
-            explain_task(plan, node_of_group(catalog, task.group)?, access, &task.sql, parts, &mut lines).await?;
-        }
-        Plan::MultiShard(multi) => {
-            let shard = multi.anchor.shards.first().ok_or_else(|| PgError::internal("table without shards"))?;
-            let group = *shard.placements.first().ok_or_else(|| PgError::internal(format!("shard {} has no placement", shard.id)))?;
-            let n = multi.anchor.shard_count();
-            lines.push("Custom Scan (Tessera Multi-Shard)".to_string());
-            lines.push(format!("  Combine: {}", multi.combine.describe()));
-            lines.push(format!("  Task Count: {n}"));
-            lines.push(format!("  Tasks Shown: One of {n}"));
-            let access = if multi.is_write() { Access::Write } else { Access::Read };
-            explain_task(plan, node_of_group(catalog, group)?, access, &multi.template.sql_for_shard(shard.index)?, parts, &mut lines).await?;
-        }
-        Plan::Fallback(fallback) => {
-            coordinator.prepare_fallback(catalog.version, &parts.login().user.clone()).await?;
-            lines.push("Custom Scan (Tessera General Fallback)".to_string());
-            lines.push(format!("  Reason: {}", fallback.reason));
-            let rows = parts.local().await?.query(&plan.explain_sql(&fallback.sql)?).await;
-            parts.observe_local_status();
-            push_plan(rows?, "        ", &mut lines);
-        }
-        other => return Err(PgError::internal(format!("EXPLAIN planned for {other}"))),
+        Plan::Fallback(fallback) => match super::fallback::broadcast_plan(fallback, catalog, parts).await? {
+            Some(pushdown) => {
+                lines.push("Custom Scan (Tessera Broadcast)".to_string());
+                lines.push(format!("  Reason: {}", fallback.reason));
+                lines.push("  Small tables: read once and shipped to every task as VALUES".to_string());
+                let mut inner = Vec::new();
+                explain_pushdown(plan, &pushdown, catalog, parts, mode, &mut inner).await?;
+                for (i, line) in inner.into_iter().enumerate() {
+                    lines.push(format!("  {}{line}", if i == 0 { "->  " } else { "    " }));
+                }
+            }
+            None => {
+                coordinator.prepare_fallback(catalog.version, &parts.login().user.clone()).await?;
+                lines.push("Custom Scan (Tessera General Fallback)".to_string());
+                lines.push(format!("  Reason: {}", fallback.reason));
+                let rows = parts.local().await?.query(&plan.explain_sql(&fallback.sql)?).await;
+                parts.observe_local_status();
+                push_plan(rows?, "        ", &mut lines);
+            }
+        },
+        inner => explain_pushdown(plan, inner, catalog, parts, mode, &mut lines).await?,
     }
     if matches!(mode, Mode::Simple) {
         let field = FieldDescription { name: "QUERY PLAN".into(), table_oid: 0, column: 0, type_oid: 25, type_size: -1, type_modifier: -1, format: 0 };
@@ -58,6 +49,34 @@ pub async fn run(plan: &ExplainPlan, coordinator: &Coordinator, catalog: &Catalo
     }
     backend::command_complete(client.out(), "EXPLAIN");
     Ok(())
+}
+
+/// The lines of a router or multi-shard plan: header, tasks, one task's plan.
+async fn explain_pushdown(plan: &ExplainPlan, inner: &Plan, catalog: &Catalog, parts: &mut Participants, mode: &Mode<'_>, lines: &mut Vec<String>) -> PgResult<()> {
+    match inner {
+        Plan::Router(router) => {
+            let defaults = evaluate_key_defaults(router, parts).await?;
+            let tasks = plan_tasks(router, parts, mode, defaults).await?;
+            let task = tasks.first().ok_or_else(|| PgError::internal("router plan without tasks"))?;
+            lines.push("Custom Scan (Tessera Router)".to_string());
+            lines.push(format!("  Task Count: {}", tasks.len()));
+            lines.push(format!("  Tasks Shown: {}", if tasks.len() == 1 { "All".to_string() } else { format!("One of {}", tasks.len()) }));
+            let access = if router.is_write() { Access::Write } else { Access::Read };
+            explain_task(plan, node_of_group(catalog, task.group)?, access, &task.sql, parts, lines).await
+        }
+        Plan::MultiShard(multi) => {
+            let shard = multi.anchor.shards.first().ok_or_else(|| PgError::internal("table without shards"))?;
+            let group = *shard.placements.first().ok_or_else(|| PgError::internal(format!("shard {} has no placement", shard.id)))?;
+            let n = multi.anchor.shard_count();
+            lines.push("Custom Scan (Tessera Multi-Shard)".to_string());
+            lines.push(format!("  Combine: {}", multi.combine.describe()));
+            lines.push(format!("  Task Count: {n}"));
+            lines.push(format!("  Tasks Shown: One of {n}"));
+            let access = if multi.is_write() { Access::Write } else { Access::Read };
+            explain_task(plan, node_of_group(catalog, group)?, access, &multi.template.sql_for_shard(shard.index)?, parts, lines).await
+        }
+        other => Err(PgError::internal(format!("EXPLAIN planned for {other}"))),
+    }
 }
 
 async fn explain_task(plan: &ExplainPlan, node: &Node, access: Access, sql: &str, parts: &mut Participants, lines: &mut Vec<String>) -> PgResult<()> {

@@ -1,14 +1,34 @@
-//! The general fallback tier at run time: the coordinator database runs the
-//! rewritten statement over the foreign-table stand-ins of the shards.
+//! The general fallback tier at run time. A join of several distributed tables
+//! where all but the largest are small first tries a broadcast: the small
+//! tables' rows are read once and shipped to every shard of the largest as a
+//! VALUES list, which turns the query into one the pushdown tiers can split.
+//! Otherwise the coordinator database runs the rewritten statement over the
+//! foreign-table stand-ins of the shards.
 
+use super::multi_shard::{collect_rows, rows_as_relation, tasks_by_node, type_names};
 use super::{run_on_coordinator_db, Mode};
+use crate::connection::{quote_ident, quote_literal};
 use crate::error::{PgError, PgResult};
-use crate::planner::FallbackPlan;
+use crate::metadata::{Catalog, DistributedTable};
+use crate::planner::rewrite::ShardTemplate;
+use crate::planner::{plan_tree, FallbackPlan, Plan};
 use crate::server::client::ClientConn;
 use crate::server::Coordinator;
-use crate::transaction::Participants;
+use crate::transaction::{Access, Participants};
+use std::sync::Arc;
 
-pub async fn run(plan: &FallbackPlan, coordinator: &Coordinator, catalog_version: i64, parts: &mut Participants, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<()> {
+/// The most table data (on disk, all shards) a broadcast ships per table.
+const BROADCAST_LIMIT_BYTES: i64 = 8 << 20;
+
+pub async fn run(plan: &FallbackPlan, coordinator: &Coordinator, catalog: &Catalog, parts: &mut Participants, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<()> {
+    if let Some(broadcast) = broadcast_plan(plan, catalog, parts).await? {
+        tracing::debug!("fallback by broadcast: {}", plan.reason);
+        return match &broadcast {
+            Plan::Router(router) => super::run_router(router, parts, catalog, mode, client).await,
+            Plan::MultiShard(multi) => Box::pin(super::multi_shard::run(multi, coordinator, parts, catalog, mode, client)).await,
+            _ => unreachable!("broadcast_plan returns only pushdown plans"),
+        };
+    }
     if parts.wrote_on_workers() {
         // postgres_fdw reads through connections of its own, which cannot see
         // this block's uncommitted writes: its answer would be wrong.
@@ -19,7 +39,114 @@ pub async fn run(plan: &FallbackPlan, coordinator: &Coordinator, catalog_version
         .with_hint("Run the query before the writes, or in its own transaction."));
     }
     let role = parts.login().user.clone();
-    coordinator.prepare_fallback(catalog_version, &role).await?;
+    coordinator.prepare_fallback(catalog.version, &role).await?;
     tracing::debug!("fallback: {}", plan.reason);
     run_on_coordinator_db(parts, &plan.sql, mode, true, client).await
+}
+
+/// A pushdown plan for the statement with some of its distributed tables
+/// replaced by their rows, if that works and those tables are small. First
+/// choice: ship only the tables outside the largest table's co-location
+/// group; otherwise every table but the largest.
+pub(super) async fn broadcast_plan(plan: &FallbackPlan, catalog: &Catalog, parts: &mut Participants) -> PgResult<Option<Plan>> {
+    let candidates = &plan.broadcast_candidates;
+    if candidates.is_empty() {
+        return Ok(None);
+    }
+    let sizes = table_sizes(candidates, catalog, parts).await?;
+    // On a tie the table named first (usually the outer query's) stays.
+    let largest = (0..sizes.len()).fold(0, |best, i| if sizes[i] > sizes[best] { i } else { best });
+    let small = |i: usize| sizes[i] <= BROADCAST_LIMIT_BYTES;
+    let outside_group: Vec<usize> = (0..candidates.len()).filter(|&i| candidates[i].colocation_id != candidates[largest].colocation_id).collect();
+    let all_but_largest: Vec<usize> = (0..candidates.len()).filter(|&i| i != largest).collect();
+    for shipped in [outside_group, all_but_largest] {
+        if shipped.is_empty() || !shipped.iter().all(|&i| small(i)) {
+            continue;
+        }
+        let tables: Vec<&Arc<DistributedTable>> = shipped.iter().map(|&i| &candidates[i]).collect();
+        // Whether the pushdown tiers take the statement does not depend on the
+        // rows, so try with empty stand-ins before reading any.
+        let placeholders: Vec<String> = tables.iter().map(|t| format!("(VALUES ({}))", vec!["NULL"; t.columns.len().max(1)].join(", "))).collect();
+        if replace_and_plan(plan, catalog, &tables, &placeholders)?.is_none() {
+            continue;
+        }
+        let mut relations = Vec::new();
+        for table in &tables {
+            relations.push(table_as_relation(table, plan.version, catalog, parts).await?);
+        }
+        return replace_and_plan(plan, catalog, &tables, &relations);
+    }
+    Ok(None)
+}
+
+/// Plans the statement with each of `tables` replaced by its relation; only
+/// a router or multi-shard plan counts.
+fn replace_and_plan(plan: &FallbackPlan, catalog: &Catalog, tables: &[&Arc<DistributedTable>], relations: &[String]) -> PgResult<Option<Plan>> {
+    let mut stmt = plan.statement.clone();
+    let mut failure = None;
+    crate::planner::replace_tables(&mut stmt, catalog, |table, alias| {
+        let i = tables.iter().position(|t| t.oid == table.oid)?;
+        match crate::planner::subselect_node(&format!("{} AS {}", relations[i], alias_with_columns(alias, table))) {
+            Ok(node) => Some(node),
+            Err(e) => {
+                failure = Some(e);
+                None
+            }
+        }
+    });
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    Ok(match plan_tree(plan.version, stmt, catalog) {
+        p @ (Plan::Router(_) | Plan::MultiShard(_)) => Some(p),
+        _ => None,
+    })
+}
+
+fn alias_with_columns(alias: &str, table: &DistributedTable) -> String {
+    let columns: Vec<String> = table.columns.iter().map(|c| quote_ident(c)).collect();
+    format!("{}({})", quote_ident(alias), columns.join(", "))
+}
+
+/// Bytes on disk of each table, summed over its shards on every node.
+async fn table_sizes(tables: &[Arc<DistributedTable>], catalog: &Catalog, parts: &mut Participants) -> PgResult<Vec<i64>> {
+    let mut sizes = vec![0i64; tables.len()];
+    for node in catalog.active_nodes() {
+        let columns: Vec<String> = tables
+            .iter()
+            .map(|t| {
+                let shards: Vec<String> = t
+                    .shards
+                    .iter()
+                    .filter(|s| s.placements.first() == Some(&node.group_id))
+                    .map(|s| format!("coalesce(pg_relation_size(to_regclass({})), 0)", quote_literal(&t.qualified_shard_name(s))))
+                    .collect();
+                if shards.is_empty() {
+                    "0".to_string()
+                } else {
+                    shards.join(" + ")
+                }
+            })
+            .collect();
+        let worker = parts.worker(node, Access::Read).await?;
+        let rows = worker.conn.query(&format!("SELECT {}", columns.join(", "))).await?;
+        for (size, value) in sizes.iter_mut().zip(rows.first().into_iter().flatten()) {
+            *size += value.as_deref().and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
+        }
+    }
+    Ok(sizes)
+}
+
+/// Every row of `table`, read through the session's connections (so this
+/// transaction's own writes are in), as a VALUES list.
+async fn table_as_relation(table: &Arc<DistributedTable>, version: i32, catalog: &Catalog, parts: &mut Participants) -> PgResult<String> {
+    let columns: Vec<String> = table.columns.iter().map(|c| quote_ident(c)).collect();
+    let sql = format!("SELECT {} FROM {}", columns.join(", "), table.qualified_name());
+    let parsed = pg_query::parse(&sql).map_err(|e| PgError::internal(format!("could not parse {sql}: {e}")))?;
+    let raw = parsed.protobuf.stmts.into_iter().next().ok_or_else(|| PgError::internal("empty statement"))?;
+    let template = ShardTemplate::for_query(version, raw, vec![table.clone()]);
+    let by_node = tasks_by_node(&template, table, catalog)?;
+    let (fields, rows) = collect_rows(parts, &by_node, &Mode::Simple).await?;
+    let types = type_names(parts, &fields).await?;
+    Ok(rows_as_relation(&types, &rows))
 }

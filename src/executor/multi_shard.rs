@@ -6,7 +6,8 @@
 use super::Mode;
 use crate::connection::{quote_ident, quote_literal};
 use crate::error::{PgError, PgResult};
-use crate::metadata::{Catalog, Node};
+use crate::metadata::{Catalog, DistributedTable, Node};
+use crate::planner::rewrite::ShardTemplate;
 use crate::planner::{AggregateKind, Combine, CombineQuery, MultiShardPlan};
 use crate::server::Coordinator;
 use crate::protocol::backend;
@@ -24,17 +25,36 @@ enum Sink<'a> {
     Partials { rows: Vec<Vec<Option<String>>>, fields: Vec<backend::FieldDescription> },
 }
 
-pub async fn run(plan: &MultiShardPlan, coordinator: &Coordinator, parts: &mut Participants, catalog: &Catalog, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<()> {
-    let mut by_node: Vec<(Node, Vec<Arc<str>>)> = Vec::new();
-    for shard in &plan.anchor.shards {
+/// Each node with the SQL of the shard tasks it runs.
+pub(super) type TasksByNode = Vec<(Node, Vec<Arc<str>>)>;
+
+/// One task per shard of `anchor` (and its co-located shard group).
+pub(super) fn tasks_by_node(template: &ShardTemplate, anchor: &DistributedTable, catalog: &Catalog) -> PgResult<TasksByNode> {
+    let mut by_node: TasksByNode = Vec::new();
+    for shard in &anchor.shards {
         let group = *shard.placements.first().ok_or_else(|| PgError::internal(format!("shard {} has no placement", shard.id)))?;
         let node = catalog.node_for_group(group).ok_or_else(|| PgError::internal(format!("no node for group {group}")))?;
-        let sql: Arc<str> = Arc::from(plan.template.sql_for_shard(shard.index)?);
+        let sql: Arc<str> = Arc::from(template.sql_for_shard(shard.index)?);
         match by_node.iter_mut().find(|(n, _)| n.group_id == group) {
             Some((_, list)) => list.push(sql),
             None => by_node.push((node.clone(), vec![sql])),
         }
     }
+    Ok(by_node)
+}
+
+/// Runs the tasks and collects their rows as text, with the columns.
+pub(super) async fn collect_rows(parts: &mut Participants, by_node: &TasksByNode, mode: &Mode<'_>) -> PgResult<(Vec<backend::FieldDescription>, Vec<TextRow>)> {
+    let mut sink = Sink::Partials { rows: Vec::new(), fields: Vec::new() };
+    run_on_nodes(parts, by_node, Access::Read, mode, &mut sink).await?;
+    let Sink::Partials { rows, fields } = sink else { unreachable!() };
+    Ok((fields, rows))
+}
+
+type TextRow = Vec<Option<String>>;
+
+pub async fn run(plan: &MultiShardPlan, coordinator: &Coordinator, parts: &mut Participants, catalog: &Catalog, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<()> {
+    let by_node = tasks_by_node(&plan.template, &plan.anchor, catalog)?;
     match &plan.combine {
         Combine::Concatenate => {
             let access = if plan.is_write() { Access::Write } else { Access::Read };
@@ -55,14 +75,12 @@ pub async fn run(plan: &MultiShardPlan, coordinator: &Coordinator, parts: &mut P
             Ok(())
         }
         Combine::Query(query) => {
-            let mut sink = Sink::Partials { rows: Vec::new(), fields: Vec::new() };
-            run_on_nodes(parts, &by_node, Access::Read, mode, &mut sink).await?;
-            let Sink::Partials { rows, fields } = sink else { unreachable!() };
+            let (fields, rows) = collect_rows(parts, &by_node, mode).await?;
             let types = type_names(parts, &fields).await?;
             match combine_sql(query, &fields, &types, &rows) {
                 Some(sql) => super::run_on_coordinator_db(parts, &sql, mode, true, client).await,
                 None => match &query.fallback {
-                    Some(fallback) => super::fallback::run(fallback, coordinator, catalog.version, parts, mode, client).await,
+                    Some(fallback) => Box::pin(super::fallback::run(fallback, coordinator, catalog, parts, mode, client)).await,
                     None => Err(PgError::not_supported("these aggregates cannot be combined exactly across shards")),
                 },
             }
@@ -212,7 +230,7 @@ fn builtin_type_name(oid: u32) -> Option<&'static str> {
 }
 
 /// SQL names of the partial rows' column types, for typed literals.
-async fn type_names(parts: &mut Participants, fields: &[backend::FieldDescription]) -> PgResult<Vec<String>> {
+pub(super) async fn type_names(parts: &mut Participants, fields: &[backend::FieldDescription]) -> PgResult<Vec<String>> {
     let unknown: Vec<String> = fields.iter().filter(|f| builtin_type_name(f.type_oid).is_none()).map(|f| f.type_oid.to_string()).collect();
     let mut looked_up = std::collections::HashMap::new();
     if !unknown.is_empty() {
@@ -236,35 +254,41 @@ async fn type_names(parts: &mut Participants, fields: &[backend::FieldDescriptio
         .collect()
 }
 
-/// The combining statement with the shards' rows filled in, or None when an
-/// aggregate cannot be combined exactly from these partial types.
-fn combine_sql(query: &CombineQuery, fields: &[backend::FieldDescription], types: &[String], rows: &[Vec<Option<String>>]) -> Option<String> {
-    let visible = fields.len().saturating_sub(query.hidden);
-    let columns: Vec<String> = (0..fields.len()).map(|i| if i < visible { format!("tessera_p_{i:03}") } else { format!("tessera_s_{:03}", i - visible) }).collect();
-    let source = if rows.is_empty() {
+/// Rows as a relation the coordinator database or a worker can read: a
+/// VALUES list of typed literals (an empty SELECT of typed NULLs for no rows).
+/// The caller names its columns with an alias.
+pub(super) fn rows_as_relation(types: &[String], rows: &[TextRow]) -> String {
+    if rows.is_empty() {
         let nulls: Vec<String> = types.iter().map(|t| format!("NULL::{t}")).collect();
-        format!("(SELECT {} WHERE false)", nulls.join(", "))
-    } else {
-        let mut values = String::with_capacity(rows.len() * fields.len() * 16);
-        values.push_str("(VALUES ");
-        for (r, row) in rows.iter().enumerate() {
-            values.push_str(if r == 0 { "(" } else { ", (" });
-            for (i, (v, t)) in row.iter().zip(types).enumerate() {
-                if i > 0 {
-                    values.push_str(", ");
-                }
-                match v {
-                    Some(v) => values.push_str(&quote_literal(v)),
-                    None => values.push_str("NULL"),
-                }
-                values.push_str("::");
-                values.push_str(t);
+        return format!("(SELECT {} WHERE false)", nulls.join(", "));
+    }
+    let mut values = String::with_capacity(rows.len() * types.len() * 16);
+    values.push_str("(VALUES ");
+    for (r, row) in rows.iter().enumerate() {
+        values.push_str(if r == 0 { "(" } else { ", (" });
+        for (i, (v, t)) in row.iter().zip(types).enumerate() {
+            if i > 0 {
+                values.push_str(", ");
             }
-            values.push(')');
+            match v {
+                Some(v) => values.push_str(&quote_literal(v)),
+                None => values.push_str("NULL"),
+            }
+            values.push_str("::");
+            values.push_str(t);
         }
         values.push(')');
-        values
-    };
+    }
+    values.push(')');
+    values
+}
+
+/// The combining statement with the shards' rows filled in, or None when an
+/// aggregate cannot be combined exactly from these partial types.
+fn combine_sql(query: &CombineQuery, fields: &[backend::FieldDescription], types: &[String], rows: &[TextRow]) -> Option<String> {
+    let visible = fields.len().saturating_sub(query.hidden);
+    let columns: Vec<String> = (0..fields.len()).map(|i| if i < visible { format!("tessera_p_{i:03}") } else { format!("tessera_s_{:03}", i - visible) }).collect();
+    let source = rows_as_relation(types, rows);
     let mut sql = query.sql.replacen("FROM tessera_partials", &format!("FROM {source} AS tessera_partials({})", columns.join(", ")), 1);
     if sql.contains("tessera_visible_columns") {
         let list: Vec<String> = fields[..visible].iter().enumerate().map(|(i, f)| format!("tessera_p_{i:03} AS {}", quote_ident(&f.name))).collect();

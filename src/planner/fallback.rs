@@ -30,6 +30,13 @@ pub struct FallbackPlan {
     pub sql: String,
     /// Why no pushdown tier took the statement (for EXPLAIN and the log).
     pub reason: String,
+    /// The statement as written, with its parse tree's version.
+    pub statement: NodeEnum,
+    pub version: i32,
+    /// Hash-distributed tables of a SELECT that joins several: if all but one
+    /// are small, shipping their rows to the shards of the largest may let
+    /// the query run as a pushdown after all (decided at run time).
+    pub broadcast_candidates: Vec<Arc<DistributedTable>>,
 }
 
 impl fmt::Display for FallbackPlan {
@@ -55,8 +62,21 @@ pub(super) fn plan(version: i32, node: &NodeEnum, catalog: &Catalog, reason: &st
         Reference::Column(c) => unqualify_schema(c, |schema, table| catalog.table(schema, table).is_some()),
     });
     let sql: PgResult<String> = deparse(version, stmt);
+    let mut broadcast_candidates: Vec<Arc<DistributedTable>> = Vec::new();
+    if matches!(node, NodeEnum::SelectStmt(_)) {
+        for rv in range_vars(node) {
+            if let Some(t) = resolve_range_var(&rv, catalog).filter(|t| !t.is_reference()) {
+                if !broadcast_candidates.iter().any(|c| c.oid == t.oid) {
+                    broadcast_candidates.push(t.clone());
+                }
+            }
+        }
+    }
+    if broadcast_candidates.len() < 2 {
+        broadcast_candidates.clear();
+    }
     Some(match sql {
-        Ok(sql) => Plan::Fallback(Arc::new(FallbackPlan { sql, reason: reason.to_string() })),
+        Ok(sql) => Plan::Fallback(Arc::new(FallbackPlan { sql, reason: reason.to_string(), statement: node.clone(), version, broadcast_candidates })),
         Err(e) => Plan::Unsupported(e),
     })
 }

@@ -18,7 +18,7 @@ pub use functions::{ClusterCall, ClusterFunction};
 pub use multi_shard::{AggregateKind, Combine, CombineQuery, MultiShardPlan, SplitAggregate};
 pub use router::{Command, InsertKey, KeyValue, RouterPlan, ShardTarget};
 
-use crate::error::{sqlstate, PgError};
+use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable};
 use pg_query::protobuf::{self, TransactionStmtKind};
 use pg_query::NodeEnum;
@@ -154,6 +154,40 @@ fn plan_statement(version: i32, raw: protobuf::RawStmt, text: &str, catalog: &Ca
         Some(Plan::Unsupported(refusal)) => fallback::plan(version, node, catalog, refusal.message()).unwrap_or(Plan::Unsupported(refusal)),
         Some(plan) => plan,
         None => refuse_unseen_references(node, text, catalog),
+    }
+}
+
+/// Plans a statement the executor rewrote (its parse tree, no text of its own).
+pub fn plan_tree(version: i32, stmt: NodeEnum, catalog: &Catalog) -> Plan {
+    let raw = protobuf::RawStmt { stmt: Some(Box::new(protobuf::Node { node: Some(stmt) })), stmt_location: 0, stmt_len: 0 };
+    plan_statement(version, raw, "", catalog)
+}
+
+/// Replaces each reference to a distributed table for which `replacement`
+/// gives a FROM item (called with the table and the name the query knows it
+/// by) with that item.
+pub fn replace_tables(stmt: &mut NodeEnum, catalog: &Catalog, mut replacement: impl FnMut(&DistributedTable, &str) -> Option<NodeEnum>) {
+    walk::visit_mut(stmt, &mut |n| {
+        let NodeEnum::RangeVar(rv) = n else { return };
+        let Some(table) = resolve_range_var(rv, catalog) else { return };
+        let alias = match &rv.alias {
+            Some(a) if !a.colnames.is_empty() => return,
+            Some(a) => a.aliasname.clone(),
+            None => rv.relname.clone(),
+        };
+        if let Some(item) = replacement(table, &alias) {
+            *n = item;
+        }
+    });
+}
+
+/// The FROM item `sql` (a subquery with its alias), as a parse-tree node.
+pub fn subselect_node(sql: &str) -> PgResult<NodeEnum> {
+    let parsed = pg_query::parse(&format!("SELECT * FROM {sql}")).map_err(|e| PgError::internal(format!("could not parse a FROM item: {e}")))?;
+    let stmt = parsed.protobuf.stmts.into_iter().next().and_then(|s| s.stmt).and_then(|n| n.node);
+    match stmt {
+        Some(NodeEnum::SelectStmt(s)) => s.from_clause.into_iter().next().and_then(|n| n.node).ok_or_else(|| PgError::internal("FROM item missing")),
+        _ => Err(PgError::internal("FROM item did not parse as a SELECT")),
     }
 }
 

@@ -460,7 +460,7 @@ impl Session {
             }
             Plan::Fallback(fallback) => {
                 let mode = execution_mode(extended, false);
-                executor::fallback::run(fallback, &self.coordinator, catalog.version, &mut self.parts, &mode, &mut self.client).await?;
+                executor::fallback::run(fallback, &self.coordinator, &catalog, &mut self.parts, &mode, &mut self.client).await?;
             }
             Plan::Explain(explain) => {
                 let mode = execution_mode(extended, false);
