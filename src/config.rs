@@ -38,6 +38,14 @@ pub struct TransactionConfig {
     /// two-phase commit ("after-prepare" or "after-commit-record").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fault_injection: Option<crate::transaction::Fault>,
+    /// For fault-injection tests only: how many commits get past the fault point
+    /// before it fires, so that the crash lands in the middle of a workload.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub fault_after_commits: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Default for TransactionConfig {
@@ -47,6 +55,7 @@ impl Default for TransactionConfig {
             grace_secs: default_grace(),
             deadlock_check_interval_secs: default_deadlock_interval(),
             fault_injection: None,
+            fault_after_commits: 0,
         }
     }
 }

@@ -16,47 +16,19 @@ async fn setup(cluster: &TestCluster) -> (tokio_postgres::Client, i32, i32) {
     )
     .await
     .unwrap();
-    let rows = c
-        .query(
-            "SELECT n.nodeport, s.shardindex FROM pg_dist_shard s JOIN pg_dist_placement p USING (shardid) JOIN pg_dist_node n ON n.groupid = p.groupid
-             WHERE s.logicalrelid = 'bank'::regclass ORDER BY s.shardindex",
-            &[],
-        )
-        .await
-        .unwrap();
-    let ports: Vec<i32> = rows.iter().map(|r| r.get(0)).collect();
+    let ports = common::placement_ports(&c, "bank").await;
     assert_ne!(ports[0], ports[1], "shards 0 and 1 sit on different workers");
-    // Find one key per worker by asking the workers which shard holds it.
+    // One key per worker.
     let mut keys = (None, None);
     for id in 1..=40 {
-        let shard = shard_of_key(id);
-        if ports[shard] == ports[0] && keys.0.is_none() {
+        let port = ports[common::shard_of_int4(id, 4)];
+        if port == ports[0] && keys.0.is_none() {
             keys.0 = Some(id);
-        } else if ports[shard] != ports[0] && keys.1.is_none() {
+        } else if port != ports[0] && keys.1.is_none() {
             keys.1 = Some(id);
         }
     }
     (c, keys.0.unwrap(), keys.1.unwrap())
-}
-
-fn shard_of_key(id: i32) -> usize {
-    // The hash module is the same one the coordinator routes with.
-    let h = tessera::hash::hash_text(tessera::hash::HashType::Int4, &id.to_string()).unwrap();
-    tessera::hash::shard_index(tessera::hash::row_hash(Some(h)), 4) as usize
-}
-
-async fn records(cluster: &TestCluster) -> i64 {
-    let local = cluster.connect_coordinator_db().await;
-    local.query_one("SELECT count(*) FROM tessera.pg_dist_transaction", &[]).await.unwrap().get(0)
-}
-
-async fn prepared_on_workers(cluster: &TestCluster) -> i64 {
-    let mut n = 0;
-    for i in 0..2 {
-        let w = cluster.connect_worker(i).await;
-        n += w.query_one("SELECT count(*) FROM pg_prepared_xacts", &[]).await.unwrap().get::<_, i64>(0);
-    }
-    n
 }
 
 #[tokio::test]
@@ -67,20 +39,20 @@ async fn only_transactions_writing_on_several_nodes_prepare() {
     let (c, a, b) = setup(&cluster).await;
     // Distributing the table wrote on both workers and the coordinator database
     // in one block: that was two-phase too.
-    let base = records(&cluster).await;
+    let base = cluster.commit_records().await;
     assert_eq!(base, 2, "create_distributed_table commits atomically across nodes");
     c.batch_execute(&format!("BEGIN; SELECT * FROM bank WHERE id = {a}; SELECT * FROM bank WHERE id = {b}; COMMIT")).await.unwrap();
-    assert_eq!(records(&cluster).await, base, "read-only transactions never prepare");
+    assert_eq!(cluster.commit_records().await, base, "read-only transactions never prepare");
     c.batch_execute(&format!("BEGIN; UPDATE bank SET balance = balance - 1 WHERE id = {a}; SELECT * FROM bank WHERE id = {b}; COMMIT")).await.unwrap();
-    assert_eq!(records(&cluster).await, base, "one writer and a read-only participant: plain COMMIT");
+    assert_eq!(cluster.commit_records().await, base, "one writer and a read-only participant: plain COMMIT");
     c.batch_execute(&format!("BEGIN; UPDATE bank SET balance = balance - 1 WHERE id = {a}; UPDATE bank SET balance = balance + 1 WHERE id = {b}; COMMIT")).await.unwrap();
-    assert_eq!(records(&cluster).await, base + 2, "two writers prepare, one record each");
+    assert_eq!(cluster.commit_records().await, base + 2, "two writers prepare, one record each");
     c.batch_execute(&format!("SET citus.multi_shard_commit_protocol = '1pc'; BEGIN; UPDATE bank SET balance = balance - 1 WHERE id = {a}; UPDATE bank SET balance = balance + 1 WHERE id = {b}; COMMIT; RESET citus.multi_shard_commit_protocol")).await.unwrap();
-    assert_eq!(records(&cluster).await, base + 2, "1pc chosen: no prepare");
-    assert_eq!(prepared_on_workers(&cluster).await, 0);
+    assert_eq!(cluster.commit_records().await, base + 2, "1pc chosen: no prepare");
+    assert_eq!(cluster.prepared_on_workers().await, 0);
     // Recovery finds nothing in doubt and drops the finished records.
     assert_eq!(text_rows(&c, "SELECT recover_prepared_transactions()").await, vec![vec![Some("0".into())]]);
-    assert_eq!(records(&cluster).await, 0);
+    assert_eq!(cluster.commit_records().await, 0);
     assert_eq!(text_rows(&c, "SELECT sum(balance) FROM bank").await, vec![vec![Some("3999".into())]]);
 }
 
@@ -94,15 +66,15 @@ async fn a_crash_after_the_commit_record_is_committed_by_recovery() {
     let result = c2.batch_execute(&format!("BEGIN; UPDATE bank SET balance = balance - 30 WHERE id = {a}; UPDATE bank SET balance = balance + 30 WHERE id = {b}; COMMIT")).await;
     assert!(result.is_err(), "the coordinator died during COMMIT");
     cluster.wait_for_coordinator_exit();
-    assert_eq!(prepared_on_workers(&cluster).await, 2, "both writers are left prepared");
+    assert_eq!(cluster.prepared_on_workers().await, 2, "both writers are left prepared");
     cluster.restart_coordinator(|c| c.transactions.fault_injection = None);
     let c = cluster.connect().await;
     // Recovery runs at start-up; run it again on demand to be sure it is done.
     c.batch_execute("SELECT recover_prepared_transactions()").await.unwrap();
-    assert_eq!(prepared_on_workers(&cluster).await, 0);
+    assert_eq!(cluster.prepared_on_workers().await, 0);
     assert_eq!(text_rows(&c, &format!("SELECT balance FROM bank WHERE id = {a}")).await, vec![vec![Some("70".into())]]);
     assert_eq!(text_rows(&c, &format!("SELECT balance FROM bank WHERE id = {b}")).await, vec![vec![Some("130".into())]]);
-    assert_eq!(records(&cluster).await, 0);
+    assert_eq!(cluster.commit_records().await, 0);
 }
 
 #[tokio::test]
@@ -115,14 +87,14 @@ async fn a_crash_before_the_commit_record_is_rolled_back_by_recovery() {
     let result = c2.batch_execute(&format!("BEGIN; UPDATE bank SET balance = 0 WHERE id = {a}; UPDATE bank SET balance = 0 WHERE id = {b}; COMMIT")).await;
     assert!(result.is_err());
     cluster.wait_for_coordinator_exit();
-    assert_eq!(prepared_on_workers(&cluster).await, 2);
+    assert_eq!(cluster.prepared_on_workers().await, 2);
     cluster.restart_coordinator(|c| {
         c.transactions.fault_injection = None;
         c.transactions.grace_secs = 0.5;
         c.transactions.recovery_interval_secs = 0.5;
     });
     let start = std::time::Instant::now();
-    while prepared_on_workers(&cluster).await > 0 {
+    while cluster.prepared_on_workers().await > 0 {
         assert!(start.elapsed() < std::time::Duration::from_secs(20), "recovery did not roll back the orphans");
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }

@@ -148,7 +148,7 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: TcpStream) -> anyhow::Re
     client.flush().await?;
     let distributed = database == coordinator.config.coordinator_db.database;
     let transactions = &coordinator.config.transactions;
-    let two_phase = TwoPhase::new(coordinator.process_id, key.0, Duration::from_secs_f64(transactions.grace_secs), transactions.fault_injection);
+    let two_phase = TwoPhase::new(coordinator.process_id, key.0, Duration::from_secs_f64(transactions.grace_secs), transactions.fault_injection.map(|f| (f, transactions.fault_after_commits)));
     let mut session = Session {
         coordinator: coordinator.clone(),
         client,

@@ -20,7 +20,8 @@ use std::sync::{Arc, Mutex};
 pub const WORKER_PARAMETERS: &[&str] = &["DateStyle", "TimeZone", "IntervalStyle", "extra_float_digits", "client_encoding", "application_name", "bytea_output"];
 
 /// Points in two-phase commit where a test can make the coordinator process die,
-/// as it might crash in production.
+/// as it might crash in production. Test-only: set by
+/// `[transactions] fault_injection` (and `fault_after_commits`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Fault {
@@ -40,11 +41,18 @@ pub struct TwoPhase {
     /// Recovery leaves prepared transactions without a commit record alone until
     /// they are this old; a commit never writes its record later than half of it.
     pub grace: std::time::Duration,
-    fault: Option<Fault>,
+    /// Test-only: where the process dies, and how many commits (of all
+    /// sessions) get past that point first.
+    fault: Option<(Fault, u32)>,
 }
 
+/// Test-only: how many commits of this process have reached the injected fault
+/// point. Process-wide, so a workload spread over many sessions can crash the
+/// coordinator part-way through.
+static FAULT_POINT_REACHED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
 impl TwoPhase {
-    pub fn new(process_id: u32, session_id: i32, grace: std::time::Duration, fault: Option<Fault>) -> Self {
+    pub fn new(process_id: u32, session_id: i32, grace: std::time::Duration, fault: Option<(Fault, u32)>) -> Self {
         TwoPhase { prefix: Arc::from(format!("{GID_PREFIX}{process_id}_{session_id}_")), counter: Default::default(), grace, fault }
     }
 
@@ -61,8 +69,12 @@ impl TwoPhase {
         format!("{}{n}", self.prefix)
     }
 
+    /// Dies like a `kill -9`: abort runs no destructors, flushes nothing and
+    /// says goodbye to no client or node, so whatever is in flight stays as a
+    /// crash would leave it.
     fn inject(&self, at: Fault) {
-        if self.fault == Some(at) {
+        let Some((fault, after)) = self.fault else { return };
+        if fault == at && FAULT_POINT_REACHED.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= after {
             tracing::error!("fault injection: stopping at {at:?}");
             std::process::abort();
         }

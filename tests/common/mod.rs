@@ -87,16 +87,35 @@ impl TestCluster {
             assert!(start.elapsed() < Duration::from_secs(20), "the coordinator did not stop");
             std::thread::sleep(Duration::from_millis(50));
         }
+        self.start_coordinator(edit);
+        let start = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(start.elapsed() < Duration::from_secs(60), "the coordinator did not come back; its log ends:\n{}", self.coordinator_log_tail());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Changes the configuration of the stopped coordinator and starts it
+    /// without waiting: with a fault injected, it may die before anyone sees
+    /// it accept a connection.
+    pub fn start_coordinator(&self, edit: impl FnOnce(&mut tessera::config::Config)) {
         let path = self.cluster.config_path();
         let mut config = tessera::config::Config::load(&path).unwrap();
         edit(&mut config);
         std::fs::write(&path, toml::to_string(&config).unwrap()).unwrap();
         cluster::start_coordinator(&self.cluster, &tessera_bin()).unwrap();
-        let start = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(start.elapsed() < Duration::from_secs(60), "the coordinator did not come back");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+    }
+
+    /// Everything the coordinator processes of this cluster logged.
+    pub fn coordinator_log(&self) -> String {
+        std::fs::read_to_string(self.data_dir().join("coordinator.log")).unwrap_or_default()
+    }
+
+    /// The last lines of the coordinator's log, for failure messages.
+    pub fn coordinator_log_tail(&self) -> String {
+        let log = self.coordinator_log();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
     }
 
     /// Waits until the coordinator process has exited (e.g. at a fault-injection point).
@@ -106,6 +125,33 @@ impl TestCluster {
             assert!(start.elapsed() < std::time::Duration::from_secs(20), "the coordinator did not exit");
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
+    }
+
+    /// Stops worker `i` as a crash would (immediate shutdown): its open
+    /// transactions are lost, its prepared ones survive.
+    pub fn kill_worker(&self, i: usize) {
+        self.workers()[i].kill().expect("immediate shutdown of a worker");
+    }
+
+    /// Starts worker `i` again, waiting until it accepts connections.
+    pub fn start_worker(&self, i: usize) {
+        self.workers()[i].start().expect("starting a worker");
+    }
+
+    /// Prepared transactions on all workers together.
+    pub async fn prepared_on_workers(&self) -> i64 {
+        let mut n = 0;
+        for i in 0..self.cluster.state.worker_ports.len() {
+            let w = self.connect_worker(i).await;
+            n += w.query_one("SELECT count(*) FROM pg_prepared_xacts", &[]).await.unwrap().get::<_, i64>(0);
+        }
+        n
+    }
+
+    /// Commit records in `pg_dist_transaction` that recovery has not cleaned up yet.
+    pub async fn commit_records(&self) -> i64 {
+        let local = self.connect_coordinator_db().await;
+        local.query_one("SELECT count(*) FROM tessera.pg_dist_transaction", &[]).await.unwrap().get(0)
     }
 
     /// Runs psql against the coordinator; returns (success, stdout, stderr).
@@ -151,11 +197,37 @@ impl Drop for PlainPostgres {
 }
 
 pub async fn connect(port: u16) -> Client {
-    let (client, conn) = tokio_postgres::connect(&format!("host=127.0.0.1 port={port} user=postgres dbname=postgres"), NoTls).await.expect("connect");
+    try_connect(port).await.expect("connect")
+}
+
+/// A connection to whatever listens on `port`, or the error (e.g. while the
+/// server restarts).
+pub async fn try_connect(port: u16) -> Result<Client, tokio_postgres::Error> {
+    let (client, conn) = tokio_postgres::connect(&format!("host=127.0.0.1 port={port} user=postgres dbname=postgres"), NoTls).await?;
     tokio::spawn(async move {
         let _ = conn.await;
     });
-    client
+    Ok(client)
+}
+
+/// The port of the worker holding each shard of `table`, by shard index.
+pub async fn placement_ports(client: &Client, table: &str) -> Vec<i32> {
+    let rows = client
+        .query(
+            "SELECT n.nodeport FROM pg_dist_shard s JOIN pg_dist_placement p USING (shardid) JOIN pg_dist_node n ON n.groupid = p.groupid
+             WHERE s.logicalrelid = $1::text::regclass ORDER BY s.shardindex",
+            &[&table],
+        )
+        .await
+        .unwrap();
+    rows.iter().map(|r| r.get(0)).collect()
+}
+
+/// The index of the shard that holds int4 key `id` among `shard_count` shards,
+/// worked out with the same hash module the coordinator routes with.
+pub fn shard_of_int4(id: i32, shard_count: u32) -> usize {
+    let h = tessera::hash::hash_text(tessera::hash::HashType::Int4, &id.to_string()).unwrap();
+    tessera::hash::shard_index(tessera::hash::row_hash(Some(h)), shard_count) as usize
 }
 
 /// The SQLSTATE of a failed statement.
