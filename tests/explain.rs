@@ -47,6 +47,9 @@ async fn each_shape_takes_its_tier() {
         ("SELECT DISTINCT g FROM ea", "Custom Scan (Tessera Multi-Shard)"),
         ("SELECT round(sum(v)::numeric / count(*), 2), bool_and(v > 0) FILTER (WHERE g = 1) FROM ea JOIN eb ON ea.k = eb.k", "Custom Scan (Tessera Multi-Shard)"),
         ("UPDATE ea SET v = v + 1", "Custom Scan (Tessera Multi-Shard)"),
+        ("INSERT INTO eb (k, w) SELECT k, v FROM ea WHERE g > 1", "Custom Scan (Tessera Multi-Shard)"),
+        ("INSERT INTO eb (k, w) SELECT g, count(*) FROM ea GROUP BY g", "Custom Scan (Tessera INSERT … SELECT through the Coordinator)"),
+        ("INSERT INTO ea (k) SELECT id FROM elocal", "Custom Scan (Tessera INSERT … SELECT through the Coordinator)"),
         ("DELETE FROM ea WHERE v > 10", "Custom Scan (Tessera Multi-Shard)"),
         // Joins that are not co-located ship the smaller side to the shards.
         ("SELECT * FROM ea JOIN ec ON ea.k = ec.k", "Custom Scan (Tessera Broadcast)"),

@@ -166,9 +166,15 @@ async fn refusals_are_clear_and_the_session_survives() {
     let err = c.simple_query("UPDATE accounts SET id = 5 WHERE id = 1").await.unwrap_err();
     assert_eq!(sqlstate(&err), "0A000");
     assert!(error_text(&err).contains("modifying the partition value of rows is not allowed"), "{err}");
-    let err = c.simple_query("INSERT INTO accounts SELECT id + 10, owner FROM accounts").await.unwrap_err();
+    // INSERT … SELECT that moves rows between shard groups passes them through
+    // the coordinator; a row without a key fails the whole statement.
+    assert_eq!(c.execute("INSERT INTO accounts SELECT id + 10, owner FROM accounts", &[]).await.unwrap(), 2);
+    let err = c.simple_query("INSERT INTO accounts (owner) SELECT owner FROM accounts").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "23502", "{err}");
+    let err = c.simple_query("INSERT INTO accounts SELECT id + 100, owner FROM accounts RETURNING id").await.unwrap_err();
     assert_eq!(sqlstate(&err), "0A000");
-    assert!(error_text(&err).contains("not supported yet"), "{err}");
+    assert!(error_text(&err).contains("not support"), "{err}");
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM accounts").await, vec![row(&["4"])]);
     let err = c.simple_query("CREATE VIEW v AS SELECT * FROM accounts").await.unwrap_err();
     assert_eq!(sqlstate(&err), "0A000");
     // Unknown columns are reported by PostgreSQL itself.

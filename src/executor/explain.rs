@@ -38,6 +38,16 @@ pub async fn run(plan: &ExplainPlan, coordinator: &Coordinator, catalog: &Catalo
                 push_plan(rows?, "        ", &mut lines);
             }
         },
+        Plan::InsertSelect(insert) => {
+            if insert.reads_distributed {
+                coordinator.prepare_fallback(catalog.version, &parts.login().user.clone()).await?;
+            }
+            lines.push("Custom Scan (Tessera INSERT … SELECT through the Coordinator)".to_string());
+            lines.push(format!("  Target: {}, rows routed to their shards in batches", insert.target.qualified_name()));
+            let rows = parts.local().await?.query(&plan.explain_sql(&insert.coordinator_sql)?).await;
+            parts.observe_local_status();
+            push_plan(rows?, "        ", &mut lines);
+        }
         inner => explain_pushdown(plan, inner, catalog, parts, mode, &mut lines).await?,
     }
     if matches!(mode, Mode::Simple) {

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 pub mod explain;
 pub mod fallback;
+pub mod insert_select;
 pub mod multi_shard;
 
 /// How the client asked for the statement to be run.
@@ -34,6 +35,14 @@ struct Task {
 
 /// Runs a router plan and writes its rows and CommandComplete to the client.
 pub async fn run_router(plan: &RouterPlan, parts: &mut Participants, catalog: &Catalog, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<()> {
+    let tag = run_router_for_tag(plan, parts, catalog, mode, client).await?;
+    backend::command_complete(client.out(), &tag);
+    Ok(())
+}
+
+/// Runs a router plan, writing its rows (if any) to the client; returns the
+/// command tag for the caller to report or add up.
+pub(crate) async fn run_router_for_tag(plan: &RouterPlan, parts: &mut Participants, catalog: &Catalog, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<String> {
     let defaults = evaluate_key_defaults(plan, parts).await?;
     let tasks = plan_tasks(plan, parts, mode, defaults).await?;
     let implicit = tasks.len() > 1 && plan.is_write() && parts.begin_implicit();
@@ -45,9 +54,7 @@ pub async fn run_router(plan: &RouterPlan, parts: &mut Participants, catalog: &C
             parts.rollback().await.ok();
         }
     }
-    let tag = result?;
-    backend::command_complete(client.out(), &tag);
-    Ok(())
+    result
 }
 
 /// Values for INSERT rows that leave the distribution column to its default

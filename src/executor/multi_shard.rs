@@ -262,8 +262,12 @@ pub(super) fn rows_as_relation(types: &[String], rows: &[TextRow]) -> String {
         let nulls: Vec<String> = types.iter().map(|t| format!("NULL::{t}")).collect();
         return format!("(SELECT {} WHERE false)", nulls.join(", "));
     }
+    format!("(VALUES {})", values_list(types, rows))
+}
+
+/// `(lit::type, …), (…)` for a VALUES clause; `rows` must not be empty.
+pub(super) fn values_list(types: &[String], rows: &[TextRow]) -> String {
     let mut values = String::with_capacity(rows.len() * types.len() * 16);
-    values.push_str("(VALUES ");
     for (r, row) in rows.iter().enumerate() {
         values.push_str(if r == 0 { "(" } else { ", (" });
         for (i, (v, t)) in row.iter().zip(types).enumerate() {
@@ -279,7 +283,6 @@ pub(super) fn rows_as_relation(types: &[String], rows: &[TextRow]) -> String {
         }
         values.push(')');
     }
-    values.push(')');
     values
 }
 

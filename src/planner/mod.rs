@@ -6,6 +6,7 @@ mod ddl;
 mod explain;
 mod fallback;
 mod functions;
+mod insert_select;
 mod multi_shard;
 pub mod rewrite;
 mod router;
@@ -15,6 +16,7 @@ pub use ddl::{placement_groups, DdlPlan, DropIndex};
 pub use explain::ExplainPlan;
 pub use fallback::FallbackPlan;
 pub use functions::{ClusterCall, ClusterFunction};
+pub use insert_select::InsertSelectPlan;
 pub use multi_shard::{AggregateKind, Combine, CombineQuery, MultiShardPlan, SplitAggregate};
 pub use router::{Command, InsertKey, KeyValue, RouterPlan, ShardTarget};
 
@@ -57,6 +59,8 @@ pub enum Plan {
     Fallback(Arc<FallbackPlan>),
     /// EXPLAIN of a statement over distributed tables.
     Explain(Arc<ExplainPlan>),
+    /// INSERT … SELECT whose rows pass through the coordinator.
+    InsertSelect(Arc<InsertSelectPlan>),
     /// Valid SQL the coordinator cannot run yet; refused rather than answered wrongly.
     Unsupported(PgError),
 }
@@ -84,6 +88,7 @@ impl fmt::Display for Plan {
             Plan::MultiShard(m) => write!(f, "MultiShard({m})"),
             Plan::Fallback(fb) => write!(f, "Fallback({fb})"),
             Plan::Explain(e) => write!(f, "Explain({e})"),
+            Plan::InsertSelect(i) => write!(f, "InsertSelect({i})"),
             Plan::Unsupported(e) => write!(f, "Unsupported({})", e.message()),
         }
     }

@@ -253,7 +253,9 @@ pub(super) fn plan_dml(version: i32, raw: &protobuf::RawStmt, catalog: &Catalog)
     if tables.is_empty() {
         return None;
     }
-    if let Some(local) = first_local_table(node, catalog) {
+    // INSERT … SELECT may read local tables: its planner decides how.
+    let insert_select = matches!(node, NodeEnum::InsertStmt(i) if i.select_stmt.as_deref().and_then(|s| s.node.as_ref()).is_some_and(|s| matches!(s, NodeEnum::SelectStmt(sel) if sel.values_lists.is_empty())));
+    if let Some(local) = first_local_table(node, catalog).filter(|_| !insert_select) {
         return Some(not_supported(format!("queries that combine distributed tables with the local table \"{local}\" are not supported yet")));
     }
     let template = ShardTemplate::for_query(version, raw.clone(), tables.clone());
@@ -343,6 +345,11 @@ fn router_with_key(command: Command, target: ShardTarget, anchor: Option<Arc<Dis
         insert_key,
         shard_sql: (0..groups).map(|_| OnceLock::new()).collect(),
     }))
+}
+
+/// A write to every placement of the reference tables it names.
+pub(super) fn reference_write(command: Command, template: ShardTemplate) -> Plan {
+    router(command, ShardTarget::Reference, None, template)
 }
 
 fn route_if_reference_only(command: Command, template: ShardTemplate, tables: &[Arc<DistributedTable>]) -> Option<Plan> {
@@ -648,7 +655,8 @@ fn plan_insert(insert: &protobuf::InsertStmt, node: &NodeEnum, template: ShardTe
             })
             .collect(),
         None => Vec::new(),
-        Some(_) => return not_supported("INSERT … SELECT into a distributed table is not supported yet"),
+        Some(NodeEnum::SelectStmt(select)) => return super::insert_select::plan(insert, select, table, template, catalog),
+        Some(_) => return not_supported("this INSERT into a distributed table is not supported yet"),
     };
     let other_hash_refs = count_hash_references(node, catalog) - usize::from(!table.is_reference());
     if other_hash_refs > 0 {

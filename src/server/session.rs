@@ -466,6 +466,10 @@ impl Session {
                 let mode = execution_mode(extended, false);
                 executor::explain::run(explain, &self.coordinator, &catalog, &mut self.parts, &mode, &mut self.client).await?;
             }
+            Plan::InsertSelect(insert) => {
+                let mode = execution_mode(extended, false);
+                executor::insert_select::run(insert, &self.coordinator, &catalog, &mut self.parts, &mode, &mut self.client).await?;
+            }
             Plan::ClusterFunction(call) => {
                 let mut ctx = CommandContext { coordinator: &self.coordinator, parts: &mut self.parts, client: &mut self.client, catalog };
                 let bound = extended.map(|(bind, shape)| (bind, shape.param_types.as_slice()));
