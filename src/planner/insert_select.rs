@@ -93,14 +93,7 @@ fn produces_key(insert: &InsertStmt, select: &SelectStmt, key: &str, target: &Di
     let Some(item) = position.and_then(|p| select.target_list.get(p)) else { return false };
     let Some(NodeEnum::ResTarget(r)) = item.node.as_ref() else { return false };
     let Some(NodeEnum::ColumnRef(c)) = r.val.as_deref().and_then(|v| v.node.as_ref()) else { return false };
-    let names: Vec<&str> = c
-        .fields
-        .iter()
-        .filter_map(|f| match f.node.as_ref() {
-            Some(NodeEnum::String(s)) => Some(s.sval.as_str()),
-            _ => None,
-        })
-        .collect();
+    let Some(names) = super::column_ref_names(c) else { return false };
     let mut sources = Vec::new();
     from_tables(&select.from_clause, catalog, &mut sources);
     let Some(sources) = sources.into_iter().collect::<Option<Vec<_>>>() else {

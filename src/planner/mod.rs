@@ -259,6 +259,17 @@ pub(crate) fn referenced_tables(raw: &protobuf::RawStmt, catalog: &Catalog) -> V
     out
 }
 
+/// The names of a column reference (`t.c` → ["t", "c"]); None for `t.*`.
+pub(crate) fn column_ref_names(c: &protobuf::ColumnRef) -> Option<Vec<&str>> {
+    c.fields
+        .iter()
+        .map(|f| match f.node.as_ref() {
+            Some(NodeEnum::String(s)) => Some(s.sval.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Counts the references to distributed (hash) tables.
 pub(crate) fn count_hash_references(node: &NodeEnum, catalog: &Catalog) -> usize {
     walk::range_vars(node).iter().filter(|rv| resolve_range_var(rv, catalog).is_some_and(|t| !t.is_reference())).count()

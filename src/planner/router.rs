@@ -435,14 +435,7 @@ fn is_equals(name: &[protobuf::Node]) -> bool {
 /// The scope entry whose distribution column a column reference names.
 fn dist_column_owner(node: &protobuf::Node, scope: &[ScopeEntry]) -> Option<usize> {
     let Some(NodeEnum::ColumnRef(c)) = node.node.as_ref() else { return None };
-    let parts: Vec<&str> = c
-        .fields
-        .iter()
-        .map(|f| match f.node.as_ref() {
-            Some(NodeEnum::String(s)) => Some(s.sval.as_str()),
-            _ => None,
-        })
-        .collect::<Option<Vec<_>>>()?;
+    let parts = super::column_ref_names(c)?;
     let is_key = |e: &ScopeEntry, col: &str| matches!(e.table.as_deref().map(|t| &t.distribution), Some(Distribution::Hash { column, .. }) if column == col);
     match parts.as_slice() {
         [col] => {
