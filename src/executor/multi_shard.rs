@@ -61,7 +61,20 @@ pub async fn run(plan: &MultiShardPlan, coordinator: &Coordinator, parts: &mut P
             // A write on several shards is one distributed transaction.
             let implicit = plan.is_write() && parts.begin_implicit();
             let mut sink = Sink::Client { client, describe: matches!(mode, Mode::Simple) };
-            let result = run_on_nodes(parts, &by_node, access, mode, &mut sink).await;
+            // All nodes at once, or one after another when the session asked
+            // for sequential multi-shard writes.
+            let sequential = plan.is_write() && parts.citus_settings().await?.sequential_modify;
+            let rounds: Vec<&[(Node, Vec<Arc<str>>)]> = if sequential { by_node.chunks(1).collect() } else { vec![&by_node] };
+            let mut result = Ok(0);
+            for round in rounds {
+                match run_on_nodes(parts, round, access, mode, &mut sink).await {
+                    Ok(rows) => result = result.map(|total| total + rows),
+                    Err(e) => {
+                        result = Err(e);
+                        break;
+                    }
+                }
+            }
             if implicit {
                 if result.is_ok() {
                     parts.commit().await?;

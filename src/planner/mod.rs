@@ -33,9 +33,9 @@ pub struct PlannedStatement {
     /// The statement's own text (a query string may hold several).
     pub sql: String,
     pub plan: Plan,
-    /// The statement may change `citus.multi_shard_commit_protocol` (SET, RESET,
-    /// DISCARD), which the session otherwise reads only once.
-    pub changes_commit_protocol: bool,
+    /// The statement may change a `citus.*` setting the coordinator acts on
+    /// (SET, RESET, DISCARD), which the session otherwise reads only once.
+    pub changes_citus_settings: bool,
 }
 
 #[derive(Debug)]
@@ -100,28 +100,28 @@ impl fmt::Display for Plan {
 pub fn plan_query(sql: &str, catalog: &Catalog) -> Vec<PlannedStatement> {
     let parsed = match pg_query::parse(sql) {
         Ok(parsed) => parsed,
-        Err(_) => return vec![PlannedStatement { sql: sql.to_string(), plan: Plan::Local, changes_commit_protocol: false }],
+        Err(_) => return vec![PlannedStatement { sql: sql.to_string(), plan: Plan::Local, changes_citus_settings: false }],
     };
     let version = parsed.protobuf.version;
     let stmts = parsed.protobuf.stmts;
     if stmts.is_empty() {
-        return vec![PlannedStatement { sql: sql.to_string(), plan: Plan::Empty, changes_commit_protocol: false }];
+        return vec![PlannedStatement { sql: sql.to_string(), plan: Plan::Empty, changes_citus_settings: false }];
     }
     stmts
         .into_iter()
         .map(|raw| {
             let text = statement_text(sql, &raw).to_string();
-            let changes_commit_protocol = changes_commit_protocol(&raw);
+            let changes_citus_settings = changes_citus_settings(&raw);
             let plan = plan_statement(version, raw, &text, catalog);
-            PlannedStatement { sql: text, plan, changes_commit_protocol }
+            PlannedStatement { sql: text, plan, changes_citus_settings }
         })
         .collect()
 }
 
-fn changes_commit_protocol(raw: &protobuf::RawStmt) -> bool {
+fn changes_citus_settings(raw: &protobuf::RawStmt) -> bool {
     match raw.stmt.as_ref().and_then(|n| n.node.as_ref()) {
         // `name` is empty for RESET ALL.
-        Some(NodeEnum::VariableSetStmt(v)) => v.name.is_empty() || v.name == "citus.multi_shard_commit_protocol",
+        Some(NodeEnum::VariableSetStmt(v)) => v.name.is_empty() || v.name.starts_with("citus."),
         Some(NodeEnum::DiscardStmt(_)) => true,
         _ => false,
     }

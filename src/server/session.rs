@@ -305,8 +305,8 @@ impl Session {
 
     fn plan(&mut self, sql: &str) -> Arc<CachedPlan> {
         let planned = self.plan_cached(sql);
-        if planned.statements.iter().any(|s| s.changes_commit_protocol) {
-            self.parts.forget_commit_protocol();
+        if planned.statements.iter().any(|s| s.changes_citus_settings) {
+            self.parts.forget_citus_settings();
         }
         planned
     }

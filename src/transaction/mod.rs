@@ -165,15 +165,26 @@ pub struct Participants {
     block: Option<Block>,
     cancel_targets: CancelTargets,
     two_phase: TwoPhase,
-    /// Whether `citus.multi_shard_commit_protocol` asks for two-phase commit, once
-    /// read; forgotten whenever a statement may have changed it.
-    two_phase_chosen: Option<bool>,
+    /// The session's `citus.*` settings, once read; forgotten whenever a
+    /// statement may have changed them.
+    settings: Option<CitusSettings>,
+}
+
+/// The `citus.*` settings (kept by the coordinator database, where SET runs)
+/// that change how the coordinator works.
+#[derive(Clone, Copy, Debug)]
+pub struct CitusSettings {
+    /// `citus.multi_shard_commit_protocol` is not '1pc'.
+    pub two_phase: bool,
+    /// `citus.multi_shard_modify_mode = 'sequential'`: multi-shard writes go
+    /// one node at a time.
+    pub sequential_modify: bool,
 }
 
 impl Participants {
     pub fn new(mut local: PgConnection, login: Login, cancel_targets: CancelTargets, two_phase: TwoPhase) -> Self {
         local.track_parameter_changes();
-        Participants { local, local_in_block: false, workers: HashMap::new(), login, block: None, cancel_targets, two_phase, two_phase_chosen: None }
+        Participants { local, local_in_block: false, workers: HashMap::new(), login, block: None, cancel_targets, two_phase, settings: None }
     }
 
     /// The identity worker connections log in with.
@@ -429,18 +440,26 @@ impl Participants {
         if writers < 2 || self.workers.values().all(|w| !(w.in_block && w.wrote)) {
             return Ok(false);
         }
-        if let Some(chosen) = self.two_phase_chosen {
-            return Ok(chosen);
-        }
-        let protocol = self.local.query_value("SELECT current_setting('citus.multi_shard_commit_protocol', true)").await?;
-        let chosen = protocol.as_deref() != Some("1pc");
-        self.two_phase_chosen = Some(chosen);
-        Ok(chosen)
+        Ok(self.citus_settings().await?.two_phase)
     }
 
-    /// A statement may have changed `citus.multi_shard_commit_protocol`.
-    pub fn forget_commit_protocol(&mut self) {
-        self.two_phase_chosen = None;
+    pub async fn citus_settings(&mut self) -> PgResult<CitusSettings> {
+        if let Some(settings) = self.settings {
+            return Ok(settings);
+        }
+        let rows = self
+            .local
+            .query("SELECT current_setting('citus.multi_shard_commit_protocol', true), current_setting('citus.multi_shard_modify_mode', true)")
+            .await?;
+        let value = |i: usize| rows.first().and_then(|r| r.get(i).cloned().flatten());
+        let settings = CitusSettings { two_phase: value(0).as_deref() != Some("1pc"), sequential_modify: value(1).as_deref() == Some("sequential") };
+        self.settings = Some(settings);
+        Ok(settings)
+    }
+
+    /// A statement may have changed the `citus.*` settings.
+    pub fn forget_citus_settings(&mut self) {
+        self.settings = None;
     }
 
     /// PREPARE TRANSACTION on every writing worker; the commit record in
