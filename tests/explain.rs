@@ -35,8 +35,8 @@ async fn each_shape_takes_its_tier() {
     let cases = [
         ("SELECT * FROM ea WHERE k = 5", "Custom Scan (Tessera Router)"),
         ("SELECT * FROM ea JOIN eb ON ea.k = eb.k WHERE ea.k = 5", "Custom Scan (Tessera Router)"),
-        // USING is not yet read as an equality of distribution columns.
-        ("SELECT * FROM ea JOIN eb USING (k) WHERE ea.k = 5", "Custom Scan (Tessera Broadcast)"),
+        ("SELECT * FROM ea JOIN eb USING (k) WHERE ea.k = 5", "Custom Scan (Tessera Router)"),
+        ("SELECT count(*) FROM ea LEFT JOIN eb USING (k)", "Custom Scan (Tessera Multi-Shard)"),
         ("UPDATE ea SET v = 1 WHERE k = 3", "Custom Scan (Tessera Router)"),
         ("SELECT * FROM er", "Custom Scan (Tessera Router)"),
         ("SELECT count(*), sum(v) FROM ea", "Custom Scan (Tessera Multi-Shard)"),

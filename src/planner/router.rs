@@ -13,6 +13,7 @@ use crate::metadata::{Catalog, Coercion, Distribution, DistributedTable, KeyType
 use pg_query::protobuf::{self, a_const, AExprKind, BoolExprType, JoinType};
 use pg_query::NodeEnum;
 use std::fmt;
+use std::borrow::Cow;
 use std::sync::{Arc, OnceLock};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -374,12 +375,15 @@ fn collect_from<'a>(items: &'a [protobuf::Node], catalog: &Catalog, scope: &mut 
             Some(NodeEnum::RangeVar(rv)) => scope.push(scope_entry(rv, catalog)),
             Some(NodeEnum::JoinExpr(j)) => {
                 let mut replicated = [false; 2];
+                let mut sides = [0..0, 0..0];
                 for (side, arg) in [j.larg.as_deref(), j.rarg.as_deref()].into_iter().enumerate() {
                     let Some(arg) = arg else { continue };
                     let before = scope.len();
                     replicated_preserved |= collect_from(std::slice::from_ref(arg), catalog, scope, conjuncts);
                     replicated[side] = scope[before..].iter().any(|e| e.table.as_ref().is_none_or(|t| t.is_reference()));
+                    sides[side] = before..scope.len();
                 }
+                using_equalities(j, scope, &sides, conjuncts);
                 replicated_preserved |= match JoinType::from_i32(j.jointype) {
                     Some(JoinType::JoinLeft) => replicated[0],
                     Some(JoinType::JoinRight) => replicated[1],
@@ -404,10 +408,41 @@ fn collect_from<'a>(items: &'a [protobuf::Node], catalog: &Catalog, scope: &mut 
     replicated_preserved
 }
 
+/// `JOIN … USING (c)` means `left.c = right.c`: written out as a conjunct when
+/// each side has exactly one table with a column `c` (and nothing else whose
+/// columns are unknown).
+fn using_equalities(j: &protobuf::JoinExpr, scope: &[ScopeEntry], sides: &[std::ops::Range<usize>; 2], conjuncts: &mut Vec<Conjunct<'_>>) {
+    for column in j.using_clause.iter().filter_map(|n| match n.node.as_ref() {
+        Some(NodeEnum::String(s)) => Some(s.sval.as_str()),
+        _ => None,
+    }) {
+        let owner = |range: &std::ops::Range<usize>| {
+            let entries = &scope[range.clone()];
+            if entries.iter().any(|e| e.table.is_none()) {
+                return None;
+            }
+            let mut having = entries.iter().filter(|e| e.table.as_ref().is_some_and(|t| t.columns.iter().any(|c| c == column)));
+            match (having.next(), having.next()) {
+                (Some(e), None) => Some(e.name.clone()),
+                _ => None,
+            }
+        };
+        if let (Some(left), Some(right)) = (owner(&sides[0]), owner(&sides[1])) {
+            let column_ref = |table: String| protobuf::Node {
+                node: Some(NodeEnum::ColumnRef(protobuf::ColumnRef {
+                    fields: [table, column.to_string()].into_iter().map(|sval| protobuf::Node { node: Some(NodeEnum::String(protobuf::String { sval })) }).collect(),
+                    location: -1,
+                })),
+            };
+            conjuncts.push(Conjunct { left: Cow::Owned(column_ref(left)), right: Cow::Owned(column_ref(right)), may_pin_constant: false });
+        }
+    }
+}
+
 /// An equality found among the top-level ANDed conditions.
 struct Conjunct<'a> {
-    left: &'a protobuf::Node,
-    right: &'a protobuf::Node,
+    left: Cow<'a, protobuf::Node>,
+    right: Cow<'a, protobuf::Node>,
     /// False for join conditions, whose constants must not pin a table.
     may_pin_constant: bool,
 }
@@ -421,7 +456,7 @@ fn flatten_and<'a>(node: &'a protobuf::Node, out: &mut Vec<Conjunct<'a>>, may_pi
         }
         Some(NodeEnum::AExpr(e)) if e.kind == AExprKind::AexprOp as i32 && is_equals(&e.name) => {
             if let (Some(l), Some(r)) = (e.lexpr.as_deref(), e.rexpr.as_deref()) {
-                out.push(Conjunct { left: l, right: r, may_pin_constant });
+                out.push(Conjunct { left: Cow::Borrowed(l), right: Cow::Borrowed(r), may_pin_constant });
             }
         }
         _ => {}
@@ -566,14 +601,14 @@ fn plan_pinned(command: Command, node: &NodeEnum, scope: Vec<ScopeEntry>, conjun
     let mut parent: Vec<usize> = (0..scope.len()).collect();
     let mut pins: Vec<(usize, ShardTarget)> = Vec::new();
     for c in conjuncts {
-        let (l, r) = (dist_column_owner(c.left, &scope), dist_column_owner(c.right, &scope));
+        let (l, r) = (dist_column_owner(&c.left, &scope), dist_column_owner(&c.right, &scope));
         match (l, r) {
             (Some(a), Some(b)) => {
                 let (ra, rb) = (find(&mut parent, a), find(&mut parent, b));
                 parent[ra] = rb;
             }
             (Some(owner), None) | (None, Some(owner)) if c.may_pin_constant => {
-                let other = if l.is_some() { c.right } else { c.left };
+                let other: &protobuf::Node = if l.is_some() { &c.right } else { &c.left };
                 let Some(Distribution::Hash { key, column_type, .. }) = scope[owner].table.as_ref().map(|t| &t.distribution) else { continue };
                 let shards = scope[owner].table.as_ref().map(|t| t.shard_count()).unwrap_or(1);
                 match key_value(other, key) {
