@@ -2,6 +2,7 @@
 //! saying which tier runs each statement and how. Planning needs only the parse
 //! tree and a catalog snapshot, never I/O, so plans are cached by statement text.
 
+mod copy;
 mod ddl;
 mod explain;
 mod fallback;
@@ -16,7 +17,8 @@ pub use explain::ExplainPlan;
 pub use fallback::FallbackPlan;
 pub use functions::{ClusterCall, ClusterFunction};
 pub use multi_shard::{AggregateKind, Combine, CombineQuery, MultiShardPlan, SplitAggregate};
-pub use router::{Command, InsertKey, KeyValue, RouterPlan, ShardTarget};
+pub use copy::{CopyPlan, KeyPosition};
+pub use router::{Command, InsertKey, KeyRouting, KeyValue, RouterPlan, ShardTarget};
 
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable};
@@ -57,6 +59,8 @@ pub enum Plan {
     Fallback(Arc<FallbackPlan>),
     /// EXPLAIN of a statement over distributed tables.
     Explain(Arc<ExplainPlan>),
+    /// COPY FROM STDIN into, or TO STDOUT from, a distributed or reference table.
+    Copy(Arc<CopyPlan>),
     /// Valid SQL the coordinator cannot run yet; refused rather than answered wrongly.
     Unsupported(PgError),
 }
@@ -84,6 +88,7 @@ impl fmt::Display for Plan {
             Plan::MultiShard(m) => write!(f, "MultiShard({m})"),
             Plan::Fallback(fb) => write!(f, "Fallback({fb})"),
             Plan::Explain(e) => write!(f, "Explain({e})"),
+            Plan::Copy(c) => write!(f, "Copy({c})"),
             Plan::Unsupported(e) => write!(f, "Unsupported({})", e.message()),
         }
     }
@@ -145,6 +150,7 @@ fn plan_statement(version: i32, raw: protobuf::RawStmt, text: &str, catalog: &Ca
     }
     let plan = match node {
         NodeEnum::ExplainStmt(e) => explain::plan(version, e, text, catalog),
+        NodeEnum::CopyStmt(c) => copy::plan(version, c, text, catalog),
         NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) => {
             router::plan_dml(version, &raw, catalog)
         }
