@@ -39,9 +39,10 @@ pub struct CopyPlan {
     pub key: KeyPosition,
     /// Fields in each row: the length of the column list.
     pub fields: usize,
-    /// The statement as the client wrote it. Run first against the table's
-    /// empty shell in the coordinator database, it has PostgreSQL check the
-    /// columns, options and privileges and describe the data.
+    /// The client's statement for the table's empty shell in the coordinator
+    /// database. Run first, it has PostgreSQL check the columns, options and
+    /// privileges and describe the data. (Without HEADER for COPY FROM: with
+    /// no data there is no header line to check; each shard checks it.)
     pub shell_sql: String,
     /// The statement for each shard, by shard index.
     pub shard_sql: Vec<String>,
@@ -86,15 +87,17 @@ pub(super) fn plan(version: i32, stmt: &protobuf::CopyStmt, text: &str, catalog:
             Err(e) => return Some(Plan::Unsupported(e)),
         }
     }
-    Some(Plan::Copy(Arc::new(CopyPlan {
-        table: table.clone(),
-        from_client: stmt.is_from,
-        format,
-        key,
-        fields: columns.len(),
-        shell_sql: text.to_string(),
-        shard_sql,
-    })))
+    let shell_sql = if stmt.is_from && format.header {
+        let mut shell = stmt.clone();
+        shell.options.retain(|o| !matches!(o.node.as_ref(), Some(NodeEnum::DefElem(d)) if d.defname == "header"));
+        match deparse(version, NodeEnum::CopyStmt(Box::new(shell))) {
+            Ok(sql) => sql,
+            Err(e) => return Some(Plan::Unsupported(e)),
+        }
+    } else {
+        text.to_string()
+    };
+    Some(Plan::Copy(Arc::new(CopyPlan { table: table.clone(), from_client: stmt.is_from, format, key, fields: columns.len(), shell_sql, shard_sql })))
 }
 
 /// `COPY (query) TO STDOUT` whose query reads distributed tables: the query
