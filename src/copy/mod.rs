@@ -172,6 +172,8 @@ fn csv_field<'a>(format: &CopyFormat, content: &'a [u8], key: KeyField) -> PgRes
     loop {
         let start = i;
         let mut saw_quote = false;
+        // Only the key field's value is built; the others are only skipped.
+        let wanted = field == key.index;
         let mut value: Vec<u8> = Vec::new();
         let mut found_delimiter = false;
         'field: loop {
@@ -190,7 +192,9 @@ fn csv_field<'a>(format: &CopyFormat, content: &'a [u8], key: KeyField) -> PgRes
                     saw_quote = true;
                     break;
                 }
-                value.push(c);
+                if wanted {
+                    value.push(c);
+                }
             }
             // Inside quotes.
             loop {
@@ -200,17 +204,21 @@ fn csv_field<'a>(format: &CopyFormat, content: &'a [u8], key: KeyField) -> PgRes
                 let c = content[i];
                 i += 1;
                 if c == escape && i < content.len() && (content[i] == escape || content[i] == quote) {
-                    value.push(content[i]);
+                    if wanted {
+                        value.push(content[i]);
+                    }
                     i += 1;
                     continue;
                 }
                 if c == quote {
                     break;
                 }
-                value.push(c);
+                if wanted {
+                    value.push(c);
+                }
             }
         }
-        if field == key.index {
+        if wanted {
             let end = if found_delimiter { i - 1 } else { i };
             let raw = &content[start..end];
             let is_null_marker = |v: &[u8]| v == format.null.as_slice();
@@ -219,7 +227,7 @@ fn csv_field<'a>(format: &CopyFormat, content: &'a [u8], key: KeyField) -> PgRes
                 (true, true, _) => Some(Cow::Owned(format.null.clone())),
                 (true, false, _) => None,
                 (false, _, true) if is_null_marker(&value) => None,
-                // Unquoted and unescaped: the raw bytes are the value.
+                // Unquoted: the raw bytes are the value.
                 (false, _, _) if !saw_quote => Some(Cow::Borrowed(raw)),
                 (false, _, _) => Some(Cow::Owned(value)),
             });

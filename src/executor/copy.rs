@@ -516,28 +516,14 @@ fn shards_by_node(plan: &CopyPlan, parts: &Participants, catalog: &Catalog) -> P
 /// what it starts with: the CopyOutResponse and the header (the header line,
 /// or the binary file header without the trailer).
 async fn describe_on_shell(parts: &mut Participants, plan: &CopyPlan, client: &mut ClientConn) -> PgResult<()> {
-    let local = &mut parts.local;
-    frontend::query(local.out(), &plan.shell_sql);
-    let mut error = None;
-    loop {
-        let msg = local.recv().await?;
-        match msg.tag() {
-            b'H' => client.out().extend_from_slice(msg.frame()),
-            b'd' if plan.format.is_binary() => {
-                let header = msg.body().strip_suffix(&BINARY_TRAILER).unwrap_or(msg.body());
-                frontend::copy_data(client.out(), header);
-            }
-            b'd' => client.out().extend_from_slice(msg.frame()),
-            b'E' => error = error.or(Some(backend::decode_error_fields(&msg)?)),
-            b'Z' => break,
-            _ => {}
-        }
-    }
-    parts.observe_local_status();
-    match error {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+    frontend::query(parts.local.out(), &plan.shell_sql);
+    super::relay_local_answer(parts, client, |msg, out| match msg.tag() {
+        b'H' => out.extend_from_slice(msg.frame()),
+        b'd' if plan.format.is_binary() => frontend::copy_data(out, msg.body().strip_suffix(&BINARY_TRAILER).unwrap_or(msg.body())),
+        b'd' => out.extend_from_slice(msg.frame()),
+        _ => {}
+    })
+    .await
 }
 
 /// Relays one shard's COPY TO STDOUT, without its header and binary trailer

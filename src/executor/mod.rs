@@ -5,7 +5,8 @@
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Catalog, Node};
 use crate::planner::{KeyRouting, KeyValue, RouterPlan, ShardTarget};
-use bytes::Bytes;
+use crate::protocol::Message;
+use bytes::{Bytes, BytesMut};
 use crate::protocol::backend;
 use crate::protocol::frontend::{self, Bind, Target};
 use crate::server::client::ClientConn;
@@ -340,18 +341,29 @@ pub(crate) async fn run_on_coordinator_db(parts: &mut Participants, sql: &str, m
             frontend::sync(local.out());
         }
     }
+    relay_local_answer(parts, client, |msg, out| {
+        // COPY (query) TO STDOUT answers with CopyOutResponse, CopyData, CopyDone.
+        if matches!(msg.tag(), b'T' | b'D' | b'C' | b'N' | b'H' | b'd' | b'c') {
+            out.extend_from_slice(msg.frame());
+        }
+    })
+    .await
+}
+
+/// Reads the coordinator database's answer up to ReadyForQuery, handing
+/// every other message to `relay`, which writes what the client gets of it;
+/// returns the first error.
+pub(crate) async fn relay_local_answer(parts: &mut Participants, client: &mut ClientConn, mut relay: impl FnMut(&Message, &mut BytesMut)) -> PgResult<()> {
     let mut error = None;
     loop {
-        let msg = local.recv().await?;
+        let msg = parts.local.recv().await?;
         match msg.tag() {
-            // COPY (query) TO STDOUT answers with CopyOutResponse, CopyData, CopyDone.
-            b'T' | b'D' | b'C' | b'N' | b'H' | b'd' | b'c' => {
-                client.out().extend_from_slice(msg.frame());
+            b'E' => error = error.or(Some(parts.local.server_error(&msg))),
+            b'Z' => break,
+            _ => {
+                relay(&msg, client.out());
                 client.flush_if_large().await?;
             }
-            b'E' => error = Some(local.server_error(&msg)),
-            b'Z' => break,
-            _ => {}
         }
     }
     parts.observe_local_status();
