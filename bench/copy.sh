@@ -16,21 +16,11 @@
 # Quick smoke run from the repo root:  SCALE=1 RUNS=1 bench/copy.sh
 set -euo pipefail
 
-SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
-REPO_ROOT=$(cd -- "$SCRIPT_DIR/.." && pwd)
-
 SCALE=${SCALE:-10}
 RUNS=${RUNS:-3}
-BENCH_ONLY_PLAIN=0
-TESSERA_BIN=${TESSERA_BIN:-$REPO_ROOT/target/release/tessera}
-PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
-TESSERA_START_TIMEOUT=${TESSERA_START_TIMEOUT:-180}
-
 # shellcheck source=bench/lib.sh
-source "$SCRIPT_DIR/lib.sh"
-
-if ! is_uint "$SCALE" || [[ $SCALE -eq 0 ]]; then die "SCALE must be a positive integer (got '$SCALE')"; fi
-if ! is_uint "$RUNS" || [[ $RUNS -eq 0 ]]; then die "RUNS must be a positive integer (got '$RUNS')"; fi
+source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
+require_positive SCALE RUNS
 
 CSV=$BENCH_LOG_DIR/pgbench_accounts.csv
 declare -A MEDIAN=() COORD_CPU=()
