@@ -17,7 +17,7 @@ const TABLE: &str = "CREATE TABLE items (id int PRIMARY KEY, name text, note var
 /// Values that stress the formats: delimiters, quotes, line ends, backslashes,
 /// the end-of-data marker, multibyte text, empty strings and NULLs.
 fn names() -> Vec<Option<String>> {
-    let mut v: Vec<Option<String>> = vec![
+    vec![
         Some("plain".into()),
         Some(String::new()),
         None,
@@ -31,8 +31,7 @@ fn names() -> Vec<Option<String>> {
         Some("Grüße, 日本語, émoji 🎉".into()),
         Some("  spaces  ".into()),
         Some("NULL".into()),
-    ];
-    v
+    ]
 }
 
 /// The row that holds a value of about a megabyte.
