@@ -1,7 +1,14 @@
 # Shared by the benchmark scripts: helpers, the plain PostgreSQL and Tessera
 # targets (started in temp dirs, stopped on exit), and pgbench data set-up.
-# A script sets PG_BIN, TESSERA_BIN, TESSERA_START_TIMEOUT, BENCH_ONLY_PLAIN
-# and SCALE, then sources this file.
+# A script may set PG_BIN, TESSERA_BIN, TESSERA_START_TIMEOUT and
+# BENCH_ONLY_PLAIN (defaults below) and its own knobs such as SCALE, then
+# sources this file.
+
+: "${REPO_ROOT:=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)}"
+: "${TESSERA_BIN:=$REPO_ROOT/target/release/tessera}"
+: "${PG_BIN:=/usr/lib/postgresql/15/bin}"
+: "${TESSERA_START_TIMEOUT:=180}"
+: "${BENCH_ONLY_PLAIN:=0}"
 
 # ---------------------------------------------------------------- helpers
 
@@ -19,6 +26,14 @@ die() {
 }
 
 is_uint() { [[ $1 =~ ^[0-9]+$ ]]; }
+
+# require_positive NAME...: each named variable must be a positive integer.
+require_positive() {
+    local name
+    for name in "$@"; do
+        if ! is_uint "${!name}" || [[ ${!name} -eq 0 ]]; then die "$name must be a positive integer (got '${!name}')"; fi
+    done
+}
 
 # Run a PostgreSQL server-side binary as the postgres OS user when we are root
 # (initdb and postgres refuse to run as root). Runs from / so that the postgres

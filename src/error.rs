@@ -27,6 +27,7 @@ pub mod sqlstate {
     pub const INTERNAL_ERROR: &str = "XX000";
     pub const OBJECT_IN_USE: &str = "55006";
     pub const QUERY_CANCELED: &str = "57014";
+    pub const BAD_COPY_FILE_FORMAT: &str = "22P04";
     pub const DEADLOCK_DETECTED: &str = "40P01";
 }
 
@@ -96,6 +97,13 @@ impl PgError {
             None => line,
         };
         self.set(b'W', context)
+    }
+    /// Rewrites the context, e.g. to name what the client sees instead of a shard.
+    pub fn map_context(self, f: impl FnOnce(&str) -> String) -> Self {
+        match self.field(b'W').map(f) {
+            Some(context) => self.set(b'W', context),
+            None => self,
+        }
     }
     /// An error the server at `node` raised, as our client must see it. A FATAL
     /// ended only our connection to that node, not the client's session, so it

@@ -178,46 +178,82 @@ impl PgConnection {
 
     /// Receives the next message, flushing anything queued first.
     pub async fn recv(&mut self) -> PgResult<Message> {
-        while self.silent > 0 {
-            let msg = self.recv_raw().await?;
-            match msg.tag() {
-                b'E' => {
-                    let e = self.server_error(&msg);
-                    self.broken = true;
-                    return Err(e);
-                }
-                b'Z' => self.silent -= 1,
-                _ => {}
-            }
-        }
-        self.recv_raw().await
-    }
-
-    async fn recv_raw(&mut self) -> PgResult<Message> {
         self.flush().await?;
         loop {
-            if let Some(msg) = take_message(&mut self.rbuf)? {
-                match msg.tag() {
-                    b'Z' => self.tx_status = backend::decode_ready_for_query(&msg),
-                    b'E' => self.note_farewell(&msg),
-                    b'S' => {
-                        if let Some(changed) = &mut self.changed_params {
-                            let (name, value) = backend::decode_parameter_status(&msg)?;
-                            changed.push((name.to_string(), value.to_string()));
-                        }
-                    }
-                    _ => {}
+            if let Some(msg) = self.take_buffered()? {
+                if let Some(msg) = self.past_silent(msg)? {
+                    return Ok(msg);
                 }
-                return Ok(msg);
+                continue;
             }
             match self.stream.read_buf(&mut self.rbuf).await {
-                Ok(0) => {
-                    return Err(self.lost(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "server closed the connection")));
-                }
+                Ok(0) => return Err(self.closed_by_server()),
                 Ok(_) => {}
                 Err(e) => return Err(self.lost(e)),
             }
         }
+    }
+
+    /// The next message if the server has already sent it, without waiting:
+    /// lets a sender that streams data notice a failure early. Anything
+    /// queued must have been flushed.
+    pub fn try_recv(&mut self) -> PgResult<Option<Message>> {
+        loop {
+            if let Some(msg) = self.take_buffered()? {
+                if let Some(msg) = self.past_silent(msg)? {
+                    return Ok(Some(msg));
+                }
+                continue;
+            }
+            match self.stream.try_read_buf(&mut self.rbuf) {
+                Ok(0) => return Err(self.closed_by_server()),
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) => return Err(self.lost(e)),
+            }
+        }
+    }
+
+    fn closed_by_server(&mut self) -> PgError {
+        self.lost(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "server closed the connection"))
+    }
+
+    /// Skips the responses to statements queued with `queue_silent`; None
+    /// while `msg` is one of them.
+    fn past_silent(&mut self, msg: Message) -> PgResult<Option<Message>> {
+        if self.silent == 0 {
+            return Ok(Some(msg));
+        }
+        match msg.tag() {
+            b'E' => {
+                let e = self.server_error(&msg);
+                self.broken = true;
+                Err(e)
+            }
+            b'Z' => {
+                self.silent -= 1;
+                Ok(None)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// A complete message from the read buffer, noting what the connection
+    /// must remember about it.
+    fn take_buffered(&mut self) -> PgResult<Option<Message>> {
+        let Some(msg) = take_message(&mut self.rbuf)? else { return Ok(None) };
+        match msg.tag() {
+            b'Z' => self.tx_status = backend::decode_ready_for_query(&msg),
+            b'E' => self.note_farewell(&msg),
+            b'S' => {
+                if let Some(changed) = &mut self.changed_params {
+                    let (name, value) = backend::decode_parameter_status(&msg)?;
+                    changed.push((name.to_string(), value.to_string()));
+                }
+            }
+            _ => {}
+        }
+        Ok(Some(msg))
     }
 
     /// From now on, remember the settings the server reports as changed.

@@ -4,13 +4,16 @@
 
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Catalog, Node};
-use crate::planner::{KeyValue, RouterPlan, ShardTarget};
+use crate::planner::{KeyRouting, KeyValue, RouterPlan, ShardTarget};
+use crate::protocol::Message;
+use bytes::{Bytes, BytesMut};
 use crate::protocol::backend;
 use crate::protocol::frontend::{self, Bind, Target};
 use crate::server::client::ClientConn;
 use crate::transaction::{Participants, WorkerConnection, Access};
 use std::sync::Arc;
 
+pub mod copy;
 pub mod explain;
 pub mod fallback;
 pub mod insert_select;
@@ -103,35 +106,53 @@ fn key_input<'a>(key: &'a KeyValue, mode: &'a Mode<'_>) -> PgResult<KeyInput<'a>
 /// raises PostgreSQL's own error for a value the type rejects). None for NULL.
 async fn shard_of(plan: &RouterPlan, parts: &mut Participants, input: KeyInput<'_>) -> PgResult<Option<u32>> {
     let Some(value) = input.value else { return Ok(None) };
-    if let Some(shard) = plan.local_shard(value, input.type_oid, input.binary) {
+    let routing = plan.key_routing().ok_or_else(|| PgError::internal("router plan without a key"))?;
+    if let Some(shard) = routing.local_shard(value, input.type_oid, input.binary) {
         return Ok(Some(shard));
     }
-    let sql = plan.coercion_sql().ok_or_else(|| PgError::internal("router plan without a key"))?;
+    let coerced = coerce_keys(parts, &routing, input.type_oid, input.binary, &[value]).await.map_err(|(_, e)| e)?;
+    coerced.into_iter().next().flatten().map(|v| routing.shard_for_coerced(&v)).transpose()
+}
+
+/// Converts key values (all of one type and format) to the distribution
+/// column's type in the coordinator database, in one round trip: the
+/// conversion is parsed once and bound once per value. Returns the converted
+/// values in binary form, or the position of the first value the type
+/// rejected with PostgreSQL's error.
+pub(crate) async fn coerce_keys(parts: &mut Participants, routing: &KeyRouting<'_>, type_oid: u32, binary: bool, values: &[&[u8]]) -> Result<Vec<Option<Bytes>>, (usize, PgError)> {
     const NAME: &str = "tessera_key";
-    let local = parts.local().await?;
+    let local = parts.local().await.map_err(|e| (0, e))?;
     let out = local.out();
     frontend::close(out, Target::Statement, NAME);
-    frontend::parse(out, NAME, &sql, &[input.type_oid]);
-    frontend::bind(out, "", NAME, &[i16::from(input.binary)], &[Some(bytes::Bytes::copy_from_slice(value))], &[1]);
-    frontend::execute(out, "", 0);
+    frontend::parse(out, NAME, &routing.coercion_sql(), &[type_oid]);
+    for value in values {
+        frontend::bind(out, "", NAME, &[i16::from(binary)], &[Some(Bytes::copy_from_slice(value))], &[1]);
+        frontend::execute(out, "", 0);
+    }
     frontend::close(out, Target::Statement, NAME);
     frontend::sync(out);
-    let mut coerced = None;
+    let mut coerced = Vec::with_capacity(values.len());
     let mut error = None;
     loop {
-        let msg = local.recv().await?;
+        let msg = match local.recv().await {
+            Ok(msg) => msg,
+            Err(e) => return Err((coerced.len(), e)),
+        };
         match msg.tag() {
-            b'D' => coerced = backend::decode_data_row(&msg)?.into_iter().next().flatten(),
-            b'E' => error = Some(local.server_error(&msg)),
+            b'D' => match backend::decode_data_row(&msg) {
+                Ok(row) => coerced.push(row.into_iter().next().flatten()),
+                Err(e) => error = error.or(Some(e.into())),
+            },
+            b'E' => error = error.or(Some(local.server_error(&msg))),
             b'Z' => break,
             _ => {}
         }
     }
     parts.observe_local_status();
-    if let Some(e) = error {
-        return Err(e);
+    match error {
+        Some(e) => Err((coerced.len(), e)),
+        None => Ok(coerced),
     }
-    coerced.map(|v| plan.shard_for_coerced(&v)).transpose()
 }
 
 async fn plan_tasks(plan: &RouterPlan, parts: &mut Participants, mode: &Mode<'_>, defaults: Vec<String>) -> PgResult<Vec<Task>> {
@@ -327,17 +348,29 @@ pub(crate) async fn run_on_coordinator_db(parts: &mut Participants, sql: &str, m
             frontend::sync(local.out());
         }
     }
+    relay_local_answer(parts, client, |msg, out| {
+        // COPY (query) TO STDOUT answers with CopyOutResponse, CopyData, CopyDone.
+        if matches!(msg.tag(), b'T' | b'D' | b'C' | b'N' | b'H' | b'd' | b'c') {
+            out.extend_from_slice(msg.frame());
+        }
+    })
+    .await
+}
+
+/// Reads the coordinator database's answer up to ReadyForQuery, handing
+/// every other message to `relay`, which writes what the client gets of it;
+/// returns the first error.
+pub(crate) async fn relay_local_answer(parts: &mut Participants, client: &mut ClientConn, mut relay: impl FnMut(&Message, &mut BytesMut)) -> PgResult<()> {
     let mut error = None;
     loop {
-        let msg = local.recv().await?;
+        let msg = parts.local.recv().await?;
         match msg.tag() {
-            b'T' | b'D' | b'C' | b'N' => {
-                client.out().extend_from_slice(msg.frame());
+            b'E' => error = error.or(Some(parts.local.server_error(&msg))),
+            b'Z' => break,
+            _ => {
+                relay(&msg, client.out());
                 client.flush_if_large().await?;
             }
-            b'E' => error = Some(local.server_error(&msg)),
-            b'Z' => break,
-            _ => {}
         }
     }
     parts.observe_local_status();

@@ -80,6 +80,9 @@ pub struct DistributedTable {
     pub colocation_id: i32,
     /// Column names in attribute order, for INSERTs without a column list.
     pub columns: Vec<String>,
+    /// The columns a COPY without a column list reads and writes: all but
+    /// generated ones.
+    pub copy_columns: Vec<String>,
     /// The distribution column's default expression (e.g. a sequence's nextval),
     /// which the coordinator evaluates for INSERTs that leave the column out.
     pub key_default: Option<String>,
@@ -210,7 +213,9 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
                        WHERE d.adrelid = c.oid AND a.attname = p.partkey),
                     (SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = p.partkey),
                     (SELECT a.atttypmod FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = p.partkey),
-                    (SELECT format_type(a.atttypid, NULL) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = p.partkey)
+                    (SELECT format_type(a.atttypid, NULL) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = p.partkey),
+                    (SELECT json_agg(a.attname ORDER BY a.attnum)
+                       FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '')
              FROM tessera.pg_dist_partition p
              JOIN pg_class c ON c.oid = p.logicalrelid
              JOIN pg_namespace n ON n.oid = c.relnamespace",
@@ -246,6 +251,7 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
             distribution,
             colocation_id: int(&r[5]),
             columns,
+            copy_columns: parse_json_string_array(r[12].as_deref().unwrap_or("[]")),
             key_default: r[8].clone(),
             shards: shards.remove(&oid).unwrap_or_default(),
         });

@@ -330,10 +330,6 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
                 .collect();
             (!rels.is_empty()).then(|| Plan::Ddl(Arc::new(DdlPlan::Vacuum { version, stmt: v.clone(), rels })))
         }
-        NodeEnum::CopyStmt(c) => {
-            let touches = c.relation.as_ref().and_then(|r| resolve_range_var(r, catalog)).is_some() || !referenced_tables(raw, catalog).is_empty();
-            touches.then(|| not_supported("COPY to or from distributed tables is not supported yet"))
-        }
         NodeEnum::ExplainStmt(_) => {
             (!referenced_tables(raw, catalog).is_empty()).then(|| not_supported("EXPLAIN of queries over distributed tables is not supported yet"))
         }

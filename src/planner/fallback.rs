@@ -53,14 +53,7 @@ pub fn stand_in_name(table: &DistributedTable) -> String {
 /// A fallback plan for a statement the other tiers refused with `reason`, if
 /// the statement only reads distributed tables.
 pub(super) fn plan(version: i32, node: &NodeEnum, catalog: &Catalog, reason: &str) -> Option<Plan> {
-    if !only_reads_distributed_tables(node, catalog) || shadows_distributed_table(node, catalog) {
-        return None;
-    }
-    let mut stmt = node.clone();
-    references_mut(&mut stmt, |r| match r {
-        Reference::Table(rv) => point_at_stand_in(rv, catalog),
-        Reference::Column(c) => unqualify_schema(c, |schema, table| catalog.table(schema, table).is_some()),
-    });
+    let stmt = over_stand_ins(node, catalog)?;
     let sql: PgResult<String> = deparse(version, stmt);
     let mut broadcast_candidates: Vec<Arc<DistributedTable>> = Vec::new();
     if matches!(node, NodeEnum::SelectStmt(_)) {
@@ -79,6 +72,20 @@ pub(super) fn plan(version: i32, node: &NodeEnum, catalog: &Catalog, reason: &st
         Ok(sql) => Plan::Fallback(Arc::new(FallbackPlan { sql, reason: reason.to_string(), statement: node.clone(), version, broadcast_candidates })),
         Err(e) => Plan::Unsupported(e),
     })
+}
+
+/// The statement with every distributed table replaced by its stand-in, if
+/// it only reads distributed tables.
+pub(super) fn over_stand_ins(node: &NodeEnum, catalog: &Catalog) -> Option<NodeEnum> {
+    if !only_reads_distributed_tables(node, catalog) || shadows_distributed_table(node, catalog) {
+        return None;
+    }
+    let mut stmt = node.clone();
+    references_mut(&mut stmt, |r| match r {
+        Reference::Table(rv) => point_at_stand_in(rv, catalog),
+        Reference::Column(c) => unqualify_schema(c, |schema, table| catalog.table(schema, table).is_some()),
+    });
+    Some(stmt)
 }
 
 /// SELECTs, and writes to local tables, whose distributed tables are only read.

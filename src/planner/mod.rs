@@ -2,6 +2,7 @@
 //! saying which tier runs each statement and how. Planning needs only the parse
 //! tree and a catalog snapshot, never I/O, so plans are cached by statement text.
 
+mod copy;
 mod ddl;
 mod explain;
 mod fallback;
@@ -18,7 +19,8 @@ pub use fallback::FallbackPlan;
 pub use functions::{ClusterCall, ClusterFunction};
 pub use insert_select::InsertSelectPlan;
 pub use multi_shard::{AggregateKind, Combine, CombineQuery, MultiShardPlan, SplitAggregate};
-pub use router::{Command, InsertKey, KeyValue, RouterPlan, ShardTarget};
+pub use copy::{CopyPlan, KeyPosition};
+pub use router::{Command, InsertKey, KeyRouting, KeyValue, RouterPlan, ShardTarget};
 
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable};
@@ -61,6 +63,8 @@ pub enum Plan {
     Explain(Arc<ExplainPlan>),
     /// INSERT … SELECT whose rows pass through the coordinator.
     InsertSelect(Arc<InsertSelectPlan>),
+    /// COPY FROM STDIN into, or TO STDOUT from, a distributed or reference table.
+    Copy(Arc<CopyPlan>),
     /// Valid SQL the coordinator cannot run yet; refused rather than answered wrongly.
     Unsupported(PgError),
 }
@@ -89,6 +93,7 @@ impl fmt::Display for Plan {
             Plan::Fallback(fb) => write!(f, "Fallback({fb})"),
             Plan::Explain(e) => write!(f, "Explain({e})"),
             Plan::InsertSelect(i) => write!(f, "InsertSelect({i})"),
+            Plan::Copy(c) => write!(f, "Copy({c})"),
             Plan::Unsupported(e) => write!(f, "Unsupported({})", e.message()),
         }
     }
@@ -150,6 +155,7 @@ fn plan_statement(version: i32, raw: protobuf::RawStmt, text: &str, catalog: &Ca
     }
     let plan = match node {
         NodeEnum::ExplainStmt(e) => explain::plan(version, e, text, catalog),
+        NodeEnum::CopyStmt(c) => copy::plan(version, c, text, catalog),
         NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) => {
             router::plan_dml(version, &raw, catalog)
         }

@@ -151,35 +151,60 @@ impl RouterPlan {
         })
     }
 
-    /// The shard group of a key value, when it can be hashed exactly as given;
-    /// None when the coordinator database must convert it to the column type
-    /// first (another type, a form we cannot parse, or — for a value being
-    /// stored (`assignment`) — a type modifier that may round it).
-    pub fn local_shard(&self, value: &[u8], type_oid: u32, binary: bool) -> Option<u32> {
-        let (ty, key) = self.key()?;
-        local_key_shard(ty, key, self.shard_count(), value, type_oid, binary, self.command == Command::Insert)
+    /// How this statement's key values find their shard group (None without a
+    /// hash-distributed table). An INSERT stores its values, so they convert
+    /// as assignments do.
+    pub fn key_routing(&self) -> Option<KeyRouting<'_>> {
+        KeyRouting::new(self.anchor.as_deref()?, self.command == Command::Insert)
     }
+}
 
-    /// The shard group of a value already converted to the column type, in binary form.
-    pub fn shard_for_coerced(&self, value: &[u8]) -> PgResult<u32> {
-        let (ty, _) = self.key().ok_or_else(|| PgError::internal("router plan without a key"))?;
-        let h = hash::hash_binary(ty, value).map_err(|e| key_error(&e.0))?;
-        Ok(hash::shard_index(hash::row_hash(Some(h)), self.shard_count()))
-    }
+/// How values of a table's distribution column find their shard: hashed
+/// here when that is exactly what PostgreSQL would do, otherwise converted to
+/// the column type by the coordinator database first.
+#[derive(Clone, Copy, Debug)]
+pub struct KeyRouting<'a> {
+    ty: HashType,
+    key: &'a KeyType,
+    shards: u32,
+    /// Values are stored in the column (INSERT, COPY), so the column's type
+    /// modifier applies; otherwise they are compared with it.
+    assignment: bool,
+}
 
-    /// `SELECT $1::<type>`: converts a key value as storing it (INSERT, with the
-    /// column's type modifier) or comparing it with the column would.
-    pub fn coercion_sql(&self) -> Option<String> {
-        let (_, key) = self.key()?;
-        let target = if self.command == Command::Insert { &key.sql } else { &key.base_sql };
-        Some(format!("SELECT $1::{target}"))
-    }
-
-    fn key(&self) -> Option<(HashType, &KeyType)> {
-        match &self.anchor.as_ref()?.distribution {
-            Distribution::Hash { column_type, key, .. } => Some((*column_type, key)),
+impl<'a> KeyRouting<'a> {
+    /// None for reference tables.
+    pub fn new(table: &'a DistributedTable, assignment: bool) -> Option<Self> {
+        match &table.distribution {
+            Distribution::Hash { column_type, key, .. } => Some(KeyRouting { ty: *column_type, key, shards: table.shard_count(), assignment }),
             Distribution::Reference => None,
         }
+    }
+
+    /// The shard of a key value, when it can be hashed exactly as given; None
+    /// when the coordinator database must convert it to the column type first
+    /// (another type, a form we cannot parse, or — for a value being stored —
+    /// a type modifier that may round it).
+    pub fn local_shard(&self, value: &[u8], type_oid: u32, binary: bool) -> Option<u32> {
+        local_key_shard(self.ty, self.key, self.shards, value, type_oid, binary, self.assignment)
+    }
+
+    /// The shard of a value already converted to the column type, in binary form.
+    pub fn shard_for_coerced(&self, value: &[u8]) -> PgResult<u32> {
+        let h = hash::hash_binary(self.ty, value).map_err(|e| key_error(&e.0))?;
+        Ok(hash::shard_index(hash::row_hash(Some(h)), self.shards))
+    }
+
+    /// `SELECT $1::<type>`: converts a key value as storing it (with the
+    /// column's type modifier) or comparing it with the column would.
+    pub fn coercion_sql(&self) -> String {
+        let target = if self.assignment { &self.key.sql } else { &self.key.base_sql };
+        format!("SELECT $1::{target}")
+    }
+
+    /// The column type's oid, which binary values are in.
+    pub fn type_oid(&self) -> u32 {
+        self.key.oid
     }
 }
 

@@ -75,7 +75,7 @@ impl ClientConn {
     /// Sends buffered results once enough have piled up, so large results stream.
     pub async fn flush_if_large(&mut self) -> PgResult<()> {
         if self.wbuf.len() >= FLUSH_THRESHOLD {
-            self.flush().await.map_err(|e| crate::error::PgError::new(crate::error::sqlstate::CONNECTION_FAILURE, format!("client connection lost: {e}")))?;
+            self.flush().await.map_err(client_lost)?;
         }
         Ok(())
     }
@@ -85,4 +85,9 @@ impl ClientConn {
         self.flush().await?;
         self.stream.write_all(bytes).await
     }
+}
+
+/// The error for a client that went away mid-statement.
+pub fn client_lost(e: impl std::fmt::Display) -> crate::error::PgError {
+    crate::error::PgError::new(crate::error::sqlstate::CONNECTION_FAILURE, format!("client connection lost: {e}"))
 }

@@ -4,7 +4,7 @@
 //! rest run through the executor or the command layer.
 
 use super::auth;
-use super::client::ClientConn;
+use super::client::{client_lost, ClientConn};
 use super::Coordinator;
 use crate::commands::{self, CommandContext};
 use crate::config::AuthMethod;
@@ -462,6 +462,13 @@ impl Session {
                 let mode = execution_mode(extended, false);
                 executor::fallback::run(fallback, &self.coordinator, &catalog, &mut self.parts, &mode, &mut self.client).await?;
             }
+            Plan::Copy(copy) => {
+                let result = executor::copy::run(copy, &mut self.parts, &catalog, &mut self.client).await;
+                if result.is_err() {
+                    self.parts.discard_broken();
+                }
+                result?;
+            }
             Plan::Explain(explain) => {
                 let mode = execution_mode(extended, false);
                 executor::explain::run(explain, &self.coordinator, &catalog, &mut self.parts, &mode, &mut self.client).await?;
@@ -835,6 +842,3 @@ impl Session {
     }
 }
 
-fn client_lost(e: impl std::fmt::Display) -> PgError {
-    PgError::new(sqlstate::CONNECTION_FAILURE, format!("client connection lost: {e}"))
-}
