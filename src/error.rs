@@ -76,6 +76,9 @@ impl PgError {
     pub fn hint(&self) -> Option<&str> {
         self.field(b'H')
     }
+    pub fn context(&self) -> Option<&str> {
+        self.field(b'W')
+    }
     pub fn severity(&self) -> &str {
         self.field(b'V').or_else(|| self.field(b'S')).unwrap_or("ERROR")
     }

@@ -10,6 +10,7 @@ pub mod copy;
 pub mod error;
 pub mod executor;
 pub mod hash;
+pub mod load;
 pub mod metadata;
 pub mod planner;
 pub mod protocol;

@@ -38,6 +38,55 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
+    /// Bulk-load files into a distributed or reference table, straight to the
+    /// workers: rows are hashed here and streamed per shard with COPY.
+    Load {
+        /// Input files, glob patterns, or - for standard input (.gz and .zst are decompressed).
+        #[arg(required = true)]
+        inputs: Vec<String>,
+        #[arg(long)]
+        table: String,
+        /// csv or text.
+        #[arg(long, default_value = "csv")]
+        format: String,
+        /// The first line of each input is a header.
+        #[arg(long)]
+        header: bool,
+        /// Field delimiter (default: , for csv, tab for text).
+        #[arg(long)]
+        delimiter: Option<char>,
+        /// Parallel readers.
+        #[arg(long, default_value_t = 4)]
+        jobs: usize,
+        /// Write bad rows here (input:line, reason, row) and load the rest;
+        /// without it the load is all or nothing.
+        #[arg(long)]
+        reject_file: Option<PathBuf>,
+        /// Rows per COPY batch sent to a shard.
+        #[arg(long, default_value_t = 10000)]
+        batch_size: usize,
+        /// The coordinator to read the catalog from.
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        #[arg(long, default_value_t = 5432)]
+        port: u16,
+        #[arg(long, default_value = "postgres")]
+        user: String,
+        #[arg(long, default_value = "postgres")]
+        dbname: String,
+        /// Send rows zstd-compressed; the workers decompress them with a
+        /// `tessera receive` they start themselves (COPY … FROM PROGRAM).
+        #[arg(long, value_parser = ["zstd"])]
+        compress: Option<String>,
+    },
+    /// Internal: run by a worker's COPY … FROM PROGRAM during `tessera load --compress zstd`.
+    #[command(hide = true)]
+    Receive {
+        #[arg(long)]
+        connect: String,
+        #[arg(long)]
+        token: String,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -56,6 +105,32 @@ fn main() -> anyhow::Result<()> {
             let config = tessera::config::Config::load(&config)?;
             runtime()?.block_on(tessera::server::serve(config))
         }
+        Command::Load { inputs, table, format, header, delimiter, jobs, reject_file, batch_size, host, port, user, dbname, compress } => {
+            let format = match format.as_str() {
+                "csv" => tessera::copy::Format::Csv,
+                "text" => tessera::copy::Format::Text,
+                other => anyhow::bail!("unknown --format {other}: use csv or text"),
+            };
+            let delimiter = delimiter.map(|d| u8::try_from(d).map_err(|_| anyhow::anyhow!("the delimiter must be a single-byte character"))).transpose()?;
+            let options = tessera::load::LoadOptions {
+                inputs,
+                table: table.clone(),
+                format,
+                header,
+                delimiter,
+                jobs,
+                reject_file,
+                batch_rows: batch_size.max(1),
+                compress: compress.is_some(),
+                coordinator: tessera::connection::ServerAddr { host, port },
+                user,
+                database: dbname,
+            };
+            let summary = runtime()?.block_on(tessera::load::run(options))?;
+            println!("{}", summary.line(&table));
+            Ok(())
+        }
+        Command::Receive { connect, token } => tessera::load::receive(&connect, &token),
     }
 }
 

@@ -1,0 +1,298 @@
+//! The loader's output side: one connection per shard placement, each in a
+//! transaction that takes its shard's rows batch by batch with COPY, and the
+//! commit that makes all of them visible at once.
+
+use crate::connection::{quote_literal, Login, PgConnection, ServerAddr};
+use crate::error::PgError;
+use bytes::{Bytes, BytesMut};
+use std::io::Write;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use tokio::sync::mpsc::Receiver;
+
+#[derive(Clone, Debug)]
+pub struct Placement {
+    /// The shard table, schema-qualified and quoted.
+    pub shard_table: String,
+    pub addr: ServerAddr,
+    pub group_id: i32,
+}
+
+/// Rows of one shard from one input, as read (line ends included).
+#[derive(Default)]
+pub struct Batch {
+    data: BytesMut,
+    /// The input the rows come from.
+    source: String,
+    /// Each row's input line and end offset in `data`.
+    rows: Vec<(u64, usize)>,
+}
+
+impl Batch {
+    pub fn push(&mut self, row: &[u8], source: &str, line: u64) {
+        if self.source.is_empty() {
+            self.source = source.to_string();
+        }
+        self.data.extend_from_slice(row);
+        self.rows.push((line, self.data.len()));
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows.len()
+    }
+
+    fn row(&self, i: usize) -> &[u8] {
+        let start = if i == 0 { 0 } else { self.rows[i - 1].1 };
+        &self.data[start..self.rows[i].1]
+    }
+
+    /// The input line of the batch's `n`th line (1-based), as a COPY error
+    /// on a worker counts it.
+    fn input_line(&self, n: u64) -> Option<u64> {
+        self.rows.get(usize::try_from(n).ok()?.checked_sub(1)?).map(|(line, _)| *line)
+    }
+}
+
+/// The reject file: one line per bad row — input, line, reason, the row.
+#[derive(Clone)]
+pub struct Rejects(Arc<Mutex<std::io::BufWriter<std::fs::File>>>);
+
+impl Rejects {
+    pub fn create(path: &Path) -> anyhow::Result<Rejects> {
+        let file = std::fs::File::create(path).map_err(|e| anyhow::anyhow!("cannot create the reject file {}: {e}", path.display()))?;
+        Ok(Rejects(Arc::new(Mutex::new(std::io::BufWriter::new(file)))))
+    }
+
+    pub fn write(&self, source: &str, line: u64, reason: &str, row: &[u8]) -> std::io::Result<()> {
+        let row = row.strip_suffix(b"\n").unwrap_or(row);
+        let row = row.strip_suffix(b"\r").unwrap_or(row);
+        let mut out = self.0.lock().unwrap();
+        write!(out, "{source}:{line}\t{}\t", reason.replace(['\t', '\n'], " "))?;
+        out.write_all(row)?;
+        out.write_all(b"\n")?;
+        out.flush()
+    }
+}
+
+/// A placement's connection after its rows went in, before the commit.
+pub struct Written {
+    placement: Placement,
+    conn: PgConnection,
+    rows: u64,
+    pub rejected: u64,
+    /// Row data sent toward the worker (compressed, when it was).
+    pub bytes_sent: u64,
+}
+
+/// How rows travel to the worker.
+pub enum Route {
+    /// COPY … FROM STDIN on the connection.
+    Copy { copy_sql: String },
+    /// zstd-compressed over a socket of their own to a `tessera receive`
+    /// that the worker starts with COPY … FROM PROGRAM and that decompresses
+    /// next to it. `socket` yields that connection once it arrives.
+    Compressed { copy_sql: String, socket: tokio::sync::oneshot::Receiver<tokio::net::TcpStream> },
+}
+
+/// Takes one placement's batches: each batch is one COPY inside the
+/// placement's transaction. With a reject file, a failing batch is retried
+/// row by row (each under a savepoint) and the failing rows are set aside.
+pub async fn write_placement(placement: Placement, login: Login, route: Route, mut batches: Receiver<Arc<Batch>>, rejects: Option<Rejects>) -> anyhow::Result<Written> {
+    let node = format!("{}:{}", placement.addr.host, placement.addr.port);
+    let fail = |e: PgError| anyhow::anyhow!("{} on {node}: {e}", placement.shard_table);
+    let mut conn = PgConnection::connect(&placement.addr, &login).await.map_err(fail)?;
+    conn.execute("BEGIN").await.map_err(fail)?;
+    let copy_sql = match route {
+        Route::Copy { copy_sql } => copy_sql,
+        Route::Compressed { copy_sql, socket } => {
+            let (rows, bytes_sent) = write_compressed(&mut conn, &copy_sql, socket, &mut batches).await.map_err(|e| anyhow::anyhow!("{} on {node}: {e}", placement.shard_table))?;
+            return Ok(Written { placement, conn, rows, rejected: 0, bytes_sent });
+        }
+    };
+    let (mut rows, mut rejected, mut bytes_sent) = (0, 0, 0);
+    while let Some(batch) = batches.recv().await {
+        bytes_sent += batch.data.len() as u64;
+        let Some(rejects) = &rejects else {
+            rows += conn.copy_in(&copy_sql, [Bytes::copy_from_slice(&batch.data)]).await.map_err(|e| locate(e, &batch, &node))?;
+            continue;
+        };
+        conn.execute("SAVEPOINT tessera_batch").await.map_err(fail)?;
+        match conn.copy_in(&copy_sql, [Bytes::copy_from_slice(&batch.data)]).await {
+            Ok(n) => {
+                rows += n;
+                conn.execute("RELEASE SAVEPOINT tessera_batch").await.map_err(fail)?;
+            }
+            Err(_) => {
+                conn.execute("ROLLBACK TO SAVEPOINT tessera_batch").await.map_err(fail)?;
+                for (i, (line, _)) in batch.rows.iter().enumerate() {
+                    conn.execute("SAVEPOINT tessera_row").await.map_err(fail)?;
+                    match conn.copy_in(&copy_sql, [Bytes::copy_from_slice(batch.row(i))]).await {
+                        Ok(n) => {
+                            rows += n;
+                            conn.execute("RELEASE SAVEPOINT tessera_row").await.map_err(fail)?;
+                        }
+                        Err(e) => {
+                            conn.execute("ROLLBACK TO SAVEPOINT tessera_row").await.map_err(fail)?;
+                            rejects.write(&batch.source, *line, e.message(), batch.row(i))?;
+                            rejected += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(Written { placement, conn, rows, rejected, bytes_sent })
+}
+
+/// Runs the worker's COPY … FROM PROGRAM while feeding its receiver the
+/// batches as zstd frames; returns the rows copied and the bytes sent.
+async fn write_compressed(conn: &mut PgConnection, copy_sql: &str, socket: tokio::sync::oneshot::Receiver<tokio::net::TcpStream>, batches: &mut Receiver<Arc<Batch>>) -> anyhow::Result<(u64, u64)> {
+    use tokio::io::AsyncWriteExt;
+    let feed = async {
+        let mut socket = tokio::time::timeout(std::time::Duration::from_secs(30), socket)
+            .await
+            .map_err(|_| anyhow::anyhow!("the worker's tessera receive did not connect back within 30 s"))?
+            .map_err(|_| anyhow::anyhow!("the load stopped before the worker's receiver connected"))?;
+        let mut sent = 0u64;
+        while let Some(batch) = batches.recv().await {
+            let frame = zstd::bulk::compress(&batch.data, 3)?;
+            sent += frame.len() as u64;
+            socket.write_all(&frame).await?;
+        }
+        socket.shutdown().await?;
+        anyhow::Ok(sent)
+    };
+    let (copied, sent) = tokio::join!(conn.execute(copy_sql), feed);
+    let sent = sent?;
+    let tag = copied.map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok((crate::protocol::backend::rows_in_tag(&tag).unwrap_or(0), sent))
+}
+
+/// A worker's COPY error, naming the input line it is about.
+fn locate(e: PgError, batch: &Batch, node: &str) -> anyhow::Error {
+    let line = e.context().and_then(|c| c.split("line ").nth(1)).and_then(|rest| rest.split(|ch: char| !ch.is_ascii_digit()).next()).and_then(|n| n.parse().ok());
+    match line.and_then(|n| batch.input_line(n)) {
+        Some(line) => anyhow::anyhow!("{}:{line}: {} (on {node})", batch.source, e.message()),
+        None => anyhow::anyhow!("{} (on {node}, rows from {})", e.message(), batch.source),
+    }
+}
+
+/// Makes every placement's rows visible at once: with several placements,
+/// PREPARE TRANSACTION on each, commit records in the coordinator's catalog
+/// (so that its recovery finishes the job after a crash), COMMIT PREPARED.
+/// Returns the rows written (over all placements).
+pub async fn commit(written: Vec<Written>, coordinator: &mut PgConnection) -> anyhow::Result<u64> {
+    let rows = written.iter().map(|w| w.rows).sum();
+    if let [only] = written.as_slice() {
+        let node = format!("{}:{}", only.placement.addr.host, only.placement.addr.port);
+        let mut written = written;
+        written[0].conn.execute("COMMIT").await.map_err(|e| anyhow::anyhow!("commit on {node}: {e}"))?;
+        return Ok(rows);
+    }
+    let prefix = format!("{}load_{}_", crate::transaction::GID_PREFIX, rand::random::<u32>());
+    let started = std::time::Instant::now();
+    let prepares = futures::future::join_all(written.into_iter().enumerate().map(|(i, mut w)| {
+        let gid = format!("{prefix}{i}");
+        async move {
+            let result = w.conn.execute(&format!("PREPARE TRANSACTION {}", quote_literal(&gid))).await;
+            (w, gid, result)
+        }
+    }))
+    .await;
+    let mut prepared = Vec::new();
+    let mut failure = None;
+    for (w, gid, result) in prepares {
+        match result {
+            Ok(_) => prepared.push((w, gid)),
+            Err(e) => {
+                failure.get_or_insert(anyhow::anyhow!("prepare on {}:{}: {e}", w.placement.addr.host, w.placement.addr.port));
+            }
+        }
+    }
+    // Recovery rolls back prepared transactions without a record after its
+    // grace period (10 s by default); never write a record that late.
+    if failure.is_none() && started.elapsed() > std::time::Duration::from_secs(5) {
+        failure = Some(anyhow::anyhow!("preparing the shards took too long; the load was rolled back"));
+    }
+    if failure.is_none() {
+        let records: Vec<String> = prepared.iter().map(|(w, gid)| format!("({}, {})", w.placement.group_id, quote_literal(gid))).collect();
+        if let Err(e) = coordinator.execute(&format!("INSERT INTO tessera.pg_dist_transaction (groupid, gid) VALUES {}", records.join(", "))).await {
+            failure = Some(anyhow::anyhow!("writing the commit record: {e}"));
+        }
+    }
+    let command = if failure.is_none() { "COMMIT PREPARED" } else { "ROLLBACK PREPARED" };
+    futures::future::join_all(prepared.into_iter().map(|(mut w, gid)| async move {
+        // A node that cannot answer now is settled by the coordinator's recovery.
+        w.conn.execute(&format!("{command} {}", quote_literal(&gid))).await.ok();
+        w.conn.terminate().await;
+    }))
+    .await;
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(rows),
+    }
+}
+
+/// Rolls every placement's transaction back (a failed load leaves nothing).
+pub async fn roll_back(written: Vec<Written>) {
+    futures::future::join_all(written.into_iter().map(|mut w| async move {
+        w.conn.execute("ROLLBACK").await.ok();
+        w.conn.terminate().await;
+    }))
+    .await;
+}
+
+/// The loader's end of compressed transfers: a listening socket that the
+/// workers' `tessera receive` processes connect back to, each naming the
+/// placement it serves with a one-time token.
+pub struct Receivers {
+    listener: tokio::net::TcpListener,
+    waiting: std::collections::HashMap<String, tokio::sync::oneshot::Sender<tokio::net::TcpStream>>,
+}
+
+impl Receivers {
+    pub async fn listen() -> anyhow::Result<Receivers> {
+        Ok(Receivers { listener: tokio::net::TcpListener::bind("0.0.0.0:0").await?, waiting: Default::default() })
+    }
+
+    /// The route for one placement: its COPY … FROM PROGRAM statement.
+    pub fn route(&mut self, placement: &Placement, copy_options: &str) -> anyhow::Result<Route> {
+        // The address this host has toward the worker is the one the worker
+        // can reach us on.
+        let here = std::net::TcpStream::connect((placement.addr.host.as_str(), placement.addr.port))?.local_addr()?.ip();
+        let token = format!("{:032x}", rand::random::<u128>());
+        let exe = std::env::current_exe()?.display().to_string().replace('\'', "'\\''");
+        let program = format!("'{exe}' receive --connect {here}:{} --token {token}", self.listener.local_addr()?.port());
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.waiting.insert(token, tx);
+        let copy_sql = format!("COPY {} FROM PROGRAM {} WITH ({copy_options})", placement.shard_table, quote_literal(&program));
+        Ok(Route::Compressed { copy_sql, socket: rx })
+    }
+
+    /// Hands each arriving receiver connection to the writer waiting for it.
+    pub async fn accept(mut self) {
+        use tokio::io::AsyncBufReadExt;
+        while !self.waiting.is_empty() {
+            let Ok((socket, _)) = self.listener.accept().await else { return };
+            let mut reader = tokio::io::BufReader::new(socket);
+            let mut token = String::new();
+            if reader.read_line(&mut token).await.is_err() {
+                continue;
+            }
+            if let Some(writer) = self.waiting.remove(token.trim()) {
+                writer.send(reader.into_inner()).ok();
+            }
+        }
+    }
+}
+
+/// `tessera receive`: started by a worker's COPY … FROM PROGRAM; connects back
+/// to the loader and writes the decompressed rows to standard output.
+pub fn receive(connect: &str, token: &str) -> anyhow::Result<()> {
+    let mut stream = std::net::TcpStream::connect(connect)?;
+    writeln!(stream, "{token}")?;
+    let stdout = std::io::stdout();
+    zstd::stream::copy_decode(stream, stdout.lock())?;
+    Ok(())
+}
+

@@ -1,0 +1,148 @@
+//! `tessera load`: files (plain, split between readers, gzip, zstd, globs,
+//! stdin) go straight to the shards; row counts per shard follow the hash; a
+//! bad row fails the whole load unless a reject file takes it.
+
+mod common;
+use common::{text_rows, TestCluster};
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+fn load(cluster: &TestCluster, args: &[&str], stdin: Option<&[u8]>) -> (bool, String, String) {
+    let mut cmd = Command::new(common::tessera_bin());
+    cmd.arg("load").args(args).args(["--port", &cluster.port.to_string()]);
+    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() }).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("tessera load");
+    if let Some(data) = stdin {
+        child.stdin.take().unwrap().write_all(data).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Rows in each shard, read on the workers, by shard index.
+async fn rows_per_shard(cluster: &TestCluster, table: &str) -> Vec<i64> {
+    let c = cluster.connect().await;
+    let shards = text_rows(&c, &format!("SELECT s.shardindex, s.shardid, n.nodeport FROM pg_dist_shard s JOIN pg_dist_placement p USING (shardid) JOIN pg_dist_node n ON n.groupid = p.groupid WHERE s.logicalrelid = '{table}'::regclass ORDER BY 1")).await;
+    let mut counts = Vec::new();
+    for shard in shards {
+        let port: u16 = shard[2].as_deref().unwrap().parse().unwrap();
+        let worker = cluster.workers().into_iter().position(|w| w.port == port).unwrap();
+        let w = cluster.connect_worker(worker).await;
+        let n: i64 = w.query_one(&format!("SELECT count(*) FROM {table}_{}", shard[1].as_deref().unwrap()), &[]).await.unwrap().get(0);
+        counts.push(n);
+    }
+    counts
+}
+
+fn write(path: &Path, data: &[u8]) {
+    std::fs::write(path, data).unwrap();
+}
+
+#[tokio::test]
+async fn csv_and_text_files_land_in_the_shards_the_hash_picks() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute("CREATE TABLE items (id int PRIMARY KEY, name text, note text, price numeric); SELECT create_distributed_table('items', 'id', shard_count => 8)").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // Large enough to be split between readers; quoting, NULLs, multibyte text.
+    let mut csv = String::from("id,name,note,price\n");
+    let rows = 200_000;
+    for i in 1..=rows {
+        let note = match i % 5 {
+            0 => String::new(),
+            1 => "\"with, comma\"".to_string(),
+            2 => "\"multi\nline\"".to_string(),
+            3 => format!("\"say \"\"hi\"\" {i}\""),
+            _ => "été ✓".to_string(),
+        };
+        csv.push_str(&format!("{i},name {i},{note},{}.5\n", i % 1000));
+    }
+    let big = dir.path().join("items.csv");
+    write(&big, csv.as_bytes());
+    let (ok, out, err) = load(&cluster, &["--table", "items", "--header", "--jobs", "4", big.to_str().unwrap()], None);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains(&format!("loaded {rows} rows")), "{out}");
+    let c = cluster.connect().await;
+    assert_eq!(
+        text_rows(&c, "SELECT count(*), count(note), sum(price), count(*) FILTER (WHERE note LIKE '%\n%'), count(*) FILTER (WHERE note = 'say \"hi\" 3') FROM items").await,
+        vec![vec![Some(rows.to_string()), Some((rows - rows / 5).to_string()), Some("100000000.0".into()), Some((rows / 5).to_string()), Some("1".into())]]
+    );
+    let mut expected = vec![0i64; 8];
+    for i in 1..=rows {
+        expected[common::shard_of_int4(i, 8)] += 1;
+    }
+    assert_eq!(rows_per_shard(&cluster, "items").await, expected, "every row is in the shard the hash picks");
+
+    // Compressed on the wire: the workers decompress with `tessera receive`.
+    let sent = |out: &str| -> f64 { out.split(" MB sent").next().unwrap().rsplit(' ').next().unwrap().parse().unwrap() };
+    let plain_sent = sent(&out);
+    c.batch_execute("TRUNCATE items").await.unwrap();
+    let (ok, out, err) = load(&cluster, &["--table", "items", "--header", "--jobs", "4", "--compress", "zstd", big.to_str().unwrap()], None);
+    assert!(ok, "{out}{err}");
+    assert!(sent(&out) * 3.0 < plain_sent, "zstd cuts the bytes on the wire by 3x or more: {out} vs {plain_sent} MB");
+    assert_eq!(rows_per_shard(&cluster, "items").await, expected);
+    assert_eq!(text_rows(&c, "SELECT count(*), sum(price) FROM items").await, vec![vec![Some(rows.to_string()), Some("100000000.0".into())]]);
+
+    // Text format from gzip and zstd files matched by a glob, and from stdin.
+    c.batch_execute("CREATE TABLE events (k bigint, v text); SELECT create_distributed_table('events', 'k', shard_count => 4)").await.unwrap();
+    let text = |from: i64, to: i64| (from..to).map(|k| format!("{k}\tv{k}\\twith tab\n")).collect::<String>();
+    let mut gz = flate2::write::GzEncoder::new(std::fs::File::create(dir.path().join("part1.tsv.gz")).unwrap(), flate2::Compression::fast());
+    gz.write_all(text(0, 1000).as_bytes()).unwrap();
+    gz.finish().unwrap();
+    write(&dir.path().join("part2.tsv.zst"), &zstd::encode_all(text(1000, 2500).as_bytes(), 3).unwrap());
+    let pattern = dir.path().join("part*.tsv.*");
+    let (ok, out, err) = load(&cluster, &["--table", "events", "--format", "text", pattern.to_str().unwrap(), "-"], Some(text(2500, 3000).as_bytes()));
+    assert!(ok, "{out}{err}");
+    assert_eq!(text_rows(&c, "SELECT count(*), sum(k), count(*) FILTER (WHERE v LIKE '%\twith tab') FROM events").await, vec![vec![Some("3000".into()), Some("4498500".into()), Some("3000".into())]]);
+    assert_eq!(cluster.prepared_on_workers().await, 0);
+}
+
+#[tokio::test]
+async fn a_bad_row_fails_the_load_unless_a_reject_file_takes_it() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute("CREATE TABLE m (id int, qty int CHECK (qty >= 0), label text); SELECT create_distributed_table('m', 'id', shard_count => 8)").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut csv = String::new();
+    for i in 1..=50_000 {
+        match i {
+            20_000 => csv.push_str("20000,not a number,x\n"),
+            30_000 => csv.push_str(",5,no key\n"),
+            40_000 => csv.push_str("40000,-1,negative\n"),
+            _ => csv.push_str(&format!("{i},{},l{i}\n", i % 7)),
+        }
+    }
+    let file = dir.path().join("m.csv");
+    write(&file, csv.as_bytes());
+
+    // All or nothing: the first bad row fails it, naming its line; nothing stays.
+    let (ok, out, err) = load(&cluster, &["--table", "m", "--jobs", "2", file.to_str().unwrap()], None);
+    assert!(!ok, "{out}");
+    assert!(err.contains("m.csv:"), "the error names the input and line: {err}");
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM m").await, vec![vec![Some("0".into())]]);
+    assert_eq!(cluster.prepared_on_workers().await, 0);
+
+    // With a reject file: exactly the bad rows go there, the rest loads.
+    let rejects = dir.path().join("rejects.txt");
+    let (ok, out, err) = load(&cluster, &["--table", "m", "--jobs", "2", "--batch-size", "500", "--reject-file", rejects.to_str().unwrap(), file.to_str().unwrap()], None);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("loaded 49997 rows") && out.contains("3 rows rejected"), "{out}");
+    let mut rejected: Vec<String> = std::fs::read_to_string(&rejects).unwrap().lines().map(|l| l.split('\t').next().unwrap().rsplit(':').next().unwrap().to_string()).collect();
+    rejected.sort();
+    assert_eq!(rejected, vec!["20000", "30000", "40000"], "{}", std::fs::read_to_string(&rejects).unwrap());
+    assert_eq!(text_rows(&c, "SELECT count(*), min(qty) FROM m").await, vec![vec![Some("49997".into()), Some("0".into())]]);
+
+    // A stopped worker fails the load cleanly, naming the node; nothing of it stays.
+    c.batch_execute("TRUNCATE m").await.unwrap();
+    let stopped = cluster.workers()[1].port;
+    cluster.kill_worker(1);
+    let good: String = (1..=1000).map(|i| format!("{i},1,x\n")).collect();
+    write(&file, good.as_bytes());
+    let (ok, _, err) = load(&cluster, &["--table", "m", file.to_str().unwrap()], None);
+    assert!(!ok);
+    assert!(err.contains(&stopped.to_string()), "the error names the node: {err}");
+    cluster.start_worker(1);
+    let c = cluster.connect().await;
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM m").await, vec![vec![Some("0".into())]]);
+}
