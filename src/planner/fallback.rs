@@ -88,9 +88,10 @@ pub(super) fn over_stand_ins(node: &NodeEnum, catalog: &Catalog) -> Option<NodeE
     Some(stmt)
 }
 
-/// SELECTs, and writes to local tables, whose distributed tables are only read.
+/// SELECTs, cursors over them, and writes to local tables, whose distributed
+/// tables are only read.
 fn only_reads_distributed_tables(node: &NodeEnum, catalog: &Catalog) -> bool {
-    if !matches!(node, NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_)) {
+    if !matches!(node, NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) | NodeEnum::DeclareCursorStmt(_)) {
         return false;
     }
     let targets_distributed = |rv: Option<&protobuf::RangeVar>| rv.is_some_and(|rv| resolve_range_var(rv, catalog).is_some());

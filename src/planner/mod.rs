@@ -155,6 +155,11 @@ fn plan_statement(version: i32, raw: protobuf::RawStmt, text: &str, catalog: &Ca
     }
     let plan = match node {
         NodeEnum::ExplainStmt(e) => explain::plan(version, e, text, catalog),
+        // A cursor lives in the coordinator database, over the fallback's
+        // stand-ins, so FETCH and CLOSE pass through as they are.
+        NodeEnum::DeclareCursorStmt(_) if !referenced_tables(&raw, catalog).is_empty() => {
+            Some(fallback::plan(version, node, catalog, "a cursor over distributed tables").unwrap_or_else(|| not_supported("this cursor over distributed tables is not supported")))
+        }
         NodeEnum::CopyStmt(c) => copy::plan(version, c, text, catalog),
         NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) => {
             router::plan_dml(version, &raw, catalog)

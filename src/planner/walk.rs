@@ -76,6 +76,7 @@ pub fn visit_mut(node: &mut NodeEnum, f: &mut dyn FnMut(&mut NodeEnum)) {
             each(&mut s.returning_list, f);
             visit_with(&mut s.with_clause, f);
         }
+        DeclareCursorStmt(d) => visit_boxed(&mut d.query, f),
         WithClause(w) => each(&mut w.ctes, f),
         CommonTableExpr(c) => visit_boxed(&mut c.ctequery, f),
         ResTarget(r) => {
@@ -215,7 +216,7 @@ pub enum Reference<'a> {
 /// the complete walk above, utility statements (whose table references sit in
 /// fixed places pg_query's walker knows) with pg_query's.
 pub fn references_mut(stmt: &mut NodeEnum, mut f: impl FnMut(Reference<'_>)) {
-    if matches!(stmt, NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_)) {
+    if matches!(stmt, NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) | NodeEnum::DeclareCursorStmt(_)) {
         visit_mut(stmt, &mut |n| match n {
             NodeEnum::RangeVar(rv) => f(Reference::Table(rv)),
             NodeEnum::ColumnRef(c) => f(Reference::Column(c)),
@@ -277,5 +278,6 @@ mod tests {
         // Each assigned column carries its own copy of the shared subquery.
         assert_eq!(tables("UPDATE t SET (x, y) = (SELECT 1, 2 FROM a) WHERE k IN (SELECT k FROM b)"), ["a", "a", "b", "t"]);
         assert_eq!(tables("SELECT x COLLATE \"C\" FROM a WHERE (SELECT y FROM b) COLLATE \"C\" > ''"), ["a", "b"]);
+        assert_eq!(tables("DECLARE c CURSOR FOR SELECT * FROM a WHERE k IN (SELECT k FROM b)"), ["a", "b"]);
     }
 }
