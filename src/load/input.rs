@@ -1,7 +1,7 @@
 //! The loader's input side: which bytes each reader takes, and how a reader
 //! turns them into per-shard batches of rows.
 
-use super::writer::{Batch, Rejects};
+use super::writer::{Batch, Rejects, Shipment};
 use crate::copy::{field, CopyFormat, Format, KeyField, RowReader};
 use crate::hash::{self, HashType};
 use std::fs::File;
@@ -129,7 +129,7 @@ impl Router {
     /// Reads one unit, sending full batches to the shards' writers. Returns
     /// the rows rejected here (bad key values), which only happens with a
     /// reject file; otherwise the first bad row is an error.
-    pub fn read_unit(&self, unit: &Unit, senders: &[Vec<Sender<Arc<Batch>>>], progress: &super::Progress, rejects: Option<&Rejects>) -> anyhow::Result<u64> {
+    pub fn read_unit(&self, unit: &Unit, senders: &[Vec<(Arc<str>, Sender<Shipment>)>], progress: &super::Progress, rejects: Option<&Rejects>) -> anyhow::Result<u64> {
         let mut input = open(unit)?;
         let mut format = self.format.clone();
         format.header = unit.header;
@@ -188,10 +188,10 @@ impl Router {
 
 /// Hands a batch to every placement of its shard; fails when a writer gave up
 /// (its own error is the one reported).
-fn send(senders: &[Vec<Sender<Arc<Batch>>>], shard: u32, batch: Batch) -> anyhow::Result<()> {
+fn send(senders: &[Vec<(Arc<str>, Sender<Shipment>)>], shard: u32, batch: Batch) -> anyhow::Result<()> {
     let batch = Arc::new(batch);
-    for tx in &senders[shard as usize] {
-        tx.blocking_send(batch.clone()).map_err(|_| anyhow::anyhow!("a shard writer stopped"))?;
+    for (shard_table, tx) in &senders[shard as usize] {
+        tx.blocking_send(Shipment { shard_table: shard_table.clone(), batch: batch.clone() }).map_err(|_| anyhow::anyhow!("a shard writer stopped"))?;
     }
     Ok(())
 }

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 pub use writer::receive;
-use writer::{Batch, Placement, Rejects};
+use writer::{Placement, Rejects, Shipment};
 
 pub struct LoadOptions {
     /// Files, glob patterns, or `-` for standard input; `.gz` and `.zst`
@@ -108,22 +108,37 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<Summary> {
     }
     let mut receivers = if options.compress { Some(writer::Receivers::listen().await?) } else { None };
 
-    // One writer per shard placement, fed through a bounded channel.
-    let mut senders: Vec<Vec<tokio::sync::mpsc::Sender<Arc<Batch>>>> = Vec::new();
+    // One writer per node (compressed: per shard placement, as each needs a
+    // COPY … FROM PROGRAM of its own), fed through bounded channels; every
+    // shard knows the writers of its placements.
+    let mut senders: Vec<Vec<(Arc<str>, tokio::sync::mpsc::Sender<Shipment>)>> = Vec::new();
+    let mut node_writers: std::collections::HashMap<i32, tokio::sync::mpsc::Sender<Shipment>> = Default::default();
     let mut writers = Vec::new();
     for placements in &target.shards {
         let mut shard_senders = Vec::new();
         for placement in placements {
-            let (tx, rx) = tokio::sync::mpsc::channel(8);
-            shard_senders.push(tx);
-            let route = match receivers.as_mut() {
-                None => writer::Route::Copy { copy_sql: format!("COPY {} FROM STDIN WITH ({})", placement.shard_table, copy_options(&format)) },
-                Some(r) => r.route(placement, &copy_options(&format))?,
+            let shard_table: Arc<str> = Arc::from(placement.shard_table.as_str());
+            let existing = if receivers.is_none() { node_writers.get(&placement.group_id).cloned() } else { None };
+            let tx = match existing {
+                Some(tx) => tx,
+                None => {
+                    let (tx, rx) = tokio::sync::mpsc::channel(8);
+                    let route = match receivers.as_mut() {
+                        None => writer::Route::Copy { copy_options: copy_options(&format) },
+                        Some(r) => r.route(placement, &copy_options(&format))?,
+                    };
+                    writers.push(tokio::spawn(writer::write_placement(placement.clone(), login.clone(), route, rx, rejects.clone())));
+                    if receivers.is_none() {
+                        node_writers.insert(placement.group_id, tx.clone());
+                    }
+                    tx
+                }
             };
-            writers.push(tokio::spawn(writer::write_placement(placement.clone(), login.clone(), route, rx, rejects.clone())));
+            shard_senders.push((shard_table, tx));
         }
         senders.push(shard_senders);
     }
+    drop(node_writers);
     if let Some(r) = receivers {
         tokio::spawn(r.accept());
     }

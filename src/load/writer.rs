@@ -84,33 +84,42 @@ pub struct Written {
     pub bytes_sent: u64,
 }
 
+/// A batch on its way to one shard table.
+pub struct Shipment {
+    pub shard_table: Arc<str>,
+    pub batch: Arc<Batch>,
+}
+
 /// How rows travel to the worker.
 pub enum Route {
-    /// COPY … FROM STDIN on the connection.
-    Copy { copy_sql: String },
+    /// `COPY <shard> FROM STDIN WITH (<options>)` on the connection, for the
+    /// batches of every shard on that node.
+    Copy { copy_options: String },
     /// zstd-compressed over a socket of their own to a `tessera receive`
     /// that the worker starts with COPY … FROM PROGRAM and that decompresses
     /// next to it. `socket` yields that connection once it arrives.
     Compressed { copy_sql: String, socket: tokio::sync::oneshot::Receiver<tokio::net::TcpStream> },
 }
 
-/// Takes one placement's batches: each batch is one COPY inside the
-/// placement's transaction. With a reject file, a failing batch is retried
-/// row by row (each under a savepoint) and the failing rows are set aside.
-pub async fn write_placement(placement: Placement, login: Login, route: Route, mut batches: Receiver<Arc<Batch>>, rejects: Option<Rejects>) -> anyhow::Result<Written> {
+/// Takes the batches of one node (or, compressed, of one placement): each
+/// batch is one COPY inside the connection's transaction. With a reject file,
+/// a failing batch is retried row by row (each under a savepoint) and the
+/// failing rows are set aside.
+pub async fn write_placement(placement: Placement, login: Login, route: Route, mut batches: Receiver<Shipment>, rejects: Option<Rejects>) -> anyhow::Result<Written> {
     let node = format!("{}:{}", placement.addr.host, placement.addr.port);
     let fail = |e: PgError| anyhow::anyhow!("{} on {node}: {e}", placement.shard_table);
     let mut conn = PgConnection::connect(&placement.addr, &login).await.map_err(fail)?;
     conn.execute("BEGIN").await.map_err(fail)?;
-    let copy_sql = match route {
-        Route::Copy { copy_sql } => copy_sql,
+    let copy_options = match route {
+        Route::Copy { copy_options } => copy_options,
         Route::Compressed { copy_sql, socket } => {
             let (rows, bytes_sent) = write_compressed(&mut conn, &copy_sql, socket, &mut batches).await.map_err(|e| anyhow::anyhow!("{} on {node}: {e}", placement.shard_table))?;
             return Ok(Written { placement, conn, rows, rejected: 0, bytes_sent });
         }
     };
     let (mut rows, mut rejected, mut bytes_sent) = (0, 0, 0);
-    while let Some(batch) = batches.recv().await {
+    while let Some(Shipment { shard_table, batch }) = batches.recv().await {
+        let copy_sql = format!("COPY {shard_table} FROM STDIN WITH ({copy_options})");
         bytes_sent += batch.data.len() as u64;
         let Some(rejects) = &rejects else {
             rows += conn.copy_in(&copy_sql, [Bytes::copy_from_slice(&batch.data)]).await.map_err(|e| locate(e, &batch, &node))?;
@@ -146,7 +155,7 @@ pub async fn write_placement(placement: Placement, login: Login, route: Route, m
 
 /// Runs the worker's COPY … FROM PROGRAM while feeding its receiver the
 /// batches as zstd frames; returns the rows copied and the bytes sent.
-async fn write_compressed(conn: &mut PgConnection, copy_sql: &str, socket: tokio::sync::oneshot::Receiver<tokio::net::TcpStream>, batches: &mut Receiver<Arc<Batch>>) -> anyhow::Result<(u64, u64)> {
+async fn write_compressed(conn: &mut PgConnection, copy_sql: &str, socket: tokio::sync::oneshot::Receiver<tokio::net::TcpStream>, batches: &mut Receiver<Shipment>) -> anyhow::Result<(u64, u64)> {
     use tokio::io::AsyncWriteExt;
     let feed = async {
         let mut socket = tokio::time::timeout(std::time::Duration::from_secs(30), socket)
@@ -154,7 +163,7 @@ async fn write_compressed(conn: &mut PgConnection, copy_sql: &str, socket: tokio
             .map_err(|_| anyhow::anyhow!("the worker's tessera receive did not connect back within 30 s"))?
             .map_err(|_| anyhow::anyhow!("the load stopped before the worker's receiver connected"))?;
         let mut sent = 0u64;
-        while let Some(batch) = batches.recv().await {
+        while let Some(Shipment { batch, .. }) = batches.recv().await {
             let frame = zstd::bulk::compress(&batch.data, 3)?;
             sent += frame.len() as u64;
             socket.write_all(&frame).await?;
