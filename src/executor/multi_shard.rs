@@ -8,7 +8,7 @@ use crate::connection::{quote_ident, quote_literal};
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable, Node};
 use crate::planner::rewrite::ShardTemplate;
-use crate::planner::{AggregateKind, Combine, CombineQuery, MultiShardPlan};
+use crate::planner::{aggregate_placeholder, partial_column, sort_column, AggregateKind, Combine, CombineQuery, MultiShardPlan, PARTIALS_RELATION, VISIBLE_COLUMNS};
 use crate::server::Coordinator;
 use crate::protocol::backend;
 use crate::protocol::frontend::{self, Target};
@@ -303,15 +303,15 @@ pub(super) fn values_list(types: &[String], rows: &[TextRow]) -> String {
 /// aggregate cannot be combined exactly from these partial types.
 fn combine_sql(query: &CombineQuery, fields: &[backend::FieldDescription], types: &[String], rows: &[TextRow]) -> Option<String> {
     let visible = fields.len().saturating_sub(query.hidden);
-    let columns: Vec<String> = (0..fields.len()).map(|i| if i < visible { format!("tessera_p_{i:03}") } else { format!("tessera_s_{:03}", i - visible) }).collect();
+    let columns: Vec<String> = (0..fields.len()).map(|i| if i < visible { partial_column(i) } else { sort_column(i - visible) }).collect();
     let source = rows_as_relation(types, rows);
-    let mut sql = query.sql.replacen("FROM tessera_partials", &format!("FROM {source} AS tessera_partials({})", columns.join(", ")), 1);
-    if sql.contains("tessera_visible_columns") {
-        let list: Vec<String> = fields[..visible].iter().enumerate().map(|(i, f)| format!("tessera_p_{i:03} AS {}", quote_ident(&f.name))).collect();
-        sql = sql.replacen("tessera_visible_columns", &list.join(", "), 1);
+    let mut sql = query.sql.replacen(&format!("FROM {PARTIALS_RELATION}"), &format!("FROM {source} AS {PARTIALS_RELATION}({})", columns.join(", ")), 1);
+    if sql.contains(VISIBLE_COLUMNS) {
+        let list: Vec<String> = fields[..visible].iter().enumerate().map(|(i, f)| format!("{} AS {}", partial_column(i), quote_ident(&f.name))).collect();
+        sql = sql.replacen(VISIBLE_COLUMNS, &list.join(", "), 1);
     }
     for (j, aggregate) in query.aggregates.iter().enumerate().rev() {
-        let col = |k: usize| format!("tessera_p_{:03}", aggregate.columns[k]);
+        let col = |k: usize| partial_column(aggregate.columns[k]);
         let expr = match aggregate.kind {
             AggregateKind::Count => format!("sum({})::int8", col(0)),
             AggregateKind::Sum => format!("sum({})::{}", col(0), types[aggregate.columns[0]]),
@@ -326,7 +326,7 @@ fn combine_sql(query: &CombineQuery, fields: &[backend::FieldDescription], types
                 _ => format!("sum({})::numeric / nullif(sum({}), 0)", col(0), col(1)),
             },
         };
-        sql = sql.replace(&format!("tessera_agg_{j:03}"), &format!("({expr})"));
+        sql = sql.replace(&aggregate_placeholder(j), &format!("({expr})"));
     }
     Some(sql)
 }

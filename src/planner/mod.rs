@@ -18,7 +18,7 @@ pub use explain::ExplainPlan;
 pub use fallback::FallbackPlan;
 pub use functions::{ClusterCall, ClusterFunction};
 pub use insert_select::InsertSelectPlan;
-pub use multi_shard::{AggregateKind, Combine, CombineQuery, MultiShardPlan, SplitAggregate};
+pub use multi_shard::{aggregate_placeholder, partial_column, sort_column, AggregateKind, Combine, CombineQuery, MultiShardPlan, SplitAggregate, PARTIALS_RELATION, VISIBLE_COLUMNS};
 pub use copy::{CopyPlan, KeyPosition};
 pub use router::{Command, InsertKey, KeyRouting, KeyValue, RouterPlan, ShardTarget};
 

@@ -191,11 +191,23 @@ fn res_target(name: &str, val: Node) -> Node {
     Node { node: Some(NodeEnum::ResTarget(Box::new(protobuf::ResTarget { name: name.to_string(), indirection: vec![], val: Some(Box::new(val)), location: -1 }))) }
 }
 
-fn partial_column(i: usize) -> String {
+/// The relation the combining statement reads the shards' rows from.
+pub const PARTIALS_RELATION: &str = "tessera_partials";
+/// Stands for every non-hidden worker column under the worker's column name.
+pub const VISIBLE_COLUMNS: &str = "tessera_visible_columns";
+
+/// Column `i` of the shards' rows, as the combining statement names it.
+pub fn partial_column(i: usize) -> String {
     format!("tessera_p_{i:03}")
 }
 
-fn aggregate_placeholder(j: usize) -> String {
+/// Hidden sort key `i`, after the worker's own columns.
+pub fn sort_column(i: usize) -> String {
+    format!("tessera_s_{i:03}")
+}
+
+/// Where the combined value of aggregate `j` goes in the combining statement.
+pub fn aggregate_placeholder(j: usize) -> String {
     format!("tessera_agg_{j:03}")
 }
 
@@ -250,7 +262,7 @@ fn is_star(t: &Node) -> bool {
 
 /// Builds the combining statement: `targets` over `tessera_partials`.
 fn combine_statement(select: &SelectStmt, target_list: Vec<Node>, group_clause: Vec<Node>, having: Option<Box<Node>>, sort_clause: Vec<Node>) -> Result<String, Refusal> {
-    let from = Node { node: Some(NodeEnum::RangeVar(protobuf::RangeVar { relname: "tessera_partials".into(), inh: true, relpersistence: "p".into(), location: -1, ..Default::default() })) };
+    let from = Node { node: Some(NodeEnum::RangeVar(protobuf::RangeVar { relname: PARTIALS_RELATION.into(), inh: true, relpersistence: "p".into(), location: -1, ..Default::default() })) };
     let combine = SelectStmt {
         distinct_clause: select.distinct_clause.clone(),
         target_list,
@@ -291,7 +303,7 @@ fn split_rows(select: &SelectStmt) -> Result<(NodeEnum, String, Vec<SplitAggrega
             Some(i) => Node { node: Some(NodeEnum::AConst(protobuf::AConst { isnull: false, location: -1, val: Some(a_const::Val::Ival(protobuf::Integer { ival: i as i32 + 1 })) })) },
             None if !select.distinct_clause.is_empty() => return Err("DISTINCT with ORDER BY on other expressions".into()),
             None => {
-                let name = format!("tessera_s_{hidden:03}");
+                let name = sort_column(hidden);
                 worker.target_list.push(res_target(&name, key.clone()));
                 hidden += 1;
                 column_ref(&name)
@@ -310,7 +322,7 @@ fn split_rows(select: &SelectStmt) -> Result<(NodeEnum, String, Vec<SplitAggrega
     if worker.limit_count.is_none() {
         worker.sort_clause.clear();
     }
-    let targets = vec![res_target("", column_ref("tessera_visible_columns"))];
+    let targets = vec![res_target("", column_ref(VISIBLE_COLUMNS))];
     let sql = combine_statement(select, targets, vec![], None, combine_sorts)?;
     Ok((NodeEnum::SelectStmt(Box::new(worker)), sql, vec![], hidden))
 }
