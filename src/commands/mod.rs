@@ -162,7 +162,7 @@ async fn evaluate_arguments(call: &ClusterCall, ctx: &mut CommandContext<'_>, bo
     loop {
         let msg = local.recv().await?;
         match msg.tag() {
-            b'D' => row = backend::decode_data_row(&msg)?.into_iter().map(|v| v.map(|b| String::from_utf8_lossy(&b).into_owned())).collect(),
+            b'D' => row = backend::decode_text_row(&msg)?,
             b'E' => error = Some(local.server_error(&msg)),
             b'Z' => break,
             _ => {}

@@ -53,8 +53,10 @@ pub struct PgConnection {
     changed_params: Option<Vec<(String, String)>>,
 }
 
-/// Rows of a simple query in text form.
-pub type TextRows = Vec<Vec<Option<String>>>;
+/// A row in text form (None for NULL).
+pub type TextRow = Vec<Option<String>>;
+/// Rows of a query in text form.
+pub type TextRows = Vec<TextRow>;
 
 impl PgConnection {
     pub async fn connect(addr: &ServerAddr, login: &Login) -> PgResult<Self> {
@@ -332,7 +334,7 @@ impl PgConnection {
         self.finish_exchange(|out, msg| {
             match msg.tag() {
                 b'T' => rows.clear(),
-                b'D' => rows.push(backend::decode_data_row(msg)?.into_iter().map(|v| v.map(|b| String::from_utf8_lossy(&b).into_owned())).collect()),
+                b'D' => rows.push(backend::decode_text_row(msg)?),
                 b'G' => frontend::copy_fail(out, "COPY FROM STDIN is not allowed here"),
                 _ => {}
             }
@@ -340,6 +342,24 @@ impl PgConnection {
         })
         .await?;
         Ok(rows)
+    }
+
+    /// Reads the responses to an extended-protocol exchange the caller queued
+    /// (Parse, Bind, Describe of the portal, Execute, Sync): the result's
+    /// columns and its rows in text form, or the first error.
+    pub async fn read_result(&mut self) -> PgResult<(Vec<backend::FieldDescription>, TextRows)> {
+        let mut fields = Vec::new();
+        let mut rows = Vec::new();
+        self.finish_exchange(|_, msg| {
+            match msg.tag() {
+                b'T' => fields = backend::decode_row_description(msg)?,
+                b'D' => rows.push(backend::decode_text_row(msg)?),
+                _ => {}
+            }
+            Ok(())
+        })
+        .await?;
+        Ok((fields, rows))
     }
 
     /// Runs statements whose rows are not needed; returns the last command tag.

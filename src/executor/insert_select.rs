@@ -5,7 +5,7 @@
 
 use super::multi_shard::{type_names, values_list};
 use super::{run_router_for_tag, Mode};
-use crate::connection::quote_ident;
+use crate::connection::{quote_ident, TextRow, TextRows};
 use crate::error::{PgError, PgResult};
 use crate::metadata::Catalog;
 use crate::planner::{plan_query, InsertSelectPlan, Plan};
@@ -45,7 +45,7 @@ pub async fn run(plan: &InsertSelectPlan, coordinator: &Coordinator, catalog: &C
     Ok(())
 }
 
-async fn insert_batches(plan: &InsertSelectPlan, columns: &[String], types: &[String], rows: &[Vec<Option<String>>], catalog: &Catalog, parts: &mut Participants, client: &mut ClientConn) -> PgResult<u64> {
+async fn insert_batches(plan: &InsertSelectPlan, columns: &[String], types: &[String], rows: &[TextRow], catalog: &Catalog, parts: &mut Participants, client: &mut ClientConn) -> PgResult<u64> {
     let mut inserted = 0;
     for batch in rows.chunks(BATCH_ROWS) {
         // Literals of the columns' own types: the router hashes keys exactly.
@@ -64,7 +64,7 @@ async fn insert_batches(plan: &InsertSelectPlan, columns: &[String], types: &[St
 
 /// The rows the INSERT would store, from the coordinator database, which
 /// runs it against the shell table and rolls it back.
-async fn rows_to_insert(plan: &InsertSelectPlan, parts: &mut Participants, mode: &Mode<'_>) -> PgResult<(Vec<FieldDescription>, Vec<Vec<Option<String>>>)> {
+async fn rows_to_insert(plan: &InsertSelectPlan, parts: &mut Participants, mode: &Mode<'_>) -> PgResult<(Vec<FieldDescription>, TextRows)> {
     const SAVEPOINT: &str = "tessera_insert_select";
     let in_block = parts.local_in_block();
     let local = parts.local().await?;
@@ -83,21 +83,8 @@ async fn rows_to_insert(plan: &InsertSelectPlan, parts: &mut Participants, mode:
     frontend::describe(out, frontend::Target::Portal, "");
     frontend::execute(out, "", 0);
     frontend::sync(out);
-    let (mut fields, mut rows, mut error) = (Vec::new(), Vec::new(), None);
-    loop {
-        let msg = local.recv().await?;
-        match msg.tag() {
-            b'T' => fields = backend::decode_row_description(&msg)?,
-            b'D' => rows.push(backend::decode_data_row(&msg)?.into_iter().map(|v| v.map(|b| String::from_utf8_lossy(&b).into_owned())).collect()),
-            b'E' => error = Some(local.server_error(&msg)),
-            b'Z' => break,
-            _ => {}
-        }
-    }
+    let result = local.read_result().await;
     local.execute(&if in_block { format!("ROLLBACK TO SAVEPOINT {SAVEPOINT}; RELEASE SAVEPOINT {SAVEPOINT}") } else { "ROLLBACK".to_string() }).await?;
     parts.observe_local_status();
-    match error {
-        Some(e) => Err(e),
-        None => Ok((fields, rows)),
-    }
+    result
 }

@@ -4,7 +4,7 @@
 //! arithmetic are exactly PostgreSQL's.
 
 use super::Mode;
-use crate::connection::{quote_ident, quote_literal};
+use crate::connection::{quote_ident, quote_literal, TextRow, TextRows};
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable, Node};
 use crate::planner::rewrite::ShardTemplate;
@@ -22,7 +22,7 @@ enum Sink<'a> {
     /// Forwarded to the client; `describe` says whether a RowDescription is still owed.
     Client { client: &'a mut ClientConn, describe: bool },
     /// Collected as text rows with their column types and names.
-    Partials { rows: Vec<Vec<Option<String>>>, fields: Vec<backend::FieldDescription> },
+    Partials { rows: TextRows, fields: Vec<backend::FieldDescription> },
 }
 
 /// Each node with the SQL of the shard tasks it runs.
@@ -44,14 +44,12 @@ pub(super) fn tasks_by_node(template: &ShardTemplate, anchor: &DistributedTable,
 }
 
 /// Runs the tasks and collects their rows as text, with the columns.
-pub(super) async fn collect_rows(parts: &mut Participants, by_node: &TasksByNode, mode: &Mode<'_>) -> PgResult<(Vec<backend::FieldDescription>, Vec<TextRow>)> {
+pub(super) async fn collect_rows(parts: &mut Participants, by_node: &TasksByNode, mode: &Mode<'_>) -> PgResult<(Vec<backend::FieldDescription>, TextRows)> {
     let mut sink = Sink::Partials { rows: Vec::new(), fields: Vec::new() };
     run_on_nodes(parts, by_node, Access::Read, mode, &mut sink).await?;
     let Sink::Partials { rows, fields } = sink else { unreachable!() };
     Ok((fields, rows))
 }
-
-type TextRow = Vec<Option<String>>;
 
 pub async fn run(plan: &MultiShardPlan, coordinator: &Coordinator, parts: &mut Participants, catalog: &Catalog, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<()> {
     let by_node = tasks_by_node(&plan.template, &plan.anchor, catalog)?;
@@ -116,9 +114,7 @@ impl Sink<'_> {
             }
             (b'N', Sink::Client { client, .. }) => client.out().extend_from_slice(msg.frame()),
             (b'T', Sink::Partials { fields, .. }) => *fields = backend::decode_row_description(msg)?,
-            (b'D', Sink::Partials { rows, .. }) => {
-                rows.push(backend::decode_data_row(msg)?.into_iter().map(|v| v.map(|b| String::from_utf8_lossy(&b).into_owned())).collect())
-            }
+            (b'D', Sink::Partials { rows, .. }) => rows.push(backend::decode_text_row(msg)?),
             _ => {}
         }
         Ok(())

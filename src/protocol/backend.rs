@@ -221,6 +221,11 @@ pub fn decode_data_row(msg: &Message) -> Result<Vec<Option<Bytes>>, ProtocolErro
     Ok(values)
 }
 
+/// Decodes a DataRow of text-format values.
+pub fn decode_text_row(msg: &Message) -> Result<Vec<Option<String>>, ProtocolError> {
+    Ok(decode_data_row(msg)?.into_iter().map(|v| v.map(|b| String::from_utf8_lossy(&b).into_owned())).collect())
+}
+
 pub fn decode_command_complete(msg: &Message) -> Result<&str, ProtocolError> {
     Reader::new(msg.body(), "CommandComplete").cstr()
 }
