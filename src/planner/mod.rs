@@ -270,6 +270,15 @@ pub(crate) fn referenced_tables(raw: &protobuf::RawStmt, catalog: &Catalog) -> V
     out
 }
 
+/// A column reference node for `a.b.c`.
+pub(crate) fn column_ref(names: &[&str]) -> protobuf::Node {
+    protobuf::Node { node: Some(NodeEnum::ColumnRef(protobuf::ColumnRef { fields: names.iter().map(|n| string_node(n)).collect(), location: -1 })) }
+}
+
+pub(crate) fn string_node(s: &str) -> protobuf::Node {
+    protobuf::Node { node: Some(NodeEnum::String(protobuf::String { sval: s.to_string() })) }
+}
+
 /// The names of a column reference (`t.c` → ["t", "c"]); None for `t.*`.
 pub(crate) fn column_ref_names(c: &protobuf::ColumnRef) -> Option<Vec<&str>> {
     c.fields

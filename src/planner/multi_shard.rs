@@ -11,7 +11,7 @@
 use super::fallback::{self, FallbackPlan};
 use super::rewrite::ShardTemplate;
 use super::walk::visit_mut;
-use super::{Command, Plan};
+use super::{string_node, Command, Plan};
 use crate::metadata::{Catalog, DistributedTable};
 use pg_query::protobuf::{self, a_const, Node, SelectStmt};
 use pg_query::NodeEnum;
@@ -180,11 +180,7 @@ fn function_name(call: &protobuf::FuncCall) -> Option<&str> {
 }
 
 fn column_ref(name: &str) -> Node {
-    Node { node: Some(NodeEnum::ColumnRef(protobuf::ColumnRef { fields: vec![string_node(name)], location: -1 })) }
-}
-
-fn string_node(s: &str) -> Node {
-    Node { node: Some(NodeEnum::String(protobuf::String { sval: s.to_string() })) }
+    super::column_ref(&[name])
 }
 
 fn res_target(name: &str, val: Node) -> Node {

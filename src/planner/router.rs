@@ -453,13 +453,8 @@ fn using_equalities(j: &protobuf::JoinExpr, scope: &[ScopeEntry], sides: &[std::
             }
         };
         if let (Some(left), Some(right)) = (owner(&sides[0]), owner(&sides[1])) {
-            let column_ref = |table: String| protobuf::Node {
-                node: Some(NodeEnum::ColumnRef(protobuf::ColumnRef {
-                    fields: [table, column.to_string()].into_iter().map(|sval| protobuf::Node { node: Some(NodeEnum::String(protobuf::String { sval })) }).collect(),
-                    location: -1,
-                })),
-            };
-            conjuncts.push(Conjunct { left: Cow::Owned(column_ref(left)), right: Cow::Owned(column_ref(right)), may_pin_constant: false });
+            let column_ref = |table: &str| super::column_ref(&[table, column]);
+            conjuncts.push(Conjunct { left: Cow::Owned(column_ref(&left)), right: Cow::Owned(column_ref(&right)), may_pin_constant: false });
         }
     }
 }
