@@ -101,44 +101,40 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<Summary> {
     }
     let units = input::units(&options.inputs, &format, options.header, options.jobs)?;
     let total_bytes: Option<u64> = units.iter().map(|u| u.len).sum();
-    let rejects = options.reject_file.as_ref().map(|path| Rejects::create(path)).transpose()?;
-
-    if options.compress && rejects.is_some() {
+    if options.compress && options.reject_file.is_some() {
         anyhow::bail!("--compress cannot be combined with --reject-file yet");
     }
+    let rejects = options.reject_file.as_ref().map(|path| Rejects::create(path)).transpose()?;
     let mut receivers = if options.compress { Some(writer::Receivers::listen().await?) } else { None };
 
     // One writer per node (compressed: per shard placement, as each needs a
     // COPY … FROM PROGRAM of its own), fed through bounded channels; every
     // shard knows the writers of its placements.
     let mut senders: Vec<Vec<(Arc<str>, tokio::sync::mpsc::Sender<Shipment>)>> = Vec::new();
-    let mut node_writers: std::collections::HashMap<i32, tokio::sync::mpsc::Sender<Shipment>> = Default::default();
+    // Writers by node group, and (compressed) by shard table too.
+    let mut writer_for: std::collections::HashMap<(i32, Option<String>), tokio::sync::mpsc::Sender<Shipment>> = Default::default();
     let mut writers = Vec::new();
     for placements in &target.shards {
         let mut shard_senders = Vec::new();
         for placement in placements {
-            let shard_table: Arc<str> = Arc::from(placement.shard_table.as_str());
-            let existing = if receivers.is_none() { node_writers.get(&placement.group_id).cloned() } else { None };
-            let tx = match existing {
-                Some(tx) => tx,
-                None => {
+            let key = (placement.group_id, receivers.is_some().then(|| placement.shard_table.clone()));
+            let tx = match writer_for.entry(key) {
+                std::collections::hash_map::Entry::Occupied(e) => e.get().clone(),
+                std::collections::hash_map::Entry::Vacant(e) => {
                     let (tx, rx) = tokio::sync::mpsc::channel(8);
                     let route = match receivers.as_mut() {
                         None => writer::Route::Copy { copy_options: copy_options(&format) },
                         Some(r) => r.route(placement, &copy_options(&format))?,
                     };
                     writers.push(tokio::spawn(writer::write_placement(placement.clone(), login.clone(), route, rx, rejects.clone())));
-                    if receivers.is_none() {
-                        node_writers.insert(placement.group_id, tx.clone());
-                    }
-                    tx
+                    e.insert(tx).clone()
                 }
             };
-            shard_senders.push((shard_table, tx));
+            shard_senders.push((Arc::from(placement.shard_table.as_str()), tx));
         }
         senders.push(shard_senders);
     }
-    drop(node_writers);
+    drop(writer_for);
     if let Some(r) = receivers {
         tokio::spawn(r.accept());
     }
