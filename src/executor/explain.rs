@@ -2,6 +2,7 @@
 //! one task's plan as the node that runs it explains it.
 
 use super::{evaluate_key_defaults, node_of_group, plan_tasks, Mode};
+use crate::connection::TextRows;
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, Node};
 use crate::planner::{ExplainPlan, Plan};
@@ -25,17 +26,13 @@ pub async fn run(plan: &ExplainPlan, coordinator: &Coordinator, catalog: &Catalo
                 lines.push("  Small tables: read once and shipped to every task as VALUES".to_string());
                 let mut inner = Vec::new();
                 explain_pushdown(plan, &pushdown, catalog, parts, mode, &mut inner).await?;
-                for (i, line) in inner.into_iter().enumerate() {
-                    lines.push(format!("  {}{line}", if i == 0 { "->  " } else { "    " }));
-                }
+                push_plan(inner, "  ", &mut lines);
             }
             None => {
                 coordinator.prepare_fallback(catalog.version, &parts.login().user.clone()).await?;
                 lines.push("Custom Scan (Tessera General Fallback)".to_string());
                 lines.push(format!("  Reason: {}", fallback.reason));
-                let rows = parts.local().await?.query(&plan.explain_sql(&fallback.sql)?).await;
-                parts.observe_local_status();
-                push_plan(rows?, "        ", &mut lines);
+                explain_in_coordinator_db(plan, &fallback.sql, parts, &mut lines).await?;
             }
         },
         Plan::InsertSelect(insert) => {
@@ -44,9 +41,7 @@ pub async fn run(plan: &ExplainPlan, coordinator: &Coordinator, catalog: &Catalo
             }
             lines.push("Custom Scan (Tessera INSERT … SELECT through the Coordinator)".to_string());
             lines.push(format!("  Target: {}, rows routed to their shards in batches", insert.target.qualified_name()));
-            let rows = parts.local().await?.query(&plan.explain_sql(&insert.coordinator_sql)?).await;
-            parts.observe_local_status();
-            push_plan(rows?, "        ", &mut lines);
+            explain_in_coordinator_db(plan, &insert.coordinator_sql, parts, &mut lines).await?;
         }
         inner => explain_pushdown(plan, inner, catalog, parts, mode, &mut lines).await?,
     }
@@ -94,13 +89,26 @@ async fn explain_task(plan: &ExplainPlan, node: &Node, access: Access, sql: &str
     lines.push(format!("        Node: host={} port={} dbname={}", node.addr.host, node.addr.port, parts.login().database));
     let explain = plan.explain_sql(sql)?;
     let worker = parts.worker(node, access).await?;
-    push_plan(worker.conn.query(&explain).await?, "        ", lines);
+    push_plan(text_lines(worker.conn.query(&explain).await?), "        ", lines);
     Ok(())
 }
 
+/// The coordinator database's plan of `sql`, under an arrow.
+async fn explain_in_coordinator_db(plan: &ExplainPlan, sql: &str, parts: &mut Participants, lines: &mut Vec<String>) -> PgResult<()> {
+    let rows = parts.local().await?.query(&plan.explain_sql(sql)?).await;
+    parts.observe_local_status();
+    push_plan(text_lines(rows?), "        ", lines);
+    Ok(())
+}
+
+/// The first column of EXPLAIN's rows.
+fn text_lines(rows: TextRows) -> Vec<String> {
+    rows.into_iter().filter_map(|r| r.into_iter().next().flatten()).collect()
+}
+
 /// Appends a plan under an arrow, indented to sit below its parent line.
-fn push_plan(rows: Vec<Vec<Option<String>>>, indent: &str, lines: &mut Vec<String>) {
-    for (i, line) in rows.into_iter().filter_map(|r| r.into_iter().next().flatten()).enumerate() {
+fn push_plan(plan_lines: Vec<String>, indent: &str, lines: &mut Vec<String>) {
+    for (i, line) in plan_lines.into_iter().enumerate() {
         let arrow = if i == 0 { "->  " } else { "    " };
         lines.push(format!("{indent}{arrow}{line}"));
     }
