@@ -2,16 +2,15 @@
 //! takes: a shape that can be pushed down must not silently fall back.
 
 mod common;
-use common::TestCluster;
+use common::{text_rows, TestCluster};
+
+/// The lines of `EXPLAIN (options) sql`.
+async fn explain_with(c: &tokio_postgres::Client, options: &str, sql: &str) -> Vec<String> {
+    text_rows(c, &format!("EXPLAIN ({options}) {sql}")).await.into_iter().filter_map(|row| row.into_iter().next().flatten()).collect()
+}
 
 async fn explain(c: &tokio_postgres::Client, sql: &str) -> Vec<String> {
-    let rows = c.simple_query(&format!("EXPLAIN (COSTS OFF) {sql}")).await.unwrap_or_else(|e| panic!("EXPLAIN {sql}: {}", common::error_text(&e)));
-    rows.iter()
-        .filter_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
-            _ => None,
-        })
-        .collect()
+    explain_with(c, "COSTS OFF", sql).await
 }
 
 #[tokio::test]
@@ -87,10 +86,6 @@ async fn each_shape_takes_its_tier() {
     c.batch_execute("INSERT INTO ea VALUES (1, 1, 1), (2, 2, 2)").await.unwrap();
     let text = explain(&c, "SELECT * FROM ea WHERE k = 2").await.join("\n");
     assert!(text.contains("Index Scan") || text.contains("Seq Scan"), "{text}");
-    let rows = c.simple_query("EXPLAIN ANALYZE SELECT * FROM ea WHERE k = 2").await.unwrap();
-    let analyzed: Vec<String> = rows.iter().filter_map(|m| match m {
-        tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
-        _ => None,
-    }).collect();
+    let analyzed = explain_with(&c, "ANALYZE", "SELECT * FROM ea WHERE k = 2").await;
     assert!(analyzed.iter().any(|l| l.contains("actual time")), "{analyzed:?}");
 }
