@@ -41,7 +41,7 @@ pub async fn run(plan: &FallbackPlan, coordinator: &Coordinator, catalog: &Catal
     let role = parts.login().user.clone();
     coordinator.prepare_fallback(catalog.version, &role).await?;
     tracing::debug!("fallback: {}", plan.reason);
-    run_on_coordinator_db(parts, &plan.sql, mode, true, client).await
+    run_on_coordinator_db(parts, &plan.sql, mode, client).await
 }
 
 /// A pushdown plan for the statement with some of its distributed tables

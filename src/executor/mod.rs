@@ -330,20 +330,14 @@ async fn run_task(w: &mut WorkerConnection, sql: &Arc<str>, mode: &Mode<'_>, cli
 }
 
 /// Runs a statement on the coordinator database in the client's protocol and
-/// result formats, forwarding its rows. `with_params`: the statement takes the
-/// client's Bind values (otherwise they were meant for the workers' part).
-pub(crate) async fn run_on_coordinator_db(parts: &mut Participants, sql: &str, mode: &Mode<'_>, with_params: bool, client: &mut ClientConn) -> PgResult<()> {
+/// result formats, with the client's Bind values, forwarding its rows.
+pub(crate) async fn run_on_coordinator_db(parts: &mut Participants, sql: &str, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<()> {
     let local = parts.local().await?;
     match mode {
         Mode::Simple => frontend::query(local.out(), sql),
         Mode::Extended { bind, param_types, .. } => {
-            if with_params {
-                frontend::parse(local.out(), "", sql, param_types);
-                frontend::bind(local.out(), "", "", &bind.param_formats, &bind.params, &bind.result_formats);
-            } else {
-                frontend::parse(local.out(), "", sql, &[]);
-                frontend::bind(local.out(), "", "", &[], &[], &bind.result_formats);
-            }
+            frontend::parse(local.out(), "", sql, param_types);
+            frontend::bind(local.out(), "", "", &bind.param_formats, &bind.params, &bind.result_formats);
             frontend::execute(local.out(), "", 0);
             frontend::sync(local.out());
         }

@@ -89,7 +89,7 @@ pub async fn run(plan: &MultiShardPlan, coordinator: &Coordinator, parts: &mut P
             let (fields, rows) = collect_rows(parts, &by_node, mode).await?;
             let types = type_names(parts, &fields).await?;
             match combine_sql(query, &fields, &types, &rows) {
-                Some(sql) => super::run_on_coordinator_db(parts, &sql, mode, true, client).await,
+                Some(sql) => super::run_on_coordinator_db(parts, &sql, mode, client).await,
                 None => match &query.fallback {
                     Some(fallback) => Box::pin(super::fallback::run(fallback, coordinator, catalog, parts, mode, client)).await,
                     None => Err(PgError::not_supported("these aggregates cannot be combined exactly across shards")),
