@@ -151,8 +151,24 @@ impl Instance {
     }
 }
 
-/// A TCP port on the loopback interface that nobody listens on right now.
+/// A TCP port on the loopback interface that nobody listens on right now,
+/// below the kernel's ephemeral range: a server port from that range can be
+/// handed to some outgoing connection while its server restarts, and the
+/// server then cannot listen on it again.
 pub fn free_port() -> Result<u16> {
+    let first_ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    const LOWEST: u16 = 10000;
+    if first_ephemeral > LOWEST + 1000 {
+        for _ in 0..200 {
+            let port = rand::Rng::gen_range(&mut rand::thread_rng(), LOWEST..first_ephemeral);
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?.port())
 }

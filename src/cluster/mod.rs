@@ -138,13 +138,29 @@ pub fn start_coordinator(cluster: &LocalCluster, exe: &Path) -> Result<()> {
 
 fn wait_for_port(port: u16, patience: Duration) -> Result<()> {
     let start = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+    while !coordinator_answers(port) {
         if start.elapsed() > patience {
             bail!("the coordinator did not start listening on port {port}");
         }
         std::thread::sleep(Duration::from_millis(100));
     }
     Ok(())
+}
+
+/// Whether the coordinator answers on the loopback port: it must reply to an
+/// SSLRequest. A bare connect is not proof: while nothing listens, a connect
+/// to a port in the ephemeral range can pick that very port as its own and
+/// connect to itself.
+pub fn coordinator_answers(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return false };
+    if stream.local_addr().ok() == stream.peer_addr().ok() {
+        return false;
+    }
+    let mut request = bytes::BytesMut::new();
+    crate::protocol::frontend::ssl_request(&mut request);
+    let mut answer = [0u8; 1];
+    stream.set_read_timeout(Some(Duration::from_secs(5))).is_ok() && stream.write_all(&request).is_ok() && stream.read_exact(&mut answer).is_ok() && answer[0] == b'N'
 }
 
 /// Stops the coordinator process and every node.

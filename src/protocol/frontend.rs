@@ -170,6 +170,11 @@ pub fn startup(buf: &mut BytesMut, params: &[(&str, &str)]) {
     finish_message(buf, at);
 }
 
+pub fn ssl_request(buf: &mut BytesMut) {
+    buf.put_u32(8);
+    buf.put_i32(SSL_REQUEST_CODE);
+}
+
 pub fn cancel_request(buf: &mut BytesMut, process_id: i32, secret_key: i32) {
     buf.put_u32(16);
     buf.put_i32(CANCEL_REQUEST_CODE);

@@ -89,7 +89,7 @@ impl TestCluster {
         }
         self.start_coordinator(edit);
         let start = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+        while !cluster::coordinator_answers(self.port) {
             assert!(start.elapsed() < Duration::from_secs(60), "the coordinator did not come back; its log ends:\n{}", self.coordinator_log_tail());
             std::thread::sleep(Duration::from_millis(100));
         }
