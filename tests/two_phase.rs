@@ -129,6 +129,7 @@ async fn a_deadlock_across_workers_is_broken() {
     let failures: Vec<&tokio_postgres::Error> = [&r1, &r2].into_iter().filter_map(|r| r.as_ref().err()).collect();
     assert_eq!(failures.len(), 1, "exactly one session loses: {r1:?} {r2:?}");
     assert_eq!(common::sqlstate(failures[0]), "40P01");
+    assert!(r1.is_ok(), "the second session's transaction began later, so it is the one cancelled: {r2:?}");
     assert!(common::error_text(failures[0]).contains("tessera:"), "the message names the cycle: {}", common::error_text(failures[0]));
     // The survivor commits; the victim rolls back.
     let (winner, loser, delta) = if r1.is_ok() { (s1, s2, 1) } else { (s2, s1, 10) };

@@ -224,8 +224,8 @@ pub async fn commit(written: Vec<Written>, coordinator: &mut PgConnection) -> an
         failure = Some(anyhow::anyhow!("preparing the shards took too long; the load was rolled back"));
     }
     if failure.is_none() {
-        let records: Vec<String> = prepared.iter().map(|(w, gid)| format!("({}, {})", w.placement.group_id, quote_literal(gid))).collect();
-        if let Err(e) = coordinator.execute(&format!("INSERT INTO tessera.pg_dist_transaction (groupid, gid) VALUES {}", records.join(", "))).await {
+        let records: Vec<(i32, String)> = prepared.iter().map(|(w, gid)| (w.placement.group_id, gid.clone())).collect();
+        if let Err(e) = coordinator.execute(&crate::transaction::commit_log::insert_records(&records)).await {
             failure = Some(anyhow::anyhow!("writing the commit record: {e}"));
         }
     }

@@ -25,12 +25,15 @@ pub struct Coordinator {
     reload_lock: tokio::sync::Mutex<()>,
     /// Distinguishes this process's prepared transactions from other coordinators'.
     pub process_id: u32,
-    /// Transactions the deadlock detector cancelled, with the cycle, so their
-    /// sessions can report a deadlock instead of a plain cancellation.
-    deadlock_victims: Mutex<HashMap<String, String>>,
+    /// Sessions whose transaction the deadlock detector cancelled, with the
+    /// cycle and when, so they can report a deadlock instead of a plain
+    /// cancellation.
+    deadlock_victims: Mutex<HashMap<String, (String, std::time::Instant)>>,
     /// The catalog version the fallback tier's objects were last brought up to
     /// by this process, and the roles given user mappings since.
     fallback_ready: tokio::sync::Mutex<(i64, HashSet<String>)>,
+    /// Group commit of two-phase commit records, shared by the sessions.
+    pub commit_log: crate::transaction::commit_log::CommitLog,
 }
 
 impl Coordinator {
@@ -50,9 +53,11 @@ impl Coordinator {
         }
         let catalog = metadata::load(&mut conn).await.map_err(|e| anyhow::anyhow!("could not load the catalog: {e}"))?;
         conn.terminate().await;
+        let commit_log = crate::transaction::commit_log::CommitLog::start(config.coordinator_db_addr(), config.service_login());
         Ok(Arc::new(Coordinator { config, catalog: CatalogHandle::new(catalog), sessions: Mutex::new(HashMap::new()), reload_lock: tokio::sync::Mutex::new(()), process_id: rand::random(),
             deadlock_victims: Mutex::new(HashMap::new()),
             fallback_ready: tokio::sync::Mutex::new((0, HashSet::new())),
+            commit_log,
         }))
     }
 
@@ -114,20 +119,25 @@ impl Coordinator {
         let waits = crate::transaction::deadlock::gather_waits(&self.config, &catalog).await?;
         for victim in crate::transaction::deadlock::choose_victims(&waits) {
             let cycle = victim.cycle.join(" -> ");
-            tracing::warn!("distributed deadlock {cycle}: cancelling {}", victim.transaction);
-            self.deadlock_victims.lock().unwrap().insert(victim.transaction.clone(), cycle);
-            for (addr, pid) in victim.waits {
-                let mut conn = PgConnection::connect(&addr, &self.config.service_login()).await?;
-                conn.execute(&format!("SELECT pg_cancel_backend({pid})")).await.ok();
-                conn.terminate().await;
+            tracing::warn!("distributed deadlock {cycle}: cancelling the transaction of {}", victim.session);
+            // Recorded first: the victim's session may see its cancellation
+            // before this loop does.
+            self.deadlock_victims.lock().unwrap().insert(victim.session.clone(), (cycle, std::time::Instant::now()));
+            let cancelled = crate::transaction::deadlock::cancel(&self.config, &victim).await;
+            if !matches!(cancelled, Ok(n) if n > 0) {
+                // The transaction had moved on; nothing of it was cancelled.
+                self.deadlock_victims.lock().unwrap().remove(&victim.session);
             }
+            cancelled?;
         }
         Ok(())
     }
 
-    /// The cycle, if the deadlock detector cancelled this transaction.
-    pub fn take_deadlock_victim(&self, transaction: &str) -> Option<String> {
-        self.deadlock_victims.lock().unwrap().remove(transaction)
+    /// The cycle, if the deadlock detector cancelled the transaction that
+    /// `session` began at `block_started`.
+    pub fn take_deadlock_victim(&self, session: &str, block_started: std::time::Instant) -> Option<String> {
+        let (cycle, cancelled_at) = self.deadlock_victims.lock().unwrap().remove(session)?;
+        (cancelled_at >= block_started).then_some(cycle)
     }
 
     async fn cancel(&self, key: (i32, i32)) {

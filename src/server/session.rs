@@ -70,6 +70,8 @@ impl From<PgError> for Failure {
 }
 
 struct Session {
+    /// The application_name of this session's worker backends.
+    session_name: String,
     coordinator: Arc<Coordinator>,
     client: ClientConn,
     parts: Participants,
@@ -130,13 +132,12 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: TcpStream) -> anyhow::Re
         Ok(c) => c,
         Err(e) => return refuse(&mut client, e).await,
     };
-    let worker_login = Login {
-        user,
-        database: coordinator.config.coordinator_db.database.clone(),
-        password: coordinator.config.coordinator_db.password.clone(),
-        options: options.into_iter().filter(|(k, _)| WORKER_PARAMETERS.iter().any(|p| p.eq_ignore_ascii_case(k))).collect(),
-    };
     let key = (rand::random::<i32>() & 0x7fff_ffff, rand::random::<i32>());
+    let transactions = &coordinator.config.transactions;
+    let two_phase = TwoPhase::new(coordinator.process_id, key.0, Duration::from_secs_f64(transactions.grace_secs), transactions.fault_injection.map(|f| (f, transactions.fault_after_commits)), coordinator.commit_log.clone());
+    let mut worker_options: Vec<(String, String)> = options.into_iter().filter(|(k, _)| WORKER_PARAMETERS.iter().any(|p| p.eq_ignore_ascii_case(k))).collect();
+    worker_options.push(("application_name".into(), two_phase.session_name()));
+    let worker_login = Login { user, database: coordinator.config.coordinator_db.database.clone(), password: coordinator.config.coordinator_db.password.clone(), options: worker_options };
     let cancel_targets = coordinator.register_session(key);
     cancel_targets.lock().unwrap().push((coordinator.config.coordinator_db_addr(), local.backend_key()));
     backend::authentication_ok(client.out());
@@ -147,9 +148,8 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: TcpStream) -> anyhow::Re
     backend::ready_for_query(client.out(), backend::TxStatus::Idle);
     client.flush().await?;
     let distributed = database == coordinator.config.coordinator_db.database;
-    let transactions = &coordinator.config.transactions;
-    let two_phase = TwoPhase::new(coordinator.process_id, key.0, Duration::from_secs_f64(transactions.grace_secs), transactions.fault_injection.map(|f| (f, transactions.fault_after_commits)));
     let mut session = Session {
+        session_name: two_phase.session_name(),
         coordinator: coordinator.clone(),
         client,
         parts: Participants::new(local, worker_login, cancel_targets, two_phase),
@@ -341,7 +341,7 @@ impl Session {
         if e.code() != sqlstate::QUERY_CANCELED {
             return failure;
         }
-        let cycle = self.parts.transaction_id().and_then(|id| self.coordinator.take_deadlock_victim(id));
+        let cycle = self.parts.block_started().and_then(|started| self.coordinator.take_deadlock_victim(&self.session_name, started));
         match cycle {
             Some(cycle) => {
                 self.release_work = true;

@@ -2,8 +2,8 @@
 //! waits; a cycle that runs through two workers (A waits for B on one, B for A on
 //! the other) would hang forever. Every few seconds this gathers who waits for
 //! whom on every worker, maps worker backends to distributed transactions by the
-//! application_name a block sets on them, and cancels the youngest transaction of
-//! each cycle on the nodes where it waits.
+//! session name their connections carry as application_name, and cancels the
+//! youngest transaction of each cycle on the nodes where it waits.
 
 use super::TRANSACTION_ID_PREFIX;
 use crate::config::Config;
@@ -12,22 +12,33 @@ use crate::error::PgResult;
 use crate::metadata::Catalog;
 use std::collections::{BTreeMap, BTreeSet};
 
-/// One wait: on `node`, backend `pid` of transaction `waiter` waits for a lock
-/// that transaction `holder` holds.
+/// One wait: on `node`, backend `pid` of session `waiter` waits for a lock
+/// that session `holder` holds. Both sides' transaction start times on that
+/// node (µs since the epoch) tell which distributed transaction is younger,
+/// and pin the cancellation to the transaction that was seen waiting.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Wait {
     pub node: ServerAddr,
     pub pid: i32,
     pub waiter: String,
+    pub waiter_started: i64,
     pub holder: String,
+    pub holder_started: i64,
 }
 
-/// The transaction chosen to break a cycle, where it waits, and the cycle.
+/// The transaction chosen to break a cycle (by its session's name), the
+/// backends where it waits (node, pid, that backend's transaction start),
+/// and the cycle.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Victim {
-    pub transaction: String,
-    pub waits: Vec<(ServerAddr, i32)>,
+    pub session: String,
+    pub waits: Vec<(ServerAddr, i32, i64)>,
     pub cycle: Vec<String>,
+}
+
+/// A transaction start as an integer number of µs since the epoch, in SQL.
+fn started_us(column: &str) -> String {
+    format!("(extract(epoch FROM {column}) * 1000000)::int8")
 }
 
 /// Reads the waits between distributed transactions on every active worker.
@@ -38,35 +49,59 @@ pub async fn gather_waits(config: &Config, catalog: &Catalog) -> PgResult<Vec<Wa
         let mut conn = PgConnection::connect(&node.addr, &login).await?;
         let rows = conn
             .query(&format!(
-                "SELECT w.pid, w.application_name, h.application_name
+                "SELECT w.pid, w.application_name, {}, h.application_name, {}
                  FROM pg_stat_activity w
                  CROSS JOIN LATERAL unnest(pg_blocking_pids(w.pid)) AS b(pid)
                  JOIN pg_stat_activity h ON h.pid = b.pid
-                 WHERE starts_with(w.application_name, {0}) AND starts_with(h.application_name, {0})
-                   AND w.application_name <> h.application_name",
+                 WHERE starts_with(w.application_name, {2}) AND starts_with(h.application_name, {2})
+                   AND w.application_name <> h.application_name
+                   AND w.xact_start IS NOT NULL AND h.xact_start IS NOT NULL",
+                started_us("w.xact_start"),
+                started_us("h.xact_start"),
                 quote_literal(TRANSACTION_ID_PREFIX)
             ))
             .await;
         conn.terminate().await;
         for r in rows? {
-            if let (Some(pid), Some(waiter), Some(holder)) = (r[0].as_deref().and_then(|p| p.parse().ok()), r[1].clone(), r[2].clone()) {
-                waits.push(Wait { node: node.addr.clone(), pid, waiter, holder });
+            let number = |i: usize| r[i].as_deref().and_then(|v| v.parse::<i64>().ok());
+            if let (Some(pid), Some(waiter), Some(waiter_started), Some(holder), Some(holder_started)) = (number(0), r[1].clone(), number(2), r[3].clone(), number(4)) {
+                waits.push(Wait { node: node.addr.clone(), pid: pid as i32, waiter, waiter_started, holder, holder_started });
             }
         }
     }
     Ok(waits)
 }
 
-/// When a transaction started, from its id (`tessera:<process>:<session>:<n>:<ms>`).
-fn started_ms(transaction: &str) -> u128 {
-    transaction.rsplit(':').next().and_then(|t| t.parse().ok()).unwrap_or(0)
+/// Cancels the victim's statements where it was seen waiting, provided the
+/// backend is still in that same transaction. Returns how many it cancelled.
+pub async fn cancel(config: &Config, victim: &Victim) -> PgResult<u64> {
+    let mut cancelled = 0;
+    for (addr, pid, started) in &victim.waits {
+        let mut conn = PgConnection::connect(addr, &config.service_login()).await?;
+        let rows = conn
+            .query(&format!(
+                "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE pid = {pid} AND application_name = {} AND {} = {started}",
+                quote_literal(&victim.session),
+                started_us("xact_start")
+            ))
+            .await;
+        conn.terminate().await;
+        cancelled += rows?.iter().filter(|r| r[0].as_deref() == Some("t")).count() as u64;
+    }
+    Ok(cancelled)
 }
 
-/// The youngest transaction of every cycle in the wait-for graph.
+/// The youngest transaction of every cycle in the wait-for graph. A
+/// distributed transaction started when its first backend did.
 pub fn choose_victims(waits: &[Wait]) -> Vec<Victim> {
     let mut graph: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    let mut started: BTreeMap<&str, i64> = BTreeMap::new();
     for w in waits {
         graph.entry(&w.waiter).or_default().insert(&w.holder);
+        for (session, at) in [(&w.waiter, w.waiter_started), (&w.holder, w.holder_started)] {
+            let earliest = started.entry(session).or_insert(at);
+            *earliest = (*earliest).min(at);
+        }
     }
     let mut victims: Vec<Victim> = Vec::new();
     let mut broken: BTreeSet<String> = BTreeSet::new();
@@ -75,10 +110,10 @@ pub fn choose_victims(waits: &[Wait]) -> Vec<Victim> {
             continue;
         }
         if let Some(cycle) = find_cycle(&graph, start, &broken) {
-            let youngest = cycle.iter().max_by_key(|t| (started_ms(t), t.to_string())).unwrap().clone();
-            let where_waiting = waits.iter().filter(|w| w.waiter == youngest).map(|w| (w.node.clone(), w.pid)).collect();
+            let youngest = cycle.iter().max_by_key(|t| (started.get(t.as_str()).copied().unwrap_or(0), t.to_string())).unwrap().clone();
+            let where_waiting = waits.iter().filter(|w| w.waiter == youngest).map(|w| (w.node.clone(), w.pid, w.waiter_started)).collect();
             broken.insert(youngest.clone());
-            victims.push(Victim { transaction: youngest, waits: where_waiting, cycle });
+            victims.push(Victim { session: youngest, waits: where_waiting, cycle });
         }
     }
     victims
@@ -112,30 +147,40 @@ fn find_cycle(graph: &BTreeMap<&str, BTreeSet<&str>>, start: &str, broken: &BTre
 mod tests {
     use super::*;
 
-    fn wait(waiter: &str, holder: &str, port: u16) -> Wait {
-        Wait { node: ServerAddr { host: "127.0.0.1".into(), port }, pid: port as i32, waiter: waiter.into(), holder: holder.into() }
+    /// On node `port`, session `waiter` (its transaction there began at
+    /// `waiter_started`; its pid is the port) waits for `holder`.
+    fn wait(waiter: (&str, i64), holder: (&str, i64), port: u16) -> Wait {
+        Wait { node: ServerAddr { host: "127.0.0.1".into(), port }, pid: port as i32, waiter: waiter.0.into(), waiter_started: waiter.1, holder: holder.0.into(), holder_started: holder.1 }
     }
 
     #[test]
     fn the_youngest_transaction_of_a_cycle_is_chosen() {
-        let waits = vec![wait("tessera:1:1:0:100", "tessera:1:2:0:200", 1), wait("tessera:1:2:0:200", "tessera:1:1:0:100", 2)];
+        let waits = vec![wait(("tessera:1:1", 100), ("tessera:1:2", 200), 1), wait(("tessera:1:2", 250), ("tessera:1:1", 150), 2)];
         let victims = choose_victims(&waits);
         assert_eq!(victims.len(), 1);
-        assert_eq!(victims[0].transaction, "tessera:1:2:0:200");
-        assert_eq!(victims[0].waits, vec![(ServerAddr { host: "127.0.0.1".into(), port: 2 }, 2)]);
+        assert_eq!(victims[0].session, "tessera:1:2");
+        assert_eq!(victims[0].waits, vec![(ServerAddr { host: "127.0.0.1".into(), port: 2 }, 2, 250)]);
+    }
+
+    #[test]
+    fn a_transaction_is_as_old_as_its_first_backend() {
+        // a began on node 1 at 50, so it is older than b although its backend
+        // on node 2 began after b's.
+        let waits = vec![wait(("b", 200), ("a", 50), 1), wait(("a", 300), ("b", 200), 2)];
+        assert_eq!(choose_victims(&waits)[0].session, "b");
     }
 
     #[test]
     fn waits_without_a_cycle_cancel_nothing() {
-        let waits = vec![wait("a:1", "b:2", 1), wait("b:2", "c:3", 2)];
+        let waits = vec![wait(("a", 1), ("b", 2), 1), wait(("b", 2), ("c", 3), 2)];
         assert!(choose_victims(&waits).is_empty());
     }
 
     #[test]
     fn each_cycle_loses_one_transaction() {
-        let waits = vec![wait("a:1", "b:2", 1), wait("b:2", "a:1", 2), wait("c:3", "d:4", 1), wait("d:4", "c:3", 2)];
-        let mut victims: Vec<String> = choose_victims(&waits).into_iter().map(|v| v.transaction).collect();
+        let waits = vec![wait(("a", 1), ("b", 2), 1), wait(("b", 2), ("a", 1), 2), wait(("c", 3), ("d", 4), 1), wait(("d", 4), ("c", 3), 2)];
+        let mut victims: Vec<String> = choose_victims(&waits).into_iter().map(|v| v.session).collect();
         victims.sort();
-        assert_eq!(victims, vec!["b:2".to_string(), "d:4".to_string()]);
+        assert_eq!(victims, vec!["b".to_string(), "d".to_string()]);
     }
 }

@@ -5,10 +5,12 @@
 //! node keeps the one connection for the whole block (read-your-writes), and
 //! COMMIT/ROLLBACK go to exactly the nodes that were touched.
 
+pub mod commit_log;
 pub mod deadlock;
 pub mod recovery;
 
 use crate::connection::{Login, PgConnection, ServerAddr};
+use commit_log::{CommitLog, RecordOutcome};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::Node;
 use crate::protocol::backend::TxStatus;
@@ -17,7 +19,9 @@ use std::sync::{Arc, Mutex};
 
 /// Settings whose values shape how data is formatted or parsed; worker
 /// connections follow the client's values for them.
-pub const WORKER_PARAMETERS: &[&str] = &["DateStyle", "TimeZone", "IntervalStyle", "extra_float_digits", "client_encoding", "application_name", "bytea_output"];
+/// (application_name is not among them: worker connections carry the
+/// session's name instead, see `TwoPhase::session_name`.)
+pub const WORKER_PARAMETERS: &[&str] = &["DateStyle", "TimeZone", "IntervalStyle", "extra_float_digits", "client_encoding", "bytea_output"];
 
 /// Points in two-phase commit where a test can make the coordinator process die,
 /// as it might crash in production. Test-only: set by
@@ -44,6 +48,9 @@ pub struct TwoPhase {
     /// Test-only: where the process dies, and how many commits (of all
     /// sessions) get past that point first.
     fault: Option<(Fault, u32)>,
+    /// Writes the decisions of transactions the coordinator database took no
+    /// part in.
+    commit_log: CommitLog,
 }
 
 /// Test-only: how many commits of this process have reached the injected fault
@@ -52,16 +59,17 @@ pub struct TwoPhase {
 static FAULT_POINT_REACHED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 impl TwoPhase {
-    pub fn new(process_id: u32, session_id: i32, grace: std::time::Duration, fault: Option<(Fault, u32)>) -> Self {
-        TwoPhase { prefix: Arc::from(format!("{GID_PREFIX}{process_id}_{session_id}_")), counter: Default::default(), grace, fault }
+    pub fn new(process_id: u32, session_id: i32, grace: std::time::Duration, fault: Option<(Fault, u32)>, commit_log: CommitLog) -> Self {
+        TwoPhase { prefix: Arc::from(format!("{GID_PREFIX}{process_id}_{session_id}_")), counter: Default::default(), grace, fault, commit_log }
     }
 
-    /// `tessera:<process>:<session>:<n>:<start, ms since the epoch>`: the start
-    /// time lets the deadlock detector pick the youngest transaction in a cycle.
-    fn next_transaction_id(&self) -> String {
-        let n = self.counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
-        format!("{TRANSACTION_ID_PREFIX}{}{n}:{started}", self.prefix.trim_start_matches(GID_PREFIX).replace('_', ":"))
+    /// `tessera:<process>:<session>`: the application_name of the session's
+    /// worker connections, set when they open. A session runs one transaction
+    /// at a time, so the deadlock detector tells distributed transactions apart
+    /// by it (and by the backends' transaction start times) without a SET per
+    /// transaction on every worker.
+    pub fn session_name(&self) -> String {
+        format!("{TRANSACTION_ID_PREFIX}{}", self.prefix.trim_start_matches(GID_PREFIX).trim_end_matches('_').replace('_', ":"))
     }
 
     fn next_gid(&self) -> String {
@@ -81,8 +89,8 @@ impl TwoPhase {
     }
 }
 
-/// Worker backends taking part in a distributed transaction carry an
-/// application_name with this prefix.
+/// Worker backends of client sessions carry an application_name with this
+/// prefix.
 pub const TRANSACTION_ID_PREFIX: &str = "tessera:";
 
 /// Every prepared transaction Tessera creates is named with this prefix.
@@ -140,10 +148,8 @@ impl WorkerConnection {
 #[derive(Debug)]
 struct Block {
     begin_sql: String,
-    /// Names the distributed transaction on every worker it reaches (as the
-    /// worker backend's application_name), so the deadlock detector can tell
-    /// which waits belong to which transaction.
-    id: String,
+    /// When the block began: a deadlock victim chosen after this is this block.
+    started: std::time::Instant,
     /// Opened by the coordinator for one multi-node statement, not by the client.
     implicit: bool,
     failed: bool,
@@ -201,9 +207,9 @@ impl Participants {
         }
     }
 
-    /// The distributed transaction's id, while a block is open.
-    pub fn transaction_id(&self) -> Option<&str> {
-        self.block.as_ref().map(|b| b.id.as_str())
+    /// When the open block began.
+    pub fn block_started(&self) -> Option<std::time::Instant> {
+        self.block.as_ref().map(|b| b.started)
     }
 
     pub fn in_block(&self) -> bool {
@@ -248,7 +254,7 @@ impl Participants {
         self.follow_settings();
         if self.block.is_none() && self.local.tx_status() != TxStatus::Idle {
             // The statement opened a block on its own (e.g. a procedure); follow it.
-            self.block = Some(Block { begin_sql: "BEGIN".into(), id: self.two_phase.next_transaction_id(), implicit: false, failed: false, savepoints: vec![] });
+            self.block = Some(Block { begin_sql: "BEGIN".into(), started: std::time::Instant::now(), implicit: false, failed: false, savepoints: vec![] });
             self.local_in_block = true;
         }
         if self.local_in_block && self.local.tx_status() == TxStatus::Failed {
@@ -275,8 +281,7 @@ impl Participants {
         worker.last_used = std::time::Instant::now();
         if let Some(block) = &self.block {
             if !worker.in_block {
-                let sql = format!("{}; SET LOCAL application_name = {}", replay_sql(block), crate::connection::quote_literal(&block.id));
-                worker.conn.queue_silent(&sql);
+                worker.conn.queue_silent(&replay_sql(block));
                 worker.in_block = true;
             }
             worker.wrote |= access == Access::Write;
@@ -344,7 +349,7 @@ impl Participants {
         if self.block.as_ref().is_some_and(|b| !b.implicit) {
             return Some(PgError::warning("25001", "there is already a transaction in progress"));
         }
-        self.block = Some(Block { begin_sql: sql.to_string(), id: self.two_phase.next_transaction_id(), implicit: false, failed: false, savepoints: vec![] });
+        self.block = Some(Block { begin_sql: sql.to_string(), started: std::time::Instant::now(), implicit: false, failed: false, savepoints: vec![] });
         None
     }
 
@@ -354,7 +359,7 @@ impl Participants {
         if self.block.is_some() {
             return false;
         }
-        self.block = Some(Block { begin_sql: "BEGIN".into(), id: self.two_phase.next_transaction_id(), implicit: true, failed: false, savepoints: vec![] });
+        self.block = Some(Block { begin_sql: "BEGIN".into(), started: std::time::Instant::now(), implicit: true, failed: false, savepoints: vec![] });
         true
     }
 
@@ -510,28 +515,31 @@ impl Participants {
             }
             return Err(e);
         }
-        let records: Vec<String> = prepared.iter().map(|(g, gid)| format!("({g}, '{gid}')")).collect();
-        let record_sql = format!("INSERT INTO tessera.pg_dist_transaction (groupid, gid) VALUES {}", records.join(", "));
-        let decided = if self.local_in_block {
+        let outcome = if self.local_in_block {
+            // The record commits with the coordinator database's own part.
             self.local_in_block = false;
-            match self.local.execute(&record_sql).await {
+            let written = match self.local.execute(&commit_log::insert_records(&prepared)).await {
                 Ok(_) => self.local.execute("COMMIT").await.map(|_| ()),
                 Err(e) => {
                     self.local.execute("ROLLBACK").await.ok();
                     Err(e)
                 }
+            };
+            match written {
+                Ok(()) => RecordOutcome::Written,
+                Err(e) if self.local.is_broken() => RecordOutcome::Unknown(e),
+                Err(e) => RecordOutcome::NotWritten(e),
             }
         } else {
-            self.local.execute(&record_sql).await.map(|_| ())
+            two_phase.commit_log.write(prepared.clone()).await
         };
-        if let Err(e) = decided {
-            if self.local.is_broken() {
-                // The outcome is unknown to us; recovery reads the record (or its
-                // absence) and finishes either way.
-                return Err(e.with_detail("The transaction's outcome will be settled by prepared-transaction recovery."));
+        match outcome {
+            RecordOutcome::Written => {}
+            RecordOutcome::Unknown(e) => return Err(e.with_detail("The transaction's outcome will be settled by prepared-transaction recovery.")),
+            RecordOutcome::NotWritten(e) => {
+                self.resolve_prepared(&prepared, "ROLLBACK PREPARED").await;
+                return Err(e);
             }
-            self.resolve_prepared(&prepared, "ROLLBACK PREPARED").await;
-            return Err(e);
         }
         two_phase.inject(Fault::AfterCommitRecord);
         // Committed. A node that cannot confirm now is finished by recovery.
