@@ -62,7 +62,8 @@ enum Command {
         /// without it the load is all or nothing.
         #[arg(long)]
         reject_file: Option<PathBuf>,
-        /// Rows per COPY batch sent to a shard.
+        /// Rows per COPY batch sent to a shard (a batch also goes out once it
+        /// holds 256 kB).
         #[arg(long, default_value_t = 10000)]
         batch_size: usize,
         /// The coordinator to read the catalog from.

@@ -4,7 +4,13 @@
 
 mod reader;
 
-pub use reader::{Row, RowReader, BINARY_TRAILER};
+pub use reader::{Row, RowInPlace, RowReader, BINARY_TRAILER};
+
+/// A shard's rows go out once this much has piled up, as one COPY statement.
+pub const BATCH_BYTES: usize = 256 * 1024;
+/// COPY statements a node may have queued before the sender waits for it:
+/// bounds what is in flight while keeping every node busy.
+pub const MAX_IN_FLIGHT: usize = 8;
 
 use crate::error::sqlstate::BAD_COPY_FILE_FORMAT;
 use crate::error::{PgError, PgResult};

@@ -56,6 +56,31 @@ impl Row {
     }
 }
 
+/// A row still in the reader's buffer, lent until the reader is next used:
+/// a caller that copies rows on anyway saves taking each one out.
+#[derive(Debug)]
+pub struct RowInPlace<'a> {
+    /// The row with its line end (one is added to a last line that had none).
+    pub data: &'a [u8],
+    pub content_len: usize,
+    pub line: u64,
+}
+
+impl RowInPlace<'_> {
+    pub fn content(&self) -> &[u8] {
+        &self.data[..self.content_len]
+    }
+}
+
+/// Where the next row lies: the first `end` bytes of the buffer.
+struct Span {
+    end: usize,
+    content_len: usize,
+    line: u64,
+    quoted_newlines: u32,
+    quoted_returns: u32,
+}
+
 /// Where the scan of the row in progress stands.
 #[derive(Default)]
 struct Scan {
@@ -94,6 +119,9 @@ pub struct RowReader {
     ended: bool,
     data_after_trailer: bool,
     at_eof: bool,
+    /// Bytes at the front of the buffer lent out as the last `RowInPlace`,
+    /// dropped when the reader is next used.
+    lent: usize,
 }
 
 impl RowReader {
@@ -111,11 +139,13 @@ impl RowReader {
             ended: false,
             data_after_trailer: false,
             at_eof: false,
+            lent: 0,
         }
     }
 
     /// Adds input; `next` then returns the rows it completes.
     pub fn push(&mut self, data: &[u8]) {
+        self.take_back_lent();
         if self.ended {
             // PostgreSQL ignores whatever follows `\.`, but not data after a binary trailer.
             self.data_after_trailer |= self.format.is_binary() && !data.is_empty();
@@ -148,6 +178,26 @@ impl RowReader {
     /// The next complete row; None until more input arrives (or, after
     /// `finish`, when there are no more rows).
     pub fn next(&mut self) -> PgResult<Option<Row>> {
+        self.take_back_lent();
+        let Some(span) = self.next_span()? else { return Ok(None) };
+        let data = self.buf.split_to(span.end).freeze();
+        Ok(Some(Row { data, content_len: span.content_len, line: span.line, quoted_newlines: span.quoted_newlines, quoted_returns: span.quoted_returns }))
+    }
+
+    /// As `next`, but the row stays in the reader's buffer until the reader
+    /// is used again.
+    pub fn next_in_place(&mut self) -> PgResult<Option<RowInPlace<'_>>> {
+        self.take_back_lent();
+        let Some(span) = self.next_span()? else { return Ok(None) };
+        self.lent = span.end;
+        Ok(Some(RowInPlace { data: &self.buf[..span.end], content_len: span.content_len, line: span.line }))
+    }
+
+    fn take_back_lent(&mut self) {
+        self.buf.advance(std::mem::take(&mut self.lent));
+    }
+
+    fn next_span(&mut self) -> PgResult<Option<Span>> {
         if self.data_after_trailer {
             return Err(PgError::new(BAD_COPY_FILE_FORMAT, "received copy data after EOF marker"));
         }
@@ -159,19 +209,19 @@ impl RowReader {
         }
         loop {
             let eol_at_start = self.eol;
-            let (data, content_len) = match self.scan_line()? {
+            let (end, content_len) = match self.scan_line()? {
                 Scanned::NeedMore if !self.at_eof || self.buf.is_empty() => return Ok(None),
                 Scanned::NeedMore => {
                     let content_len = self.buf.len();
-                    (self.terminated(content_len), content_len)
+                    (self.terminate(content_len), content_len)
                 }
-                Scanned::Line { end, content_len } => (self.buf.split_to(end).freeze(), content_len),
+                Scanned::Line { end, content_len } => (end, content_len),
                 Scanned::EndMarker { content_len } => {
                     self.ended = true;
                     if content_len == 0 {
                         return Ok(None);
                     }
-                    (self.terminated(content_len), content_len)
+                    (self.terminate(content_len), content_len)
                 }
             };
             let scan = std::mem::take(&mut self.scan);
@@ -179,24 +229,21 @@ impl RowReader {
             // when it meets them; a carriage return while it knows none.
             let embedded = if eol_at_start == Eol::Nl { scan.newlines } else { scan.returns };
             self.line += 1 + u64::from(embedded);
-            let row = Row { data, content_len, line: self.line, quoted_newlines: scan.newlines, quoted_returns: scan.returns };
             if !self.header_done {
                 self.header_done = true;
-                self.header = Some(row.data);
+                self.header = Some(self.buf.split_to(end).freeze());
                 continue;
             }
-            return Ok(Some(row));
+            return Ok(Some(Span { end, content_len, line: self.line, quoted_newlines: scan.newlines, quoted_returns: scan.returns }));
         }
     }
 
-    /// The first `content_len` bytes of the buffer with the line end added;
-    /// the rest of the buffer is dropped.
-    fn terminated(&mut self, content_len: usize) -> Bytes {
-        let mut data = BytesMut::with_capacity(content_len + 2);
-        data.extend_from_slice(&self.buf[..content_len]);
-        data.extend_from_slice(self.eol.bytes());
-        self.buf.clear();
-        data.freeze()
+    /// Cuts the buffer after its first `content_len` bytes and ends that last
+    /// row with the line end; returns the row's length.
+    fn terminate(&mut self, content_len: usize) -> usize {
+        self.buf.truncate(content_len);
+        self.buf.extend_from_slice(self.eol.bytes());
+        self.buf.len()
     }
 
     fn scan_line(&mut self) -> PgResult<Scanned> {
@@ -275,7 +322,11 @@ impl RowReader {
                     _ => {}
                 }
             }
-            if csv {
+            if csv && !s.in_quote {
+                // Outside quotes only the quote and line ends matter (a
+                // backslash only at the start of the line, seen above).
+                s.pos += 1 + memchr::memchr3(quote, b'\n', b'\r', &buf[s.pos + 1..]).unwrap_or(buf.len() - s.pos - 1);
+            } else if csv {
                 s.pos += 1;
             } else {
                 // Only backslashes and line ends matter in text format.
@@ -284,7 +335,7 @@ impl RowReader {
         }
     }
 
-    fn next_tuple(&mut self) -> PgResult<Option<Row>> {
+    fn next_tuple(&mut self) -> PgResult<Option<Span>> {
         if !self.header_done {
             let Some(extension) = self.binary_header()? else { return Ok(None) };
             self.header = Some(self.buf.split_to(BINARY_HEADER_LEN + extension).freeze());
@@ -296,7 +347,7 @@ impl RowReader {
             self.buf.advance(2);
             self.ended = true;
             self.data_after_trailer = !self.buf.is_empty();
-            return self.next();
+            return self.next_span();
         }
         if count < 0 || count as usize != self.fields {
             return Err(PgError::new(BAD_COPY_FILE_FORMAT, format!("row field count is {count}, expected {}", self.fields)));
@@ -314,11 +365,10 @@ impl RowReader {
             }
         }
         self.line += 1;
-        let data = self.buf.split_to(at).freeze();
-        Ok(Some(Row { content_len: data.len(), data, line: self.line, quoted_newlines: 0, quoted_returns: 0 }))
+        Ok(Some(Span { end: at, content_len: at, line: self.line, quoted_newlines: 0, quoted_returns: 0 }))
     }
 
-    fn incomplete_tuple(&self) -> PgResult<Option<Row>> {
+    fn incomplete_tuple(&self) -> PgResult<Option<Span>> {
         if self.at_eof {
             return Err(PgError::new(BAD_COPY_FILE_FORMAT, "unexpected EOF in COPY data"));
         }
@@ -432,10 +482,28 @@ mod tests {
         Ok((reader.header().map(|h| h.to_vec()), rows))
     }
 
+    /// As `read`, through `next_in_place`.
+    fn read_in_place(format: CopyFormat, input: &[u8], piece: usize) -> PgResult<Vec<(Vec<u8>, u64)>> {
+        let mut reader = RowReader::new(format, 2);
+        let mut rows = Vec::new();
+        for chunk in input.chunks(piece.max(1)) {
+            reader.push(chunk);
+            while let Some(row) = reader.next_in_place()? {
+                rows.push((row.data.to_vec(), row.line));
+            }
+        }
+        reader.finish();
+        while let Some(row) = reader.next_in_place()? {
+            rows.push((row.data.to_vec(), row.line));
+        }
+        Ok(rows)
+    }
+
     fn rows(format: CopyFormat, input: &[u8]) -> Vec<(Vec<u8>, u64)> {
         let whole = read(format.clone(), input, input.len()).unwrap();
-        for piece in [1, 2, 3, 7] {
+        for piece in [1, 2, 3, 7, input.len()] {
             assert_eq!(read(format.clone(), input, piece).unwrap(), whole, "split into pieces of {piece}");
+            assert_eq!(read_in_place(format.clone(), input, piece).unwrap(), whole.1, "in place, pieces of {piece}");
         }
         whole.1
     }

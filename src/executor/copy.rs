@@ -20,7 +20,7 @@
 
 use super::node_of_group;
 use crate::connection::PgConnection;
-use crate::copy::{self, Row, RowReader, BINARY_TRAILER};
+use crate::copy::{self, Row, RowReader, BATCH_BYTES, BINARY_TRAILER, MAX_IN_FLIGHT};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Catalog, Node};
 use crate::planner::{CopyPlan, KeyPosition, KeyRouting};
@@ -31,13 +31,8 @@ use bytes::{Bytes, BytesMut};
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-/// A shard's rows go out once this much has piled up, as one COPY statement.
-const BATCH_BYTES: usize = 256 * 1024;
 /// All shards' unsent rows together; past this every batch goes out.
 const BUFFERED_BYTES: usize = 16 << 20;
-/// Batches a node may have queued before the sender waits for it: bounds
-/// what is in flight while keeping every node busy.
-const MAX_IN_FLIGHT: usize = 8;
 /// Rows whose key the coordinator database must convert wait for this many,
 /// to convert them in one round trip.
 const CONVERSION_BATCH: usize = 512;
@@ -310,16 +305,13 @@ impl<'a> Load<'a> {
         for (i, group) in placements.iter().enumerate() {
             let node = node_of_group(self.catalog, *group)?;
             let worker = parts.worker(node, Access::Write).await?;
-            let out = worker.conn.out();
-            frontend::query(out, &self.plan.shard_sql[shard]);
-            if let Some(header) = self.reader.header() {
-                frontend::copy_data(out, header);
-            }
-            frontend::copy_data(out, &batch.data);
+            let mut chunks: Vec<&[u8]> = Vec::with_capacity(3);
+            chunks.extend(self.reader.header().map(|h| &h[..]));
+            chunks.push(&batch.data);
             if self.plan.format.is_binary() {
-                frontend::copy_data(out, &BINARY_TRAILER);
+                chunks.push(&BINARY_TRAILER);
             }
-            frontend::copy_done(out);
+            frontend::copy_from_stdin(worker.conn.out(), &self.plan.shard_sql[shard], &chunks);
             let stream = match self.streams.iter().position(|s| s.group == *group) {
                 Some(at) => &mut self.streams[at],
                 None => {

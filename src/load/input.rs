@@ -2,7 +2,7 @@
 //! turns them into per-shard batches of rows.
 
 use super::writer::{Batch, Rejects, Shipment};
-use crate::copy::{field, CopyFormat, Format, KeyField, RowReader};
+use crate::copy::{field, CopyFormat, Format, KeyField, RowReader, BATCH_BYTES};
 use crate::hash::{self, HashType};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -83,34 +83,49 @@ fn is_compressed(path: &std::path::Path) -> bool {
 }
 
 /// Offsets (with the line count before each) where rows start, near every
-/// `len / parts` bytes: after a line feed, outside CSV quotes.
+/// `len / parts` bytes: after a line feed that ends a row — outside CSV quotes,
+/// not escaped by a backslash in text format. Runs before any reader starts, so
+/// it jumps from one interesting byte to the next rather than looking at each.
 fn row_boundaries(path: &std::path::Path, format: &CopyFormat, len: u64, parts: usize) -> anyhow::Result<Vec<(u64, u64)>> {
     let step = len / parts as u64;
     let mut targets = (1..parts as u64).map(|i| i * step).peekable();
     let mut cuts = Vec::new();
-    let mut file = std::io::BufReader::with_capacity(1 << 20, File::open(path)?);
-    let (mut offset, mut lines, mut in_quote) = (0u64, 0u64, false);
-    let mut buf = vec![0u8; 1 << 20];
+    let mut file = File::open(path)?;
     let csv = format.format == Format::Csv;
+    // The byte that changes how line feeds count: the quote in CSV, the escape in text.
+    let special = if csv { format.quote } else { b'\\' };
+    let (mut read, mut lines, mut in_quote, mut escaped) = (0u64, 0u64, false, false);
+    let mut buf = vec![0u8; 1 << 20];
     while targets.peek().is_some() {
         let n = file.read(&mut buf)?;
         if n == 0 {
             break;
         }
-        for &b in &buf[..n] {
-            offset += 1;
-            if csv && b == format.quote {
-                in_quote = !in_quote;
-            } else if b == b'\n' {
+        let chunk = &buf[..n];
+        // A backslash ended the previous read: this byte is data.
+        let mut i = usize::from(std::mem::take(&mut escaped));
+        while let Some(found) = memchr::memchr2(special, b'\n', &chunk[i..]) {
+            let at = i + found;
+            i = at + 1;
+            if chunk[at] == b'\n' {
+                // Line feeds inside quotes count as lines, as PostgreSQL counts them.
                 lines += 1;
+                let offset = read + i as u64;
                 if !in_quote && targets.peek().is_some_and(|t| offset >= *t) {
                     cuts.push((offset, lines));
                     while targets.peek().is_some_and(|t| offset >= *t) {
                         targets.next();
                     }
                 }
+            } else if csv {
+                in_quote = !in_quote;
+            } else if i < n {
+                i += 1;
+            } else {
+                escaped = true;
             }
         }
+        read += n as u64;
     }
     Ok(cuts)
 }
@@ -145,7 +160,10 @@ impl Router {
                 reader.push(&buf[..n]);
                 progress.bytes.fetch_add(n as u64, Ordering::Relaxed);
             }
-            while let Some(row) = reader.next().map_err(|e| anyhow::anyhow!("{}:{}: {e}", unit.name, unit.lines_before + reader.current_line()))? {
+            let mut routed = 0;
+            loop {
+                let line_if_bad = unit.lines_before + reader.current_line();
+                let Some(row) = reader.next_in_place().map_err(|e| anyhow::anyhow!("{}:{line_if_bad}: {e}", unit.name))? else { break };
                 let line = unit.lines_before + row.line;
                 let shard = match self.shard_of(row.content()) {
                     Ok(shard) => shard,
@@ -159,12 +177,14 @@ impl Router {
                     },
                 };
                 let batch = &mut batches[shard as usize];
-                batch.push(&row.data, &unit.name, line);
-                progress.rows.fetch_add(1, Ordering::Relaxed);
-                if batch.rows() >= self.batch_rows {
+                batch.push(row.data, &unit.name, line);
+                routed += 1;
+                if batch.rows() >= self.batch_rows || batch.bytes() >= BATCH_BYTES {
                     send(senders, shard, std::mem::take(batch))?;
                 }
             }
+            // Counted per read, not per row: readers on every core share the counter.
+            progress.rows.fetch_add(routed, Ordering::Relaxed);
             if n == 0 {
                 break;
             }
@@ -211,4 +231,60 @@ fn open(unit: &Unit) -> anyhow::Result<Box<dyn Read + Send>> {
         Some("zst") => Box::new(zstd::stream::read::Decoder::new(file)?),
         _ => Box::new(file),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// Where each row starts, as the row reader splits the input.
+    fn row_starts(format: &CopyFormat, input: &[u8]) -> Vec<u64> {
+        let mut reader = RowReader::new(format.clone(), 2);
+        reader.push(input);
+        reader.finish();
+        let (mut starts, mut at) = (Vec::new(), 0u64);
+        while let Some(row) = reader.next_in_place().unwrap() {
+            starts.push(at);
+            at += row.data.len() as u64;
+        }
+        starts
+    }
+
+    #[test]
+    fn cuts_fall_on_row_starts_with_the_lines_before_them() {
+        let csv = CopyFormat::new(Format::Csv);
+        let text = CopyFormat::new(Format::Text);
+        let mut csv_input = Vec::new();
+        let mut text_input = Vec::new();
+        for i in 0..3000 {
+            match i % 4 {
+                0 => writeln!(csv_input, "{i},\"two\nlines\"").unwrap(),
+                1 => writeln!(csv_input, "{i},\"a \"\" quote, a comma\"").unwrap(),
+                _ => writeln!(csv_input, "{i},plain").unwrap(),
+            }
+            match i % 3 {
+                0 => writeln!(text_input, "{i}\tescaped\\\nline feed").unwrap(),
+                1 => writeln!(text_input, "{i}\ta backslash\\\\").unwrap(),
+                _ => writeln!(text_input, "{i}\tplain").unwrap(),
+            }
+        }
+        for (format, input) in [(csv, csv_input), (text, text_input)] {
+            let mut file = tempfile::NamedTempFile::new().unwrap();
+            file.write_all(&input).unwrap();
+            let starts = row_starts(&format, &input);
+            for parts in [2, 3, 7, 64] {
+                let cuts = row_boundaries(file.path(), &format, input.len() as u64, parts).unwrap();
+                assert!(!cuts.is_empty(), "{parts} parts: no cut");
+                for &(offset, lines) in &cuts {
+                    let row = starts.iter().position(|&start| start == offset);
+                    assert!(row.is_some(), "{:?}, {parts} parts: {offset} is not a row start", format.format);
+                    // Lines as PostgreSQL numbers them: every line feed in CSV
+                    // (quoted ones too), only the rows' own in text format.
+                    let expected = if format.format == Format::Csv { input[..offset as usize].iter().filter(|&&b| b == b'\n').count() as u64 } else { row.unwrap() as u64 };
+                    assert_eq!(lines, expected, "{:?}, {parts} parts: lines before {offset}", format.format);
+                }
+            }
+        }
+    }
 }

@@ -3,8 +3,11 @@
 //! commit that makes all of them visible at once.
 
 use crate::connection::{quote_literal, Login, PgConnection, ServerAddr};
+use crate::copy::MAX_IN_FLIGHT;
 use crate::error::PgError;
+use crate::protocol::{backend, frontend};
 use bytes::{Bytes, BytesMut};
+use std::collections::VecDeque;
 use std::io::Write;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -39,6 +42,10 @@ impl Batch {
 
     pub fn rows(&self) -> usize {
         self.rows.len()
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.data.len()
     }
 
     fn row(&self, i: usize) -> &[u8] {
@@ -118,11 +125,17 @@ pub async fn write_placement(placement: Placement, login: Login, route: Route, m
         }
     };
     let (mut rows, mut rejected, mut bytes_sent) = (0, 0, 0);
+    // Without a reject file COPY statements are queued back to back, so the
+    // worker never waits for the next one.
+    let mut in_flight = VecDeque::new();
     while let Some(Shipment { shard_table, batch }) = batches.recv().await {
         let copy_sql = format!("COPY {shard_table} FROM STDIN WITH ({copy_options})");
         bytes_sent += batch.data.len() as u64;
         let Some(rejects) = &rejects else {
-            rows += conn.copy_in(&copy_sql, [Bytes::copy_from_slice(&batch.data)]).await.map_err(|e| locate(e, &batch, &node))?;
+            frontend::copy_from_stdin(conn.out(), &copy_sql, &[&batch.data]);
+            conn.flush().await.map_err(fail)?;
+            in_flight.push_back(batch);
+            rows += settle(&mut conn, &mut in_flight, MAX_IN_FLIGHT, &node).await?;
             continue;
         };
         conn.execute("SAVEPOINT tessera_batch").await.map_err(fail)?;
@@ -150,7 +163,27 @@ pub async fn write_placement(placement: Placement, login: Login, route: Route, m
             }
         }
     }
+    rows += settle(&mut conn, &mut in_flight, 0, &node).await?;
     Ok(Written { placement, conn, rows, rejected, bytes_sent })
+}
+
+/// Reads the answers to queued COPY statements until no more than
+/// `outstanding` remain; returns the rows they copied. The first error ends
+/// the load (the transaction is lost anyway), naming its input line.
+async fn settle(conn: &mut PgConnection, in_flight: &mut VecDeque<Arc<Batch>>, outstanding: usize, node: &str) -> anyhow::Result<u64> {
+    let mut rows = 0;
+    while in_flight.len() > outstanding {
+        let msg = conn.recv().await.map_err(|e| anyhow::anyhow!("{e} (on {node})"))?;
+        match msg.tag() {
+            b'C' => rows += backend::rows_in_tag(backend::decode_command_complete(&msg)?).unwrap_or(0),
+            b'E' => return Err(locate(conn.server_error(&msg), &in_flight[0], node)),
+            b'Z' => {
+                in_flight.pop_front();
+            }
+            _ => {}
+        }
+    }
+    Ok(rows)
 }
 
 /// Runs the worker's COPY … FROM PROGRAM while feeding its receiver the

@@ -287,6 +287,18 @@ pub fn copy_done(buf: &mut BytesMut) {
     empty(buf, b'c');
 }
 
+/// A whole `COPY … FROM STDIN` in one go: the query, `chunks` as CopyData, and
+/// CopyDone, without waiting for the server's CopyInResponse. Should the COPY
+/// fail to start, the server ignores the CopyData and CopyDone that follow, so
+/// several can be queued back to back.
+pub fn copy_from_stdin(buf: &mut BytesMut, sql: &str, chunks: &[&[u8]]) {
+    query(buf, sql);
+    for chunk in chunks {
+        copy_data(buf, chunk);
+    }
+    copy_done(buf);
+}
+
 pub fn copy_fail(buf: &mut BytesMut, reason: &str) {
     let at = begin_message(buf, b'f');
     put_cstr(buf, reason);
