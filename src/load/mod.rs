@@ -2,7 +2,8 @@
 //! read from the coordinator once; then parallel readers split the input at
 //! row boundaries, hash each row's distribution column with the shard hash,
 //! and stream rows per shard straight to the workers with COPY, one
-//! connection per shard placement. Without a reject file the load is one
+//! connection per worker (per shard placement with compression). Without a
+//! reject file the load is one
 //! distributed transaction (two-phase commit with commit records, like the
 //! coordinator's own); with one, bad rows are set aside and the rest loads.
 

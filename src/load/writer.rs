@@ -1,6 +1,6 @@
-//! The loader's output side: one connection per shard placement, each in a
-//! transaction that takes its shard's rows batch by batch with COPY, and the
-//! commit that makes all of them visible at once.
+//! The loader's output side: one connection per worker (per shard placement
+//! when compressed), each in a transaction that takes its shards' rows batch
+//! by batch with COPY, and the commit that makes all of them visible at once.
 
 use crate::connection::{quote_literal, Login, PgConnection, ServerAddr};
 use crate::copy::MAX_IN_FLIGHT;
