@@ -1087,3 +1087,19 @@ async fn vacuum_options_with_values() {
         assert_eq!(column(w, &format!("SELECT attname FROM pg_stats WHERE schemaname = 'public' AND tablename = '{}'", p.rel("t"))).await, vec!["b"], "shard {}", p.shard);
     }
 }
+
+/// CHECKPOINT through the coordinator checkpoints every worker too, as it
+/// would the one database a client believes it talks to.
+#[tokio::test]
+async fn checkpoint_reaches_every_worker() {
+    let f = Fixture::start().await;
+    let last = "SELECT checkpoint_lsn::text FROM pg_control_checkpoint()";
+    let mut before = Vec::new();
+    for w in &f.workers {
+        before.push(value(w, last).await);
+    }
+    exec(&f.client, "CHECKPOINT").await;
+    for (i, w) in f.workers.iter().enumerate() {
+        assert_ne!(value(w, last).await, before[i], "worker {} wrote a new checkpoint", i + 1);
+    }
+}

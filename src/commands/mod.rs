@@ -178,6 +178,12 @@ async fn evaluate_arguments(call: &ClusterCall, ctx: &mut CommandContext<'_>, bo
 pub async fn run_ddl(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_>) -> PgResult<()> {
     let tag = match plan {
         DdlPlan::Vacuum { stmt, .. } => run_vacuum(plan, stmt.is_vacuumcmd, sql, ctx).await?,
+        DdlPlan::Checkpoint => {
+            let tag = ctx.parts.local().await?.execute(sql).await?;
+            let groups = ctx.catalog.active_nodes().map(|n| n.group_id).collect();
+            run_per_group(ctx, groups, |group| plan.node_sql(group)).await?;
+            tag
+        }
         DdlPlan::DropIndex(drop) => {
             let indexes = distributed_indexes(drop, ctx).await?;
             if indexes.is_empty() {
@@ -285,7 +291,7 @@ async fn run_ddl_in_block(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_
             run_node_statements(plan, ctx).await?;
             Ok(tag)
         }
-        DdlPlan::DropIndex(_) | DdlPlan::Vacuum { .. } => unreachable!("{plan} runs on its own"),
+        DdlPlan::DropIndex(_) | DdlPlan::Vacuum { .. } | DdlPlan::Checkpoint => unreachable!("{plan} runs on its own"),
     }
 }
 

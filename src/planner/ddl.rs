@@ -31,6 +31,9 @@ pub enum DdlPlan {
     /// VACUUM / ANALYZE: each node runs the statement, options and all, for its
     /// shards. `rels` are the statement's relations that are distributed tables.
     Vacuum { version: i32, stmt: protobuf::VacuumStmt, rels: Vec<(Arc<DistributedTable>, protobuf::VacuumRelation)> },
+    /// CHECKPOINT: the coordinator database and every active worker, as a
+    /// user of one database expects (and as Greenplum does).
+    Checkpoint,
 }
 
 /// DROP INDEX: the parse tree names indexes, not their tables.
@@ -49,6 +52,7 @@ impl fmt::Display for DdlPlan {
             DdlPlan::Truncate { .. } => write!(f, "truncate {names}"),
             DdlPlan::DropIndex(_) => write!(f, "drop index"),
             DdlPlan::Vacuum { .. } => write!(f, "vacuum {names}"),
+            DdlPlan::Checkpoint => write!(f, "checkpoint every node"),
         }
     }
 }
@@ -100,14 +104,14 @@ impl DdlPlan {
             DdlPlan::Propagate { table, .. } => vec![table],
             DdlPlan::Drop { tables } => tables.iter().collect(),
             DdlPlan::Truncate { tables, .. } => tables.iter().map(|(t, _)| t).collect(),
-            DdlPlan::DropIndex(_) => vec![],
+            DdlPlan::DropIndex(_) | DdlPlan::Checkpoint => vec![],
             DdlPlan::Vacuum { rels, .. } => rels.iter().map(|(t, _)| t).collect(),
         }
     }
 
-    /// The statement for node group `group` of a DROP TABLE, TRUNCATE or
-    /// VACUUM: it names the shards the node holds instead of the distributed
-    /// tables.
+    /// The statement for node group `group` of a DROP TABLE, TRUNCATE,
+    /// VACUUM (they name the shards the node holds instead of the distributed
+    /// tables) or CHECKPOINT.
     pub fn node_sql(&self, group: i32) -> PgResult<String> {
         match self {
             DdlPlan::Drop { tables } => {
@@ -126,6 +130,7 @@ impl DdlPlan {
                 stmt.rels = for_shards_on(rels, group, |vr| vr.relation.as_mut()).into_iter().map(|vr| node(NodeEnum::VacuumRelation(vr))).collect();
                 rewrite::deparse(*version, NodeEnum::VacuumStmt(stmt))
             }
+            DdlPlan::Checkpoint => Ok("CHECKPOINT".into()),
             DdlPlan::Propagate { .. } | DdlPlan::DropIndex(_) => unreachable!("{self} has no statement per node"),
         }
     }
