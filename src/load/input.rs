@@ -36,8 +36,6 @@ pub struct Unit {
     pub lines_before: u64,
     /// The range starts the file, whose first line is a header.
     pub header: bool,
-    /// Bytes to read, when known (for the ETA).
-    pub len: Option<u64>,
     /// For a piece of a split file: its place among the file's pieces, whose
     /// rows reach the writers in file order.
     pub order: Option<(Arc<InOrder>, usize)>,
@@ -83,9 +81,8 @@ impl InOrder {
     }
 }
 
-/// Expands the inputs (globs, `-`) into units; plain files large enough are
-/// split at row boundaries into pieces that `jobs` readers share.
-pub fn units(inputs: &[String], format: &CopyFormat, header: bool, jobs: usize) -> anyhow::Result<Vec<Unit>> {
+/// Expands the inputs (globs, `-`).
+pub fn sources(inputs: &[String]) -> anyhow::Result<Vec<Source>> {
     let mut files = Vec::new();
     for input in inputs {
         if input == "-" {
@@ -98,48 +95,68 @@ pub fn units(inputs: &[String], format: &CopyFormat, header: bool, jobs: usize) 
         }
         files.extend(matches.into_iter().map(Source::File));
     }
-    let mut units = Vec::new();
-    for source in files {
+    Ok(files)
+}
+
+/// Bytes to read in all, when known (no standard input, nothing compressed).
+pub fn total_len(sources: &[Source]) -> anyhow::Result<Option<u64>> {
+    let mut total = 0;
+    for source in sources {
+        match source {
+            Source::File(path) if !is_compressed(path) => total += std::fs::metadata(path)?.len(),
+            _ => return Ok(None),
+        }
+    }
+    Ok(Some(total))
+}
+
+/// Hands the units to the readers through `out`, in input order. Plain files
+/// large enough are split at row boundaries into pieces that the readers
+/// share; each piece goes out as soon as the scan has found where it ends, so
+/// the first readers start while the rest of the file is still being scanned.
+pub fn produce_units(sources: Vec<Source>, format: &CopyFormat, header: bool, jobs: usize, out: std::sync::mpsc::Sender<Unit>) -> anyhow::Result<()> {
+    let send = |unit: Unit| out.send(unit).map_err(|_| anyhow::anyhow!("the readers stopped"));
+    for source in sources {
         let Source::File(path) = &source else {
-            units.push(Unit { source, name: "stdin".into(), range: None, lines_before: 0, header, len: None, order: None });
+            send(Unit { source, name: "stdin".into(), range: None, lines_before: 0, header, order: None })?;
             continue;
         };
         let name = path.display().to_string();
         let compressed = is_compressed(path);
         let len = std::fs::metadata(path)?.len();
         if compressed || jobs <= 1 || len < SPLIT_MIN_BYTES || format.format == Format::Binary {
-            units.push(Unit { source: source.clone(), name, range: None, lines_before: 0, header, len: (!compressed).then_some(len), order: None });
+            send(Unit { source: source.clone(), name, range: None, lines_before: 0, header, order: None })?;
             continue;
         }
         let pieces = (len / CHUNK_BYTES).max(jobs as u64) as usize;
-        let cuts = row_boundaries(path, format, len, pieces)?;
         let order = InOrder::new();
         let (mut start, mut piece) = ((0u64, 0u64), 0);
-        for end in cuts.into_iter().chain(std::iter::once((len, 0))) {
+        let mut piece_until = |end: (u64, u64)| -> anyhow::Result<()> {
             if end.0 > start.0 {
-                units.push(Unit { source: source.clone(), name: name.clone(), range: Some((start.0, end.0)), lines_before: start.1, header: header && start.0 == 0, len: Some(end.0 - start.0), order: Some((order.clone(), piece)) });
+                send(Unit { source: source.clone(), name: name.clone(), range: Some((start.0, end.0)), lines_before: start.1, header: header && start.0 == 0, order: Some((order.clone(), piece)) })?;
                 piece += 1;
             }
             start = end;
-        }
+            Ok(())
+        };
+        scan_row_boundaries(path, format, len, pieces, &mut piece_until)?;
+        piece_until((len, 0))?;
     }
-    // Readers pop from the end: take the inputs in the order given.
-    units.reverse();
-    Ok(units)
+    Ok(())
 }
 
 fn is_compressed(path: &std::path::Path) -> bool {
     matches!(path.extension().and_then(|e| e.to_str()), Some("gz" | "zst"))
 }
 
-/// Offsets (with the line count before each) where rows start, near every
-/// `len / parts` bytes: after a line feed that ends a row — outside CSV quotes,
-/// not escaped by a backslash in text format. Runs before any reader starts, so
-/// it jumps from one interesting byte to the next rather than looking at each.
-fn row_boundaries(path: &std::path::Path, format: &CopyFormat, len: u64, parts: usize) -> anyhow::Result<Vec<(u64, u64)>> {
+/// Finds where rows start near every `len / parts` bytes — after a line feed
+/// that ends a row: outside CSV quotes, not escaped by a backslash in text
+/// format — and gives each such offset, with the line count before it, to
+/// `cut`. It jumps from one interesting byte to the next rather than looking
+/// at each, as the readers wait for it.
+fn scan_row_boundaries(path: &std::path::Path, format: &CopyFormat, len: u64, parts: usize, cut: &mut dyn FnMut((u64, u64)) -> anyhow::Result<()>) -> anyhow::Result<()> {
     let step = len / parts as u64;
     let mut targets = (1..parts as u64).map(|i| i * step).peekable();
-    let mut cuts = Vec::new();
     let mut file = File::open(path)?;
     let csv = format.format == Format::Csv;
     // The byte that changes how line feeds count: the quote in CSV, the escape in text.
@@ -162,7 +179,7 @@ fn row_boundaries(path: &std::path::Path, format: &CopyFormat, len: u64, parts: 
                 lines += 1;
                 let offset = read + i as u64;
                 if !in_quote && targets.peek().is_some_and(|t| offset >= *t) {
-                    cuts.push((offset, lines));
+                    cut((offset, lines))?;
                     while targets.peek().is_some_and(|t| offset >= *t) {
                         targets.next();
                     }
@@ -177,7 +194,7 @@ fn row_boundaries(path: &std::path::Path, format: &CopyFormat, len: u64, parts: 
         }
         read += n as u64;
     }
-    Ok(cuts)
+    Ok(())
 }
 
 /// Splits rows by shard for one load.
@@ -351,7 +368,12 @@ mod tests {
             file.write_all(&input).unwrap();
             let starts = row_starts(&format, &input);
             for parts in [2, 3, 7, 64] {
-                let cuts = row_boundaries(file.path(), &format, input.len() as u64, parts).unwrap();
+                let mut cuts = Vec::new();
+                scan_row_boundaries(file.path(), &format, input.len() as u64, parts, &mut |c| {
+                    cuts.push(c);
+                    Ok(())
+                })
+                .unwrap();
                 assert!(!cuts.is_empty(), "{parts} parts: no cut");
                 for &(offset, lines) in &cuts {
                     let row = starts.iter().position(|&start| start == offset);

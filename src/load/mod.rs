@@ -100,8 +100,8 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<Summary> {
     if let Some(d) = options.delimiter {
         format.delimiter = d;
     }
-    let units = input::units(&options.inputs, &format, options.header, options.jobs)?;
-    let total_bytes: Option<u64> = units.iter().map(|u| u.len).sum();
+    let sources = input::sources(&options.inputs)?;
+    let total_bytes = input::total_len(&sources)?;
     if options.compress && options.reject_file.is_some() {
         anyhow::bail!("--compress cannot be combined with --reject-file yet");
     }
@@ -142,6 +142,11 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<Summary> {
 
     let progress = Arc::new(Progress::default());
     let show = tokio::spawn(show_progress(progress.clone(), total_bytes, started));
+    let (unit_tx, units) = std::sync::mpsc::channel();
+    let producer = {
+        let (format, header, jobs) = (format.clone(), options.header, options.jobs);
+        tokio::task::spawn_blocking(move || input::produce_units(sources, &format, header, jobs, unit_tx))
+    };
     let queue = Arc::new(std::sync::Mutex::new(units));
     let router = Arc::new(input::Router { format: format.clone(), key: target.key, shard_count: target.shards.len() as u32, columns: target.columns, batch_rows: options.batch_rows });
     let mut readers = Vec::new();
@@ -150,7 +155,8 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<Summary> {
         readers.push(tokio::task::spawn_blocking(move || -> anyhow::Result<u64> {
             let mut rejected = 0;
             loop {
-                let Some(unit): Option<Unit> = queue.lock().unwrap().pop() else { return Ok(rejected) };
+                let next = queue.lock().unwrap().recv();
+                let Ok(unit): Result<Unit, _> = next else { return Ok(rejected) };
                 rejected += router.read_unit(&unit, &senders, &progress, rejects.as_ref())?;
             }
         }));
@@ -165,6 +171,10 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<Summary> {
                 failure.get_or_insert(e);
             }
         }
+    }
+    // A scan that failed part-way left the rest of its file unread.
+    if let Err(e) = producer.await? {
+        failure.get_or_insert(e);
     }
     let mut connections = Vec::new();
     for w in writers {
