@@ -176,3 +176,38 @@ async fn a_bad_row_fails_the_load_unless_a_reject_file_takes_it() {
     let c = cluster.connect().await;
     assert_eq!(text_rows(&c, "SELECT count(*) FROM m").await, vec![vec![Some("0".into())]]);
 }
+
+/// A worker stopped while rows are streaming to it fails the whole load: the
+/// rows already sent to the other worker are rolled back with it.
+#[tokio::test]
+async fn a_worker_stopped_mid_load_leaves_nothing() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute("CREATE TABLE m (id int, qty int); SELECT create_distributed_table('m', 'id', shard_count => 8)").await.unwrap();
+    let mut child = Command::new(common::tessera_bin())
+        .args(["load", "-", "--table", "m", "--batch-size", "100", "--port", &cluster.port.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("tessera load");
+    let mut stdin = child.stdin.take().unwrap();
+    let rows = |from: i32, to: i32| (from..to).map(|i| format!("{i},{i}\n")).collect::<String>();
+    stdin.write_all(rows(0, 20_000).as_bytes()).unwrap();
+    stdin.flush().unwrap();
+    // Both workers are taking rows by now (batches of 100 rows per shard).
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let stopped = cluster.workers()[1].port;
+    cluster.kill_worker(1);
+    // The loader may already have given up and closed its input.
+    stdin.write_all(rows(20_000, 40_000).as_bytes()).ok();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the load fails");
+    assert!(err.contains(&stopped.to_string()), "the error names the node: {err}");
+    cluster.start_worker(1);
+    let c = cluster.connect().await;
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM m").await, vec![vec![Some("0".into())]]);
+    assert_eq!(cluster.prepared_on_workers().await, 0);
+}
