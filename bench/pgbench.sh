@@ -5,6 +5,14 @@
 #   pgbench_select_only   pgbench -S -M prepared -c 8 -j 2 -T $DURATION -n
 #   pgbench_tpcb          pgbench    -M prepared -c 8 -j 2 -T $DURATION -n
 #   sysbench_oltp_insert  sysbench oltp_insert (pgsql driver), 1 table of 10000 rows, 8 threads
+#   insert_1row           pgbench -f: one-row INSERT into ins (k int, v text), a random key
+#   insert_9rows_1shard   pgbench -f: nine rows with one random key (one shard)
+#   insert_9rows_9shards  pgbench -f: nine rows whose keys are on nine different shards
+#                         (both workers, so Tessera commits with two-phase commit)
+#   insert_9rows_9shards_1pc  the same with citus.multi_shard_commit_protocol = '1pc'
+#                         (a start-up option; plain PostgreSQL just keeps it as a placeholder)
+# ins is distributed by k over 32 shards on Tessera; the nine keys are picked on
+# the plain server with satisfies_hash_partition, which is the shard hash.
 #
 # Environment:
 #   DURATION=30         seconds per measured run
@@ -31,7 +39,7 @@ CLIENTS=8
 JOBS=2
 SB_TABLE_SIZE=10000
 SB_THREADS=8
-WORKLOADS=(pgbench_select_only pgbench_tpcb sysbench_oltp_insert)
+WORKLOADS=(pgbench_select_only pgbench_tpcb sysbench_oltp_insert insert_1row insert_9rows_1shard insert_9rows_9shards insert_9rows_9shards_1pc)
 
 # shellcheck source=bench/lib.sh
 source "$SCRIPT_DIR/lib.sh"
@@ -142,12 +150,45 @@ if [[ $BENCH_ONLY_PLAIN == 1 ]]; then
     log "BENCH_ONLY_PLAIN=1: skipping Tessera"
 fi
 
+# Nine keys that the shard hash puts on nine different shards of 32: the
+# remainders of PostgreSQL's hash partitioning, which Tessera's shards follow.
+nine_shard_keys() { # nine_shard_keys PORT
+    psql_at "$1" -At -c "CREATE TEMP TABLE key_hash (k int) PARTITION BY HASH (k)" -c "
+        SELECT string_agg(k::text, ' ' ORDER BY r) FROM (
+            SELECT DISTINCT ON (r) r, k FROM generate_series(1, 1000) k, generate_series(0, 31) r
+            WHERE satisfies_hash_partition('key_hash'::regclass, 32, r, k) ORDER BY r, k
+        ) first_key WHERE r < 9"
+}
+
+# insert_scripts PORT: writes the pgbench scripts of the insert workloads.
+insert_scripts() {
+    local nine=() k values=''
+    read -r -a nine <<<"$(nine_shard_keys "$1")"
+    [[ ${#nine[@]} -eq 9 ]] || die "could not pick nine keys on different shards (got '${nine[*]}')"
+    printf '\\set k random(1, 10000000)\nINSERT INTO ins (k, v) VALUES (:k, %s);\n' "'x'" >"$BENCH_LOG_DIR/insert_1row.sql"
+    printf '\\set k random(1, 10000000)\nINSERT INTO ins (k, v) VALUES %s;\n' "$(printf "(:k, 'x'), %.0s" 1 2 3 4 5 6 7 8)(:k, 'x')" >"$BENCH_LOG_DIR/insert_9rows_1shard.sql"
+    for k in "${nine[@]}"; do values+="${values:+, }($k, 'x')"; done
+    printf 'INSERT INTO ins (k, v) VALUES %s;\n' "$values" >"$BENCH_LOG_DIR/insert_9rows_9shards.sql"
+    log "nine keys on nine shards: ${nine[*]}"
+}
+
+# run_inserts TARGET PORT
+run_inserts() {
+    run_pgbench "$1" "$2" insert_1row -f "$BENCH_LOG_DIR/insert_1row.sql"
+    run_pgbench "$1" "$2" insert_9rows_1shard -f "$BENCH_LOG_DIR/insert_9rows_1shard.sql"
+    run_pgbench "$1" "$2" insert_9rows_9shards -f "$BENCH_LOG_DIR/insert_9rows_9shards.sql"
+    PGOPTIONS='-c citus.multi_shard_commit_protocol=1pc' run_pgbench "$1" "$2" insert_9rows_9shards_1pc -f "$BENCH_LOG_DIR/insert_9rows_9shards.sql"
+}
+
 # (a) plain PostgreSQL 15
 start_plain
 pgbench_init plain "$PLAIN_PORT"
 run_pgbench plain "$PLAIN_PORT" pgbench_select_only -S
 run_pgbench plain "$PLAIN_PORT" pgbench_tpcb
 sysbench_part plain "$PLAIN_PORT"
+insert_scripts "$PLAIN_PORT"
+psql_at "$PLAIN_PORT" -c "CREATE TABLE ins (k int, v text)" >/dev/null || die "plain: CREATE TABLE ins failed"
+run_inserts plain "$PLAIN_PORT"
 log "plain: stopping"
 stop_plain
 
@@ -159,6 +200,9 @@ if [[ $BENCH_ONLY_PLAIN != 1 ]]; then
     run_pgbench tessera "$TESSERA_PORT" pgbench_select_only -S
     run_pgbench tessera "$TESSERA_PORT" pgbench_tpcb
     sysbench_part tessera "$TESSERA_PORT"
+    psql_at "$TESSERA_PORT" -c "CREATE TABLE ins (k int, v text)" -c "SELECT create_distributed_table('ins', 'k', shard_count => 32)" >/dev/null ||
+        die "tessera: distributing ins failed"
+    run_inserts tessera "$TESSERA_PORT"
     log "tessera: stopping"
     stop_tessera
 fi

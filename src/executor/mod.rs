@@ -49,7 +49,12 @@ pub(crate) async fn run_router_for_tag(plan: &RouterPlan, parts: &mut Participan
     let defaults = evaluate_key_defaults(plan, parts).await?;
     let tasks = plan_tasks(plan, parts, mode, defaults).await?;
     let implicit = tasks.len() > 1 && plan.is_write() && parts.begin_implicit();
-    let result = run_tasks(plan, tasks, parts, catalog, mode, client).await;
+    let result = if tasks.len() > 1 && matches!(plan.target, ShardTarget::InsertRows(_)) {
+        // Rows for several shards: every node's part at once, not shard by shard.
+        run_insert_tasks(tasks, parts, catalog, mode, client).await
+    } else {
+        run_tasks(plan, tasks, parts, catalog, mode, client).await
+    };
     if implicit {
         if result.is_ok() {
             parts.commit().await?;
@@ -214,6 +219,21 @@ async fn plan_tasks(plan: &RouterPlan, parts: &mut Participants, mode: &Mode<'_>
             }
         }
     })
+}
+
+/// Runs the tasks of a multi-row INSERT that reaches several shard groups:
+/// each node gets its shards' INSERTs in one write and the nodes work in
+/// parallel, as multi-shard statements do.
+async fn run_insert_tasks(tasks: Vec<Task>, parts: &mut Participants, catalog: &Catalog, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<String> {
+    let mut by_node: multi_shard::TasksByNode = Vec::new();
+    for task in tasks {
+        match by_node.iter_mut().find(|(n, _)| n.group_id == task.group) {
+            Some((_, sqls)) => sqls.push(task.sql),
+            None => by_node.push((node_of_group(catalog, task.group)?.clone(), vec![task.sql])),
+        }
+    }
+    let rows = multi_shard::run_concatenated(parts, &by_node, true, mode, client).await?;
+    Ok(format!("INSERT 0 {rows}"))
 }
 
 /// Runs the tasks one after another and returns the combined command tag.

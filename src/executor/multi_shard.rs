@@ -55,24 +55,9 @@ pub async fn run(plan: &MultiShardPlan, coordinator: &Coordinator, parts: &mut P
     let by_node = tasks_by_node(&plan.template, &plan.anchor, catalog)?;
     match &plan.combine {
         Combine::Concatenate => {
-            let access = if plan.is_write() { Access::Write } else { Access::Read };
             // A write on several shards is one distributed transaction.
             let implicit = plan.is_write() && parts.begin_implicit();
-            let mut sink = Sink::Client { client, describe: matches!(mode, Mode::Simple) };
-            // All nodes at once, or one after another when the session asked
-            // for sequential multi-shard writes.
-            let sequential = plan.is_write() && parts.citus_settings().await?.sequential_modify;
-            let rounds: Vec<&[(Node, Vec<Arc<str>>)]> = if sequential { by_node.chunks(1).collect() } else { vec![&by_node] };
-            let mut result = Ok(0);
-            for round in rounds {
-                match run_on_nodes(parts, round, access, mode, &mut sink).await {
-                    Ok(rows) => result = result.map(|total| total + rows),
-                    Err(e) => {
-                        result = Err(e);
-                        break;
-                    }
-                }
-            }
+            let result = run_concatenated(parts, &by_node, plan.is_write(), mode, client).await;
             if implicit {
                 if result.is_ok() {
                     parts.commit().await?;
@@ -81,7 +66,6 @@ pub async fn run(plan: &MultiShardPlan, coordinator: &Coordinator, parts: &mut P
                 }
             }
             let total = result?;
-            let Sink::Client { client, .. } = sink else { unreachable!() };
             backend::command_complete(client.out(), &format!("{} {total}", plan.command.tag()));
             Ok(())
         }
@@ -97,6 +81,21 @@ pub async fn run(plan: &MultiShardPlan, coordinator: &Coordinator, parts: &mut P
             }
         }
     }
+}
+
+/// Runs the nodes' tasks with their rows going straight to the client: all
+/// nodes at once, or one after another for writes when the session asked for
+/// sequential multi-shard writes. Returns the rows the command tags report.
+pub(super) async fn run_concatenated(parts: &mut Participants, by_node: &TasksByNode, write: bool, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<u64> {
+    let access = if write { Access::Write } else { Access::Read };
+    let mut sink = Sink::Client { client, describe: matches!(mode, Mode::Simple) };
+    let sequential = write && parts.citus_settings().await?.sequential_modify;
+    let rounds: Vec<&[(Node, Vec<Arc<str>>)]> = if sequential { by_node.chunks(1).collect() } else { vec![by_node] };
+    let mut total = 0;
+    for round in rounds {
+        total += run_on_nodes(parts, round, access, mode, &mut sink).await?;
+    }
+    Ok(total)
 }
 
 impl Sink<'_> {
