@@ -1103,3 +1103,29 @@ async fn checkpoint_reaches_every_worker() {
         assert_ne!(value(w, last).await, before[i], "worker {} wrote a new checkpoint", i + 1);
     }
 }
+
+/// A client that parses its statement again after ALTER TABLE gets the new
+/// columns, through the router and across shards, as on one server: the
+/// workers' prepared copies of the shard statements are made afresh. A
+/// statement prepared before the change fails as PostgreSQL's would.
+#[tokio::test]
+async fn statements_parsed_again_after_alter_table_see_the_new_columns() {
+    let f = Fixture::start().await;
+    f.distributed("t", "k int, v int", "k").await;
+    exec(&f.client, &format!("INSERT INTO t VALUES {}", values(1..=20, |k| format!("{k}, {k}")))).await;
+    let by_key = "SELECT * FROM t WHERE k = $1";
+    let all = "SELECT * FROM t";
+    assert_eq!(f.client.query(by_key, &[&3i32]).await.unwrap()[0].len(), 2);
+    assert_eq!(f.client.query(all, &[]).await.unwrap()[0].len(), 2);
+    let prepared_before = f.client.prepare(by_key).await.unwrap();
+    exec(&f.client, "ALTER TABLE t ADD COLUMN w int DEFAULT 7").await;
+    // A statement prepared before fails, as PostgreSQL's own would.
+    let e = f.client.query(&prepared_before, &[&3i32]).await.unwrap_err();
+    assert_eq!(e.code().map(|c| c.code()), Some("0A000"), "{e}");
+    assert!(common::error_text(&e).contains("cached plan must not change result type"), "{}", common::error_text(&e));
+    let row = &f.client.query(by_key, &[&3i32]).await.unwrap()[0];
+    assert_eq!((row.len(), row.get::<_, i32>(2)), (3, 7));
+    let rows = f.client.query(all, &[]).await.unwrap();
+    assert_eq!(rows.len(), 20);
+    assert!(rows.iter().all(|r| r.len() == 3 && r.get::<_, i32>(2) == 7));
+}

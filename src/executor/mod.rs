@@ -214,7 +214,7 @@ async fn plan_tasks(plan: &RouterPlan, parts: &mut Participants, mode: &Mode<'_>
                 [(shard, _)] if filled.is_empty() => vec![Task { group: group_node(*shard)?, sql: plan.sql_for_shard(*shard)? }],
                 _ => by_shard
                     .into_iter()
-                    .map(|(shard, rows)| Ok(Task { group: group_node(shard)?, sql: Arc::from(plan.insert_rows_sql(shard, &rows, &filled)?) }))
+                    .map(|(shard, rows)| Ok(Task { group: group_node(shard)?, sql: plan.insert_rows_sql(shard, &rows, &filled)? }))
                     .collect::<PgResult<_>>()?,
             }
         }

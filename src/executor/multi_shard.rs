@@ -134,8 +134,8 @@ async fn run_on_nodes(parts: &mut Participants, by_node: &[(Node, Vec<Arc<str>>)
         let (_, sqls) = by_node.iter().find(|(n, _)| n.group_id == w.group_id)?;
         let tx = tx.clone();
         Some(async move {
-            send_tasks(w, sqls, mode, text_results);
-            read_results(w, sqls.len(), &tx).await
+            let parsed = send_tasks(w, sqls, mode, text_results);
+            read_results(w, &parsed, &tx).await
         })
     });
     let tasks = futures::future::join_all(tasks);
@@ -168,14 +168,26 @@ async fn run_on_nodes(parts: &mut Participants, by_node: &[(Node, Vec<Arc<str>>)
     }
 }
 
-fn send_tasks(w: &mut WorkerConnection, sqls: &[Arc<str>], mode: &Mode<'_>, text_results: bool) {
+/// Queues a node's tasks. In the extended protocol each task's statement is
+/// prepared once per connection and bound by name afterwards, so a worker
+/// parses and plans a repeated shard statement only once. Returns, per task,
+/// the statement whose Parse this batch carries (to forget should it fail).
+fn send_tasks(w: &mut WorkerConnection, sqls: &[Arc<str>], mode: &Mode<'_>, text_results: bool) -> Vec<Option<Arc<str>>> {
+    let mut parsed = Vec::with_capacity(sqls.len());
     for sql in sqls {
         match mode {
-            Mode::Simple => frontend::query(w.conn.out(), sql),
+            Mode::Simple => {
+                frontend::query(w.conn.out(), sql);
+                parsed.push(None);
+            }
             Mode::Extended { bind, param_types, .. } => {
-                frontend::parse(w.conn.out(), "", sql, param_types);
+                let (name, needs_parse) = w.statement_name(sql);
+                if needs_parse {
+                    frontend::parse(w.conn.out(), &name, sql, param_types);
+                }
+                parsed.push(needs_parse.then(|| sql.clone()));
                 let formats: &[i16] = if text_results { &[] } else { &bind.result_formats };
-                frontend::bind(w.conn.out(), "", "", &bind.param_formats, &bind.params, formats);
+                frontend::bind(w.conn.out(), "", &name, &bind.param_formats, &bind.params, formats);
                 if text_results {
                     frontend::describe(w.conn.out(), Target::Portal, "");
                 }
@@ -184,17 +196,28 @@ fn send_tasks(w: &mut WorkerConnection, sqls: &[Arc<str>], mode: &Mode<'_>, text
             }
         }
     }
+    parsed
 }
 
 /// Reads one node's results up to its last ReadyForQuery, passing rows on.
-async fn read_results(w: &mut WorkerConnection, tasks: usize, rows_to: &tokio::sync::mpsc::Sender<Message>) -> PgResult<u64> {
-    let mut pending = tasks;
+/// A statement whose Parse (sent with task `i` when `parsed[i]` is set) never
+/// completed is forgotten, so that the next use parses it again.
+async fn read_results(w: &mut WorkerConnection, parsed: &[Option<Arc<str>>], rows_to: &tokio::sync::mpsc::Sender<Message>) -> PgResult<u64> {
+    let mut task = 0;
+    let mut parse_completed = false;
     let mut rows = 0u64;
     let mut error = None;
-    while pending > 0 {
+    while task < parsed.len() {
         let msg = w.conn.recv().await?;
         match msg.tag() {
-            b'Z' => pending -= 1,
+            b'1' => parse_completed = true,
+            b'Z' => {
+                if let (Some(sql), false) = (&parsed[task], parse_completed) {
+                    w.forget_statement(sql);
+                }
+                task += 1;
+                parse_completed = false;
+            }
             b'E' => {
                 error.get_or_insert_with(|| w.conn.server_error(&msg));
             }

@@ -14,7 +14,8 @@ use pg_query::protobuf::{self, a_const, AExprKind, BoolExprType, JoinType};
 use pg_query::NodeEnum;
 use std::fmt;
 use std::borrow::Cow;
-use std::sync::{Arc, OnceLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Command {
@@ -87,7 +88,15 @@ pub struct RouterPlan {
     pub insert_key: Option<InsertKey>,
     /// Deparsed SQL per shard group, filled on first use.
     shard_sql: Vec<OnceLock<Arc<str>>>,
+    /// Deparsed SQL of a multi-row INSERT's part for one shard group, by
+    /// (group, which of the first 64 VALUES rows it keeps): deparsing is most
+    /// of the coordinator's work for such a statement, and the same split
+    /// recurs (always, with literal keys).
+    insert_rows_sql: Mutex<HashMap<(u32, u64), Arc<str>>>,
 }
+
+/// Splits of a multi-row INSERT remembered per plan, at most.
+const INSERT_SPLITS_CACHED: usize = 256;
 
 impl fmt::Display for RouterPlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -122,7 +131,25 @@ impl RouterPlan {
 
     /// SQL for a multi-row INSERT that keeps only the VALUES rows in `rows`, with
     /// the distribution-column values in `filled` (row, value) written in.
-    pub fn insert_rows_sql(&self, index: u32, rows: &[usize], filled: &[(usize, String)]) -> PgResult<String> {
+    pub fn insert_rows_sql(&self, index: u32, rows: &[usize], filled: &[(usize, String)]) -> PgResult<Arc<str>> {
+        let cacheable = filled.is_empty() && rows.iter().all(|&r| r < 64);
+        let key = (index, rows.iter().fold(0u64, |mask, &r| mask | (1 << r)));
+        if cacheable {
+            if let Some(sql) = self.insert_rows_sql.lock().unwrap().get(&key) {
+                return Ok(sql.clone());
+            }
+        }
+        let sql: Arc<str> = Arc::from(self.deparse_insert_rows(index, rows, filled)?);
+        if cacheable {
+            let mut cache = self.insert_rows_sql.lock().unwrap();
+            if cache.len() < INSERT_SPLITS_CACHED {
+                cache.insert(key, sql.clone());
+            }
+        }
+        Ok(sql)
+    }
+
+    fn deparse_insert_rows(&self, index: u32, rows: &[usize], filled: &[(usize, String)]) -> PgResult<String> {
         let key = self.insert_key.as_ref();
         self.template.sql_with(index, |node| {
             let Some(NodeEnum::InsertStmt(insert)) = node.node.as_mut() else { return };
@@ -370,6 +397,7 @@ fn router_with_key(command: Command, target: ShardTarget, anchor: Option<Arc<Dis
         template,
         insert_key,
         shard_sql: (0..groups).map(|_| OnceLock::new()).collect(),
+        insert_rows_sql: Mutex::default(),
     }))
 }
 

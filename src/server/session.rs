@@ -80,6 +80,9 @@ struct Session {
     distributed: bool,
     plans: HashMap<String, Arc<CachedPlan>>,
     shapes: HashMap<(String, Vec<u32>), Arc<Shape>>,
+    /// The catalog version `shapes` were described under: a change (ALTER
+    /// TABLE, say) can change what a statement returns.
+    shapes_version: i64,
     statements: HashMap<String, Statement>,
     portals: HashMap<String, Portal>,
     /// Extended-protocol responses the coordinator database still owes us.
@@ -156,6 +159,7 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: TcpStream) -> anyhow::Re
         distributed,
         plans: HashMap::new(),
         shapes: HashMap::new(),
+        shapes_version: 0,
         statements: HashMap::new(),
         portals: HashMap::new(),
         local_expected: 0,
@@ -428,6 +432,7 @@ impl Session {
     /// client's Bind and the statement's shape for the extended protocol.
     async fn execute_distributed(&mut self, sql: &str, plan: &Plan, extended: Option<(&Bind, &Shape)>) -> Result<(), Failure> {
         let catalog = self.catalog();
+        self.parts.follow_catalog(catalog.version);
         match plan {
             Plan::Empty | Plan::Local => unreachable!("pass-through statements are forwarded"),
             Plan::Unsupported(e) => {
@@ -661,6 +666,11 @@ impl Session {
     /// Parameter types and result columns of a distributed statement: the shell
     /// tables let the coordinator database describe it exactly as PostgreSQL would.
     async fn describe_shape(&mut self, sql: &str, param_types: &[u32]) -> PgResult<Arc<Shape>> {
+        let version = self.catalog().version;
+        if version != self.shapes_version {
+            self.shapes.clear();
+            self.shapes_version = version;
+        }
         let key = (sql.to_string(), param_types.to_vec());
         if let Some(shape) = self.shapes.get(&key) {
             return Ok(shape.clone());
@@ -761,9 +771,14 @@ impl Session {
         // executed again), which spares copying its parameters.
         let Some(Portal::Distributed { statement, bind }) = self.portals.remove(&portal) else { unreachable!() };
         self.drain_local().await?;
-        let stmt = &statement.plan.statements[0];
-        let result = match self.check_not_failed(&stmt.plan) {
-            Ok(()) => self.execute_distributed(&stmt.sql, &stmt.plan, Some((&bind, &statement.shape))).await,
+        let result = match self.current_plan(&statement).await {
+            Ok(plan) => {
+                let stmt = &plan.statements[0];
+                match self.check_not_failed(&stmt.plan) {
+                    Ok(()) => self.execute_distributed(&stmt.sql, &stmt.plan, Some((&bind, &statement.shape))).await,
+                    Err(f) => Err(f),
+                }
+            }
             Err(f) => Err(f),
         };
         if let Err(f) = result {
@@ -771,6 +786,23 @@ impl Session {
         }
         self.portals.insert(portal, Portal::Distributed { statement, bind });
         Ok(())
+    }
+
+    /// The plan a prepared statement runs with now. After a catalog change it
+    /// is planned again (shards, columns and placements may have moved), and,
+    /// as PostgreSQL does for a prepared statement, it fails if its result
+    /// columns changed under it.
+    async fn current_plan(&mut self, statement: &DistributedStatement) -> Result<Arc<CachedPlan>, Failure> {
+        if statement.plan.version == self.catalog().version {
+            return Ok(statement.plan.clone());
+        }
+        let sql = statement.plan.statements[0].sql.clone();
+        let shape = self.describe_shape(&sql, &statement.shape.param_types).await?;
+        let columns = |s: &Shape| s.fields.as_ref().map(|f| f.iter().map(|c| (c.type_oid, c.type_modifier)).collect::<Vec<_>>());
+        if columns(&shape) != columns(&statement.shape) {
+            return Err(PgError::new(sqlstate::FEATURE_NOT_SUPPORTED, "cached plan must not change result type").into());
+        }
+        Ok(self.plan(&sql))
     }
 
     async fn on_close(&mut self, msg: &Message) -> anyhow::Result<()> {

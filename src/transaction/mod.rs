@@ -107,8 +107,12 @@ pub struct WorkerConnection {
     /// The current block wrote through this connection, so committing it needs
     /// the same atomicity as the other writers'.
     wrote: bool,
-    /// Shard statement text → name of the statement prepared for it on this connection.
+    /// Shard statement text → name of the statement prepared for it on this
+    /// connection, for the catalog version the session last ran under.
     prepared: HashMap<Arc<str>, String>,
+    /// Statements ever prepared here: names are never reused, since those
+    /// forgotten after a catalog change still exist on the worker.
+    statements_made: u32,
     /// True while an extended-protocol exchange awaits its Sync.
     pub needs_sync: bool,
     last_used: std::time::Instant,
@@ -124,7 +128,8 @@ impl WorkerConnection {
         if let Some(name) = self.prepared.get(sql) {
             return (name.clone(), false);
         }
-        let name = format!("tessera_{}", self.prepared.len() + 1);
+        self.statements_made += 1;
+        let name = format!("tessera_{}", self.statements_made);
         self.prepared.insert(sql.clone(), name.clone());
         (name, true)
     }
@@ -174,6 +179,9 @@ pub struct Participants {
     /// The session's `citus.*` settings, once read; forgotten whenever a
     /// statement may have changed them.
     settings: Option<CitusSettings>,
+    /// The catalog version the worker connections' prepared statements were
+    /// made under.
+    catalog_version: i64,
 }
 
 /// The `citus.*` settings (kept by the coordinator database, where SET runs)
@@ -190,7 +198,7 @@ pub struct CitusSettings {
 impl Participants {
     pub fn new(mut local: PgConnection, login: Login, cancel_targets: CancelTargets, two_phase: TwoPhase) -> Self {
         local.track_parameter_changes();
-        Participants { local, local_in_block: false, workers: HashMap::new(), login, block: None, cancel_targets, two_phase, settings: None }
+        Participants { local, local_in_block: false, workers: HashMap::new(), login, block: None, cancel_targets, two_phase, settings: None, catalog_version: 0 }
     }
 
     /// The identity worker connections log in with.
@@ -275,7 +283,7 @@ impl Participants {
             }
             let conn = PgConnection::connect(&node.addr, &self.login).await?;
             self.cancel_targets.lock().unwrap().push((node.addr.clone(), conn.backend_key()));
-            self.workers.insert(node.group_id, WorkerConnection { conn, group_id: node.group_id, in_block: false, wrote: false, prepared: HashMap::new(), needs_sync: false, last_used: std::time::Instant::now() });
+            self.workers.insert(node.group_id, WorkerConnection { conn, group_id: node.group_id, in_block: false, wrote: false, prepared: HashMap::new(), statements_made: 0, needs_sync: false, last_used: std::time::Instant::now() });
         }
         let worker = self.workers.get_mut(&node.group_id).unwrap();
         worker.last_used = std::time::Instant::now();
@@ -304,6 +312,20 @@ impl Participants {
             match self.login.options.iter_mut().find(|(k, _)| k.eq_ignore_ascii_case(&name)) {
                 Some(slot) => slot.1 = value,
                 None => self.login.options.push((name, value)),
+            }
+        }
+    }
+
+    /// Called with the catalog each distributed statement runs under. After a
+    /// catalog change (DDL above all) the statements prepared on the workers
+    /// are prepared afresh: a statement such as `SELECT *` prepared before an
+    /// ALTER TABLE would fail with "cached plan must not change result type",
+    /// where a client that parses its statement again expects it to work.
+    pub fn follow_catalog(&mut self, version: i64) {
+        if version != self.catalog_version {
+            self.catalog_version = version;
+            for w in self.workers.values_mut() {
+                w.prepared.clear();
             }
         }
     }
