@@ -70,8 +70,6 @@ impl From<PgError> for Failure {
 }
 
 struct Session {
-    /// The application_name of this session's worker backends.
-    session_name: String,
     coordinator: Arc<Coordinator>,
     client: ClientConn,
     parts: Participants,
@@ -80,9 +78,9 @@ struct Session {
     distributed: bool,
     plans: HashMap<String, Arc<CachedPlan>>,
     shapes: HashMap<(String, Vec<u32>), Arc<Shape>>,
-    /// The catalog version `shapes` were described under: a change (ALTER
-    /// TABLE, say) can change what a statement returns.
-    shapes_version: i64,
+    /// The catalog version `shapes` and the statements prepared on the
+    /// workers were made under; see `follow_catalog`.
+    catalog_version: i64,
     statements: HashMap<String, Statement>,
     portals: HashMap<String, Portal>,
     /// Extended-protocol responses the coordinator database still owes us.
@@ -139,7 +137,7 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: TcpStream) -> anyhow::Re
     let transactions = &coordinator.config.transactions;
     let two_phase = TwoPhase::new(coordinator.process_id, key.0, Duration::from_secs_f64(transactions.grace_secs), transactions.fault_injection.map(|f| (f, transactions.fault_after_commits)), coordinator.commit_log.clone());
     let mut worker_options: Vec<(String, String)> = options.into_iter().filter(|(k, _)| WORKER_PARAMETERS.iter().any(|p| p.eq_ignore_ascii_case(k))).collect();
-    worker_options.push(("application_name".into(), two_phase.session_name()));
+    worker_options.push(("application_name".into(), two_phase.session_name().to_string()));
     let worker_login = Login { user, database: coordinator.config.coordinator_db.database.clone(), password: coordinator.config.coordinator_db.password.clone(), options: worker_options };
     let cancel_targets = coordinator.register_session(key);
     cancel_targets.lock().unwrap().push((coordinator.config.coordinator_db_addr(), local.backend_key()));
@@ -152,14 +150,13 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: TcpStream) -> anyhow::Re
     client.flush().await?;
     let distributed = database == coordinator.config.coordinator_db.database;
     let mut session = Session {
-        session_name: two_phase.session_name(),
         coordinator: coordinator.clone(),
         client,
         parts: Participants::new(local, worker_login, cancel_targets, two_phase),
         distributed,
         plans: HashMap::new(),
         shapes: HashMap::new(),
-        shapes_version: 0,
+        catalog_version: 0,
         statements: HashMap::new(),
         portals: HashMap::new(),
         local_expected: 0,
@@ -307,6 +304,21 @@ impl Session {
         }
     }
 
+    /// The catalog to run under. After a catalog change (DDL above all) the
+    /// statement descriptions and the statements prepared on the workers are
+    /// made afresh: a statement such as `SELECT *` described or prepared before
+    /// an ALTER TABLE would show or return the old columns, where a client that
+    /// parses its statement again expects the new ones.
+    fn follow_catalog(&mut self) -> Arc<Catalog> {
+        let catalog = self.catalog();
+        if catalog.version != self.catalog_version {
+            self.catalog_version = catalog.version;
+            self.shapes.clear();
+            self.parts.forget_prepared_statements();
+        }
+        catalog
+    }
+
     fn plan(&mut self, sql: &str) -> Arc<CachedPlan> {
         let planned = self.plan_cached(sql);
         if planned.statements.iter().any(|s| s.changes_citus_settings) {
@@ -345,7 +357,7 @@ impl Session {
         if e.code() != sqlstate::QUERY_CANCELED {
             return failure;
         }
-        let cycle = self.parts.block_started().and_then(|started| self.coordinator.take_deadlock_victim(&self.session_name, started));
+        let cycle = self.parts.block_started().and_then(|started| self.coordinator.take_deadlock_victim(self.parts.session_name(), started));
         match cycle {
             Some(cycle) => {
                 self.release_work = true;
@@ -431,8 +443,7 @@ impl Session {
     /// Runs a statement that is not plain pass-through. `extended` carries the
     /// client's Bind and the statement's shape for the extended protocol.
     async fn execute_distributed(&mut self, sql: &str, plan: &Plan, extended: Option<(&Bind, &Shape)>) -> Result<(), Failure> {
-        let catalog = self.catalog();
-        self.parts.follow_catalog(catalog.version);
+        let catalog = self.follow_catalog();
         match plan {
             Plan::Empty | Plan::Local => unreachable!("pass-through statements are forwarded"),
             Plan::Unsupported(e) => {
@@ -666,11 +677,7 @@ impl Session {
     /// Parameter types and result columns of a distributed statement: the shell
     /// tables let the coordinator database describe it exactly as PostgreSQL would.
     async fn describe_shape(&mut self, sql: &str, param_types: &[u32]) -> PgResult<Arc<Shape>> {
-        let version = self.catalog().version;
-        if version != self.shapes_version {
-            self.shapes.clear();
-            self.shapes_version = version;
-        }
+        self.follow_catalog();
         let key = (sql.to_string(), param_types.to_vec());
         if let Some(shape) = self.shapes.get(&key) {
             return Ok(shape.clone());

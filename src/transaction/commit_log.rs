@@ -8,7 +8,7 @@
 //! while a batch is being written goes into the next one.
 
 use crate::connection::{quote_literal, Login, PgConnection, ServerAddr};
-use crate::error::PgError;
+use crate::error::{PgError, PgResult};
 use tokio::sync::{mpsc, oneshot};
 
 /// Records in one INSERT at most.
@@ -24,6 +24,18 @@ pub enum RecordOutcome {
     /// The connection broke while the records were on their way: recovery
     /// will find them or not, and settle the transaction either way.
     Unknown(PgError),
+}
+
+impl RecordOutcome {
+    /// The outcome of writing the records on `conn`: an error that broke the
+    /// connection leaves it unknown whether the commit went through.
+    pub fn of(written: PgResult<()>, conn: &PgConnection) -> RecordOutcome {
+        match written {
+            Ok(()) => RecordOutcome::Written,
+            Err(e) if conn.is_broken() => RecordOutcome::Unknown(e),
+            Err(e) => RecordOutcome::NotWritten(e),
+        }
+    }
 }
 
 struct Request {
@@ -87,11 +99,8 @@ async fn write_batch(conn: &mut Option<PgConnection>, addr: &ServerAddr, login: 
         }
     }
     let writer = conn.as_mut().expect("connected above");
-    match writer.execute(&insert_records(batch.iter().flat_map(|r| &r.records))).await {
-        Ok(_) => RecordOutcome::Written,
-        Err(e) if writer.is_broken() => RecordOutcome::Unknown(e),
-        Err(e) => RecordOutcome::NotWritten(e),
-    }
+    let written = writer.execute(&insert_records(batch.iter().flat_map(|r| &r.records))).await.map(|_| ());
+    RecordOutcome::of(written, writer)
 }
 
 /// The INSERT of commit records into `pg_dist_transaction`.

@@ -51,6 +51,12 @@ pub struct TwoPhase {
     /// Writes the decisions of transactions the coordinator database took no
     /// part in.
     commit_log: CommitLog,
+    /// `tessera:<process>:<session>`: the application_name of the session's
+    /// worker connections, set when they open. A session runs one transaction
+    /// at a time, so the deadlock detector tells distributed transactions apart
+    /// by it (and by the backends' transaction start times) without a SET per
+    /// transaction on every worker.
+    session_name: Arc<str>,
 }
 
 /// Test-only: how many commits of this process have reached the injected fault
@@ -60,16 +66,18 @@ static FAULT_POINT_REACHED: std::sync::atomic::AtomicU32 = std::sync::atomic::At
 
 impl TwoPhase {
     pub fn new(process_id: u32, session_id: i32, grace: std::time::Duration, fault: Option<(Fault, u32)>, commit_log: CommitLog) -> Self {
-        TwoPhase { prefix: Arc::from(format!("{GID_PREFIX}{process_id}_{session_id}_")), counter: Default::default(), grace, fault, commit_log }
+        TwoPhase {
+            prefix: Arc::from(format!("{GID_PREFIX}{process_id}_{session_id}_")),
+            counter: Default::default(),
+            grace,
+            fault,
+            commit_log,
+            session_name: Arc::from(format!("{TRANSACTION_ID_PREFIX}{process_id}:{session_id}")),
+        }
     }
 
-    /// `tessera:<process>:<session>`: the application_name of the session's
-    /// worker connections, set when they open. A session runs one transaction
-    /// at a time, so the deadlock detector tells distributed transactions apart
-    /// by it (and by the backends' transaction start times) without a SET per
-    /// transaction on every worker.
-    pub fn session_name(&self) -> String {
-        format!("{TRANSACTION_ID_PREFIX}{}", self.prefix.trim_start_matches(GID_PREFIX).trim_end_matches('_').replace('_', ":"))
+    pub fn session_name(&self) -> &str {
+        &self.session_name
     }
 
     fn next_gid(&self) -> String {
@@ -179,9 +187,6 @@ pub struct Participants {
     /// The session's `citus.*` settings, once read; forgotten whenever a
     /// statement may have changed them.
     settings: Option<CitusSettings>,
-    /// The catalog version the worker connections' prepared statements were
-    /// made under.
-    catalog_version: i64,
 }
 
 /// The `citus.*` settings (kept by the coordinator database, where SET runs)
@@ -198,7 +203,7 @@ pub struct CitusSettings {
 impl Participants {
     pub fn new(mut local: PgConnection, login: Login, cancel_targets: CancelTargets, two_phase: TwoPhase) -> Self {
         local.track_parameter_changes();
-        Participants { local, local_in_block: false, workers: HashMap::new(), login, block: None, cancel_targets, two_phase, settings: None, catalog_version: 0 }
+        Participants { local, local_in_block: false, workers: HashMap::new(), login, block: None, cancel_targets, two_phase, settings: None }
     }
 
     /// The identity worker connections log in with.
@@ -316,17 +321,17 @@ impl Participants {
         }
     }
 
-    /// Called with the catalog each distributed statement runs under. After a
-    /// catalog change (DDL above all) the statements prepared on the workers
-    /// are prepared afresh: a statement such as `SELECT *` prepared before an
-    /// ALTER TABLE would fail with "cached plan must not change result type",
-    /// where a client that parses its statement again expects it to work.
-    pub fn follow_catalog(&mut self, version: i64) {
-        if version != self.catalog_version {
-            self.catalog_version = version;
-            for w in self.workers.values_mut() {
-                w.prepared.clear();
-            }
+    /// The session's name, which its worker connections carry.
+    pub fn session_name(&self) -> &str {
+        self.two_phase.session_name()
+    }
+
+    /// Forgets the statements prepared on the workers (they stay there until
+    /// the connection closes, under names never used again), so that the
+    /// next use prepares them afresh.
+    pub fn forget_prepared_statements(&mut self) {
+        for w in self.workers.values_mut() {
+            w.prepared.clear();
         }
     }
 
@@ -547,11 +552,7 @@ impl Participants {
                     Err(e)
                 }
             };
-            match written {
-                Ok(()) => RecordOutcome::Written,
-                Err(e) if self.local.is_broken() => RecordOutcome::Unknown(e),
-                Err(e) => RecordOutcome::NotWritten(e),
-            }
+            RecordOutcome::of(written, &self.local)
         } else {
             two_phase.commit_log.write(prepared.clone()).await
         };
