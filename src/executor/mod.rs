@@ -227,10 +227,7 @@ async fn plan_tasks(plan: &RouterPlan, parts: &mut Participants, mode: &Mode<'_>
 async fn run_insert_tasks(tasks: Vec<Task>, parts: &mut Participants, catalog: &Catalog, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<String> {
     let mut by_node: multi_shard::TasksByNode = Vec::new();
     for task in tasks {
-        match by_node.iter_mut().find(|(n, _)| n.group_id == task.group) {
-            Some((_, sqls)) => sqls.push(task.sql),
-            None => by_node.push((node_of_group(catalog, task.group)?.clone(), vec![task.sql])),
-        }
+        multi_shard::add_task(&mut by_node, node_of_group(catalog, task.group)?, task.sql);
     }
     let rows = multi_shard::run_concatenated(parts, &by_node, true, mode, client).await?;
     Ok(format!("INSERT 0 {rows}"))

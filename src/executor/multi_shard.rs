@@ -34,13 +34,17 @@ pub(super) fn tasks_by_node(template: &ShardTemplate, anchor: &DistributedTable,
     for shard in &anchor.shards {
         let group = *shard.placements.first().ok_or_else(|| PgError::internal(format!("shard {} has no placement", shard.id)))?;
         let node = catalog.node_for_group(group).ok_or_else(|| PgError::internal(format!("no node for group {group}")))?;
-        let sql: Arc<str> = Arc::from(template.sql_for_shard(shard.index)?);
-        match by_node.iter_mut().find(|(n, _)| n.group_id == group) {
-            Some((_, list)) => list.push(sql),
-            None => by_node.push((node.clone(), vec![sql])),
-        }
+        add_task(&mut by_node, node, Arc::from(template.sql_for_shard(shard.index)?));
     }
     Ok(by_node)
+}
+
+/// Adds a task for `node`, after the node's earlier ones.
+pub(super) fn add_task(by_node: &mut TasksByNode, node: &Node, sql: Arc<str>) {
+    match by_node.iter_mut().find(|(n, _)| n.group_id == node.group_id) {
+        Some((_, list)) => list.push(sql),
+        None => by_node.push((node.clone(), vec![sql])),
+    }
 }
 
 /// Runs the tasks and collects their rows as text, with the columns.
