@@ -8,11 +8,17 @@ use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-fn load(cluster: &TestCluster, args: &[&str], stdin: Option<&[u8]>) -> (bool, String, String) {
+/// Starts `tessera load` against the cluster with its output captured and,
+/// if `stdin`, its standard input open for the caller to write to.
+fn spawn_load(cluster: &TestCluster, args: &[&str], stdin: bool) -> std::process::Child {
     let mut cmd = Command::new(common::tessera_bin());
     cmd.arg("load").args(args).args(["--port", &cluster.port.to_string()]);
-    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() }).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("tessera load");
+    cmd.stdin(if stdin { Stdio::piped() } else { Stdio::null() }).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.spawn().expect("tessera load")
+}
+
+fn load(cluster: &TestCluster, args: &[&str], stdin: Option<&[u8]>) -> (bool, String, String) {
+    let mut child = spawn_load(cluster, args, stdin.is_some());
     if let Some(data) = stdin {
         child.stdin.take().unwrap().write_all(data).unwrap();
     }
@@ -20,19 +26,25 @@ fn load(cluster: &TestCluster, args: &[&str], stdin: Option<&[u8]>) -> (bool, St
     (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
-/// Rows in each shard, read on the workers, by shard index.
-async fn rows_per_shard(cluster: &TestCluster, table: &str) -> Vec<i64> {
+/// `query` (given the shard table's name) run on each shard's worker, by
+/// shard index.
+async fn per_shard(cluster: &TestCluster, table: &str, query: impl Fn(&str) -> String) -> Vec<i64> {
     let c = cluster.connect().await;
     let shards = text_rows(&c, &format!("SELECT s.shardindex, s.shardid, n.nodeport FROM pg_dist_shard s JOIN pg_dist_placement p USING (shardid) JOIN pg_dist_node n ON n.groupid = p.groupid WHERE s.logicalrelid = '{table}'::regclass ORDER BY 1")).await;
-    let mut counts = Vec::new();
+    let mut values = Vec::new();
     for shard in shards {
         let port: u16 = shard[2].as_deref().unwrap().parse().unwrap();
         let worker = cluster.workers().into_iter().position(|w| w.port == port).unwrap();
         let w = cluster.connect_worker(worker).await;
-        let n: i64 = w.query_one(&format!("SELECT count(*) FROM {table}_{}", shard[1].as_deref().unwrap()), &[]).await.unwrap().get(0);
-        counts.push(n);
+        let shard_table = format!("{table}_{}", shard[1].as_deref().unwrap());
+        values.push(w.query_one(&query(&shard_table), &[]).await.unwrap().get(0));
     }
-    counts
+    values
+}
+
+/// Rows in each shard, read on the workers, by shard index.
+async fn rows_per_shard(cluster: &TestCluster, table: &str) -> Vec<i64> {
+    per_shard(cluster, table, |shard| format!("SELECT count(*) FROM {shard}")).await
 }
 
 fn write(path: &Path, data: &[u8]) {
@@ -117,15 +129,8 @@ async fn a_split_file_reaches_each_shard_in_file_order() {
     let (ok, out, err) = load(&cluster, &["--table", "seq", "--jobs", "4", file.to_str().unwrap()], None);
     assert!(ok, "{out}{err}");
     assert_eq!(text_rows(&c, "SELECT count(*), count(DISTINCT id), max(id) FROM seq").await, vec![vec![Some(rows.to_string()), Some(rows.to_string()), Some(rows.to_string())]]);
-    let shards = text_rows(&c, "SELECT s.shardid, n.nodeport FROM pg_dist_shard s JOIN pg_dist_placement p USING (shardid) JOIN pg_dist_node n ON n.groupid = p.groupid WHERE s.logicalrelid = 'seq'::regclass").await;
-    for shard in shards {
-        let port: u16 = shard[1].as_deref().unwrap().parse().unwrap();
-        let worker = cluster.workers().into_iter().position(|w| w.port == port).unwrap();
-        let w = cluster.connect_worker(worker).await;
-        let sql = format!("SELECT count(*) FILTER (WHERE id < previous) FROM (SELECT id, lag(id) OVER (ORDER BY ctid) AS previous FROM seq_{}) r", shard[0].as_deref().unwrap());
-        let out_of_order: i64 = w.query_one(&sql, &[]).await.unwrap().get(0);
-        assert_eq!(out_of_order, 0, "shard {} holds its rows in file order", shard[0].as_deref().unwrap());
-    }
+    let out_of_order = per_shard(&cluster, "seq", |shard| format!("SELECT count(*) FILTER (WHERE id < previous) FROM (SELECT id, lag(id) OVER (ORDER BY ctid) AS previous FROM {shard}) r")).await;
+    assert_eq!(out_of_order, vec![0; 4], "every shard holds its rows in file order");
 }
 
 #[tokio::test]
@@ -184,13 +189,7 @@ async fn a_worker_stopped_mid_load_leaves_nothing() {
     let cluster = TestCluster::start(2);
     let c = cluster.connect().await;
     c.batch_execute("CREATE TABLE m (id int, qty int); SELECT create_distributed_table('m', 'id', shard_count => 8)").await.unwrap();
-    let mut child = Command::new(common::tessera_bin())
-        .args(["load", "-", "--table", "m", "--batch-size", "100", "--port", &cluster.port.to_string()])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("tessera load");
+    let mut child = spawn_load(&cluster, &["-", "--table", "m", "--batch-size", "100"], true);
     let mut stdin = child.stdin.take().unwrap();
     let rows = |from: i32, to: i32| (from..to).map(|i| format!("{i},{i}\n")).collect::<String>();
     stdin.write_all(rows(0, 20_000).as_bytes()).unwrap();

@@ -47,7 +47,7 @@ pub struct Unit {
 /// several readers instead would arrive as ascending runs side by side, and a
 /// B-tree filled that way splits its pages in the middle and ends up about
 /// half as dense (+50% for the primary key of a sorted pgbench_accounts).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct InOrder {
     /// The piece whose rows go next; None once a reader failed, so that no
     /// one waits for its turn for ever.
