@@ -79,7 +79,7 @@ struct Session {
     plans: HashMap<String, Arc<CachedPlan>>,
     shapes: HashMap<(String, Vec<u32>), Arc<Shape>>,
     /// The catalog version `shapes` and the statements prepared on the
-    /// workers were made under; see `follow_catalog`.
+    /// workers were made under; see `catalog_to_run_under`.
     catalog_version: i64,
     statements: HashMap<String, Statement>,
     portals: HashMap<String, Portal>,
@@ -309,7 +309,7 @@ impl Session {
     /// made afresh: a statement such as `SELECT *` described or prepared before
     /// an ALTER TABLE would show or return the old columns, where a client that
     /// parses its statement again expects the new ones.
-    fn follow_catalog(&mut self) -> Arc<Catalog> {
+    fn catalog_to_run_under(&mut self) -> Arc<Catalog> {
         let catalog = self.catalog();
         if catalog.version != self.catalog_version {
             self.catalog_version = catalog.version;
@@ -443,7 +443,7 @@ impl Session {
     /// Runs a statement that is not plain pass-through. `extended` carries the
     /// client's Bind and the statement's shape for the extended protocol.
     async fn execute_distributed(&mut self, sql: &str, plan: &Plan, extended: Option<(&Bind, &Shape)>) -> Result<(), Failure> {
-        let catalog = self.follow_catalog();
+        let catalog = self.catalog_to_run_under();
         match plan {
             Plan::Empty | Plan::Local => unreachable!("pass-through statements are forwarded"),
             Plan::Unsupported(e) => {
@@ -677,7 +677,7 @@ impl Session {
     /// Parameter types and result columns of a distributed statement: the shell
     /// tables let the coordinator database describe it exactly as PostgreSQL would.
     async fn describe_shape(&mut self, sql: &str, param_types: &[u32]) -> PgResult<Arc<Shape>> {
-        self.follow_catalog();
+        self.catalog_to_run_under();
         let key = (sql.to_string(), param_types.to_vec());
         if let Some(shape) = self.shapes.get(&key) {
             return Ok(shape.clone());
