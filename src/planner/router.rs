@@ -132,15 +132,15 @@ impl RouterPlan {
     /// SQL for a multi-row INSERT that keeps only the VALUES rows in `rows`, with
     /// the distribution-column values in `filled` (row, value) written in.
     pub fn insert_rows_sql(&self, index: u32, rows: &[usize], filled: &[(usize, String)]) -> PgResult<Arc<str>> {
-        let cacheable = filled.is_empty() && rows.iter().all(|&r| r < 64);
-        let key = (index, rows.iter().fold(0u64, |mask, &r| mask | (1 << r)));
-        if cacheable {
-            if let Some(sql) = self.insert_rows_sql.lock().unwrap().get(&key) {
+        // Row sets are cached by bitmask, so only those of the first 64 rows.
+        let key = (filled.is_empty() && rows.iter().all(|&r| r < 64)).then(|| (index, rows.iter().fold(0u64, |mask, &r| mask | (1u64 << r))));
+        if let Some(key) = &key {
+            if let Some(sql) = self.insert_rows_sql.lock().unwrap().get(key) {
                 return Ok(sql.clone());
             }
         }
         let sql: Arc<str> = Arc::from(self.deparse_insert_rows(index, rows, filled)?);
-        if cacheable {
+        if let Some(key) = key {
             let mut cache = self.insert_rows_sql.lock().unwrap();
             if cache.len() < INSERT_SPLITS_CACHED {
                 cache.insert(key, sql.clone());
