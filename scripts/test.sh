@@ -8,7 +8,7 @@ scripts/setup.sh
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
-cargo test --no-fail-fast -- --test-threads="${TEST_THREADS:-2}" "$@" 2>&1 | tee "$log" || status=$?
+cargo test --profile suite --no-fail-fast -- --test-threads="${TEST_THREADS:-2}" "$@" 2>&1 | tee "$log" || status=$?
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "%d passed, %d failed\n", p, f }' "$log"
 exit "$status"

@@ -105,5 +105,5 @@ fn rewrite_index(sql: &str, schema: &str, relname: &str, shard_id: i64) -> PgRes
             rel.schemaname = schema.to_string();
         }
     }
-    pg_query::deparse(&parsed).map_err(|e| PgError::internal(format!("could not deparse index definition: {e}")))
+    crate::planner::deparse::deparse_faithfully(&parsed)
 }

@@ -6,7 +6,8 @@
 //! server are refused: the shards live on other machines.
 
 use super::fallback::{self, FallbackPlan};
-use super::rewrite::{deparse, name_shard};
+use super::deparse::deparse_statement as deparse;
+use super::rewrite::name_shard;
 use super::walk::range_vars;
 use super::{resolve_range_var, Plan};
 use crate::copy::{CopyFormat, Format, KeyField};

@@ -1,7 +1,7 @@
 //! Utility statements on distributed tables: DDL that must reach the shell table
 //! on the coordinator database and every shard, atomically.
 
-use super::rewrite::{self, name_shard, ShardTemplate};
+use super::rewrite::{name_shard, ShardTemplate};
 use super::{not_supported, referenced_tables, resolve_range_var, Plan};
 use crate::connection::{quote_ident, quote_literal};
 use crate::error::{PgError, PgResult};
@@ -123,12 +123,12 @@ impl DdlPlan {
                 stmt.relations = for_shards_on(tables, group, |rv| Some(rv)).into_iter().map(|rv| node(NodeEnum::RangeVar(rv))).collect();
                 // Sequences live on the coordinator database, which restarts them.
                 stmt.restart_seqs = false;
-                rewrite::deparse(*version, NodeEnum::TruncateStmt(stmt))
+                super::deparse::deparse_statement(*version, NodeEnum::TruncateStmt(stmt))
             }
             DdlPlan::Vacuum { version, stmt, rels } => {
                 let mut stmt = stmt.clone();
                 stmt.rels = for_shards_on(rels, group, |vr| vr.relation.as_mut()).into_iter().map(|vr| node(NodeEnum::VacuumRelation(vr))).collect();
-                rewrite::deparse(*version, NodeEnum::VacuumStmt(stmt))
+                super::deparse::deparse_statement(*version, NodeEnum::VacuumStmt(stmt))
             }
             DdlPlan::Checkpoint => Ok("CHECKPOINT".into()),
             DdlPlan::Propagate { .. } | DdlPlan::DropIndex(_) => unreachable!("{self} has no statement per node"),
@@ -183,7 +183,7 @@ impl DropIndex {
                 })
             })
             .collect();
-        rewrite::deparse(self.version, NodeEnum::DropStmt(stmt))
+        super::deparse::deparse_statement(self.version, NodeEnum::DropStmt(stmt))
     }
 }
 
@@ -250,6 +250,9 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
     // `also`: tables the statement names where the generic walk behind
     // referenced_tables does not look (RENAME's table, foreign-key targets).
     let propagate = |table: &Arc<DistributedTable>, also: Vec<Arc<DistributedTable>>, catalog_sql: Option<String>| {
+        if let Err(refusal) = super::deparse::deparse_faithfully(&protobuf::ParseResult { version, stmts: vec![raw.clone()] }) {
+            return Plan::Unsupported(refusal);
+        }
         let mut tables = referenced_tables(raw, catalog);
         for t in std::iter::once(table.clone()).chain(also) {
             if !tables.iter().any(|o| o.oid == t.oid) {

@@ -3,7 +3,7 @@
 //! task's plan from the worker that runs it (for the fallback, the coordinator
 //! database's plan).
 
-use super::rewrite::deparse;
+use super::deparse::deparse_statement as deparse;
 use super::{not_supported, plan_statement, Plan};
 use crate::error::{PgError, PgResult};
 use crate::metadata::Catalog;

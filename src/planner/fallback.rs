@@ -11,7 +11,8 @@
 //! Only reads of distributed tables go this way: writes to them would bypass the
 //! coordinator's transaction handling, so those stay refused.
 
-use super::rewrite::{deparse, unqualify_schema};
+use super::deparse::deparse_statement as deparse;
+use super::rewrite::unqualify_schema;
 use super::walk::{range_vars, references_mut, visit_mut, Reference};
 use super::{resolve_range_var, Plan};
 use crate::error::PgResult;

@@ -94,10 +94,10 @@ pub(super) fn cluster_call(select: &SelectStmt) -> Option<Plan> {
         .collect();
     let eval = SelectStmt { target_list: targets, op: SetOperation::SetopNone as i32, limit_option: LimitOption::Default as i32, ..Default::default() };
     let tree = protobuf::ParseResult {
-        version: 150001,
+        version: super::deparse::BUILT_TREE_VERSION,
         stmts: vec![protobuf::RawStmt { stmt: Some(Box::new(protobuf::Node { node: Some(NodeEnum::SelectStmt(Box::new(eval))) })), stmt_location: 0, stmt_len: 0 }],
     };
-    let arguments_sql = if params.is_empty() { String::new() } else { pg_query::deparse(&tree).ok()? };
+    let arguments_sql = if params.is_empty() { String::new() } else { super::deparse::deparse_tree(&tree).ok()? };
     let column_name = if target.name.is_empty() { name.to_string() } else { target.name.clone() };
     Some(Plan::ClusterFunction(ClusterCall { function, column_name, arguments_sql }))
 }

@@ -68,7 +68,7 @@ pub(super) fn plan(insert: &InsertStmt, select: &SelectStmt, target: Arc<Distrib
     }
     let select_node = NodeEnum::SelectStmt(Box::new(select.clone()));
     let (select_sql, reads_distributed) = match &source {
-        Plan::Local => match select_node.deparse() {
+        Plan::Local => match super::deparse::deparse_statement(version, select_node.clone()) {
             Ok(sql) => (sql, false),
             Err(e) => return not_supported(format!("could not print the SELECT: {e}")),
         },

@@ -8,6 +8,7 @@
 //! exactly PostgreSQL's. Shapes this cannot split exactly go to the general
 //! fallback instead.
 
+use super::deparse::{deparse_statement, BUILT_TREE_VERSION};
 use super::fallback::{self, FallbackPlan};
 use super::rewrite::ShardTemplate;
 use super::walk::visit_mut;
@@ -215,7 +216,7 @@ fn plain_select() -> SelectStmt {
 /// An expression's text, to tell equal expressions apart from different ones.
 fn expression_key(node: &NodeEnum) -> Option<String> {
     let select = SelectStmt { target_list: vec![res_target("", Node { node: Some(node.clone()) })], ..plain_select() };
-    NodeEnum::SelectStmt(Box::new(select)).deparse().ok()
+    deparse_statement(BUILT_TREE_VERSION, NodeEnum::SelectStmt(Box::new(select))).ok()
 }
 
 fn is_expression(node: &NodeEnum) -> bool {
@@ -271,7 +272,7 @@ fn combine_statement(select: &SelectStmt, target_list: Vec<Node>, group_clause: 
         limit_option: select.limit_option,
         ..plain_select()
     };
-    NodeEnum::SelectStmt(Box::new(combine)).deparse().map_err(|e| e.to_string())
+    deparse_statement(BUILT_TREE_VERSION, NodeEnum::SelectStmt(Box::new(combine))).map_err(|e| e.message().to_string())
 }
 
 // ---------------------------------------------------------------- rows

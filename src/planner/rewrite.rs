@@ -2,7 +2,8 @@
 //! distributed or reference table is pointed at the shard that lives on the
 //! target node, then the tree is deparsed back to SQL for the worker.
 
-use crate::error::{PgError, PgResult};
+use crate::error::PgResult;
+use super::deparse::deparse_tree;
 use crate::metadata::{DistributedTable, Shard};
 use pg_query::protobuf::{self, Alias};
 use super::walk::{references_mut, Reference};
@@ -107,12 +108,3 @@ pub fn name_shard(rv: &mut protobuf::RangeVar, table: &DistributedTable, shard: 
     rv.schemaname = table.schema.clone();
 }
 
-/// SQL text for one statement; `version` is that of the parse result it came from.
-pub fn deparse(version: i32, stmt: NodeEnum) -> PgResult<String> {
-    let raw = protobuf::RawStmt { stmt: Some(Box::new(protobuf::Node { node: Some(stmt) })), stmt_location: 0, stmt_len: 0 };
-    deparse_tree(&protobuf::ParseResult { version, stmts: vec![raw] })
-}
-
-fn deparse_tree(tree: &protobuf::ParseResult) -> PgResult<String> {
-    pg_query::deparse(tree).map_err(|e| PgError::internal(format!("could not deparse the statement for a shard: {e}")))
-}

@@ -159,6 +159,29 @@ pub fn visit_mut(node: &mut NodeEnum, f: &mut dyn FnMut(&mut NodeEnum)) {
             visit_boxed(&mut c.coldefexpr, f);
         }
         IndexElem(e) => visit_boxed(&mut e.expr, f),
+        // The DDL the coordinator deparses for shards: expressions in column
+        // definitions, constraints and indexes.
+        CreateStmt(s) => each(&mut s.table_elts, f),
+        ColumnDef(c) => {
+            visit_boxed(&mut c.raw_default, f);
+            each(&mut c.constraints, f);
+        }
+        Constraint(c) => {
+            visit_boxed(&mut c.raw_expr, f);
+            each(&mut c.exclusions, f);
+            visit_boxed(&mut c.where_clause, f);
+        }
+        IndexStmt(s) => {
+            each(&mut s.index_params, f);
+            visit_boxed(&mut s.where_clause, f);
+        }
+        AlterTableStmt(s) => each(&mut s.cmds, f),
+        AlterTableCmd(c) => visit_boxed(&mut c.def, f),
+        CopyStmt(s) => {
+            visit_boxed(&mut s.query, f);
+            visit_boxed(&mut s.where_clause, f);
+        }
+        ExplainStmt(s) => visit_boxed(&mut s.query, f),
         LockingClause(l) => each(&mut l.locked_rels, f),
         List(l) => each(&mut l.items, f),
         // Leaves (column and parameter references, constants, RangeVar, …) and
