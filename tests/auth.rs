@@ -36,7 +36,8 @@ fn psql(cluster: &TestCluster, user: &str, password: &str, sql: &str) -> (bool, 
     (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
-/// Reads messages off a raw connection until `want` (or the server closes).
+/// Reads messages off a raw connection until `want`; None once the server has
+/// closed (or reset) the connection.
 async fn read_until(stream: &mut tokio::net::TcpStream, buf: &mut bytes::BytesMut, want: u8) -> Option<Message> {
     loop {
         while let Some(msg) = take_message(buf).unwrap() {
@@ -44,7 +45,7 @@ async fn read_until(stream: &mut tokio::net::TcpStream, buf: &mut bytes::BytesMu
                 return Some(msg);
             }
         }
-        if stream.read_buf(buf).await.unwrap() == 0 {
+        if stream.read_buf(buf).await.unwrap_or(0) == 0 {
             return None;
         }
     }
@@ -165,6 +166,63 @@ async fn scram_sha_256_client_authentication() {
     frontend::query(&mut out, "SELECT 1");
     expect_refusal(&mut stream, &mut buf, &out).await;
 
-    // Sessions opened before the failures are unaffected.
+    // Before authentication no message may be large: a claimed megabyte ends
+    // the connection at once instead of being buffered.
+    let (mut stream, mut buf) = raw_sasl_start(&cluster, "alice").await;
+    let mut out = bytes::BytesMut::new();
+    out.extend_from_slice(b"p");
+    out.extend_from_slice(&1_000_000u32.to_be_bytes());
+    out.extend_from_slice(&[b'x'; 1000]);
+    stream.write_all(&out).await.unwrap();
+    let closed = tokio::time::timeout(std::time::Duration::from_secs(10), read_until(&mut stream, &mut buf, b'Z')).await;
+    assert!(matches!(closed, Ok(None)), "an oversized message before login closes the connection");
+    // Start-up packets are capped at PostgreSQL's 10,000 bytes.
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", cluster.port)).await.unwrap();
+    let mut packet = 20_000u32.to_be_bytes().to_vec();
+    packet.extend_from_slice(&196_608u32.to_be_bytes());
+    packet.extend_from_slice(&[b'u'; 100]);
+    stream.write_all(&packet).await.unwrap();
+    let mut buf = bytes::BytesMut::new();
+    let closed = tokio::time::timeout(std::time::Duration::from_secs(10), read_until(&mut stream, &mut buf, b'R')).await;
+    assert!(matches!(closed, Ok(None)), "an oversized start-up packet closes the connection");
+
+    // Sessions opened before the failures are unaffected, and once logged in a
+    // client may send large messages.
     assert_eq!(text_rows(&alice, "SELECT 1").await, vec![vec![Some("1".into())]]);
+    let long = "x".repeat(200_000);
+    assert_eq!(text_rows(&alice, &format!("SELECT length('{long}')")).await, vec![vec![Some("200000".into())]]);
+}
+
+#[tokio::test]
+async fn worker_login_refusals_name_the_node() {
+    let cluster = TestCluster::start(2);
+    let admin = cluster.connect().await;
+    admin
+        .batch_execute(
+            "CREATE TABLE ledger (id int PRIMARY KEY, amount int);
+             SELECT create_distributed_table('ledger', 'id');
+             INSERT INTO ledger SELECT g, g FROM generate_series(1, 10) g;",
+        )
+        .await
+        .unwrap();
+    let ports: Vec<String> = text_rows(&admin, "SELECT nodeport FROM pg_dist_node ORDER BY nodeid").await.into_iter().map(|r| r[0].clone().unwrap()).collect();
+    // ghost exists on the coordinator database only; capped exists everywhere
+    // but may not open a connection to the workers.
+    let db = cluster.connect_coordinator_db().await;
+    db.batch_execute("CREATE ROLE ghost LOGIN; CREATE ROLE capped LOGIN; GRANT SELECT ON ledger TO ghost, capped").await.unwrap();
+    for i in 0..2 {
+        cluster.connect_worker(i).await.batch_execute("CREATE ROLE capped LOGIN CONNECTION LIMIT 0").await.unwrap();
+    }
+    for (user, code, says) in [("ghost", "28000", "role \"ghost\" does not exist"), ("capped", "53300", "too many connections for role \"capped\"")] {
+        let client = common::connect_as(cluster.port, user).await;
+        let e = client.simple_query("SELECT count(*) FROM ledger").await.unwrap_err();
+        let db_error = e.as_db_error().unwrap_or_else(|| panic!("{e}"));
+        assert_eq!((db_error.code().code(), db_error.severity()), (code, "ERROR"), "{user}: {db_error:?}");
+        let message = db_error.message();
+        assert!(message.contains(says) && message.contains("refused the login"), "{user}: {message}");
+        assert!(ports.iter().any(|p| message.contains(&format!("127.0.0.1:{p}"))), "{user}: the node is named: {message}");
+        assert!(db_error.hint().is_some(), "{user}: a hint says what to do");
+        // The session survives the refusal and goes on with local work.
+        assert_eq!(text_rows(&client, "SELECT current_user").await, vec![vec![Some(user.to_string())]]);
+    }
 }

@@ -105,9 +105,30 @@ impl PgConnection {
                 }
                 b'K' => conn.backend_key = backend::decode_backend_key_data(&msg)?,
                 b'Z' => return Ok(conn),
-                b'E' => return Err(conn.server_error(&msg)),
+                b'E' => return Err(conn.login_refused(&msg)),
                 _ => {}
             }
+        }
+    }
+
+    /// The node turned the login away (no such role, wrong password, too many
+    /// connections, still starting): its SQLSTATE stands, as an ERROR of the
+    /// statement that needed the connection rather than a lost connection.
+    fn login_refused(&self, msg: &Message) -> PgError {
+        let e = match backend::decode_error_fields(msg) {
+            Ok(e) => e,
+            Err(e) => return e.into(),
+        };
+        let refused = PgError::new(e.code(), format!("node {} refused the login: {}", self.label, e.message()));
+        let refused = match e.detail() {
+            Some(detail) => refused.with_detail(detail),
+            None => refused,
+        };
+        match e.code() {
+            "57P03" => refused.with_hint("The node is still starting up (or recovering); retry in a moment."),
+            "53300" => refused.with_hint("The node has no connection slots left: raise its max_connections or lower the number of clients."),
+            "28000" | "28P01" => refused.with_hint("Every role that connects through the coordinator must exist on every node, with the same password."),
+            _ => refused,
         }
     }
 

@@ -2,8 +2,10 @@
 //! saying which tier runs each statement and how. Planning needs only the parse
 //! tree and a catalog snapshot, never I/O, so plans are cached by statement text.
 
+mod cluster_views;
 mod copy;
 mod ddl;
+pub mod deparse;
 mod explain;
 mod fallback;
 mod functions;
@@ -19,6 +21,7 @@ pub use fallback::FallbackPlan;
 pub use functions::{ClusterCall, ClusterFunction};
 pub use insert_select::InsertSelectPlan;
 pub use multi_shard::{aggregate_placeholder, partial_column, sort_column, AggregateKind, Combine, CombineQuery, MultiShardPlan, SplitAggregate, PARTIALS_RELATION, VISIBLE_COLUMNS};
+pub use cluster_views::{ClusterData, SIZE_FUNCTIONS};
 pub use copy::{CopyPlan, KeyPosition};
 pub use router::{Command, InsertKey, KeyRouting, KeyValue, RouterPlan, ShardTarget};
 
@@ -46,6 +49,9 @@ pub enum Plan {
     Empty,
     /// Touches no distributed table: the coordinator database runs it as is.
     Local,
+    /// Runs like Local, once the executor has gathered from every node what it
+    /// reads through `citus_stat_activity` or the size functions.
+    LocalWithClusterData(ClusterData),
     /// BEGIN, COMMIT, SAVEPOINT, …: managed by the coordinator across every node
     /// the transaction touches.
     Transaction(TransactionCommand),
@@ -85,6 +91,7 @@ impl fmt::Display for Plan {
         match self {
             Plan::Empty => write!(f, "Empty"),
             Plan::Local => write!(f, "Local"),
+            Plan::LocalWithClusterData(needs) => write!(f, "LocalWithClusterData({needs:?})"),
             Plan::Transaction(t) => write!(f, "Transaction({t:?})"),
             Plan::ClusterFunction(c) => write!(f, "ClusterFunction({:?})", c.function),
             Plan::Ddl(d) => write!(f, "Ddl({d})"),
@@ -117,10 +124,34 @@ pub fn plan_query(sql: &str, catalog: &Catalog) -> Vec<PlannedStatement> {
         .map(|raw| {
             let text = statement_text(sql, &raw).to_string();
             let changes_citus_settings = changes_citus_settings(&raw);
-            let plan = plan_statement(version, raw, &text, catalog);
+            let plan = contain_panics(|| {
+                let needs = cluster_views::needed(&text, &raw);
+                match plan_statement(version, raw, &text, catalog) {
+                    Plan::Local => needs.map_or(Plan::Local, Plan::LocalWithClusterData),
+                    plan => plan,
+                }
+            });
             PlannedStatement { sql: text, plan, changes_citus_settings }
         })
         .collect()
+}
+
+/// Runs one statement's planning so that a bug in it (ours or the parser
+/// library's) fails that statement with `XX000` instead of unwinding through
+/// the session that asked.
+fn contain_panics(plan: impl FnOnce() -> Plan) -> Plan {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(plan)).unwrap_or_else(|panic| {
+        let why = panic_message(panic.as_ref());
+        Plan::Unsupported(
+            PgError::internal(format!("the coordinator failed to plan this statement: {why}"))
+                .with_hint("This is a bug in Tessera; other statements and sessions are not affected. Please report the statement."),
+        )
+    })
+}
+
+/// The text a panic was raised with, when it has one.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload.downcast_ref::<&str>().copied().or_else(|| payload.downcast_ref::<String>().map(String::as_str)).unwrap_or("unknown cause")
 }
 
 fn changes_citus_settings(raw: &protobuf::RawStmt) -> bool {
@@ -301,4 +332,17 @@ pub(crate) fn count_hash_references(node: &NodeEnum, catalog: &Catalog) -> usize
 
 pub(crate) fn not_supported(message: impl Into<String>) -> Plan {
     Plan::Unsupported(PgError::new(sqlstate::FEATURE_NOT_SUPPORTED, message))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panicking_planner_fails_only_its_statement() {
+        let plan = contain_panics(|| panic!("node kind {} not handled", 7));
+        let Plan::Unsupported(e) = plan else { panic!("expected an error plan, got {plan:?}") };
+        assert_eq!(e.code(), sqlstate::INTERNAL_ERROR);
+        assert!(e.message().contains("node kind 7 not handled"), "{}", e.message());
+    }
 }

@@ -12,6 +12,14 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 /// limit for a single message is 1 GB).
 pub const MAX_MESSAGE_LEN: usize = 1 << 30;
 
+/// Before a client has authenticated, no message it sends may be larger than
+/// this (PostgreSQL's limit for an authentication token), so a stranger cannot
+/// make the coordinator buffer a gigabyte.
+pub const MAX_UNAUTHENTICATED_MESSAGE_LEN: usize = 65_535;
+
+/// PostgreSQL's limit for a start-up packet.
+pub const MAX_STARTUP_PACKET_LEN: usize = 10_000;
+
 /// One complete tagged message, kept as the original frame bytes so that it can be
 /// forwarded without re-encoding.
 #[derive(Clone, Debug)]
@@ -49,11 +57,16 @@ pub enum ProtocolError {
 
 /// Splits one tagged message off the front of `buf`, if a whole one is there.
 pub fn take_message(buf: &mut BytesMut) -> Result<Option<Message>, ProtocolError> {
+    take_message_within(buf, MAX_MESSAGE_LEN)
+}
+
+/// `take_message` for a peer whose messages may be at most `max_len` bytes long.
+pub fn take_message_within(buf: &mut BytesMut, max_len: usize) -> Result<Option<Message>, ProtocolError> {
     if buf.len() < 5 {
         return Ok(None);
     }
     let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
-    if !(4..=MAX_MESSAGE_LEN).contains(&len) {
+    if !(4..=max_len).contains(&len) {
         return Err(ProtocolError::BadLength(len));
     }
     if buf.len() < len + 1 {
@@ -70,7 +83,7 @@ pub fn take_startup_packet(buf: &mut BytesMut) -> Result<Option<Bytes>, Protocol
         return Ok(None);
     }
     let len = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
-    if !(8..=10_000).contains(&len) {
+    if !(8..=MAX_STARTUP_PACKET_LEN).contains(&len) {
         return Err(ProtocolError::BadLength(len));
     }
     if buf.len() < len {

@@ -1,7 +1,7 @@
 //! The client side of a session: framed reads and buffered writes on the socket.
 
 use crate::error::PgResult;
-use crate::protocol::{take_message, take_startup_packet, Message, ProtocolError};
+use crate::protocol::{take_message_within, take_startup_packet, Message, ProtocolError, MAX_MESSAGE_LEN, MAX_UNAUTHENTICATED_MESSAGE_LEN};
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -13,12 +13,14 @@ pub struct ClientConn {
     stream: TcpStream,
     rbuf: BytesMut,
     wbuf: BytesMut,
+    /// The largest message accepted: small until the client has logged in.
+    max_message_len: usize,
 }
 
 impl ClientConn {
     pub fn new(stream: TcpStream) -> Self {
         stream.set_nodelay(true).ok();
-        ClientConn { stream, rbuf: BytesMut::with_capacity(16 * 1024), wbuf: BytesMut::with_capacity(16 * 1024) }
+        ClientConn { stream, rbuf: BytesMut::with_capacity(16 * 1024), wbuf: BytesMut::with_capacity(16 * 1024), max_message_len: MAX_UNAUTHENTICATED_MESSAGE_LEN }
     }
 
     /// Reads the next start-up packet; None when the client went away.
@@ -35,10 +37,16 @@ impl ClientConn {
         }
     }
 
+    /// The client has logged in: from now on it may send messages of any size
+    /// PostgreSQL accepts.
+    pub fn authenticated(&mut self) {
+        self.max_message_len = MAX_MESSAGE_LEN;
+    }
+
     /// Reads the next message; None when the client went away.
     pub async fn recv(&mut self) -> std::io::Result<Option<Message>> {
         loop {
-            match take_message(&mut self.rbuf) {
+            match take_message_within(&mut self.rbuf, self.max_message_len) {
                 Ok(Some(m)) => return Ok(Some(m)),
                 Ok(None) => {}
                 Err(e @ ProtocolError::BadLength(_)) | Err(e @ ProtocolError::Malformed(_)) => {

@@ -17,7 +17,9 @@ use crate::protocol::backend::{self, FieldDescription};
 use crate::protocol::frontend::{self, Bind, StartupPacket, Target};
 use crate::protocol::Message;
 use crate::transaction::{Participants, TwoPhase, WORKER_PARAMETERS};
+use futures::FutureExt;
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpStream;
@@ -92,6 +94,9 @@ struct Session {
     /// A deadlock victim's work must be rolled back on every node before the
     /// client hears back.
     release_work: bool,
+    /// Ended by an internal error: its node connections are in an unknown
+    /// state and are dropped rather than spoken to.
+    abandoned: bool,
 }
 
 
@@ -141,6 +146,7 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: TcpStream) -> anyhow::Re
     let worker_login = Login { user, database: coordinator.config.coordinator_db.database.clone(), password: coordinator.config.coordinator_db.password.clone(), options: worker_options };
     let cancel_targets = coordinator.register_session(key);
     cancel_targets.lock().unwrap().push((coordinator.config.coordinator_db_addr(), local.backend_key()));
+    client.authenticated();
     backend::authentication_ok(client.out());
     for (k, v) in local.server_params() {
         backend::parameter_status(client.out(), k, v);
@@ -163,13 +169,16 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: TcpStream) -> anyhow::Re
         local_unsynced: false,
         skip_until_sync: false,
         release_work: false,
+        abandoned: false,
     };
     let result = session.serve().await;
     coordinator.unregister_session(key);
-    if session.parts.in_block() {
-        session.parts.rollback().await.ok();
+    if !session.abandoned {
+        if session.parts.in_block() {
+            session.parts.rollback().await.ok();
+        }
+        session.parts.close().await;
     }
-    session.parts.close().await;
     result
 }
 
@@ -270,30 +279,53 @@ async fn refuse(client: &mut ClientConn, e: PgError) -> anyhow::Result<()> {
 impl Session {
     async fn serve(&mut self) -> anyhow::Result<()> {
         while let Some(msg) = self.client.recv().await? {
-            match msg.tag() {
-                b'Q' => self.simple_query(&msg).await?,
-                b'X' => return Ok(()),
-                b'S' => self.sync().await?,
-                _ if self.skip_until_sync => {}
-                b'P' => self.on_parse(&msg).await?,
-                b'B' => self.on_bind(&msg).await?,
-                b'D' => self.on_describe(&msg).await?,
-                b'E' => self.on_execute(&msg).await?,
-                b'C' => self.on_close(&msg).await?,
-                b'H' => {
-                    self.drain_local().await?;
-                    self.client.flush().await?;
-                }
-                b'd' | b'c' | b'f' => {} // stray COPY data after an aborted COPY
-                other => {
-                    let e = PgError::new(sqlstate::PROTOCOL_VIOLATION, format!("invalid frontend message type {}", other as char));
-                    backend::error_response(self.client.out(), &e);
-                    self.client.flush().await?;
-                    return Ok(());
-                }
+            match AssertUnwindSafe(self.dispatch(&msg)).catch_unwind().await {
+                Ok(Ok(true)) => {}
+                Ok(Ok(false)) => return Ok(()),
+                Ok(Err(e)) => return Err(e),
+                Err(panic) => return self.end_after_panic(planner::panic_message(panic.as_ref())).await,
             }
         }
         Ok(())
+    }
+
+    /// Handles one client message; false once the session is over.
+    async fn dispatch(&mut self, msg: &Message) -> anyhow::Result<bool> {
+        match msg.tag() {
+            b'Q' => self.simple_query(msg).await?,
+            b'X' => return Ok(false),
+            b'S' => self.sync().await?,
+            _ if self.skip_until_sync => {}
+            b'P' => self.on_parse(msg).await?,
+            b'B' => self.on_bind(msg).await?,
+            b'D' => self.on_describe(msg).await?,
+            b'E' => self.on_execute(msg).await?,
+            b'C' => self.on_close(msg).await?,
+            b'H' => {
+                self.drain_local().await?;
+                self.client.flush().await?;
+            }
+            b'd' | b'c' | b'f' => {} // stray COPY data after an aborted COPY
+            other => {
+                let e = PgError::new(sqlstate::PROTOCOL_VIOLATION, format!("invalid frontend message type {}", other as char));
+                backend::error_response(self.client.out(), &e);
+                self.client.flush().await?;
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// A bug hit while this session's statement ran: its connections to the
+    /// nodes may be mid-exchange, so the session ends (closing them rolls its
+    /// work back) and only this client hears about it.
+    async fn end_after_panic(&mut self, why: &str) -> anyhow::Result<()> {
+        self.abandoned = true;
+        let e = PgError::internal(format!("the coordinator failed while running this statement: {why}"))
+            .with_detail("This session ends; its open transaction is rolled back. Other sessions are not affected.")
+            .with_hint("This is a bug in Tessera; please report the statement.");
+        refuse(&mut self.client, e).await?;
+        Err(anyhow::anyhow!("session ended by an internal error: {why}"))
     }
 
     fn catalog(&self) -> Arc<Catalog> {
@@ -473,6 +505,10 @@ impl Session {
                     self.parts.discard_broken();
                 }
                 result?;
+            }
+            Plan::LocalWithClusterData(needs) => {
+                let mode = execution_mode(extended, false);
+                executor::cluster_views::run(*needs, sql, &catalog, &mut self.parts, &mode, &mut self.client).await?;
             }
             Plan::Fallback(fallback) => {
                 let mode = execution_mode(extended, false);
