@@ -192,3 +192,116 @@ async fn undistribute_brings_rows_back() {
         assert_eq!(text_rows(&w, "SELECT count(*) FROM pg_tables WHERE tablename LIKE 'back_%'").await, vec![vec![Some("0".into())]]);
     }
 }
+
+#[tokio::test]
+async fn catalog_names_resolve_without_crowding_the_users_objects() {
+    let cluster = TestCluster::start(2);
+    let (ok, _, err) = cluster.psql(
+        "CREATE TABLE orders (id int PRIMARY KEY, total int);
+         SELECT create_distributed_table('orders', 'id', shard_count => 4);
+         CREATE TABLE plain_notes (id int);
+         CREATE ROLE analyst LOGIN;",
+    );
+    assert!(ok, "{err}");
+    // psql's listings show the user's objects only.
+    let (ok, out, err) = cluster.psql("\\dt");
+    assert!(ok, "{err}");
+    let listed: Vec<&str> = out.lines().map(|l| l.split('|').nth(1).unwrap_or("")).collect();
+    assert_eq!(listed, vec!["orders", "plain_notes"], "\\dt: {out}");
+    for command in ["\\dv", "\\df", "\\ds"] {
+        let (ok, out, err) = cluster.psql(command);
+        assert!(ok, "{err}");
+        assert_eq!(out.trim(), "", "{command} lists nothing the user made: {out}");
+    }
+    let c = cluster.connect().await;
+    assert_eq!(text_rows(&c, "SHOW search_path").await, vec![vec![Some("\"$user\", public".to_string())]]);
+    // The Citus names resolve unqualified, for superusers and other roles alike.
+    let analyst = common::connect_as(cluster.port, "analyst").await;
+    for client in [&c, &analyst] {
+        assert_eq!(text_rows(client, "SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = 'orders'::regclass").await, vec![vec![Some("4".to_string())]]);
+        assert_eq!(text_rows(client, "SELECT count(*) FROM citus_shards WHERE table_name = 'orders'::regclass").await, vec![vec![Some("4".to_string())]]);
+        assert_eq!(
+            text_rows(client, "SELECT citus_table_type, distribution_column, shard_count FROM citus_tables").await,
+            vec![vec![Some("distributed".to_string()), Some("id".to_string()), Some("4".to_string())]]
+        );
+        assert_eq!(text_rows(client, "SELECT count(*) FROM pg_dist_node, pg_dist_placement, pg_dist_partition, pg_dist_colocation WHERE false").await, vec![vec![Some("0".to_string())]]);
+        assert_eq!(text_rows(client, "SELECT count(*) FROM citus_get_active_worker_nodes()").await, vec![vec![Some("2".to_string())]]);
+        let version = text_rows(client, "SELECT citus_version()").await;
+        let version = version[0][0].as_deref().unwrap();
+        assert!(version.starts_with("Tessera ") && version.contains(" (Citus 12.1 API) on "), "{version}");
+    }
+    // The catalog's own tables stay out of reach of other roles.
+    let e = analyst.simple_query("SELECT * FROM tessera.pg_dist_node").await.unwrap_err();
+    assert_eq!(sqlstate(&e), "42501", "{}", error_text(&e));
+}
+
+#[tokio::test]
+async fn sizes_and_activity_gather_every_node() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute(
+        "CREATE TABLE metrics (id bigint PRIMARY KEY, host text, reading float8);
+         SELECT create_distributed_table('metrics', 'id', shard_count => 4);
+         INSERT INTO metrics SELECT g, 'host-' || g % 10, g / 7.0 FROM generate_series(1, 5000) g;
+         CREATE INDEX metrics_host ON metrics (host);
+         CREATE TABLE kinds (kind text PRIMARY KEY);
+         SELECT create_reference_table('kinds');
+         INSERT INTO kinds SELECT 'kind ' || g FROM generate_series(1, 100) g;
+         CREATE TABLE scratch (x int);",
+    )
+    .await
+    .unwrap();
+    for i in 0..2 {
+        cluster.connect_worker(i).await.batch_execute("CREATE ROLE analyst LOGIN").await.unwrap();
+    }
+    cluster.connect_coordinator_db().await.batch_execute("CREATE ROLE analyst LOGIN").await.unwrap();
+
+    // What the workers hold, asked of them directly.
+    let (mut relation, mut table, mut total) = (0i64, 0i64, 0i64);
+    for i in 0..2 {
+        let w = cluster.connect_worker(i).await;
+        let r = w
+            .query_one(
+                "SELECT coalesce(sum(pg_relation_size(oid)), 0)::bigint, coalesce(sum(pg_table_size(oid)), 0)::bigint, coalesce(sum(pg_total_relation_size(oid)), 0)::bigint
+                 FROM pg_class WHERE relname ~ '^metrics_[0-9]+$' AND relkind = 'r'",
+                &[],
+            )
+            .await
+            .unwrap();
+        relation += r.get::<_, i64>(0);
+        table += r.get::<_, i64>(1);
+        total += r.get::<_, i64>(2);
+    }
+    assert!(relation > 0 && relation <= table && table < total, "{relation} {table} {total}");
+    let one_copy: i64 = cluster.connect_worker(0).await.query_one("SELECT pg_total_relation_size(oid) FROM pg_class WHERE relname ~ '^kinds_[0-9]+$'", &[]).await.unwrap().get(0);
+
+    let analyst = common::connect_as(cluster.port, "analyst").await;
+    for client in [&c, &analyst] {
+        let r = client.query_one("SELECT citus_relation_size('metrics'), citus_table_size('metrics'), citus_total_relation_size('metrics')", &[]).await.unwrap();
+        assert_eq!((r.get::<_, i64>(0), r.get::<_, i64>(1), r.get::<_, i64>(2)), (relation, table, total));
+        // Any expression, any protocol: the size functions work inside queries.
+        let r = client.query_one("SELECT citus_total_relation_size($1::text::regclass)", &[&"kinds"]).await.unwrap();
+        assert_eq!(r.get::<_, i64>(0), one_copy, "a reference table counts one copy");
+        let listed = text_rows(client, "SELECT table_name::text, citus_table_size(table_name) > 0 FROM citus_tables ORDER BY 1").await;
+        assert_eq!(listed, vec![vec![Some("kinds".into()), Some("t".into())], vec![Some("metrics".into()), Some("t".into())]]);
+        let e = client.simple_query("SELECT citus_table_size('scratch')").await.unwrap_err();
+        assert_eq!(sqlstate(&e), "42809", "{}", error_text(&e));
+
+        // Every node's activity, named by node id (0 is the coordinator).
+        let nodes = text_rows(client, "SELECT DISTINCT a.nodeid, coalesce(n.nodeport, 0) FROM citus_stat_activity a LEFT JOIN pg_dist_node n USING (nodeid) ORDER BY 1").await;
+        assert_eq!(nodes.len(), 3, "{nodes:?}");
+        assert_eq!(nodes[0][0].as_deref(), Some("0"));
+        let workers = text_rows(client, "SELECT count(*) > 0 FROM citus_stat_activity WHERE is_worker_query AND nodeid > 0 AND global_pid = nodeid * 10000000000 + pid").await;
+        assert_eq!(workers, vec![vec![Some("t".into())]], "the coordinator's own connections to the workers show");
+    }
+    let shape = c.prepare("SELECT * FROM citus_stat_activity").await.unwrap();
+    let names: Vec<&str> = shape.columns().iter().take(6).map(|c| c.name()).collect();
+    assert_eq!(names, ["global_pid", "nodeid", "is_worker_query", "datid", "datname", "pid"]);
+
+    // On the coordinator database itself the data is not there to read.
+    let db = cluster.connect_coordinator_db().await;
+    for sql in ["SELECT citus_table_size('metrics')", "SELECT count(*) FROM citus_stat_activity"] {
+        let e = db.simple_query(sql).await.unwrap_err();
+        assert_eq!(sqlstate(&e), "0A000", "{sql}: {}", error_text(&e));
+    }
+}

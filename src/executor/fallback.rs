@@ -7,14 +7,14 @@
 
 use super::multi_shard::{collect_rows, rows_as_relation, tasks_by_node, type_names};
 use super::{run_on_coordinator_db, Mode};
-use crate::connection::{quote_ident, quote_literal};
+use crate::connection::quote_ident;
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable};
 use crate::planner::rewrite::ShardTemplate;
 use crate::planner::{plan_tree, FallbackPlan, Plan};
 use crate::server::client::ClientConn;
 use crate::server::Coordinator;
-use crate::transaction::{Access, Participants};
+use crate::transaction::Participants;
 use std::sync::Arc;
 
 /// The most table data (on disk, all shards) a broadcast ships per table.
@@ -53,7 +53,7 @@ pub(super) async fn broadcast_plan(plan: &FallbackPlan, catalog: &Catalog, parts
     if candidates.is_empty() {
         return Ok(None);
     }
-    let sizes = table_sizes(candidates, catalog, parts).await?;
+    let sizes: Vec<i64> = super::cluster_views::table_sizes(candidates, catalog, parts).await?.iter().map(|s| s.relation).collect();
     // On a tie the table named first (usually the outer query's) stays.
     let largest = (0..sizes.len()).fold(0, |best, i| if sizes[i] > sizes[best] { i } else { best });
     let small = |i: usize| sizes[i] <= BROADCAST_LIMIT_BYTES;
@@ -106,35 +106,6 @@ fn replace_and_plan(plan: &FallbackPlan, catalog: &Catalog, tables: &[&Arc<Distr
 fn alias_with_columns(alias: &str, table: &DistributedTable) -> String {
     let columns: Vec<String> = table.columns.iter().map(|c| quote_ident(c)).collect();
     format!("{}({})", quote_ident(alias), columns.join(", "))
-}
-
-/// Bytes on disk of each table, summed over its shards on every node.
-async fn table_sizes(tables: &[Arc<DistributedTable>], catalog: &Catalog, parts: &mut Participants) -> PgResult<Vec<i64>> {
-    let mut sizes = vec![0i64; tables.len()];
-    for node in catalog.active_nodes() {
-        let columns: Vec<String> = tables
-            .iter()
-            .map(|t| {
-                let shards: Vec<String> = t
-                    .shards
-                    .iter()
-                    .filter(|s| s.placements.first() == Some(&node.group_id))
-                    .map(|s| format!("coalesce(pg_relation_size(to_regclass({})), 0)", quote_literal(&t.qualified_shard_name(s))))
-                    .collect();
-                if shards.is_empty() {
-                    "0".to_string()
-                } else {
-                    shards.join(" + ")
-                }
-            })
-            .collect();
-        let worker = parts.worker(node, Access::Read).await?;
-        let rows = worker.conn.query(&format!("SELECT {}", columns.join(", "))).await?;
-        for (size, value) in sizes.iter_mut().zip(rows.first().into_iter().flatten()) {
-            *size += value.as_deref().and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
-        }
-    }
-    Ok(sizes)
 }
 
 /// Every row of `table`, read through the session's connections (so this

@@ -13,12 +13,12 @@ use std::sync::Arc;
 
 pub const SCHEMA_SQL: &str = include_str!("schema.sql");
 
-/// Creates or upgrades the catalog and puts its schema on the database's search
-/// path, so `pg_dist_node` and friends resolve unqualified as they do with Citus.
+/// Creates or upgrades the catalog, with its user-facing names (`pg_dist_node`,
+/// `citus_shards`, the cluster functions) in pg_catalog as Citus has them.
 pub async fn install(conn: &mut PgConnection) -> PgResult<()> {
     // Concurrent first starts of several coordinator processes must not race.
     conn.execute("SELECT pg_advisory_lock(7482910)").await?;
-    let result = conn.execute(SCHEMA_SQL).await;
+    let result = conn.execute(&SCHEMA_SQL.replace("@TESSERA_VERSION@", env!("CARGO_PKG_VERSION"))).await;
     conn.execute("SELECT pg_advisory_unlock(7482910)").await?;
     result.map(|_| ())
 }

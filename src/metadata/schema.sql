@@ -100,7 +100,36 @@ BEGIN
     END LOOP;
 END $$;
 
-CREATE OR REPLACE VIEW tessera.citus_shards AS
+-- What users see of the catalog lives in pg_catalog, as Citus's does: the names
+-- resolve on any search_path, and psql's \dt, \dv and \df leave them out.
+-- The tables stay in schema tessera; pg_catalog holds views over them (a
+-- relation may be created there only with allow_system_table_mods). Earlier
+-- versions put schema tessera on the search path and the functions in it.
+DO $$
+DECLARE
+    f regprocedure;
+BEGIN
+    DROP VIEW IF EXISTS tessera.citus_shards, tessera.citus_tables;
+    FOR f IN SELECT p.oid FROM pg_proc p WHERE p.pronamespace = 'tessera'::regnamespace
+             AND p.proname IN ('create_distributed_table', 'create_reference_table', 'undistribute_table', 'citus_add_node', 'master_add_node',
+                               'citus_remove_node', 'master_remove_node', 'recover_prepared_transactions', 'master_get_active_worker_nodes', 'citus_get_active_worker_nodes') LOOP
+        EXECUTE format('DROP FUNCTION %s', f);
+    END LOOP;
+    IF EXISTS (SELECT FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase
+               WHERE d.datname = current_database() AND s.setrole = 0 AND 'search_path="$user", public, tessera' = ANY (s.setconfig)) THEN
+        EXECUTE format('ALTER DATABASE %I RESET search_path', current_database());
+    END IF;
+END $$;
+
+SET allow_system_table_mods = on;
+CREATE OR REPLACE VIEW pg_catalog.pg_dist_node AS SELECT * FROM tessera.pg_dist_node;
+CREATE OR REPLACE VIEW pg_catalog.pg_dist_colocation AS SELECT * FROM tessera.pg_dist_colocation;
+CREATE OR REPLACE VIEW pg_catalog.pg_dist_partition AS SELECT * FROM tessera.pg_dist_partition;
+CREATE OR REPLACE VIEW pg_catalog.pg_dist_shard AS SELECT * FROM tessera.pg_dist_shard;
+CREATE OR REPLACE VIEW pg_catalog.pg_dist_placement AS SELECT * FROM tessera.pg_dist_placement;
+CREATE OR REPLACE VIEW pg_catalog.pg_dist_transaction AS SELECT * FROM tessera.pg_dist_transaction;
+
+CREATE OR REPLACE VIEW pg_catalog.citus_shards AS
 SELECT p.logicalrelid AS table_name,
        s.shardid,
        format('%s_%s', p.logicalrelid::text, s.shardid) AS shard_name,
@@ -114,7 +143,7 @@ JOIN tessera.pg_dist_partition p USING (logicalrelid)
 JOIN tessera.pg_dist_placement pl USING (shardid)
 JOIN tessera.pg_dist_node n ON n.groupid = pl.groupid;
 
-CREATE OR REPLACE VIEW tessera.citus_tables AS
+CREATE OR REPLACE VIEW pg_catalog.citus_tables AS
 SELECT p.logicalrelid AS table_name,
        CASE p.partmethod WHEN 'h' THEN 'distributed' ELSE 'reference' END AS citus_table_type,
        coalesce(p.partkey, '<none>') AS distribution_column,
@@ -123,39 +152,90 @@ SELECT p.logicalrelid AS table_name,
        pg_get_userbyid(c.relowner) AS table_owner
 FROM tessera.pg_dist_partition p
 JOIN pg_class c ON c.oid = p.logicalrelid;
+RESET allow_system_table_mods;
+GRANT SELECT ON pg_catalog.pg_dist_node, pg_catalog.pg_dist_colocation, pg_catalog.pg_dist_partition, pg_catalog.pg_dist_shard,
+    pg_catalog.pg_dist_placement, pg_catalog.citus_shards, pg_catalog.citus_tables TO PUBLIC;
 
 -- The cluster functions are carried out by the coordinator process, which
--- intercepts calls to them. These definitions make them visible to \df and give a
+-- intercepts calls to them. These definitions make them visible to \df+ and give a
 -- clear error when someone calls them on the coordinator database directly.
 CREATE OR REPLACE FUNCTION tessera.coordinator_only() RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
     RAISE EXCEPTION 'this function must be called through the Tessera coordinator, not on the coordinator database directly'
         USING ERRCODE = '0A000';
 END $$;
-CREATE OR REPLACE FUNCTION tessera.create_distributed_table(table_name regclass, distribution_column text, distribution_type text DEFAULT 'hash', colocate_with text DEFAULT 'default', shard_count int DEFAULT NULL)
+CREATE OR REPLACE FUNCTION pg_catalog.create_distributed_table(table_name regclass, distribution_column text, distribution_type text DEFAULT 'hash', colocate_with text DEFAULT 'default', shard_count int DEFAULT NULL)
     RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
-CREATE OR REPLACE FUNCTION tessera.create_reference_table(table_name regclass)
+CREATE OR REPLACE FUNCTION pg_catalog.create_reference_table(table_name regclass)
     RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
-CREATE OR REPLACE FUNCTION tessera.undistribute_table(table_name regclass, cascade_via_foreign_keys boolean DEFAULT false)
+CREATE OR REPLACE FUNCTION pg_catalog.undistribute_table(table_name regclass, cascade_via_foreign_keys boolean DEFAULT false)
     RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
-CREATE OR REPLACE FUNCTION tessera.citus_add_node(nodename text, nodeport int DEFAULT 5432, groupid int DEFAULT -1, noderole text DEFAULT 'primary', nodecluster name DEFAULT 'default')
+CREATE OR REPLACE FUNCTION pg_catalog.citus_add_node(nodename text, nodeport int DEFAULT 5432, groupid int DEFAULT -1, noderole text DEFAULT 'primary', nodecluster name DEFAULT 'default')
     RETURNS int LANGUAGE sql AS 'SELECT tessera.coordinator_only(); SELECT 0';
-CREATE OR REPLACE FUNCTION tessera.master_add_node(nodename text, nodeport int DEFAULT 5432, groupid int DEFAULT -1, noderole text DEFAULT 'primary', nodecluster name DEFAULT 'default')
+CREATE OR REPLACE FUNCTION pg_catalog.master_add_node(nodename text, nodeport int DEFAULT 5432, groupid int DEFAULT -1, noderole text DEFAULT 'primary', nodecluster name DEFAULT 'default')
     RETURNS int LANGUAGE sql AS 'SELECT tessera.coordinator_only(); SELECT 0';
-CREATE OR REPLACE FUNCTION tessera.citus_remove_node(nodename text, nodeport int)
+CREATE OR REPLACE FUNCTION pg_catalog.citus_remove_node(nodename text, nodeport int)
     RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
-CREATE OR REPLACE FUNCTION tessera.master_remove_node(nodename text, nodeport int)
+CREATE OR REPLACE FUNCTION pg_catalog.master_remove_node(nodename text, nodeport int)
     RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
-CREATE OR REPLACE FUNCTION tessera.recover_prepared_transactions()
+CREATE OR REPLACE FUNCTION pg_catalog.recover_prepared_transactions()
     RETURNS int LANGUAGE sql AS 'SELECT tessera.coordinator_only(); SELECT 0';
 
 -- Read-only catalog functions are ordinary SQL functions: they work anywhere in
 -- a query, including in FROM.
-CREATE OR REPLACE FUNCTION tessera.master_get_active_worker_nodes(OUT node_name text, OUT node_port bigint)
+CREATE OR REPLACE FUNCTION pg_catalog.master_get_active_worker_nodes(OUT node_name text, OUT node_port bigint)
     RETURNS SETOF record LANGUAGE sql STABLE
-    AS 'SELECT nodename, nodeport::bigint FROM tessera.pg_dist_node WHERE isactive AND noderole = ''primary'' ORDER BY nodeid';
-CREATE OR REPLACE FUNCTION tessera.citus_get_active_worker_nodes(OUT node_name text, OUT node_port bigint)
-    RETURNS SETOF record LANGUAGE sql STABLE AS 'SELECT * FROM tessera.master_get_active_worker_nodes()';
+    AS 'SELECT nodename, nodeport::bigint FROM pg_catalog.pg_dist_node WHERE isactive AND noderole = ''primary'' ORDER BY nodeid';
+CREATE OR REPLACE FUNCTION pg_catalog.citus_get_active_worker_nodes(OUT node_name text, OUT node_port bigint)
+    RETURNS SETOF record LANGUAGE sql STABLE AS 'SELECT * FROM pg_catalog.master_get_active_worker_nodes()';
+CREATE OR REPLACE FUNCTION pg_catalog.citus_version() RETURNS text LANGUAGE sql STABLE
+    AS $$SELECT format('Tessera %s (Citus 12.1 API) on %s', '@TESSERA_VERSION@', substring(pg_catalog.version() from ' on (.*)$'))$$;
+
+-- What only the nodes know. Before a statement that reads citus_stat_activity
+-- or calls a size function runs, the coordinator gathers every node's part into
+-- temporary tables of the session (see executor/cluster_views.rs); these read
+-- them, and say what to do when called on the coordinator database directly.
+CREATE TABLE IF NOT EXISTS tessera.cluster_activity AS
+    SELECT 0::bigint AS global_pid, 0 AS nodeid, false AS is_worker_query, a.* FROM pg_catalog.pg_stat_activity a WITH NO DATA;
+CREATE OR REPLACE FUNCTION tessera.gathered_activity() RETURNS SETOF tessera.cluster_activity LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF to_regclass('pg_temp.tessera_cluster_activity') IS NULL THEN
+        RAISE EXCEPTION 'citus_stat_activity must be queried through the Tessera coordinator, not on the coordinator database directly'
+            USING ERRCODE = '0A000';
+    END IF;
+    RETURN QUERY EXECUTE 'SELECT * FROM pg_temp.tessera_cluster_activity';
+END $$;
+CREATE OR REPLACE FUNCTION tessera.gathered_size(relation regclass, kind text) RETURNS bigint LANGUAGE plpgsql STABLE STRICT AS $$
+DECLARE
+    size bigint;
+BEGIN
+    IF to_regclass('pg_temp.tessera_shard_sizes') IS NULL THEN
+        RAISE EXCEPTION 'citus_%_size() must be called through the Tessera coordinator, not on the coordinator database directly', kind
+            USING ERRCODE = '0A000';
+    END IF;
+    EXECUTE format('SELECT %I FROM pg_temp.tessera_shard_sizes WHERE logicalrelid = $1', kind || '_size') INTO size USING relation;
+    IF size IS NULL THEN
+        RAISE EXCEPTION 'cannot calculate the size because relation "%" is not distributed', relation
+            USING ERRCODE = '42809', HINT = 'Use pg_relation_size(), pg_table_size() or pg_total_relation_size() for a local table.';
+    END IF;
+    RETURN size;
+END $$;
+CREATE OR REPLACE FUNCTION pg_catalog.citus_relation_size(logicalrelid regclass) RETURNS bigint LANGUAGE sql STABLE STRICT
+    BEGIN ATOMIC SELECT tessera.gathered_size(logicalrelid, 'relation'); END;
+CREATE OR REPLACE FUNCTION pg_catalog.citus_table_size(logicalrelid regclass) RETURNS bigint LANGUAGE sql STABLE STRICT
+    BEGIN ATOMIC SELECT tessera.gathered_size(logicalrelid, 'table'); END;
+CREATE OR REPLACE FUNCTION pg_catalog.citus_total_relation_size(logicalrelid regclass, fail_on_error boolean DEFAULT true) RETURNS bigint LANGUAGE sql STABLE STRICT
+    BEGIN ATOMIC SELECT tessera.gathered_size(logicalrelid, 'total'); END;
+SET allow_system_table_mods = on;
+CREATE OR REPLACE VIEW pg_catalog.citus_stat_activity AS SELECT * FROM tessera.gathered_activity();
+RESET allow_system_table_mods;
+GRANT SELECT ON pg_catalog.citus_stat_activity, tessera.cluster_activity TO PUBLIC;
+
+-- Other roles may look the helpers above up, and run them, but nothing else
+-- in the schema: its tables stay unreadable.
+GRANT USAGE ON SCHEMA tessera TO PUBLIC;
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA tessera FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tessera.coordinator_only(), tessera.gathered_activity(), tessera.gathered_size(regclass, text) TO PUBLIC;
 
 -- New or dropped aggregates change how queries split across shards; reload.
 CREATE OR REPLACE FUNCTION tessera.bump_catalog_version_on_ddl() RETURNS event_trigger LANGUAGE plpgsql AS $$
@@ -258,7 +338,6 @@ REVOKE ALL ON FUNCTION tessera.prepare_fallback(name, text) FROM PUBLIC;
 -- split per partition, and foreign scans of all shards started at once.
 DO $$
 BEGIN
-    EXECUTE format('ALTER DATABASE %I SET search_path = "$user", public, tessera', current_database());
     EXECUTE format('ALTER DATABASE %I SET enable_partitionwise_join = on', current_database());
     EXECUTE format('ALTER DATABASE %I SET enable_partitionwise_aggregate = on', current_database());
 END $$;

@@ -2,6 +2,8 @@
 //! directories on free ports, torn down when the handle drops.
 #![allow(dead_code)]
 
+pub mod slt;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use tessera::cluster::instance::{free_port, Instance};
@@ -200,10 +202,19 @@ pub async fn connect(port: u16) -> Client {
     try_connect(port).await.expect("connect")
 }
 
+/// A connection to `port` as `user`, without a password.
+pub async fn connect_as(port: u16, user: &str) -> Client {
+    try_connect_as(port, user).await.unwrap_or_else(|e| panic!("connect as {user}: {e}"))
+}
+
 /// A connection to whatever listens on `port`, or the error (e.g. while the
 /// server restarts).
 pub async fn try_connect(port: u16) -> Result<Client, tokio_postgres::Error> {
-    let (client, conn) = tokio_postgres::connect(&format!("host=127.0.0.1 port={port} user=postgres dbname=postgres"), NoTls).await?;
+    try_connect_as(port, "postgres").await
+}
+
+async fn try_connect_as(port: u16, user: &str) -> Result<Client, tokio_postgres::Error> {
+    let (client, conn) = tokio_postgres::connect(&format!("host=127.0.0.1 port={port} user={user} dbname=postgres"), NoTls).await?;
     tokio::spawn(async move {
         let _ = conn.await;
     });

@@ -1,0 +1,119 @@
+//! Gathers what only the nodes know, for statements that read
+//! `citus_stat_activity` or call the size functions: every node's
+//! `pg_stat_activity` and the sizes of every distributed table's shards are
+//! read through the session's own connections (so they show what this role
+//! may see) into temporary tables of the session's coordinator-database
+//! connection, where the view and the functions find them. Then the statement
+//! runs there like any local one.
+
+use super::{run_on_coordinator_db, Mode};
+use crate::connection::quote_literal;
+use crate::error::PgResult;
+use crate::metadata::{Catalog, DistributedTable};
+use crate::planner::ClusterData;
+use crate::server::client::ClientConn;
+use crate::transaction::{Access, Participants};
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+/// Citus numbers a backend cluster-wide as node id × 10¹⁰ + process id.
+const GLOBAL_PID_FACTOR: i64 = 10_000_000_000;
+
+pub async fn run(needs: ClusterData, sql: &str, catalog: &Catalog, parts: &mut Participants, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<()> {
+    let mut script = String::new();
+    if needs.sizes {
+        script.push_str(&sizes_script(catalog, parts).await?);
+    }
+    if needs.activity {
+        script.push_str(&activity_script(catalog, parts).await?);
+    }
+    parts.local().await?.execute(&script).await?;
+    run_on_coordinator_db(parts, sql, mode, client).await
+}
+
+/// On-disk sizes of one distributed table, summed over one copy of each shard.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TableSizes {
+    /// The main fork, as `pg_relation_size`.
+    pub relation: i64,
+    /// Without indexes, as `pg_table_size`.
+    pub table: i64,
+    /// Indexes and TOAST included, as `pg_total_relation_size`.
+    pub total: i64,
+}
+
+/// The sizes of `tables`, read from every node; a reference table counts
+/// once, not once per copy.
+pub async fn table_sizes(tables: &[Arc<DistributedTable>], catalog: &Catalog, parts: &mut Participants) -> PgResult<Vec<TableSizes>> {
+    let mut sizes = vec![TableSizes::default(); tables.len()];
+    for node in catalog.active_nodes() {
+        let mut shards = String::new();
+        for (i, table) in tables.iter().enumerate() {
+            for shard in table.shards.iter().filter(|s| s.placements.first() == Some(&node.group_id)) {
+                let sep = if shards.is_empty() { "" } else { ", " };
+                let _ = write!(shards, "{sep}({i}, {})", quote_literal(&table.qualified_shard_name(shard)));
+            }
+        }
+        if shards.is_empty() {
+            continue;
+        }
+        let sql = format!(
+            "SELECT i, sum(pg_relation_size(r)), sum(pg_table_size(r)), sum(pg_total_relation_size(r))
+             FROM (VALUES {shards}) v(i, shard), LATERAL to_regclass(shard) r WHERE r IS NOT NULL GROUP BY i"
+        );
+        let worker = parts.worker(node, Access::Read).await?;
+        for row in worker.conn.query(&sql).await? {
+            let number = |k: usize| row.get(k).and_then(|v| v.as_deref()).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
+            if let Some(size) = sizes.get_mut(number(0) as usize) {
+                size.relation += number(1);
+                size.table += number(2);
+                size.total += number(3);
+            }
+        }
+    }
+    Ok(sizes)
+}
+
+async fn sizes_script(catalog: &Catalog, parts: &mut Participants) -> PgResult<String> {
+    let tables: Vec<Arc<DistributedTable>> = catalog.tables().cloned().collect();
+    let sizes = table_sizes(&tables, catalog, parts).await?;
+    let mut script = String::from(
+        "CREATE TEMP TABLE IF NOT EXISTS tessera_shard_sizes (logicalrelid oid PRIMARY KEY, relation_size bigint, table_size bigint, total_size bigint);
+         DELETE FROM pg_temp.tessera_shard_sizes;",
+    );
+    if !tables.is_empty() {
+        let rows: Vec<String> = tables.iter().zip(&sizes).map(|(t, s)| format!("({}, {}, {}, {})", t.oid, s.relation, s.table, s.total)).collect();
+        let _ = write!(script, "INSERT INTO pg_temp.tessera_shard_sizes VALUES {};", rows.join(", "));
+    }
+    Ok(script)
+}
+
+async fn activity_script(catalog: &Catalog, parts: &mut Participants) -> PgResult<String> {
+    // The coordinator database is node 0, as the coordinator is in Citus.
+    let mut script = String::from(
+        "CREATE TEMP TABLE IF NOT EXISTS tessera_cluster_activity (LIKE tessera.cluster_activity);
+         DELETE FROM pg_temp.tessera_cluster_activity;
+         INSERT INTO pg_temp.tessera_cluster_activity SELECT pid, 0, false, * FROM pg_catalog.pg_stat_activity;",
+    );
+    for node in catalog.active_nodes() {
+        let sql = format!(
+            "SELECT {id}::bigint * {GLOBAL_PID_FACTOR} + pid, {id}, coalesce(application_name LIKE '{prefix}%', false), * FROM pg_catalog.pg_stat_activity",
+            id = node.id,
+            prefix = crate::transaction::TRANSACTION_ID_PREFIX,
+        );
+        let worker = parts.worker(node, Access::Read).await?;
+        let rows = worker.conn.query(&sql).await?;
+        if rows.is_empty() {
+            continue;
+        }
+        let values: Vec<String> = rows
+            .iter()
+            .map(|row| {
+                let fields: Vec<String> = row.iter().map(|v| v.as_deref().map_or_else(|| "NULL".to_string(), quote_literal)).collect();
+                format!("({})", fields.join(", "))
+            })
+            .collect();
+        let _ = write!(script, "INSERT INTO pg_temp.tessera_cluster_activity VALUES {};", values.join(", "));
+    }
+    Ok(script)
+}
