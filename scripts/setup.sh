@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs what building, running and testing Tessera needs and the machine
 # lacks: PostgreSQL 15 (server, contrib, client tools incl. pgbench), libclang for
-# the pg_query parser bindings, and sysbench for the benchmarks. Idempotent.
+# the pg_query parser bindings, sysbench for the benchmarks and SQLsmith for the
+# random-query corpus tests. Idempotent.
 set -euo pipefail
 
-packages=(postgresql-15 postgresql-contrib postgresql-client-15 libclang-dev clang pkg-config sysbench)
+packages=(postgresql-15 postgresql-contrib postgresql-client-15 libclang-dev clang pkg-config sysbench sqlsmith)
 missing=()
 for p in "${packages[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -55,6 +55,7 @@
 
 mod common;
 
+use common::slt::{parse_file, suite_files, Kind};
 use common::{PlainPostgres, TestCluster};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -67,96 +68,6 @@ use tokio_postgres::{Client, SimpleQueryMessage};
 const STATEMENT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Rows shown per side in a failure report.
 const SHOW_ROWS: usize = 25;
-
-// ---------------------------------------------------------------------------
-// Records
-// ---------------------------------------------------------------------------
-
-#[derive(Debug, Clone, PartialEq)]
-enum Kind {
-    StatementOk,
-    StatementError(String),
-    DistributedOk,
-    Query { sort: bool, extended: Option<Vec<Option<String>>> },
-    Unsupported,
-}
-
-#[derive(Debug)]
-struct Record {
-    line: usize,
-    header: String,
-    kind: Kind,
-    sql: String,
-}
-
-fn parse_header(header: &str) -> Result<Kind, String> {
-    let words: Vec<&str> = header.split_whitespace().collect();
-    match words.as_slice() {
-        ["statement", "ok"] => Ok(Kind::StatementOk),
-        ["statement", "error", code] if code.len() == 5 && code.chars().all(|c| c.is_ascii_alphanumeric()) => {
-            Ok(Kind::StatementError(code.to_uppercase()))
-        }
-        ["distributed", "ok"] => Ok(Kind::DistributedOk),
-        ["unsupported"] => Ok(Kind::Unsupported),
-        ["query", order, rest @ ..] => {
-            let sort = match *order {
-                "rowsort" => true,
-                "nosort" => false,
-                other => return Err(format!("unknown sort mode {other:?} (rowsort or nosort)")),
-            };
-            let extended = match rest {
-                [] => None,
-                ["extended", ..] => {
-                    let params = header.split_once("extended").map(|(_, p)| p.trim()).unwrap_or("");
-                    Some(if params.is_empty() {
-                        Vec::new()
-                    } else {
-                        params
-                            .split(',')
-                            .map(|p| {
-                                let p = p.trim();
-                                (!p.eq_ignore_ascii_case("null")).then(|| p.to_string())
-                            })
-                            .collect()
-                    })
-                }
-                other => return Err(format!("unexpected words after the sort mode: {other:?}")),
-            };
-            Ok(Kind::Query { sort, extended })
-        }
-        _ => Err(format!("unknown record header {header:?}")),
-    }
-}
-
-fn parse_file(text: &str) -> Result<Vec<Record>, String> {
-    let mut records = Vec::new();
-    let mut lines = text.lines().enumerate().peekable();
-    while let Some((i, line)) = lines.next() {
-        let trimmed = line.trim();
-        if trimmed.is_empty() || trimmed.starts_with('#') {
-            continue;
-        }
-        let kind = parse_header(trimmed).map_err(|e| format!("line {}: {e}", i + 1))?;
-        let mut sql = String::new();
-        while let Some((_, l)) = lines.peek() {
-            if l.trim().is_empty() {
-                break;
-            }
-            let (_, l) = lines.next().unwrap();
-            if l.trim_start().starts_with('#') {
-                continue;
-            }
-            sql.push_str(l);
-            sql.push('\n');
-        }
-        let sql = sql.trim_end().to_string();
-        if sql.is_empty() {
-            return Err(format!("line {}: record {trimmed:?} has no SQL", i + 1));
-        }
-        records.push(Record { line: i + 1, header: trimmed.to_string(), kind, sql });
-    }
-    Ok(records)
-}
 
 // ---------------------------------------------------------------------------
 // Running statements
@@ -549,16 +460,8 @@ fn slt_files() -> Vec<PathBuf> {
             })
             .collect();
     }
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/slt");
     let filter = std::env::var("SLT_FILTER").unwrap_or_default();
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "slt"))
-        .filter(|p| p.file_name().unwrap().to_string_lossy().contains(&filter))
-        .collect();
-    files.sort();
-    files
+    suite_files().into_iter().filter(|p| p.file_name().unwrap().to_string_lossy().contains(&filter)).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
