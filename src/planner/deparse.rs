@@ -21,6 +21,7 @@ pub fn deparse_tree(tree: &protobuf::ParseResult) -> PgResult<String> {
     let mut tree = tree.clone();
     for raw in &mut tree.stmts {
         if let Some(stmt) = raw.stmt.as_deref_mut().and_then(|n| n.node.as_mut()) {
+            check_deparsable(stmt)?;
             restore_parentheses(stmt);
         }
     }
@@ -105,6 +106,25 @@ fn tree_shape(tree: &protobuf::ParseResult) -> String {
     shape
 }
 
+/// The deparser is C code that trusts the tree: a node where the grammar
+/// allows only one kind would be read as that kind and crash the whole
+/// process. Trees the coordinator rewrote are checked for the shapes a
+/// rewrite could produce.
+fn check_deparsable(stmt: &mut NodeEnum) -> PgResult<()> {
+    let mut bad = None;
+    visit_mut(stmt, &mut |node| {
+        if let NodeEnum::RangeTableSample(sample) = node {
+            if !matches!(sample.relation.as_deref().and_then(|r| r.node.as_ref()), Some(NodeEnum::RangeVar(_))) {
+                bad = Some("TABLESAMPLE of something other than a table");
+            }
+        }
+    });
+    match bad {
+        Some(what) => Err(PgError::internal(format!("could not deparse the statement for a shard: {what}"))),
+        None => Ok(()),
+    }
+}
+
 /// Reshapes the spots whose deparsed text would lose parentheses the grammar
 /// needs. The deparser parenthesizes the argument of an `A_Indirection` when
 /// that argument is itself one; an `A_Indirection` without indirection adds no
@@ -187,6 +207,15 @@ mod tests {
         assert_eq!(round_trip("SELECT   1 +  2 FROM t WHERE a = 1"), RoundTrip::Equal);
         assert_eq!(round_trip("SELECT pg_catalog.overlay(a, b, 1, 2), OVERLAY(a PLACING b FROM 1 FOR 2) FROM t"), RoundTrip::Equal);
         assert_eq!(round_trip("SELEC 1"), RoundTrip::NotParsed);
+    }
+
+    #[test]
+    fn trees_that_would_crash_the_deparser_are_refused() {
+        let mut tree = pg_query::parse("SELECT * FROM t TABLESAMPLE system (10)").unwrap().protobuf;
+        let Some(NodeEnum::SelectStmt(select)) = tree.stmts[0].stmt.as_mut().and_then(|n| n.node.as_mut()) else { panic!() };
+        let Some(NodeEnum::RangeTableSample(sample)) = select.from_clause[0].node.as_mut() else { panic!() };
+        sample.relation = Some(Box::new(Node { node: Some(NodeEnum::AConst(protobuf::AConst { isnull: true, val: None, location: -1 })) }));
+        assert_eq!(deparse_tree(&tree).unwrap_err().code(), "XX000");
     }
 
     #[test]

@@ -218,8 +218,20 @@ pub fn plan_tree(version: i32, stmt: NodeEnum, catalog: &Catalog) -> Plan {
 /// gives a FROM item (called with the table and the name the query knows it
 /// by) with that item.
 pub fn replace_tables(stmt: &mut NodeEnum, catalog: &Catalog, mut replacement: impl FnMut(&DistributedTable, &str) -> Option<NodeEnum>) {
+    // TABLESAMPLE takes only a table, never a subquery: sampled tables stay.
+    let mut sampled: Vec<protobuf::RangeVar> = Vec::new();
+    walk::visit_mut(stmt, &mut |n| {
+        if let NodeEnum::RangeTableSample(sample) = n {
+            if let Some(NodeEnum::RangeVar(rv)) = sample.relation.as_deref().and_then(|r| r.node.as_ref()) {
+                sampled.push(rv.clone());
+            }
+        }
+    });
     walk::visit_mut(stmt, &mut |n| {
         let NodeEnum::RangeVar(rv) = n else { return };
+        if sampled.contains(rv) {
+            return;
+        }
         let Some(table) = resolve_range_var(rv, catalog) else { return };
         let alias = match &rv.alias {
             Some(a) if !a.colnames.is_empty() => return,

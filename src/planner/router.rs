@@ -371,12 +371,11 @@ fn first_local_table(node: &NodeEnum, catalog: &Catalog) -> Option<String> {
             _ => None,
         })
         .collect();
-    nodes.iter().find_map(|(n, _, _)| match n {
-        pg_query::NodeRef::RangeVar(rv) if resolve_range_var(rv, catalog).is_none() && !(rv.schemaname.is_empty() && ctes.contains(&rv.relname.as_str())) => {
-            Some(rv.relname.clone())
-        }
-        _ => None,
-    })
+    // Our own walk: pg_query's skips tables under TABLESAMPLE, among others.
+    super::walk::range_vars(node)
+        .into_iter()
+        .find(|rv| resolve_range_var(rv, catalog).is_none() && !(rv.schemaname.is_empty() && ctes.contains(&rv.relname.as_str())))
+        .map(|rv| rv.relname)
 }
 
 fn router(command: Command, target: ShardTarget, anchor: Option<Arc<DistributedTable>>, template: ShardTemplate) -> Plan {
