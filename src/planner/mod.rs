@@ -305,10 +305,17 @@ pub(crate) fn resolve_range_var<'c>(rv: &protobuf::RangeVar, catalog: &'c Catalo
 
 /// Every distributed or reference table the statement mentions, wherever it is.
 pub(crate) fn referenced_tables(raw: &protobuf::RawStmt, catalog: &Catalog) -> Vec<Arc<DistributedTable>> {
+    match raw.stmt.as_ref().and_then(|n| n.node.as_ref()) {
+        Some(node) => distributed_among(&walk::range_vars(node), catalog),
+        None => Vec::new(),
+    }
+}
+
+/// The distributed tables among `range_vars`, each once, in order of mention.
+pub(crate) fn distributed_among(range_vars: &[protobuf::RangeVar], catalog: &Catalog) -> Vec<Arc<DistributedTable>> {
     let mut out: Vec<Arc<DistributedTable>> = Vec::new();
-    let Some(node) = raw.stmt.as_ref().and_then(|n| n.node.as_ref()) else { return out };
-    for rv in walk::range_vars(node) {
-        if let Some(t) = resolve_range_var(&rv, catalog) {
+    for rv in range_vars {
+        if let Some(t) = resolve_range_var(rv, catalog) {
             if !out.iter().any(|o| o.oid == t.oid) {
                 out.push(t.clone());
             }

@@ -6,7 +6,7 @@
 //! connection.
 
 use super::rewrite::ShardTemplate;
-use super::{count_hash_references, not_supported, referenced_tables, resolve_range_var, Plan};
+use super::{count_hash_references, distributed_among, not_supported, resolve_range_var, Plan};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::hash::{self, HashType};
 use crate::metadata::{Catalog, Coercion, Distribution, DistributedTable, KeyType};
@@ -302,13 +302,14 @@ struct ScopeEntry {
 /// Plans DML over distributed tables; None when the statement touches none.
 pub(super) fn plan_dml(version: i32, raw: &protobuf::RawStmt, catalog: &Catalog) -> Option<Plan> {
     let node = raw.stmt.as_ref()?.node.as_ref()?;
-    let tables = referenced_tables(raw, catalog);
+    let range_vars = super::walk::range_vars(node);
+    let tables = distributed_among(&range_vars, catalog);
     if tables.is_empty() {
         return None;
     }
     // INSERT … SELECT may read local tables: its planner decides how.
     let insert_select = matches!(node, NodeEnum::InsertStmt(i) if i.select_stmt.as_deref().and_then(|s| s.node.as_ref()).is_some_and(|s| matches!(s, NodeEnum::SelectStmt(sel) if sel.values_lists.is_empty())));
-    if let Some(local) = first_local_table(node, catalog).filter(|_| !insert_select) {
+    if let Some(local) = first_local_table(node, &range_vars, catalog).filter(|_| !insert_select) {
         return Some(not_supported(format!("queries that combine distributed tables with the local table \"{local}\" are not supported yet")));
     }
     let template = ShardTemplate::for_query(version, raw.clone(), tables.clone());
@@ -362,7 +363,13 @@ pub(super) fn plan_dml(version: i32, raw: &protobuf::RawStmt, catalog: &Catalog)
 
 /// A table the statement names that is neither distributed nor a reference
 /// table (nor one of its CTEs): the workers do not have it.
-fn first_local_table(node: &NodeEnum, catalog: &Catalog) -> Option<String> {
+/// The first of the statement's `range_vars` (from our own walk: pg_query's
+/// skips tables under TABLESAMPLE, among others) that is neither a
+/// distributed table nor a CTE.
+fn first_local_table(node: &NodeEnum, range_vars: &[protobuf::RangeVar], catalog: &Catalog) -> Option<String> {
+    let mut unknown = range_vars.iter().filter(|rv| resolve_range_var(rv, catalog).is_none()).peekable();
+    // The usual case, every table distributed, needs no look for CTEs.
+    unknown.peek()?;
     let nodes = node.nodes();
     let ctes: Vec<&str> = nodes
         .iter()
@@ -371,11 +378,7 @@ fn first_local_table(node: &NodeEnum, catalog: &Catalog) -> Option<String> {
             _ => None,
         })
         .collect();
-    // Our own walk: pg_query's skips tables under TABLESAMPLE, among others.
-    super::walk::range_vars(node)
-        .into_iter()
-        .find(|rv| resolve_range_var(rv, catalog).is_none() && !(rv.schemaname.is_empty() && ctes.contains(&rv.relname.as_str())))
-        .map(|rv| rv.relname)
+    unknown.find(|rv| !(rv.schemaname.is_empty() && ctes.contains(&rv.relname.as_str()))).map(|rv| rv.relname.clone())
 }
 
 fn router(command: Command, target: ShardTarget, anchor: Option<Arc<DistributedTable>>, template: ShardTemplate) -> Plan {
