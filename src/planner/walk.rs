@@ -182,6 +182,8 @@ pub fn visit_mut(node: &mut NodeEnum, f: &mut dyn FnMut(&mut NodeEnum)) {
             visit_boxed(&mut s.where_clause, f);
         }
         ExplainStmt(s) => visit_boxed(&mut s.query, f),
+        ViewStmt(s) => visit_boxed(&mut s.query, f),
+        CreateTableAsStmt(s) => visit_boxed(&mut s.query, f),
         LockingClause(l) => each(&mut l.locked_rels, f),
         List(l) => each(&mut l.items, f),
         // Leaves (column and parameter references, constants, RangeVar, …) and
