@@ -21,9 +21,8 @@ pub fn deparse_tree(tree: &protobuf::ParseResult) -> PgResult<String> {
     let mut tree = tree.clone();
     for raw in &mut tree.stmts {
         if let Some(stmt) = raw.stmt.as_deref_mut().and_then(|n| n.node.as_mut()) {
-            check_deparsable(stmt)?;
             leave_out_defaults(stmt);
-            restore_parentheses(stmt);
+            reshape_for_deparser(stmt)?;
         }
     }
     pg_query::deparse(&tree).map_err(|e| PgError::internal(format!("could not deparse the statement for a shard: {e}")))
@@ -114,25 +113,6 @@ fn tree_shape(tree: &protobuf::ParseResult) -> String {
     shape
 }
 
-/// The deparser is C code that trusts the tree: a node where the grammar
-/// allows only one kind would be read as that kind and crash the whole
-/// process. Trees the coordinator rewrote are checked for the shapes a
-/// rewrite could produce.
-fn check_deparsable(stmt: &mut NodeEnum) -> PgResult<()> {
-    let mut bad = None;
-    visit_mut(stmt, &mut |node| {
-        if let NodeEnum::RangeTableSample(sample) = node {
-            if !matches!(sample.relation.as_deref().and_then(|r| r.node.as_ref()), Some(NodeEnum::RangeVar(_))) {
-                bad = Some("TABLESAMPLE of something other than a table");
-            }
-        }
-    });
-    match bad {
-        Some(what) => Err(PgError::internal(format!("could not deparse the statement for a shard: {what}"))),
-        None => Ok(()),
-    }
-}
-
 /// Drops options that only restate a default and that the deparser cannot
 /// print: COPY's `FORMAT text` comes out as `FORMAT` with nothing after it
 /// (and trips an assertion in a debug build of libpg_query).
@@ -155,8 +135,18 @@ fn leave_out_defaults(stmt: &mut NodeEnum) {
 /// text of its own and parses back into nothing, so wrapping an expression in
 /// one is how a pair of parentheses is asked for without changing the tree the
 /// worker parses.
-fn restore_parentheses(stmt: &mut NodeEnum) {
+///
+/// The deparser is also C code that trusts the tree: a node where the grammar
+/// allows only one kind is read as that kind, and anything else crashes the
+/// whole process. The same walk refuses the shapes a rewrite could produce.
+fn reshape_for_deparser(stmt: &mut NodeEnum) -> PgResult<()> {
+    let mut crashing = None;
     visit_mut(stmt, &mut |node| match node {
+        NodeEnum::RangeTableSample(sample) => {
+            if !matches!(sample.relation.as_deref().and_then(|r| r.node.as_ref()), Some(NodeEnum::RangeVar(_))) {
+                crashing = Some("TABLESAMPLE of something other than a table");
+            }
+        }
         // `(ARRAY[1,2])[1]`, `(CASE … END)[1]`: only column and parameter
         // references and scalar subqueries take a subscript or field directly.
         NodeEnum::AIndirection(e) if !e.indirection.is_empty() => {
@@ -189,6 +179,10 @@ fn restore_parentheses(stmt: &mut NodeEnum) {
         }
         _ => {}
     });
+    match crashing {
+        Some(what) => Err(PgError::internal(format!("could not deparse the statement for a shard: {what}"))),
+        None => Ok(()),
+    }
 }
 
 /// Replaces `node` with an `A_Indirection` that has no indirection, which the
