@@ -28,7 +28,6 @@ CSV=$BENCH_LOG_DIR/pgbench_accounts.csv
 declare -A MEDIAN=() COORD_CPU=() SENT_MB=()
 
 now() { date +%s.%N; }
-median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 # load TARGET PORT COMMAND...: runs COMMAND (which loads the file) RUNS times
 # into an empty pgbench_accounts.

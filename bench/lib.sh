@@ -27,6 +27,9 @@ die() {
 
 is_uint() { [[ $1 =~ ^[0-9]+$ ]]; }
 
+# The median of the numbers on stdin, one per line (nothing for none).
+median() { sort -g | awk '{ v[NR] = $1 } END { if (NR) print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
 # require_positive NAME...: each named variable must be a positive integer.
 require_positive() {
     local name

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Benchmark Tessera against a plain PostgreSQL 15 server on the same machine.
 #
-# Workloads, each run against both targets (plain first, then Tessera):
+# Both targets run side by side; each workload alternates between them (plain,
+# Tessera, plain, Tessera, …) for $ROUNDS rounds, so that drift of the machine
+# hits both, and the report gives the median TPS and the ratio's min, median
+# and max over the rounds. Workloads:
 #   pgbench_select_only   pgbench -S -M prepared -c 8 -j 2 -T $DURATION -n
 #   pgbench_tpcb          pgbench    -M prepared -c 8 -j 2 -T $DURATION -n
 #   sysbench_oltp_insert  sysbench oltp_insert (pgsql driver), 1 table of 10000 rows, 8 threads
@@ -16,6 +19,8 @@
 #
 # Environment:
 #   DURATION=30         seconds per measured run
+#   ROUNDS=3            measured runs per workload and target, alternating
+#   ONLY=a,b            run only these workloads (names as above)
 #   SCALE=10            pgbench scale factor (pgbench -i -s)
 #   BENCH_LOG_DIR=DIR   where raw tool outputs go (default: a new temp dir, kept)
 #   BENCH_ONLY_PLAIN=1  measure only plain PostgreSQL (skip Tessera)
@@ -30,6 +35,8 @@ SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 REPO_ROOT=$(cd -- "$SCRIPT_DIR/.." && pwd)
 
 DURATION=${DURATION:-30}
+ROUNDS=${ROUNDS:-3}
+ONLY=${ONLY:-}
 SCALE=${SCALE:-10}
 BENCH_ONLY_PLAIN=${BENCH_ONLY_PLAIN:-0}
 TESSERA_BIN=${TESSERA_BIN:-$REPO_ROOT/target/release/tessera}
@@ -40,6 +47,13 @@ JOBS=2
 SB_TABLE_SIZE=10000
 SB_THREADS=8
 WORKLOADS=(pgbench_select_only pgbench_tpcb sysbench_oltp_insert insert_1row insert_9rows_1shard insert_9rows_9shards insert_9rows_9shards_1pc)
+if [[ -n $ONLY ]]; then
+    IFS=, read -r -a only <<<"$ONLY"
+    for w in "${only[@]}"; do [[ " ${WORKLOADS[*]} " == *" $w "* ]] || die "ONLY: unknown workload '$w'"; done
+    WORKLOADS=("${only[@]}")
+fi
+# The round being measured; results are kept per target, workload and round.
+ROUND=1
 
 # shellcheck source=bench/lib.sh
 source "$SCRIPT_DIR/lib.sh"
@@ -50,6 +64,7 @@ declare -A TPS=() LAT=() COORD_US=() STATUS=()
 
 if ! is_uint "$DURATION" || [[ $DURATION -eq 0 ]]; then die "DURATION must be a positive integer (got '$DURATION')"; fi
 if ! is_uint "$SCALE" || [[ $SCALE -eq 0 ]]; then die "SCALE must be a positive integer (got '$SCALE')"; fi
+if ! is_uint "$ROUNDS" || [[ $ROUNDS -eq 0 ]]; then die "ROUNDS must be a positive integer (got '$ROUNDS')"; fi
 HAVE_SYSBENCH=0
 if command -v sysbench >/dev/null 2>&1; then HAVE_SYSBENCH=1; fi
 
@@ -57,8 +72,8 @@ if command -v sysbench >/dev/null 2>&1; then HAVE_SYSBENCH=1; fi
 
 run_pgbench() {
     local target=$1 port=$2 name=$3; shift 3
-    local out=$BENCH_LOG_DIR/$target-$name.log t0 t1 tps lat txns
-    log "$target: $name: pgbench ${*:+$* }-M prepared -c $CLIENTS -j $JOBS -T $DURATION -n"
+    local out=$BENCH_LOG_DIR/$target-$name-$ROUND.log t0 t1 tps lat txns key=$target:$name:$ROUND
+    log "$target: $name (round $ROUND): pgbench ${*:+$* }-M prepared -c $CLIENTS -j $JOBS -T $DURATION -n"
     t0=$(coord_ticks)
     "$PG_BIN/pgbench" -h 127.0.0.1 -p "$port" -U postgres "$@" -M prepared -c "$CLIENTS" -j "$JOBS" -T "$DURATION" -n postgres >"$out" 2>&1 ||
         die "$target: pgbench ($name) failed" "$out"
@@ -68,19 +83,24 @@ run_pgbench() {
     txns=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$out" | head -n 1)
     [[ -n $tps && -n $lat && -n $txns ]] || die "$target: could not parse pgbench ($name) output" "$out"
     [[ $txns -gt 0 ]] || die "$target: pgbench ($name) processed no transactions" "$out"
-    TPS[$target:$name]=$tps
-    LAT[$target:$name]=$lat
-    COORD_US[$target:$name]=$(us_per_txn "$t0" "$t1" "$txns")
-    STATUS[$target:$name]=ok
-    log "$target: $name: tps=$tps latency_ms=$lat txns=$txns${COORD_US[$target:$name]:+ coord_us_per_txn=${COORD_US[$target:$name]}}"
+    record "$key" "$tps" "$lat" "$(us_per_txn "$t0" "$t1" "$txns")" "$txns"
+}
+
+# record TARGET:WORKLOAD:ROUND TPS LATENCY COORD_US TXNS
+record() {
+    TPS[$1]=$2
+    LAT[$1]=$3
+    COORD_US[$1]=$4
+    STATUS[$1]=ok
+    log "$1: tps=$2 latency_ms=$3 txns=$5${4:+ coord_us_per_txn=$4}"
 }
 
 # run_sysbench TARGET PORT: returns non-zero (with a message) on failure.
 run_sysbench() {
     local target=$1 port=$2 name=sysbench_oltp_insert
-    local pre=$BENCH_LOG_DIR/$target-$name-prepare.log
-    local out=$BENCH_LOG_DIR/$target-$name.log
-    local cln=$BENCH_LOG_DIR/$target-$name-cleanup.log
+    local pre=$BENCH_LOG_DIR/$target-$name-$ROUND-prepare.log
+    local out=$BENCH_LOG_DIR/$target-$name-$ROUND.log
+    local cln=$BENCH_LOG_DIR/$target-$name-$ROUND-cleanup.log
     local -a sb=(sysbench oltp_insert --db-driver=pgsql --pgsql-host=127.0.0.1 --pgsql-port="$port"
         --pgsql-user=postgres --pgsql-db=postgres --tables=1 --table-size="$SB_TABLE_SIZE"
         --threads="$SB_THREADS" --time="$DURATION")
@@ -112,17 +132,13 @@ run_sysbench() {
     if [[ $txns -eq 0 ]]; then
         SB_ERR="sysbench processed no transactions (see $out)"; SB_ERR_LOG=$out; return 1
     fi
-    TPS[$target:$name]=$tps
-    LAT[$target:$name]=$lat
-    COORD_US[$target:$name]=$(us_per_txn "$t0" "$t1" "$txns")
-    STATUS[$target:$name]=ok
-    log "$target: $name: tps=$tps latency_ms=$lat txns=$txns${COORD_US[$target:$name]:+ coord_us_per_txn=${COORD_US[$target:$name]}}"
+    record "$target:$name:$ROUND" "$tps" "$lat" "$(us_per_txn "$t0" "$t1" "$txns")" "$txns"
 }
 
 sysbench_part() { # sysbench_part TARGET PORT
     local target=$1 port=$2
     if [[ $HAVE_SYSBENCH -ne 1 ]]; then
-        STATUS[$target:sysbench_oltp_insert]=skipped
+        STATUS[$target:sysbench_oltp_insert:$ROUND]=skipped
         return 0
     fi
     SB_ERR='' SB_ERR_LOG=''
@@ -130,7 +146,7 @@ sysbench_part() { # sysbench_part TARGET PORT
     if [[ $target == plain ]]; then
         die "plain: sysbench_oltp_insert: $SB_ERR" "$SB_ERR_LOG"
     fi
-    STATUS[$target:sysbench_oltp_insert]=failed
+    STATUS[$target:sysbench_oltp_insert:$ROUND]=failed
     printf '%s: sysbench_oltp_insert FAILED: %s\n' "$target" "$SB_ERR" >&2
     if [[ -n $SB_ERR_LOG && -f $SB_ERR_LOG ]]; then
         grep -iE 'error|fatal' -- "$SB_ERR_LOG" | head -n 5 >&2 || tail -n 5 -- "$SB_ERR_LOG" >&2 || true
@@ -172,91 +188,115 @@ insert_scripts() {
     log "nine keys on nine shards: ${nine[*]}"
 }
 
-# run_inserts TARGET PORT
-run_inserts() {
-    run_pgbench "$1" "$2" insert_1row -f "$BENCH_LOG_DIR/insert_1row.sql"
-    run_pgbench "$1" "$2" insert_9rows_1shard -f "$BENCH_LOG_DIR/insert_9rows_1shard.sql"
-    run_pgbench "$1" "$2" insert_9rows_9shards -f "$BENCH_LOG_DIR/insert_9rows_9shards.sql"
-    PGOPTIONS='-c citus.multi_shard_commit_protocol=1pc' run_pgbench "$1" "$2" insert_9rows_9shards_1pc -f "$BENCH_LOG_DIR/insert_9rows_9shards.sql"
-}
-
-# (a) plain PostgreSQL 15
+# Both targets are set up first and stay up; only one is measured at a time.
 start_plain
 pgbench_init plain "$PLAIN_PORT"
-run_pgbench plain "$PLAIN_PORT" pgbench_select_only -S
-run_pgbench plain "$PLAIN_PORT" pgbench_tpcb
-sysbench_part plain "$PLAIN_PORT"
 insert_scripts "$PLAIN_PORT"
 psql_at "$PLAIN_PORT" -c "CREATE TABLE ins (k int, v text)" >/dev/null || die "plain: CREATE TABLE ins failed"
-run_inserts plain "$PLAIN_PORT"
-log "plain: stopping"
-stop_plain
-
-# (b) Tessera: coordinator + 2 workers
+TARGETS=(plain)
 if [[ $BENCH_ONLY_PLAIN != 1 ]]; then
     start_tessera
     pgbench_init tessera "$TESSERA_PORT"
     distribute_pgbench_tables "$TESSERA_PORT"
-    run_pgbench tessera "$TESSERA_PORT" pgbench_select_only -S
-    run_pgbench tessera "$TESSERA_PORT" pgbench_tpcb
-    sysbench_part tessera "$TESSERA_PORT"
     psql_at "$TESSERA_PORT" -c "CREATE TABLE ins (k int, v text)" -c "SELECT create_distributed_table('ins', 'k', shard_count => 32)" >/dev/null ||
         die "tessera: distributing ins failed"
-    run_inserts tessera "$TESSERA_PORT"
-    log "tessera: stopping"
-    stop_tessera
+    TARGETS+=(tessera)
 fi
+
+run_workload() { # run_workload TARGET WORKLOAD
+    local port=$PLAIN_PORT
+    if [[ $1 == tessera ]]; then port=$TESSERA_PORT; fi
+    case $2 in
+        pgbench_select_only) run_pgbench "$1" "$port" "$2" -S ;;
+        pgbench_tpcb) run_pgbench "$1" "$port" "$2" ;;
+        sysbench_oltp_insert) sysbench_part "$1" "$port" ;;
+        insert_9rows_9shards_1pc) PGOPTIONS='-c citus.multi_shard_commit_protocol=1pc' run_pgbench "$1" "$port" "$2" -f "$BENCH_LOG_DIR/insert_9rows_9shards.sql" ;;
+        insert_*) run_pgbench "$1" "$port" "$2" -f "$BENCH_LOG_DIR/$2.sql" ;;
+    esac
+}
+
+for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
+    for w in "${WORKLOADS[@]}"; do
+        for target in "${TARGETS[@]}"; do run_workload "$target" "$w"; done
+    done
+done
+stop_tessera
+stop_plain
 
 # ---------------------------------------------------------------- report
 
 fmt1() { awk -v x="$1" 'BEGIN { printf "%.1f", x }'; }
 
-# cell TARGET WORKLOAD tps|lat|coord: the value, or why there is none.
-cell() {
-    local key=$1:$2 v=''
-    case $3 in
-        tps) v=${TPS[$key]:-}; if [[ -n $v ]]; then v=$(fmt1 "$v"); fi ;;
-        lat) v=${LAT[$key]:-} ;;
-        coord) v=${COORD_US[$key]:-} ;;
-    esac
-    case ${STATUS[$key]:-} in
-        ok) echo "${v:-NA}" ;;
-        failed) echo FAILED ;;
-        skipped) echo skipped ;;
-        *) echo - ;;
-    esac
+# each KIND TARGET WORKLOAD: the value of every round that ran (tps, lat, coord).
+each() {
+    local r key
+    for ((r = 1; r <= ROUNDS; r++)); do
+        key=$2:$3:$r
+        [[ ${STATUS[$key]:-} == ok ]] || continue
+        case $1 in
+            tps) echo "${TPS[$key]}" ;;
+            lat) echo "${LAT[$key]}" ;;
+            coord) if [[ -n ${COORD_US[$key]:-} ]]; then echo "${COORD_US[$key]}"; fi ;;
+        esac
+    done
 }
 
-ratio_of() { # ratio_of WORKLOAD
-    local p=${TPS[plain:$1]:-} t=${TPS[tessera:$1]:-}
-    if [[ ${STATUS[plain:$1]:-} == ok && ${STATUS[tessera:$1]:-} == ok ]]; then
-        awk -v p="$p" -v t="$t" 'BEGIN { if (p > 0) printf "%.2f", t / p; else printf "NA" }'
-    else
-        echo NA
-    fi
+# ratios WORKLOAD: Tessera's TPS over plain's, round by round.
+ratios() {
+    local r
+    for ((r = 1; r <= ROUNDS; r++)); do
+        if [[ ${STATUS[plain:$1:$r]:-} == ok && ${STATUS[tessera:$1:$r]:-} == ok ]]; then
+            awk -v p="${TPS[plain:$1:$r]}" -v t="${TPS[tessera:$1:$r]}" 'BEGIN { if (p > 0) printf "%.4f\n", t / p }'
+        fi
+    done
+}
+
+# status TARGET WORKLOAD: ok when every round ran, else why not.
+status() {
+    local r worst=ok st
+    for ((r = 1; r <= ROUNDS; r++)); do
+        st=${STATUS[$1:$2:$r]:-missing}
+        case $st in
+            failed) worst=FAILED ;;
+            skipped) [[ $worst == ok ]] && worst=skipped ;;
+            missing) [[ $worst == ok ]] && worst=- ;;
+        esac
+    done
+    echo "$worst"
+}
+
+# cell TARGET WORKLOAD tps|lat|coord: the median over the rounds, or why there is none.
+cell() {
+    local st v
+    st=$(status "$1" "$2")
+    if [[ $st != ok ]]; then echo "$st"; return; fi
+    v=$(each "$3" "$1" "$2" | median)
+    if [[ -z $v ]]; then echo NA; elif [[ $3 == tps ]]; then fmt1 "$v"; else echo "$v"; fi
+}
+
+spread() { # spread WORKLOAD: the ratio's min/median/max
+    local values
+    values=$(ratios "$1")
+    if [[ -z $values ]]; then echo NA; return; fi
+    printf '%.2f/%.2f/%.2f' "$(sort -g <<<"$values" | head -n 1)" "$(median <<<"$values")" "$(sort -g <<<"$values" | tail -n 1)"
 }
 
 echo
-echo "Results (SCALE=$SCALE, DURATION=${DURATION}s, $CLIENTS clients; latency = average ms; ratio = tessera TPS / plain TPS)"
-fmt='%-21s | %10s | %16s | %11s | %18s | %5s | %s\n'
+echo "Results (SCALE=$SCALE, DURATION=${DURATION}s, $CLIENTS clients, $ROUNDS alternating rounds; medians over the rounds;"
+echo "latency = average ms; ratio = tessera TPS / plain TPS per round, min/median/max)"
+fmt='%-24s | %10s | %16s | %11s | %18s | %14s | %s\n'
 # shellcheck disable=SC2059
-printf "$fmt" workload "plain TPS" "plain latency ms" "tessera TPS" "tessera latency ms" ratio "coordinator CPU µs/txn"
+printf "$fmt" workload "plain TPS" "plain latency ms" "tessera TPS" "tessera latency ms" "ratio" "coordinator CPU µs/txn"
 # shellcheck disable=SC2059
-printf "$fmt" "---------------------" "----------" "----------------" "-----------" "------------------" "-----" "----------------------"
+printf "$fmt" "------------------------" "----------" "----------------" "-----------" "------------------" "--------------" "----------------------"
 for w in "${WORKLOADS[@]}"; do
     # shellcheck disable=SC2059
     printf "$fmt" "$w" "$(cell plain "$w" tps)" "$(cell plain "$w" lat)" \
-        "$(cell tessera "$w" tps)" "$(cell tessera "$w" lat)" "$(ratio_of "$w")" "$(cell tessera "$w" coord)"
+        "$(cell tessera "$w" tps)" "$(cell tessera "$w" lat)" "$(spread "$w")" "$(cell tessera "$w" coord)"
 done
 echo
 for w in "${WORKLOADS[@]}"; do
-    p=NA t=NA c=NA
-    if [[ ${STATUS[plain:$w]:-} == ok ]]; then p=$(fmt1 "${TPS[plain:$w]}"); fi
-    if [[ ${STATUS[tessera:$w]:-} == ok ]]; then
-        t=$(fmt1 "${TPS[tessera:$w]}")
-        c=${COORD_US[tessera:$w]:-NA}
-    fi
-    echo "RESULT $w plain_tps=$p tessera_tps=$t ratio=$(ratio_of "$w") coord_us_per_txn=$c"
+    echo "RESULT $w plain_tps=$(cell plain "$w" tps) tessera_tps=$(cell tessera "$w" tps) ratio_min_median_max=$(spread "$w") coord_us_per_txn=$(cell tessera "$w" coord)"
 done
 echo
 log "raw outputs: $BENCH_LOG_DIR"
