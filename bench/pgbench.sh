@@ -86,11 +86,12 @@ run_pgbench() {
     record "$key" "$tps" "$lat" "$(us_per_txn "$t0" "$t1" "$txns")" "$txns"
 }
 
-# record TARGET:WORKLOAD:ROUND TPS LATENCY COORD_US TXNS
+# record TARGET:WORKLOAD:ROUND TPS LATENCY COORD_US TXNS (coordinator CPU counts
+# for Tessera only: the coordinator idles while plain PostgreSQL is measured).
 record() {
     TPS[$1]=$2
     LAT[$1]=$3
-    COORD_US[$1]=$4
+    if [[ $1 == tessera:* ]]; then COORD_US[$1]=$4; else set -- "$1" "$2" "$3" "" "$5"; fi
     STATUS[$1]=ok
     log "$1: tps=$2 latency_ms=$3 txns=$5${4:+ coord_us_per_txn=$4}"
 }
