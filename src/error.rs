@@ -38,6 +38,22 @@ pub struct PgError {
     fields: Vec<(u8, String)>,
 }
 
+/// `text` with every `"name"` that `rename` renames replaced.
+fn rename_quoted(text: &str, rename: &impl Fn(&str) -> Option<&str>) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(open) = rest.find('"') {
+        let Some(len) = rest[open + 1..].find('"') else { break };
+        let name = &rest[open + 1..open + 1 + len];
+        out.push_str(&rest[..=open]);
+        out.push_str(rename(name).unwrap_or(name));
+        out.push('"');
+        rest = &rest[open + len + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
 impl PgError {
     pub fn new(code: &str, message: impl Into<String>) -> Self {
         PgError { fields: vec![(b'S', "ERROR".into()), (b'V', "ERROR".into()), (b'C', code.into()), (b'M', message.into())] }
@@ -108,6 +124,23 @@ impl PgError {
             None => self,
         }
     }
+    /// Renames what the error names: its table and constraint fields, and the
+    /// double-quoted names in its message and detail, wherever `rename` gives
+    /// a new name.
+    pub fn rename(mut self, rename: impl Fn(&str) -> Option<&str>) -> Self {
+        for (code, value) in self.fields.iter_mut() {
+            match *code {
+                b't' | b'n' => {
+                    if let Some(new) = rename(value).map(str::to_string) {
+                        *value = new;
+                    }
+                }
+                b'M' | b'D' => *value = rename_quoted(value, &rename),
+                _ => {}
+            }
+        }
+        self
+    }
     /// An error the server at `node` raised, as our client must see it. A FATAL
     /// ended only our connection to that node, not the client's session, so it
     /// becomes a lost connection (08006) with the server's message as DETAIL:
@@ -150,3 +183,20 @@ impl From<crate::protocol::ProtocolError> for PgError {
 }
 
 pub type PgResult<T> = Result<T, PgError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renaming_reaches_fields_and_quoted_names_only() {
+        let e = PgError::new("23505", "duplicate key value violates unique constraint \"t_pkey_102008\"")
+            .with_detail("Key (id)=(x_102008) already exists.");
+        let e = PgError::from_fields(e.fields().map(|(c, v)| (c, v.to_string())).chain([(b't', "t_102008".to_string()), (b'n', "t_pkey_102008".to_string())]).collect());
+        let e = e.rename(|n| n.strip_suffix("_102008"));
+        assert_eq!(e.message(), "duplicate key value violates unique constraint \"t_pkey\"");
+        assert_eq!(e.detail(), Some("Key (id)=(x_102008) already exists."));
+        let fields: Vec<(u8, &str)> = e.fields().filter(|(c, _)| matches!(c, b't' | b'n')).collect();
+        assert_eq!(fields, [(b't', "t"), (b'n', "t_pkey")]);
+    }
+}

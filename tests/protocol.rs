@@ -153,3 +153,30 @@ async fn shapes_that_once_crashed_the_coordinator() {
     bystander.batch_execute("COMMIT").await.unwrap();
     assert_eq!(text_rows(&bystander, "SELECT count(*) FROM d").await, vec![vec![Some("23".into())]]);
 }
+
+/// LISTEN through the coordinator: a notification reaches an idle listener
+/// at once, without it sending anything, as from PostgreSQL.
+#[tokio::test]
+async fn notifications_reach_an_idle_listener() {
+    let cluster = TestCluster::start(1);
+    let (listener, mut connection) = tokio_postgres::connect(&cluster.conn_string(), tokio_postgres::NoTls).await.unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+        use futures::StreamExt;
+        while let Some(Ok(message)) = messages.next().await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = message {
+                let _ = tx.send((n.channel().to_string(), n.payload().to_string()));
+            }
+        }
+    });
+    listener.batch_execute("LISTEN jobs").await.unwrap();
+    let sender = cluster.connect().await;
+    for payload in ["first", "second"] {
+        sender.batch_execute(&format!("NOTIFY jobs, '{payload}'")).await.unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.expect("the notification arrives while the listener is idle");
+        assert_eq!(got, Some(("jobs".to_string(), payload.to_string())));
+    }
+    // The listener's session goes on as before.
+    assert_eq!(text_rows(&listener, "SELECT 1").await, vec![vec![Some("1".into())]]);
+}

@@ -139,6 +139,10 @@ async fn transactions_read_their_writes_and_roll_back_everywhere() {
     c.batch_execute("BEGIN").await.unwrap();
     let err = c.simple_query("INSERT INTO accounts (id, owner) VALUES (1, 'dup')").await.unwrap_err();
     assert_eq!(sqlstate(&err), "23505");
+    // The error names the table and its constraint, as ORMs expect, not the shard's.
+    let db = err.as_db_error().unwrap();
+    assert_eq!((db.table(), db.constraint()), (Some("accounts"), Some("accounts_pkey")), "{db:?}");
+    assert_eq!(db.message(), "duplicate key value violates unique constraint \"accounts_pkey\"");
     let err = c.simple_query("SELECT * FROM accounts WHERE id = 2").await.unwrap_err();
     assert_eq!(sqlstate(&err), "25P02");
     c.batch_execute("ROLLBACK").await.unwrap();

@@ -156,6 +156,14 @@ impl Catalog {
     pub fn active_nodes(&self) -> impl Iterator<Item = &Node> {
         self.nodes.iter().filter(|n| n.active)
     }
+    /// `name` without the `_<shardid>` its shard gave it, when it is the name
+    /// of a shard or of a shard's index or constraint (`orders_pkey_102008`
+    /// → `orders_pkey`).
+    pub fn name_without_shard<'a>(&self, name: &'a str) -> Option<&'a str> {
+        let (base, id) = name.rsplit_once('_')?;
+        let id: i64 = id.parse().ok()?;
+        self.tables().any(|t| t.shards.iter().any(|s| s.id == id)).then_some(base)
+    }
 }
 
 /// Reads the whole catalog in one transaction so the snapshot is consistent.

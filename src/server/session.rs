@@ -278,7 +278,7 @@ async fn refuse(client: &mut ClientConn, e: PgError) -> anyhow::Result<()> {
 
 impl Session {
     async fn serve(&mut self) -> anyhow::Result<()> {
-        while let Some(msg) = self.client.recv().await? {
+        while let Some(msg) = self.next_message().await? {
             match AssertUnwindSafe(self.dispatch(&msg)).catch_unwind().await {
                 Ok(Ok(true)) => {}
                 Ok(Ok(false)) => return Ok(()),
@@ -287,6 +287,30 @@ impl Session {
             }
         }
         Ok(())
+    }
+
+    /// The client's next message. While the session waits for it, what the
+    /// coordinator database sends unasked (a NOTIFY for this session's LISTEN,
+    /// a notice, a changed parameter) goes to the client at once, as
+    /// PostgreSQL would send it.
+    async fn next_message(&mut self) -> anyhow::Result<Option<Message>> {
+        loop {
+            // Neither read below may be cancelled in the middle of a write.
+            self.client.flush().await?;
+            let local = &mut self.parts.local;
+            if self.local_expected > 0 || self.local_unsynced || local.is_broken() || local.flush().await.is_err() {
+                return Ok(self.client.recv().await?);
+            }
+            tokio::select! {
+                msg = self.client.recv() => return Ok(msg?),
+                unasked = local.recv() => match unasked {
+                    Ok(msg) if matches!(msg.tag(), b'A' | b'N' | b'S') => self.client.out().extend_from_slice(msg.frame()),
+                    Ok(msg) => tracing::debug!("unexpected message {:?} from the coordinator database while idle", msg.tag() as char),
+                    // The connection is broken now; the next statement reports it.
+                    Err(e) => tracing::debug!("coordinator database connection while idle: {}", e.message()),
+                },
+            }
+        }
     }
 
     /// Handles one client message; false once the session is over.
@@ -377,6 +401,9 @@ impl Session {
     fn report(&mut self, failure: Failure) {
         let failure = self.as_deadlock(failure);
         if let Failure::Error(e) = failure {
+            // Clients (and ORMs mapping errors to fields) know the tables, not their shards.
+            let catalog = self.catalog();
+            let e = e.rename(|name| catalog.name_without_shard(name));
             backend::error_response(self.client.out(), &e);
         }
         self.parts.mark_failed();
