@@ -11,6 +11,7 @@ mod fallback;
 mod functions;
 mod insert_select;
 mod multi_shard;
+mod prepared;
 pub mod rewrite;
 mod router;
 mod walk;
@@ -23,6 +24,7 @@ pub use insert_select::InsertSelectPlan;
 pub use multi_shard::{aggregate_placeholder, partial_column, sort_column, AggregateKind, Combine, CombineQuery, MultiShardPlan, SplitAggregate, PARTIALS_RELATION, VISIBLE_COLUMNS};
 pub use cluster_views::{ClusterData, SIZE_FUNCTIONS};
 pub use copy::{CopyPlan, KeyPosition};
+pub use prepared::{SqlExecute, SqlPrepare};
 pub use router::{Command, InsertKey, KeyRouting, KeyValue, RouterPlan, ShardTarget};
 
 use crate::error::{sqlstate, PgError, PgResult};
@@ -71,6 +73,12 @@ pub enum Plan {
     InsertSelect(Arc<InsertSelectPlan>),
     /// COPY FROM STDIN into, or TO STDOUT from, a distributed or reference table.
     Copy(Arc<CopyPlan>),
+    /// SQL PREPARE of a statement over distributed tables.
+    SqlPrepare(SqlPrepare),
+    /// SQL EXECUTE (of any prepared statement: the session knows which are its own).
+    SqlExecute(SqlExecute),
+    /// SQL DEALLOCATE of one prepared statement, or of all (None).
+    SqlDeallocate(Option<String>),
     /// Valid SQL the coordinator cannot run yet; refused rather than answered wrongly.
     Unsupported(PgError),
 }
@@ -101,6 +109,9 @@ impl fmt::Display for Plan {
             Plan::Explain(e) => write!(f, "Explain({e})"),
             Plan::InsertSelect(i) => write!(f, "InsertSelect({i})"),
             Plan::Copy(c) => write!(f, "Copy({c})"),
+            Plan::SqlPrepare(p) => write!(f, "SqlPrepare({})", p.name),
+            Plan::SqlExecute(e) => write!(f, "SqlExecute({})", e.name),
+            Plan::SqlDeallocate(name) => write!(f, "SqlDeallocate({})", name.as_deref().unwrap_or("ALL")),
             Plan::Unsupported(e) => write!(f, "Unsupported({})", e.message()),
         }
     }
@@ -196,6 +207,9 @@ fn plan_statement(version: i32, raw: protobuf::RawStmt, text: &str, catalog: &Ca
             Some(fallback::plan(version, node, catalog, "a cursor over distributed tables").unwrap_or_else(|| not_supported("this cursor over distributed tables is not supported")))
         }
         NodeEnum::CopyStmt(c) => copy::plan(version, c, text, catalog),
+        NodeEnum::PrepareStmt(p) => prepared::plan_prepare(version, p, catalog),
+        NodeEnum::ExecuteStmt(e) => Some(prepared::plan_execute(version, e)),
+        NodeEnum::DeallocateStmt(d) => Some(Plan::SqlDeallocate((!d.name.is_empty()).then(|| d.name.clone()))),
         NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) => {
             router::plan_dml(version, &raw, catalog)
         }
@@ -277,10 +291,16 @@ fn plan_transaction(t: &protobuf::TransactionStmt, text: &str) -> Plan {
 /// statement, …), running it on the empty shell table could give wrong answers,
 /// so it is refused instead.
 fn refuse_unseen_references(node: &NodeEnum, text: &str, catalog: &Catalog) -> Plan {
-    if matches!(node, NodeEnum::CommentStmt(_) | NodeEnum::VariableSetStmt(_) | NodeEnum::VariableShowStmt(_)) {
+    // FETCH, MOVE and CLOSE name only a cursor, which may share a table's name.
+    if matches!(node, NodeEnum::CommentStmt(_) | NodeEnum::VariableSetStmt(_) | NodeEnum::VariableShowStmt(_) | NodeEnum::FetchStmt(_) | NodeEnum::ClosePortalStmt(_)) {
         return Plan::Local;
     }
     let Ok(scan) = pg_query::scan(text) else { return Plan::Local };
+    // So does a DECLARE, before its query.
+    let mut cursor_name = match node {
+        NodeEnum::DeclareCursorStmt(d) => Some(d.portalname.as_str()),
+        _ => None,
+    };
     for token in &scan.tokens {
         let Some(word) = text.get(token.start as usize..token.end as usize) else { continue };
         let name = match word.strip_prefix('"').and_then(|w| w.strip_suffix('"')) {
@@ -288,6 +308,10 @@ fn refuse_unseen_references(node: &NodeEnum, text: &str, catalog: &Catalog) -> P
             None if word.starts_with(|c: char| c.is_alphabetic() || c == '_') => word.to_lowercase(),
             None => continue,
         };
+        if cursor_name == Some(name.as_str()) {
+            cursor_name = None;
+            continue;
+        }
         if catalog.is_distributed_name(&name) {
             return Plan::Unsupported(PgError::not_supported(format!(
                 "this statement uses the distributed table \"{name}\" in a way Tessera does not support yet"

@@ -12,7 +12,7 @@ use crate::connection::{quote_literal, Login, PgConnection};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::executor::{self, Mode};
 use crate::metadata::Catalog;
-use crate::planner::{self, Plan, PlannedStatement, TransactionCommand};
+use crate::planner::{self, Plan, PlannedStatement, SqlExecute, TransactionCommand};
 use crate::protocol::backend::{self, FieldDescription};
 use crate::protocol::frontend::{self, Bind, StartupPacket, Target};
 use crate::protocol::Message;
@@ -85,6 +85,8 @@ struct Session {
     catalog_version: i64,
     statements: HashMap<String, Statement>,
     portals: HashMap<String, Portal>,
+    /// SQL PREPAREd statements over distributed tables: name → statement text.
+    sql_prepared: HashMap<String, String>,
     /// Extended-protocol responses the coordinator database still owes us.
     local_expected: usize,
     /// Something was forwarded to the coordinator database since the last Sync.
@@ -165,6 +167,7 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: TcpStream) -> anyhow::Re
         catalog_version: 0,
         statements: HashMap::new(),
         portals: HashMap::new(),
+        sql_prepared: HashMap::new(),
         local_expected: 0,
         local_unsynced: false,
         skip_until_sync: false,
@@ -556,6 +559,24 @@ impl Session {
                 let mode = execution_mode(extended, false);
                 executor::insert_select::run(insert, &self.coordinator, &catalog, &mut self.parts, &mode, &mut self.client).await?;
             }
+            Plan::SqlPrepare(prepare) => {
+                // Prepared on the coordinator database too: checked against the
+                // shells, typed, and listed in pg_prepared_statements.
+                let tag = self.parts.local().await?.execute(sql).await?;
+                self.sql_prepared.insert(prepare.name.clone(), prepare.statement.clone());
+                backend::command_complete(self.client.out(), &tag);
+            }
+            Plan::SqlExecute(execute) => self.execute_prepared(sql, execute, extended).await?,
+            Plan::SqlDeallocate(name) => {
+                let tag = self.parts.local().await?.execute(sql).await?;
+                match name {
+                    Some(name) => {
+                        self.sql_prepared.remove(name);
+                    }
+                    None => self.sql_prepared.clear(),
+                }
+                backend::command_complete(self.client.out(), &tag);
+            }
             Plan::ClusterFunction(call) => {
                 let mut ctx = CommandContext { coordinator: &self.coordinator, parts: &mut self.parts, client: &mut self.client, catalog };
                 let bound = extended.map(|(bind, shape)| (bind, shape.param_types.as_slice()));
@@ -567,6 +588,53 @@ impl Session {
             }
         }
         Ok(())
+    }
+
+    /// SQL EXECUTE. A statement prepared over distributed tables runs like an
+    /// extended-protocol execution, with the arguments evaluated (and typed) by
+    /// the coordinator database; any other is the coordinator database's own.
+    async fn execute_prepared(&mut self, sql: &str, execute: &SqlExecute, extended: Option<(&Bind, &Shape)>) -> Result<(), Failure> {
+        let Some(statement) = self.sql_prepared.get(&execute.name).cloned() else {
+            let mode = execution_mode(extended, false);
+            return Ok(executor::run_on_coordinator_db(&mut self.parts, sql, &mode, &mut self.client).await?);
+        };
+        if extended.is_some() {
+            return Err(PgError::not_supported("EXECUTE of a statement prepared over distributed tables works through the simple query protocol only")
+                .with_hint("Use the extended protocol's own prepared statements (Parse/Bind/Execute).")
+                .into());
+        }
+        let local = self.parts.local().await?;
+        let types = local
+            .query(&format!(
+                "SELECT t::oid, format_type(t, NULL) FROM pg_catalog.pg_prepared_statements, unnest(parameter_types) WITH ORDINALITY u(t, i) WHERE name = {} ORDER BY i",
+                quote_literal(&execute.name)
+            ))
+            .await?;
+        if types.len() != execute.arguments.len() {
+            return Err(PgError::new(sqlstate::SYNTAX_ERROR, format!("wrong number of parameters for prepared statement \"{}\"", execute.name))
+                .with_detail(format!("Expected {} parameters but got {}.", types.len(), execute.arguments.len()))
+                .into());
+        }
+        let param_types: Vec<u32> = types.iter().map(|t| t[0].as_deref().and_then(|oid| oid.parse().ok()).unwrap_or(0)).collect();
+        let params = if types.is_empty() {
+            Vec::new()
+        } else {
+            let casts: Vec<String> = execute.arguments.iter().zip(&types).map(|(arg, t)| format!("(({arg})::{})::text", t[1].as_deref().unwrap_or("text"))).collect();
+            let values = local.query(&format!("SELECT {}", casts.join(", "))).await?;
+            values.into_iter().next().unwrap_or_default().into_iter().map(|v| v.map(bytes::Bytes::from)).collect()
+        };
+        let planned = self.plan(&statement);
+        let Some(inner) = planned.statements.first() else { return Err(PgError::internal("a prepared statement without a statement").into()) };
+        if matches!(inner.plan, Plan::Local | Plan::Empty) {
+            // No longer over distributed tables (one was undistributed).
+            return Ok(executor::run_on_coordinator_db(&mut self.parts, sql, &Mode::Simple, &mut self.client).await?);
+        }
+        let shape = self.describe_shape(&statement, &param_types).await?;
+        if let Some(fields) = &shape.fields {
+            backend::row_description(self.client.out(), fields);
+        }
+        let bind = Bind { portal: String::new(), statement: String::new(), param_formats: Vec::new(), params, result_formats: Vec::new() };
+        Box::pin(self.execute_distributed(&statement, &inner.plan, Some((&bind, &shape)))).await
     }
 
     async fn transaction_command(&mut self, command: &TransactionCommand) -> PgResult<&'static str> {
