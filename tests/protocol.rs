@@ -180,3 +180,39 @@ async fn notifications_reach_an_idle_listener() {
     // The listener's session goes on as before.
     assert_eq!(text_rows(&listener, "SELECT 1").await, vec![vec![Some("1".into())]]);
 }
+
+/// An Execute with a row limit on a distributed statement hands out that many
+/// rows and suspends the portal, as PostgreSQL does (asyncpg's cursor.fetch,
+/// JDBC's setFetchSize, postgres.js .cursor()).
+#[tokio::test]
+async fn row_limited_execute_suspends_the_portal() {
+    let cluster = TestCluster::start(2);
+    let mut c = cluster.connect().await;
+    c.batch_execute(
+        "CREATE TABLE items (id int PRIMARY KEY, name text);
+         SELECT create_distributed_table('items', 'id', shard_count => 4);
+         INSERT INTO items SELECT g, 'item ' || g FROM generate_series(1, 200) g;",
+    )
+    .await
+    .unwrap();
+    let tx = c.transaction().await.unwrap();
+    for (sql, expected) in [("SELECT id FROM items ORDER BY id", 200usize), ("SELECT id FROM items WHERE id > 150 ORDER BY id", 50), ("SELECT id FROM items WHERE id = 7", 1)] {
+        let portal = tx.bind(sql, &[]).await.unwrap();
+        let mut fetched: Vec<i32> = Vec::new();
+        let mut batches = 0;
+        loop {
+            let rows = tx.query_portal(&portal, 7).await.unwrap();
+            assert!(rows.len() <= 7, "{sql}: at most the limit per Execute");
+            batches += 1;
+            if rows.is_empty() {
+                break;
+            }
+            fetched.extend(rows.iter().map(|r| r.get::<_, i32>(0)));
+        }
+        let all: Vec<i32> = tx.query(sql, &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+        assert_eq!(fetched, all, "{sql}");
+        assert_eq!(fetched.len(), expected, "{sql}");
+        assert_eq!(batches, expected / 7 + usize::from(expected % 7 != 0) + 1, "{sql}: batches of 7, then an empty one");
+    }
+    tx.commit().await.unwrap();
+}

@@ -109,6 +109,9 @@ pub fn close_complete(buf: &mut BytesMut) {
 pub fn no_data(buf: &mut BytesMut) {
     empty(buf, b'n');
 }
+pub fn portal_suspended(buf: &mut BytesMut) {
+    empty(buf, b's');
+}
 
 pub fn parameter_description(buf: &mut BytesMut, types: &[u32]) {
     let at = begin_message(buf, b't');

@@ -42,6 +42,10 @@ impl Message {
     pub fn frame(&self) -> &[u8] {
         &self.frame
     }
+    /// The whole frame, shared rather than copied.
+    pub fn frame_bytes(&self) -> Bytes {
+        self.frame.clone()
+    }
     pub fn from_frame(frame: Bytes) -> Self {
         Message { frame }
     }

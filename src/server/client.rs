@@ -15,12 +15,15 @@ pub struct ClientConn {
     wbuf: BytesMut,
     /// The largest message accepted: small until the client has logged in.
     max_message_len: usize,
+    /// While set, results stay in the buffer however large they grow (a row
+    /// limit on a portal needs them all before sending any).
+    holding: bool,
 }
 
 impl ClientConn {
     pub fn new(stream: TcpStream) -> Self {
         stream.set_nodelay(true).ok();
-        ClientConn { stream, rbuf: BytesMut::with_capacity(16 * 1024), wbuf: BytesMut::with_capacity(16 * 1024), max_message_len: MAX_UNAUTHENTICATED_MESSAGE_LEN }
+        ClientConn { stream, rbuf: BytesMut::with_capacity(16 * 1024), wbuf: BytesMut::with_capacity(16 * 1024), max_message_len: MAX_UNAUTHENTICATED_MESSAGE_LEN, holding: false }
     }
 
     /// Reads the next start-up packet; None when the client went away.
@@ -80,9 +83,14 @@ impl ClientConn {
         Ok(())
     }
 
+    /// Keeps (or, with false, stops keeping) results in the buffer: see `holding`.
+    pub fn hold_output(&mut self, hold: bool) {
+        self.holding = hold;
+    }
+
     /// Sends buffered results once enough have piled up, so large results stream.
     pub async fn flush_if_large(&mut self) -> PgResult<()> {
-        if self.wbuf.len() >= FLUSH_THRESHOLD {
+        if !self.holding && self.wbuf.len() >= FLUSH_THRESHOLD {
             self.flush().await.map_err(client_lost)?;
         }
         Ok(())

@@ -54,7 +54,14 @@ enum Statement {
 
 enum Portal {
     Local,
-    Distributed { statement: Arc<DistributedStatement>, bind: Bind },
+    /// `pending`: what is left of a run that an Execute's row limit suspended.
+    Distributed { statement: Arc<DistributedStatement>, bind: Bind, pending: Option<PendingRows> },
+}
+
+/// The rows of a suspended portal not yet sent, and its CommandComplete.
+struct PendingRows {
+    rows: std::collections::VecDeque<bytes::Bytes>,
+    complete: bytes::Bytes,
 }
 
 /// Why a statement did not complete.
@@ -847,7 +854,7 @@ impl Session {
             Some(Statement::Distributed(statement)) => {
                 let statement = statement.clone();
                 self.drain_local().await?;
-                self.portals.insert(bind.portal.clone(), Portal::Distributed { statement, bind });
+                self.portals.insert(bind.portal.clone(), Portal::Distributed { statement, bind, pending: None });
                 backend::bind_complete(self.client.out());
                 Ok(())
             }
@@ -866,7 +873,7 @@ impl Session {
                 _ => None,
             },
             Target::Portal => match self.portals.get(&name) {
-                Some(Portal::Distributed { statement, bind }) => Some((statement.shape.clone(), Some(bind.result_formats.clone()))),
+                Some(Portal::Distributed { statement, bind, .. }) => Some((statement.shape.clone(), Some(bind.result_formats.clone()))),
                 _ => None,
             },
         };
@@ -901,14 +908,24 @@ impl Session {
     }
 
     async fn on_execute(&mut self, msg: &Message) -> anyhow::Result<()> {
-        let (portal, _max_rows) = frontend::decode_execute(msg)?;
+        let (portal, max_rows) = frontend::decode_execute(msg)?;
         if !matches!(self.portals.get(&portal), Some(Portal::Distributed { .. })) {
             return self.forward_local(msg).await;
         }
         // Taken out for the execution and put back after (a named portal can be
         // executed again), which spares copying its parameters.
-        let Some(Portal::Distributed { statement, bind }) = self.portals.remove(&portal) else { unreachable!() };
+        let Some(Portal::Distributed { statement, bind, pending }) = self.portals.remove(&portal) else { unreachable!() };
+        if let Some(pending) = pending {
+            let pending = Some(self.send_rows(pending, max_rows));
+            self.portals.insert(portal, Portal::Distributed { statement, bind, pending });
+            return Ok(());
+        }
         self.drain_local().await?;
+        // With a row limit, the whole result is held here and handed out
+        // max_rows at a time, as a suspended portal of PostgreSQL's would.
+        let limited = max_rows > 0;
+        let start = self.client.out().len();
+        self.client.hold_output(limited);
         let result = match self.current_plan(&statement).await {
             Ok(plan) => {
                 let stmt = &plan.statements[0];
@@ -919,11 +936,59 @@ impl Session {
             }
             Err(f) => Err(f),
         };
-        if let Err(f) = result {
-            self.extended_error(f);
+        self.client.hold_output(false);
+        let mut pending = None;
+        match result {
+            Err(f) => self.extended_error(f),
+            Ok(()) if limited => pending = self.hold_back_rows(start).map(|rows| self.send_rows(rows, max_rows)),
+            Ok(()) => {}
         }
-        self.portals.insert(portal, Portal::Distributed { statement, bind });
+        self.portals.insert(portal, Portal::Distributed { statement, bind, pending });
         Ok(())
+    }
+
+    /// Takes the DataRows and the CommandComplete written since `start` back
+    /// out of the client's buffer; None (and the output left alone) when the
+    /// statement did not answer with rows.
+    fn hold_back_rows(&mut self, start: usize) -> Option<PendingRows> {
+        let produced = self.client.out().split_off(start);
+        let mut rest = produced.clone();
+        let mut rows = std::collections::VecDeque::new();
+        let mut complete = None;
+        let mut others = Vec::new();
+        while let Ok(Some(msg)) = crate::protocol::take_message(&mut rest) {
+            match msg.tag() {
+                b'D' => rows.push_back(msg.frame_bytes()),
+                b'C' => complete = Some(msg.frame_bytes()),
+                _ => others.push(msg),
+            }
+        }
+        let Some(complete) = complete else {
+            self.client.out().unsplit(produced);
+            return None;
+        };
+        // Notices go out now.
+        for msg in others {
+            self.client.out().extend_from_slice(msg.frame());
+        }
+        Some(PendingRows { rows, complete })
+    }
+
+    /// Sends up to `max_rows` (0: all) of `pending`'s rows. Having sent a full
+    /// batch the portal is suspended, as in PostgreSQL (which cannot know
+    /// whether more rows follow); otherwise it completes, and stays behind
+    /// exhausted: executing it again gives no more rows.
+    fn send_rows(&mut self, mut pending: PendingRows, max_rows: i32) -> PendingRows {
+        let batch = if max_rows > 0 { (max_rows as usize).min(pending.rows.len()) } else { pending.rows.len() };
+        for row in pending.rows.drain(..batch) {
+            self.client.out().extend_from_slice(&row);
+        }
+        if max_rows > 0 && batch == max_rows as usize {
+            backend::portal_suspended(self.client.out());
+        } else {
+            self.client.out().extend_from_slice(&pending.complete);
+        }
+        pending
     }
 
     /// The plan a prepared statement runs with now. After a catalog change it
