@@ -92,8 +92,9 @@ struct Session {
     catalog_version: i64,
     statements: HashMap<String, Statement>,
     portals: HashMap<String, Portal>,
-    /// SQL PREPAREd statements over distributed tables: name → statement text.
-    sql_prepared: HashMap<String, String>,
+    /// SQL PREPAREd statements over distributed tables: name → (the PREPARE's
+    /// text, the prepared statement's text).
+    sql_prepared: HashMap<String, (String, String)>,
     /// Extended-protocol responses the coordinator database still owes us.
     local_expected: usize,
     /// Something was forwarded to the coordinator database since the last Sync.
@@ -570,7 +571,7 @@ impl Session {
                 // Prepared on the coordinator database too: checked against the
                 // shells, typed, and listed in pg_prepared_statements.
                 let tag = self.parts.local().await?.execute(sql).await?;
-                self.sql_prepared.insert(prepare.name.clone(), prepare.statement.clone());
+                self.sql_prepared.insert(prepare.name.clone(), (sql.to_string(), prepare.statement.clone()));
                 backend::command_complete(self.client.out(), &tag);
             }
             Plan::SqlExecute(execute) => self.execute_prepared(sql, execute, extended).await?,
@@ -601,7 +602,7 @@ impl Session {
     /// extended-protocol execution, with the arguments evaluated (and typed) by
     /// the coordinator database; any other is the coordinator database's own.
     async fn execute_prepared(&mut self, sql: &str, execute: &SqlExecute, extended: Option<(&Bind, &Shape)>) -> Result<(), Failure> {
-        let Some(statement) = self.sql_prepared.get(&execute.name).cloned() else {
+        let Some((prepared_by, statement)) = self.sql_prepared.get(&execute.name).cloned() else {
             let mode = execution_mode(extended, false);
             return Ok(executor::run_on_coordinator_db(&mut self.parts, sql, &mode, &mut self.client).await?);
         };
@@ -611,12 +612,22 @@ impl Session {
                 .into());
         }
         let local = self.parts.local().await?;
-        let types = local
+        // One row per parameter (one with NULLs when there are none); no row
+        // when the statement is gone or was replaced (DISCARD ALL, then a new
+        // PREPARE over local tables): then it is the coordinator database's.
+        let rows = local
             .query(&format!(
-                "SELECT t::oid, format_type(t, NULL) FROM pg_catalog.pg_prepared_statements, unnest(parameter_types) WITH ORDINALITY u(t, i) WHERE name = {} ORDER BY i",
-                quote_literal(&execute.name)
+                "SELECT t::oid, format_type(t, NULL) FROM pg_catalog.pg_prepared_statements p
+                 LEFT JOIN LATERAL unnest(p.parameter_types) WITH ORDINALITY u(t, i) ON true WHERE p.name = {} AND p.statement = {} ORDER BY i",
+                quote_literal(&execute.name),
+                quote_literal(&prepared_by)
             ))
             .await?;
+        if rows.is_empty() {
+            self.sql_prepared.remove(&execute.name);
+            return Ok(executor::run_on_coordinator_db(&mut self.parts, sql, &Mode::Simple, &mut self.client).await?);
+        }
+        let types: Vec<_> = rows.into_iter().filter(|r| r[0].is_some()).collect();
         if types.len() != execute.arguments.len() {
             return Err(PgError::new(sqlstate::SYNTAX_ERROR, format!("wrong number of parameters for prepared statement \"{}\"", execute.name))
                 .with_detail(format!("Expected {} parameters but got {}.", types.len(), execute.arguments.len()))
