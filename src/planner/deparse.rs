@@ -11,6 +11,7 @@ use crate::error::{PgError, PgResult};
 use pg_query::protobuf::{self, Node};
 use pg_query::NodeEnum;
 use super::walk::visit_mut;
+use super::{function_names, plain_select, res_target};
 
 /// The parse-result version stamped on trees the coordinator builds itself
 /// (PostgreSQL 15's grammar, as in pg_query's own results).
@@ -32,6 +33,13 @@ pub fn deparse_tree(tree: &protobuf::ParseResult) -> PgResult<String> {
 pub fn deparse_statement(version: i32, stmt: NodeEnum) -> PgResult<String> {
     let raw = protobuf::RawStmt { stmt: Some(Box::new(Node { node: Some(stmt) })), stmt_location: 0, stmt_len: 0 };
     deparse_tree(&protobuf::ParseResult { version, stmts: vec![raw] })
+}
+
+/// An expression's own text (as in `SELECT <expression>`).
+pub fn deparse_expression(expr: &NodeEnum) -> PgResult<String> {
+    let select = protobuf::SelectStmt { target_list: vec![res_target("", Node { node: Some(expr.clone()) })], ..plain_select() };
+    let sql = deparse_statement(BUILT_TREE_VERSION, NodeEnum::SelectStmt(Box::new(select)))?;
+    Ok(sql.strip_prefix("SELECT ").unwrap_or(&sql).to_string())
 }
 
 /// `deparse_tree`, for DDL: the text is parsed again and must give the same
@@ -212,8 +220,7 @@ fn is_primary(node: &Node) -> bool {
 }
 
 fn is_at_time_zone(call: &protobuf::FuncCall) -> bool {
-    let names: Vec<&str> = call.funcname.iter().filter_map(|n| match n.node.as_ref() { Some(NodeEnum::String(s)) => Some(s.sval.as_str()), _ => None }).collect();
-    call.funcformat == protobuf::CoercionForm::CoerceSqlSyntax as i32 && names == ["pg_catalog", "timezone"] && call.args.len() == 2
+    call.funcformat == protobuf::CoercionForm::CoerceSqlSyntax as i32 && function_names(call) == ["pg_catalog", "timezone"] && call.args.len() == 2
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! itself rather than sending anywhere.
 
 use super::Plan;
-use pg_query::protobuf::{self, LimitOption, ResTarget, SelectStmt, SetOperation};
+use pg_query::protobuf::{self, SelectStmt, SetOperation};
 use pg_query::NodeEnum;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,10 +58,7 @@ pub(super) fn cluster_call(select: &SelectStmt) -> Option<Plan> {
     }
     let Some(NodeEnum::ResTarget(target)) = select.target_list[0].node.as_ref() else { return None };
     let Some(NodeEnum::FuncCall(call)) = target.val.as_deref().and_then(|v| v.node.as_ref()) else { return None };
-    let names: Vec<&str> = call.funcname.iter().filter_map(|n| match n.node.as_ref() {
-        Some(NodeEnum::String(s)) => Some(s.sval.as_str()),
-        _ => None,
-    }).collect();
+    let names = super::function_names(call);
     let (name, schema_ok) = match names.as_slice() {
         [name] => (*name, true),
         [schema, name] => (*name, matches!(*schema, "pg_catalog" | "tessera" | "citus")),
@@ -86,18 +83,13 @@ pub(super) fn cluster_call(select: &SelectStmt) -> Option<Plan> {
         slots[slot] = value;
     }
     let null = protobuf::Node { node: Some(NodeEnum::AConst(protobuf::AConst { isnull: true, val: None, location: -1 })) };
-    let targets = slots
-        .into_iter()
-        .map(|v| protobuf::Node {
-            node: Some(NodeEnum::ResTarget(Box::new(ResTarget { name: String::new(), indirection: vec![], val: Some(Box::new(v.unwrap_or_else(|| null.clone()))), location: -1 }))),
-        })
-        .collect();
-    let eval = SelectStmt { target_list: targets, op: SetOperation::SetopNone as i32, limit_option: LimitOption::Default as i32, ..Default::default() };
-    let tree = protobuf::ParseResult {
-        version: super::deparse::BUILT_TREE_VERSION,
-        stmts: vec![protobuf::RawStmt { stmt: Some(Box::new(protobuf::Node { node: Some(NodeEnum::SelectStmt(Box::new(eval))) })), stmt_location: 0, stmt_len: 0 }],
+    let targets = slots.into_iter().map(|v| super::res_target("", v.unwrap_or_else(|| null.clone()))).collect();
+    let eval = SelectStmt { target_list: targets, ..super::plain_select() };
+    let arguments_sql = if params.is_empty() {
+        String::new()
+    } else {
+        super::deparse::deparse_statement(super::deparse::BUILT_TREE_VERSION, NodeEnum::SelectStmt(Box::new(eval))).ok()?
     };
-    let arguments_sql = if params.is_empty() { String::new() } else { super::deparse::deparse_tree(&tree).ok()? };
     let column_name = if target.name.is_empty() { name.to_string() } else { target.name.clone() };
     Some(Plan::ClusterFunction(ClusterCall { function, column_name, arguments_sql }))
 }

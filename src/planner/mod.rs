@@ -135,12 +135,9 @@ pub fn plan_query(sql: &str, catalog: &Catalog) -> Vec<PlannedStatement> {
         .map(|raw| {
             let text = statement_text(sql, &raw).to_string();
             let changes_citus_settings = changes_citus_settings(&raw);
-            let plan = contain_panics(|| {
-                let needs = cluster_views::needed(&text, &raw);
-                match plan_statement(version, raw, &text, catalog) {
-                    Plan::Local => needs.map_or(Plan::Local, Plan::LocalWithClusterData),
-                    plan => plan,
-                }
+            let plan = contain_panics(|| match plan_statement(version, raw, &text, catalog) {
+                Plan::Local => cluster_views::needed(&text).map_or(Plan::Local, Plan::LocalWithClusterData),
+                plan => plan,
             });
             PlannedStatement { sql: text, plan, changes_citus_settings }
         })
@@ -208,7 +205,7 @@ fn plan_statement(version: i32, raw: protobuf::RawStmt, text: &str, catalog: &Ca
         }
         NodeEnum::CopyStmt(c) => copy::plan(version, c, text, catalog),
         NodeEnum::PrepareStmt(p) => prepared::plan_prepare(version, p, catalog),
-        NodeEnum::ExecuteStmt(e) => Some(prepared::plan_execute(version, e)),
+        NodeEnum::ExecuteStmt(e) => Some(prepared::plan_execute(e)),
         NodeEnum::DeallocateStmt(d) => Some(Plan::SqlDeallocate((!d.name.is_empty()).then(|| d.name.clone()))),
         NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) => {
             router::plan_dml(version, &raw, catalog)
@@ -346,6 +343,27 @@ pub(crate) fn distributed_among(range_vars: &[protobuf::RangeVar], catalog: &Cat
         }
     }
     out
+}
+
+/// A SELECT with every enum field set (the deparser rejects unset ones).
+pub(crate) fn plain_select() -> protobuf::SelectStmt {
+    protobuf::SelectStmt { op: protobuf::SetOperation::SetopNone as i32, limit_option: protobuf::LimitOption::Default as i32, ..Default::default() }
+}
+
+/// A target-list entry `val AS name` (no alias when `name` is empty).
+pub(crate) fn res_target(name: &str, val: protobuf::Node) -> protobuf::Node {
+    protobuf::Node { node: Some(NodeEnum::ResTarget(Box::new(protobuf::ResTarget { name: name.to_string(), indirection: vec![], val: Some(Box::new(val)), location: -1 }))) }
+}
+
+/// A function call's name as written, schema first when one is given.
+pub(crate) fn function_names(call: &protobuf::FuncCall) -> Vec<&str> {
+    call.funcname
+        .iter()
+        .filter_map(|n| match n.node.as_ref() {
+            Some(NodeEnum::String(s)) => Some(s.sval.as_str()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// A column reference node for `a.b.c`.

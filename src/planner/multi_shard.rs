@@ -8,11 +8,11 @@
 //! exactly PostgreSQL's. Shapes this cannot split exactly go to the general
 //! fallback instead.
 
-use super::deparse::{deparse_statement, BUILT_TREE_VERSION};
+use super::deparse::{deparse_expression, deparse_statement, BUILT_TREE_VERSION};
 use super::fallback::{self, FallbackPlan};
 use super::rewrite::ShardTemplate;
 use super::walk::visit_mut;
-use super::{string_node, Command, Plan};
+use super::{plain_select, res_target, string_node, Command, Plan};
 use crate::metadata::{Catalog, DistributedTable};
 use pg_query::protobuf::{self, a_const, Node, SelectStmt};
 use pg_query::NodeEnum;
@@ -184,9 +184,6 @@ fn column_ref(name: &str) -> Node {
     super::column_ref(&[name])
 }
 
-fn res_target(name: &str, val: Node) -> Node {
-    Node { node: Some(NodeEnum::ResTarget(Box::new(protobuf::ResTarget { name: name.to_string(), indirection: vec![], val: Some(Box::new(val)), location: -1 }))) }
-}
 
 /// The relation the combining statement reads the shards' rows from.
 pub const PARTIALS_RELATION: &str = "tessera_partials";
@@ -208,15 +205,9 @@ pub fn aggregate_placeholder(j: usize) -> String {
     format!("tessera_agg_{j:03}")
 }
 
-/// A SELECT with every enum field set (the deparser rejects unset ones).
-fn plain_select() -> SelectStmt {
-    SelectStmt { op: protobuf::SetOperation::SetopNone as i32, limit_option: protobuf::LimitOption::Default as i32, ..Default::default() }
-}
-
 /// An expression's text, to tell equal expressions apart from different ones.
 fn expression_key(node: &NodeEnum) -> Option<String> {
-    let select = SelectStmt { target_list: vec![res_target("", Node { node: Some(node.clone()) })], ..plain_select() };
-    deparse_statement(BUILT_TREE_VERSION, NodeEnum::SelectStmt(Box::new(select))).ok()
+    deparse_expression(node).ok()
 }
 
 fn is_expression(node: &NodeEnum) -> bool {

@@ -5,11 +5,11 @@
 //! `pg_prepared_statements`; the session keeps its text and runs each EXECUTE
 //! as an extended-protocol execution with the evaluated arguments.
 
-use super::deparse::deparse_statement;
+use super::deparse::{deparse_expression, deparse_statement};
 use super::{plan_tree, Plan};
+use crate::error::PgResult;
 use crate::metadata::Catalog;
-use pg_query::protobuf::{self, Node};
-use pg_query::NodeEnum;
+use pg_query::protobuf;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SqlPrepare {
@@ -41,33 +41,24 @@ pub(super) fn plan_prepare(version: i32, prepare: &protobuf::PrepareStmt, catalo
 
 /// Every EXECUTE: the session knows whether the name is one of its
 /// distributed statements.
-pub(super) fn plan_execute(version: i32, execute: &protobuf::ExecuteStmt) -> Plan {
-    let mut arguments = Vec::with_capacity(execute.params.len());
-    for param in &execute.params {
-        let target = protobuf::ResTarget { name: String::new(), indirection: vec![], val: Some(Box::new(param.clone())), location: -1 };
-        let select = protobuf::SelectStmt {
-            target_list: vec![Node { node: Some(NodeEnum::ResTarget(Box::new(target))) }],
-            op: protobuf::SetOperation::SetopNone as i32,
-            limit_option: protobuf::LimitOption::Default as i32,
-            ..Default::default()
-        };
-        match deparse_statement(version, NodeEnum::SelectStmt(Box::new(select))) {
-            Ok(sql) => arguments.push(sql.trim_start_matches("SELECT ").to_string()),
-            Err(e) => return Plan::Unsupported(e),
-        }
+pub(super) fn plan_execute(execute: &protobuf::ExecuteStmt) -> Plan {
+    let arguments: PgResult<Vec<String>> = execute.params.iter().filter_map(|p| p.node.as_ref()).map(deparse_expression).collect();
+    match arguments {
+        Ok(arguments) => Plan::SqlExecute(SqlExecute { name: execute.name.clone(), arguments }),
+        Err(e) => Plan::Unsupported(e),
     }
-    Plan::SqlExecute(SqlExecute { name: execute.name.clone(), arguments })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pg_query::NodeEnum;
 
     #[test]
     fn execute_keeps_each_argument_as_sql() {
         let parsed = pg_query::parse("EXECUTE q(1 + 2, 'x''y', ARRAY[1, 2], now())").unwrap();
         let Some(NodeEnum::ExecuteStmt(e)) = parsed.protobuf.stmts[0].stmt.as_ref().and_then(|n| n.node.as_ref()) else { panic!() };
-        let Plan::SqlExecute(execute) = plan_execute(parsed.protobuf.version, e) else { panic!() };
+        let Plan::SqlExecute(execute) = plan_execute(e) else { panic!() };
         assert_eq!(execute.name, "q");
         assert_eq!(execute.arguments, ["1 + 2", "'x''y'", "ARRAY[1, 2]", "now()"]);
     }
