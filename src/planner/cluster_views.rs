@@ -4,8 +4,8 @@
 //! gathered that data from every node into the session's temporary tables,
 //! which the view and the functions read.
 
+use super::function_names;
 use super::walk::visit_mut;
-use pg_query::protobuf::RawStmt;
 use pg_query::NodeEnum;
 
 /// The size functions, by the name users call them.
@@ -20,22 +20,19 @@ pub struct ClusterData {
     pub sizes: bool,
 }
 
-/// What `raw` (the statement `text`) reads of the nodes' data, if anything.
-pub(super) fn needed(text: &str, raw: &RawStmt) -> Option<ClusterData> {
-    // Most local statements mention no Citus name at all; skip the walk.
+/// What the local statement `text` reads of the nodes' data, if anything.
+pub(super) fn needed(text: &str) -> Option<ClusterData> {
+    // Most local statements mention no Citus name at all: no second parse.
     if !text.as_bytes().windows(6).any(|w| w.eq_ignore_ascii_case(b"citus_")) {
         return None;
     }
-    let mut stmt = raw.stmt.as_ref().and_then(|n| n.node.clone())?;
+    let parsed = pg_query::parse(text).ok()?;
+    let mut stmt = parsed.protobuf.stmts.into_iter().next()?.stmt?.node?;
     let mut needs = ClusterData::default();
     visit_mut(&mut stmt, &mut |node| match node {
         NodeEnum::RangeVar(rv) if rv.relname == "citus_stat_activity" && matches!(rv.schemaname.as_str(), "" | "pg_catalog") => needs.activity = true,
         NodeEnum::FuncCall(call) => {
-            let names: Vec<&str> = call.funcname.iter().filter_map(|n| match n.node.as_ref() {
-                Some(NodeEnum::String(s)) => Some(s.sval.as_str()),
-                _ => None,
-            }).collect();
-            if matches!(names.as_slice(), [name] | ["pg_catalog", name] if SIZE_FUNCTIONS.contains(name)) {
+            if matches!(function_names(call).as_slice(), [name] | ["pg_catalog", name] if SIZE_FUNCTIONS.contains(name)) {
                 needs.sizes = true;
             }
         }
@@ -48,24 +45,19 @@ pub(super) fn needed(text: &str, raw: &RawStmt) -> Option<ClusterData> {
 mod tests {
     use super::*;
 
-    fn needs(sql: &str) -> Option<ClusterData> {
-        let parsed = pg_query::parse(sql).unwrap();
-        needed(sql, &parsed.protobuf.stmts[0])
-    }
-
     #[test]
     fn names_anywhere_in_the_statement_count() {
-        assert_eq!(needs("SELECT 1"), None);
-        assert_eq!(needs("SELECT citus_version()"), None);
-        assert_eq!(needs("SELECT * FROM citus_stat_activity WHERE state = 'active'"), Some(ClusterData { activity: true, sizes: false }));
+        assert_eq!(needed("SELECT 1"), None);
+        assert_eq!(needed("SELECT citus_version()"), None);
+        assert_eq!(needed("SELECT * FROM citus_stat_activity WHERE state = 'active'"), Some(ClusterData { activity: true, sizes: false }));
         assert_eq!(
-            needs("SELECT table_name, pg_size_pretty(CITUS_TOTAL_RELATION_SIZE(table_name)) FROM citus_tables"),
+            needed("SELECT table_name, pg_size_pretty(CITUS_TOTAL_RELATION_SIZE(table_name)) FROM citus_tables"),
             Some(ClusterData { activity: false, sizes: true })
         );
         assert_eq!(
-            needs("WITH a AS (SELECT count(*) FROM pg_catalog.citus_stat_activity) SELECT pg_catalog.citus_table_size('t'), * FROM a"),
+            needed("WITH a AS (SELECT count(*) FROM pg_catalog.citus_stat_activity) SELECT pg_catalog.citus_table_size('t'), * FROM a"),
             Some(ClusterData { activity: true, sizes: true })
         );
-        assert_eq!(needs("SELECT * FROM other.citus_stat_activity"), None);
+        assert_eq!(needed("SELECT * FROM other.citus_stat_activity"), None);
     }
 }

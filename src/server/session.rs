@@ -962,25 +962,25 @@ impl Session {
     /// out of the client's buffer; None (and the output left alone) when the
     /// statement did not answer with rows.
     fn hold_back_rows(&mut self, start: usize) -> Option<PendingRows> {
-        let produced = self.client.out().split_off(start);
-        let mut rest = produced.clone();
-        let mut rows = std::collections::VecDeque::new();
-        let mut complete = None;
-        let mut others = Vec::new();
-        while let Ok(Some(msg)) = crate::protocol::take_message(&mut rest) {
-            match msg.tag() {
-                b'D' => rows.push_back(msg.frame_bytes()),
-                b'C' => complete = Some(msg.frame_bytes()),
-                _ => others.push(msg),
-            }
+        let mut produced = self.client.out().split_off(start);
+        let mut messages = Vec::new();
+        while let Ok(Some(msg)) = crate::protocol::take_message(&mut produced) {
+            messages.push(msg);
         }
-        let Some(complete) = complete else {
-            self.client.out().unsplit(produced);
+        let Some(complete) = messages.iter().position(|m| m.tag() == b'C') else {
+            for msg in &messages {
+                self.client.out().extend_from_slice(msg.frame());
+            }
             return None;
         };
-        // Notices go out now.
-        for msg in others {
-            self.client.out().extend_from_slice(msg.frame());
+        let complete = messages.remove(complete).frame_bytes();
+        let mut rows = std::collections::VecDeque::new();
+        for msg in messages {
+            match msg.tag() {
+                b'D' => rows.push_back(msg.frame_bytes()),
+                // Notices go out now.
+                _ => self.client.out().extend_from_slice(msg.frame()),
+            }
         }
         Some(PendingRows { rows, complete })
     }
