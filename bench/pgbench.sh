@@ -91,9 +91,9 @@ run_pgbench() {
 record() {
     TPS[$1]=$2
     LAT[$1]=$3
-    if [[ $1 == tessera:* ]]; then COORD_US[$1]=$4; else set -- "$1" "$2" "$3" "" "$5"; fi
+    if [[ $1 == tessera:* ]]; then COORD_US[$1]=$4; fi
     STATUS[$1]=ok
-    log "$1: tps=$2 latency_ms=$3 txns=$5${4:+ coord_us_per_txn=$4}"
+    log "$1: tps=$2 latency_ms=$3 txns=$5${COORD_US[$1]:+ coord_us_per_txn=${COORD_US[$1]}}"
 }
 
 # run_sysbench TARGET PORT: returns non-zero (with a message) on failure.
