@@ -4,13 +4,13 @@
 //! multi-row INSERTs, in batches, all in one distributed transaction.
 
 use super::multi_shard::{type_names, values_list};
-use super::{run_router_for_tag, Mode};
+use super::{node_of_group, plan_tasks, Mode, RoutedInsert};
 use crate::connection::{quote_ident, TextRow, TextRows};
 use crate::error::{PgError, PgResult};
 use crate::metadata::Catalog;
-use crate::planner::{plan_query, InsertSelectPlan, Plan};
+use crate::planner::{plan_query, InsertSelectPlan, Plan, ShardTarget};
 use crate::protocol::backend::{self, FieldDescription};
-use crate::protocol::frontend;
+use crate::protocol::frontend::{self, Bind};
 use crate::server::client::ClientConn;
 use crate::server::Coordinator;
 use crate::transaction::Participants;
@@ -33,7 +33,7 @@ pub async fn run(plan: &InsertSelectPlan, coordinator: &Coordinator, catalog: &C
     let types = type_names(parts, &fields).await?;
     let columns: Vec<String> = fields.iter().map(|f| quote_ident(&f.name)).collect();
     let implicit = parts.begin_implicit();
-    let result = insert_batches(plan, &columns, &types, &rows, catalog, parts, client).await;
+    let result = insert_batches(plan, &columns, &types, &rows, catalog, parts, mode, client).await;
     if implicit {
         if result.is_ok() {
             parts.commit().await?;
@@ -45,21 +45,43 @@ pub async fn run(plan: &InsertSelectPlan, coordinator: &Coordinator, catalog: &C
     Ok(())
 }
 
-async fn insert_batches(plan: &InsertSelectPlan, columns: &[String], types: &[String], rows: &[TextRow], catalog: &Catalog, parts: &mut Participants, client: &mut ClientConn) -> PgResult<u64> {
-    let mut inserted = 0;
-    for batch in rows.chunks(BATCH_ROWS) {
+/// Routes the rows as multi-row INSERTs, all nodes at once; rows the
+/// statement returns reach the client in the order of `rows`.
+#[allow(clippy::too_many_arguments)]
+async fn insert_batches(plan: &InsertSelectPlan, columns: &[String], types: &[String], rows: &[TextRow], catalog: &Catalog, parts: &mut Participants, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<u64> {
+    let mut routed = RoutedInsert::default();
+    for (batch_index, batch) in rows.chunks(BATCH_ROWS).enumerate() {
+        // The values of GENERATED ALWAYS identity columns came from the shell.
+        let overriding = if plan.target.always_identity.is_empty() { "" } else { " OVERRIDING SYSTEM VALUE" };
         // Literals of the columns' own types: the router hashes keys exactly.
-        let sql = format!("INSERT INTO {} ({}) VALUES {}", plan.target.qualified_name(), columns.join(", "), values_list(types, batch));
+        let sql = format!("INSERT INTO {} ({}){overriding} VALUES {}{}", plan.target.qualified_name(), columns.join(", "), values_list(types, batch), plan.shard_clauses);
         let router = match plan_query(&sql, catalog).into_iter().next().map(|p| p.plan) {
             Some(Plan::Router(router)) => router,
             // A row the router refuses (a NULL distribution column value).
             Some(Plan::Unsupported(e)) => return Err(e),
             _ => return Err(PgError::internal("routing INSERT … SELECT rows did not give a router plan")),
         };
-        let tag = run_router_for_tag(&router, parts, catalog, &Mode::Simple, client).await?;
-        inserted += backend::rows_in_tag(&tag).unwrap_or(0);
+        for (i, mut task) in plan_tasks(&router, parts, &Mode::Simple, Vec::new()).await?.into_iter().enumerate() {
+            if task.rows.is_empty() {
+                task.rows = (0..batch.len()).collect();
+            }
+            let replica = router.target == ShardTarget::Reference && i > 0;
+            routed.add(node_of_group(catalog, task.group)?, task, batch_index * BATCH_ROWS, replica);
+        }
     }
-    Ok(inserted)
+    if routed.is_empty() {
+        return Ok(0);
+    }
+    // Text results arrive in either protocol; binary ones need the extended one.
+    let results_only;
+    let run_mode = match mode {
+        Mode::Extended { bind, .. } if plan.returns_rows && bind.result_formats.contains(&1) => {
+            results_only = Bind { result_formats: bind.result_formats.clone(), ..Bind::default() };
+            Mode::Extended { bind: &results_only, param_types: &[], sync: true }
+        }
+        _ => Mode::Simple,
+    };
+    routed.run(parts, &run_mode, matches!(mode, Mode::Simple), client).await
 }
 
 /// The rows the INSERT would store, from the coordinator database, which

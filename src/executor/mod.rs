@@ -35,6 +35,9 @@ pub enum Mode<'a> {
 struct Task {
     group: i32,
     sql: Arc<str>,
+    /// The VALUES rows of a multi-row INSERT this task carries, in order
+    /// (empty when it carries the whole statement).
+    rows: Vec<usize>,
 }
 
 /// Runs a router plan and writes its rows and CommandComplete to the client.
@@ -168,7 +171,7 @@ async fn plan_tasks(plan: &RouterPlan, parts: &mut Participants, mode: &Mode<'_>
         shard.placements.first().copied().ok_or_else(|| PgError::internal(format!("shard {} has no placement", shard.id)))
     };
     Ok(match &plan.target {
-        ShardTarget::Shard(i) => vec![Task { group: group_node(*i)?, sql: plan.sql_for_shard(*i)? }],
+        ShardTarget::Shard(i) => vec![Task { group: group_node(*i)?, sql: plan.sql_for_shard(*i)?, rows: Vec::new() }],
         ShardTarget::Key(key) => {
             let i = match shard_of(plan, parts, key_input(key, mode)?).await? {
                 Some(i) => i,
@@ -176,18 +179,18 @@ async fn plan_tasks(plan: &RouterPlan, parts: &mut Participants, mode: &Mode<'_>
                 // `dist_col = NULL` matches no row; any shard answers that correctly.
                 None => 0,
             };
-            vec![Task { group: group_node(i)?, sql: plan.sql_for_shard(i)? }]
+            vec![Task { group: group_node(i)?, sql: plan.sql_for_shard(i)?, rows: Vec::new() }]
         }
         ShardTarget::Reference => {
             let sql = plan.sql_for_shard(0)?;
             let table = plan.template.tables().iter().find(|t| t.is_reference()).ok_or_else(|| PgError::internal("reference plan without a reference table"))?;
             let groups = &table.shards.first().ok_or_else(|| PgError::internal("reference table without shard"))?.placements;
             if plan.is_write() {
-                groups.iter().map(|g| Task { group: *g, sql: sql.clone() }).collect()
+                groups.iter().map(|g| Task { group: *g, sql: sql.clone(), rows: Vec::new() }).collect()
             } else {
                 // Prefer a node this transaction already uses, so it sees its own writes.
                 let g = groups.iter().find(|g| parts.has_worker_in_block(**g)).or(groups.first()).ok_or_else(|| PgError::internal("reference table without placement"))?;
-                vec![Task { group: *g, sql }]
+                vec![Task { group: *g, sql, rows: Vec::new() }]
             }
         }
         ShardTarget::InsertRows(keys) => {
@@ -212,10 +215,10 @@ async fn plan_tasks(plan: &RouterPlan, parts: &mut Participants, mode: &Mode<'_>
                 }
             }
             match by_shard.as_slice() {
-                [(shard, _)] if filled.is_empty() => vec![Task { group: group_node(*shard)?, sql: plan.sql_for_shard(*shard)? }],
+                [(shard, rows)] if filled.is_empty() => vec![Task { group: group_node(*shard)?, sql: plan.sql_for_shard(*shard)?, rows: rows.clone() }],
                 _ => by_shard
                     .into_iter()
-                    .map(|(shard, rows)| Ok(Task { group: group_node(shard)?, sql: plan.insert_rows_sql(shard, &rows, &filled)? }))
+                    .map(|(shard, rows)| Ok(Task { group: group_node(shard)?, sql: plan.insert_rows_sql(shard, &rows, &filled)?, rows }))
                     .collect::<PgResult<_>>()?,
             }
         }
@@ -226,12 +229,45 @@ async fn plan_tasks(plan: &RouterPlan, parts: &mut Participants, mode: &Mode<'_>
 /// each node gets its shards' INSERTs in one write and the nodes work in
 /// parallel, as multi-shard statements do.
 async fn run_insert_tasks(tasks: Vec<Task>, parts: &mut Participants, catalog: &Catalog, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<String> {
-    let mut by_node: multi_shard::TasksByNode = Vec::new();
+    let mut routed = RoutedInsert::default();
     for task in tasks {
-        multi_shard::add_task(&mut by_node, node_of_group(catalog, task.group)?, task.sql);
+        routed.add(node_of_group(catalog, task.group)?, task, 0, false);
     }
-    let rows = multi_shard::run_concatenated(parts, &by_node, true, mode, client).await?;
+    let rows = routed.run(parts, mode, matches!(mode, Mode::Simple), client).await?;
     Ok(format!("INSERT 0 {rows}"))
+}
+
+/// The INSERT tasks that carry a statement's rows to the shards, by node,
+/// with the statement row behind each row a node's tasks will return.
+#[derive(Default)]
+struct RoutedInsert {
+    by_node: multi_shard::TasksByNode,
+    /// Per node; None for a node whose rows repeat another's.
+    input_rows: Vec<Option<Vec<usize>>>,
+}
+
+impl RoutedInsert {
+    /// Adds a task whose rows are the statement's from `first_row` on;
+    /// `replica`: another placement of a reference table, whose returned rows
+    /// the first placement already gives.
+    fn add(&mut self, node: &Node, task: Task, first_row: usize, replica: bool) {
+        multi_shard::add_task(&mut self.by_node, node, task.sql);
+        let slot = self.by_node.iter().position(|(n, _)| n.group_id == node.group_id).unwrap_or_default();
+        self.input_rows.resize(self.by_node.len(), Some(Vec::new()));
+        match (&mut self.input_rows[slot], replica) {
+            (Some(inputs), false) => inputs.extend(task.rows.into_iter().map(|r| first_row + r)),
+            (slot, _) => *slot = None,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.by_node.is_empty()
+    }
+
+    /// Runs every task; returns the rows inserted.
+    async fn run(&self, parts: &mut Participants, mode: &Mode<'_>, describe: bool, client: &mut ClientConn) -> PgResult<u64> {
+        multi_shard::run_in_input_order(parts, &self.by_node, &self.input_rows, mode, describe, client).await
+    }
 }
 
 /// Runs the tasks one after another and returns the combined command tag.

@@ -23,6 +23,9 @@ enum Sink<'a> {
     Client { client: &'a mut ClientConn, describe: bool },
     /// Collected as text rows with their column types and names.
     Partials { rows: TextRows, fields: Vec<backend::FieldDescription> },
+    /// Held per node (by its index in the task list), to reach the client in
+    /// the order of the rows the statement was given.
+    PerNode { description: Option<Message>, rows: Vec<Vec<Message>> },
 }
 
 /// Each node with the SQL of the shard tasks it runs.
@@ -97,14 +100,64 @@ pub(super) async fn run_concatenated(parts: &mut Participants, by_node: &TasksBy
     let rounds: Vec<&[(Node, Vec<Arc<str>>)]> = if sequential { by_node.chunks(1).collect() } else { vec![by_node] };
     let mut total = 0;
     for round in rounds {
-        total += run_on_nodes(parts, round, access, mode, &mut sink).await?;
+        total += run_on_nodes(parts, round, access, mode, &mut sink).await?.iter().sum::<u64>();
+    }
+    Ok(total)
+}
+
+/// Runs the INSERT tasks that route a statement's rows to the shards and
+/// sends the rows they return in the order of the statement's own rows, as
+/// PostgreSQL would (ORMs match RETURNING rows to their objects by position).
+/// `input_rows[i]` gives, for node `i`, the input row behind each row its
+/// tasks return, or None for a node whose rows repeat another's (reference
+/// table replicas). When a node returns a different number of rows (ON
+/// CONFLICT DO NOTHING), its rows follow in the order they came.
+/// `describe`: the client still needs the RowDescription.
+pub(super) async fn run_in_input_order(parts: &mut Participants, by_node: &TasksByNode, input_rows: &[Option<Vec<usize>>], mode: &Mode<'_>, describe: bool, client: &mut ClientConn) -> PgResult<u64> {
+    let sequential = parts.citus_settings().await?.sequential_modify;
+    let round_size = if sequential { 1 } else { by_node.len().max(1) };
+    let (mut description, mut rows, mut counts) = (None, Vec::new(), Vec::new());
+    for round in by_node.chunks(round_size) {
+        let mut sink = Sink::PerNode { description: None, rows: vec![Vec::new(); round.len()] };
+        counts.extend(run_on_nodes(parts, round, Access::Write, mode, &mut sink).await?);
+        let Sink::PerNode { description: round_description, rows: round_rows } = sink else { unreachable!() };
+        description = description.or(round_description);
+        rows.extend(round_rows);
+    }
+    let total = counts.iter().zip(input_rows).filter(|(_, inputs)| inputs.is_some()).map(|(n, _)| n).sum();
+    if let (Some(description), true) = (description, describe) {
+        client.out().extend_from_slice(description.frame());
+    }
+    let mut in_order: Vec<Option<Message>> = Vec::new();
+    let mut unordered: Vec<Message> = Vec::new();
+    for (node_rows, inputs) in rows.into_iter().zip(input_rows) {
+        match inputs {
+            None => {}
+            Some(inputs) if inputs.len() == node_rows.len() => {
+                for (input, row) in inputs.iter().zip(node_rows) {
+                    if in_order.len() <= *input {
+                        in_order.resize(*input + 1, None);
+                    }
+                    in_order[*input] = Some(row);
+                }
+            }
+            Some(_) => unordered.extend(node_rows),
+        }
+    }
+    for row in in_order.into_iter().flatten().chain(unordered) {
+        client.out().extend_from_slice(row.frame());
+        client.flush_if_large().await?;
     }
     Ok(total)
 }
 
 impl Sink<'_> {
-    async fn accept(&mut self, msg: &Message) -> PgResult<()> {
+    async fn accept(&mut self, node: usize, msg: &Message) -> PgResult<()> {
         match (msg.tag(), self) {
+            (b'T', Sink::PerNode { description, .. }) => {
+                description.get_or_insert_with(|| msg.clone());
+            }
+            (b'D', Sink::PerNode { rows, .. }) => rows[node].push(msg.clone()),
             (b'T', Sink::Client { client, describe }) => {
                 if *describe {
                     client.out().extend_from_slice(msg.frame());
@@ -126,20 +179,21 @@ impl Sink<'_> {
 
 /// Runs every node's tasks at once: each node gets all its tasks in one
 /// write, the nodes work in parallel, and their rows reach the sink as they
-/// arrive. Returns the rows the command tags report.
-async fn run_on_nodes(parts: &mut Participants, by_node: &[(Node, Vec<Arc<str>>)], access: Access, mode: &Mode<'_>, sink: &mut Sink<'_>) -> PgResult<u64> {
+/// arrive. Returns the rows each node's command tags report.
+async fn run_on_nodes(parts: &mut Participants, by_node: &[(Node, Vec<Arc<str>>)], access: Access, mode: &Mode<'_>, sink: &mut Sink<'_>) -> PgResult<Vec<u64>> {
     for (node, _) in by_node {
         parts.worker(node, access).await?;
     }
     let text_results = matches!(sink, Sink::Partials { .. });
     let groups: Vec<i32> = by_node.iter().map(|(n, _)| n.group_id).collect();
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<Message>(1024);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(usize, Message)>(1024);
     let tasks = parts.workers_for(&groups).into_iter().filter_map(|w| {
-        let (_, sqls) = by_node.iter().find(|(n, _)| n.group_id == w.group_id)?;
+        let node = by_node.iter().position(|(n, _)| n.group_id == w.group_id)?;
+        let sqls = &by_node[node].1;
         let tx = tx.clone();
         Some(async move {
             let parsed = send_tasks(w, sqls, mode, text_results);
-            read_results(w, &parsed, &tx).await
+            (node, read_results(w, node, &parsed, &tx).await)
         })
     });
     let tasks = futures::future::join_all(tasks);
@@ -147,19 +201,19 @@ async fn run_on_nodes(parts: &mut Participants, by_node: &[(Node, Vec<Arc<str>>)
     let consume = async {
         // Keep draining after a failure so no node waits on a full channel.
         let mut failure = Ok(());
-        while let Some(msg) = rx.recv().await {
+        while let Some((node, msg)) = rx.recv().await {
             if failure.is_ok() {
-                failure = sink.accept(&msg).await;
+                failure = sink.accept(node, &msg).await;
             }
         }
         failure
     };
     let (results, consumed) = tokio::join!(tasks, consume);
-    let mut rows = 0;
+    let mut rows = vec![0; by_node.len()];
     let mut first_error = consumed.err();
-    for result in results {
+    for (node, result) in results {
         match result {
-            Ok(n) => rows += n,
+            Ok(n) => rows[node] = n,
             Err(e) => {
                 first_error.get_or_insert(e);
             }
@@ -203,10 +257,11 @@ fn send_tasks(w: &mut WorkerConnection, sqls: &[Arc<str>], mode: &Mode<'_>, text
     parsed
 }
 
-/// Reads one node's results up to its last ReadyForQuery, passing rows on.
+/// Reads the results of node `node` (its index in the task list) up to its
+/// last ReadyForQuery, passing rows on.
 /// A statement whose Parse (sent with task `i` when `parsed[i]` is set) never
 /// completed is forgotten, so that the next use parses it again.
-async fn read_results(w: &mut WorkerConnection, parsed: &[Option<Arc<str>>], rows_to: &tokio::sync::mpsc::Sender<Message>) -> PgResult<u64> {
+async fn read_results(w: &mut WorkerConnection, node: usize, parsed: &[Option<Arc<str>>], rows_to: &tokio::sync::mpsc::Sender<(usize, Message)>) -> PgResult<u64> {
     let mut task = 0;
     let mut parse_completed = false;
     let mut rows = 0u64;
@@ -228,7 +283,7 @@ async fn read_results(w: &mut WorkerConnection, parsed: &[Option<Arc<str>>], row
             b'C' => rows += backend::rows_in_tag(backend::decode_command_complete(&msg)?).unwrap_or(0),
             b'T' | b'D' | b'N' => {
                 // A closed channel means the consumer failed; keep reading to stay in step.
-                rows_to.send(msg).await.ok();
+                rows_to.send((node, msg)).await.ok();
             }
             _ => {}
         }

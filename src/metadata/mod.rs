@@ -86,6 +86,12 @@ pub struct DistributedTable {
     /// The distribution column's default expression (e.g. a sequence's nextval),
     /// which the coordinator evaluates for INSERTs that leave the column out.
     pub key_default: Option<String>,
+    /// Columns whose default draws from a sequence (serial, identity): the
+    /// shards have no such default, so the coordinator fills them in.
+    pub sequence_columns: Vec<String>,
+    /// `GENERATED ALWAYS AS IDENTITY` columns, which take a value only with
+    /// OVERRIDING SYSTEM VALUE.
+    pub always_identity: Vec<String>,
     /// Ordered by shard index.
     pub shards: Vec<Shard>,
 }
@@ -213,17 +219,30 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
     }
     let tables = conn
         .query(
-            "SELECT c.oid, n.nspname, c.relname, p.partmethod, p.partkey, p.colocationid,
+            // Defaults that draw from a sequence (serial and identity columns)
+            // are evaluated by the coordinator: the sequence lives in the
+            // coordinator database, so values are unique across all shards.
+            "WITH tessera_defaults AS (
+                SELECT a.attrelid, a.attname, a.attnum, a.attidentity,
+                       COALESCE(pg_get_expr(d.adbin, d.adrelid),
+                                CASE WHEN a.attidentity <> '' THEN
+                                  format('nextval(%L::regclass)', pg_get_serial_sequence(a.attrelid::regclass::text, a.attname)) END) AS tessera_default,
+                       a.attidentity <> '' OR coalesce(pg_get_expr(d.adbin, d.adrelid) LIKE '%nextval(%', false) AS uses_sequence
+                FROM pg_attribute a
+                LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+                WHERE a.attrelid IN (SELECT logicalrelid FROM tessera.pg_dist_partition) AND a.attnum > 0 AND NOT a.attisdropped)
+             SELECT c.oid, n.nspname, c.relname, p.partmethod, p.partkey, p.colocationid,
                     (SELECT a.atttypid FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = p.partkey AND NOT a.attisdropped),
                     (SELECT json_agg(a.attname ORDER BY a.attnum)
                        FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),
-                    (SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
-                       WHERE d.adrelid = c.oid AND a.attname = p.partkey),
+                    (SELECT tessera_default FROM tessera_defaults WHERE attrelid = c.oid AND attname = p.partkey),
                     (SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = p.partkey),
                     (SELECT a.atttypmod FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = p.partkey),
                     (SELECT format_type(a.atttypid, NULL) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = p.partkey),
                     (SELECT json_agg(a.attname ORDER BY a.attnum)
-                       FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '')
+                       FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''),
+                    (SELECT json_agg(attname ORDER BY attnum) FROM tessera_defaults WHERE attrelid = c.oid AND uses_sequence),
+                    (SELECT json_agg(attname ORDER BY attnum) FROM tessera_defaults WHERE attrelid = c.oid AND attidentity = 'a')
              FROM tessera.pg_dist_partition p
              JOIN pg_class c ON c.oid = p.logicalrelid
              JOIN pg_namespace n ON n.oid = c.relnamespace",
@@ -261,6 +280,8 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
             columns,
             copy_columns: parse_json_string_array(r[12].as_deref().unwrap_or("[]")),
             key_default: r[8].clone(),
+            sequence_columns: parse_json_string_array(r[13].as_deref().unwrap_or("[]")),
+            always_identity: parse_json_string_array(r[14].as_deref().unwrap_or("[]")),
             shards: shards.remove(&oid).unwrap_or_default(),
         });
         catalog.tables.insert((table.schema.clone(), table.name.clone()), table.clone());

@@ -5,9 +5,9 @@
 //! SELECT's rows (from local tables directly, from distributed ones through
 //! the general fallback) and routes them as a multi-row INSERT.
 
-use super::fallback;
 use super::rewrite::ShardTemplate;
-use super::{not_supported, plan_tree, resolve_range_var, Combine, Command, MultiShardPlan, Plan};
+use super::{deparse, fallback, not_supported, plan_tree, res_target, resolve_range_var, Combine, Command, MultiShardPlan, Plan};
+use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, Distribution, DistributedTable};
 use pg_query::protobuf::{self, InsertStmt, SelectStmt};
 use pg_query::NodeEnum;
@@ -25,6 +25,11 @@ pub struct InsertSelectPlan {
     pub coordinator_sql: String,
     /// The SELECT reads distributed tables (through the fallback's stand-ins).
     pub reads_distributed: bool,
+    /// The statement's ON CONFLICT and RETURNING clauses, which the INSERTs
+    /// routing the rows to the shards end with.
+    pub shard_clauses: String,
+    /// RETURNING: the shards' rows go to the client.
+    pub returns_rows: bool,
 }
 
 impl fmt::Display for InsertSelectPlan {
@@ -46,51 +51,106 @@ pub(super) fn plan(insert: &InsertStmt, select: &SelectStmt, target: Arc<Distrib
         }
         _ => false,
     };
-    if stays_in_shard_group {
+    if stays_in_shard_group && !leaves_sequence_to_default(insert, &target, |position| select.target_list.get(position).is_some()) {
         return match &target.distribution {
             Distribution::Reference => super::router::reference_write(Command::Insert, template),
             Distribution::Hash { .. } => Plan::MultiShard(Arc::new(MultiShardPlan { command: Command::Insert, anchor: target, template, combine: Combine::Concatenate })),
         };
     }
-    if insert.with_clause.is_some() || insert.on_conflict_clause.is_some() || !insert.returning_list.is_empty() {
-        return not_supported("INSERT … SELECT that must pass its rows through the coordinator does not support WITH, ON CONFLICT or RETURNING yet");
+    match select_node_of(select, &source, catalog) {
+        Some(rows) => through_coordinator(insert, Some(rows), target, version),
+        None => not_supported("this INSERT … SELECT into a distributed table is not supported yet"),
     }
-    let columns: Vec<String> = insert
-        .cols
-        .iter()
-        .filter_map(|c| match c.node.as_ref() {
-            Some(NodeEnum::ResTarget(r)) if r.indirection.is_empty() => Some(crate::connection::quote_ident(&r.name)),
-            _ => None,
-        })
-        .collect();
-    if columns.len() != insert.cols.len() {
+}
+
+/// The SELECT as the coordinator database runs it: distributed tables read
+/// through the general fallback's stand-ins.
+fn select_node_of(select: &SelectStmt, source: &Plan, catalog: &Catalog) -> Option<(NodeEnum, bool)> {
+    let node = NodeEnum::SelectStmt(Box::new(select.clone()));
+    match source {
+        Plan::Local => Some((node, false)),
+        _ => fallback::over_stand_ins(&node, catalog).map(|n| (n, true)),
+    }
+}
+
+/// An INSERT whose rows the coordinator computes before routing them: the
+/// SELECT (or VALUES) producing them and whether it reads distributed
+/// tables; None for DEFAULT VALUES.
+pub(super) fn through_coordinator(insert: &InsertStmt, rows: Option<(NodeEnum, bool)>, target: Arc<DistributedTable>, version: i32) -> Plan {
+    if insert.with_clause.is_some() {
+        return not_supported("INSERT … SELECT with a WITH clause that must pass its rows through the coordinator is not supported yet");
+    }
+    if insert.cols.iter().any(|c| matches!(c.node.as_ref(), Some(NodeEnum::ResTarget(r)) if !r.indirection.is_empty())) {
         return not_supported("INSERT … SELECT into subfields or array elements of a distributed table is not supported yet");
     }
-    let select_node = NodeEnum::SelectStmt(Box::new(select.clone()));
-    let (select_sql, reads_distributed) = match &source {
-        Plan::Local => match super::deparse::deparse_statement(version, select_node.clone()) {
-            Ok(sql) => (sql, false),
-            Err(e) => return not_supported(format!("could not print the SELECT: {e}")),
-        },
-        _ => match fallback::plan(version, &select_node, catalog, "INSERT … SELECT") {
-            Some(Plan::Fallback(f)) => (f.sql.clone(), true),
-            _ => return not_supported("this INSERT … SELECT into a distributed table is not supported yet"),
-        },
+    let (select_stmt, reads_distributed) = match rows {
+        None => (None, false),
+        Some((node, reads)) => (Some(Box::new(protobuf::Node { node: Some(node) })), reads),
     };
-    let column_list = if columns.is_empty() { String::new() } else { format!(" ({})", columns.join(", ")) };
-    let coordinator_sql = format!("INSERT INTO {}{column_list} {select_sql} RETURNING *", target.qualified_name());
-    Plan::InsertSelect(Arc::new(InsertSelectPlan { target, coordinator_sql, reads_distributed }))
+    // Into the shell, with the statement's own ON CONFLICT: the shell is
+    // empty, so only the statement's own rows can conflict, which PostgreSQL
+    // would also skip (DO NOTHING) or refuse (DO UPDATE, 21000).
+    let shell = InsertStmt { with_clause: None, select_stmt, returning_list: vec![res_target("", column_ref_star())], ..insert.clone() };
+    let coordinator_sql = match deparse::deparse_statement(version, NodeEnum::InsertStmt(Box::new(shell))) {
+        Ok(sql) => sql,
+        Err(e) => return Plan::Unsupported(e),
+    };
+    let shard_clauses = match shard_clauses(insert, version) {
+        Ok(clauses) => clauses,
+        Err(e) => return Plan::Unsupported(e),
+    };
+    Plan::InsertSelect(Arc::new(InsertSelectPlan { target, coordinator_sql, reads_distributed, shard_clauses, returns_rows: !insert.returning_list.is_empty() }))
+}
+
+/// The ON CONFLICT and RETURNING clauses as text, for the INSERTs that carry
+/// the rows to the shards.
+fn shard_clauses(insert: &InsertStmt, version: i32) -> PgResult<String> {
+    if insert.on_conflict_clause.is_none() && insert.returning_list.is_empty() {
+        return Ok(String::new());
+    }
+    let clauses_only = InsertStmt {
+        relation: insert.relation.clone(),
+        on_conflict_clause: insert.on_conflict_clause.clone(),
+        returning_list: insert.returning_list.clone(),
+        r#override: protobuf::OverridingKind::OverridingNotSet as i32,
+        ..Default::default()
+    };
+    let sql = deparse::deparse_statement(version, NodeEnum::InsertStmt(Box::new(clauses_only)))?;
+    match sql.split_once(" DEFAULT VALUES") {
+        Some((_, clauses)) => Ok(clauses.to_string()),
+        None => Err(PgError::internal(format!("unexpected shape of a deparsed INSERT: {sql}"))),
+    }
+}
+
+fn column_ref_star() -> protobuf::Node {
+    protobuf::Node { node: Some(NodeEnum::ColumnRef(protobuf::ColumnRef { fields: vec![protobuf::Node { node: Some(NodeEnum::AStar(protobuf::AStar {})) }], location: -1 })) }
+}
+
+/// Whether a row of the INSERT leaves a column whose default draws from a
+/// sequence (which only the coordinator database has) to that default;
+/// `given(position)` says whether the rows have a value at that position of
+/// the column list.
+pub(super) fn leaves_sequence_to_default(insert: &InsertStmt, target: &DistributedTable, given: impl Fn(usize) -> bool) -> bool {
+    target.sequence_columns.iter().any(|column| match insert_position(insert, target, column) {
+        Some(position) => !given(position),
+        None => true,
+    })
+}
+
+/// A column's position in the INSERT's column list (the table's columns
+/// when the statement names none).
+pub(super) fn insert_position(insert: &InsertStmt, target: &DistributedTable, column: &str) -> Option<usize> {
+    if insert.cols.is_empty() {
+        target.columns.iter().position(|c| c == column)
+    } else {
+        insert.cols.iter().position(|n| matches!(n.node.as_ref(), Some(NodeEnum::ResTarget(r)) if r.name == column))
+    }
 }
 
 /// Whether the SELECT's output for the target's distribution column is the
 /// distribution column of a table it reads (so each row stays in its group).
 fn produces_key(insert: &InsertStmt, select: &SelectStmt, key: &str, target: &DistributedTable, catalog: &Catalog) -> bool {
-    let position = if insert.cols.is_empty() {
-        target.columns.iter().position(|c| c == key)
-    } else {
-        insert.cols.iter().position(|n| matches!(n.node.as_ref(), Some(NodeEnum::ResTarget(r)) if r.name == key))
-    };
-    let Some(item) = position.and_then(|p| select.target_list.get(p)) else { return false };
+    let Some(item) = insert_position(insert, target, key).and_then(|p| select.target_list.get(p)) else { return false };
     let Some(NodeEnum::ResTarget(r)) = item.node.as_ref() else { return false };
     let Some(NodeEnum::ColumnRef(c)) = r.val.as_deref().and_then(|v| v.node.as_ref()) else { return false };
     let Some(names) = super::column_ref_names(c) else { return false };

@@ -716,6 +716,29 @@ fn router_for_null_key(command: Command, anchor: Arc<DistributedTable>, template
     router(command, ShardTarget::Shard(0), Some(anchor), template)
 }
 
+/// Whether an INSERT … VALUES needs the coordinator database to compute its
+/// rows: it leaves a sequence-drawn column other than the distribution
+/// column (which the router fills in itself) to its default, gives a value
+/// to a GENERATED ALWAYS identity column, or has DEFAULT VALUES.
+fn needs_coordinator_values(insert: &protobuf::InsertStmt, rows: &[&[protobuf::Node]], table: &DistributedTable) -> bool {
+    if rows.is_empty() {
+        return table.key_default.is_some() || !table.sequence_columns.is_empty();
+    }
+    let is_default = |n: &protobuf::Node| matches!(n.node.as_ref(), Some(NodeEnum::SetToDefault(_)));
+    let key = match &table.distribution {
+        Distribution::Hash { column, .. } => Some(column.as_str()),
+        Distribution::Reference => None,
+    };
+    let position = |column: &str| super::insert_select::insert_position(insert, table, column);
+    let others_defaulted = table.sequence_columns.iter().filter(|c| Some(c.as_str()) != key).any(|c| match position(c) {
+        Some(p) => rows.iter().any(|row| row.get(p).is_none_or(is_default)),
+        None => true,
+    });
+    let overrides_identity = insert.r#override != protobuf::OverridingKind::OverridingSystemValue as i32
+        && table.always_identity.iter().any(|c| position(c).is_some_and(|p| rows.iter().any(|row| row.get(p).is_some_and(|v| !is_default(v)))));
+    others_defaulted || overrides_identity
+}
+
 fn plan_insert(insert: &protobuf::InsertStmt, node: &NodeEnum, template: ShardTemplate, catalog: &Catalog) -> Plan {
     let Some(table) = insert.relation.as_ref().and_then(|r| resolve_range_var(r, catalog)).cloned() else {
         return not_supported("INSERT into a local table that reads distributed tables is not supported yet");
@@ -739,6 +762,10 @@ fn plan_insert(insert: &protobuf::InsertStmt, node: &NodeEnum, template: ShardTe
     let other_hash_refs = count_hash_references(node, catalog) - usize::from(!table.is_reference());
     if other_hash_refs > 0 {
         return not_supported("INSERT that reads other distributed tables is not supported yet");
+    }
+    if needs_coordinator_values(insert, &rows, &table) {
+        let values = insert.select_stmt.as_deref().and_then(|s| s.node.clone()).map(|node| (node, false));
+        return super::insert_select::through_coordinator(insert, values, table, template.version());
     }
     let Distribution::Hash { column, column_type, key, .. } = &table.distribution else {
         return router(Command::Insert, ShardTarget::Reference, None, template);

@@ -72,7 +72,7 @@ pub struct Parse {
 
 /// Bind keeps its parameter values as slices of the original message so that they
 /// can be forwarded without copying.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Bind {
     pub portal: String,
     pub statement: String,
