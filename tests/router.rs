@@ -175,7 +175,9 @@ async fn refusals_are_clear_and_the_session_survives() {
     assert_eq!(c.execute("INSERT INTO accounts SELECT id + 10, owner FROM accounts", &[]).await.unwrap(), 2);
     let err = c.simple_query("INSERT INTO accounts (owner) SELECT owner FROM accounts").await.unwrap_err();
     assert_eq!(sqlstate(&err), "23502", "{err}");
-    let err = c.simple_query("INSERT INTO accounts SELECT id + 100, owner FROM accounts RETURNING id").await.unwrap_err();
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM accounts").await, vec![row(&["4"])]);
+    // A WITH clause that must pass rows through the coordinator is refused whole.
+    let err = c.simple_query("WITH src AS (SELECT id + 100 AS id, owner FROM accounts) INSERT INTO accounts SELECT * FROM src").await.unwrap_err();
     assert_eq!(sqlstate(&err), "0A000");
     assert!(error_text(&err).contains("not support"), "{err}");
     assert_eq!(text_rows(&c, "SELECT count(*) FROM accounts").await, vec![row(&["4"])]);

@@ -40,7 +40,7 @@ const INT4_OID: u32 = 23;
 /// `bound` holds the client's Bind and parameter types for an extended-protocol
 /// call (its arguments may be parameters).
 pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'_>, bound: Option<(&Bind, &[u32])>) -> PgResult<()> {
-    if ctx.parts.in_block() {
+    if ctx.parts.in_block() && !call.function.changes_tables() {
         return Err(PgError::new(
             sqlstate::ACTIVE_SQL_TRANSACTION,
             format!("{} cannot run inside a transaction block", call.column_name),

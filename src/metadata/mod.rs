@@ -186,6 +186,12 @@ pub async fn load(conn: &mut PgConnection) -> PgResult<Catalog> {
     result
 }
 
+/// The catalog as a transaction block that changed it sees it, read on that
+/// block's own connection; `version` marks it apart from committed catalogs.
+pub async fn load_in_block(conn: &mut PgConnection, version: i64) -> PgResult<Catalog> {
+    load_in_transaction(conn, version).await
+}
+
 fn int<T: std::str::FromStr + Default>(v: &Option<String>) -> T {
     v.as_deref().and_then(|s| s.parse().ok()).unwrap_or_default()
 }

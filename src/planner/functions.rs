@@ -17,6 +17,11 @@ pub enum ClusterFunction {
 }
 
 impl ClusterFunction {
+    /// Whether the call changes which tables are distributed, and how.
+    pub fn changes_tables(self) -> bool {
+        matches!(self, Self::CreateDistributedTable | Self::CreateReferenceTable | Self::UndistributeTable)
+    }
+
     fn by_name(name: &str) -> Option<Self> {
         Some(match name {
             "create_distributed_table" => Self::CreateDistributedTable,

@@ -11,7 +11,7 @@ use crate::config::AuthMethod;
 use crate::connection::{quote_literal, Login, PgConnection};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::executor::{self, Mode};
-use crate::metadata::Catalog;
+use crate::metadata::{self, Catalog};
 use crate::planner::{self, Plan, PlannedStatement, SqlExecute, TransactionCommand};
 use crate::protocol::backend::{self, FieldDescription};
 use crate::protocol::frontend::{self, Bind, StartupPacket, Target};
@@ -107,6 +107,10 @@ struct Session {
     /// Ended by an internal error: its node connections are in an unknown
     /// state and are dropped rather than spoken to.
     abandoned: bool,
+    /// The catalog as this transaction block sees it, once the block has
+    /// distributed or undistributed a table.
+    block_catalog: Option<Arc<Catalog>>,
+    block_catalog_loads: i64,
 }
 
 
@@ -171,6 +175,8 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: TcpStream) -> anyhow::Re
         parts: Participants::new(local, worker_login, cancel_targets, two_phase),
         distributed,
         plans: HashMap::new(),
+        block_catalog: None,
+        block_catalog_loads: 0,
         shapes: HashMap::new(),
         catalog_version: 0,
         statements: HashMap::new(),
@@ -364,6 +370,9 @@ impl Session {
     }
 
     fn catalog(&self) -> Arc<Catalog> {
+        if let Some(catalog) = self.block_catalog.as_ref().filter(|_| self.parts.in_block()) {
+            return catalog.clone();
+        }
         if self.distributed {
             self.coordinator.catalog.snapshot()
         } else {
@@ -589,6 +598,9 @@ impl Session {
                 let mut ctx = CommandContext { coordinator: &self.coordinator, parts: &mut self.parts, client: &mut self.client, catalog };
                 let bound = extended.map(|(bind, shape)| (bind, shape.param_types.as_slice()));
                 commands::run_cluster_function(call, &mut ctx, bound).await?;
+                if call.function.changes_tables() && self.parts.in_block() {
+                    self.load_block_catalog().await?;
+                }
             }
             Plan::Ddl(ddl) => {
                 let mut ctx = CommandContext { coordinator: &self.coordinator, parts: &mut self.parts, client: &mut self.client, catalog };
@@ -655,6 +667,26 @@ impl Session {
         Box::pin(self.execute_distributed(&statement, &inner.plan, Some((&bind, &shape)))).await
     }
 
+    /// After this block distributed or undistributed a table, the session runs
+    /// under the catalog its block sees (no other session sees it before the
+    /// commit). Marked with versions no committed catalog has, so that plans
+    /// made under it are never taken for plans under a committed one.
+    async fn load_block_catalog(&mut self) -> PgResult<()> {
+        self.block_catalog_loads += 1;
+        let version = -self.block_catalog_loads;
+        self.block_catalog = Some(Arc::new(metadata::load_in_block(self.parts.local().await?, version).await?));
+        Ok(())
+    }
+
+    /// A block that changed the catalog has ended: the committed catalog
+    /// (reloaded now, not when the change notice arrives) applies again.
+    async fn end_block_catalog(&mut self) -> PgResult<()> {
+        if self.block_catalog.take().is_some() {
+            self.coordinator.reload_catalog().await?;
+        }
+        Ok(())
+    }
+
     async fn transaction_command(&mut self, command: &TransactionCommand) -> PgResult<&'static str> {
         Ok(match command {
             TransactionCommand::Begin { sql } => {
@@ -667,13 +699,17 @@ impl Session {
                 if !self.parts.in_block() {
                     backend::notice_response(self.client.out(), &PgError::warning("25P01", "there is no transaction in progress"));
                 }
-                self.parts.commit().await?
+                let tag = self.parts.commit().await;
+                self.end_block_catalog().await?;
+                tag?
             }
             TransactionCommand::Rollback => {
                 if !self.parts.in_block() {
                     backend::notice_response(self.client.out(), &PgError::warning("25P01", "there is no transaction in progress"));
                 }
-                self.parts.rollback().await?;
+                let result = self.parts.rollback().await;
+                self.end_block_catalog().await?;
+                result?;
                 "ROLLBACK"
             }
             TransactionCommand::Savepoint(name) => {
@@ -686,6 +722,9 @@ impl Session {
             }
             TransactionCommand::RollbackTo(name) => {
                 self.parts.rollback_to(name).await?;
+                if self.block_catalog.is_some() {
+                    self.load_block_catalog().await?;
+                }
                 "ROLLBACK"
             }
         })

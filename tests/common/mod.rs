@@ -248,7 +248,7 @@ pub fn sqlstate(e: &tokio_postgres::Error) -> String {
 
 /// Rows of a simple-protocol query as text, for easy comparison.
 pub async fn text_rows(client: &Client, sql: &str) -> Vec<Vec<Option<String>>> {
-    let messages = client.simple_query(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let messages = client.simple_query(sql).await.unwrap_or_else(|e| panic!("{sql}: {}", error_text(&e)));
     messages
         .into_iter()
         .filter_map(|m| match m {
