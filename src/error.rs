@@ -10,6 +10,7 @@ pub mod sqlstate {
     pub const INVALID_TRANSACTION_STATE: &str = "25000";
     pub const ACTIVE_SQL_TRANSACTION: &str = "25001";
     pub const IN_FAILED_TRANSACTION: &str = "25P02";
+    pub const NO_ACTIVE_SQL_TRANSACTION: &str = "25P01";
     pub const PROTOCOL_VIOLATION: &str = "08P01";
     pub const CONNECTION_FAILURE: &str = "08006";
     pub const CONNECTION_EXCEPTION: &str = "08000";

@@ -184,6 +184,14 @@ pub async fn run_ddl(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_>) ->
             run_per_group(ctx, groups, |group| plan.node_sql(group)).await?;
             tag
         }
+        DdlPlan::Lock { .. } => {
+            if !ctx.parts.in_block() {
+                return Err(PgError::new(sqlstate::NO_ACTIVE_SQL_TRANSACTION, "LOCK TABLE can only be used in transaction blocks"));
+            }
+            let tag = ctx.parts.local().await?.execute(sql).await?;
+            run_node_statements(plan, ctx).await?;
+            tag
+        }
         DdlPlan::DropIndex(drop) => {
             let indexes = distributed_indexes(drop, ctx).await?;
             if indexes.is_empty() {
@@ -291,7 +299,7 @@ async fn run_ddl_in_block(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_
             run_node_statements(plan, ctx).await?;
             Ok(tag)
         }
-        DdlPlan::DropIndex(_) | DdlPlan::Vacuum { .. } | DdlPlan::Checkpoint => unreachable!("{plan} runs on its own"),
+        DdlPlan::DropIndex(_) | DdlPlan::Vacuum { .. } | DdlPlan::Checkpoint | DdlPlan::Lock { .. } => unreachable!("{plan} runs on its own"),
     }
 }
 

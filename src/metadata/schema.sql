@@ -231,6 +231,18 @@ CREATE OR REPLACE VIEW pg_catalog.citus_stat_activity AS SELECT * FROM tessera.g
 RESET allow_system_table_mods;
 GRANT SELECT ON pg_catalog.citus_stat_activity, tessera.cluster_activity TO PUBLIC;
 
+-- pg_dump writes out the privileges of system objects that differ from their
+-- initial ones; recording ours as initial keeps them out of users' dumps, which
+-- then restore into plain PostgreSQL too.
+SET allow_system_table_mods = on;
+DELETE FROM pg_catalog.pg_init_privs i USING pg_catalog.pg_class c
+ WHERE i.classoid = 'pg_catalog.pg_class'::regclass AND i.objoid = c.oid
+   AND c.relnamespace = 'pg_catalog'::regnamespace AND (c.relname LIKE 'pg\_dist\_%' OR c.relname LIKE 'citus\_%');
+INSERT INTO pg_catalog.pg_init_privs (objoid, classoid, objsubid, privtype, initprivs)
+SELECT c.oid, 'pg_catalog.pg_class'::regclass, 0, 'i', c.relacl FROM pg_catalog.pg_class c
+ WHERE c.relnamespace = 'pg_catalog'::regnamespace AND (c.relname LIKE 'pg\_dist\_%' OR c.relname LIKE 'citus\_%') AND c.relacl IS NOT NULL;
+RESET allow_system_table_mods;
+
 -- Other roles may look the helpers above up, and run them, but nothing else
 -- in the schema: its tables stay unreadable.
 GRANT USAGE ON SCHEMA tessera TO PUBLIC;

@@ -25,6 +25,10 @@ pub enum DdlPlan {
     /// truncates its shards of them, with the statement's CASCADE. `tables` are
     /// the statement's references to distributed tables.
     Truncate { version: i32, stmt: protobuf::TruncateStmt, tables: Vec<(Arc<DistributedTable>, protobuf::RangeVar)> },
+    /// LOCK TABLE: the shell tables in the coordinator database, then every
+    /// shard, in the statement's mode (routed writes never touch the shells,
+    /// so only the shards' locks hold them off). Transaction blocks only.
+    Lock { version: i32, stmt: protobuf::LockStmt, tables: Vec<(Arc<DistributedTable>, protobuf::RangeVar)> },
     /// DROP INDEX, when distributed tables exist: which indexes are theirs is
     /// only found out at execution.
     DropIndex(DropIndex),
@@ -50,6 +54,7 @@ impl fmt::Display for DdlPlan {
             DdlPlan::Propagate { .. } => write!(f, "propagate to {names}"),
             DdlPlan::Drop { .. } => write!(f, "drop {names}"),
             DdlPlan::Truncate { .. } => write!(f, "truncate {names}"),
+            DdlPlan::Lock { .. } => write!(f, "lock {names}"),
             DdlPlan::DropIndex(_) => write!(f, "drop index"),
             DdlPlan::Vacuum { .. } => write!(f, "vacuum {names}"),
             DdlPlan::Checkpoint => write!(f, "checkpoint every node"),
@@ -103,7 +108,7 @@ impl DdlPlan {
         match self {
             DdlPlan::Propagate { table, .. } => vec![table],
             DdlPlan::Drop { tables } => tables.iter().collect(),
-            DdlPlan::Truncate { tables, .. } => tables.iter().map(|(t, _)| t).collect(),
+            DdlPlan::Truncate { tables, .. } | DdlPlan::Lock { tables, .. } => tables.iter().map(|(t, _)| t).collect(),
             DdlPlan::DropIndex(_) | DdlPlan::Checkpoint => vec![],
             DdlPlan::Vacuum { rels, .. } => rels.iter().map(|(t, _)| t).collect(),
         }
@@ -124,6 +129,11 @@ impl DdlPlan {
                 // Sequences live on the coordinator database, which restarts them.
                 stmt.restart_seqs = false;
                 super::deparse::deparse_statement(*version, NodeEnum::TruncateStmt(stmt))
+            }
+            DdlPlan::Lock { version, stmt, tables } => {
+                let mut stmt = stmt.clone();
+                stmt.relations = for_shards_on(tables, group, |rv| Some(rv)).into_iter().map(|rv| node(NodeEnum::RangeVar(rv))).collect();
+                super::deparse::deparse_statement(*version, NodeEnum::LockStmt(stmt))
             }
             DdlPlan::Vacuum { version, stmt, rels } => {
                 let mut stmt = stmt.clone();
@@ -185,6 +195,18 @@ impl DropIndex {
             .collect();
         super::deparse::deparse_statement(self.version, NodeEnum::DropStmt(stmt))
     }
+}
+
+/// The distributed tables among a statement's relations, with the names it
+/// gives them.
+fn distributed_relations(relations: &[protobuf::Node], catalog: &Catalog) -> Vec<(Arc<DistributedTable>, protobuf::RangeVar)> {
+    relations
+        .iter()
+        .filter_map(|n| match n.node.as_ref() {
+            Some(NodeEnum::RangeVar(rv)) => resolve_range_var(rv, catalog).map(|table| (table.clone(), rv.clone())),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Node groups holding a placement of any of `tables`.
@@ -317,15 +339,12 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
             Some(Plan::Ddl(Arc::new(DdlPlan::DropIndex(DropIndex { version, stmt: d.clone() }))))
         }
         NodeEnum::TruncateStmt(t) => {
-            let tables: Vec<_> = t
-                .relations
-                .iter()
-                .filter_map(|n| match n.node.as_ref() {
-                    Some(NodeEnum::RangeVar(rv)) => resolve_range_var(rv, catalog).map(|table| (table.clone(), rv.clone())),
-                    _ => None,
-                })
-                .collect();
+            let tables = distributed_relations(&t.relations, catalog);
             (!tables.is_empty()).then(|| Plan::Ddl(Arc::new(DdlPlan::Truncate { version, stmt: t.clone(), tables })))
+        }
+        NodeEnum::LockStmt(l) => {
+            let tables = distributed_relations(&l.relations, catalog);
+            (!tables.is_empty()).then(|| Plan::Ddl(Arc::new(DdlPlan::Lock { version, stmt: l.clone(), tables })))
         }
         NodeEnum::VacuumStmt(v) => {
             let rels: Vec<_> = v

@@ -288,7 +288,12 @@ fn plan_transaction(t: &protobuf::TransactionStmt, text: &str) -> Plan {
 /// statement, …), running it on the empty shell table could give wrong answers,
 /// so it is refused instead.
 fn refuse_unseen_references(node: &NodeEnum, text: &str, catalog: &Catalog) -> Plan {
-    // FETCH, MOVE and CLOSE name only a cursor, which may share a table's name.
+    // Queries' relations were all found by our own walk, so a word that matches
+    // a table's name is an alias or a column (`FROM pg_range r`). FETCH, MOVE
+    // and CLOSE name only a cursor, which may share a table's name.
+    if matches!(node, NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_)) {
+        return Plan::Local;
+    }
     if matches!(node, NodeEnum::CommentStmt(_) | NodeEnum::VariableSetStmt(_) | NodeEnum::VariableShowStmt(_) | NodeEnum::FetchStmt(_) | NodeEnum::ClosePortalStmt(_)) {
         return Plan::Local;
     }
