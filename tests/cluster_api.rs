@@ -93,11 +93,10 @@ async fn create_distributed_table_errors_are_clear_and_harmless() {
     let err = c.simple_query("SELECT create_distributed_table('t', 'id')").await.unwrap_err();
     assert_eq!(sqlstate(&err), "42P16");
     assert!(error_text(&err).contains("already distributed"));
-    // Cluster functions are not transactional here; refuse inside a block, as
-    // PostgreSQL refuses VACUUM (25001 active_sql_transaction).
-    c.batch_execute("CREATE TABLE u (id int)").await.unwrap();
+    // Node management is not transactional here; it is refused inside a
+    // block, as PostgreSQL refuses VACUUM (25001 active_sql_transaction).
     c.batch_execute("BEGIN").await.unwrap();
-    let err = c.simple_query("SELECT create_distributed_table('u', 'id')").await.unwrap_err();
+    let err = c.simple_query("SELECT citus_remove_node('127.0.0.1', 1)").await.unwrap_err();
     assert_eq!(sqlstate(&err), "25001");
     c.batch_execute("ROLLBACK").await.unwrap();
     assert_eq!(text_rows(&c, "SELECT 1").await, vec![vec![Some("1".into())]]);
@@ -359,4 +358,61 @@ async fn tables_are_distributed_inside_a_transaction_block() {
     }
     let err = c.simple_query("SELECT * FROM mig_gone").await.unwrap_err();
     assert_eq!(sqlstate(&err), "42P01", "{err}");
+}
+
+/// ORMs create foreign keys with the tables; distributing such tables works
+/// when the referenced table is a reference table or a co-located table, and
+/// the shards enforce the keys.
+#[tokio::test]
+async fn tables_with_foreign_keys_are_distributed() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute(
+        "CREATE TABLE fk_countries (code text PRIMARY KEY, name text);
+         CREATE TABLE fk_tenants (id int PRIMARY KEY, country text REFERENCES fk_countries (code));
+         CREATE TABLE fk_users (tenant_id int REFERENCES fk_tenants (id) ON DELETE CASCADE, id bigserial, email text,
+                                PRIMARY KEY (tenant_id, id));
+         INSERT INTO fk_countries VALUES ('nl', 'Netherlands'), ('fr', 'France');",
+    )
+    .await
+    .unwrap();
+    // The referenced tables come first; the other way round is refused, naming the key.
+    let err = c.simple_query("SELECT create_distributed_table('fk_users', 'tenant_id')").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "0A000", "{err}");
+    assert!(error_text(&err).contains("fk_users_tenant_id_fkey"), "{}", error_text(&err));
+    let err = c.simple_query("SELECT create_reference_table('fk_tenants')").await.unwrap_err();
+    assert!(error_text(&err).contains("fk_countries"), "{}", error_text(&err));
+    // A table with rows that local tables reference cannot move its rows away.
+    c.batch_execute("CREATE TABLE fk_local (country text REFERENCES fk_countries (code)); INSERT INTO fk_local VALUES ('nl')").await.unwrap();
+    let err = c.simple_query("SELECT create_reference_table('fk_countries')").await.unwrap_err();
+    assert!(error_text(&err).contains("fk_local"), "{}", error_text(&err));
+    c.batch_execute(
+        "DROP TABLE fk_local;
+         SELECT create_reference_table('fk_countries');
+         SELECT create_distributed_table('fk_tenants', 'id');
+         SELECT create_distributed_table('fk_users', 'tenant_id', colocate_with => 'fk_tenants');
+         INSERT INTO fk_tenants VALUES (1, 'nl'), (2, 'fr');
+         INSERT INTO fk_users (tenant_id, email) VALUES (1, 'a@x'), (2, 'b@y');",
+    )
+    .await
+    .unwrap();
+    // The shards enforce the keys.
+    let err = c.simple_query("INSERT INTO fk_tenants VALUES (3, 'xx')").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "23503", "{err}");
+    let err = c.simple_query("INSERT INTO fk_users (tenant_id, email) VALUES (7, 'nobody')").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "23503", "{err}");
+    // Serial values of a column other than the key come from the one
+    // sequence (the refused row above used up 3, as in PostgreSQL).
+    assert_eq!(
+        text_rows(&c, "INSERT INTO fk_users (tenant_id, email) VALUES (1, 'c@x'), (2, 'd@y') RETURNING id").await,
+        vec![vec![Some("4".into())], vec![Some("5".into())]]
+    );
+    c.batch_execute("DELETE FROM fk_tenants WHERE id = 1").await.unwrap();
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM fk_users").await, vec![vec![Some("2".into())]]);
+
+    // Between distributed tables, the key must pair the distribution columns.
+    c.batch_execute("CREATE TABLE fk_wrong (id int, tenant_ref int REFERENCES fk_tenants (id))").await.unwrap();
+    let err = c.simple_query("SELECT create_distributed_table('fk_wrong', 'id', colocate_with => 'fk_tenants')").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "0A000", "{err}");
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid = 'fk_wrong'::regclass").await, vec![vec![Some("0".into())]]);
 }

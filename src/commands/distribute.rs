@@ -3,7 +3,8 @@
 //! recording it all in the catalog in the same transaction.
 
 use super::table_ddl::TableDefinition;
-use super::{delete_catalog_rows_sql, finish_block, read_shard_rows, run_per_node, CommandContext};
+use super::{delete_catalog_rows_sql, finish_block, read_shard_rows, run_per_node, shard_statements, CommandContext};
+use crate::planner::DdlPlan;
 use crate::transaction::Access;
 use crate::connection::{quote_ident, quote_literal, PgConnection};
 use crate::error::{sqlstate, PgError, PgResult};
@@ -57,11 +58,68 @@ async fn check_distributable(ctx: &mut CommandContext<'_>, table: &LocalTable) -
         return Err(PgError::new(sqlstate::INVALID_TABLE_DEFINITION, format!("table \"{}\" is already distributed", table.name)));
     }
     let local = ctx.parts.local().await?;
-    let fks = local
-        .query_value(&format!("SELECT count(*) FROM pg_constraint WHERE contype = 'f' AND (conrelid = {0} OR confrelid = {0})", table.oid))
+    // Foreign keys to tables that are already distributed or reference tables
+    // follow the table onto its shards (whether they fit is checked as for
+    // ALTER TABLE … ADD FOREIGN KEY); others cannot be enforced there. Keys
+    // from tables not distributed yet are fine while those are empty (an
+    // ORM's fresh schema, distributed referenced tables first): no row of
+    // theirs loses what it references when the rows move to the shards.
+    let mut blocking = local
+        .query(&format!(
+            "SELECT conname, conrelid::regclass::text, confrelid::regclass::text, true FROM pg_constraint
+             WHERE contype = 'f' AND conrelid = {0} AND confrelid <> {0} AND confrelid NOT IN (SELECT logicalrelid FROM tessera.pg_dist_partition)
+             UNION ALL
+             SELECT conname, conrelid::regclass::text, confrelid::regclass::text, false FROM pg_constraint
+             WHERE contype = 'f' AND confrelid = {0} AND conrelid <> {0}
+             ORDER BY 4 DESC, 1",
+            table.oid
+        ))
         .await?;
-    if fks.as_deref() != Some("0") {
-        return Err(PgError::not_supported(format!("table \"{}\" has foreign keys; distribute it before adding them", table.name)));
+    let mut referencing_rows = Vec::new();
+    for fk in blocking.iter().filter(|fk| fk[3].as_deref() == Some("f")) {
+        let from = fk[1].clone().unwrap_or_default();
+        referencing_rows.push(local.query_value(&format!("SELECT EXISTS (SELECT 1 FROM ONLY {from})")).await?.as_deref() == Some("t"));
+    }
+    let mut has_rows = referencing_rows.into_iter();
+    blocking.retain(|fk| fk[3].as_deref() == Some("t") || has_rows.next().unwrap_or(true));
+    if let Some(fk) = blocking.into_iter().next() {
+        let (name, from, to) = (fk[0].clone().unwrap_or_default(), fk[1].clone().unwrap_or_default(), fk[2].clone().unwrap_or_default());
+        let hint = if fk[3].as_deref() == Some("t") {
+            format!("Distribute \"{to}\" first (create_reference_table for a small shared table, or create_distributed_table co-located with this one).")
+        } else {
+            format!("Distribute \"{from}\" while it is still empty, after this table; or drop the foreign key first.")
+        };
+        return Err(PgError::not_supported(format!("cannot distribute \"{}\": foreign key \"{name}\" from \"{from}\" references \"{to}\", which is not distributed", table.name))
+            .with_hint(hint));
+    }
+    Ok(())
+}
+
+/// Adds the table's foreign keys to its shards, once the shards hold the
+/// rows: each shard references the co-located shard, or the reference
+/// table's copy on its own node. The shell keeps its constraints as they are.
+async fn add_foreign_keys_to_shards(ctx: &mut CommandContext<'_>, table: &LocalTable) -> PgResult<()> {
+    let local = ctx.parts.local().await?;
+    let keys = local
+        .query(&format!("SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint WHERE contype = 'f' AND conrelid = {} ORDER BY conname", table.oid))
+        .await?;
+    if keys.is_empty() {
+        return Ok(());
+    }
+    // The catalog as this transaction sees it: with the table distributed.
+    let catalog = crate::metadata::load_in_block(local, ctx.catalog.version).await?;
+    for key in keys {
+        let (name, definition) = (key[0].clone().unwrap_or_default(), key[1].clone().unwrap_or_default());
+        let sql = format!("ALTER TABLE {} ADD CONSTRAINT {} {definition}", table.qualified(), quote_ident(&name));
+        let per_node = match crate::planner::plan_query(&sql, &catalog).into_iter().next().map(|p| p.plan) {
+            Some(crate::planner::Plan::Ddl(ddl)) => match ddl.as_ref() {
+                DdlPlan::Propagate { table, template, .. } => shard_statements(table, template)?,
+                other => return Err(PgError::internal(format!("adding a foreign key to shards gave the plan {other}"))),
+            },
+            Some(crate::planner::Plan::Unsupported(e)) => return Err(e),
+            _ => return Err(PgError::internal("adding a foreign key to shards did not give a DDL plan")),
+        };
+        run_per_node(ctx, per_node).await?;
     }
     Ok(())
 }
@@ -190,7 +248,8 @@ pub async fn create_distributed_table(ctx: &mut CommandContext<'_>, table_name: 
             let h = hash::hash_text(column_type, &value).map_err(|e| PgError::internal(format!("could not hash distribution value: {e}")))?;
             Ok(hash::shard_index(hash::row_hash(Some(h)), count as u32) as usize)
         })
-        .await
+        .await?;
+        add_foreign_keys_to_shards(ctx, &table).await
     }
     .await;
     finish_block(ctx, implicit, result).await
@@ -220,7 +279,8 @@ pub async fn create_reference_table(ctx: &mut CommandContext<'_>, table_name: &s
             .await?;
         let placements = vec![nodes.iter().map(|n| n.group_id).collect::<Vec<_>>()];
         let shard_ids = create_shards(ctx, &table, &placements).await?;
-        move_rows_into_shards(ctx, &table, &shard_ids, &placements, |_| Ok(0)).await
+        move_rows_into_shards(ctx, &table, &shard_ids, &placements, |_| Ok(0)).await?;
+        add_foreign_keys_to_shards(ctx, &table).await
     }
     .await;
     finish_block(ctx, implicit, result).await
@@ -320,7 +380,11 @@ async fn move_rows_into_shards(
             next_report += total / 10;
         }
     }
-    ctx.parts.local().await?.execute(&format!("TRUNCATE ONLY {}", table.qualified())).await?;
+    // TRUNCATE is refused while (empty) tables still reference this one.
+    let local = ctx.parts.local().await?;
+    let referenced = local.query_value(&format!("SELECT EXISTS (SELECT 1 FROM pg_constraint WHERE contype = 'f' AND confrelid = {0} AND conrelid <> {0})", table.oid)).await?;
+    let empty_out = if referenced.as_deref() == Some("t") { "DELETE FROM ONLY" } else { "TRUNCATE ONLY" };
+    local.execute(&format!("{empty_out} {}", table.qualified())).await?;
     ctx.notice(format!("copied {total} rows of {} into its shards", table.qualified())).await;
     Ok(())
 }

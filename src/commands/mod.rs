@@ -7,6 +7,7 @@ pub mod table_ddl;
 
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable};
+use crate::planner::rewrite::ShardTemplate;
 use crate::planner::{placement_groups, ClusterCall, ClusterFunction, DdlPlan, DropIndex};
 use crate::protocol::backend::{self, FieldDescription};
 use crate::protocol::frontend::{self, Bind};
@@ -269,14 +270,7 @@ async fn run_ddl_in_block(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_
     match plan {
         DdlPlan::Propagate { table, template, catalog_sql } => {
             let tag = ctx.parts.local().await?.execute(sql).await?;
-            let mut per_node: BTreeMap<i32, Vec<String>> = BTreeMap::new();
-            for shard in &table.shards {
-                let stmt = DdlPlan::shard_sql(table, template, shard.index)?;
-                for group in &shard.placements {
-                    per_node.entry(*group).or_default().push(stmt.clone());
-                }
-            }
-            run_per_node(ctx, per_node).await?;
+            run_per_node(ctx, shard_statements(table, template)?).await?;
             let local = ctx.parts.local().await?;
             if let Some(catalog_sql) = catalog_sql {
                 local.execute(catalog_sql).await?;
@@ -342,6 +336,19 @@ pub(crate) async fn read_shard_rows(ctx: &mut CommandContext<'_>, node: &crate::
 
 /// Runs each node's statements as one batch on the session's connection to it
 /// (inside the current block), naming the node in any error.
+/// A propagated statement for every shard of `table`, by the node group that
+/// runs it.
+fn shard_statements(table: &DistributedTable, template: &ShardTemplate) -> PgResult<BTreeMap<i32, Vec<String>>> {
+    let mut per_node: BTreeMap<i32, Vec<String>> = BTreeMap::new();
+    for shard in &table.shards {
+        let stmt = DdlPlan::shard_sql(table, template, shard.index)?;
+        for group in &shard.placements {
+            per_node.entry(*group).or_default().push(stmt.clone());
+        }
+    }
+    Ok(per_node)
+}
+
 async fn run_per_node(ctx: &mut CommandContext<'_>, per_node: BTreeMap<i32, Vec<String>>) -> PgResult<()> {
     for (group, statements) in per_node {
         let node = ctx.catalog.node_for_group(group).ok_or_else(|| PgError::internal(format!("no node for group {group}")))?.clone();

@@ -1,7 +1,7 @@
 //! EXPLAIN of distributed statements: a Citus-style header for the tier, then
 //! one task's plan as the node that runs it explains it.
 
-use super::{evaluate_key_defaults, node_of_group, plan_tasks, Mode};
+use super::{evaluate_defaults, node_of_group, plan_tasks, Mode};
 use crate::connection::TextRows;
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, Node};
@@ -60,7 +60,7 @@ pub async fn run(plan: &ExplainPlan, coordinator: &Coordinator, catalog: &Catalo
 async fn explain_pushdown(plan: &ExplainPlan, inner: &Plan, catalog: &Catalog, parts: &mut Participants, mode: &Mode<'_>, lines: &mut Vec<String>) -> PgResult<()> {
     match inner {
         Plan::Router(router) => {
-            let defaults = evaluate_key_defaults(router, parts).await?;
+            let defaults = evaluate_defaults(router, parts).await?;
             let tasks = plan_tasks(router, parts, mode, defaults).await?;
             let task = tasks.first().ok_or_else(|| PgError::internal("router plan without tasks"))?;
             lines.push("Custom Scan (Tessera Router)".to_string());

@@ -4,7 +4,7 @@
 //! multi-row INSERTs, in batches, all in one distributed transaction.
 
 use super::multi_shard::{type_names, values_list};
-use super::{node_of_group, plan_tasks, Mode, RoutedInsert};
+use super::{node_of_group, plan_tasks, Defaults, Mode, RoutedInsert};
 use crate::connection::{quote_ident, TextRow, TextRows};
 use crate::error::{PgError, PgResult};
 use crate::metadata::Catalog;
@@ -61,7 +61,7 @@ async fn insert_batches(plan: &InsertSelectPlan, columns: &[String], types: &[St
             Some(Plan::Unsupported(e)) => return Err(e),
             _ => return Err(PgError::internal("routing INSERT … SELECT rows did not give a router plan")),
         };
-        for (i, mut task) in plan_tasks(&router, parts, &Mode::Simple, Vec::new()).await?.into_iter().enumerate() {
+        for (i, mut task) in plan_tasks(&router, parts, &Mode::Simple, Defaults::default()).await?.into_iter().enumerate() {
             if task.rows.is_empty() {
                 task.rows = (0..batch.len()).collect();
             }

@@ -4,7 +4,7 @@
 
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Catalog, Node};
-use crate::planner::{KeyRouting, KeyValue, RouterPlan, ShardTarget};
+use crate::planner::{FilledValues, KeyRouting, KeyValue, RouterPlan, ShardTarget};
 use crate::protocol::Message;
 use bytes::{Bytes, BytesMut};
 use crate::protocol::backend;
@@ -50,7 +50,7 @@ pub async fn run_router(plan: &RouterPlan, parts: &mut Participants, catalog: &C
 /// Runs a router plan, writing its rows (if any) to the client; returns the
 /// command tag for the caller to report or add up.
 pub(crate) async fn run_router_for_tag(plan: &RouterPlan, parts: &mut Participants, catalog: &Catalog, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<String> {
-    let defaults = evaluate_key_defaults(plan, parts).await?;
+    let defaults = evaluate_defaults(plan, parts).await?;
     let tasks = plan_tasks(plan, parts, mode, defaults).await?;
     let implicit = tasks.len() > 1 && plan.is_write() && parts.begin_implicit();
     let result = if tasks.len() > 1 && matches!(plan.target, ShardTarget::InsertRows(_)) {
@@ -69,16 +69,49 @@ pub(crate) async fn run_router_for_tag(plan: &RouterPlan, parts: &mut Participan
     result
 }
 
-/// Values for INSERT rows that leave the distribution column to its default
-/// (typically a sequence living in the coordinator database), one per such row.
-async fn evaluate_key_defaults(plan: &RouterPlan, parts: &mut Participants) -> PgResult<Vec<String>> {
-    let ShardTarget::InsertRows(keys) = &plan.target else { return Ok(Vec::new()) };
-    let n = keys.iter().filter(|k| matches!(k, KeyValue::Default)).count();
-    let Some(default_sql) = plan.insert_key.as_ref().and_then(|k| k.default_sql.as_deref()).filter(|_| n > 0) else {
-        return Ok(Vec::new());
+/// Values of the sequence defaults an INSERT leaves to the coordinator, in
+/// one round trip to the coordinator database: the distribution column's
+/// (one per row that leaves it to its default) and each other filled
+/// column's (one per row the fill lists).
+async fn evaluate_defaults(plan: &RouterPlan, parts: &mut Participants) -> PgResult<Defaults> {
+    let Some(insert) = plan.insert_key.as_ref() else { return Ok(Defaults::default()) };
+    let key_rows = match &plan.target {
+        ShardTarget::InsertRows(keys) => keys.iter().filter(|k| matches!(k, KeyValue::Default)).count(),
+        _ => 0,
     };
-    let rows = parts.local().await?.query(&format!("SELECT ({default_sql})::text FROM generate_series(1, {n})")).await?;
-    rows.into_iter().map(|r| r.into_iter().next().flatten().ok_or_else(null_key)).collect()
+    let mut parts_sql = Vec::new();
+    if let (Some(default_sql), true) = (&insert.default_sql, key_rows > 0) {
+        parts_sql.push((0, default_sql.as_str(), key_rows));
+    }
+    for (i, fill) in insert.fills.iter().enumerate() {
+        parts_sql.push((i + 1, fill.default_sql.as_str(), fill.rows.len()));
+    }
+    if parts_sql.is_empty() {
+        return Ok(Defaults::default());
+    }
+    let sql = parts_sql
+        .iter()
+        .map(|(i, default_sql, n)| format!("(SELECT {i}, ({default_sql})::text FROM generate_series(1, {n}))"))
+        .collect::<Vec<_>>()
+        .join(" UNION ALL ");
+    let mut defaults = Defaults { key: Vec::new(), others: vec![Vec::new(); insert.fills.len()] };
+    for row in parts.local().await?.query(&sql).await? {
+        let mut row = row.into_iter();
+        let which: usize = row.next().flatten().and_then(|i| i.parse().ok()).unwrap_or_default();
+        let value = row.next().flatten().ok_or_else(null_key)?;
+        match which {
+            0 => defaults.key.push(value),
+            i => defaults.others[i - 1].push(value),
+        }
+    }
+    Ok(defaults)
+}
+
+/// Sequence values the coordinator drew for an INSERT: see `evaluate_defaults`.
+#[derive(Default)]
+struct Defaults {
+    key: Vec<String>,
+    others: Vec<Vec<String>>,
 }
 
 fn null_key() -> PgError {
@@ -164,7 +197,7 @@ pub(crate) async fn coerce_keys(parts: &mut Participants, routing: &KeyRouting<'
     }
 }
 
-async fn plan_tasks(plan: &RouterPlan, parts: &mut Participants, mode: &Mode<'_>, defaults: Vec<String>) -> PgResult<Vec<Task>> {
+async fn plan_tasks(plan: &RouterPlan, parts: &mut Participants, mode: &Mode<'_>, defaults: Defaults) -> PgResult<Vec<Task>> {
     let group_node = |index: u32| -> PgResult<i32> {
         let anchor = plan.anchor.as_ref().ok_or_else(|| PgError::internal("sharded plan without anchor table"))?;
         let shard = anchor.shards.get(index as usize).ok_or_else(|| PgError::internal(format!("shard index {index} missing")))?;
@@ -182,7 +215,10 @@ async fn plan_tasks(plan: &RouterPlan, parts: &mut Participants, mode: &Mode<'_>
             vec![Task { group: group_node(i)?, sql: plan.sql_for_shard(i)?, rows: Vec::new() }]
         }
         ShardTarget::Reference => {
-            let sql = plan.sql_for_shard(0)?;
+            let sql = match plan.insert_key.as_ref().filter(|_| defaults.others.iter().any(|v| !v.is_empty())) {
+                Some(insert) => plan.insert_rows_sql(0, &(0..insert.rows).collect::<Vec<_>>(), &FilledValues { key: Vec::new(), others: defaults.others })?,
+                None => plan.sql_for_shard(0)?,
+            };
             let table = plan.template.tables().iter().find(|t| t.is_reference()).ok_or_else(|| PgError::internal("reference plan without a reference table"))?;
             let groups = &table.shards.first().ok_or_else(|| PgError::internal("reference table without shard"))?.placements;
             if plan.is_write() {
@@ -195,15 +231,15 @@ async fn plan_tasks(plan: &RouterPlan, parts: &mut Participants, mode: &Mode<'_>
         }
         ShardTarget::InsertRows(keys) => {
             let mut by_shard: Vec<(u32, Vec<usize>)> = Vec::new();
-            let mut defaults = defaults.into_iter();
-            let mut filled: Vec<(usize, String)> = Vec::new();
+            let mut key_defaults = defaults.key.into_iter();
+            let mut filled = FilledValues { key: Vec::new(), others: defaults.others };
             for (row, key) in keys.iter().enumerate() {
                 let shard = match key {
                     KeyValue::Default => {
-                        let value = defaults.next().ok_or_else(|| PgError::internal("missing default value for INSERT row"))?;
+                        let value = key_defaults.next().ok_or_else(|| PgError::internal("missing default value for INSERT row"))?;
                         let input = KeyInput { value: Some(value.as_bytes()), type_oid: 0, binary: false };
                         let shard = shard_of(plan, parts, input).await?;
-                        filled.push((row, value));
+                        filled.key.push((row, value));
                         shard
                     }
                     other => shard_of(plan, parts, key_input(other, mode)?).await?,

@@ -86,9 +86,10 @@ pub struct DistributedTable {
     /// The distribution column's default expression (e.g. a sequence's nextval),
     /// which the coordinator evaluates for INSERTs that leave the column out.
     pub key_default: Option<String>,
-    /// Columns whose default draws from a sequence (serial, identity): the
-    /// shards have no such default, so the coordinator fills them in.
-    pub sequence_columns: Vec<String>,
+    /// Columns whose default draws from a sequence (serial, identity), with
+    /// that default: the shards have no such default, so the coordinator
+    /// fills the values in.
+    pub sequence_columns: Vec<(String, String)>,
     /// `GENERATED ALWAYS AS IDENTITY` columns, which take a value only with
     /// OVERRIDING SYSTEM VALUE.
     pub always_identity: Vec<String>,
@@ -247,7 +248,7 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
                     (SELECT format_type(a.atttypid, NULL) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = p.partkey),
                     (SELECT json_agg(a.attname ORDER BY a.attnum)
                        FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''),
-                    (SELECT json_agg(attname ORDER BY attnum) FROM tessera_defaults WHERE attrelid = c.oid AND uses_sequence),
+                    (SELECT json_agg(json_build_array(attname, tessera_default) ORDER BY attnum) FROM tessera_defaults WHERE attrelid = c.oid AND uses_sequence),
                     (SELECT json_agg(attname ORDER BY attnum) FROM tessera_defaults WHERE attrelid = c.oid AND attidentity = 'a')
              FROM tessera.pg_dist_partition p
              JOIN pg_class c ON c.oid = p.logicalrelid
@@ -286,7 +287,7 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
             columns,
             copy_columns: parse_json_string_array(r[12].as_deref().unwrap_or("[]")),
             key_default: r[8].clone(),
-            sequence_columns: parse_json_string_array(r[13].as_deref().unwrap_or("[]")),
+            sequence_columns: serde_json::from_str(r[13].as_deref().unwrap_or("[]")).unwrap_or_default(),
             always_identity: parse_json_string_array(r[14].as_deref().unwrap_or("[]")),
             shards: shards.remove(&oid).unwrap_or_default(),
         });

@@ -284,6 +284,13 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
         Plan::Ddl(Arc::new(DdlPlan::Propagate { table: table.clone(), template: ShardTemplate::for_utility(version, raw.clone(), tables), catalog_sql }))
     };
     match node {
+        // A new local table may reference distributed tables as its foreign
+        // keys' targets and copy them with LIKE (the shell has their
+        // definition), but not inherit from them or be their partition.
+        NodeEnum::CreateStmt(create) => {
+            let inherits = create.inh_relations.iter().any(|n| matches!(n.node.as_ref(), Some(NodeEnum::RangeVar(rv)) if resolve_range_var(rv, catalog).is_some()));
+            Some(if inherits { not_supported("tables that inherit from distributed tables, or are their partitions, are not supported yet") } else { Plan::Local })
+        }
         NodeEnum::IndexStmt(ix) => {
             let table = resolve_range_var(ix.relation.as_ref()?, catalog)?;
             if ix.concurrent {
@@ -437,7 +444,22 @@ fn check_constraint(
         Some(ConstrType::ConstrForeign) => {
             let target = c.pktable.as_ref().and_then(|p| resolve_range_var(p, catalog));
             match target {
-                Some(t) if t.is_reference() || (t.colocation_id == table.colocation_id && !table.is_reference()) => Ok(Some(t.clone())),
+                Some(t) if t.is_reference() => Ok(Some(t.clone())),
+                Some(t) if t.colocation_id == table.colocation_id && !table.is_reference() => {
+                    // Each shard can only check the rows of its own shard group.
+                    let from = match column {
+                        Some(column) => vec![column.to_string()],
+                        None => names_of(&c.fk_attrs),
+                    };
+                    let to = names_of(&c.pk_attrs);
+                    let (Some(key), Some(target_key)) = (dist_column(table), dist_column(t)) else { return Ok(Some(t.clone())) };
+                    let pairs_keys = if to.is_empty() { from.iter().any(|f| f == key) } else { from.iter().zip(&to).any(|(f, p)| f == key && p == target_key) };
+                    if pairs_keys {
+                        Ok(Some(t.clone()))
+                    } else {
+                        Err(not_supported(format!("a foreign key between distributed tables must include the distribution column \"{key}\", referencing \"{target_key}\" of {}", t.name)))
+                    }
+                }
                 _ => Err(not_supported("foreign keys from a distributed table must reference a reference table or a co-located distributed table")),
             }
         }

@@ -131,7 +131,7 @@ fn column_ref_star() -> protobuf::Node {
 /// `given(position)` says whether the rows have a value at that position of
 /// the column list.
 pub(super) fn leaves_sequence_to_default(insert: &InsertStmt, target: &DistributedTable, given: impl Fn(usize) -> bool) -> bool {
-    target.sequence_columns.iter().any(|column| match insert_position(insert, target, column) {
+    target.sequence_columns.iter().any(|(column, _)| match insert_position(insert, target, column) {
         Some(position) => !given(position),
         None => true,
     })

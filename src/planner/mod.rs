@@ -25,7 +25,7 @@ pub use multi_shard::{aggregate_placeholder, partial_column, sort_column, Aggreg
 pub use cluster_views::{ClusterData, SIZE_FUNCTIONS};
 pub use copy::{CopyPlan, KeyPosition};
 pub use prepared::{SqlExecute, SqlPrepare};
-pub use router::{Command, InsertKey, KeyRouting, KeyValue, RouterPlan, ShardTarget};
+pub use router::{Command, FilledValues, InsertKey, KeyRouting, KeyValue, RouterPlan, SequenceFill, ShardTarget};
 
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable};

@@ -51,7 +51,8 @@ pub enum KeyValue {
 }
 
 /// Where an INSERT's distribution-column value goes, for rows whose value the
-/// coordinator fills in from the column default.
+/// coordinator fills in from the column default; and the other columns it
+/// fills in. For a reference table `column` is empty.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InsertKey {
     pub column: String,
@@ -59,6 +60,37 @@ pub struct InsertKey {
     pub position: Option<usize>,
     /// SQL evaluating the default, e.g. `nextval('t_id_seq'::regclass)`.
     pub default_sql: Option<String>,
+    /// Other columns whose sequence default the statement leaves to it.
+    pub fills: Vec<SequenceFill>,
+    /// The statement's VALUES rows.
+    pub rows: usize,
+}
+
+/// Values the coordinator computed for an INSERT's defaulted columns.
+#[derive(Debug, Default)]
+pub struct FilledValues {
+    /// (VALUES row, value) of the distribution column.
+    pub key: Vec<(usize, String)>,
+    /// For each of the plan's `fills`, a value per row it lists, in order.
+    pub others: Vec<Vec<String>>,
+}
+
+impl FilledValues {
+    pub fn is_empty(&self) -> bool {
+        self.key.is_empty() && self.others.iter().all(Vec::is_empty)
+    }
+}
+
+/// A column, other than the distribution column, whose default draws from a
+/// sequence in the coordinator database, and the VALUES rows that leave it to
+/// that default.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SequenceFill {
+    pub column: String,
+    /// Position in each VALUES row; None when the column list leaves it out.
+    pub position: Option<usize>,
+    pub default_sql: String,
+    pub rows: Vec<usize>,
 }
 
 /// Where a router statement runs.
@@ -130,8 +162,8 @@ impl RouterPlan {
     }
 
     /// SQL for a multi-row INSERT that keeps only the VALUES rows in `rows`, with
-    /// the distribution-column values in `filled` (row, value) written in.
-    pub fn insert_rows_sql(&self, index: u32, rows: &[usize], filled: &[(usize, String)]) -> PgResult<Arc<str>> {
+    /// the values the coordinator computed written in.
+    pub fn insert_rows_sql(&self, index: u32, rows: &[usize], filled: &FilledValues) -> PgResult<Arc<str>> {
         // Row sets are cached by bitmask, so only those of the first 64 rows.
         let key = (filled.is_empty() && rows.iter().all(|&r| r < 64)).then(|| (index, rows.iter().fold(0u64, |mask, &r| mask | (1u64 << r))));
         if let Some(key) = &key {
@@ -149,28 +181,45 @@ impl RouterPlan {
         Ok(sql)
     }
 
-    fn deparse_insert_rows(&self, index: u32, rows: &[usize], filled: &[(usize, String)]) -> PgResult<String> {
-        let key = self.insert_key.as_ref();
+    fn deparse_insert_rows(&self, index: u32, rows: &[usize], filled: &FilledValues) -> PgResult<String> {
+        let Some(key) = self.insert_key.as_ref() else { return self.template.sql_for_shard(index) };
+        let constant = |value: &str| protobuf::Node {
+            node: Some(NodeEnum::AConst(protobuf::AConst { isnull: false, val: Some(a_const::Val::Sval(protobuf::String { sval: value.to_string() })), location: -1 })),
+        };
+        let column = |name: &str| protobuf::Node { node: Some(NodeEnum::ResTarget(Box::new(protobuf::ResTarget { name: name.to_string(), indirection: vec![], val: None, location: -1 }))) };
+        // Each filled column: where its value goes, and its value per row.
+        let mut columns: Vec<(Option<usize>, HashMap<usize, &str>)> = Vec::new();
+        if !filled.key.is_empty() {
+            columns.push((key.position, filled.key.iter().map(|(row, v)| (*row, v.as_str())).collect()));
+        }
+        for (fill, values) in key.fills.iter().zip(&filled.others) {
+            columns.push((fill.position, fill.rows.iter().copied().zip(values.iter().map(String::as_str)).collect()));
+        }
+        let appended: Vec<&str> = std::iter::once((&key.column, key.position, !filled.key.is_empty()))
+            .chain(key.fills.iter().map(|f| (&f.column, f.position, true)))
+            .filter(|(_, position, used)| *used && position.is_none())
+            .map(|(name, _, _)| name.as_str())
+            .collect();
         self.template.sql_with(index, |node| {
             let Some(NodeEnum::InsertStmt(insert)) = node.node.as_mut() else { return };
-            let append_column = !filled.is_empty() && key.is_some_and(|k| k.position.is_none());
-            if append_column {
-                let name = key.map(|k| k.column.clone()).unwrap_or_default();
-                insert.cols.push(protobuf::Node { node: Some(NodeEnum::ResTarget(Box::new(protobuf::ResTarget { name, indirection: vec![], val: None, location: -1 }))) });
-            }
+            insert.cols.extend(appended.iter().map(|name| column(name)));
             let Some(NodeEnum::SelectStmt(values)) = insert.select_stmt.as_mut().and_then(|s| s.node.as_mut()) else { return };
             let all = std::mem::take(&mut values.values_lists);
             for (i, mut list) in all.into_iter().enumerate() {
                 if !rows.contains(&i) {
                     continue;
                 }
-                if let (Some((_, value)), Some(NodeEnum::List(items))) = (filled.iter().find(|(r, _)| *r == i), list.node.as_mut()) {
-                    let constant = protobuf::Node {
-                        node: Some(NodeEnum::AConst(protobuf::AConst { isnull: false, val: Some(a_const::Val::Sval(protobuf::String { sval: value.clone() })), location: -1 })),
-                    };
-                    match key.and_then(|k| k.position) {
-                        Some(p) if p < items.items.len() => items.items[p] = constant,
-                        _ => items.items.push(constant),
+                if let Some(NodeEnum::List(items)) = list.node.as_mut() {
+                    // In place first: appended values go after the row's own.
+                    for (position, values) in &columns {
+                        if let (Some(p), Some(value)) = (position, values.get(&i)) {
+                            items.items[*p] = constant(value);
+                        }
+                    }
+                    for (position, values) in &columns {
+                        if let (None, Some(value)) = (position, values.get(&i)) {
+                            items.items.push(constant(value));
+                        }
                     }
                 }
                 values.values_lists.push(list);
@@ -717,26 +766,43 @@ fn router_for_null_key(command: Command, anchor: Arc<DistributedTable>, template
 }
 
 /// Whether an INSERT … VALUES needs the coordinator database to compute its
-/// rows: it leaves a sequence-drawn column other than the distribution
-/// column (which the router fills in itself) to its default, gives a value
-/// to a GENERATED ALWAYS identity column, or has DEFAULT VALUES.
+/// rows: it gives a value to a GENERATED ALWAYS identity column (which
+/// PostgreSQL's own rules must judge), or has DEFAULT VALUES.
 fn needs_coordinator_values(insert: &protobuf::InsertStmt, rows: &[&[protobuf::Node]], table: &DistributedTable) -> bool {
     if rows.is_empty() {
         return table.key_default.is_some() || !table.sequence_columns.is_empty();
     }
-    let is_default = |n: &protobuf::Node| matches!(n.node.as_ref(), Some(NodeEnum::SetToDefault(_)));
-    let key = match &table.distribution {
-        Distribution::Hash { column, .. } => Some(column.as_str()),
-        Distribution::Reference => None,
-    };
-    let position = |column: &str| super::insert_select::insert_position(insert, table, column);
-    let others_defaulted = table.sequence_columns.iter().filter(|c| Some(c.as_str()) != key).any(|c| match position(c) {
-        Some(p) => rows.iter().any(|row| row.get(p).is_none_or(is_default)),
-        None => true,
-    });
-    let overrides_identity = insert.r#override != protobuf::OverridingKind::OverridingSystemValue as i32
-        && table.always_identity.iter().any(|c| position(c).is_some_and(|p| rows.iter().any(|row| row.get(p).is_some_and(|v| !is_default(v)))));
-    others_defaulted || overrides_identity
+    insert.r#override != protobuf::OverridingKind::OverridingSystemValue as i32
+        && table.always_identity.iter().any(|c| {
+            super::insert_select::insert_position(insert, table, c).is_some_and(|p| rows.iter().any(|row| row.get(p).is_some_and(|v| !is_set_to_default(v))))
+        })
+}
+
+fn is_set_to_default(n: &protobuf::Node) -> bool {
+    matches!(n.node.as_ref(), Some(NodeEnum::SetToDefault(_)))
+}
+
+/// The columns other than the distribution column whose sequence default
+/// some VALUES rows leave to it (the shards have no such default: the
+/// coordinator fills the values in). None when a row is too short to take
+/// the value where it belongs (no column list, fewer values than columns).
+fn sequence_fills(insert: &protobuf::InsertStmt, rows: &[&[protobuf::Node]], table: &DistributedTable, key: Option<&str>) -> Option<Vec<SequenceFill>> {
+    let mut fills = Vec::new();
+    for (column, default_sql) in table.sequence_columns.iter().filter(|(c, _)| Some(c.as_str()) != key) {
+        let position = super::insert_select::insert_position(insert, table, column);
+        let defaulted: Vec<usize> = match position {
+            Some(p) => rows.iter().enumerate().filter(|(_, row)| row.get(p).is_none_or(is_set_to_default)).map(|(i, _)| i).collect(),
+            None => (0..rows.len()).collect(),
+        };
+        if defaulted.is_empty() {
+            continue;
+        }
+        if position.is_some_and(|p| rows.iter().any(|row| row.len() <= p)) {
+            return None;
+        }
+        fills.push(SequenceFill { column: column.clone(), position, default_sql: default_sql.clone(), rows: defaulted });
+    }
+    Some(fills)
 }
 
 fn plan_insert(insert: &protobuf::InsertStmt, node: &NodeEnum, template: ShardTemplate, catalog: &Catalog) -> Plan {
@@ -763,12 +829,20 @@ fn plan_insert(insert: &protobuf::InsertStmt, node: &NodeEnum, template: ShardTe
     if other_hash_refs > 0 {
         return not_supported("INSERT that reads other distributed tables is not supported yet");
     }
-    if needs_coordinator_values(insert, &rows, &table) {
-        let values = insert.select_stmt.as_deref().and_then(|s| s.node.clone()).map(|node| (node, false));
-        return super::insert_select::through_coordinator(insert, values, table, template.version());
-    }
+    let key_column = match &table.distribution {
+        Distribution::Hash { column, .. } => Some(column.as_str()),
+        Distribution::Reference => None,
+    };
+    let fills = match sequence_fills(insert, &rows, &table, key_column) {
+        Some(fills) if !needs_coordinator_values(insert, &rows, &table) => fills,
+        _ => {
+            let values = insert.select_stmt.as_deref().and_then(|s| s.node.clone()).map(|node| (node, false));
+            return super::insert_select::through_coordinator(insert, values, table, template.version());
+        }
+    };
     let Distribution::Hash { column, column_type, key, .. } = &table.distribution else {
-        return router(Command::Insert, ShardTarget::Reference, None, template);
+        let insert_key = InsertKey { column: String::new(), position: None, default_sql: None, fills, rows: rows.len() };
+        return router_with_key(Command::Insert, ShardTarget::Reference, None, template, Some(insert_key));
     };
     if let Some(conflict) = &insert.on_conflict_clause {
         let sets_key = conflict.target_list.iter().any(|n| matches!(n.node.as_ref(), Some(NodeEnum::ResTarget(r)) if r.name == *column));
@@ -786,7 +860,8 @@ fn plan_insert(insert: &protobuf::InsertStmt, node: &NodeEnum, template: ShardTe
     if rows.is_empty() {
         return no_key();
     }
-    let insert_key = InsertKey { column: column.clone(), position, default_sql: table.key_default.clone() };
+    let fills_rows = !fills.is_empty();
+    let insert_key = InsertKey { column: column.clone(), position, default_sql: table.key_default.clone(), fills, rows: rows.len() };
     let mut keys = Vec::with_capacity(rows.len());
     for row in &rows {
         let value = match position {
@@ -814,6 +889,8 @@ fn plan_insert(insert: &protobuf::InsertStmt, node: &NodeEnum, template: ShardTe
     let shards = table.shard_count();
     let targets: Vec<ShardTarget> = keys.iter().map(|k| insert_target(k, *column_type, key, shards)).collect();
     let target = match targets.as_slice() {
+        // Rows the coordinator fills in are written out per execution.
+        _ if fills_rows => ShardTarget::InsertRows(keys),
         [ShardTarget::Shard(first), rest @ ..] if rest.iter().all(|t| *t == ShardTarget::Shard(*first)) => ShardTarget::Shard(*first),
         [single @ ShardTarget::Key(KeyValue::Param(_) | KeyValue::Literal { .. })] => single.clone(),
         _ => ShardTarget::InsertRows(keys),
