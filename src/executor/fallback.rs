@@ -5,13 +5,16 @@
 //! Otherwise the coordinator database runs the rewritten statement over the
 //! foreign-table stand-ins of the shards.
 
-use super::multi_shard::{collect_rows, rows_as_relation, tasks_by_node, type_names};
-use super::{run_on_coordinator_db, Mode};
+use super::multi_shard::{add_task, collect_rows, combine_sql, rows_as_relation, tasks_by_node, type_names, TasksByNode};
+use super::{node_of_group, plan_tasks, run_on_coordinator_db, Defaults, Mode};
 use crate::connection::quote_ident;
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable};
 use crate::planner::rewrite::ShardTemplate;
-use crate::planner::{plan_tree, FallbackPlan, Plan};
+use crate::planner::deparse::deparse_statement;
+use crate::planner::{column_ref, plain_select, plan_tree, res_target, Combine, FallbackPlan, Plan};
+use pg_query::protobuf;
+use pg_query::NodeEnum;
 use crate::server::client::ClientConn;
 use crate::server::Coordinator;
 use crate::transaction::Participants;
@@ -30,6 +33,9 @@ pub async fn run(plan: &FallbackPlan, coordinator: &Coordinator, catalog: &Catal
         };
     }
     if parts.wrote_on_workers() {
+        if let NodeEnum::DeclareCursorStmt(declare) = &plan.statement {
+            return declare_over_results(declare, plan.version, catalog, parts, mode, client).await;
+        }
         // postgres_fdw reads through connections of its own, which cannot see
         // this block's uncommitted writes: its answer would be wrong.
         return Err(PgError::not_supported(format!(
@@ -42,6 +48,65 @@ pub async fn run(plan: &FallbackPlan, coordinator: &Coordinator, catalog: &Catal
     coordinator.prepare_fallback(catalog.version, &role).await?;
     tracing::debug!("fallback: {}", plan.reason);
     run_on_coordinator_db(parts, &plan.sql, mode, client).await
+}
+
+/// A cursor over distributed tables in a block that has written on the
+/// workers (Django's `.iterator()` inside `atomic()`): the pushdown tiers
+/// compute the query's rows through the block's own connections, which see
+/// its writes, and the cursor is declared in the coordinator database over
+/// those rows, so FETCH, MOVE and CLOSE work there as on any cursor. The rows
+/// are held by the coordinator database for the cursor's life.
+async fn declare_over_results(
+    declare: &protobuf::DeclareCursorStmt,
+    version: i32,
+    catalog: &Catalog,
+    parts: &mut Participants,
+    mode: &Mode<'_>,
+    client: &mut ClientConn,
+) -> PgResult<()> {
+    let query = declare.query.as_deref().and_then(|q| q.node.clone()).ok_or_else(|| PgError::internal("DECLARE without a query"))?;
+    let refused = || {
+        PgError::not_supported("this cursor's query needs the coordinator's general fallback, which cannot see the writes this transaction has already made on the workers")
+            .with_hint("Declare the cursor before the writes, or in its own transaction.")
+    };
+    let relation = match plan_tree(version, query, catalog) {
+        Plan::Router(router) => {
+            let mut by_node: TasksByNode = Vec::new();
+            for task in plan_tasks(&router, parts, mode, Defaults::default()).await? {
+                add_task(&mut by_node, node_of_group(catalog, task.group)?, task.sql);
+            }
+            rows_relation(parts, &by_node, mode).await?
+        }
+        Plan::MultiShard(multi) => {
+            let by_node = tasks_by_node(&multi.template, &multi.anchor, catalog)?;
+            match &multi.combine {
+                Combine::Concatenate => rows_relation(parts, &by_node, mode).await?,
+                Combine::Query(combine) => {
+                    let (fields, rows) = collect_rows(parts, &by_node, mode).await?;
+                    let types = type_names(parts, &fields).await?;
+                    format!("({})", combine_sql(combine, &fields, &types, &rows).ok_or_else(refused)?)
+                }
+            }
+        }
+        _ => return Err(refused()),
+    };
+    // The rows can run to megabytes of SQL: they go into the deparsed
+    // DECLARE as text rather than through the parser and back.
+    const PLACEHOLDER: &str = "tessera_cursor_rows";
+    let mut declare = declare.clone();
+    let select = protobuf::SelectStmt { target_list: vec![res_target("", column_ref(&[PLACEHOLDER]))], ..plain_select() };
+    declare.query = Some(Box::new(protobuf::Node { node: Some(NodeEnum::SelectStmt(Box::new(select))) }));
+    let sql = deparse_statement(version, NodeEnum::DeclareCursorStmt(Box::new(declare)))?;
+    let sql = sql.replacen(&format!("SELECT {PLACEHOLDER}"), &format!("SELECT * FROM {relation} AS {PLACEHOLDER}"), 1);
+    run_on_coordinator_db(parts, &sql, &Mode::Simple, client).await
+}
+
+/// Rows of the tasks as a relation with the result's own column names and types.
+async fn rows_relation(parts: &mut Participants, by_node: &TasksByNode, mode: &Mode<'_>) -> PgResult<String> {
+    let (fields, rows) = collect_rows(parts, by_node, mode).await?;
+    let types = type_names(parts, &fields).await?;
+    let columns: Vec<String> = fields.iter().map(|f| quote_ident(&f.name)).collect();
+    Ok(format!("(SELECT * FROM {} AS rows({}))", rows_as_relation(&types, &rows), columns.join(", ")))
 }
 
 /// A pushdown plan for the statement with some of its distributed tables

@@ -378,7 +378,7 @@ pub(super) fn values_list(types: &[String], rows: &[TextRow]) -> String {
 
 /// The combining statement with the shards' rows filled in, or None when an
 /// aggregate cannot be combined exactly from these partial types.
-fn combine_sql(query: &CombineQuery, fields: &[backend::FieldDescription], types: &[String], rows: &[TextRow]) -> Option<String> {
+pub(super) fn combine_sql(query: &CombineQuery, fields: &[backend::FieldDescription], types: &[String], rows: &[TextRow]) -> Option<String> {
     let visible = fields.len().saturating_sub(query.hidden);
     let columns: Vec<String> = (0..fields.len()).map(|i| if i < visible { partial_column(i) } else { sort_column(i - visible) }).collect();
     let source = rows_as_relation(types, rows);
