@@ -285,6 +285,15 @@ async fn sizes_and_activity_gather_every_node() {
         assert_eq!(listed, vec![vec![Some("kinds".into()), Some("t".into())], vec![Some("metrics".into()), Some("t".into())]]);
         let e = client.simple_query("SELECT citus_table_size('scratch')").await.unwrap_err();
         assert_eq!(sqlstate(&e), "42809", "{}", error_text(&e));
+        // PostgreSQL's own size functions measure the shards, not the empty
+        // shell, and keep their answer for local relations.
+        let r = client
+            .query_one("SELECT pg_relation_size('metrics'), pg_table_size('metrics'), pg_catalog.pg_total_relation_size('metrics'), pg_indexes_size('metrics'), pg_total_relation_size('scratch')", &[])
+            .await
+            .unwrap();
+        assert_eq!((r.get::<_, i64>(0), r.get::<_, i64>(1), r.get::<_, i64>(2), r.get::<_, i64>(3)), (relation, table, total, total - table));
+        assert_eq!(r.get::<_, i64>(4), 0);
+        assert_eq!(r.columns()[2].name(), "pg_total_relation_size");
 
         // Every node's activity, named by node id (0 is the coordinator).
         let nodes = text_rows(client, "SELECT DISTINCT a.nodeid, coalesce(n.nodeport, 0) FROM citus_stat_activity a LEFT JOIN pg_dist_node n USING (nodeid) ORDER BY 1").await;
@@ -293,6 +302,12 @@ async fn sizes_and_activity_gather_every_node() {
         let workers = text_rows(client, "SELECT count(*) > 0 FROM citus_stat_activity WHERE is_worker_query AND nodeid > 0 AND global_pid = nodeid * 10000000000 + pid").await;
         assert_eq!(workers, vec![vec![Some("t".into())]], "the coordinator's own connections to the workers show");
     }
+    // psql's \dt+ lists the shards' size.
+    let (ok, out, err) = cluster.psql("\\dt+ metrics");
+    assert!(ok, "{err}");
+    let size_column = out.trim().split('|').nth(6).unwrap_or_default().to_string();
+    assert!(size_column.ends_with("kB") || size_column.ends_with("MB"), "{out}");
+    assert_ne!(size_column, "0 bytes", "{out}");
     let shape = c.prepare("SELECT * FROM citus_stat_activity").await.unwrap();
     let names: Vec<&str> = shape.columns().iter().take(6).map(|c| c.name()).collect();
     assert_eq!(names, ["global_pid", "nodeid", "is_worker_query", "datid", "datname", "pid"]);

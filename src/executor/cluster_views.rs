@@ -19,7 +19,7 @@ use std::sync::Arc;
 /// Citus numbers a backend cluster-wide as node id × 10¹⁰ + process id.
 const GLOBAL_PID_FACTOR: i64 = 10_000_000_000;
 
-pub async fn run(needs: ClusterData, sql: &str, catalog: &Catalog, parts: &mut Participants, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<()> {
+pub async fn run(needs: &ClusterData, sql: &str, catalog: &Catalog, parts: &mut Participants, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<()> {
     let mut script = String::new();
     if needs.sizes {
         script.push_str(&sizes_script(catalog, parts).await?);
@@ -28,7 +28,7 @@ pub async fn run(needs: ClusterData, sql: &str, catalog: &Catalog, parts: &mut P
         script.push_str(&activity_script(catalog, parts).await?);
     }
     parts.local().await?.execute(&script).await?;
-    run_on_coordinator_db(parts, sql, mode, client).await
+    run_on_coordinator_db(parts, needs.rewritten.as_deref().unwrap_or(sql), mode, client).await
 }
 
 /// On-disk sizes of one distributed table, summed over one copy of each shard.

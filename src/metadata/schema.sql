@@ -220,6 +220,25 @@ BEGIN
     END IF;
     RETURN size;
 END $$;
+-- PostgreSQL's size functions, called through the coordinator, come here:
+-- the shards' size for a distributed table (psql's \dt+, monitoring queries),
+-- PostgreSQL's own answer for anything else.
+CREATE OR REPLACE FUNCTION tessera.size_of(relation regclass, kind text) RETURNS bigint LANGUAGE plpgsql STABLE STRICT AS $$
+BEGIN
+    IF to_regclass('pg_temp.tessera_shard_sizes') IS NOT NULL
+       AND EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = relation) THEN
+        IF kind = 'indexes' THEN
+            RETURN tessera.gathered_size(relation, 'total') - tessera.gathered_size(relation, 'table');
+        END IF;
+        RETURN tessera.gathered_size(relation, kind);
+    END IF;
+    RETURN CASE kind
+        WHEN 'relation' THEN pg_catalog.pg_relation_size(relation)
+        WHEN 'table' THEN pg_catalog.pg_table_size(relation)
+        WHEN 'total' THEN pg_catalog.pg_total_relation_size(relation)
+        WHEN 'indexes' THEN pg_catalog.pg_indexes_size(relation)
+    END;
+END $$;
 CREATE OR REPLACE FUNCTION pg_catalog.citus_relation_size(logicalrelid regclass) RETURNS bigint LANGUAGE sql STABLE STRICT
     BEGIN ATOMIC SELECT tessera.gathered_size(logicalrelid, 'relation'); END;
 CREATE OR REPLACE FUNCTION pg_catalog.citus_table_size(logicalrelid regclass) RETURNS bigint LANGUAGE sql STABLE STRICT
@@ -247,7 +266,7 @@ RESET allow_system_table_mods;
 -- in the schema: its tables stay unreadable.
 GRANT USAGE ON SCHEMA tessera TO PUBLIC;
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA tessera FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION tessera.coordinator_only(), tessera.gathered_activity(), tessera.gathered_size(regclass, text) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION tessera.coordinator_only(), tessera.gathered_activity(), tessera.gathered_size(regclass, text), tessera.size_of(regclass, text) TO PUBLIC;
 
 -- New or dropped aggregates change how queries split across shards; reload.
 CREATE OR REPLACE FUNCTION tessera.bump_catalog_version_on_ddl() RETURNS event_trigger LANGUAGE plpgsql AS $$

@@ -4,60 +4,123 @@
 //! gathered that data from every node into the session's temporary tables,
 //! which the view and the functions read.
 
-use super::function_names;
 use super::walk::visit_mut;
+use super::{function_names, string_node};
+use pg_query::protobuf::{self, a_const, Node};
 use pg_query::NodeEnum;
 
 /// The size functions, by the name users call them.
 pub const SIZE_FUNCTIONS: [&str; 3] = ["citus_relation_size", "citus_table_size", "citus_total_relation_size"];
 
+/// PostgreSQL's own size functions and the size each gives. Called on a
+/// distributed table they would measure its empty shell; the coordinator
+/// has them call `tessera.size_of` instead, which gives the shards' size
+/// for distributed tables and PostgreSQL's answer for any other relation.
+const POSTGRES_SIZE_FUNCTIONS: [(&str, &str); 4] = [("pg_relation_size", "relation"), ("pg_table_size", "table"), ("pg_total_relation_size", "total"), ("pg_indexes_size", "indexes")];
+
 /// What a statement needs gathered from the nodes before it runs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClusterData {
     /// Every node's `pg_stat_activity`.
     pub activity: bool,
     /// The on-disk sizes of every distributed table's shards.
     pub sizes: bool,
+    /// The statement with PostgreSQL's size functions redirected, when it
+    /// calls them.
+    pub rewritten: Option<String>,
 }
 
 /// What the local statement `text` reads of the nodes' data, if anything.
-pub(super) fn needed(text: &str) -> Option<ClusterData> {
-    // Most local statements mention no Citus name at all: no second parse.
-    if !text.as_bytes().windows(6).any(|w| w.eq_ignore_ascii_case(b"citus_")) {
+/// `distributed_tables`: whether any exist (else PostgreSQL's own size
+/// functions are right as they are).
+pub(super) fn needed(text: &str, distributed_tables: bool) -> Option<ClusterData> {
+    // Most local statements mention no such name at all: no second parse.
+    let mentions = |word: &[u8]| text.as_bytes().windows(word.len()).any(|w| w.eq_ignore_ascii_case(word));
+    let postgres_sizes = distributed_tables && mentions(b"_size");
+    if !mentions(b"citus_") && !postgres_sizes {
         return None;
     }
     let parsed = pg_query::parse(text).ok()?;
+    let version = parsed.protobuf.version;
     let mut stmt = parsed.protobuf.stmts.into_iter().next()?.stmt?.node?;
     let mut needs = ClusterData::default();
+    let mut redirected = false;
     visit_mut(&mut stmt, &mut |node| match node {
+        // The column keeps the name PostgreSQL gives it (parents come first).
+        NodeEnum::ResTarget(target) if target.name.is_empty() && postgres_sizes => {
+            if let Some(NodeEnum::FuncCall(call)) = target.val.as_deref().and_then(|v| v.node.as_ref()) {
+                if let [name] | ["pg_catalog", name] = function_names(call).as_slice() {
+                    if call.args.len() == 1 && POSTGRES_SIZE_FUNCTIONS.iter().any(|(f, _)| f == name) {
+                        target.name = name.to_string();
+                    }
+                }
+            }
+        }
         NodeEnum::RangeVar(rv) if rv.relname == "citus_stat_activity" && matches!(rv.schemaname.as_str(), "" | "pg_catalog") => needs.activity = true,
         NodeEnum::FuncCall(call) => {
-            if matches!(function_names(call).as_slice(), [name] | ["pg_catalog", name] if SIZE_FUNCTIONS.contains(name)) {
+            let name = match function_names(call).as_slice() {
+                [name] | ["pg_catalog", name] => name.to_string(),
+                _ => return,
+            };
+            if SIZE_FUNCTIONS.contains(&name.as_str()) {
                 needs.sizes = true;
+            }
+            let kind = POSTGRES_SIZE_FUNCTIONS.iter().find(|(f, _)| *f == name).map(|(_, kind)| *kind);
+            if let (Some(kind), true, 1) = (kind, postgres_sizes, call.args.len()) {
+                call.funcname = vec![string_node("tessera"), string_node("size_of")];
+                call.args.push(string_constant(kind));
+                needs.sizes = true;
+                redirected = true;
             }
         }
         _ => {}
     });
+    if redirected {
+        needs.rewritten = Some(super::deparse::deparse_statement(version, stmt).ok()?);
+    }
     (needs != ClusterData::default()).then_some(needs)
+}
+
+fn string_constant(value: &str) -> Node {
+    Node { node: Some(NodeEnum::AConst(protobuf::AConst { isnull: false, val: Some(a_const::Val::Sval(protobuf::String { sval: value.to_string() })), location: -1 })) }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn needs(activity: bool, sizes: bool) -> Option<ClusterData> {
+        Some(ClusterData { activity, sizes, rewritten: None })
+    }
+
     #[test]
     fn names_anywhere_in_the_statement_count() {
-        assert_eq!(needed("SELECT 1"), None);
-        assert_eq!(needed("SELECT citus_version()"), None);
-        assert_eq!(needed("SELECT * FROM citus_stat_activity WHERE state = 'active'"), Some(ClusterData { activity: true, sizes: false }));
+        assert_eq!(needed("SELECT 1", true), None);
+        assert_eq!(needed("SELECT citus_version()", true), None);
+        assert_eq!(needed("SELECT * FROM citus_stat_activity WHERE state = 'active'", true), needs(true, false));
+        assert_eq!(needed("SELECT table_name, pg_size_pretty(CITUS_TOTAL_RELATION_SIZE(table_name)) FROM citus_tables", true), needs(false, true));
         assert_eq!(
-            needed("SELECT table_name, pg_size_pretty(CITUS_TOTAL_RELATION_SIZE(table_name)) FROM citus_tables"),
-            Some(ClusterData { activity: false, sizes: true })
+            needed("WITH a AS (SELECT count(*) FROM pg_catalog.citus_stat_activity) SELECT pg_catalog.citus_table_size('t'), * FROM a", true),
+            needs(true, true)
         );
+        assert_eq!(needed("SELECT * FROM other.citus_stat_activity", true), None);
+    }
+
+    #[test]
+    fn postgres_size_functions_are_redirected_while_tables_are_distributed() {
+        let psql = "SELECT c.relname, pg_catalog.pg_size_pretty(pg_catalog.pg_table_size(c.oid)) FROM pg_catalog.pg_class c";
+        let found = needed(psql, true).unwrap();
+        assert!(found.sizes);
         assert_eq!(
-            needed("WITH a AS (SELECT count(*) FROM pg_catalog.citus_stat_activity) SELECT pg_catalog.citus_table_size('t'), * FROM a"),
-            Some(ClusterData { activity: true, sizes: true })
+            found.rewritten.as_deref(),
+            Some("SELECT c.relname, pg_catalog.pg_size_pretty(tessera.size_of(c.oid, 'table')) FROM pg_catalog.pg_class c")
         );
-        assert_eq!(needed("SELECT * FROM other.citus_stat_activity"), None);
+        assert_eq!(needed(psql, false), None);
+        // Two arguments (a fork) and other schemas' functions stay as they are.
+        assert_eq!(needed("SELECT pg_relation_size('t', 'fsm'), app.pg_table_size('t')", true), None);
+        assert_eq!(
+            needed("SELECT pg_total_relation_size('t')", true).and_then(|n| n.rewritten),
+            Some("SELECT tessera.size_of('t', 'total') AS pg_total_relation_size".to_string())
+        );
     }
 }

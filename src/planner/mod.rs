@@ -136,7 +136,7 @@ pub fn plan_query(sql: &str, catalog: &Catalog) -> Vec<PlannedStatement> {
             let text = statement_text(sql, &raw).to_string();
             let changes_citus_settings = changes_citus_settings(&raw);
             let plan = contain_panics(|| match plan_statement(version, raw, &text, catalog) {
-                Plan::Local => cluster_views::needed(&text).map_or(Plan::Local, Plan::LocalWithClusterData),
+                Plan::Local => cluster_views::needed(&text, catalog.has_tables()).map_or(Plan::Local, Plan::LocalWithClusterData),
                 plan => plan,
             });
             PlannedStatement { sql: text, plan, changes_citus_settings }

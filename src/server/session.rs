@@ -555,7 +555,7 @@ impl Session {
             }
             Plan::LocalWithClusterData(needs) => {
                 let mode = execution_mode(extended, false);
-                executor::cluster_views::run(*needs, sql, &catalog, &mut self.parts, &mode, &mut self.client).await?;
+                executor::cluster_views::run(needs, sql, &catalog, &mut self.parts, &mode, &mut self.client).await?;
             }
             Plan::Fallback(fallback) => {
                 let mode = execution_mode(extended, false);
