@@ -431,3 +431,21 @@ async fn tables_with_foreign_keys_are_distributed() {
     assert_eq!(sqlstate(&err), "0A000", "{err}");
     assert_eq!(text_rows(&c, "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid = 'fk_wrong'::regclass").await, vec![vec![Some("0".into())]]);
 }
+
+/// Other databases are plain PostgreSQL databases: their tables stay local,
+/// and distributing one is refused with a message naming the distributed one.
+#[tokio::test]
+async fn other_databases_pass_through() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute("CREATE DATABASE test_app").await.unwrap();
+    let (other, connection) = tokio_postgres::connect(&format!("host=127.0.0.1 port={} user=postgres dbname=test_app", cluster.port), tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    other.batch_execute("CREATE TABLE local_only (id int); INSERT INTO local_only VALUES (1), (2)").await.unwrap();
+    assert_eq!(text_rows(&other, "SELECT count(*) FROM local_only").await, vec![vec![Some("2".into())]]);
+    let err = other.simple_query("SELECT create_distributed_table('local_only', 'id')").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "0A000", "{err}");
+    assert!(error_text(&err).contains("\"postgres\""), "{}", error_text(&err));
+    // The session goes on.
+    assert_eq!(text_rows(&other, "SELECT current_database()").await, vec![vec![Some("test_app".into())]]);
+}

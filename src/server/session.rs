@@ -594,6 +594,14 @@ impl Session {
                 }
                 backend::command_complete(self.client.out(), &tag);
             }
+            Plan::ClusterFunction(_) if !self.distributed => {
+                let home = &self.coordinator.config.coordinator_db.database;
+                let refusal = PgError::not_supported(format!(
+                    "Tessera distributes the tables of database \"{home}\" only; this session's database is a plain PostgreSQL database without workers"
+                ))
+                .with_hint(format!("Connect to database \"{home}\" to distribute tables (for test runners, see \"Other databases\" in docs/operations.md)."));
+                return Err(refusal.into());
+            }
             Plan::ClusterFunction(call) => {
                 let mut ctx = CommandContext { coordinator: &self.coordinator, parts: &mut self.parts, client: &mut self.client, catalog };
                 let bound = extended.map(|(bind, shape)| (bind, shape.param_types.as_slice()));
