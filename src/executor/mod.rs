@@ -19,6 +19,7 @@ pub mod explain;
 pub mod fallback;
 pub mod insert_select;
 pub mod multi_shard;
+pub mod stream;
 
 /// How the client asked for the statement to be run.
 pub enum Mode<'a> {

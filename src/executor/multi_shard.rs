@@ -230,7 +230,7 @@ async fn run_on_nodes(parts: &mut Participants, by_node: &[(Node, Vec<Arc<str>>)
 /// prepared once per connection and bound by name afterwards, so a worker
 /// parses and plans a repeated shard statement only once. Returns, per task,
 /// the statement whose Parse this batch carries (to forget should it fail).
-fn send_tasks(w: &mut WorkerConnection, sqls: &[Arc<str>], mode: &Mode<'_>, text_results: bool) -> Vec<Option<Arc<str>>> {
+pub(super) fn send_tasks(w: &mut WorkerConnection, sqls: &[Arc<str>], mode: &Mode<'_>, text_results: bool) -> Vec<Option<Arc<str>>> {
     let mut parsed = Vec::with_capacity(sqls.len());
     for sql in sqls {
         match mode {

@@ -10,6 +10,7 @@ use crate::commands::{self, CommandContext};
 use crate::config::AuthMethod;
 use crate::connection::{quote_literal, Login, PgConnection};
 use crate::error::{sqlstate, PgError, PgResult};
+use crate::executor::stream::{self as row_stream, Progress, RowStream};
 use crate::executor::{self, Mode};
 use crate::metadata::{self, Catalog};
 use crate::planner::{self, Plan, PlannedStatement, SqlExecute, TransactionCommand};
@@ -110,6 +111,9 @@ struct Session {
     /// The catalog as this transaction block sees it, once the block has
     /// distributed or undistributed a table.
     block_catalog: Option<Arc<Catalog>>,
+    /// The portal whose rows are streaming from the workers, at most one:
+    /// its worker connections are mid-answer until it is read to the end.
+    stream: Option<(String, RowStream)>,
     block_catalog_loads: i64,
 }
 
@@ -177,6 +181,7 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: TcpStream) -> anyhow::Re
         plans: HashMap::new(),
         block_catalog: None,
         block_catalog_loads: 0,
+        stream: None,
         shapes: HashMap::new(),
         catalog_version: 0,
         statements: HashMap::new(),
@@ -453,6 +458,7 @@ impl Session {
     // ---- simple query protocol ----
 
     async fn simple_query(&mut self, msg: &Message) -> anyhow::Result<()> {
+        self.settle_stream().await;
         let sql = frontend::decode_query(msg)?.to_string();
         let planned = self.plan(&sql);
         let all_local = planned.statements.iter().all(|s| matches!(s.plan, Plan::Local | Plan::Empty));
@@ -908,6 +914,7 @@ impl Session {
 
     async fn on_bind(&mut self, msg: &Message) -> anyhow::Result<()> {
         let bind = frontend::decode_bind(msg)?;
+        self.end_stream_of(&bind.portal).await;
         match self.statements.get(&bind.statement) {
             Some(Statement::Distributed(statement)) => {
                 let statement = statement.clone();
@@ -970,6 +977,16 @@ impl Session {
         if !matches!(self.portals.get(&portal), Some(Portal::Distributed { .. })) {
             return self.forward_local(msg).await;
         }
+        if let Some((name, mut stream)) = self.stream.take() {
+            if name == portal {
+                self.drain_local().await?;
+                let progress = stream.read(&mut self.parts, max_rows, &mut self.client).await;
+                self.after_stream_read(portal, stream, progress);
+                return Ok(());
+            }
+            self.stream = Some((name, stream));
+            self.settle_stream().await;
+        }
         // Taken out for the execution and put back after (a named portal can be
         // executed again), which spares copying its parameters.
         let Some(Portal::Distributed { statement, bind, pending }) = self.portals.remove(&portal) else { unreachable!() };
@@ -979,19 +996,42 @@ impl Session {
             return Ok(());
         }
         self.drain_local().await?;
-        // With a row limit, the whole result is held here and handed out
-        // max_rows at a time, as a suspended portal of PostgreSQL's would.
         let limited = max_rows > 0;
-        let start = self.client.out().len();
-        self.client.hold_output(limited);
-        let result = match self.current_plan(&statement).await {
-            Ok(plan) => {
-                let stmt = &plan.statements[0];
-                match self.check_not_failed(&stmt.plan) {
-                    Ok(()) => self.execute_distributed(&stmt.sql, &stmt.plan, Some((&bind, &statement.shape))).await,
-                    Err(f) => Err(f),
+        let plan = match self.current_plan(&statement).await {
+            Ok(plan) => plan,
+            Err(f) => {
+                self.extended_error(f);
+                self.portals.insert(portal, Portal::Distributed { statement, bind, pending: None });
+                return Ok(());
+            }
+        };
+        let stmt = &plan.statements[0];
+        if limited && row_stream::streams(&stmt.plan) && self.check_not_failed(&stmt.plan).is_ok() {
+            // Rows are read from the workers as the client asks for them.
+            let started = {
+                let catalog = self.catalog_to_run_under();
+                let mode = Mode::Extended { bind: &bind, param_types: &statement.shape.param_types, sync: false };
+                RowStream::start(&stmt.plan, &mut self.parts, &catalog, &mode).await
+            };
+            self.portals.insert(portal.clone(), Portal::Distributed { statement, bind, pending: None });
+            match started {
+                Ok(mut stream) => {
+                    let progress = stream.read(&mut self.parts, max_rows, &mut self.client).await;
+                    self.after_stream_read(portal, stream, progress);
+                }
+                Err(e) => {
+                    self.parts.discard_broken();
+                    self.extended_error(e.into());
                 }
             }
+            return Ok(());
+        }
+        // Otherwise, with a row limit, the whole result is held here and handed
+        // out max_rows at a time, as a suspended portal of PostgreSQL's would.
+        let start = self.client.out().len();
+        self.client.hold_output(limited);
+        let result = match self.check_not_failed(&stmt.plan) {
+            Ok(()) => self.execute_distributed(&stmt.sql, &stmt.plan, Some((&bind, &statement.shape))).await,
             Err(f) => Err(f),
         };
         self.client.hold_output(false);
@@ -1003,6 +1043,42 @@ impl Session {
         }
         self.portals.insert(portal, Portal::Distributed { statement, bind, pending });
         Ok(())
+    }
+
+    /// Keeps a suspended stream for the portal's next Execute; a finished one
+    /// leaves the portal exhausted (executing it again gives no rows).
+    fn after_stream_read(&mut self, portal: String, stream: RowStream, progress: PgResult<Progress>) {
+        match progress {
+            Ok(Progress::Suspended) => self.stream = Some((portal, stream)),
+            Ok(Progress::Done) => {
+                if let Some(Portal::Distributed { pending, .. }) = self.portals.get_mut(&portal) {
+                    let mut complete = bytes::BytesMut::new();
+                    backend::command_complete(&mut complete, "SELECT 0");
+                    *pending = Some(PendingRows { rows: Default::default(), complete: complete.freeze() });
+                }
+            }
+            Err(e) => self.extended_error(e.into()),
+        }
+    }
+
+    /// Frees the worker connections of the streaming portal for other work:
+    /// its remaining rows are read into memory and handed out from there.
+    async fn settle_stream(&mut self) {
+        let Some((name, stream)) = self.stream.take() else { return };
+        let (rows, complete) = stream.hold_rest(&mut self.parts).await;
+        if let Some(Portal::Distributed { pending, .. }) = self.portals.get_mut(&name) {
+            *pending = Some(PendingRows { rows, complete });
+        }
+    }
+
+    /// The portal `name` is going away (closed, bound anew, or its implicit
+    /// transaction ended): the rest of its stream is read and dropped.
+    async fn end_stream_of(&mut self, name: &str) {
+        if self.stream.as_ref().is_some_and(|(streaming, _)| streaming == name) {
+            if let Some((_, stream)) = self.stream.take() {
+                stream.hold_rest(&mut self.parts).await;
+            }
+        }
     }
 
     /// Takes the DataRows and the CommandComplete written since `start` back
@@ -1068,6 +1144,9 @@ impl Session {
 
     async fn on_close(&mut self, msg: &Message) -> anyhow::Result<()> {
         let (target, name) = frontend::decode_describe_or_close(msg)?;
+        if target == Target::Portal {
+            self.end_stream_of(&name).await;
+        }
         let was_distributed = match target {
             Target::Statement => matches!(self.statements.remove(&name), Some(Statement::Distributed(_))),
             Target::Portal => matches!(self.portals.remove(&name), Some(Portal::Distributed { .. })),
@@ -1127,6 +1206,7 @@ impl Session {
         self.release_deadlocked_work().await;
         // Portals live until the end of the transaction; outside one, until Sync.
         if !self.parts.in_block() {
+            self.end_stream_of("").await;
             self.portals.retain(|name, _| !name.is_empty());
         }
         backend::ready_for_query(self.client.out(), self.parts.status());
