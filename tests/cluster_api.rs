@@ -422,8 +422,19 @@ async fn tables_with_foreign_keys_are_distributed() {
         text_rows(&c, "INSERT INTO fk_users (tenant_id, email) VALUES (1, 'c@x'), (2, 'd@y') RETURNING id").await,
         vec![vec![Some("4".into())], vec![Some("5".into())]]
     );
+    // SQLAlchemy's batch insert (INSERT … SELECT FROM VALUES) into a table with a
+    // (non-deferrable) foreign key: the rows never meet the empty shells.
+    assert_eq!(
+        text_rows(
+            &c,
+            "INSERT INTO fk_users (tenant_id, email) SELECT p0::int, p1::text FROM (VALUES (2, 'e@y', 0), (1, 'f@x', 1)) AS imp_sen(p0, p1, sen_counter)
+             ORDER BY sen_counter RETURNING id, tenant_id"
+        )
+        .await,
+        vec![vec![Some("6".into()), Some("2".into())], vec![Some("7".into()), Some("1".into())]]
+    );
     c.batch_execute("DELETE FROM fk_tenants WHERE id = 1").await.unwrap();
-    assert_eq!(text_rows(&c, "SELECT count(*) FROM fk_users").await, vec![vec![Some("2".into())]]);
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM fk_users").await, vec![vec![Some("3".into())]]);
 
     // Between distributed tables, the key must pair the distribution columns.
     c.batch_execute("CREATE TABLE fk_wrong (id int, tenant_ref int REFERENCES fk_tenants (id))").await.unwrap();

@@ -1,10 +1,10 @@
-//! INSERT … SELECT through the coordinator: the coordinator database runs the
-//! INSERT into the target's empty shell table and hands back the rows it would
-//! store (then forgets them); those rows are routed to their shards as
+//! INSERT … SELECT through the coordinator: the coordinator database computes
+//! the rows (running the SELECT, or the INSERT into the target's empty shell
+//! and forgetting it: see `RowSource`); they are routed to their shards as
 //! multi-row INSERTs, in batches, all in one distributed transaction.
 
 use super::multi_shard::{type_names, values_list};
-use super::{node_of_group, plan_tasks, Defaults, Mode, RoutedInsert};
+use super::{evaluate_defaults, node_of_group, plan_tasks, Mode, RoutedInsert};
 use crate::connection::{quote_ident, TextRow, TextRows};
 use crate::error::{PgError, PgResult};
 use crate::metadata::Catalog;
@@ -31,7 +31,12 @@ pub async fn run(plan: &InsertSelectPlan, coordinator: &Coordinator, catalog: &C
     }
     let (fields, rows) = rows_to_insert(plan, parts, mode).await?;
     let types = type_names(parts, &fields).await?;
-    let columns: Vec<String> = fields.iter().map(|f| quote_ident(&f.name)).collect();
+    let columns: Vec<String> = match &plan.columns {
+        Some(named) if !named.is_empty() => named.iter().map(|c| quote_ident(c)).collect(),
+        Some(_) => plan.target.columns.iter().take(fields.len()).map(|c| quote_ident(c)).collect(),
+        None => fields.iter().map(|f| quote_ident(&f.name)).collect(),
+    };
+
     let implicit = parts.begin_implicit();
     let result = insert_batches(plan, &columns, &types, &rows, catalog, parts, mode, client).await;
     if implicit {
@@ -61,7 +66,8 @@ async fn insert_batches(plan: &InsertSelectPlan, columns: &[String], types: &[St
             Some(Plan::Unsupported(e)) => return Err(e),
             _ => return Err(PgError::internal("routing INSERT … SELECT rows did not give a router plan")),
         };
-        for (i, mut task) in plan_tasks(&router, parts, &Mode::Simple, Defaults::default()).await?.into_iter().enumerate() {
+        let defaults = evaluate_defaults(&router, parts).await?;
+        for (i, mut task) in plan_tasks(&router, parts, &Mode::Simple, defaults).await?.into_iter().enumerate() {
             if task.rows.is_empty() {
                 task.rows = (0..batch.len()).collect();
             }
@@ -92,6 +98,13 @@ async fn rows_to_insert(plan: &InsertSelectPlan, parts: &mut Participants, mode:
     let local = parts.local().await?;
     local.execute(&if in_block { format!("SAVEPOINT {SAVEPOINT}") } else { "BEGIN".to_string() }).await?;
     let out = local.out();
+    if let Some(check) = &plan.check_sql {
+        let param_types: &[u32] = match mode {
+            Mode::Extended { param_types, .. } => param_types,
+            Mode::Simple => &[],
+        };
+        frontend::parse(out, "", check, param_types);
+    }
     match mode {
         Mode::Extended { bind, param_types, .. } => {
             frontend::parse(out, "", &plan.coordinator_sql, param_types);

@@ -6,7 +6,7 @@
 //! the general fallback) and routes them as a multi-row INSERT.
 
 use super::rewrite::ShardTemplate;
-use super::{deparse, fallback, not_supported, plan_tree, res_target, resolve_range_var, Combine, Command, MultiShardPlan, Plan};
+use super::{deparse, fallback, not_supported, plan_tree, res_target, resolve_range_var, string_node, Combine, Command, MultiShardPlan, Plan};
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, Distribution, DistributedTable};
 use pg_query::protobuf::{self, InsertStmt, SelectStmt};
@@ -18,11 +18,18 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct InsertSelectPlan {
     pub target: Arc<DistributedTable>,
-    /// The INSERT as the coordinator database runs it into the (empty) shell
-    /// table, `RETURNING *`: the rows come back exactly as PostgreSQL would
-    /// store them (defaults filled in, assignment casts applied, the shell's
-    /// constraints checked), ready to be routed. Its effect is rolled back.
+    /// What the coordinator database runs for the rows (see `RowSource`):
+    /// the SELECT, or the INSERT into the shell with `RETURNING *`. Its effect
+    /// is rolled back.
     pub coordinator_sql: String,
+    /// For rows from the SELECT: the INSERT into the shell, which the
+    /// coordinator database parses (never runs) to raise PostgreSQL's type
+    /// errors.
+    pub check_sql: Option<String>,
+    /// For rows from the SELECT, the statement's column list (empty: the
+    /// table's columns, as many as the SELECT gives); None for rows from the
+    /// shell, whose columns are the table's.
+    pub columns: Option<Vec<String>>,
     /// The SELECT reads distributed tables (through the fallback's stand-ins).
     pub reads_distributed: bool,
     /// The statement's ON CONFLICT and RETURNING clauses, which the INSERTs
@@ -57,10 +64,50 @@ pub(super) fn plan(insert: &InsertStmt, select: &SelectStmt, target: Arc<Distrib
             Distribution::Hash { .. } => Plan::MultiShard(Arc::new(MultiShardPlan { command: Command::Insert, anchor: target, template, combine: Combine::Concatenate })),
         };
     }
-    match select_node_of(select, &source, catalog) {
-        Some(rows) => through_coordinator(insert, Some(rows), target, version),
+    // The SELECT's own rows are routed, and the router fills in sequence
+    // defaults as for any INSERT; only GENERATED ALWAYS identity columns need
+    // PostgreSQL's rules, which the shell applies.
+    let mut rows_select = select.clone();
+    let rows = if target.always_identity.is_empty() && yields_key_type(insert, &mut rows_select, &target) {
+        // PostgreSQL's own checks of the INSERT's types, without running it.
+        let shell = InsertStmt { with_clause: None, returning_list: vec![], on_conflict_clause: None, ..insert.clone() };
+        match deparse::deparse_statement(version, NodeEnum::InsertStmt(Box::new(shell))) {
+            Ok(check) => RowSource::Select { check },
+            Err(e) => return Plan::Unsupported(e),
+        }
+    } else {
+        rows_select = select.clone();
+        RowSource::Shell
+    };
+    match select_node_of(&rows_select, &source, catalog) {
+        Some(select) => through_coordinator(insert, Some(select), rows, target, version),
         None => not_supported("this INSERT … SELECT into a distributed table is not supported yet"),
     }
+}
+
+/// Makes the SELECT give the distribution column's value in the column's own
+/// type, so the router can hash it (`(expr)::int8`; the INSERT's own type
+/// check, which is stricter, runs in the coordinator database first). False
+/// when the column's value cannot be told apart (`SELECT *`, VALUES, set
+/// operations).
+fn yields_key_type(insert: &InsertStmt, select: &mut SelectStmt, target: &DistributedTable) -> bool {
+    let Distribution::Hash { column, key, .. } = &target.distribution else { return true };
+    let Some(position) = insert_position(insert, target, column) else { return true };
+    let plain = select.values_lists.is_empty() && select.larg.is_none() && select.rarg.is_none();
+    let has_star = select.target_list.iter().any(|t| match t.node.as_ref() {
+        Some(NodeEnum::ResTarget(r)) => matches!(r.val.as_deref().and_then(|v| v.node.as_ref()), Some(NodeEnum::ColumnRef(c)) if c.fields.iter().any(|f| matches!(f.node, Some(NodeEnum::AStar(_))))),
+        _ => true,
+    });
+    let Some(type_name) = super::router::key_type_name(key) else { return false };
+    let Some(NodeEnum::ResTarget(item)) = select.target_list.get_mut(position).and_then(|t| t.node.as_mut()).filter(|_| plain && !has_star) else { return false };
+    let Some(value) = item.val.take() else { return false };
+    let cast = protobuf::TypeCast {
+        arg: Some(value),
+        type_name: Some(protobuf::TypeName { names: vec![string_node("pg_catalog"), string_node(type_name)], typemod: -1, location: -1, ..Default::default() }),
+        location: -1,
+    };
+    item.val = Some(Box::new(protobuf::Node { node: Some(NodeEnum::TypeCast(Box::new(cast))) }));
+    true
 }
 
 /// The SELECT as the coordinator database runs it: distributed tables read
@@ -75,23 +122,38 @@ fn select_node_of(select: &SelectStmt, source: &Plan, catalog: &Catalog) -> Opti
 
 /// An INSERT whose rows the coordinator computes before routing them: the
 /// SELECT (or VALUES) producing them and whether it reads distributed
-/// tables; None for DEFAULT VALUES.
-pub(super) fn through_coordinator(insert: &InsertStmt, rows: Option<(NodeEnum, bool)>, target: Arc<DistributedTable>, version: i32) -> Plan {
+/// tables (None for DEFAULT VALUES), and how the coordinator database
+/// computes them.
+pub(super) fn through_coordinator(insert: &InsertStmt, select: Option<(NodeEnum, bool)>, rows: RowSource, target: Arc<DistributedTable>, version: i32) -> Plan {
     if insert.with_clause.is_some() {
         return not_supported("INSERT … SELECT with a WITH clause that must pass its rows through the coordinator is not supported yet");
     }
     if insert.cols.iter().any(|c| matches!(c.node.as_ref(), Some(NodeEnum::ResTarget(r)) if !r.indirection.is_empty())) {
         return not_supported("INSERT … SELECT into subfields or array elements of a distributed table is not supported yet");
     }
-    let (select_stmt, reads_distributed) = match rows {
-        None => (None, false),
-        Some((node, reads)) => (Some(Box::new(protobuf::Node { node: Some(node) })), reads),
+    let reads_distributed = select.as_ref().is_some_and(|(_, reads)| *reads);
+    let (statement, columns, check_sql) = match (rows, select) {
+        (RowSource::Select { check }, Some((select, _))) => {
+            let columns = insert
+                .cols
+                .iter()
+                .filter_map(|c| match c.node.as_ref() {
+                    Some(NodeEnum::ResTarget(r)) => Some(r.name.clone()),
+                    _ => None,
+                })
+                .collect();
+            (select, Some(columns), Some(check))
+        }
+        (_, select) => {
+            // Into the shell, with the statement's own ON CONFLICT: the shell is
+            // empty, so only the statement's own rows can conflict, which
+            // PostgreSQL would also skip (DO NOTHING) or refuse (DO UPDATE, 21000).
+            let select_stmt = select.map(|(node, _)| Box::new(protobuf::Node { node: Some(node) }));
+            let shell = InsertStmt { with_clause: None, select_stmt, returning_list: vec![res_target("", column_ref_star())], ..insert.clone() };
+            (NodeEnum::InsertStmt(Box::new(shell)), None, None)
+        }
     };
-    // Into the shell, with the statement's own ON CONFLICT: the shell is
-    // empty, so only the statement's own rows can conflict, which PostgreSQL
-    // would also skip (DO NOTHING) or refuse (DO UPDATE, 21000).
-    let shell = InsertStmt { with_clause: None, select_stmt, returning_list: vec![res_target("", column_ref_star())], ..insert.clone() };
-    let coordinator_sql = match deparse::deparse_statement(version, NodeEnum::InsertStmt(Box::new(shell))) {
+    let coordinator_sql = match deparse::deparse_statement(version, statement) {
         Ok(sql) => sql,
         Err(e) => return Plan::Unsupported(e),
     };
@@ -99,7 +161,21 @@ pub(super) fn through_coordinator(insert: &InsertStmt, rows: Option<(NodeEnum, b
         Ok(clauses) => clauses,
         Err(e) => return Plan::Unsupported(e),
     };
-    Plan::InsertSelect(Arc::new(InsertSelectPlan { target, coordinator_sql, reads_distributed, shard_clauses, returns_rows: !insert.returning_list.is_empty() }))
+    Plan::InsertSelect(Arc::new(InsertSelectPlan { target, coordinator_sql, check_sql, columns, reads_distributed, shard_clauses, returns_rows: !insert.returning_list.is_empty() }))
+}
+
+/// How the coordinator database computes an INSERT's rows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum RowSource {
+    /// It runs the SELECT; the routed INSERTs name the statement's columns and
+    /// the router fills in sequence defaults, as for INSERT … VALUES. The rows
+    /// never meet the shell, whose foreign keys would find no referenced rows.
+    /// `check`: the INSERT into the shell, only parsed first (type errors).
+    Select { check: String },
+    /// It runs the INSERT into the empty shell with `RETURNING *` and rolls it
+    /// back: the rows come back as PostgreSQL would store them (every default,
+    /// identity rules, assignment casts, the shell's constraints).
+    Shell,
 }
 
 /// The ON CONFLICT and RETURNING clauses as text, for the INSERTs that carry

@@ -288,11 +288,20 @@ fn plan_transaction(t: &protobuf::TransactionStmt, text: &str) -> Plan {
 /// statement, …), running it on the empty shell table could give wrong answers,
 /// so it is refused instead.
 fn refuse_unseen_references(node: &NodeEnum, text: &str, catalog: &Catalog) -> Plan {
-    // Queries' relations were all found by our own walk, so a word that matches
-    // a table's name is an alias or a column (`FROM pg_range r`). FETCH, MOVE
-    // and CLOSE name only a cursor, which may share a table's name.
+    // Our own walk finds all of a query's relations, so only those count: a word
+    // that matches a table's name elsewhere is an alias or a column (`FROM
+    // pg_range r`). A relation named like a distributed table that did not
+    // resolve to it (another schema's table of that name) is refused, since
+    // the search_path decides which one PostgreSQL reads. FETCH, MOVE and
+    // CLOSE name only a cursor, which may share a table's name.
     if matches!(node, NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_)) {
-        return Plan::Local;
+        return match walk::range_vars(node).into_iter().find(|rv| catalog.is_distributed_name(&rv.relname)) {
+            Some(rv) => Plan::Unsupported(PgError::not_supported(format!(
+                "this statement uses the distributed table \"{}\" in a way Tessera does not support yet",
+                rv.relname
+            ))),
+            None => Plan::Local,
+        };
     }
     if matches!(node, NodeEnum::CommentStmt(_) | NodeEnum::VariableSetStmt(_) | NodeEnum::VariableShowStmt(_) | NodeEnum::FetchStmt(_) | NodeEnum::ClosePortalStmt(_)) {
         return Plan::Local;

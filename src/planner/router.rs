@@ -624,7 +624,12 @@ fn key_value(node: &protobuf::Node, key: &KeyType) -> Option<Result<KeyValue, Pg
 /// Whether a cast's type is the key column's own type.
 fn names_key_type(type_name: &protobuf::TypeName, key: &KeyType) -> bool {
     let Some(NodeEnum::String(last)) = type_name.names.last().and_then(|n| n.node.as_ref()) else { return false };
-    let internal = match key.oid {
+    key_type_name(key).is_some_and(|internal| last.sval == internal)
+}
+
+/// The internal name of a distribution column's type (as in `'5'::int8`).
+pub(super) fn key_type_name(key: &KeyType) -> Option<&'static str> {
+    Some(match key.oid {
         21 => "int2",
         23 => "int4",
         20 => "int8",
@@ -640,9 +645,8 @@ fn names_key_type(type_name: &protobuf::TypeName, key: &KeyType) -> bool {
         17 => "bytea",
         26 => "oid",
         18 => "char",
-        _ => return false,
-    };
-    last.sval == internal
+        _ => return None,
+    })
 }
 
 /// Where an INSERT row goes: a shard now, or one resolved at execution.
@@ -837,7 +841,7 @@ fn plan_insert(insert: &protobuf::InsertStmt, node: &NodeEnum, template: ShardTe
         Some(fills) if !needs_coordinator_values(insert, &rows, &table) => fills,
         _ => {
             let values = insert.select_stmt.as_deref().and_then(|s| s.node.clone()).map(|node| (node, false));
-            return super::insert_select::through_coordinator(insert, values, table, template.version());
+            return super::insert_select::through_coordinator(insert, values, super::insert_select::RowSource::Shell, table, template.version());
         }
     };
     let Distribution::Hash { column, column_type, key, .. } = &table.distribution else {
