@@ -59,6 +59,9 @@ impl ShardTemplate {
             edit(node);
         }
         if let Some(stmt) = tree.stmts[0].stmt.as_deref_mut().and_then(|n| n.node.as_mut()) {
+            if let NodeEnum::InsertStmt(insert) = stmt {
+                self.name_conflict_constraint(insert, index);
+            }
             references_mut(stmt, |r| match r {
                 Reference::Table(rv) => self.point_at_shard(rv, index),
                 Reference::Column(c) if self.alias_tables => unqualify_schema(c, |schema, table| self.tables.iter().any(|t| t.schema == schema && t.name == table)),
@@ -66,6 +69,19 @@ impl ShardTemplate {
             });
         }
         deparse_tree(&tree)
+    }
+
+    /// `ON CONFLICT ON CONSTRAINT name` names the shard's copy of the
+    /// constraint, which carries the shard id as suffix.
+    fn name_conflict_constraint(&self, insert: &mut protobuf::InsertStmt, index: u32) {
+        let Some(infer) = insert.on_conflict_clause.as_deref_mut().and_then(|c| c.infer.as_deref_mut()).filter(|i| !i.conname.is_empty()) else { return };
+        let Some(rv) = insert.relation.as_ref() else { return };
+        let schema = if rv.schemaname.is_empty() { None } else { Some(rv.schemaname.as_str()) };
+        let Some(table) = self.tables.iter().find(|t| t.name == rv.relname && schema.is_none_or(|s| s == t.schema)) else { return };
+        let shard = if table.is_reference() { table.shards.first() } else { table.shards.get(index as usize) };
+        if let Some(shard) = shard {
+            infer.conname = format!("{}_{}", infer.conname, shard.id);
+        }
     }
 
     /// Points a table reference at its shard for shard group `index`. Public so
