@@ -10,6 +10,7 @@ thing; the Node, Go and Java programs use the same constants.
 import datetime
 import decimal
 import os
+import re
 import signal
 import sys
 import traceback
@@ -81,7 +82,9 @@ def sqlstate_of(exc):
 
 def describe(exc):
     state = sqlstate_of(exc)
-    msg = str(exc).strip().replace("\n", " | ")
+    msg = str(exc).strip()
+    msg = re.sub(r"\s*\(Background on this error at: [^)]*\)", "", msg)
+    msg = re.sub(r"\s*\n\s*", " | ", msg)
     if len(msg) > 400:
         msg = msg[:400] + "..."
     name = type(exc).__name__
