@@ -48,7 +48,7 @@ TYPED = {
     "c_text": "héllo ☃ 'single' \"double\" \\ back\ttab",
     "c_bytea": bytes(range(256)),
     "c_date": datetime.date(2024, 2, 29),
-    "c_ts": datetime.datetime(2024, 3, 10, 12, 34, 56, 789000, tzinfo=datetime.timezone.utc)  # ms: JS Dates,
+    "c_ts": datetime.datetime(2024, 3, 10, 12, 34, 56, 789000, tzinfo=datetime.timezone.utc),  # ms: JS Dates
     "c_uuid": uuid.UUID("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"),
     "c_jsonb": {"a": [1, 2, {"b": None}], "c": "ünï", "d": 1.5, "e": True},
     "c_int_arr": [1, -2, 2147483647],

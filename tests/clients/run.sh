@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# Client matrix runner: runs the nine client programs in parallel against one
+# database, then a pg_dump round trip, and prints a summary table.
+#
+#   PGHOST PGPORT PGUSER PGDATABASE [PGPASSWORD]   the target
+#   TESSERA=1|0         1: the target is Tessera (programs distribute their tables)
+#   RESTORE_PGHOST RESTORE_PGPORT RESTORE_PGUSER   a plain PostgreSQL 15 server the
+#                       runner may create a database in (pg_dump round trip);
+#                       without RESTORE_PGPORT the round trip is skipped
+#   MATRIX_CLIENTS      space-separated subset of clients (default: all)
+#   MATRIX_OUT          directory for per-client logs (default: a temp dir)
+#   CHECK_TIMEOUT       seconds per check (default 60); PROGRAM_TIMEOUT per program (150)
+#
+# Every output line is `[client] ok|FAIL client check...`. Exits 1 if any check
+# failed or any program died. Install the clients first: scripts/setup-clients.sh
+set -uo pipefail
+
+HERE="$(cd "$(dirname "$0")" && pwd)"
+export PGHOST="${PGHOST:-127.0.0.1}" PGPORT="${PGPORT:-5432}" PGUSER="${PGUSER:-postgres}" PGDATABASE="${PGDATABASE:-postgres}"
+export TESSERA="${TESSERA:-0}"
+export CHECK_TIMEOUT="${CHECK_TIMEOUT:-60}"
+PROGRAM_TIMEOUT="${PROGRAM_TIMEOUT:-150}"
+ALL_CLIENTS="psycopg3 psycopg2 asyncpg sqlalchemy django node-pg postgresjs pgx pgjdbc"
+CLIENTS="${MATRIX_CLIENTS:-$ALL_CLIENTS}"
+OUT="${MATRIX_OUT:-$(mktemp -d /tmp/client-matrix.XXXXXX)}"
+mkdir -p "$OUT"
+
+PGBIN=/usr/lib/postgresql/15/bin
+[ -x "$PGBIN/pg_dump" ] || PGBIN="$(dirname "$(command -v pg_dump)")"
+JAR="$HERE/java/lib/postgresql-$(cat "$HERE/java/pgjdbc.version").jar"
+
+command_for() {
+    case "$1" in
+        psycopg3) echo "python3 $HERE/python/psycopg3_matrix.py" ;;
+        psycopg2) echo "python3 $HERE/python/psycopg2_matrix.py" ;;
+        asyncpg) echo "python3 $HERE/python/asyncpg_matrix.py" ;;
+        sqlalchemy) echo "python3 $HERE/python/sqlalchemy_matrix.py" ;;
+        django) echo "python3 $HERE/python/django_matrix.py" ;;
+        node-pg) echo "node $HERE/node/pg_matrix.js" ;;
+        postgresjs) echo "node $HERE/node/postgresjs_matrix.js" ;;
+        pgx) echo "$HERE/go/bin/pgx-matrix" ;;
+        pgjdbc) echo "java -Xmx64m -cp $JAR $HERE/java/Matrix.java" ;;
+        *) return 1 ;;
+    esac
+}
+
+missing=()
+[ -d "$HERE/node/node_modules/pg" ] || missing+=("node modules")
+[ -x "$HERE/go/bin/pgx-matrix" ] || missing+=("pgx binary")
+[ -f "$JAR" ] || missing+=("pgjdbc jar")
+python3 -c "import psycopg, psycopg2, asyncpg, sqlalchemy, django" 2>/dev/null || missing+=("python packages")
+if ((${#missing[@]})); then
+    echo "missing: ${missing[*]} -- run scripts/setup-clients.sh first" >&2
+    exit 2
+fi
+
+echo "# client matrix against $PGHOST:$PGPORT/$PGDATABASE (TESSERA=$TESSERA), logs in $OUT"
+start=$(date +%s)
+
+# One program per client, all at once; each line gets the client's prefix.
+pids=()
+for client in $CLIENTS; do
+    cmd="$(command_for "$client")" || { echo "unknown client $client" >&2; exit 2; }
+    (
+        (
+            t0=$(date +%s%N)
+            timeout --kill-after=5 "$PROGRAM_TIMEOUT" $cmd 2>"$OUT/$client.err"
+            rc=$?
+            echo "$rc $(( ($(date +%s%N) - t0) / 1000000 ))" >"$OUT/$client.rc"
+        ) | tee "$OUT/$client.out" | sed -u "s/^/[$client] /"
+    ) &
+    pids+=($!)
+done
+wait "${pids[@]}" 2>/dev/null
+
+# ---- pg_dump round trip, once, over the whole target database ----
+dump_check() { # prints ok/FAIL lines for the pseudo-client pg_dump
+    local c=pg_dump
+    if [ -z "${RESTORE_PGPORT:-}" ]; then
+        echo "# $c: skipped (RESTORE_PGPORT not set)"
+        return
+    fi
+    local rhost="${RESTORE_PGHOST:-$PGHOST}" ruser="${RESTORE_PGUSER:-$PGUSER}"
+    local rdb="matrix_restore_$$"
+    local dump="$OUT/dump.sql"
+    if ! PGTZ=UTC "$PGBIN/pg_dump" -h "$PGHOST" -p "$PGPORT" -U "$PGUSER" "$PGDATABASE" >"$dump" 2>"$OUT/pg_dump.err"; then
+        echo "FAIL $c dump: $(grep -m3 -v '^$' "$OUT/pg_dump.err" | tr '\n' ' ')"
+        return
+    fi
+    echo "ok $c dump"
+    "$PGBIN/dropdb" -h "$rhost" -p "$RESTORE_PGPORT" -U "$ruser" --if-exists "$rdb" 2>/dev/null
+    if ! "$PGBIN/createdb" -h "$rhost" -p "$RESTORE_PGPORT" -U "$ruser" "$rdb" 2>"$OUT/createdb.err"; then
+        echo "FAIL $c restore: createdb: $(head -c 300 "$OUT/createdb.err")"
+        return
+    fi
+    if PGTZ=UTC psql -X -q -v ON_ERROR_STOP=1 -h "$rhost" -p "$RESTORE_PGPORT" -U "$ruser" -d "$rdb" \
+            -f "$dump" >/dev/null 2>"$OUT/restore.err"; then
+        echo "ok $c restore"
+    else
+        echo "FAIL $c restore: $(grep -m3 -E 'ERROR|FATAL' "$OUT/restore.err" | tr '\n' ' ')"
+    fi
+    local q_tables="SELECT quote_ident(schemaname) || '.' || quote_ident(tablename) FROM pg_tables
+                    WHERE schemaname NOT IN ('pg_catalog', 'information_schema') ORDER BY 1"
+    local src_tables dst_tables
+    src_tables="$(PGTZ=UTC psql -X -At -h "$PGHOST" -p "$PGPORT" -U "$PGUSER" -d "$PGDATABASE" -c "$q_tables" 2>&1)"
+    dst_tables="$(PGTZ=UTC psql -X -At -h "$rhost" -p "$RESTORE_PGPORT" -U "$ruser" -d "$rdb" -c "$q_tables" 2>&1)"
+    local only_src
+    only_src="$(comm -23 <(echo "$src_tables") <(echo "$dst_tables") | tr '\n' ' ')"
+    if [ -n "${only_src// /}" ]; then
+        echo "FAIL $c tables: not restored: $only_src"
+    else
+        echo "ok $c tables"
+    fi
+    local t q s d
+    for t in $dst_tables; do
+        q="SELECT count(*) || ' ' || coalesce(sum(hashtext(x::text)), 0) FROM $t x"
+        s="$(PGTZ=UTC psql -X -At -h "$PGHOST" -p "$PGPORT" -U "$PGUSER" -d "$PGDATABASE" -c "$q" 2>&1 | tr '\n' ' ' | sed 's/ *$//')"
+        d="$(PGTZ=UTC psql -X -At -h "$rhost" -p "$RESTORE_PGPORT" -U "$ruser" -d "$rdb" -c "$q" 2>&1 | tr '\n' ' ' | sed 's/ *$//')"
+        if [ "$s" = "$d" ]; then
+            echo "ok $c table $t"
+        else
+            echo "FAIL $c table $t: source (count hash) = $s, restored = $d"
+        fi
+    done
+    [ "${KEEP_RESTORE:-0}" = 1 ] || "$PGBIN/dropdb" -h "$rhost" -p "$RESTORE_PGPORT" -U "$ruser" --if-exists "$rdb" 2>/dev/null
+}
+dump_check 2>&1 | tee "$OUT/pg_dump.out" | sed -u "s/^/[pg_dump] /"
+
+end=$(date +%s)
+
+# ---- summary ----
+status=0
+echo
+printf '%-12s %4s %7s %8s  %s\n' client ok failed seconds note
+for client in $CLIENTS pg_dump; do
+    f="$OUT/$client.out"
+    [ -f "$f" ] || continue
+    okn=$(grep -c '^ok ' "$f")
+    failn=$(grep -c '^FAIL ' "$f")
+    note=""
+    secs=""
+    if [ -f "$OUT/$client.rc" ]; then
+        read -r rc ms <"$OUT/$client.rc"
+        secs=$(printf '%d.%d' $((ms / 1000)) $((ms % 1000 / 100)))
+        if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+            note="killed after ${PROGRAM_TIMEOUT}s"
+            failn=$((failn + 1))
+        elif [ "$rc" != 0 ] && [ "$failn" = 0 ]; then
+            note="exit $rc: $(tail -n 1 "$OUT/$client.err")"
+            failn=1
+        fi
+    fi
+    [ "$failn" = 0 ] || status=1
+    printf '%-12s %4s %7s %8s  %s\n' "$client" "$okn" "$failn" "$secs" "$note"
+done
+echo "# total $((end - start)) s; logs in $OUT"
+exit $status
