@@ -8,6 +8,10 @@
 #                       runner may create a database in (pg_dump round trip);
 #                       without RESTORE_PGPORT the round trip is skipped
 #   MATRIX_CLIENTS      space-separated subset of clients (default: all)
+#   MATRIX_DUMP=0       skip the pg_dump round trip
+#   MATRIX_OWN_BIG=1    every program fills its own 200,000-row table with
+#                       INSERT ... SELECT (default: the runner fills one shared
+#                       table, matrix_big, before the programs start, and they read it)
 #   MATRIX_OUT          directory for per-client logs (default: a temp dir)
 #   CHECK_TIMEOUT       seconds per check (default 60); PROGRAM_TIMEOUT per program (150)
 #
@@ -57,6 +61,36 @@ fi
 echo "# client matrix against $PGHOST:$PGPORT/$PGDATABASE (TESSERA=$TESSERA), logs in $OUT"
 start=$(date +%s)
 
+# ---- the shared 200,000-row table the cursor checks read (filled once, here) ----
+setup_big() {
+    local c=setup psql=(psql -X -q -v ON_ERROR_STOP=1 -h "$PGHOST" -p "$PGPORT" -U "$PGUSER" -d "$PGDATABASE")
+    local t0 t1
+    if ! "${psql[@]}" -c "DROP TABLE IF EXISTS matrix_big" -c "CREATE TABLE matrix_big (id bigint PRIMARY KEY, k int, v bigint)" \
+            >/dev/null 2>"$OUT/setup.err"; then
+        echo "FAIL $c big_table: $(grep -m2 -E 'ERROR|FATAL' "$OUT/setup.err" | tr '\n' ' ')"
+        return
+    fi
+    if [ "$TESSERA" = 1 ] && ! "${psql[@]}" -c "SELECT create_distributed_table('matrix_big', 'id')" >/dev/null 2>"$OUT/setup.err"; then
+        echo "FAIL $c big_distribute: $(grep -m2 -E 'ERROR|FATAL' "$OUT/setup.err" | tr '\n' ' ')"
+        return
+    fi
+    t0=$(date +%s%N)
+    if timeout 150 "${psql[@]}" -c "INSERT INTO matrix_big (id, k, v) SELECT g, g % 100, g * 3 FROM generate_series(1, 200000) g" \
+            >/dev/null 2>"$OUT/setup.err"; then
+        t1=$(date +%s%N)
+        echo "ok $c big_insert"
+        echo "# $c: INSERT ... SELECT of 200000 rows took $(( (t1 - t0) / 1000000 )) ms"
+    else
+        echo "FAIL $c big_insert: $(grep -m2 -E 'ERROR|FATAL' "$OUT/setup.err" | tr '\n' ' ') (or timed out after 150 s)"
+    fi
+}
+if [ "${MATRIX_OWN_BIG:-0}" = 1 ]; then
+    unset MATRIX_BIG_TABLE  # every program fills its own <prefix>big
+else
+    export MATRIX_BIG_TABLE=matrix_big
+    setup_big 2>&1 | tee "$OUT/setup.out" | sed -u "s/^/[setup] /"
+fi
+
 # One program per client, all at once; each line gets the client's prefix.
 pids=()
 for client in $CLIENTS; do
@@ -76,8 +110,8 @@ wait "${pids[@]}" 2>/dev/null
 # ---- pg_dump round trip, once, over the whole target database ----
 dump_check() { # prints ok/FAIL lines for the pseudo-client pg_dump
     local c=pg_dump
-    if [ -z "${RESTORE_PGPORT:-}" ]; then
-        echo "# $c: skipped (RESTORE_PGPORT not set)"
+    if [ -z "${RESTORE_PGPORT:-}" ] || [ "${MATRIX_DUMP:-1}" = 0 ]; then
+        echo "# $c: skipped (RESTORE_PGPORT not set, or MATRIX_DUMP=0)"
         return
     fi
     local rhost="${RESTORE_PGHOST:-$PGHOST}" ruser="${RESTORE_PGUSER:-$PGUSER}"
@@ -132,9 +166,10 @@ end=$(date +%s)
 status=0
 echo
 printf '%-12s %4s %7s %8s  %s\n' client ok failed seconds note
-for client in $CLIENTS pg_dump; do
+for client in setup $CLIENTS pg_dump; do
     f="$OUT/$client.out"
     [ -f "$f" ] || continue
+    grep -q '^\(ok\|FAIL\) ' "$f" || continue
     okn=$(grep -c '^ok ' "$f")
     failn=$(grep -c '^FAIL ' "$f")
     note=""

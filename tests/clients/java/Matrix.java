@@ -397,14 +397,19 @@ public class Matrix {
     }
 
     static void checkCursor() throws Exception {
-        exec("INSERT INTO pgjdbc_big (id, k, v) SELECT g, g % 100, g * 3 FROM generate_series(1, 200000) g");
+        // The runner fills one shared table (MATRIX_BIG_TABLE); without it, our own.
+        String table = env("MATRIX_BIG_TABLE", "");
+        if (table.isEmpty()) {
+            table = "pgjdbc_big";
+            exec("INSERT INTO pgjdbc_big (id, k, v) SELECT g, g % 100, g * 3 FROM generate_series(1, 200000) g");
+        }
         long count = 0;
         long sum = 0;
         // A fetch size takes effect only outside autocommit (portal + Execute with a row limit).
         conn.setAutoCommit(false);
         try (Statement st = conn.createStatement()) {
             st.setFetchSize(1000);
-            try (ResultSet rs = st.executeQuery("SELECT id, v FROM pgjdbc_big")) {
+            try (ResultSet rs = st.executeQuery("SELECT id, v FROM " + table)) {
                 while (rs.next()) {
                     count++;
                     sum += rs.getLong(2);

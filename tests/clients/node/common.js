@@ -201,6 +201,13 @@ export function bigInsert(p) {
   return `INSERT INTO ${p}big (id, k, v) SELECT g, g % 100, g * 3 FROM generate_series(1, 200000) g`;
 }
 
+// The runner fills one shared 200,000-row table (MATRIX_BIG_TABLE) before the
+// programs start; without it each program fills its own <prefix>big.
+export function bigTable(p) {
+  const shared = process.env.MATRIX_BIG_TABLE;
+  return shared ? { table: shared, fill: null } : { table: `${p}big`, fill: bigInsert(p) };
+}
+
 export function pad2(n) {
   return String(n).padStart(2, '0');
 }

@@ -169,8 +169,9 @@ async function checkUniqueViolation() {
 }
 
 async function checkCursor() {
-  await q(c.bigInsert(P));
-  const cursor = client.query(new Cursor(`SELECT id, v FROM ${P}big`));
+  const { table, fill } = c.bigTable(P);
+  if (fill) await q(fill);
+  const cursor = client.query(new Cursor(`SELECT id, v FROM ${table}`));
   let count = 0;
   let total = 0n;
   try {

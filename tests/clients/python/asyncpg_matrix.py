@@ -156,10 +156,12 @@ async def check_unique_violation():
 
 
 async def check_cursor():
-    await conn.execute(c.BIG_INSERT.format(p=P))
+    table, fill = c.big_table(P)
+    if fill:
+        await conn.execute(fill)
     count = total = 0
     async with conn.transaction():
-        cur = await conn.cursor("SELECT id, v FROM asyncpg_big")
+        cur = await conn.cursor("SELECT id, v FROM " + table)
         first = await cur.fetch(3)
         expect(len(first) == 3, "fetch(3) returned %d rows" % len(first))
         for r in first:

@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import traceback
 import uuid
 
@@ -125,19 +126,41 @@ class Reporter:
         self.failed += 1
         print("FAIL %s %s: %s" % (self.client, check, reason), flush=True)
 
-    def run(self, check, fn, on_error=None):
-        """Runs a synchronous check with a time limit; returns its result or None."""
-        signal.signal(signal.SIGALRM, _on_alarm)
-        signal.alarm(CHECK_TIMEOUT)
+    def run(self, check, fn, on_error=None, interrupt=None):
+        """Runs a synchronous check with a time limit; returns its result or None.
+
+        The limit is SIGALRM, which interrupts drivers that wait in Python
+        (psycopg 3). For drivers that block inside C (psycopg2) pass interrupt:
+        a function a watchdog thread calls at the limit to break the wait."""
+        timed_out = []
+        watchdog = None
+        if interrupt is None:
+            signal.signal(signal.SIGALRM, _on_alarm)
+            signal.alarm(CHECK_TIMEOUT)
+        else:
+            def fire():
+                timed_out.append(True)
+                interrupt()
+            watchdog = threading.Timer(CHECK_TIMEOUT, fire)
+            watchdog.daemon = True
+            watchdog.start()
         try:
             result = fn()
             signal.alarm(0)
+            if watchdog:
+                watchdog.cancel()
+            if timed_out:
+                raise CheckTimeout("check did not finish within %d s" % CHECK_TIMEOUT)
             self.ok(check)
             return result
         except BaseException as exc:  # noqa: BLE001 - report and go on
             signal.alarm(0)
+            if watchdog:
+                watchdog.cancel()
             if isinstance(exc, KeyboardInterrupt):
                 raise
+            if timed_out and not isinstance(exc, CheckTimeout):
+                exc = CheckTimeout("check did not finish within %d s (then: %s)" % (CHECK_TIMEOUT, describe(exc)))
             self.fail(check, describe(exc))
             if self.verbose:
                 traceback.print_exc()
@@ -207,6 +230,17 @@ def fmt(stmts, p):
 
 
 BIG_INSERT = "INSERT INTO {p}big (id, k, v) SELECT g, g % 100, g * 3 FROM generate_series(1, 200000) g"
+
+# The runner fills one shared 200,000-row table (MATRIX_BIG_TABLE) before the
+# programs start; without it each program fills its own <prefix>big.
+SHARED_BIG = os.environ.get("MATRIX_BIG_TABLE") or None
+
+
+def big_table(p):
+    """(table to read, INSERT to run first or None)."""
+    if SHARED_BIG:
+        return SHARED_BIG, None
+    return p + "big", BIG_INSERT.format(p=p)
 
 
 def expected_aggregate(ledger):

@@ -188,12 +188,32 @@ def check_iterator_atomic():
     expect(seen == set(ledger), "cursor saw %d orders, want %d" % (len(seen), len(ledger)))
 
 
+def shared_big_model(table):
+    """An unmanaged model over the runner's shared 200,000-row table."""
+    from django.db import models
+
+    class SharedBig(models.Model):
+        id = models.BigIntegerField(primary_key=True)
+        k = models.IntegerField()
+        v = models.BigIntegerField()
+
+        class Meta:
+            app_label = "matrixapp"
+            db_table = table
+            managed = False
+
+    return SharedBig
+
+
 def check_cursor():
-    with connection.cursor() as cur:
-        cur.execute(c.BIG_INSERT.format(p="dj_"))
+    table, fill = c.big_table("dj_")
+    if fill:
+        with connection.cursor() as cur:
+            cur.execute(fill)
+    model = Big if table == Big._meta.db_table else shared_big_model(table)
     count = total = 0
     # Autocommit: Django declares the server-side cursor WITH HOLD.
-    for _id, v in Big.objects.values_list("id", "v").iterator(chunk_size=2000):
+    for _id, v in model.objects.values_list("id", "v").iterator(chunk_size=2000):
         count += 1
         total += v
     expect(count == c.BIG_ROWS and total == c.BIG_SUM_V,

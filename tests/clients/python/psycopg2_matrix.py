@@ -1,6 +1,8 @@
 """Client matrix: psycopg2 (libpq, client-side parameter interpolation)."""
 
+import os
 import select
+import socket
 import time
 
 import psycopg2
@@ -18,11 +20,26 @@ psycopg2.extras.register_uuid()
 
 conn = None
 ledger = {}
+open_conns = []  # every connection made, for the watchdog
 
 
 def connect():
-    return psycopg2.connect(host=c.PGHOST, port=c.PGPORT, user=c.PGUSER, dbname=c.PGDATABASE,
-                            password=c.PGPASSWORD, connect_timeout=10)
+    cn = psycopg2.connect(host=c.PGHOST, port=c.PGPORT, user=c.PGUSER, dbname=c.PGDATABASE,
+                          password=c.PGPASSWORD, connect_timeout=10)
+    open_conns.append(cn)
+    return cn
+
+
+def interrupt():
+    """Watchdog: psycopg2 blocks inside libpq, so shut the sockets down under it."""
+    for cn in open_conns:
+        if not cn.closed:
+            try:
+                s = socket.socket(fileno=os.dup(cn.fileno()))
+                s.shutdown(socket.SHUT_RDWR)
+                s.close()
+            except OSError:
+                pass
 
 
 def recover():
@@ -187,13 +204,15 @@ def check_unique_violation():
 
 
 def check_cursor():
-    with conn.cursor() as cur:
-        cur.execute(c.BIG_INSERT.format(p=P))
-    conn.commit()
+    table, fill = c.big_table(P)
+    if fill:
+        with conn.cursor() as cur:
+            cur.execute(fill)
+        conn.commit()
     count = total = 0
     with conn.cursor(name="psycopg2_big_cursor") as cur:  # DECLARE ... CURSOR, FETCH itersize at a time
         cur.itersize = 1000
-        cur.execute("SELECT id, v FROM psycopg2_big")
+        cur.execute("SELECT id, v FROM " + table)
         for _id, v in cur:
             count += 1
             total += v
@@ -227,7 +246,7 @@ def check_listen_notify():
 
 
 def main():
-    R.run("connect", check_connect, recover)
+    R.run("connect", check_connect, recover, interrupt)
     if conn is None:
         R.fail("all", "cannot connect, remaining checks skipped")
         R.finish()
@@ -245,7 +264,7 @@ def main():
         ("cursor", check_cursor),
         ("listen_notify", check_listen_notify),
     ]:
-        R.run(name, fn, recover)
+        R.run(name, fn, recover, interrupt)
     R.finish()
 
 

@@ -26,12 +26,15 @@ ledger = {}  # order id -> (customer_id, amount)
 def recover():
     """After a failed check: reconnect if the connection is gone, else roll back."""
     global conn
-    if conn is None or conn.closed or conn.broken:
+    status = None if conn is None or conn.closed or conn.broken else conn.info.transaction_status
+    TS = psycopg.pq.TransactionStatus
+    if status in (TS.INTRANS, TS.INERROR):
+        conn.rollback()
+    elif status != TS.IDLE:
+        # Gone, or a command still running (a check timed out): a fresh session.
         if conn is not None:
             conn.close()
         conn = connect(autocommit=True)
-    elif conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-        conn.rollback()
 
 
 def check_connect():
@@ -174,13 +177,15 @@ def check_unique_violation():
 
 
 def check_cursor():
-    conn.execute(c.BIG_INSERT.format(p=P))
+    table, fill = c.big_table(P)
+    if fill:
+        conn.execute(fill)
     count = 0
     total = 0
     with conn.transaction():
         with conn.cursor(name="psycopg3_big_cursor") as cur:
             cur.itersize = 1000
-            cur.execute("SELECT id, v FROM psycopg3_big")
+            cur.execute("SELECT id, v FROM " + table)
             for _id, v in cur:
                 count += 1
                 total += v

@@ -3,7 +3,7 @@
 import threading
 
 from sqlalchemy import (BigInteger, Boolean, Date, DateTime, Float, Identity, Integer, LargeBinary,
-                        MetaData, Numeric, SmallInteger, Text, create_engine, func, insert, inspect, select, text)
+                        MetaData, Numeric, SmallInteger, Table, Text, create_engine, func, insert, inspect, select, text)
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
@@ -238,12 +238,15 @@ def check_unique_violation():
 
 
 def check_cursor():
-    with engine.begin() as conn:
-        conn.execute(text(c.BIG_INSERT.format(p=P)))
+    table, fill = c.big_table(P)
+    if fill:
+        with engine.begin() as conn:
+            conn.execute(text(fill))
+    big = Big.__table__ if table == Big.__tablename__ else Table(table, MetaData(), autoload_with=engine)
     count = total = 0
     with engine.connect() as conn:
         # stream_results: a psycopg server-side (named) cursor, yield_per rows a FETCH.
-        result = conn.execution_options(yield_per=1000).execute(select(Big.id, Big.v))
+        result = conn.execution_options(yield_per=1000).execute(select(big.c.id, big.c.v))
         for _id, v in result:
             count += 1
             total += v
