@@ -160,7 +160,8 @@ async function checkCursor() {
   let batches = 0;
   for await (const rows of sql`SELECT id, v FROM ${sql(table)}`.cursor(10)) {
     batches++;
-    expect(rows.length >= 1 && rows.length <= 10, `cursor(10) gave a batch of ${rows.length} rows`);
+    expect(rows.length >= 1 && rows.length <= 10,
+      `cursor(10) gave a batch of ${rows.length} rows (batch #${batches}, after ${count} rows)`);
     for (const r of rows) { count++; total += BigInt(r.v); }
   }
   expect(count === c.BIG_ROWS && total === c.BIG_SUM_V, `count ${count} sum ${total}, want ${c.BIG_ROWS} ${c.BIG_SUM_V}`);
