@@ -113,8 +113,13 @@ func run(name string, fn func(ctx context.Context) error) {
 			}
 		}()
 		if conn == nil && name != "connect" {
-			err = errors.New("no connection")
-			return
+			// The last recovery could not reconnect: try again.
+			c, cerr := connect(ctx)
+			if cerr != nil {
+				err = fmt.Errorf("no connection: %w", cerr)
+				return
+			}
+			conn = c
 		}
 		err = fn(ctx)
 	}()

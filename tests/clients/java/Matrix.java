@@ -72,6 +72,8 @@ public class Matrix {
         if (e instanceof CheckFailed) return "CheckFailed: " + e.getMessage();
         String msg = String.valueOf(e.getMessage()).replaceAll("\\s*\\n\\s*", " | ");
         if (msg.length() > 400) msg = msg.substring(0, 400) + "...";
+        Throwable cause = e.getCause();
+        if (cause != null && cause != e) msg += " (cause: " + cause.getClass().getSimpleName() + ": " + cause.getMessage() + ")";
         if (e instanceof SQLException se && se.getSQLState() != null) {
             return e.getClass().getSimpleName() + " [SQLSTATE " + se.getSQLState() + "] " + msg;
         }
@@ -103,7 +105,7 @@ public class Matrix {
 
     static void run(String name, Check check) {
         try {
-            if (conn == null && !name.equals("connect")) throw new CheckFailed("no connection");
+            if (conn == null && !name.equals("connect")) conn = connect(); // the last recovery could not reconnect
             check.run();
             System.out.println("ok " + CLIENT + " " + name);
         } catch (Throwable e) {

@@ -30,7 +30,7 @@ async function recover() {
     old.end().catch(() => {});
     if (old.connection && old.connection.stream) old.connection.stream.destroy();
   }
-  client = await connect();
+  client = await connect(); // if this fails, the next check tries again
 }
 
 async function q(text, values) {
@@ -231,7 +231,12 @@ async function main() {
     ['cursor', checkCursor],
     ['listen_notify', checkListenNotify],
   ];
-  for (const [name, fn] of checks) await R.run(name, fn, recover);
+  for (const [name, fn] of checks) {
+    await R.run(name, async () => {
+      if (!client) client = await connect(); // the last recovery could not reconnect
+      return fn();
+    }, recover);
+  }
   if (client) await client.end().catch(() => {});
   R.finish();
 }

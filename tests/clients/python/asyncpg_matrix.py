@@ -37,6 +37,13 @@ async def recover():
     conn = await connect()
 
 
+async def ensure():
+    """Before each check: a new session if the last one could not be recovered."""
+    global conn
+    if conn is None or conn.is_closed():
+        conn = await connect()
+
+
 async def check_connect():
     global conn
     conn = await connect()
@@ -219,7 +226,11 @@ async def main():
         ("cursor", check_cursor),
         ("listen_notify", check_listen_notify),
     ]:
-        await R.arun(name, fn, recover)
+        async def with_conn(fn=fn):
+            await ensure()
+            return await fn()
+
+        await R.arun(name, with_conn, recover)
     if conn is not None and not conn.is_closed():
         await conn.close()
     R.finish()

@@ -54,6 +54,13 @@ def recover():
         conn = connect()
 
 
+def ensure():
+    """Before each check: a new session if the last one could not be recovered."""
+    global conn
+    if conn is None or conn.closed:
+        conn = connect()
+
+
 def check_connect():
     global conn
     conn = connect()  # psycopg2's default: every statement opens a transaction, commit() ends it
@@ -264,7 +271,7 @@ def main():
         ("cursor", check_cursor),
         ("listen_notify", check_listen_notify),
     ]:
-        R.run(name, fn, recover, interrupt)
+        R.run(name, lambda fn=fn: (ensure(), fn())[1], recover, interrupt)
     R.finish()
 
 

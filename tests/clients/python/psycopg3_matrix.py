@@ -37,6 +37,13 @@ def recover():
         conn = connect(autocommit=True)
 
 
+def ensure():
+    """Before each check: a new session if the last one could not be recovered."""
+    global conn
+    if conn is None or conn.closed or conn.broken:
+        conn = connect(autocommit=True)
+
+
 def check_connect():
     global conn
     conn = connect(autocommit=True)
@@ -235,7 +242,7 @@ def main():
         ("cursor", check_cursor),
         ("listen_notify", check_listen_notify),
     ]:
-        R.run(name, fn, recover)
+        R.run(name, lambda fn=fn: (ensure(), fn())[1], recover)
     R.finish()
 
 

@@ -82,8 +82,10 @@ def make_engine():
 
 
 def recover():
-    # Pooled connections are rolled back on return; pre-ping replaces dead ones.
-    pass
+    # A check that timed out may leave a pooled connection mid-command: start
+    # from a fresh pool (pre-ping replaces connections that died otherwise).
+    if engine is not None:
+        engine.dispose()
 
 
 def check_connect():
