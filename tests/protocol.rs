@@ -279,3 +279,64 @@ async fn row_limited_reads_stream_with_bounded_memory() {
     tx.rollback().await.unwrap();
     assert_eq!(c.query_one("SELECT count(*) FROM wide WHERE id > 119990", &[]).await.unwrap().get::<_, i64>(0), 10);
 }
+
+/// Each Execute of a row-limited portal ends as PostgreSQL's does: a full
+/// batch suspends the portal, the batch that finds the end completes with
+/// the count of its own rows ("SELECT 5", and "SELECT 0" after a full batch
+/// that happened to take the last rows). Clients such as postgres.js hand a
+/// completion with a count to the application as another batch.
+#[tokio::test]
+async fn row_limited_executes_end_as_postgresql_does() {
+    use tessera::connection::{Login, PgConnection, ServerAddr};
+    use tessera::protocol::frontend;
+    let plain = common::PlainPostgres::start();
+    let cluster = TestCluster::start(2);
+    let setup = "CREATE TABLE batches (id int PRIMARY KEY, v int); INSERT INTO batches SELECT g, g FROM generate_series(1, 40) g";
+    plain.connect().await.batch_execute(setup).await.unwrap();
+    cluster.connect().await.batch_execute(&setup.replace("; INSERT", "; SELECT create_distributed_table('batches', 'id'); INSERT")).await.unwrap();
+
+    // Per Execute of 10 rows: the rows it gave and how it ended.
+    async fn batches(port: u16, sql: &str) -> Vec<(usize, String)> {
+        let login = Login { user: "postgres".into(), database: "postgres".into(), password: None, options: Vec::new() };
+        let mut conn = PgConnection::connect(&ServerAddr { host: "127.0.0.1".into(), port }, &login).await.unwrap();
+        conn.execute("BEGIN").await.unwrap();
+        frontend::parse(conn.out(), "", sql, &[]);
+        frontend::bind(conn.out(), "p", "", &[], &[], &[]);
+        let mut ends = Vec::new();
+        loop {
+            frontend::execute(conn.out(), "p", 10);
+            frontend::flush(conn.out());
+            let mut rows = 0;
+            let end = loop {
+                let msg = conn.recv().await.unwrap();
+                match msg.tag() {
+                    b'D' => rows += 1,
+                    b's' => break "suspended".to_string(),
+                    b'C' => break String::from_utf8_lossy(msg.body().strip_suffix(&[0]).unwrap()).into_owned(),
+                    b'E' => panic!("{sql}: error {:?}", String::from_utf8_lossy(msg.body())),
+                    _ => {}
+                }
+            };
+            let done = end != "suspended";
+            ends.push((rows, end));
+            if done {
+                break;
+            }
+        }
+        frontend::sync(conn.out());
+        while conn.recv().await.unwrap().tag() != b'Z' {}
+        conn.execute("ROLLBACK").await.unwrap();
+        ends
+    }
+    for sql in [
+        "SELECT id FROM batches WHERE id <= 30",
+        "SELECT id FROM batches WHERE id <= 25",
+        "SELECT id FROM batches WHERE id <= 25 ORDER BY id",
+        "SELECT id FROM batches WHERE id = 7",
+        "INSERT INTO batches SELECT generate_series(101, 125) RETURNING id",
+        "UPDATE batches SET v = v + 1 WHERE id <= 20 RETURNING id",
+    ] {
+        let want = batches(plain.instance.port, sql).await;
+        assert_eq!(batches(cluster.port, sql).await, want, "{sql}");
+    }
+}

@@ -28,7 +28,6 @@ pub struct RowStream {
     nodes: VecDeque<(i32, VecDeque<Option<Arc<str>>>)>,
     /// The current task's Parse completed.
     parse_completed: bool,
-    rows: u64,
     error: Option<PgError>,
 }
 
@@ -74,7 +73,7 @@ impl RowStream {
             worker.conn.flush().await?;
             nodes.push_back((node.group_id, parsed.into_iter().collect()));
         }
-        Ok(RowStream { nodes, parse_completed: false, rows: 0, error: None })
+        Ok(RowStream { nodes, parse_completed: false, error: None })
     }
 
     /// Sends the client up to `max_rows` more rows (0: all that are left).
@@ -93,7 +92,7 @@ impl RowStream {
                 max_rows > 0 && sent >= i64::from(max_rows)
             })
             .await;
-        let progress = self.finish(result, client);
+        let progress = self.finish(result, sent, client);
         client.flush_if_large().await?;
         progress
     }
@@ -113,7 +112,7 @@ impl RowStream {
             .await;
         let mut end = bytes::BytesMut::new();
         match result.and_then(|_| self.error.take().map_or(Ok(()), Err)) {
-            Ok(()) => backend::command_complete(&mut end, &format!("SELECT {}", self.rows)),
+            Ok(()) => backend::command_complete(&mut end, &format!("SELECT {}", rows.len())),
             Err(e) => backend::error_response(&mut end, &e),
         }
         (rows, end.freeze())
@@ -153,7 +152,6 @@ impl RowStream {
                     }
                 }
                 b'D' => {
-                    self.rows += 1;
                     if take(&msg) {
                         return Ok(());
                     }
@@ -168,8 +166,9 @@ impl RowStream {
     }
 
     /// Writes how the Execute ended: PortalSuspended, or once every task has
-    /// ended, the CommandComplete or the first error.
-    fn finish(&mut self, result: PgResult<()>, client: &mut ClientConn) -> PgResult<Progress> {
+    /// ended, the CommandComplete (counting the rows of this Execute, as
+    /// PostgreSQL's does) or the first error.
+    fn finish(&mut self, result: PgResult<()>, sent: i64, client: &mut ClientConn) -> PgResult<Progress> {
         result?;
         if !self.nodes.is_empty() {
             backend::portal_suspended(client.out());
@@ -178,7 +177,7 @@ impl RowStream {
         if let Some(e) = self.error.take() {
             return Err(e);
         }
-        backend::command_complete(client.out(), &format!("SELECT {}", self.rows));
+        backend::command_complete(client.out(), &format!("SELECT {sent}"));
         Ok(Progress::Done)
     }
 }

@@ -94,6 +94,17 @@ pub fn command_complete(buf: &mut BytesMut, tag: &str) {
     finish_message(buf, at);
 }
 
+/// The tag of a row-returning command with its row count set to `rows`: an
+/// Execute cut short by a row limit reports the rows it sent itself, as a
+/// PostgreSQL portal does ("SELECT 5", "INSERT 0 5"). Tags without a count
+/// stay as they are.
+pub fn tag_with_count(tag: &str, rows: u64) -> String {
+    match tag.rsplit_once(' ') {
+        Some((command, count)) if count.bytes().all(|b| b.is_ascii_digit()) => format!("{command} {rows}"),
+        _ => tag.to_string(),
+    }
+}
+
 pub fn empty_query_response(buf: &mut BytesMut) {
     empty(buf, b'I');
 }

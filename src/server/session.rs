@@ -619,6 +619,9 @@ impl Session {
             Plan::Ddl(ddl) => {
                 let mut ctx = CommandContext { coordinator: &self.coordinator, parts: &mut self.parts, client: &mut self.client, catalog };
                 commands::run_ddl(ddl, sql, &mut ctx).await?;
+                if ddl.changes_catalog() && self.parts.in_block() {
+                    self.load_block_catalog().await?;
+                }
             }
         }
         Ok(())
@@ -1120,7 +1123,14 @@ impl Session {
         if max_rows > 0 && batch == max_rows as usize {
             backend::portal_suspended(self.client.out());
         } else {
-            self.client.out().extend_from_slice(&pending.complete);
+            let complete = crate::protocol::Message::from_frame(pending.complete.clone());
+            match complete.tag() {
+                b'C' => {
+                    let tag = String::from_utf8_lossy(complete.body().strip_suffix(&[0]).unwrap_or(complete.body()));
+                    backend::command_complete(self.client.out(), &backend::tag_with_count(&tag, batch as u64));
+                }
+                _ => self.client.out().extend_from_slice(&pending.complete),
+            }
         }
         pending
     }
