@@ -252,14 +252,18 @@ async fn drop_distributed_indexes(drop: &DropIndex, indexes: &[(String, Arc<Dist
 }
 
 /// Commits (or rolls back) the block a command opened for itself, then refreshes
-/// the catalog snapshot so the session's next statement sees the change.
+/// the catalog snapshot so the session's next statement sees the change. Inside
+/// the client's own block the session loads the block's catalog instead: a
+/// reload from another connection would not see the change, and would wait on
+/// the locks the block holds.
 pub(crate) async fn finish_block<T>(ctx: &mut CommandContext<'_>, implicit: bool, result: PgResult<T>) -> PgResult<T> {
-    if implicit {
-        if result.is_ok() {
-            ctx.parts.commit().await?;
-        } else {
-            ctx.parts.rollback().await.ok();
-        }
+    if !implicit {
+        return result;
+    }
+    if result.is_ok() {
+        ctx.parts.commit().await?;
+    } else {
+        ctx.parts.rollback().await.ok();
     }
     let value = result?;
     ctx.coordinator.reload_catalog().await?;

@@ -229,11 +229,19 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
             // Defaults that draw from a sequence (serial and identity columns)
             // are evaluated by the coordinator: the sequence lives in the
             // coordinator database, so values are unique across all shards.
+            // An identity column's sequence is found through pg_depend, which
+            // the snapshot covers: name lookups (pg_get_serial_sequence) fail
+            // on a table another session has dropped since.
             "WITH tessera_defaults AS (
                 SELECT a.attrelid, a.attname, a.attnum, a.attidentity,
                        COALESCE(pg_get_expr(d.adbin, d.adrelid),
                                 CASE WHEN a.attidentity <> '' THEN
-                                  format('nextval(%L::regclass)', pg_get_serial_sequence(a.attrelid::regclass::text, a.attname)) END) AS tessera_default,
+                                  (SELECT format('nextval(%L::regclass)', quote_ident(sn.nspname) || '.' || quote_ident(sc.relname))
+                                   FROM pg_depend dep
+                                   JOIN pg_class sc ON sc.oid = dep.objid AND sc.relkind = 'S'
+                                   JOIN pg_namespace sn ON sn.oid = sc.relnamespace
+                                   WHERE dep.classid = 'pg_class'::regclass AND dep.refclassid = 'pg_class'::regclass
+                                     AND dep.refobjid = a.attrelid AND dep.refobjsubid = a.attnum AND dep.deptype = 'i') END) AS tessera_default,
                        a.attidentity <> '' OR coalesce(pg_get_expr(d.adbin, d.adrelid) LIKE '%nextval(%', false) AS uses_sequence
                 FROM pg_attribute a
                 LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum

@@ -63,6 +63,12 @@ impl fmt::Display for DdlPlan {
 }
 
 impl DdlPlan {
+    /// Whether the statement changes what the catalog says about distributed
+    /// tables (their columns, defaults, existence).
+    pub fn changes_catalog(&self) -> bool {
+        matches!(self, DdlPlan::Propagate { .. } | DdlPlan::Drop { .. })
+    }
+
     /// The statement for shard `index` of a propagated DDL. pg_query 0.8's
     /// generic walk misses RENAME's table and foreign keys' referenced tables, so
     /// the relations utility statements name are pointed at the shard here (the
