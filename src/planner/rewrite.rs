@@ -14,6 +14,9 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct ShardTemplate {
     tree: protobuf::ParseResult,
+    /// The VALUES rows of a multi-row INSERT, kept out of `tree`: a shard's
+    /// statement copies only the rows it keeps, not every row once per shard.
+    values_rows: Vec<protobuf::Node>,
     tables: Vec<Arc<DistributedTable>>,
     /// Queries keep the table's name as an alias of the shard so that column
     /// references qualified with it still resolve; DDL takes no alias.
@@ -22,13 +25,14 @@ pub struct ShardTemplate {
 
 impl ShardTemplate {
     /// A template for a query (SELECT/INSERT/UPDATE/DELETE).
-    pub fn for_query(version: i32, stmt: protobuf::RawStmt, tables: Vec<Arc<DistributedTable>>) -> Self {
-        ShardTemplate { tree: protobuf::ParseResult { version, stmts: vec![stmt] }, tables, alias_tables: true }
+    pub fn for_query(version: i32, mut stmt: protobuf::RawStmt, tables: Vec<Arc<DistributedTable>>) -> Self {
+        let values_rows = insert_values(&mut stmt).map(std::mem::take).unwrap_or_default();
+        ShardTemplate { tree: protobuf::ParseResult { version, stmts: vec![stmt] }, values_rows, tables, alias_tables: true }
     }
 
     /// A template for a utility statement (CREATE INDEX, ALTER TABLE, …).
     pub fn for_utility(version: i32, stmt: protobuf::RawStmt, tables: Vec<Arc<DistributedTable>>) -> Self {
-        ShardTemplate { tree: protobuf::ParseResult { version, stmts: vec![stmt] }, tables, alias_tables: false }
+        ShardTemplate { tree: protobuf::ParseResult { version, stmts: vec![stmt] }, values_rows: Vec::new(), tables, alias_tables: false }
     }
 
     pub fn tables(&self) -> &[Arc<DistributedTable>] {
@@ -42,7 +46,7 @@ impl ShardTemplate {
     /// The same tables, for another statement (a query's per-shard part).
     pub fn with_statement(self, stmt: NodeEnum) -> Self {
         let raw = protobuf::RawStmt { stmt: Some(Box::new(protobuf::Node { node: Some(stmt) })), stmt_location: 0, stmt_len: 0 };
-        ShardTemplate { tree: protobuf::ParseResult { version: self.tree.version, stmts: vec![raw] }, ..self }
+        ShardTemplate { tree: protobuf::ParseResult { version: self.tree.version, stmts: vec![raw] }, values_rows: Vec::new(), ..self }
     }
 
     /// SQL for shard group `index`: hash tables use their shard with that index,
@@ -51,13 +55,37 @@ impl ShardTemplate {
         self.sql_with(index, |_| {})
     }
 
-    /// Like `sql_for_shard`, after `edit` has changed the statement (used to keep
-    /// only some VALUES rows of a multi-row INSERT).
+    /// Like `sql_for_shard`, after `edit` has changed the statement.
     pub fn sql_with(&self, index: u32, edit: impl FnOnce(&mut protobuf::Node)) -> PgResult<String> {
         let mut tree = self.tree.clone();
+        if let Some(values) = insert_values(&mut tree.stmts[0]) {
+            values.clone_from(&self.values_rows);
+        }
         if let Some(node) = tree.stmts[0].stmt.as_deref_mut() {
             edit(node);
         }
+        self.deparse_for_shard(tree, index)
+    }
+
+    /// A multi-row INSERT for shard group `index` that keeps only the VALUES
+    /// rows `rows` (positions in the statement), each changed by `edit_row`
+    /// (given its position), after `edit` has changed the rest of the INSERT.
+    pub fn insert_rows_sql(&self, index: u32, rows: &[usize], edit: impl FnOnce(&mut protobuf::InsertStmt), mut edit_row: impl FnMut(usize, &mut protobuf::Node)) -> PgResult<String> {
+        let mut tree = self.tree.clone();
+        if let Some(values) = insert_values(&mut tree.stmts[0]) {
+            values.extend(rows.iter().filter_map(|&i| {
+                let mut row = self.values_rows.get(i)?.clone();
+                edit_row(i, &mut row);
+                Some(row)
+            }));
+        }
+        if let Some(NodeEnum::InsertStmt(insert)) = tree.stmts[0].stmt.as_deref_mut().and_then(|n| n.node.as_mut()) {
+            edit(insert);
+        }
+        self.deparse_for_shard(tree, index)
+    }
+
+    fn deparse_for_shard(&self, mut tree: protobuf::ParseResult, index: u32) -> PgResult<String> {
         if let Some(stmt) = tree.stmts[0].stmt.as_deref_mut().and_then(|n| n.node.as_mut()) {
             if let NodeEnum::InsertStmt(insert) = stmt {
                 self.name_conflict_constraint(insert, index);
@@ -124,3 +152,10 @@ pub fn name_shard(rv: &mut protobuf::RangeVar, table: &DistributedTable, shard: 
     rv.schemaname = table.schema.clone();
 }
 
+
+/// The VALUES rows of an INSERT … VALUES statement.
+fn insert_values(stmt: &mut protobuf::RawStmt) -> Option<&mut Vec<protobuf::Node>> {
+    let Some(NodeEnum::InsertStmt(insert)) = stmt.stmt.as_deref_mut()?.node.as_mut() else { return None };
+    let Some(NodeEnum::SelectStmt(select)) = insert.select_stmt.as_deref_mut()?.node.as_mut() else { return None };
+    Some(&mut select.values_lists)
+}

@@ -200,29 +200,19 @@ impl RouterPlan {
             .filter(|(_, position, used)| *used && position.is_none())
             .map(|(name, _, _)| name.as_str())
             .collect();
-        self.template.sql_with(index, |node| {
-            let Some(NodeEnum::InsertStmt(insert)) = node.node.as_mut() else { return };
-            insert.cols.extend(appended.iter().map(|name| column(name)));
-            let Some(NodeEnum::SelectStmt(values)) = insert.select_stmt.as_mut().and_then(|s| s.node.as_mut()) else { return };
-            let all = std::mem::take(&mut values.values_lists);
-            for (i, mut list) in all.into_iter().enumerate() {
-                if !rows.contains(&i) {
-                    continue;
+        let append_columns = |insert: &mut protobuf::InsertStmt| insert.cols.extend(appended.iter().map(|name| column(name)));
+        self.template.insert_rows_sql(index, rows, append_columns, |i, row| {
+            let Some(NodeEnum::List(items)) = row.node.as_mut() else { return };
+            // In place first: appended values go after the row's own.
+            for (position, values) in &columns {
+                if let (Some(p), Some(value)) = (position, values.get(&i)) {
+                    items.items[*p] = constant(value);
                 }
-                if let Some(NodeEnum::List(items)) = list.node.as_mut() {
-                    // In place first: appended values go after the row's own.
-                    for (position, values) in &columns {
-                        if let (Some(p), Some(value)) = (position, values.get(&i)) {
-                            items.items[*p] = constant(value);
-                        }
-                    }
-                    for (position, values) in &columns {
-                        if let (None, Some(value)) = (position, values.get(&i)) {
-                            items.items.push(constant(value));
-                        }
-                    }
+            }
+            for (position, values) in &columns {
+                if let (None, Some(value)) = (position, values.get(&i)) {
+                    items.items.push(constant(value));
                 }
-                values.values_lists.push(list);
             }
         })
     }
