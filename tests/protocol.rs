@@ -4,6 +4,15 @@
 mod common;
 use common::{sqlstate, text_rows, TestCluster};
 use std::time::{Duration, Instant};
+use tessera::connection::{Login, PgConnection, ServerAddr};
+use tessera::protocol::frontend;
+
+/// A connection that speaks the protocol message by message (Tessera's own
+/// codec), for what client libraries do not let a test control.
+async fn raw_connect(port: u16) -> PgConnection {
+    let login = Login { user: "postgres".into(), database: "postgres".into(), password: None, options: Vec::new() };
+    PgConnection::connect(&ServerAddr { host: "127.0.0.1".into(), port }, &login).await.unwrap()
+}
 
 #[tokio::test]
 async fn local_work_passes_through() {
@@ -287,8 +296,6 @@ async fn row_limited_reads_stream_with_bounded_memory() {
 /// completion with a count to the application as another batch.
 #[tokio::test]
 async fn row_limited_executes_end_as_postgresql_does() {
-    use tessera::connection::{Login, PgConnection, ServerAddr};
-    use tessera::protocol::frontend;
     let plain = common::PlainPostgres::start();
     let cluster = TestCluster::start(2);
     let setup = "CREATE TABLE batches (id int PRIMARY KEY, v int); INSERT INTO batches SELECT g, g FROM generate_series(1, 40) g";
@@ -297,8 +304,7 @@ async fn row_limited_executes_end_as_postgresql_does() {
 
     // Per Execute of 10 rows: the rows it gave and how it ended.
     async fn batches(port: u16, sql: &str) -> Vec<(usize, String)> {
-        let login = Login { user: "postgres".into(), database: "postgres".into(), password: None, options: Vec::new() };
-        let mut conn = PgConnection::connect(&ServerAddr { host: "127.0.0.1".into(), port }, &login).await.unwrap();
+        let mut conn = raw_connect(port).await;
         conn.execute("BEGIN").await.unwrap();
         frontend::parse(conn.out(), "", sql, &[]);
         frontend::bind(conn.out(), "p", "", &[], &[], &[]);
@@ -338,5 +344,36 @@ async fn row_limited_executes_end_as_postgresql_does() {
     ] {
         let want = batches(plain.instance.port, sql).await;
         assert_eq!(batches(cluster.port, sql).await, want, "{sql}");
+    }
+}
+
+/// The same statement text bound with parameters of different types, in
+/// binary (psycopg types an int by its value, int2 or int4 or int8): each
+/// binding reaches the worker with the types it was parsed with.
+#[tokio::test]
+async fn one_text_with_differently_typed_parameters() {
+    let cluster = TestCluster::start(2);
+    cluster.connect().await.batch_execute("CREATE TABLE typed_keys (id bigint PRIMARY KEY, v text); SELECT create_distributed_table('typed_keys', 'id'); INSERT INTO typed_keys VALUES (7, 'seven')").await.unwrap();
+    let mut conn = raw_connect(cluster.port).await;
+    let sql = "SELECT v FROM typed_keys WHERE id = $1::bigint";
+    let seven: [(u32, bytes::Bytes); 3] = [(21, 7i16.to_be_bytes().to_vec().into()), (23, 7i32.to_be_bytes().to_vec().into()), (20, 7i64.to_be_bytes().to_vec().into())];
+    for _ in 0..2 {
+        for (type_oid, value) in &seven {
+            frontend::parse(conn.out(), "", sql, &[*type_oid]);
+            frontend::bind(conn.out(), "", "", &[1], &[Some(value.clone())], &[]);
+            frontend::execute(conn.out(), "", 0);
+            frontend::sync(conn.out());
+            let mut got = Vec::new();
+            loop {
+                let msg = conn.recv().await.unwrap();
+                match msg.tag() {
+                    b'D' => got.push(String::from_utf8_lossy(&msg.body()[6..]).into_owned()),
+                    b'E' => panic!("type {type_oid}: {}", String::from_utf8_lossy(msg.body())),
+                    b'Z' => break,
+                    _ => {}
+                }
+            }
+            assert_eq!(got, vec!["seven".to_string()], "parameter of type {type_oid}");
+        }
     }
 }

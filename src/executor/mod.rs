@@ -353,7 +353,7 @@ async fn run_task(w: &mut WorkerConnection, sql: &Arc<str>, mode: &Mode<'_>, cli
             true
         }
         Mode::Extended { bind, param_types, sync } => {
-            let (name, needs_parse) = w.statement_name(sql);
+            let (name, needs_parse) = w.statement_name(sql, param_types);
             if needs_parse {
                 frontend::parse(w.conn.out(), &name, sql, param_types);
                 parse_pending = true;

@@ -239,7 +239,7 @@ pub(super) fn send_tasks(w: &mut WorkerConnection, sqls: &[Arc<str>], mode: &Mod
                 parsed.push(None);
             }
             Mode::Extended { bind, param_types, .. } => {
-                let (name, needs_parse) = w.statement_name(sql);
+                let (name, needs_parse) = w.statement_name(sql, param_types);
                 if needs_parse {
                     frontend::parse(w.conn.out(), &name, sql, param_types);
                 }

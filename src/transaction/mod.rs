@@ -115,9 +115,12 @@ pub struct WorkerConnection {
     /// The current block wrote through this connection, so committing it needs
     /// the same atomicity as the other writers'.
     wrote: bool,
-    /// Shard statement text → name of the statement prepared for it on this
-    /// connection, for the catalog version the session last ran under.
-    prepared: HashMap<Arc<str>, String>,
+    /// Shard statement text → per parameter-type list it was parsed with, the
+    /// name of the statement prepared on this connection, for the catalog
+    /// version the session last ran under. The types are part of the key: a
+    /// client may bind the same text with an int2 once and an int4 next
+    /// (psycopg picks the type by the value), in binary.
+    prepared: HashMap<Arc<str>, Vec<(Box<[u32]>, String)>>,
     /// Statements ever prepared here: names are never reused, since those
     /// forgotten after a catalog change still exist on the worker.
     statements_made: u32,
@@ -131,17 +134,19 @@ pub struct WorkerConnection {
 const IDLE_PROBE_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
 
 impl WorkerConnection {
-    /// The prepared-statement name for `sql`, and whether it must be parsed first.
-    pub fn statement_name(&mut self, sql: &Arc<str>) -> (String, bool) {
-        if let Some(name) = self.prepared.get(sql) {
+    /// The prepared-statement name for `sql` with parameters of `param_types`,
+    /// and whether it must be parsed first.
+    pub fn statement_name(&mut self, sql: &Arc<str>, param_types: &[u32]) -> (String, bool) {
+        if let Some((_, name)) = self.prepared.get(sql).and_then(|variants| variants.iter().find(|(types, _)| **types == *param_types)) {
             return (name.clone(), false);
         }
         self.statements_made += 1;
         let name = format!("tessera_{}", self.statements_made);
-        self.prepared.insert(sql.clone(), name.clone());
+        self.prepared.entry(sql.clone()).or_default().push((param_types.into(), name.clone()));
         (name, true)
     }
-    /// Forgets a statement whose Parse failed, so it is parsed again next time.
+    /// Forgets a statement whose Parse failed (with every parameter-type
+    /// variant), so it is parsed again next time.
     pub fn forget_statement(&mut self, sql: &Arc<str>) {
         self.prepared.remove(sql);
     }
