@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+scripts/setup-clients.sh  # the client matrix's libraries (tests/clients.rs)
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
