@@ -74,6 +74,40 @@ pub fn field<'a>(format: &CopyFormat, content: &'a [u8], key: KeyField) -> PgRes
     }
 }
 
+/// Appends a value as one text or CSV field that PostgreSQL reads back as
+/// `value` (None: NULL), escaping or quoting whatever the format needs.
+/// Binary rows are never written this way; they get the text form.
+pub fn write_field(format: &CopyFormat, value: Option<&[u8]>, out: &mut bytes::BytesMut) {
+    let Some(value) = value else {
+        out.extend_from_slice(&format.null);
+        return;
+    };
+    match format.format {
+        Format::Csv => {
+            out.extend_from_slice(&[format.quote]);
+            for &b in value {
+                if b == format.quote || b == format.escape {
+                    out.extend_from_slice(&[format.escape]);
+                }
+                out.extend_from_slice(&[b]);
+            }
+            out.extend_from_slice(&[format.quote]);
+        }
+        Format::Text | Format::Binary => {
+            for &b in value {
+                match b {
+                    b'\\' => out.extend_from_slice(b"\\\\"),
+                    b'\n' => out.extend_from_slice(b"\\n"),
+                    b'\r' => out.extend_from_slice(b"\\r"),
+                    b'\t' => out.extend_from_slice(b"\\t"),
+                    _ if b == format.delimiter => out.extend_from_slice(&[b'\\', b]),
+                    _ => out.extend_from_slice(&[b]),
+                }
+            }
+        }
+    }
+}
+
 fn missing_field() -> PgError {
     PgError::new(BAD_COPY_FILE_FORMAT, "missing data for the distribution column")
 }
@@ -281,6 +315,27 @@ mod tests {
 
     fn csv(format: &CopyFormat, content: &[u8], k: KeyField) -> Option<Vec<u8>> {
         field(format, content, k).unwrap().map(|v| v.into_owned())
+    }
+
+    #[test]
+    fn written_fields_read_back_as_written() {
+        let mut pipe = CopyFormat::new(Format::Text);
+        pipe.delimiter = b'|';
+        let mut semicolon_csv = CopyFormat::new(Format::Csv);
+        semicolon_csv.delimiter = b';';
+        let values: [&[u8]; 6] = [b"42", b"a\tb", b"x|y;z", b"line\nend\r", b"back\\slash \"quoted\"", b""];
+        for format in [CopyFormat::new(Format::Text), pipe, CopyFormat::new(Format::Csv), semicolon_csv] {
+            for value in values {
+                let mut row = bytes::BytesMut::from(&b"first"[..]);
+                row.extend_from_slice(&[format.delimiter]);
+                write_field(&format, Some(value), &mut row);
+                assert_eq!(field(&format, &row, key(1)).unwrap().as_deref(), Some(value), "{format:?}");
+            }
+            let mut row = bytes::BytesMut::from(&b"first"[..]);
+            row.extend_from_slice(&[format.delimiter]);
+            write_field(&format, None, &mut row);
+            assert_eq!(field(&format, &row, key(1)).unwrap(), None, "{format:?}");
+        }
     }
 
     #[test]

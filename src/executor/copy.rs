@@ -38,6 +38,9 @@ const BUFFERED_BYTES: usize = 16 << 20;
 const CONVERSION_BATCH: usize = 512;
 /// How much of a row an error message shows, as PostgreSQL's COPY does.
 const ROW_SHOWN: usize = 100;
+/// Rows that need serial or identity values wait for this many, to draw
+/// their values in one round trip.
+const FILL_BATCH: usize = 1000;
 
 pub async fn run(plan: &CopyPlan, parts: &mut Participants, catalog: &Catalog, client: &mut ClientConn) -> PgResult<()> {
     if plan.from_client {
@@ -54,6 +57,20 @@ async fn copy_in(plan: &CopyPlan, parts: &mut Participants, catalog: &Catalog, c
     }
     client.out().extend_from_slice(copy_in_response.frame());
     client.flush().await.map_err(client_lost)?;
+    if !plan.fills.is_empty() && plan.format.is_binary() {
+        // Refused at the end of the client's data, where PostgreSQL reports
+        // bad data: clients wait for the COPY's outcome only then.
+        while let Some(msg) = client.recv().await.map_err(client_lost)? {
+            if matches!(msg.tag(), b'c' | b'f') {
+                break;
+            }
+        }
+        return Err(PgError::not_supported(format!(
+            "COPY in binary format into {} must list its serial and identity columns: the coordinator fills them in text and CSV only",
+            plan.table.name
+        ))
+        .with_hint("Include the columns and their values, or use FORMAT text or csv."));
+    }
     let implicit = parts.begin_implicit();
     let mut load = Load::new(plan, catalog);
     let streamed = load.stream(parts, client).await;
@@ -162,6 +179,8 @@ struct Load<'a> {
     streams: Vec<Stream>,
     /// Rows whose key the coordinator database must convert first.
     awaiting_key: Vec<(Row, Bytes)>,
+    /// Rows waiting for the values of the plan's `fills`.
+    awaiting_fill: Vec<Row>,
 }
 
 impl<'a> Load<'a> {
@@ -175,6 +194,7 @@ impl<'a> Load<'a> {
             buffered: 0,
             streams: Vec::new(),
             awaiting_key: Vec::new(),
+            awaiting_fill: Vec::new(),
         }
     }
 
@@ -202,12 +222,20 @@ impl<'a> Load<'a> {
             loop {
                 let row = self.reader.next().map_err(|e| self.at_line(e, self.reader.current_line(), None))?;
                 let Some(row) = row else { break };
-                self.route(parts, client, row).await?;
+                if self.plan.fills.is_empty() {
+                    self.route(parts, client, row).await?;
+                } else {
+                    self.awaiting_fill.push(row);
+                    if self.awaiting_fill.len() >= FILL_BATCH {
+                        self.fill(parts, client).await?;
+                    }
+                }
             }
             if msg.tag() == b'c' {
                 break;
             }
         }
+        self.fill(parts, client).await?;
         self.convert_keys(parts, client).await?;
         for shard in 0..self.batches.len() {
             self.send(parts, client, shard).await?;
@@ -242,6 +270,30 @@ impl<'a> Load<'a> {
                 Ok(())
             }
         }
+    }
+
+    /// Gives the waiting rows their serial and identity values, drawn from
+    /// the coordinator database's sequences in one round trip, then routes them.
+    async fn fill(&mut self, parts: &mut Participants, client: &mut ClientConn) -> PgResult<()> {
+        let waiting = std::mem::take(&mut self.awaiting_fill);
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        let sql = format!("SELECT {} FROM generate_series(1, {})", self.plan.fills.join(", "), waiting.len());
+        let values = parts.local().await?.query(&sql).await.map_err(|e| e.with_context(format!("filling the serial and identity columns of {}", self.plan.table.name)))?;
+        for (row, values) in waiting.into_iter().zip(values) {
+            let mut data = BytesMut::with_capacity(row.data.len() + 16 * values.len());
+            data.extend_from_slice(row.content());
+            for value in &values {
+                data.extend_from_slice(&[self.plan.format.delimiter]);
+                copy::write_field(&self.plan.format, value.as_deref().map(str::as_bytes), &mut data);
+            }
+            let content_len = data.len();
+            data.extend_from_slice(&row.data[row.content_len..]);
+            let filled = Row { data: data.freeze(), content_len, ..row };
+            self.route(parts, client, filled).await?;
+        }
+        Ok(())
     }
 
     /// Routes the rows whose key the coordinator database had to convert to

@@ -47,6 +47,10 @@ pub struct CopyPlan {
     pub shell_sql: String,
     /// The statement for each shard, by shard index.
     pub shard_sql: Vec<String>,
+    /// Defaults the coordinator evaluates for the serial and identity columns
+    /// the column list leaves out (the shards have no sequences): their
+    /// values follow each row's own fields, as the shard statements list them.
+    pub fills: Vec<String>,
 }
 
 impl fmt::Display for CopyPlan {
@@ -66,9 +70,11 @@ pub(super) fn plan(version: i32, stmt: &protobuf::CopyStmt, text: &str, catalog:
     }
     let format = read_format(&stmt.options);
     let columns: Vec<String> = if stmt.attlist.is_empty() { table.copy_columns.clone() } else { names(&stmt.attlist) };
+    let filled: Vec<&(String, String)> = if stmt.is_from { table.sequence_columns.iter().filter(|(name, _)| !columns.contains(name)).collect() } else { Vec::new() };
+    let all_columns: Vec<&String> = columns.iter().chain(filled.iter().map(|(name, _)| name)).collect();
     let key = match &table.distribution {
         Distribution::Reference => KeyPosition::Everywhere,
-        Distribution::Hash { column, .. } => match columns.iter().position(|c| c == column) {
+        Distribution::Hash { column, .. } => match all_columns.iter().position(|c| *c == column) {
             Some(index) => KeyPosition::Field(KeyField {
                 index,
                 force_null: names_option(&stmt.options, "force_null", column),
@@ -82,6 +88,9 @@ pub(super) fn plan(version: i32, stmt: &protobuf::CopyStmt, text: &str, catalog:
         let mut for_shard = stmt.clone();
         if let Some(rv) = for_shard.relation.as_mut() {
             name_shard(rv, table, shard);
+        }
+        for (name, _) in &filled {
+            for_shard.attlist.push(Node { node: Some(NodeEnum::String(protobuf::String { sval: name.clone() })) });
         }
         match deparse(version, NodeEnum::CopyStmt(Box::new(for_shard))) {
             Ok(sql) => shard_sql.push(sql),
@@ -98,7 +107,8 @@ pub(super) fn plan(version: i32, stmt: &protobuf::CopyStmt, text: &str, catalog:
     } else {
         text.to_string()
     };
-    Some(Plan::Copy(Arc::new(CopyPlan { table: table.clone(), from_client: stmt.is_from, format, key, fields: columns.len(), shell_sql, shard_sql })))
+    let fills = filled.iter().map(|(_, default)| default.clone()).collect();
+    Some(Plan::Copy(Arc::new(CopyPlan { table: table.clone(), from_client: stmt.is_from, format, key, fields: columns.len(), shell_sql, shard_sql, fills })))
 }
 
 /// `COPY (query) TO STDOUT` whose query reads distributed tables: the query
