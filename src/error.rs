@@ -55,6 +55,17 @@ fn rename_quoted(text: &str, rename: &impl Fn(&str) -> Option<&str>) -> String {
     out
 }
 
+/// Privilege errors name their object last and unquoted ("permission denied
+/// for table accounts_102008").
+fn rename_last_word(text: &str, rename: &impl Fn(&str) -> Option<&str>) -> String {
+    let (head, last) = text.rsplit_once(' ').unwrap_or(("", text));
+    match rename(last) {
+        Some(new) if head.is_empty() => new.to_string(),
+        Some(new) => format!("{head} {new}"),
+        None => text.to_string(),
+    }
+}
+
 impl PgError {
     pub fn new(code: &str, message: impl Into<String>) -> Self {
         PgError { fields: vec![(b'S', "ERROR".into()), (b'V', "ERROR".into()), (b'C', code.into()), (b'M', message.into())] }
@@ -136,7 +147,8 @@ impl PgError {
                         *value = new;
                     }
                 }
-                b'M' | b'D' => *value = rename_quoted(value, &rename),
+                b'M' => *value = rename_last_word(&rename_quoted(value, &rename), &rename),
+                b'D' => *value = rename_quoted(value, &rename),
                 _ => {}
             }
         }
@@ -190,7 +202,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn renaming_reaches_fields_and_quoted_names_only() {
+    fn renaming_reaches_fields_quoted_names_and_privilege_objects() {
         let e = PgError::new("23505", "duplicate key value violates unique constraint \"t_pkey_102008\"")
             .with_detail("Key (id)=(x_102008) already exists.");
         let e = PgError::from_fields(e.fields().map(|(c, v)| (c, v.to_string())).chain([(b't', "t_102008".to_string()), (b'n', "t_pkey_102008".to_string())]).collect());
@@ -199,5 +211,10 @@ mod tests {
         assert_eq!(e.detail(), Some("Key (id)=(x_102008) already exists."));
         let fields: Vec<(u8, &str)> = e.fields().filter(|(c, _)| matches!(c, b't' | b'n')).collect();
         assert_eq!(fields, [(b't', "t"), (b'n', "t_pkey")]);
+
+        let denied = PgError::new("42501", "permission denied for table t_102008").rename(|n| n.strip_suffix("_102008"));
+        assert_eq!(denied.message(), "permission denied for table t");
+        let value = PgError::new("22P02", "invalid input syntax for type integer: x_102008x").rename(|n| n.strip_suffix("_102008"));
+        assert_eq!(value.message(), "invalid input syntax for type integer: x_102008x");
     }
 }

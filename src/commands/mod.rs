@@ -292,9 +292,15 @@ async fn run_ddl_in_block(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_
             }
             local.execute(sql).await
         }
-        DdlPlan::Truncate { .. } => {
+        DdlPlan::Truncate { .. } | DdlPlan::Grant { .. } => {
             let tag = ctx.parts.local().await?.execute(sql).await?;
             run_node_statements(plan, ctx).await?;
+            Ok(tag)
+        }
+        DdlPlan::Everywhere { .. } => {
+            let tag = ctx.parts.local().await?.execute(sql).await?;
+            let groups = ctx.catalog.active_nodes().map(|n| n.group_id).collect();
+            run_per_group(ctx, groups, |group| plan.node_sql(group)).await?;
             Ok(tag)
         }
         DdlPlan::DropIndex(_) | DdlPlan::Vacuum { .. } | DdlPlan::Checkpoint | DdlPlan::Lock { .. } => unreachable!("{plan} runs on its own"),
@@ -311,8 +317,8 @@ pub(crate) fn delete_catalog_rows_sql(t: &DistributedTable) -> String {
     )
 }
 
-/// Runs a DROP TABLE, TRUNCATE or VACUUM on every node holding shards of its
-/// tables, each node naming its own shards.
+/// Runs a DROP TABLE, TRUNCATE, VACUUM or GRANT on every node holding shards
+/// of its tables, each node naming its own shards.
 async fn run_node_statements(plan: &DdlPlan, ctx: &mut CommandContext<'_>) -> PgResult<()> {
     run_per_group(ctx, placement_groups(plan.tables()), |group| plan.node_sql(group)).await
 }
@@ -338,8 +344,6 @@ pub(crate) async fn read_shard_rows(ctx: &mut CommandContext<'_>, node: &crate::
     Ok(rows)
 }
 
-/// Runs each node's statements as one batch on the session's connection to it
-/// (inside the current block), naming the node in any error.
 /// A propagated statement for every shard of `table`, by the node group that
 /// runs it.
 fn shard_statements(table: &DistributedTable, template: &ShardTemplate) -> PgResult<BTreeMap<i32, Vec<String>>> {
@@ -353,6 +357,8 @@ fn shard_statements(table: &DistributedTable, template: &ShardTemplate) -> PgRes
     Ok(per_node)
 }
 
+/// Runs each node's statements as one batch on the session's connection to it
+/// (inside the current block), naming the node in any error.
 async fn run_per_node(ctx: &mut CommandContext<'_>, per_node: BTreeMap<i32, Vec<String>>) -> PgResult<()> {
     for (group, statements) in per_node {
         let node = ctx.catalog.node_for_group(group).ok_or_else(|| PgError::internal(format!("no node for group {group}")))?.clone();

@@ -38,6 +38,16 @@ pub enum DdlPlan {
     /// CHECKPOINT: the coordinator database and every active worker, as a
     /// user of one database expects (and as Greenplum does).
     Checkpoint,
+    /// Statements about what every node must know alike: roles and their
+    /// memberships, default privileges, grants on schemas or on all tables
+    /// of a schema. The coordinator database and every active worker run
+    /// `sql` (the statement deparsed) in one distributed transaction, so
+    /// that the workers, which check privileges themselves, agree with it.
+    Everywhere { sql: String },
+    /// GRANT/REVOKE on tables some of which are distributed: the coordinator
+    /// database runs the statement (shells and local tables), each node the
+    /// statement for the shards it holds.
+    Grant { version: i32, stmt: protobuf::GrantStmt, tables: Vec<(Arc<DistributedTable>, protobuf::RangeVar)> },
 }
 
 /// DROP INDEX: the parse tree names indexes, not their tables.
@@ -58,6 +68,8 @@ impl fmt::Display for DdlPlan {
             DdlPlan::DropIndex(_) => write!(f, "drop index"),
             DdlPlan::Vacuum { .. } => write!(f, "vacuum {names}"),
             DdlPlan::Checkpoint => write!(f, "checkpoint every node"),
+            DdlPlan::Everywhere { .. } => write!(f, "run on every node"),
+            DdlPlan::Grant { .. } => write!(f, "grant on {names}"),
         }
     }
 }
@@ -114,15 +126,15 @@ impl DdlPlan {
         match self {
             DdlPlan::Propagate { table, .. } => vec![table],
             DdlPlan::Drop { tables } => tables.iter().collect(),
-            DdlPlan::Truncate { tables, .. } | DdlPlan::Lock { tables, .. } => tables.iter().map(|(t, _)| t).collect(),
-            DdlPlan::DropIndex(_) | DdlPlan::Checkpoint => vec![],
+            DdlPlan::Truncate { tables, .. } | DdlPlan::Lock { tables, .. } | DdlPlan::Grant { tables, .. } => tables.iter().map(|(t, _)| t).collect(),
+            DdlPlan::DropIndex(_) | DdlPlan::Checkpoint | DdlPlan::Everywhere { .. } => vec![],
             DdlPlan::Vacuum { rels, .. } => rels.iter().map(|(t, _)| t).collect(),
         }
     }
 
     /// The statement for node group `group` of a DROP TABLE, TRUNCATE,
-    /// VACUUM (they name the shards the node holds instead of the distributed
-    /// tables) or CHECKPOINT.
+    /// VACUUM, GRANT (they name the shards the node holds instead of the
+    /// distributed tables), CHECKPOINT or a statement for every node.
     pub fn node_sql(&self, group: i32) -> PgResult<String> {
         match self {
             DdlPlan::Drop { tables } => {
@@ -146,7 +158,13 @@ impl DdlPlan {
                 stmt.rels = for_shards_on(rels, group, |vr| vr.relation.as_mut()).into_iter().map(|vr| node(NodeEnum::VacuumRelation(vr))).collect();
                 super::deparse::deparse_statement(*version, NodeEnum::VacuumStmt(stmt))
             }
+            DdlPlan::Grant { version, stmt, tables } => {
+                let mut stmt = stmt.clone();
+                stmt.objects = for_shards_on(tables, group, |rv| Some(rv)).into_iter().map(|rv| node(NodeEnum::RangeVar(rv))).collect();
+                super::deparse::deparse_statement(*version, NodeEnum::GrantStmt(stmt))
+            }
             DdlPlan::Checkpoint => Ok("CHECKPOINT".into()),
+            DdlPlan::Everywhere { sql } => Ok(sql.clone()),
             DdlPlan::Propagate { .. } | DdlPlan::DropIndex(_) => unreachable!("{self} has no statement per node"),
         }
     }
@@ -370,8 +388,55 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
                 .collect();
             (!rels.is_empty()).then(|| Plan::Ddl(Arc::new(DdlPlan::Vacuum { version, stmt: v.clone(), rels })))
         }
+        NodeEnum::GrantStmt(g) => plan_grant(version, g, node, catalog),
         NodeEnum::ExplainStmt(_) => {
             (!referenced_tables(raw, catalog).is_empty()).then(|| not_supported("EXPLAIN of queries over distributed tables is not supported yet"))
+        }
+        _ => None,
+    }
+}
+
+/// Statements that every node must run, whether or not tables are
+/// distributed yet: CHECKPOINT, and those about roles (which every node
+/// checks privileges against) and default privileges.
+pub(super) fn plan_cluster_wide(version: i32, node: &NodeEnum) -> Option<Plan> {
+    Some(match node {
+        NodeEnum::CheckPointStmt(_) => Plan::Ddl(Arc::new(DdlPlan::Checkpoint)),
+        NodeEnum::CreateRoleStmt(_)
+        | NodeEnum::AlterRoleStmt(_)
+        | NodeEnum::AlterRoleSetStmt(_)
+        | NodeEnum::DropRoleStmt(_)
+        | NodeEnum::GrantRoleStmt(_)
+        | NodeEnum::AlterDefaultPrivilegesStmt(_)
+        | NodeEnum::ReassignOwnedStmt(_)
+        | NodeEnum::DropOwnedStmt(_) => everywhere(version, node),
+        NodeEnum::GrantStmt(g) if ObjectType::from_i32(g.objtype) == Some(ObjectType::ObjectSchema) => everywhere(version, node),
+        _ => return None,
+    })
+}
+
+fn everywhere(version: i32, node: &NodeEnum) -> Plan {
+    match super::deparse::deparse_statement(version, node.clone()) {
+        Ok(sql) => Plan::Ddl(Arc::new(DdlPlan::Everywhere { sql })),
+        Err(e) => Plan::Unsupported(e),
+    }
+}
+
+/// GRANT/REVOKE of privileges on tables: the distributed ones' shards get
+/// them too; on all tables of a schema: every node. Grants on schemas are
+/// cluster-wide (`plan_cluster_wide`); on other objects (sequences and
+/// functions live in the coordinator database, and so do databases' own
+/// grants) the coordinator database's alone.
+fn plan_grant(version: i32, grant: &protobuf::GrantStmt, node: &NodeEnum, catalog: &Catalog) -> Option<Plan> {
+    let target = protobuf::GrantTargetType::from_i32(grant.targtype);
+    let objtype = ObjectType::from_i32(grant.objtype);
+    if target == Some(protobuf::GrantTargetType::AclTargetAllInSchema) && objtype == Some(ObjectType::ObjectTable) {
+        return catalog.has_tables().then(|| everywhere(version, node));
+    }
+    match objtype {
+        Some(ObjectType::ObjectTable) => {
+            let tables = distributed_relations(&grant.objects, catalog);
+            (!tables.is_empty()).then(|| Plan::Ddl(Arc::new(DdlPlan::Grant { version, stmt: grant.clone(), tables })))
         }
         _ => None,
     }

@@ -184,9 +184,8 @@ fn plan_statement(version: i32, raw: protobuf::RawStmt, text: &str, catalog: &Ca
     if let NodeEnum::TransactionStmt(t) = node {
         return plan_transaction(t, text);
     }
-    // Every node, whether or not tables are distributed yet.
-    if let NodeEnum::CheckPointStmt(_) = node {
-        return Plan::Ddl(Arc::new(ddl::DdlPlan::Checkpoint));
+    if let Some(plan) = ddl::plan_cluster_wide(version, node) {
+        return plan;
     }
     if let NodeEnum::SelectStmt(select) = node {
         if let Some(call) = functions::cluster_call(select) {

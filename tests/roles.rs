@@ -1,0 +1,116 @@
+//! Roles and privileges as on PostgreSQL: roles created through Tessera exist
+//! on every node, GRANT/REVOKE on distributed and reference tables reach
+//! their shards, and an ordinary role sees what it would see on a plain
+//! PostgreSQL: the same rows, and the same 42501 errors where it may not.
+
+mod common;
+use common::{connect_as, PlainPostgres, TestCluster};
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+/// What a statement gave: its rows (text, in order), or its SQLSTATE and message.
+async fn outcome(c: &Client, sql: &str) -> Result<Vec<Vec<Option<String>>>, (String, String)> {
+    match c.simple_query(sql).await {
+        Ok(messages) => Ok(messages
+            .into_iter()
+            .filter_map(|m| match m {
+                SimpleQueryMessage::Row(r) => Some((0..r.len()).map(|i| r.get(i).map(str::to_string)).collect()),
+                _ => None,
+            })
+            .collect()),
+        Err(e) => {
+            let db = e.as_db_error().unwrap_or_else(|| panic!("{sql}: {e}"));
+            Err((db.code().code().to_string(), db.message().to_string()))
+        }
+    }
+}
+
+const SCHEMA: &str = "
+    CREATE ROLE app LOGIN;
+    CREATE ROLE reader LOGIN;
+    CREATE ROLE auditors;
+    GRANT auditors TO reader;
+    CREATE TABLE accounts (id int PRIMARY KEY, owner text, balance int);
+    CREATE TABLE kinds (id int PRIMARY KEY, name text);
+    CREATE TABLE secrets (id int PRIMARY KEY, code text);";
+
+const DISTRIBUTE: &str = "
+    SELECT create_distributed_table('accounts', 'id');
+    SELECT create_reference_table('kinds');
+    SELECT create_distributed_table('secrets', 'id');";
+
+const DATA_AND_GRANTS: &str = "
+    INSERT INTO accounts SELECT g, 'owner ' || g, g * 10 FROM generate_series(1, 20) g;
+    INSERT INTO kinds VALUES (1, 'checking'), (2, 'savings');
+    INSERT INTO secrets VALUES (1, 'x');
+    GRANT SELECT, INSERT, UPDATE ON accounts, kinds TO app;
+    REVOKE UPDATE ON accounts FROM app;
+    GRANT SELECT (id, owner) ON accounts TO auditors;
+    GRANT SELECT ON secrets TO auditors;
+    REVOKE SELECT ON secrets FROM auditors;";
+
+/// Statements each role runs, in order, on both servers.
+const AS_APP: &[&str] = &[
+    "SELECT count(*), sum(balance) FROM accounts",
+    "SELECT balance FROM accounts WHERE id = 7",
+    "SELECT name FROM kinds ORDER BY id",
+    "INSERT INTO accounts VALUES (100, 'new', 5)",
+    "SELECT owner FROM accounts WHERE id = 100",
+    "UPDATE accounts SET balance = 0 WHERE id = 7",
+    "UPDATE kinds SET name = 'current' WHERE id = 1",
+    "DELETE FROM accounts WHERE id = 7",
+    "SELECT code FROM secrets WHERE id = 1",
+    "SELECT count(*) FROM secrets",
+];
+
+const AS_READER: &[&str] = &[
+    "SELECT id, owner FROM accounts WHERE id = 3",
+    "SELECT count(id) FROM accounts",
+    "SELECT balance FROM accounts WHERE id = 3",
+    "SELECT count(*) FROM kinds",
+    "INSERT INTO accounts (id, owner) VALUES (200, 'no')",
+    "SELECT code FROM secrets",
+];
+
+#[tokio::test]
+async fn ordinary_roles_get_what_postgresql_gives_them() {
+    let cluster = TestCluster::start(2);
+    let plain = PlainPostgres::start();
+    let (c, p) = (cluster.connect().await, plain.connect().await);
+    c.batch_execute(SCHEMA).await.unwrap();
+    c.batch_execute(DISTRIBUTE).await.unwrap();
+    c.batch_execute(DATA_AND_GRANTS).await.unwrap();
+    p.batch_execute(SCHEMA).await.unwrap();
+    p.batch_execute(DATA_AND_GRANTS).await.unwrap();
+
+    // The roles, and the grants on the shards, are on every worker.
+    for w in 0..2 {
+        let worker = cluster.connect_worker(w).await;
+        let roles = outcome(&worker, "SELECT string_agg(rolname, ',' ORDER BY rolname) FROM pg_roles WHERE rolname IN ('app', 'reader', 'auditors')").await.unwrap();
+        assert_eq!(roles, vec![vec![Some("app,auditors,reader".to_string())]], "worker {w}");
+        let granted = outcome(&worker, "SELECT bool_and(has_table_privilege('app', oid, 'INSERT')) FROM pg_class WHERE relname LIKE 'accounts\\_%' AND relkind = 'r'").await.unwrap();
+        assert_eq!(granted, vec![vec![Some("t".to_string())]], "worker {w}");
+    }
+
+    for (role, statements) in [("app", AS_APP), ("reader", AS_READER)] {
+        let (c, p) = (connect_as(cluster.port, role).await, connect_as(plain.instance.port, role).await);
+        for sql in statements {
+            let want = outcome(&p, sql).await;
+            assert_eq!(outcome(&c, sql).await, want, "as {role}: {sql}");
+        }
+    }
+
+    // Revoked everywhere, and dropped everywhere.
+    for admin in [&c, &p] {
+        admin.batch_execute("REVOKE ALL ON accounts, kinds FROM app; REVOKE SELECT (id, owner) ON accounts FROM auditors").await.unwrap();
+    }
+    let (ca, pa) = (connect_as(cluster.port, "app").await, connect_as(plain.instance.port, "app").await);
+    for sql in ["SELECT count(*) FROM accounts", "SELECT name FROM kinds WHERE id = 2"] {
+        assert_eq!(outcome(&ca, sql).await, outcome(&pa, sql).await, "after REVOKE: {sql}");
+    }
+    drop(ca);
+    c.batch_execute("DROP ROLE app").await.unwrap();
+    for w in 0..2 {
+        let worker = cluster.connect_worker(w).await;
+        assert_eq!(outcome(&worker, "SELECT count(*) FROM pg_roles WHERE rolname = 'app'").await.unwrap(), vec![vec![Some("0".to_string())]]);
+    }
+}
