@@ -46,15 +46,19 @@ impl ClientConn {
         self.max_message_len = MAX_MESSAGE_LEN;
     }
 
+    /// The next message if it has arrived whole already (no I/O).
+    pub fn buffered(&mut self) -> std::io::Result<Option<Message>> {
+        match take_message_within(&mut self.rbuf, self.max_message_len) {
+            Ok(m) => Ok(m),
+            Err(e @ ProtocolError::BadLength(_)) | Err(e @ ProtocolError::Malformed(_)) => Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
+        }
+    }
+
     /// Reads the next message; None when the client went away.
     pub async fn recv(&mut self) -> std::io::Result<Option<Message>> {
         loop {
-            match take_message_within(&mut self.rbuf, self.max_message_len) {
-                Ok(Some(m)) => return Ok(Some(m)),
-                Ok(None) => {}
-                Err(e @ ProtocolError::BadLength(_)) | Err(e @ ProtocolError::Malformed(_)) => {
-                    return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e))
-                }
+            if let Some(m) = self.buffered()? {
+                return Ok(Some(m));
             }
             if !self.wbuf.is_empty() {
                 self.flush().await?;

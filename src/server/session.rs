@@ -316,6 +316,11 @@ impl Session {
     /// a notice, a changed parameter) goes to the client at once, as
     /// PostgreSQL would send it.
     async fn next_message(&mut self) -> anyhow::Result<Option<Message>> {
+        // Messages the client sent together (Bind, Execute, Sync) are handled
+        // together, and their answers leave in one write.
+        if let Some(msg) = self.client.buffered()? {
+            return Ok(Some(msg));
+        }
         loop {
             // Neither read below may be cancelled in the middle of a write.
             self.client.flush().await?;
