@@ -8,7 +8,8 @@ use super::{evaluate_defaults, node_of_group, plan_tasks, Mode, RoutedInsert};
 use crate::connection::{quote_ident, TextRow, TextRows};
 use crate::error::{PgError, PgResult};
 use crate::metadata::Catalog;
-use crate::planner::{plan_query, InsertSelectPlan, Plan, ShardTarget};
+use crate::metadata::Distribution;
+use crate::planner::{plan_query, InsertSelectPlan, KeyRouting, Plan, ShardTarget};
 use crate::protocol::backend::{self, FieldDescription};
 use crate::protocol::frontend::{self, Bind};
 use crate::server::client::ClientConn;
@@ -55,11 +56,25 @@ pub async fn run(plan: &InsertSelectPlan, coordinator: &Coordinator, catalog: &C
 #[allow(clippy::too_many_arguments)]
 async fn insert_batches(plan: &InsertSelectPlan, columns: &[String], types: &[String], rows: &[TextRow], catalog: &Catalog, parts: &mut Participants, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<u64> {
     let mut routed = RoutedInsert::default();
+    // The values of GENERATED ALWAYS identity columns came from the shell.
+    let overriding = if plan.target.always_identity.is_empty() { "" } else { " OVERRIDING SYSTEM VALUE" };
+    let direct = DirectRouting::new(plan, columns);
     for (batch_index, batch) in rows.chunks(BATCH_ROWS).enumerate() {
-        // The values of GENERATED ALWAYS identity columns came from the shell.
-        let overriding = if plan.target.always_identity.is_empty() { "" } else { " OVERRIDING SYSTEM VALUE" };
+        let first_row = batch_index * BATCH_ROWS;
+        if let Some(by_shard) = direct.as_ref().and_then(|d| d.shards_of(batch)) {
+            for (shard, rows) in by_shard {
+                let shard = &plan.target.shards[shard as usize];
+                let values = values_list(types, rows.iter().map(|&r| &batch[r]));
+                let sql: std::sync::Arc<str> = format!("INSERT INTO {} ({}){overriding} VALUES {values}", plan.target.qualified_shard_name(shard), columns.join(", ")).into();
+                for (i, group) in shard.placements.iter().enumerate() {
+                    let task = super::Task { group: *group, sql: sql.clone(), rows: rows.clone() };
+                    routed.add(node_of_group(catalog, *group)?, task, first_row, i > 0);
+                }
+            }
+            continue;
+        }
         // Literals of the columns' own types: the router hashes keys exactly.
-        let sql = format!("INSERT INTO {} ({}){overriding} VALUES {}{}", plan.target.qualified_name(), columns.join(", "), values_list(types, batch), plan.shard_clauses);
+        let sql = format!("INSERT INTO {} ({}){overriding} VALUES {}{}", plan.target.qualified_name(), columns.join(", "), values_list(types, batch.iter()), plan.shard_clauses);
         let router = match plan_query(&sql, catalog).into_iter().next().map(|p| p.plan) {
             Some(Plan::Router(router)) => router,
             // A row the router refuses (a NULL distribution column value).
@@ -72,7 +87,7 @@ async fn insert_batches(plan: &InsertSelectPlan, columns: &[String], types: &[St
                 task.rows = (0..batch.len()).collect();
             }
             let replica = router.target == ShardTarget::Reference && i > 0;
-            routed.add(node_of_group(catalog, task.group)?, task, batch_index * BATCH_ROWS, replica);
+            routed.add(node_of_group(catalog, task.group)?, task, first_row, replica);
         }
     }
     if routed.is_empty() {
@@ -88,6 +103,52 @@ async fn insert_batches(plan: &InsertSelectPlan, columns: &[String], types: &[St
         _ => Mode::Simple,
     };
     routed.run(parts, &run_mode, matches!(mode, Mode::Simple), client).await
+}
+
+/// Rows that need no parsing to reach their shards: without ON CONFLICT or
+/// RETURNING to rewrite and with every sequence column given, each row's
+/// shard is found by hashing its key text here, and each shard's INSERT is
+/// written as text. (Parsing a 1,000-row INSERT and deparsing it per shard
+/// cost the coordinator far more than the workers' inserts.)
+struct DirectRouting<'p> {
+    routing: Option<KeyRouting<'p>>,
+    /// The key's position among the row's fields (hash-distributed tables).
+    key: usize,
+}
+
+impl<'p> DirectRouting<'p> {
+    fn new(plan: &'p InsertSelectPlan, columns: &[String]) -> Option<Self> {
+        let table = &plan.target;
+        let all_given = table.sequence_columns.iter().all(|(name, _)| columns.contains(&quote_ident(name)));
+        if !plan.shard_clauses.is_empty() || !all_given {
+            return None;
+        }
+        match KeyRouting::new(table, true) {
+            None => Some(DirectRouting { routing: None, key: 0 }),
+            Some(routing) => {
+                let Distribution::Hash { column, .. } = &table.distribution else { return None };
+                let key = columns.iter().position(|c| *c == quote_ident(column))?;
+                Some(DirectRouting { routing: Some(routing), key })
+            }
+        }
+    }
+
+    /// The batch's rows by shard index, in row order; None when a key is NULL
+    /// or needs the coordinator database to convert it (the router path
+    /// handles those, with its errors).
+    fn shards_of(&self, batch: &[TextRow]) -> Option<Vec<(u32, Vec<usize>)>> {
+        let Some(routing) = &self.routing else { return Some(vec![(0, (0..batch.len()).collect())]) };
+        let mut by_shard: Vec<(u32, Vec<usize>)> = Vec::new();
+        for (r, row) in batch.iter().enumerate() {
+            let value = row.get(self.key)?.as_deref()?;
+            let shard = routing.local_shard(value.as_bytes(), 0, false)?;
+            match by_shard.iter_mut().find(|(s, _)| *s == shard) {
+                Some((_, rows)) => rows.push(r),
+                None => by_shard.push((shard, vec![r])),
+            }
+        }
+        Some(by_shard)
+    }
 }
 
 /// The rows the INSERT would store, from the coordinator database, which

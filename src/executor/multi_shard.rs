@@ -352,13 +352,13 @@ pub(super) fn rows_as_relation(types: &[String], rows: &[TextRow]) -> String {
         let nulls: Vec<String> = types.iter().map(|t| format!("NULL::{t}")).collect();
         return format!("(SELECT {} WHERE false)", nulls.join(", "));
     }
-    format!("(VALUES {})", values_list(types, rows))
+    format!("(VALUES {})", values_list(types, rows.iter()))
 }
 
 /// `(lit::type, …), (…)` for a VALUES clause; `rows` must not be empty.
-pub(super) fn values_list(types: &[String], rows: &[TextRow]) -> String {
+pub(super) fn values_list<'r>(types: &[String], rows: impl ExactSizeIterator<Item = &'r TextRow>) -> String {
     let mut values = String::with_capacity(rows.len() * types.len() * 16);
-    for (r, row) in rows.iter().enumerate() {
+    for (r, row) in rows.enumerate() {
         values.push_str(if r == 0 { "(" } else { ", (" });
         for (i, (v, t)) in row.iter().zip(types).enumerate() {
             if i > 0 {
