@@ -114,3 +114,33 @@ async fn ordinary_roles_get_what_postgresql_gives_them() {
         assert_eq!(outcome(&worker, "SELECT count(*) FROM pg_roles WHERE rolname = 'app'").await.unwrap(), vec![vec![Some("0".to_string())]]);
     }
 }
+
+/// Privileges granted before a table is distributed, and the owner's own,
+/// hold on its shards afterwards (the workers check them there).
+#[tokio::test]
+async fn grants_made_before_distribution_reach_the_shards() {
+    let cluster = TestCluster::start(2);
+    let plain = PlainPostgres::start();
+    let (c, p) = (cluster.connect().await, plain.connect().await);
+    let schema = "CREATE ROLE owner_role LOGIN; CREATE ROLE viewer LOGIN;
+        CREATE TABLE ledger (id int PRIMARY KEY, memo text, amount int);
+        CREATE TABLE labels (id int PRIMARY KEY, label text);
+        INSERT INTO ledger SELECT g, 'm' || g, g FROM generate_series(1, 50) g;
+        INSERT INTO labels VALUES (1, 'one');
+        ALTER TABLE ledger OWNER TO owner_role;
+        GRANT SELECT (id, memo) ON ledger TO viewer;
+        GRANT SELECT ON labels TO PUBLIC;";
+    c.batch_execute(schema).await.unwrap();
+    p.batch_execute(schema).await.unwrap();
+    c.batch_execute("SELECT create_distributed_table('ledger', 'id'); SELECT create_reference_table('labels')").await.unwrap();
+    for (role, statements) in [
+        ("owner_role", &["SELECT count(*), sum(amount) FROM ledger", "UPDATE ledger SET amount = 0 WHERE id = 3", "SELECT label FROM labels"][..]),
+        ("viewer", &["SELECT memo FROM ledger WHERE id = 9", "SELECT amount FROM ledger WHERE id = 9", "SELECT count(*) FROM labels"][..]),
+    ] {
+        let (c, p) = (connect_as(cluster.port, role).await, connect_as(plain.instance.port, role).await);
+        for sql in statements {
+            let want = outcome(&p, sql).await;
+            assert_eq!(outcome(&c, sql).await, want, "as {role}: {sql}");
+        }
+    }
+}

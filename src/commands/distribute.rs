@@ -4,7 +4,7 @@
 
 use super::table_ddl::TableDefinition;
 use super::{delete_catalog_rows_sql, finish_block, read_shard_rows, run_per_node, shard_statements, CommandContext};
-use crate::planner::DdlPlan;
+use crate::planner::{placement_groups, DdlPlan};
 use crate::transaction::Access;
 use crate::connection::{quote_ident, quote_literal, PgConnection};
 use crate::error::{sqlstate, PgError, PgResult};
@@ -95,29 +95,50 @@ async fn check_distributable(ctx: &mut CommandContext<'_>, table: &LocalTable) -
     Ok(())
 }
 
-/// Adds the table's foreign keys to its shards, once the shards hold the
-/// rows: each shard references the co-located shard, or the reference
-/// table's copy on its own node. The shell keeps its constraints as they are.
-async fn add_foreign_keys_to_shards(ctx: &mut CommandContext<'_>, table: &LocalTable) -> PgResult<()> {
+/// What the shell carries besides its definition and rows follows it onto
+/// the shards once they hold the rows: its foreign keys (each shard
+/// references the co-located shard, or the reference table's copy on its own
+/// node) and the privileges granted on it and its columns (the workers check
+/// them). Each is planned as the client's own statement would be.
+async fn follow_shell_onto_shards(ctx: &mut CommandContext<'_>, table: &LocalTable) -> PgResult<()> {
     let local = ctx.parts.local().await?;
-    let keys = local
-        .query(&format!("SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint WHERE contype = 'f' AND conrelid = {} ORDER BY conname", table.oid))
+    let mut statements = Vec::new();
+    for key in local.query(&format!("SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint WHERE contype = 'f' AND conrelid = {} ORDER BY conname", table.oid)).await? {
+        let (name, definition) = (key[0].clone().unwrap_or_default(), key[1].clone().unwrap_or_default());
+        statements.push(format!("ALTER TABLE {} ADD CONSTRAINT {} {definition}", table.qualified(), quote_ident(&name)));
+    }
+    // The owner's own privileges too: the shards belong to whoever distributes.
+    let grants = local
+        .query(&format!(
+            "SELECT a.privilege_type, NULL, a.grantee = 0, pg_get_userbyid(a.grantee), a.is_grantable
+               FROM pg_class c, aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) a WHERE c.oid = {oid}
+             UNION ALL
+             SELECT a.privilege_type, att.attname, a.grantee = 0, pg_get_userbyid(a.grantee), a.is_grantable
+               FROM pg_attribute att, aclexplode(att.attacl) a WHERE att.attrelid = {oid} AND att.attnum > 0 AND NOT att.attisdropped",
+            oid = table.oid
+        ))
         .await?;
-    if keys.is_empty() {
+    for g in grants {
+        let text = |i: usize| g[i].clone().unwrap_or_default();
+        let column = g[1].as_deref().map(|c| format!(" ({})", quote_ident(c))).unwrap_or_default();
+        let grantee = if text(2) == "t" { "PUBLIC".to_string() } else { quote_ident(&text(3)) };
+        let option = if text(4) == "t" { " WITH GRANT OPTION" } else { "" };
+        statements.push(format!("GRANT {}{column} ON TABLE {} TO {grantee}{option}", text(0), table.qualified()));
+    }
+    if statements.is_empty() {
         return Ok(());
     }
     // The catalog as this transaction sees it: with the table distributed.
     let catalog = crate::metadata::load_in_block(local, ctx.catalog.version).await?;
-    for key in keys {
-        let (name, definition) = (key[0].clone().unwrap_or_default(), key[1].clone().unwrap_or_default());
-        let sql = format!("ALTER TABLE {} ADD CONSTRAINT {} {definition}", table.qualified(), quote_ident(&name));
+    for sql in statements {
         let per_node = match crate::planner::plan_query(&sql, &catalog).into_iter().next().map(|p| p.plan) {
             Some(crate::planner::Plan::Ddl(ddl)) => match ddl.as_ref() {
                 DdlPlan::Propagate { table, template, .. } => shard_statements(table, template)?,
-                other => return Err(PgError::internal(format!("adding a foreign key to shards gave the plan {other}"))),
+                grant @ DdlPlan::Grant { .. } => placement_groups(grant.tables()).into_iter().map(|group| Ok((group, vec![grant.node_sql(group)?]))).collect::<PgResult<_>>()?,
+                other => return Err(PgError::internal(format!("carrying \"{sql}\" over to the shards gave the plan {other}"))),
             },
             Some(crate::planner::Plan::Unsupported(e)) => return Err(e),
-            _ => return Err(PgError::internal("adding a foreign key to shards did not give a DDL plan")),
+            _ => return Err(PgError::internal(format!("carrying \"{sql}\" over to the shards did not give a DDL plan"))),
         };
         run_per_node(ctx, per_node).await?;
     }
@@ -249,7 +270,7 @@ pub async fn create_distributed_table(ctx: &mut CommandContext<'_>, table_name: 
             Ok(hash::shard_index(hash::row_hash(Some(h)), count as u32) as usize)
         })
         .await?;
-        add_foreign_keys_to_shards(ctx, &table).await
+        follow_shell_onto_shards(ctx, &table).await
     }
     .await;
     finish_block(ctx, implicit, result).await
@@ -280,7 +301,7 @@ pub async fn create_reference_table(ctx: &mut CommandContext<'_>, table_name: &s
         let placements = vec![nodes.iter().map(|n| n.group_id).collect::<Vec<_>>()];
         let shard_ids = create_shards(ctx, &table, &placements).await?;
         move_rows_into_shards(ctx, &table, &shard_ids, &placements, |_| Ok(0)).await?;
-        add_foreign_keys_to_shards(ctx, &table).await
+        follow_shell_onto_shards(ctx, &table).await
     }
     .await;
     finish_block(ctx, implicit, result).await
