@@ -3,8 +3,8 @@
 //! recording it all in the catalog in the same transaction.
 
 use super::table_ddl::TableDefinition;
-use super::{delete_catalog_rows_sql, finish_block, read_shard_rows, run_per_node, shard_statements, CommandContext};
-use crate::planner::{placement_groups, DdlPlan};
+use super::{delete_catalog_rows_sql, finish_block, read_shard_rows, run_node_statements, run_per_node, shard_statements, CommandContext};
+use crate::planner::DdlPlan;
 use crate::transaction::Access;
 use crate::connection::{quote_ident, quote_literal, PgConnection};
 use crate::error::{sqlstate, PgError, PgResult};
@@ -131,16 +131,15 @@ async fn follow_shell_onto_shards(ctx: &mut CommandContext<'_>, table: &LocalTab
     // The catalog as this transaction sees it: with the table distributed.
     let catalog = crate::metadata::load_in_block(local, ctx.catalog.version).await?;
     for sql in statements {
-        let per_node = match crate::planner::plan_query(&sql, &catalog).into_iter().next().map(|p| p.plan) {
+        match crate::planner::plan_query(&sql, &catalog).into_iter().next().map(|p| p.plan) {
             Some(crate::planner::Plan::Ddl(ddl)) => match ddl.as_ref() {
-                DdlPlan::Propagate { table, template, .. } => shard_statements(table, template)?,
-                grant @ DdlPlan::Grant { .. } => placement_groups(grant.tables()).into_iter().map(|group| Ok((group, vec![grant.node_sql(group)?]))).collect::<PgResult<_>>()?,
+                DdlPlan::Propagate { table, template, .. } => run_per_node(ctx, shard_statements(table, template)?).await?,
+                grant @ DdlPlan::Grant { .. } => run_node_statements(grant, ctx).await?,
                 other => return Err(PgError::internal(format!("carrying \"{sql}\" over to the shards gave the plan {other}"))),
             },
             Some(crate::planner::Plan::Unsupported(e)) => return Err(e),
             _ => return Err(PgError::internal(format!("carrying \"{sql}\" over to the shards did not give a DDL plan"))),
-        };
-        run_per_node(ctx, per_node).await?;
+        }
     }
     Ok(())
 }

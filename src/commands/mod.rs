@@ -179,12 +179,7 @@ async fn evaluate_arguments(call: &ClusterCall, ctx: &mut CommandContext<'_>, bo
 pub async fn run_ddl(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_>) -> PgResult<()> {
     let tag = match plan {
         DdlPlan::Vacuum { stmt, .. } => run_vacuum(plan, stmt.is_vacuumcmd, sql, ctx).await?,
-        DdlPlan::Checkpoint => {
-            let tag = ctx.parts.local().await?.execute(sql).await?;
-            let groups = ctx.catalog.active_nodes().map(|n| n.group_id).collect();
-            run_per_group(ctx, groups, |group| plan.node_sql(group)).await?;
-            tag
-        }
+        DdlPlan::Checkpoint => run_everywhere(plan, sql, ctx).await?,
         DdlPlan::Lock { .. } => {
             if !ctx.parts.in_block() {
                 return Err(PgError::new(sqlstate::NO_ACTIVE_SQL_TRANSACTION, "LOCK TABLE can only be used in transaction blocks"));
@@ -297,12 +292,7 @@ async fn run_ddl_in_block(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_
             run_node_statements(plan, ctx).await?;
             Ok(tag)
         }
-        DdlPlan::Everywhere { .. } => {
-            let tag = ctx.parts.local().await?.execute(sql).await?;
-            let groups = ctx.catalog.active_nodes().map(|n| n.group_id).collect();
-            run_per_group(ctx, groups, |group| plan.node_sql(group)).await?;
-            Ok(tag)
-        }
+        DdlPlan::Everywhere { .. } => run_everywhere(plan, sql, ctx).await,
         DdlPlan::DropIndex(_) | DdlPlan::Vacuum { .. } | DdlPlan::Checkpoint | DdlPlan::Lock { .. } => unreachable!("{plan} runs on its own"),
     }
 }
@@ -315,6 +305,15 @@ pub(crate) fn delete_catalog_rows_sql(t: &DistributedTable) -> String {
          DELETE FROM tessera.pg_dist_partition WHERE logicalrelid = {oid}::regclass;",
         oid = t.oid
     )
+}
+
+/// Runs the statement on the coordinator database, then on every active
+/// worker (CHECKPOINT, statements about roles).
+async fn run_everywhere(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_>) -> PgResult<String> {
+    let tag = ctx.parts.local().await?.execute(sql).await?;
+    let groups = ctx.catalog.active_nodes().map(|n| n.group_id).collect();
+    run_per_group(ctx, groups, |group| plan.node_sql(group)).await?;
+    Ok(tag)
 }
 
 /// Runs a DROP TABLE, TRUNCATE, VACUUM or GRANT on every node holding shards

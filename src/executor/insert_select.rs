@@ -4,7 +4,7 @@
 //! multi-row INSERTs, in batches, all in one distributed transaction.
 
 use super::multi_shard::{type_names, values_list};
-use super::{evaluate_defaults, node_of_group, plan_tasks, Mode, RoutedInsert};
+use super::{add_row_to_shard, evaluate_defaults, node_of_group, plan_tasks, Mode, RoutedInsert, Task};
 use crate::connection::{quote_ident, TextRow, TextRows};
 use crate::error::{PgError, PgResult};
 use crate::metadata::Catalog;
@@ -67,7 +67,7 @@ async fn insert_batches(plan: &InsertSelectPlan, columns: &[String], types: &[St
                 let values = values_list(types, rows.iter().map(|&r| &batch[r]));
                 let sql: std::sync::Arc<str> = format!("INSERT INTO {} ({}){overriding} VALUES {values}", plan.target.qualified_shard_name(shard), columns.join(", ")).into();
                 for (i, group) in shard.placements.iter().enumerate() {
-                    let task = super::Task { group: *group, sql: sql.clone(), rows: rows.clone() };
+                    let task = Task { group: *group, sql: sql.clone(), rows: rows.clone() };
                     routed.add(node_of_group(catalog, *group)?, task, first_row, i > 0);
                 }
             }
@@ -111,9 +111,9 @@ async fn insert_batches(plan: &InsertSelectPlan, columns: &[String], types: &[St
 /// written as text. (Parsing a 1,000-row INSERT and deparsing it per shard
 /// cost the coordinator far more than the workers' inserts.)
 struct DirectRouting<'p> {
-    routing: Option<KeyRouting<'p>>,
-    /// The key's position among the row's fields (hash-distributed tables).
-    key: usize,
+    /// How keys hash, and the key's position among a row's fields; None for
+    /// a reference table (one shard).
+    key: Option<(KeyRouting<'p>, usize)>,
 }
 
 impl<'p> DirectRouting<'p> {
@@ -123,29 +123,22 @@ impl<'p> DirectRouting<'p> {
         if !plan.shard_clauses.is_empty() || !all_given {
             return None;
         }
-        match KeyRouting::new(table, true) {
-            None => Some(DirectRouting { routing: None, key: 0 }),
-            Some(routing) => {
-                let Distribution::Hash { column, .. } = &table.distribution else { return None };
-                let key = columns.iter().position(|c| *c == quote_ident(column))?;
-                Some(DirectRouting { routing: Some(routing), key })
-            }
-        }
+        let key = match (&table.distribution, KeyRouting::new(table, true)) {
+            (Distribution::Hash { column, .. }, Some(routing)) => Some((routing, columns.iter().position(|c| *c == quote_ident(column))?)),
+            _ => None,
+        };
+        Some(DirectRouting { key })
     }
 
     /// The batch's rows by shard index, in row order; None when a key is NULL
     /// or needs the coordinator database to convert it (the router path
     /// handles those, with its errors).
     fn shards_of(&self, batch: &[TextRow]) -> Option<Vec<(u32, Vec<usize>)>> {
-        let Some(routing) = &self.routing else { return Some(vec![(0, (0..batch.len()).collect())]) };
-        let mut by_shard: Vec<(u32, Vec<usize>)> = Vec::new();
+        let Some((routing, key)) = &self.key else { return Some(vec![(0, (0..batch.len()).collect())]) };
+        let mut by_shard = Vec::new();
         for (r, row) in batch.iter().enumerate() {
-            let value = row.get(self.key)?.as_deref()?;
-            let shard = routing.local_shard(value.as_bytes(), 0, false)?;
-            match by_shard.iter_mut().find(|(s, _)| *s == shard) {
-                Some((_, rows)) => rows.push(r),
-                None => by_shard.push((shard, vec![r])),
-            }
+            let value = row.get(*key)?.as_deref()?;
+            add_row_to_shard(&mut by_shard, routing.local_shard(value.as_bytes(), 0, false)?, r);
         }
         Some(by_shard)
     }

@@ -246,10 +246,7 @@ async fn plan_tasks(plan: &RouterPlan, parts: &mut Participants, mode: &Mode<'_>
                     other => shard_of(plan, parts, key_input(other, mode)?).await?,
                 }
                 .ok_or_else(null_key)?;
-                match by_shard.iter_mut().find(|(s, _)| *s == shard) {
-                    Some((_, rows)) => rows.push(row),
-                    None => by_shard.push((shard, vec![row])),
-                }
+                add_row_to_shard(&mut by_shard, shard, row);
             }
             match by_shard.as_slice() {
                 [(shard, rows)] if filled.is_empty() => vec![Task { group: group_node(*shard)?, sql: plan.sql_for_shard(*shard)?, rows: rows.clone() }],
@@ -260,6 +257,15 @@ async fn plan_tasks(plan: &RouterPlan, parts: &mut Participants, mode: &Mode<'_>
             }
         }
     })
+}
+
+/// Files statement row `row` under its shard, keeping shards in the order
+/// their first rows came and each shard's rows in statement order.
+fn add_row_to_shard(by_shard: &mut Vec<(u32, Vec<usize>)>, shard: u32, row: usize) {
+    match by_shard.iter_mut().find(|(s, _)| *s == shard) {
+        Some((_, rows)) => rows.push(row),
+        None => by_shard.push((shard, vec![row])),
+    }
 }
 
 /// Runs the tasks of a multi-row INSERT that reaches several shard groups:
