@@ -107,14 +107,17 @@ async fn follow_shell_onto_shards(ctx: &mut CommandContext<'_>, table: &LocalTab
         let (name, definition) = (key[0].clone().unwrap_or_default(), key[1].clone().unwrap_or_default());
         statements.push(format!("ALTER TABLE {} ADD CONSTRAINT {} {definition}", table.qualified(), quote_ident(&name)));
     }
-    // The owner's own privileges too: the shards belong to whoever distributes.
+    // The owner's own privileges too, as the shards belong to whoever
+    // distributes; grants to that role itself would change nothing.
     let grants = local
         .query(&format!(
             "SELECT a.privilege_type, NULL, a.grantee = 0, pg_get_userbyid(a.grantee), a.is_grantable
-               FROM pg_class c, aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) a WHERE c.oid = {oid}
+               FROM pg_class c, aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) a
+              WHERE c.oid = {oid} AND a.grantee <> current_user::regrole
              UNION ALL
              SELECT a.privilege_type, att.attname, a.grantee = 0, pg_get_userbyid(a.grantee), a.is_grantable
-               FROM pg_attribute att, aclexplode(att.attacl) a WHERE att.attrelid = {oid} AND att.attnum > 0 AND NOT att.attisdropped",
+               FROM pg_attribute att, aclexplode(att.attacl) a
+              WHERE att.attrelid = {oid} AND att.attnum > 0 AND NOT att.attisdropped AND a.grantee <> current_user::regrole",
             oid = table.oid
         ))
         .await?;
