@@ -21,6 +21,7 @@ pub mod sqlstate {
     pub const DUPLICATE_OBJECT: &str = "42710";
     pub const INVALID_TABLE_DEFINITION: &str = "42P16";
     pub const WRONG_OBJECT_TYPE: &str = "42809";
+    pub const INSUFFICIENT_PRIVILEGE: &str = "42501";
     pub const INVALID_SQL_STATEMENT_NAME: &str = "26000";
     pub const INVALID_CURSOR_NAME: &str = "34000";
     pub const SYNTAX_ERROR: &str = "42601";

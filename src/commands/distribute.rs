@@ -58,6 +58,7 @@ async fn check_distributable(ctx: &mut CommandContext<'_>, table: &LocalTable) -
         return Err(PgError::new(sqlstate::INVALID_TABLE_DEFINITION, format!("table \"{}\" is already distributed", table.name)));
     }
     let local = ctx.parts.local().await?;
+    local.execute(&format!("SELECT tessera.check_owner({})", table.oid)).await?;
     // Foreign keys to tables that are already distributed or reference tables
     // follow the table onto its shards (whether they fit is checked as for
     // ALTER TABLE … ADD FOREIGN KEY); others cannot be enforced there. Keys
@@ -67,7 +68,7 @@ async fn check_distributable(ctx: &mut CommandContext<'_>, table: &LocalTable) -
     let mut blocking = local
         .query(&format!(
             "SELECT conname, conrelid::regclass::text, confrelid::regclass::text, true FROM pg_constraint
-             WHERE contype = 'f' AND conrelid = {0} AND confrelid <> {0} AND confrelid NOT IN (SELECT logicalrelid FROM tessera.pg_dist_partition)
+             WHERE contype = 'f' AND conrelid = {0} AND confrelid <> {0} AND confrelid NOT IN (SELECT logicalrelid FROM pg_catalog.pg_dist_partition)
              UNION ALL
              SELECT conname, conrelid::regclass::text, confrelid::regclass::text, false FROM pg_constraint
              WHERE contype = 'f' AND confrelid = {0} AND conrelid <> {0}
@@ -132,7 +133,7 @@ async fn follow_shell_onto_shards(ctx: &mut CommandContext<'_>, table: &LocalTab
         return Ok(());
     }
     // The catalog as this transaction sees it: with the table distributed.
-    let catalog = crate::metadata::load_in_block(local, ctx.catalog.version).await?;
+    let catalog = crate::metadata::load_in_block(local, ctx.catalog.version, &ctx.catalog).await?;
     for sql in statements {
         match crate::planner::plan_query(&sql, &catalog).into_iter().next().map(|p| p.plan) {
             Some(crate::planner::Plan::Ddl(ddl)) => match ddl.as_ref() {
@@ -197,7 +198,7 @@ pub async fn create_distributed_table(ctx: &mut CommandContext<'_>, table_name: 
                 .local()
                 .await?
                 .query_value(&format!(
-                    "SELECT min(colocationid) FROM tessera.pg_dist_colocation WHERE shardcount = {n} AND distributioncolumntype = {type_oid} AND distributioncolumncollation = {collation}"
+                    "SELECT min(colocationid) FROM pg_catalog.pg_dist_colocation WHERE shardcount = {n} AND distributioncolumntype = {type_oid} AND distributioncolumncollation = {collation}"
                 ))
                 .await?;
             if let Some(id) = existing.and_then(|v| v.parse::<i32>().ok()) {
@@ -241,30 +242,16 @@ pub async fn create_distributed_table(ctx: &mut CommandContext<'_>, table_name: 
         let local = ctx.parts.local().await?;
         let colocation_id = match colocation_id {
             Some(id) => id,
-            None => {
-                let id: i32 = local.query_value("SELECT nextval('tessera.pg_dist_colocationid_seq')").await?.unwrap_or_default().parse().unwrap_or(0);
-                local
-                    .execute(&format!(
-                        "INSERT INTO tessera.pg_dist_colocation VALUES ({id}, {count}, 1, {type_oid}, {collation})"
-                    ))
-                    .await?;
-                id
-            }
+            None => new_colocation(local, count, 1, type_oid, &collation).await?,
         };
-        local
-            .execute(&format!(
-                "INSERT INTO tessera.pg_dist_partition (logicalrelid, partmethod, partkey, colocationid, repmodel) VALUES ({}, 'h', {}, {colocation_id}, 's')",
-                table.oid,
-                quote_literal(column)
-            ))
-            .await?;
         let column_index: usize = local
             .query_value(&format!("SELECT count(*) FROM pg_attribute WHERE attrelid = {} AND attnum > 0 AND attnum < {} AND NOT attisdropped", table.oid, attr[2].as_deref().unwrap_or("0")))
             .await?
             .unwrap_or_default()
             .parse()
             .unwrap_or(0);
-        let shard_ids = create_shards(ctx, &table, &placements).await?;
+        bring_nodes_up_to_date(ctx, &placements).await?;
+        let shard_ids = create_shards(ctx, &table, Some(column), colocation_id, &placements).await?;
         move_rows_into_shards(ctx, &table, &shard_ids, &placements, |row| {
             let value = crate::copy::text_field(row, column_index)
                 .ok_or_else(|| PgError::new(sqlstate::NOT_NULL_VIOLATION, format!("cannot distribute a row with NULL in the distribution column \"{column}\"")))?;
@@ -285,23 +272,14 @@ pub async fn create_reference_table(ctx: &mut CommandContext<'_>, table_name: &s
     let implicit = ctx.parts.begin_implicit();
     let result = async {
         let local = ctx.parts.local().await?;
-        let existing = local.query_value("SELECT min(colocationid) FROM tessera.pg_dist_colocation WHERE shardcount = 1 AND distributioncolumntype = 0").await?;
+        let existing = local.query_value("SELECT min(colocationid) FROM pg_catalog.pg_dist_colocation WHERE shardcount = 1 AND distributioncolumntype = 0").await?;
         let colocation_id: i32 = match existing {
             Some(id) => id.parse().unwrap_or(0),
-            None => {
-                let id: i32 = local.query_value("SELECT nextval('tessera.pg_dist_colocationid_seq')").await?.unwrap_or_default().parse().unwrap_or(0);
-                local.execute(&format!("INSERT INTO tessera.pg_dist_colocation VALUES ({id}, 1, {}, 0, 0)", nodes.len())).await?;
-                id
-            }
+            None => new_colocation(local, 1, nodes.len(), 0, "0").await?,
         };
-        local
-            .execute(&format!(
-                "INSERT INTO tessera.pg_dist_partition (logicalrelid, partmethod, partkey, colocationid, repmodel) VALUES ({}, 'n', NULL, {colocation_id}, 't')",
-                table.oid
-            ))
-            .await?;
         let placements = vec![nodes.iter().map(|n| n.group_id).collect::<Vec<_>>()];
-        let shard_ids = create_shards(ctx, &table, &placements).await?;
+        bring_nodes_up_to_date(ctx, &placements).await?;
+        let shard_ids = create_shards(ctx, &table, None, colocation_id, &placements).await?;
         move_rows_into_shards(ctx, &table, &shard_ids, &placements, |_| Ok(0)).await?;
         follow_shell_onto_shards(ctx, &table).await
     }
@@ -329,31 +307,48 @@ async fn shard_count_setting(ctx: &mut CommandContext<'_>, explicit: Option<i32>
     Ok(n)
 }
 
-/// Creates one shard per entry of `placements` on each of its nodes and records
-/// them in the catalog; returns the new shard ids.
-async fn create_shards(ctx: &mut CommandContext<'_>, table: &LocalTable, placements: &[Vec<i32>]) -> PgResult<Vec<i64>> {
+/// Creates on the nodes that get shards whatever shared objects (schemas,
+/// types, extensions, functions …) the table may use and they lack.
+async fn bring_nodes_up_to_date(ctx: &mut CommandContext<'_>, placements: &[Vec<i32>]) -> PgResult<()> {
+    let groups: std::collections::BTreeSet<i32> = placements.iter().flatten().copied().collect();
+    let nodes: Vec<Node> = groups.iter().filter_map(|g| ctx.catalog.node_for_group(*g).cloned()).collect();
+    let objects = super::objects::read(ctx.parts.local().await?, false).await?;
+    super::objects::create_missing(ctx, &nodes, &objects).await
+}
+
+/// A new co-location group; returns its id.
+async fn new_colocation(local: &mut PgConnection, shards: i32, replicas: usize, column_type: u32, collation: &str) -> PgResult<i32> {
+    let id = local.query_value(&format!("SELECT tessera.new_colocation({shards}, {replicas}, {column_type}, {collation})")).await?;
+    Ok(id.unwrap_or_default().parse().unwrap_or(0))
+}
+
+/// Records the table as hash-distributed on `key` (a reference table when
+/// None) in the catalog, with one shard per entry of `placements`, and
+/// creates each shard on its nodes; returns the new shard ids.
+async fn create_shards(ctx: &mut CommandContext<'_>, table: &LocalTable, key: Option<&str>, colocation_id: i32, placements: &[Vec<i32>]) -> PgResult<Vec<i64>> {
     let local = ctx.parts.local().await?;
-    let ids: Vec<i64> = local
-        .query(&format!("SELECT nextval('tessera.pg_dist_shardid_seq') FROM generate_series(1, {})", placements.len()))
+    let rows: Vec<String> = placements.iter().map(|groups| format!("[{}]", groups.iter().map(i32::to_string).collect::<Vec<_>>().join(","))).collect();
+    let (method, key) = match key {
+        Some(column) => ("h", quote_literal(column)),
+        None => ("n", "NULL".to_string()),
+    };
+    let ids = local
+        .query_value(&format!(
+            "SELECT array_to_string(tessera.record_distribution({}, '{method}', {key}, {colocation_id}, ARRAY[{}]::int[]), ',')",
+            table.oid,
+            rows.join(",")
+        ))
         .await?
-        .into_iter()
-        .map(|r| r[0].as_deref().unwrap_or("0").parse().unwrap_or(0))
-        .collect();
+        .unwrap_or_default();
+    let ids: Vec<i64> = ids.split(',').map(|id| id.parse().unwrap_or(0)).collect();
     let definition = TableDefinition::read(local, table.oid).await?;
-    let mut catalog_rows = String::new();
     let mut per_node: BTreeMap<i32, Vec<String>> = BTreeMap::new();
-    for (index, (groups, id)) in placements.iter().zip(&ids).enumerate() {
+    for (groups, id) in placements.iter().zip(&ids) {
         let ddl = definition.shard_ddl(&format!("{}_{id}", table.name), *id)?;
         for g in groups {
             per_node.entry(*g).or_default().extend(ddl.iter().cloned());
-            catalog_rows.push_str(&format!("INSERT INTO tessera.pg_dist_placement (shardid, groupid) VALUES ({id}, {g});\n"));
         }
-        catalog_rows.push_str(&format!(
-            "INSERT INTO tessera.pg_dist_shard (logicalrelid, shardid, shardminvalue, shardmaxvalue, shardindex) VALUES ({}, {id}, '{index}', '{index}', {index});\n",
-            table.oid
-        ));
     }
-    local.execute(&catalog_rows).await?;
     run_per_node(ctx, per_node).await?;
     Ok(ids)
 }
@@ -419,6 +414,7 @@ pub async fn undistribute_table(ctx: &mut CommandContext<'_>, table_name: &str) 
         .table_by_oid(oid)
         .cloned()
         .ok_or_else(|| PgError::new(sqlstate::INVALID_TABLE_DEFINITION, format!("table \"{table_name}\" is not distributed")))?;
+    ctx.parts.local().await?.execute(&format!("SELECT tessera.check_owner({oid})")).await?;
     let implicit = ctx.parts.begin_implicit();
     let result = async {
         let qualified = table.qualified_name();

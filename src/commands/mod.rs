@@ -3,6 +3,7 @@
 
 mod distribute;
 mod nodes;
+mod objects;
 pub mod table_ddl;
 
 use crate::error::{sqlstate, PgError, PgResult};
@@ -46,6 +47,9 @@ pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'
             sqlstate::ACTIVE_SQL_TRANSACTION,
             format!("{} cannot run inside a transaction block", call.column_name),
         ));
+    }
+    if call.function.manages_nodes() {
+        require_superuser(ctx, &call.column_name).await?;
     }
     let args = evaluate_arguments(call, ctx, bound).await?;
     let arg = |i: usize| args.get(i).cloned().flatten();
@@ -126,6 +130,17 @@ fn encode_value(text: Option<&str>, type_oid: u32, format: i16) -> Option<Vec<u8
         INT4_OID => text.parse::<i32>().unwrap_or_default().to_be_bytes().to_vec(),
         _ => Vec::new(), // void's binary form is empty
     })
+}
+
+/// Node management changes the cluster for every database user: only a
+/// superuser may, as in Citus.
+async fn require_superuser(ctx: &mut CommandContext<'_>, function: &str) -> PgResult<()> {
+    let superuser = ctx.parts.local().await?.query_value("SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user").await?;
+    if superuser.as_deref() != Some("t") {
+        return Err(PgError::new(sqlstate::INSUFFICIENT_PRIVILEGE, format!("permission denied for function {function}"))
+            .with_hint("Only a superuser may add or remove nodes."));
+    }
+    Ok(())
 }
 
 fn null_argument(name: &str) -> PgError {
@@ -299,20 +314,25 @@ async fn run_ddl_in_block(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_
 
 /// Catalog rows of a table, for DROP TABLE and undistribute_table.
 pub(crate) fn delete_catalog_rows_sql(t: &DistributedTable) -> String {
-    format!(
-        "DELETE FROM tessera.pg_dist_placement WHERE shardid IN (SELECT shardid FROM tessera.pg_dist_shard WHERE logicalrelid = {oid}::regclass);
-         DELETE FROM tessera.pg_dist_shard WHERE logicalrelid = {oid}::regclass;
-         DELETE FROM tessera.pg_dist_partition WHERE logicalrelid = {oid}::regclass;",
-        oid = t.oid
-    )
+    format!("SELECT tessera.forget_distribution({})", t.oid)
 }
 
 /// Runs the statement on the coordinator database, then on every active
 /// worker (CHECKPOINT, statements about roles).
 async fn run_everywhere(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_>) -> PgResult<String> {
-    let tag = ctx.parts.local().await?.execute(sql).await?;
+    let local = ctx.parts.local().await?;
+    if let DdlPlan::Everywhere { forget, .. } = plan {
+        for t in forget {
+            local.execute(&delete_catalog_rows_sql(t)).await?;
+        }
+    }
+    let tag = local.execute(sql).await?;
     let groups = ctx.catalog.active_nodes().map(|n| n.group_id).collect();
     run_per_group(ctx, groups, |group| plan.node_sql(group)).await?;
+    if matches!(plan, DdlPlan::Everywhere { .. }) {
+        // Coordinators learn the nodes' oids of new types when they reload.
+        ctx.parts.local().await?.execute("SELECT tessera.catalog_changed()").await?;
+    }
     Ok(tag)
 }
 

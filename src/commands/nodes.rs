@@ -27,7 +27,10 @@ pub async fn add_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) -> Pg
             .await?;
         let id: i32 = row[0][0].as_deref().unwrap_or("0").parse().unwrap_or(0);
         let group: i32 = row[0][1].as_deref().unwrap_or("0").parse().unwrap_or(0);
-        let node = Node { id, group_id: group, addr: addr.clone(), active: true };
+        let node = Node { id, group_id: group, addr: addr.clone(), active: true, type_oids: Default::default() };
+        // Roles and shared objects first: the tables' copies use them.
+        let objects = super::objects::read(ctx.parts.local().await?, true).await?;
+        super::objects::create_missing(ctx, std::slice::from_ref(&node), &objects).await?;
         let references: Vec<_> = ctx.catalog.tables().filter(|t| t.is_reference()).cloned().collect();
         for table in references {
             let Some(shard) = table.shards.first() else { continue };

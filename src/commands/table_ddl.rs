@@ -81,10 +81,7 @@ impl TableDefinition {
     /// Statements creating the shard `relname` (in the table's schema).
     pub fn shard_ddl(&self, relname: &str, shard_id: i64) -> PgResult<Vec<String>> {
         let qualified = format!("{}.{}", quote_ident(&self.schema), quote_ident(relname));
-        let mut out = vec![
-            format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(&self.schema)),
-            format!("CREATE TABLE {qualified} ({})", self.columns.join(", ")),
-        ];
+        let mut out = vec![format!("CREATE TABLE {qualified} ({})", self.columns.join(", "))];
         for (name, def) in &self.constraints {
             out.push(format!("ALTER TABLE {qualified} ADD CONSTRAINT {} {def}", quote_ident(&format!("{name}_{shard_id}"))));
         }

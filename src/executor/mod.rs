@@ -359,11 +359,8 @@ async fn run_task(w: &mut WorkerConnection, sql: &Arc<str>, mode: &Mode<'_>, cli
             true
         }
         Mode::Extended { bind, param_types, sync } => {
-            let (name, needs_parse) = w.statement_name(sql, param_types);
-            if needs_parse {
-                frontend::parse(w.conn.out(), &name, sql, param_types);
-                parse_pending = true;
-            }
+            let (name, needs_parse) = w.prepare(sql, param_types);
+            parse_pending |= needs_parse;
             frontend::bind(w.conn.out(), "", &name, &bind.param_formats, &bind.params, &bind.result_formats);
             frontend::execute(w.conn.out(), "", 0);
             if *sync {
@@ -383,7 +380,7 @@ async fn run_task(w: &mut WorkerConnection, sql: &Arc<str>, mode: &Mode<'_>, cli
             b'1' => parse_pending = false,
             b'T' => {
                 if relay_rows && first {
-                    client.out().extend_from_slice(msg.frame());
+                    client.out().extend_from_slice(w.client_row_description(msg)?.frame());
                 }
             }
             b'D' => {

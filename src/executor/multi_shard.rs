@@ -239,10 +239,7 @@ pub(super) fn send_tasks(w: &mut WorkerConnection, sqls: &[Arc<str>], mode: &Mod
                 parsed.push(None);
             }
             Mode::Extended { bind, param_types, .. } => {
-                let (name, needs_parse) = w.statement_name(sql, param_types);
-                if needs_parse {
-                    frontend::parse(w.conn.out(), &name, sql, param_types);
-                }
+                let (name, needs_parse) = w.prepare(sql, param_types);
                 parsed.push(needs_parse.then(|| sql.clone()));
                 let formats: &[i16] = if text_results { &[] } else { &bind.result_formats };
                 frontend::bind(w.conn.out(), "", &name, &bind.param_formats, &bind.params, formats);
@@ -281,7 +278,10 @@ async fn read_results(w: &mut WorkerConnection, node: usize, parsed: &[Option<Ar
                 error.get_or_insert_with(|| w.conn.server_error(&msg));
             }
             b'C' => rows += backend::rows_in_tag(backend::decode_command_complete(&msg)?).unwrap_or(0),
-            b'T' | b'D' | b'N' => {
+            b'T' => {
+                rows_to.send((node, w.client_row_description(msg)?)).await.ok();
+            }
+            b'D' | b'N' => {
                 // A closed channel means the consumer failed; keep reading to stay in step.
                 rows_to.send((node, msg)).await.ok();
             }

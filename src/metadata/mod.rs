@@ -29,6 +29,62 @@ pub struct Node {
     pub group_id: i32,
     pub addr: ServerAddr,
     pub active: bool,
+    /// The node's oids of user-defined types, for its results.
+    pub type_oids: Arc<TypeOids>,
+}
+
+/// The first oid PostgreSQL gives objects created after initdb; below it,
+/// every node's built-in types share their oids.
+pub const FIRST_USER_OID: u32 = 16384;
+
+/// A node's oids of the user-defined types (enums, domains, extension types …)
+/// it shares with the coordinator database, mapped to that database's oids.
+/// Each server numbers the types it creates itself, so a type's oid differs
+/// across nodes; clients know the coordinator database's, which they describe
+/// and look up.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct TypeOids(HashMap<u32, u32>);
+
+impl TypeOids {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    /// The coordinator database's oid for the node's type `oid`.
+    pub fn to_coordinator(&self, oid: u32) -> Option<u32> {
+        self.0.get(&oid).copied()
+    }
+}
+
+/// SQL listing a server's user-defined types by name.
+const USER_TYPES_SQL: &str = "SELECT oid, format_type(oid, NULL) FROM pg_type WHERE oid >= 16384";
+
+/// Maps each active node's user-defined type oids to the coordinator
+/// database's. A node that cannot be reached keeps an empty map (its results
+/// then carry its own oids) and is named in the log.
+pub async fn load_type_oids(catalog: &mut Catalog, coordinator_db: &mut PgConnection, login: &crate::connection::Login) -> PgResult<()> {
+    let by_name: HashMap<String, u32> =
+        coordinator_db.query(USER_TYPES_SQL).await?.into_iter().filter_map(|r| Some((r[1].clone()?, int(&r[0])))).collect();
+    if by_name.is_empty() {
+        return Ok(());
+    }
+    for node in catalog.nodes.iter_mut().filter(|n| n.active) {
+        let rows = match PgConnection::connect(&node.addr, login).await {
+            Ok(mut conn) => {
+                let rows = conn.query(USER_TYPES_SQL).await;
+                conn.terminate().await;
+                rows
+            }
+            Err(e) => Err(e),
+        };
+        match rows {
+            Ok(rows) => {
+                let map = rows.into_iter().filter_map(|r| Some((int(&r[0]), *by_name.get(r[1].as_deref()?)?))).collect();
+                node.type_oids = Arc::new(TypeOids(map));
+            }
+            Err(e) => tracing::warn!("could not read the user-defined types of node {}: {}", node.addr, e.message()),
+        }
+    }
+    Ok(())
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -189,8 +245,16 @@ pub async fn load(conn: &mut PgConnection) -> PgResult<Catalog> {
 
 /// The catalog as a transaction block that changed it sees it, read on that
 /// block's own connection; `version` marks it apart from committed catalogs.
-pub async fn load_in_block(conn: &mut PgConnection, version: i64) -> PgResult<Catalog> {
-    load_in_transaction(conn, version).await
+/// Nodes keep the type oids of `committed`: types the block creates are
+/// not shared with the nodes before it commits.
+pub async fn load_in_block(conn: &mut PgConnection, version: i64, committed: &Catalog) -> PgResult<Catalog> {
+    let mut catalog = load_in_transaction(conn, version).await?;
+    for node in &mut catalog.nodes {
+        if let Some(known) = committed.nodes.iter().find(|n| n.group_id == node.group_id) {
+            node.type_oids = known.type_oids.clone();
+        }
+    }
+    Ok(catalog)
 }
 
 fn int<T: std::str::FromStr + Default>(v: &Option<String>) -> T {
@@ -208,6 +272,7 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
             group_id: int(&r[1]),
             addr: ServerAddr { host: r[2].clone().unwrap_or_default(), port: int(&r[3]) },
             active: r[4].as_deref() == Some("t"),
+            type_oids: Arc::default(),
         });
     }
     for r in conn.query("SELECT DISTINCT proname FROM pg_proc WHERE prokind IN ('a', 'w')").await? {

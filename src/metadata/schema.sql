@@ -71,14 +71,73 @@ CREATE TABLE IF NOT EXISTS tessera.pg_dist_transaction (
     PRIMARY KEY (groupid, gid)
 );
 
+-- Catalog changes a table's owner may make, through the coordinator: the
+-- catalog tables themselves only the superuser may change. Each checks that
+-- the caller owns the table (or is a member of the owning role), as
+-- PostgreSQL does for ALTER TABLE. Inside these functions current_user is
+-- their owner; the caller is the role the session set, or logged in as.
+CREATE OR REPLACE FUNCTION tessera.check_owner(rel regclass) RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, tessera AS $$
+DECLARE
+    caller name := CASE current_setting('role') WHEN 'none' THEN session_user ELSE current_setting('role') END;
+BEGIN
+    IF NOT pg_has_role(caller, (SELECT relowner FROM pg_class WHERE oid = rel), 'USAGE') THEN
+        RAISE EXCEPTION 'must be owner of table %', (SELECT relname FROM pg_class WHERE oid = rel) USING ERRCODE = '42501';
+    END IF;
+END $$;
+CREATE OR REPLACE FUNCTION tessera.new_colocation(shards int, replicas int, column_type oid, column_collation oid) RETURNS int LANGUAGE sql
+SECURITY DEFINER SET search_path = pg_catalog, tessera
+AS 'INSERT INTO tessera.pg_dist_colocation VALUES (nextval(''tessera.pg_dist_colocationid_seq''), shards, replicas, column_type, column_collation) RETURNING colocationid';
+-- Records a table as distributed with shards placed as `placements` says:
+-- row i lists the node groups holding shard i. Returns the shard ids, in order.
+CREATE OR REPLACE FUNCTION tessera.record_distribution(rel regclass, method "char", key text, colocation int, placements int[]) RETURNS bigint[] LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, tessera AS $$
+DECLARE
+    ids bigint[] := '{}';
+    id bigint;
+BEGIN
+    PERFORM tessera.check_owner(rel);
+    INSERT INTO tessera.pg_dist_partition (logicalrelid, partmethod, partkey, colocationid, repmodel)
+    VALUES (rel, method, key, colocation, CASE method WHEN 'n' THEN 't' ELSE 's' END);
+    FOR i IN 1 .. array_length(placements, 1) LOOP
+        id := nextval('tessera.pg_dist_shardid_seq');
+        ids := ids || id;
+        INSERT INTO tessera.pg_dist_shard (logicalrelid, shardid, shardminvalue, shardmaxvalue, shardindex) VALUES (rel, id, (i - 1)::text, (i - 1)::text, i - 1);
+        INSERT INTO tessera.pg_dist_placement (shardid, groupid) SELECT id, g FROM unnest(placements[i:i]) g;
+    END LOOP;
+    RETURN ids;
+END $$;
+CREATE OR REPLACE FUNCTION tessera.forget_distribution(rel regclass) RETURNS void LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, tessera AS $$
+BEGIN
+    PERFORM tessera.check_owner(rel);
+    DELETE FROM tessera.pg_dist_placement WHERE shardid IN (SELECT shardid FROM tessera.pg_dist_shard WHERE logicalrelid = rel);
+    DELETE FROM tessera.pg_dist_shard WHERE logicalrelid = rel;
+    DELETE FROM tessera.pg_dist_partition WHERE logicalrelid = rel;
+END $$;
+CREATE OR REPLACE FUNCTION tessera.rename_distribution_column(rel regclass, name text) RETURNS void LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, tessera AS $$
+BEGIN
+    PERFORM tessera.check_owner(rel);
+    UPDATE tessera.pg_dist_partition SET partkey = name WHERE logicalrelid = rel;
+END $$;
+
+-- Two-phase commit decisions, written in the transaction that decides (see
+-- transaction/commit_log.rs), whichever role runs it.
+CREATE OR REPLACE FUNCTION tessera.record_commits(groups int[], gids text[]) RETURNS void LANGUAGE sql
+SECURITY DEFINER SET search_path = pg_catalog, tessera
+AS 'INSERT INTO tessera.pg_dist_transaction (groupid, gid) SELECT * FROM unnest(groups, gids)';
+
 -- Bumped by trigger on every catalog change; coordinator processes LISTEN for it
 -- and reload their in-memory snapshot.
 CREATE TABLE IF NOT EXISTS tessera.catalog_version (version bigint NOT NULL);
 INSERT INTO tessera.catalog_version SELECT 1 WHERE NOT EXISTS (SELECT FROM tessera.catalog_version);
 
 -- Called by the triggers below, and by the coordinator after DDL that changes
--- a distributed table's columns (which no catalog row records).
-CREATE OR REPLACE FUNCTION tessera.catalog_changed() RETURNS void LANGUAGE plpgsql AS $$
+-- a distributed table's columns or the types nodes share (which no catalog
+-- row records). Any role's DDL may call for it.
+CREATE OR REPLACE FUNCTION tessera.catalog_changed() RETURNS void LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, tessera AS $$
 BEGIN
     UPDATE tessera.catalog_version SET version = version + 1;
     PERFORM pg_notify('tessera_catalog', '');
@@ -266,7 +325,9 @@ RESET allow_system_table_mods;
 -- in the schema: its tables stay unreadable.
 GRANT USAGE ON SCHEMA tessera TO PUBLIC;
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA tessera FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION tessera.coordinator_only(), tessera.gathered_activity(), tessera.gathered_size(regclass, text), tessera.size_of(regclass, text) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION tessera.check_owner(regclass), tessera.catalog_changed(), tessera.record_commits(int[], text[]), tessera.new_colocation(int, int, oid, oid),
+    tessera.record_distribution(regclass, "char", text, int, int[]), tessera.forget_distribution(regclass), tessera.rename_distribution_column(regclass, text),
+    tessera.coordinator_only(), tessera.gathered_activity(), tessera.gathered_size(regclass, text), tessera.size_of(regclass, text) TO PUBLIC;
 
 -- New or dropped aggregates change how queries split across shards; reload.
 CREATE OR REPLACE FUNCTION tessera.bump_catalog_version_on_ddl() RETURNS event_trigger LANGUAGE plpgsql AS $$

@@ -43,7 +43,9 @@ pub enum DdlPlan {
     /// of a schema. The coordinator database and every active worker run
     /// `sql` (the statement deparsed) in one distributed transaction, so
     /// that the workers, which check privileges themselves, agree with it.
-    Everywhere { sql: String },
+    /// `forget`: distributed tables the statement drops along with their
+    /// schema, whose catalog rows go first.
+    Everywhere { sql: String, forget: Vec<Arc<DistributedTable>> },
     /// GRANT/REVOKE on tables some of which are distributed: the coordinator
     /// database runs the statement (shells and local tables), each node the
     /// statement for the shards it holds.
@@ -78,7 +80,7 @@ impl DdlPlan {
     /// Whether the statement changes what the catalog says about distributed
     /// tables (their columns, defaults, existence).
     pub fn changes_catalog(&self) -> bool {
-        matches!(self, DdlPlan::Propagate { .. } | DdlPlan::Drop { .. })
+        matches!(self, DdlPlan::Propagate { .. } | DdlPlan::Drop { .. }) || matches!(self, DdlPlan::Everywhere { forget, .. } if !forget.is_empty())
     }
 
     /// The statement for shard `index` of a propagated DDL. pg_query 0.8's
@@ -164,7 +166,7 @@ impl DdlPlan {
                 super::deparse::deparse_statement(*version, NodeEnum::GrantStmt(stmt))
             }
             DdlPlan::Checkpoint => Ok("CHECKPOINT".into()),
-            DdlPlan::Everywhere { sql } => Ok(sql.clone()),
+            DdlPlan::Everywhere { sql, .. } => Ok(sql.clone()),
             DdlPlan::Propagate { .. } | DdlPlan::DropIndex(_) => unreachable!("{self} has no statement per node"),
         }
     }
@@ -352,7 +354,7 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
                 Some(ObjectType::ObjectColumn) => {
                     let catalog_sql = (dist_column(table) == Some(r.subname.as_str())).then(|| {
                         format!(
-                            "UPDATE tessera.pg_dist_partition SET partkey = {} WHERE logicalrelid = {}::regclass",
+                            "SELECT tessera.rename_distribution_column({1}, {0})",
                             crate::connection::quote_literal(&r.newname),
                             table.oid
                         )
@@ -397,9 +399,12 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
 }
 
 /// Statements that every node must run, whether or not tables are
-/// distributed yet: CHECKPOINT, and those about roles (which every node
-/// checks privileges against) and default privileges.
-pub(super) fn plan_cluster_wide(version: i32, node: &NodeEnum) -> Option<Plan> {
+/// distributed yet: CHECKPOINT; those about roles (which every node checks
+/// privileges against) and default privileges; and those creating, changing
+/// or dropping the objects tables and queries depend on (schemas, types,
+/// domains, extensions, functions, collations, operators, casts …), so that
+/// shards can use them and queries on the shards find them.
+pub(super) fn plan_cluster_wide(version: i32, node: &NodeEnum, catalog: &Catalog) -> Option<Plan> {
     Some(match node {
         NodeEnum::CheckPointStmt(_) => Plan::Ddl(Arc::new(DdlPlan::Checkpoint)),
         NodeEnum::CreateRoleStmt(_)
@@ -409,17 +414,105 @@ pub(super) fn plan_cluster_wide(version: i32, node: &NodeEnum) -> Option<Plan> {
         | NodeEnum::GrantRoleStmt(_)
         | NodeEnum::AlterDefaultPrivilegesStmt(_)
         | NodeEnum::ReassignOwnedStmt(_)
-        | NodeEnum::DropOwnedStmt(_) => everywhere(version, node),
-        NodeEnum::GrantStmt(g) if ObjectType::from_i32(g.objtype) == Some(ObjectType::ObjectSchema) => everywhere(version, node),
+        | NodeEnum::DropOwnedStmt(_)
+        | NodeEnum::CompositeTypeStmt(_)
+        | NodeEnum::CreateEnumStmt(_)
+        | NodeEnum::CreateRangeStmt(_)
+        | NodeEnum::AlterEnumStmt(_)
+        | NodeEnum::CreateDomainStmt(_)
+        | NodeEnum::AlterDomainStmt(_)
+        | NodeEnum::AlterTypeStmt(_)
+        | NodeEnum::AlterExtensionStmt(_)
+        | NodeEnum::AlterExtensionContentsStmt(_)
+        | NodeEnum::AlterFunctionStmt(_)
+        | NodeEnum::DefineStmt(_)
+        | NodeEnum::CreateCastStmt(_)
+        | NodeEnum::AlterCollationStmt(_) => everywhere(version, node.clone(), None),
+        // Workers may have the schema already (shards create their table's
+        // schema) or the extension (installed by default, like plpgsql).
+        NodeEnum::CreateSchemaStmt(s) => {
+            // Tables created with the schema stay local to the coordinator
+            // database, as any new table does.
+            let stmt = protobuf::CreateSchemaStmt { schema_elts: vec![], if_not_exists: true, ..s.clone() };
+            everywhere(version, NodeEnum::CreateSchemaStmt(stmt), None)
+        }
+        NodeEnum::CreateExtensionStmt(e) => everywhere(version, NodeEnum::CreateExtensionStmt(protobuf::CreateExtensionStmt { if_not_exists: true, ..e.clone() }), None),
+        // A body may use tables that exist only as shards on a worker.
+        NodeEnum::CreateFunctionStmt(_) => everywhere(version, node.clone(), Some("SET LOCAL check_function_bodies = off")),
+        NodeEnum::GrantStmt(g) if ObjectType::from_i32(g.objtype).is_some_and(|t| t == ObjectType::ObjectSchema || is_shared_object(t)) => {
+            everywhere(version, node.clone(), None)
+        }
+        NodeEnum::DropStmt(d) if ObjectType::from_i32(d.remove_type).is_some_and(|t| t == ObjectType::ObjectSchema || is_shared_object(t)) => {
+            plan_drop_everywhere(version, d, catalog)
+        }
+        NodeEnum::RenameStmt(r) if renames_shared_object(r) => everywhere(version, node.clone(), None),
+        NodeEnum::AlterOwnerStmt(a) if ObjectType::from_i32(a.object_type).is_some_and(|t| t == ObjectType::ObjectSchema || is_shared_object(t)) => {
+            everywhere(version, node.clone(), None)
+        }
+        NodeEnum::AlterObjectSchemaStmt(a) if ObjectType::from_i32(a.object_type).is_some_and(is_shared_object) => everywhere(version, node.clone(), None),
+        NodeEnum::CommentStmt(c) if ObjectType::from_i32(c.objtype).is_some_and(|t| t == ObjectType::ObjectSchema || is_shared_object(t)) => {
+            everywhere(version, node.clone(), None)
+        }
         _ => return None,
     })
 }
 
-fn everywhere(version: i32, node: &NodeEnum) -> Plan {
-    match super::deparse::deparse_statement(version, node.clone()) {
-        Ok(sql) => Plan::Ddl(Arc::new(DdlPlan::Everywhere { sql })),
+/// Object kinds (other than schemas and roles) that exist alike on every
+/// node: what shard columns, defaults, checks, triggers and pushed-down
+/// queries may use.
+fn is_shared_object(t: ObjectType) -> bool {
+    use protobuf::ObjectType::*;
+    matches!(
+        t,
+        protobuf::ObjectType::ObjectType | ObjectDomain | ObjectDomconstraint | ObjectExtension | ObjectFunction | ObjectProcedure | ObjectRoutine | ObjectAggregate
+            | ObjectCollation | ObjectOperator | ObjectCast | ObjectTsconfiguration | ObjectTsdictionary | ObjectLanguage
+    )
+}
+
+fn renames_shared_object(r: &protobuf::RenameStmt) -> bool {
+    match ObjectType::from_i32(r.rename_type) {
+        Some(ObjectType::ObjectSchema) => true,
+        // ALTER TYPE … RENAME ATTRIBUTE (of a composite type, not a table's column).
+        Some(ObjectType::ObjectAttribute) => ObjectType::from_i32(r.relation_type) == Some(ObjectType::ObjectType),
+        Some(t) => is_shared_object(t),
+        None => false,
+    }
+}
+
+/// DROP of schemas and shared objects. Nodes that never got the object
+/// (it predates its propagation) are fine without it. Distributed tables in
+/// a schema dropped with CASCADE leave the catalog with their shells.
+fn plan_drop_everywhere(version: i32, drop: &protobuf::DropStmt, catalog: &Catalog) -> Plan {
+    let mut forget = Vec::new();
+    if drop.remove_type == ObjectType::ObjectSchema as i32 {
+        let schemas: Vec<String> = drop.objects.iter().filter_map(|o| match o.node.as_ref() {
+            Some(NodeEnum::String(s)) => Some(s.sval.clone()),
+            _ => None,
+        }).collect();
+        forget = catalog.tables().filter(|t| schemas.contains(&t.schema)).cloned().collect();
+    }
+    let stmt = protobuf::DropStmt { missing_ok: true, ..drop.clone() };
+    match node_text(version, NodeEnum::DropStmt(stmt)) {
+        Ok(sql) => Plan::Ddl(Arc::new(DdlPlan::Everywhere { sql, forget })),
         Err(e) => Plan::Unsupported(e),
     }
+}
+
+/// Every node runs `stmt` (after `setting`, a SET LOCAL the nodes need for it).
+fn everywhere(version: i32, stmt: NodeEnum, setting: Option<&str>) -> Plan {
+    match node_text(version, stmt) {
+        Ok(sql) => Plan::Ddl(Arc::new(DdlPlan::Everywhere { sql: setting.map_or(sql.clone(), |s| format!("{s}; {sql}")), forget: vec![] })),
+        Err(e) => Plan::Unsupported(e),
+    }
+}
+
+/// A statement's text for the nodes, refused if it would not say the same.
+fn node_text(version: i32, stmt: NodeEnum) -> PgResult<String> {
+    let tree = protobuf::ParseResult {
+        version,
+        stmts: vec![protobuf::RawStmt { stmt: Some(Box::new(node(stmt))), stmt_location: 0, stmt_len: 0 }],
+    };
+    super::deparse::deparse_faithfully(&tree)
 }
 
 /// GRANT/REVOKE of privileges on tables: the distributed ones' shards get
@@ -431,7 +524,7 @@ fn plan_grant(version: i32, grant: &protobuf::GrantStmt, node: &NodeEnum, catalo
     let target = protobuf::GrantTargetType::from_i32(grant.targtype);
     let objtype = ObjectType::from_i32(grant.objtype);
     if target == Some(protobuf::GrantTargetType::AclTargetAllInSchema) && objtype == Some(ObjectType::ObjectTable) {
-        return catalog.has_tables().then(|| everywhere(version, node));
+        return catalog.has_tables().then(|| everywhere(version, node.clone(), None));
     }
     match objtype {
         Some(ObjectType::ObjectTable) => {

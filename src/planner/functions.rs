@@ -22,6 +22,11 @@ impl ClusterFunction {
         matches!(self, Self::CreateDistributedTable | Self::CreateReferenceTable | Self::UndistributeTable)
     }
 
+    /// Whether the call adds or removes nodes.
+    pub fn manages_nodes(self) -> bool {
+        matches!(self, Self::AddNode | Self::RemoveNode)
+    }
+
     fn by_name(name: &str) -> Option<Self> {
         Some(match name {
             "create_distributed_table" => Self::CreateDistributedTable,

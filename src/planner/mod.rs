@@ -184,7 +184,7 @@ fn plan_statement(version: i32, raw: protobuf::RawStmt, text: &str, catalog: &Ca
     if let NodeEnum::TransactionStmt(t) = node {
         return plan_transaction(t, text);
     }
-    if let Some(plan) = ddl::plan_cluster_wide(version, node) {
+    if let Some(plan) = ddl::plan_cluster_wide(version, node, catalog) {
         return plan;
     }
     if let NodeEnum::SelectStmt(select) = node {

@@ -65,7 +65,12 @@ impl Coordinator {
     pub async fn reload_catalog(&self) -> PgResult<()> {
         let _guard = self.reload_lock.lock().await;
         let mut conn = PgConnection::connect(&self.config.coordinator_db_addr(), &self.config.service_login()).await?;
-        let fresh = metadata::load(&mut conn).await;
+        let mut fresh = metadata::load(&mut conn).await;
+        if let Ok(catalog) = &mut fresh {
+            if let Err(e) = metadata::load_type_oids(catalog, &mut conn, &self.config.service_login()).await {
+                fresh = Err(e);
+            }
+        }
         conn.terminate().await;
         let fresh = fresh?;
         if fresh.version >= self.catalog.snapshot().version {

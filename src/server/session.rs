@@ -696,7 +696,8 @@ impl Session {
     async fn load_block_catalog(&mut self) -> PgResult<()> {
         self.block_catalog_loads += 1;
         let version = -self.block_catalog_loads;
-        self.block_catalog = Some(Arc::new(metadata::load_in_block(self.parts.local().await?, version).await?));
+        let committed = self.coordinator.catalog.snapshot();
+        self.block_catalog = Some(Arc::new(metadata::load_in_block(self.parts.local().await?, version, &committed).await?));
         Ok(())
     }
 

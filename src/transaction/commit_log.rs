@@ -103,8 +103,10 @@ async fn write_batch(conn: &mut Option<PgConnection>, addr: &ServerAddr, login: 
     RecordOutcome::of(written, writer)
 }
 
-/// The INSERT of commit records into `pg_dist_transaction`.
+/// The statement recording commit decisions in `pg_dist_transaction`. It
+/// goes through a function because a client's own transaction writes them
+/// when the coordinator database took part, as whatever role the client is.
 pub fn insert_records<'a>(records: impl IntoIterator<Item = &'a (i32, String)>) -> String {
-    let values: Vec<String> = records.into_iter().map(|(group, gid)| format!("({group}, {})", quote_literal(gid))).collect();
-    format!("INSERT INTO tessera.pg_dist_transaction (groupid, gid) VALUES {}", values.join(", "))
+    let (groups, gids): (Vec<String>, Vec<String>) = records.into_iter().map(|(group, gid)| (group.to_string(), quote_literal(gid))).unzip();
+    format!("SELECT tessera.record_commits(ARRAY[{}]::int[], ARRAY[{}]::text[])", groups.join(", "), gids.join(", "))
 }

@@ -12,8 +12,9 @@ pub mod recovery;
 use crate::connection::{Login, PgConnection, ServerAddr};
 use commit_log::{CommitLog, RecordOutcome};
 use crate::error::{sqlstate, PgError, PgResult};
-use crate::metadata::Node;
-use crate::protocol::backend::TxStatus;
+use crate::metadata::{Node, TypeOids, FIRST_USER_OID};
+use crate::protocol::backend::{self, TxStatus};
+use crate::protocol::{frontend, Message};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -111,6 +112,9 @@ pub type CancelTargets = Arc<Mutex<Vec<(ServerAddr, (i32, i32))>>>;
 pub struct WorkerConnection {
     pub conn: PgConnection,
     pub group_id: i32,
+    /// The node's user-defined type oids, as of the catalog that last asked
+    /// for this connection.
+    type_oids: Arc<TypeOids>,
     in_block: bool,
     /// The current block wrote through this connection, so committing it needs
     /// the same atomicity as the other writers'.
@@ -136,7 +140,7 @@ const IDLE_PROBE_AFTER: std::time::Duration = std::time::Duration::from_millis(5
 impl WorkerConnection {
     /// The prepared-statement name for `sql` with parameters of `param_types`,
     /// and whether it must be parsed first.
-    pub fn statement_name(&mut self, sql: &Arc<str>, param_types: &[u32]) -> (String, bool) {
+    fn statement_name(&mut self, sql: &Arc<str>, param_types: &[u32]) -> (String, bool) {
         if let Some((_, name)) = self.prepared.get(sql).and_then(|variants| variants.iter().find(|(types, _)| **types == *param_types)) {
             return (name.clone(), false);
         }
@@ -145,6 +149,46 @@ impl WorkerConnection {
         self.prepared.entry(sql.clone()).or_default().push((param_types.into(), name.clone()));
         (name, true)
     }
+    /// Queues the Parse of `sql` unless this connection has it prepared
+    /// already; returns the statement's name and whether a Parse was queued.
+    /// Parameters of user-defined types go as unknown, for the node to infer:
+    /// the client gave the coordinator database's oids, and the node numbers
+    /// the same types differently.
+    pub fn prepare(&mut self, sql: &Arc<str>, param_types: &[u32]) -> (String, bool) {
+        let (name, needs_parse) = self.statement_name(sql, param_types);
+        if needs_parse {
+            if param_types.iter().any(|t| *t >= FIRST_USER_OID) {
+                let node_types: Vec<u32> = param_types.iter().map(|t| if *t >= FIRST_USER_OID { 0 } else { *t }).collect();
+                frontend::parse(self.conn.out(), &name, sql, &node_types);
+            } else {
+                frontend::parse(self.conn.out(), &name, sql, param_types);
+            }
+        }
+        (name, needs_parse)
+    }
+
+    /// A RowDescription from the node as the client must see it: with the
+    /// coordinator database's oids for user-defined types.
+    pub fn client_row_description(&self, msg: Message) -> PgResult<Message> {
+        if self.type_oids.is_empty() {
+            return Ok(msg);
+        }
+        let mut fields = backend::decode_row_description(&msg)?;
+        let mut changed = false;
+        for f in fields.iter_mut().filter(|f| f.type_oid >= FIRST_USER_OID) {
+            if let Some(oid) = self.type_oids.to_coordinator(f.type_oid) {
+                f.type_oid = oid;
+                changed = true;
+            }
+        }
+        if !changed {
+            return Ok(msg);
+        }
+        let mut frame = bytes::BytesMut::new();
+        backend::row_description(&mut frame, &fields);
+        Ok(Message::from_frame(frame.freeze()))
+    }
+
     /// Forgets a statement whose Parse failed (with every parameter-type
     /// variant), so it is parsed again next time.
     pub fn forget_statement(&mut self, sql: &Arc<str>) {
@@ -293,10 +337,13 @@ impl Participants {
             }
             let conn = PgConnection::connect(&node.addr, &self.login).await?;
             self.cancel_targets.lock().unwrap().push((node.addr.clone(), conn.backend_key()));
-            self.workers.insert(node.group_id, WorkerConnection { conn, group_id: node.group_id, in_block: false, wrote: false, prepared: HashMap::new(), statements_made: 0, needs_sync: false, last_used: std::time::Instant::now() });
+            self.workers.insert(node.group_id, WorkerConnection { conn, group_id: node.group_id, type_oids: node.type_oids.clone(), in_block: false, wrote: false, prepared: HashMap::new(), statements_made: 0, needs_sync: false, last_used: std::time::Instant::now() });
         }
         let worker = self.workers.get_mut(&node.group_id).unwrap();
         worker.last_used = std::time::Instant::now();
+        if !Arc::ptr_eq(&worker.type_oids, &node.type_oids) {
+            worker.type_oids = node.type_oids.clone();
+        }
         if let Some(block) = &self.block {
             if !worker.in_block {
                 worker.conn.queue_silent(&replay_sql(block));
