@@ -99,8 +99,9 @@ async fn check_distributable(ctx: &mut CommandContext<'_>, table: &LocalTable) -
 /// What the shell carries besides its definition and rows follows it onto
 /// the shards once they hold the rows: its foreign keys (each shard
 /// references the co-located shard, or the reference table's copy on its own
-/// node) and the privileges granted on it and its columns (the workers check
-/// them). Each is planned as the client's own statement would be.
+/// node), triggers, row-level security and its policies, and the privileges
+/// granted on it and its columns (the workers check them). Each is planned
+/// as the client's own statement would be.
 async fn follow_shell_onto_shards(ctx: &mut CommandContext<'_>, table: &LocalTable) -> PgResult<()> {
     let local = ctx.parts.local().await?;
     let mut statements = Vec::new();
@@ -108,6 +109,23 @@ async fn follow_shell_onto_shards(ctx: &mut CommandContext<'_>, table: &LocalTab
         let (name, definition) = (key[0].clone().unwrap_or_default(), key[1].clone().unwrap_or_default());
         statements.push(format!("ALTER TABLE {} ADD CONSTRAINT {} {definition}", table.qualified(), quote_ident(&name)));
     }
+    for trigger in local.query(&format!("SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = {} AND NOT tgisinternal ORDER BY tgname", table.oid)).await? {
+        statements.extend(trigger.into_iter().flatten());
+    }
+    let security = local
+        .query(&format!(
+            "SELECT format('ALTER TABLE %s ENABLE ROW LEVEL SECURITY', c.oid::regclass) FROM pg_class c WHERE c.oid = {oid} AND c.relrowsecurity
+             UNION ALL
+             SELECT format('ALTER TABLE %s FORCE ROW LEVEL SECURITY', c.oid::regclass) FROM pg_class c WHERE c.oid = {oid} AND c.relforcerowsecurity
+             UNION ALL
+             SELECT format('CREATE POLICY %I ON %s AS %s FOR %s TO %s', p.policyname, {oid}::regclass, p.permissive, p.cmd,
+                           array_to_string(ARRAY(SELECT CASE r WHEN 'public' THEN 'PUBLIC' ELSE quote_ident(r) END FROM unnest(p.roles) r), ', '))
+                    || coalesce(' USING (' || p.qual || ')', '') || coalesce(' WITH CHECK (' || p.with_check || ')', '')
+             FROM pg_policies p WHERE (p.schemaname, p.tablename) = (SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = {oid})",
+            oid = table.oid
+        ))
+        .await?;
+    statements.extend(security.into_iter().flatten().flatten());
     // The owner's own privileges too, as the shards belong to whoever
     // distributes; grants to that role itself would change nothing.
     let grants = local
@@ -137,7 +155,7 @@ async fn follow_shell_onto_shards(ctx: &mut CommandContext<'_>, table: &LocalTab
     for sql in statements {
         match crate::planner::plan_query(&sql, &catalog).into_iter().next().map(|p| p.plan) {
             Some(crate::planner::Plan::Ddl(ddl)) => match ddl.as_ref() {
-                DdlPlan::Propagate { table, template, .. } => run_per_node(ctx, shard_statements(table, template)?).await?,
+                DdlPlan::Propagate { table, template, .. } => run_per_node(ctx, shard_statements(table, template, None)?).await?,
                 grant @ DdlPlan::Grant { .. } => run_node_statements(grant, ctx).await?,
                 other => return Err(PgError::internal(format!("carrying \"{sql}\" over to the shards gave the plan {other}"))),
             },

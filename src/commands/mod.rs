@@ -251,7 +251,8 @@ async fn distributed_indexes(drop: &DropIndex, ctx: &mut CommandContext<'_>) -> 
         .collect())
 }
 
-/// Drops the indexes on the shell tables and their copies on every shard.
+/// Drops (or renames) the indexes on the shell tables and their copies on
+/// every shard.
 async fn drop_distributed_indexes(drop: &DropIndex, indexes: &[(String, Arc<DistributedTable>)], sql: &str, ctx: &mut CommandContext<'_>) -> PgResult<String> {
     if drop.is_concurrent() {
         return Err(PgError::not_supported("DROP INDEX CONCURRENTLY of indexes on distributed tables is not supported yet; use DROP INDEX"));
@@ -283,8 +284,18 @@ pub(crate) async fn finish_block<T>(ctx: &mut CommandContext<'_>, implicit: bool
 async fn run_ddl_in_block(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_>) -> PgResult<String> {
     match plan {
         DdlPlan::Propagate { table, template, catalog_sql } => {
-            let tag = ctx.parts.local().await?.execute(sql).await?;
-            run_per_node(ctx, shard_statements(table, template)?).await?;
+            let local = ctx.parts.local().await?;
+            let index_names = format!("SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = {}", table.oid);
+            let unnamed = plan.creates_unnamed_index();
+            let before = if unnamed { local.query(&index_names).await? } else { Vec::new() };
+            let tag = local.execute(sql).await?;
+            // The shards' copies of an unnamed index are named after the
+            // shell's, so that later statements naming it reach them.
+            let index_name = match unnamed {
+                true => local.query(&index_names).await?.into_iter().find(|row| !before.contains(row)).and_then(|row| row.into_iter().next().flatten()),
+                false => None,
+            };
+            run_per_node(ctx, shard_statements(table, template, index_name.as_deref())?).await?;
             let local = ctx.parts.local().await?;
             if let Some(catalog_sql) = catalog_sql {
                 local.execute(catalog_sql).await?;
@@ -301,6 +312,18 @@ async fn run_ddl_in_block(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_
                 local.execute(&delete_catalog_rows_sql(t)).await?;
             }
             local.execute(sql).await
+        }
+        DdlPlan::DropFromTable { table, .. } => {
+            let tag = ctx.parts.local().await?.execute(sql).await?;
+            let mut per_node: BTreeMap<i32, Vec<String>> = BTreeMap::new();
+            for shard in &table.shards {
+                let stmt = plan.drop_from_shard_sql(shard)?;
+                for group in &shard.placements {
+                    per_node.entry(*group).or_default().push(stmt.clone());
+                }
+            }
+            run_per_node(ctx, per_node).await?;
+            Ok(tag)
         }
         DdlPlan::Truncate { .. } | DdlPlan::Grant { .. } => {
             let tag = ctx.parts.local().await?.execute(sql).await?;
@@ -365,10 +388,10 @@ pub(crate) async fn read_shard_rows(ctx: &mut CommandContext<'_>, node: &crate::
 
 /// A propagated statement for every shard of `table`, by the node group that
 /// runs it.
-fn shard_statements(table: &DistributedTable, template: &ShardTemplate) -> PgResult<BTreeMap<i32, Vec<String>>> {
+fn shard_statements(table: &DistributedTable, template: &ShardTemplate, index_name: Option<&str>) -> PgResult<BTreeMap<i32, Vec<String>>> {
     let mut per_node: BTreeMap<i32, Vec<String>> = BTreeMap::new();
     for shard in &table.shards {
-        let stmt = DdlPlan::shard_sql(table, template, shard.index)?;
+        let stmt = DdlPlan::shard_sql(table, template, shard.index, index_name)?;
         for group in &shard.placements {
             per_node.entry(*group).or_default().push(stmt.clone());
         }

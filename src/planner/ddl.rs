@@ -29,9 +29,12 @@ pub enum DdlPlan {
     /// shard, in the statement's mode (routed writes never touch the shells,
     /// so only the shards' locks hold them off). Transaction blocks only.
     Lock { version: i32, stmt: protobuf::LockStmt, tables: Vec<(Arc<DistributedTable>, protobuf::RangeVar)> },
-    /// DROP INDEX, when distributed tables exist: which indexes are theirs is
-    /// only found out at execution.
+    /// DROP INDEX or ALTER INDEX … RENAME, when distributed tables exist:
+    /// which indexes are theirs is only found out at execution.
     DropIndex(DropIndex),
+    /// DROP TRIGGER / DROP POLICY on a distributed table: the coordinator
+    /// database drops the shell's, each shard its own.
+    DropFromTable { version: i32, stmt: protobuf::DropStmt, table: Arc<DistributedTable> },
     /// VACUUM / ANALYZE: each node runs the statement, options and all, for its
     /// shards. `rels` are the statement's relations that are distributed tables.
     Vacuum { version: i32, stmt: protobuf::VacuumStmt, rels: Vec<(Arc<DistributedTable>, protobuf::VacuumRelation)> },
@@ -52,11 +55,18 @@ pub enum DdlPlan {
     Grant { version: i32, stmt: protobuf::GrantStmt, tables: Vec<(Arc<DistributedTable>, protobuf::RangeVar)> },
 }
 
-/// DROP INDEX: the parse tree names indexes, not their tables.
+/// DROP INDEX or ALTER INDEX … RENAME: the parse tree names indexes, not
+/// their tables.
 #[derive(Debug)]
 pub struct DropIndex {
     version: i32,
-    stmt: protobuf::DropStmt,
+    stmt: IndexStatement,
+}
+
+#[derive(Debug)]
+enum IndexStatement {
+    Drop(protobuf::DropStmt),
+    Rename(Box<protobuf::RenameStmt>),
 }
 
 impl fmt::Display for DdlPlan {
@@ -67,7 +77,8 @@ impl fmt::Display for DdlPlan {
             DdlPlan::Drop { .. } => write!(f, "drop {names}"),
             DdlPlan::Truncate { .. } => write!(f, "truncate {names}"),
             DdlPlan::Lock { .. } => write!(f, "lock {names}"),
-            DdlPlan::DropIndex(_) => write!(f, "drop index"),
+            DdlPlan::DropIndex(_) => write!(f, "drop or rename index"),
+            DdlPlan::DropFromTable { .. } => write!(f, "drop from {names}"),
             DdlPlan::Vacuum { .. } => write!(f, "vacuum {names}"),
             DdlPlan::Checkpoint => write!(f, "checkpoint every node"),
             DdlPlan::Everywhere { .. } => write!(f, "run on every node"),
@@ -77,6 +88,12 @@ impl fmt::Display for DdlPlan {
 }
 
 impl DdlPlan {
+    /// Whether the plan creates an index without naming it.
+    pub fn creates_unnamed_index(&self) -> bool {
+        let DdlPlan::Propagate { template, .. } = self else { return false };
+        matches!(template.statement(), Some(NodeEnum::IndexStmt(ix)) if ix.idxname.is_empty())
+    }
+
     /// Whether the statement changes what the catalog says about distributed
     /// tables (their columns, defaults, existence).
     pub fn changes_catalog(&self) -> bool {
@@ -87,7 +104,9 @@ impl DdlPlan {
     /// generic walk misses RENAME's table and foreign keys' referenced tables, so
     /// the relations utility statements name are pointed at the shard here (the
     /// walk then finds them renamed already).
-    pub fn shard_sql(table: &DistributedTable, template: &ShardTemplate, index: u32) -> PgResult<String> {
+    /// `index_name`: the name the coordinator database gave an index the
+    /// statement creates without one; each shard's copy is named after it.
+    pub fn shard_sql(table: &DistributedTable, template: &ShardTemplate, index: u32, index_name: Option<&str>) -> PgResult<String> {
         let shard = &table.shards[index as usize];
         let suffix = format!("_{}", shard.id);
         let point = |rv: &mut Option<protobuf::RangeVar>| {
@@ -97,6 +116,9 @@ impl DdlPlan {
         };
         template.sql_with(index, |node| match node.node.as_mut() {
             Some(NodeEnum::IndexStmt(ix)) => {
+                if let (true, Some(name)) = (ix.idxname.is_empty(), index_name) {
+                    ix.idxname = name.to_string();
+                }
                 if !ix.idxname.is_empty() {
                     ix.idxname.push_str(&suffix);
                 }
@@ -117,16 +139,48 @@ impl DdlPlan {
                     }
                 }
             }
-            Some(NodeEnum::RenameStmt(r)) => point(&mut r.relation),
+            Some(NodeEnum::RenameStmt(r)) => {
+                point(&mut r.relation);
+                match ObjectType::from_i32(r.rename_type) {
+                    Some(ObjectType::ObjectTable) => r.newname.push_str(&suffix),
+                    Some(ObjectType::ObjectTabconstraint) => {
+                        r.subname.push_str(&suffix);
+                        r.newname.push_str(&suffix);
+                    }
+                    _ => {}
+                }
+            }
+            Some(NodeEnum::CreateTrigStmt(t)) => point(&mut t.relation),
+            Some(NodeEnum::CreatePolicyStmt(p)) => point(&mut p.table),
+            Some(NodeEnum::AlterPolicyStmt(p)) => point(&mut p.table),
             _ => {}
         })
+    }
+
+    /// The statement for shard `shard` of a DROP TRIGGER / DROP POLICY: the
+    /// object's name list ends with the table's name and the object's.
+    pub fn drop_from_shard_sql(&self, shard: &Shard) -> PgResult<String> {
+        let DdlPlan::DropFromTable { version, stmt, table } = self else { unreachable!("{self} drops nothing from a table") };
+        let mut stmt = stmt.clone();
+        for object in &mut stmt.objects {
+            let Some(NodeEnum::List(names)) = object.node.as_mut() else { continue };
+            let table_at = names.items.len().saturating_sub(2);
+            if let Some(NodeEnum::String(s)) = names.items.get_mut(table_at).and_then(|n| n.node.as_mut()) {
+                s.sval = table.shard_relname(shard);
+            }
+            if table_at == 0 {
+                // Unqualified: the shard lives in its table's schema.
+                names.items.insert(0, node(NodeEnum::String(protobuf::String { sval: table.schema.clone() })));
+            }
+        }
+        super::deparse::deparse_statement(*version, NodeEnum::DropStmt(stmt))
     }
 
     /// The distributed tables the plan reaches (those of a DROP INDEX are only
     /// known at execution).
     pub fn tables(&self) -> Vec<&Arc<DistributedTable>> {
         match self {
-            DdlPlan::Propagate { table, .. } => vec![table],
+            DdlPlan::Propagate { table, .. } | DdlPlan::DropFromTable { table, .. } => vec![table],
             DdlPlan::Drop { tables } => tables.iter().collect(),
             DdlPlan::Truncate { tables, .. } | DdlPlan::Lock { tables, .. } | DdlPlan::Grant { tables, .. } => tables.iter().map(|(t, _)| t).collect(),
             DdlPlan::DropIndex(_) | DdlPlan::Checkpoint | DdlPlan::Everywhere { .. } => vec![],
@@ -167,26 +221,33 @@ impl DdlPlan {
             }
             DdlPlan::Checkpoint => Ok("CHECKPOINT".into()),
             DdlPlan::Everywhere { sql, .. } => Ok(sql.clone()),
-            DdlPlan::Propagate { .. } | DdlPlan::DropIndex(_) => unreachable!("{self} has no statement per node"),
+            DdlPlan::Propagate { .. } | DdlPlan::DropIndex(_) | DdlPlan::DropFromTable { .. } => unreachable!("{self} has no statement per node"),
         }
     }
 }
 
 impl DropIndex {
     pub fn is_concurrent(&self) -> bool {
-        self.stmt.concurrent
+        matches!(&self.stmt, IndexStatement::Drop(d) if d.concurrent)
     }
 
-    /// The names of the indexes to drop, as written (optionally schema-qualified).
+    /// The names of the indexes, as written (optionally schema-qualified).
     fn names(&self) -> Vec<Vec<String>> {
-        self.stmt
-            .objects
-            .iter()
-            .filter_map(|o| match o.node.as_ref() {
-                Some(NodeEnum::List(l)) => Some(names_of(&l.items)),
-                _ => None,
-            })
-            .collect()
+        match &self.stmt {
+            IndexStatement::Drop(d) => d
+                .objects
+                .iter()
+                .filter_map(|o| match o.node.as_ref() {
+                    Some(NodeEnum::List(l)) => Some(names_of(&l.items)),
+                    _ => None,
+                })
+                .collect(),
+            IndexStatement::Rename(r) => r
+                .relation
+                .iter()
+                .map(|rv| if rv.schemaname.is_empty() { vec![rv.relname.clone()] } else { vec![rv.schemaname.clone(), rv.relname.clone()] })
+                .collect(),
+        }
     }
 
     /// A query for the coordinator database: one row per index named, in order,
@@ -206,20 +267,39 @@ impl DropIndex {
         self.names().into_iter().filter_map(|mut parts| parts.pop()).collect()
     }
 
-    /// The statement for node group `group`: it drops the shards' copies
-    /// (`<index>_<shardid>`, in their table's schema) of `indexes` there.
+    /// The statement for node group `group`: it drops or renames the shards'
+    /// copies (`<index>_<shardid>`, in their table's schema) of `indexes` there.
     pub fn node_sql(&self, indexes: &[(String, Arc<DistributedTable>)], group: i32) -> PgResult<String> {
         let string = |s: String| node(NodeEnum::String(protobuf::String { sval: s }));
-        let mut stmt = self.stmt.clone();
-        stmt.objects = indexes
-            .iter()
-            .flat_map(|(index, table)| {
-                shards_on(table, group).map(move |shard| {
-                    node(NodeEnum::List(protobuf::List { items: vec![string(table.schema.clone()), string(format!("{index}_{}", shard.id))] }))
-                })
-            })
-            .collect();
-        super::deparse::deparse_statement(self.version, NodeEnum::DropStmt(stmt))
+        match &self.stmt {
+            IndexStatement::Drop(stmt) => {
+                let mut stmt = stmt.clone();
+                stmt.objects = indexes
+                    .iter()
+                    .flat_map(|(index, table)| {
+                        shards_on(table, group).map(move |shard| {
+                            node(NodeEnum::List(protobuf::List { items: vec![string(table.schema.clone()), string(format!("{index}_{}", shard.id))] }))
+                        })
+                    })
+                    .collect();
+                super::deparse::deparse_statement(self.version, NodeEnum::DropStmt(stmt))
+            }
+            IndexStatement::Rename(stmt) => {
+                let mut statements = Vec::new();
+                for (index, table) in indexes {
+                    for shard in shards_on(table, group) {
+                        let mut stmt = stmt.clone();
+                        if let Some(rv) = stmt.relation.as_mut() {
+                            rv.schemaname = table.schema.clone();
+                            rv.relname = format!("{index}_{}", shard.id);
+                        }
+                        stmt.newname = format!("{}_{}", stmt.newname, shard.id);
+                        statements.push(super::deparse::deparse_statement(self.version, NodeEnum::RenameStmt(stmt))?);
+                    }
+                }
+                Ok(statements.join(";\n"))
+            }
+        }
     }
 }
 
@@ -348,9 +428,15 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
             }
             Some(propagate(table, referenced, None))
         }
+        NodeEnum::RenameStmt(r) if r.rename_type == ObjectType::ObjectIndex as i32 => {
+            Some(Plan::Ddl(Arc::new(DdlPlan::DropIndex(DropIndex { version, stmt: IndexStatement::Rename(r.clone()) }))))
+        }
         NodeEnum::RenameStmt(r) => {
             let table = resolve_range_var(r.relation.as_ref()?, catalog)?;
             match ObjectType::from_i32(r.rename_type) {
+                Some(ObjectType::ObjectTable | ObjectType::ObjectTabconstraint | ObjectType::ObjectTrigger | ObjectType::ObjectPolicy) => {
+                    Some(propagate(table, vec![], None))
+                }
                 Some(ObjectType::ObjectColumn) => {
                     let catalog_sql = (dist_column(table) == Some(r.subname.as_str())).then(|| {
                         format!(
@@ -361,7 +447,7 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
                     });
                     Some(propagate(table, vec![], catalog_sql))
                 }
-                _ => Some(not_supported("renaming distributed tables or their constraints is not supported yet")),
+                _ => Some(not_supported("this kind of RENAME on distributed tables is not supported yet")),
             }
         }
         NodeEnum::DropStmt(d) if d.remove_type == ObjectType::ObjectTable as i32 => {
@@ -369,8 +455,30 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
             (!tables.is_empty()).then(|| Plan::Ddl(Arc::new(DdlPlan::Drop { tables })))
         }
         NodeEnum::DropStmt(d) if d.remove_type == ObjectType::ObjectIndex as i32 => {
-            Some(Plan::Ddl(Arc::new(DdlPlan::DropIndex(DropIndex { version, stmt: d.clone() }))))
+            Some(Plan::Ddl(Arc::new(DdlPlan::DropIndex(DropIndex { version, stmt: IndexStatement::Drop(d.clone()) }))))
         }
+        NodeEnum::DropStmt(d) if d.remove_type == ObjectType::ObjectTrigger as i32 || d.remove_type == ObjectType::ObjectPolicy as i32 => {
+            // One object per statement, named (schema.)table.name.
+            let Some(NodeEnum::List(names)) = d.objects.first().and_then(|o| o.node.as_ref()) else { return None };
+            let parts = names_of(&names.items);
+            let table = match parts.as_slice() {
+                [table, _] => catalog.resolve(None, table),
+                [schema, table, _] => catalog.resolve(Some(schema), table),
+                _ => None,
+            }?;
+            Some(Plan::Ddl(Arc::new(DdlPlan::DropFromTable { version, stmt: d.clone(), table: table.clone() })))
+        }
+        NodeEnum::CreateTrigStmt(t) => {
+            let table = resolve_range_var(t.relation.as_ref()?, catalog)?;
+            if t.isconstraint {
+                return Some(not_supported("constraint triggers on distributed tables are not supported yet; use an ordinary AFTER trigger"));
+            }
+            Some(propagate(table, vec![], None))
+        }
+        NodeEnum::CreatePolicyStmt(p) => Some(propagate(resolve_range_var(p.table.as_ref()?, catalog)?, vec![], None)),
+        NodeEnum::AlterPolicyStmt(p) => Some(propagate(resolve_range_var(p.table.as_ref()?, catalog)?, vec![], None)),
+        // Comments describe the table, which the coordinator database does.
+        NodeEnum::CommentStmt(_) => Some(Plan::Local),
         NodeEnum::TruncateStmt(t) => {
             let tables = distributed_relations(&t.relations, catalog);
             (!tables.is_empty()).then(|| Plan::Ddl(Arc::new(DdlPlan::Truncate { version, stmt: t.clone(), tables })))
@@ -439,7 +547,9 @@ pub(super) fn plan_cluster_wide(version: i32, node: &NodeEnum, catalog: &Catalog
         NodeEnum::CreateExtensionStmt(e) => everywhere(version, NodeEnum::CreateExtensionStmt(protobuf::CreateExtensionStmt { if_not_exists: true, ..e.clone() }), None),
         // A body may use tables that exist only as shards on a worker.
         NodeEnum::CreateFunctionStmt(_) => everywhere(version, node.clone(), Some("SET LOCAL check_function_bodies = off")),
-        NodeEnum::GrantStmt(g) if ObjectType::from_i32(g.objtype).is_some_and(|t| t == ObjectType::ObjectSchema || is_shared_object(t)) => {
+        // A database's privileges (CREATE for schemas and trusted
+        // extensions) matter on every node's database of that name.
+        NodeEnum::GrantStmt(g) if ObjectType::from_i32(g.objtype).is_some_and(|t| matches!(t, ObjectType::ObjectSchema | ObjectType::ObjectDatabase) || is_shared_object(t)) => {
             everywhere(version, node.clone(), None)
         }
         NodeEnum::DropStmt(d) if ObjectType::from_i32(d.remove_type).is_some_and(|t| t == ObjectType::ObjectSchema || is_shared_object(t)) => {

@@ -35,6 +35,11 @@ impl ShardTemplate {
         ShardTemplate { tree: protobuf::ParseResult { version, stmts: vec![stmt] }, values_rows: Vec::new(), tables, alias_tables: false }
     }
 
+    /// The statement, as the client gave it.
+    pub fn statement(&self) -> Option<&NodeEnum> {
+        self.tree.stmts.first()?.stmt.as_ref()?.node.as_ref()
+    }
+
     pub fn tables(&self) -> &[Arc<DistributedTable>] {
         &self.tables
     }
