@@ -4,25 +4,7 @@
 //! PostgreSQL: the same rows, and the same 42501 errors where it may not.
 
 mod common;
-use common::{connect_as, PlainPostgres, TestCluster};
-use tokio_postgres::{Client, SimpleQueryMessage};
-
-/// What a statement gave: its rows (text, in order), or its SQLSTATE and message.
-async fn outcome(c: &Client, sql: &str) -> Result<Vec<Vec<Option<String>>>, (String, String)> {
-    match c.simple_query(sql).await {
-        Ok(messages) => Ok(messages
-            .into_iter()
-            .filter_map(|m| match m {
-                SimpleQueryMessage::Row(r) => Some((0..r.len()).map(|i| r.get(i).map(str::to_string)).collect()),
-                _ => None,
-            })
-            .collect()),
-        Err(e) => {
-            let db = e.as_db_error().unwrap_or_else(|| panic!("{sql}: {e}"));
-            Err((db.code().code().to_string(), db.message().to_string()))
-        }
-    }
-}
+use common::{connect_as, outcome, PlainPostgres, TestCluster};
 
 const SCHEMA: &str = "
     CREATE ROLE app LOGIN;

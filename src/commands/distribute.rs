@@ -3,13 +3,14 @@
 //! recording it all in the catalog in the same transaction.
 
 use super::table_ddl::TableDefinition;
-use super::{delete_catalog_rows_sql, finish_block, read_shard_rows, run_node_statements, run_per_node, shard_statements, CommandContext};
+use super::{delete_catalog_rows_sql, finish_block, read_shard_rows, run_per_node, shard_statements, CommandContext};
+use crate::planner::placement_groups;
 use crate::planner::DdlPlan;
 use crate::transaction::Access;
 use crate::connection::{quote_ident, quote_literal, PgConnection};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::hash::{self, HashType};
-use crate::metadata::{Distribution, DistributedTable, Node};
+use crate::metadata::{Catalog, Distribution, DistributedTable, Node};
 use bytes::Bytes;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -101,15 +102,16 @@ async fn check_distributable(ctx: &mut CommandContext<'_>, table: &LocalTable) -
 /// references the co-located shard, or the reference table's copy on its own
 /// node), triggers, row-level security and its policies, and the privileges
 /// granted on it and its columns (the workers check them). Each is planned
-/// as the client's own statement would be.
-async fn follow_shell_onto_shards(ctx: &mut CommandContext<'_>, table: &LocalTable) -> PgResult<()> {
+/// as the client's own statement would be. `only_group`: a node that got a
+/// copy of a reference table, the only one to bring up to date.
+pub(super) async fn follow_shell_onto_shards(ctx: &mut CommandContext<'_>, oid: u32, qualified: &str, only_group: Option<i32>) -> PgResult<()> {
     let local = ctx.parts.local().await?;
     let mut statements = Vec::new();
-    for key in local.query(&format!("SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint WHERE contype = 'f' AND conrelid = {} ORDER BY conname", table.oid)).await? {
+    for key in local.query(&format!("SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint WHERE contype = 'f' AND conrelid = {} ORDER BY conname", oid)).await? {
         let (name, definition) = (key[0].clone().unwrap_or_default(), key[1].clone().unwrap_or_default());
-        statements.push(format!("ALTER TABLE {} ADD CONSTRAINT {} {definition}", table.qualified(), quote_ident(&name)));
+        statements.push(format!("ALTER TABLE {} ADD CONSTRAINT {} {definition}", qualified, quote_ident(&name)));
     }
-    for trigger in local.query(&format!("SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = {} AND NOT tgisinternal ORDER BY tgname", table.oid)).await? {
+    for trigger in local.query(&format!("SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = {} AND NOT tgisinternal ORDER BY tgname", oid)).await? {
         statements.extend(trigger.into_iter().flatten());
     }
     let security = local
@@ -122,7 +124,7 @@ async fn follow_shell_onto_shards(ctx: &mut CommandContext<'_>, table: &LocalTab
                            array_to_string(ARRAY(SELECT CASE r WHEN 'public' THEN 'PUBLIC' ELSE quote_ident(r) END FROM unnest(p.roles) r), ', '))
                     || coalesce(' USING (' || p.qual || ')', '') || coalesce(' WITH CHECK (' || p.with_check || ')', '')
              FROM pg_policies p WHERE (p.schemaname, p.tablename) = (SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = {oid})",
-            oid = table.oid
+            oid = oid
         ))
         .await?;
     statements.extend(security.into_iter().flatten().flatten());
@@ -137,7 +139,7 @@ async fn follow_shell_onto_shards(ctx: &mut CommandContext<'_>, table: &LocalTab
              SELECT a.privilege_type, att.attname, a.grantee = 0, pg_get_userbyid(a.grantee), a.is_grantable
                FROM pg_attribute att, aclexplode(att.attacl) a
               WHERE att.attrelid = {oid} AND att.attnum > 0 AND NOT att.attisdropped AND a.grantee <> current_user::regrole",
-            oid = table.oid
+            oid = oid
         ))
         .await?;
     for g in grants {
@@ -145,23 +147,37 @@ async fn follow_shell_onto_shards(ctx: &mut CommandContext<'_>, table: &LocalTab
         let column = g[1].as_deref().map(|c| format!(" ({})", quote_ident(c))).unwrap_or_default();
         let grantee = if text(2) == "t" { "PUBLIC".to_string() } else { quote_ident(&text(3)) };
         let option = if text(4) == "t" { " WITH GRANT OPTION" } else { "" };
-        statements.push(format!("GRANT {}{column} ON TABLE {} TO {grantee}{option}", text(0), table.qualified()));
+        statements.push(format!("GRANT {}{column} ON TABLE {} TO {grantee}{option}", text(0), qualified));
     }
     if statements.is_empty() {
         return Ok(());
     }
-    // The catalog as this transaction sees it: with the table distributed.
-    let catalog = crate::metadata::load_in_block(local, ctx.catalog.version, &ctx.catalog).await?;
+    // The catalog as this transaction sees it: with the table distributed
+    // (or the new node holding its copy).
+    let catalog = Arc::new(crate::metadata::load_in_block(local, ctx.catalog.version, &ctx.catalog).await?);
+    let committed = std::mem::replace(&mut ctx.catalog, catalog.clone());
+    let result = carry_statements(ctx, &catalog, &statements, only_group).await;
+    ctx.catalog = committed;
+    result
+}
+
+async fn carry_statements(ctx: &mut CommandContext<'_>, catalog: &Catalog, statements: &[String], only_group: Option<i32>) -> PgResult<()> {
     for sql in statements {
-        match crate::planner::plan_query(&sql, &catalog).into_iter().next().map(|p| p.plan) {
+        let mut per_node = match crate::planner::plan_query(sql, catalog).into_iter().next().map(|p| p.plan) {
             Some(crate::planner::Plan::Ddl(ddl)) => match ddl.as_ref() {
-                DdlPlan::Propagate { table, template, .. } => run_per_node(ctx, shard_statements(table, template, None)?).await?,
-                grant @ DdlPlan::Grant { .. } => run_node_statements(grant, ctx).await?,
+                DdlPlan::Propagate { table, template, .. } => shard_statements(table, template, None)?,
+                grant @ DdlPlan::Grant { .. } => {
+                    placement_groups(grant.tables()).into_iter().map(|group| Ok((group, vec![grant.node_sql(group)?]))).collect::<PgResult<_>>()?
+                }
                 other => return Err(PgError::internal(format!("carrying \"{sql}\" over to the shards gave the plan {other}"))),
             },
             Some(crate::planner::Plan::Unsupported(e)) => return Err(e),
             _ => return Err(PgError::internal(format!("carrying \"{sql}\" over to the shards did not give a DDL plan"))),
+        };
+        if let Some(group) = only_group {
+            per_node.retain(|g, _| *g == group);
         }
+        run_per_node(ctx, per_node).await?;
     }
     Ok(())
 }
@@ -277,7 +293,7 @@ pub async fn create_distributed_table(ctx: &mut CommandContext<'_>, table_name: 
             Ok(hash::shard_index(hash::row_hash(Some(h)), count as u32) as usize)
         })
         .await?;
-        follow_shell_onto_shards(ctx, &table).await
+        follow_shell_onto_shards(ctx, table.oid, &table.qualified(), None).await
     }
     .await;
     finish_block(ctx, implicit, result).await
@@ -299,7 +315,7 @@ pub async fn create_reference_table(ctx: &mut CommandContext<'_>, table_name: &s
         bring_nodes_up_to_date(ctx, &placements).await?;
         let shard_ids = create_shards(ctx, &table, None, colocation_id, &placements).await?;
         move_rows_into_shards(ctx, &table, &shard_ids, &placements, |_| Ok(0)).await?;
-        follow_shell_onto_shards(ctx, &table).await
+        follow_shell_onto_shards(ctx, table.oid, &table.qualified(), None).await
     }
     .await;
     finish_block(ctx, implicit, result).await

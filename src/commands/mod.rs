@@ -1,7 +1,7 @@
 //! Cluster-management functions and distributed DDL: the statements the
 //! coordinator carries out itself, across the coordinator database and workers.
 
-mod distribute;
+pub(crate) mod distribute;
 mod nodes;
 mod objects;
 pub mod table_ddl;

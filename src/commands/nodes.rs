@@ -46,6 +46,7 @@ pub async fn add_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) -> Pg
                 .await?
                 .execute(&format!("INSERT INTO tessera.pg_dist_placement (shardid, groupid) VALUES ({}, {group})", shard.id))
                 .await?;
+            super::distribute::follow_shell_onto_shards(ctx, table.oid, &table.qualified_name(), Some(group)).await?;
         }
         Ok(id)
     }

@@ -73,7 +73,8 @@ pub(crate) async fn run_router_for_tag(plan: &RouterPlan, parts: &mut Participan
 /// Values of the sequence defaults an INSERT leaves to the coordinator, in
 /// one round trip to the coordinator database: the distribution column's
 /// (one per row that leaves it to its default) and each other filled
-/// column's (one per row the fill lists).
+/// column's (one per row the fill lists). As in PostgreSQL, a role that may
+/// not insert into the table hears so, not that it may not use the sequence.
 async fn evaluate_defaults(plan: &RouterPlan, parts: &mut Participants) -> PgResult<Defaults> {
     let Some(insert) = plan.insert_key.as_ref() else { return Ok(Defaults::default()) };
     let key_rows = match &plan.target {
@@ -92,11 +93,15 @@ async fn evaluate_defaults(plan: &RouterPlan, parts: &mut Participants) -> PgRes
     }
     let sql = parts_sql
         .iter()
-        .map(|(i, default_sql, n)| format!("(SELECT {i}, ({default_sql})::text FROM generate_series(1, {n}))"))
+        .map(|(i, default_sql, n)| format!("(SELECT {i}, ({default_sql})::text FROM generate_series(1, {n}) WHERE has_table_privilege({}, 'INSERT'))", insert.table.0))
         .collect::<Vec<_>>()
         .join(" UNION ALL ");
     let mut defaults = Defaults { key: Vec::new(), others: vec![Vec::new(); insert.fills.len()] };
-    for row in parts.local().await?.query(&sql).await? {
+    let rows = parts.local().await?.query(&sql).await?;
+    if rows.is_empty() {
+        return Err(PgError::new(sqlstate::INSUFFICIENT_PRIVILEGE, format!("permission denied for table {}", insert.table.1)));
+    }
+    for row in rows {
         let mut row = row.into_iter();
         let which: usize = row.next().flatten().and_then(|i| i.parse().ok()).unwrap_or_default();
         let value = row.next().flatten().ok_or_else(null_key)?;

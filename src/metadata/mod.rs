@@ -261,10 +261,12 @@ fn int<T: std::str::FromStr + Default>(v: &Option<String>) -> T {
     v.as_deref().and_then(|s| s.parse().ok()).unwrap_or_default()
 }
 
+/// Reads the catalog through its views in pg_catalog, which every role may
+/// read: a block's catalog is read as the client's role.
 async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<Catalog> {
     let mut catalog = Catalog { version, ..Default::default() };
     for r in conn
-        .query("SELECT nodeid, groupid, nodename, nodeport, isactive FROM tessera.pg_dist_node WHERE noderole = 'primary' ORDER BY nodeid")
+        .query("SELECT nodeid, groupid, nodename, nodeport, isactive FROM pg_catalog.pg_dist_node WHERE noderole = 'primary' ORDER BY nodeid")
         .await?
     {
         catalog.nodes.push(Node {
@@ -281,11 +283,11 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
         }
     }
     let mut placements: HashMap<i64, Vec<i32>> = HashMap::new();
-    for r in conn.query("SELECT shardid, groupid FROM tessera.pg_dist_placement ORDER BY shardid, groupid").await? {
+    for r in conn.query("SELECT shardid, groupid FROM pg_catalog.pg_dist_placement ORDER BY shardid, groupid").await? {
         placements.entry(int(&r[0])).or_default().push(int(&r[1]));
     }
     let mut shards: HashMap<u32, Vec<Shard>> = HashMap::new();
-    for r in conn.query("SELECT logicalrelid::oid, shardid, shardindex FROM tessera.pg_dist_shard ORDER BY logicalrelid, shardindex").await? {
+    for r in conn.query("SELECT logicalrelid::oid, shardid, shardindex FROM pg_catalog.pg_dist_shard ORDER BY logicalrelid, shardindex").await? {
         let id: i64 = int(&r[1]);
         shards.entry(int(&r[0])).or_default().push(Shard { id, index: int(&r[2]), placements: placements.remove(&id).unwrap_or_default() });
     }
@@ -310,7 +312,7 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
                        a.attidentity <> '' OR coalesce(pg_get_expr(d.adbin, d.adrelid) LIKE '%nextval(%', false) AS uses_sequence
                 FROM pg_attribute a
                 LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
-                WHERE a.attrelid IN (SELECT logicalrelid FROM tessera.pg_dist_partition) AND a.attnum > 0 AND NOT a.attisdropped)
+                WHERE a.attrelid IN (SELECT logicalrelid FROM pg_catalog.pg_dist_partition) AND a.attnum > 0 AND NOT a.attisdropped)
              SELECT c.oid, n.nspname, c.relname, p.partmethod, p.partkey, p.colocationid,
                     (SELECT a.atttypid FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = p.partkey AND NOT a.attisdropped),
                     (SELECT json_agg(a.attname ORDER BY a.attnum)
@@ -323,7 +325,7 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
                        FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''),
                     (SELECT json_agg(json_build_array(attname, tessera_default) ORDER BY attnum) FROM tessera_defaults WHERE attrelid = c.oid AND uses_sequence),
                     (SELECT json_agg(attname ORDER BY attnum) FROM tessera_defaults WHERE attrelid = c.oid AND attidentity = 'a')
-             FROM tessera.pg_dist_partition p
+             FROM pg_catalog.pg_dist_partition p
              JOIN pg_class c ON c.oid = p.logicalrelid
              JOIN pg_namespace n ON n.oid = c.relnamespace",
         )

@@ -55,6 +55,8 @@ pub enum KeyValue {
 /// fills in. For a reference table `column` is empty.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InsertKey {
+    /// The table inserted into: its oid and name.
+    pub table: (u32, String),
     pub column: String,
     /// Position in each VALUES row; None when the column list leaves it out.
     pub position: Option<usize>,
@@ -835,7 +837,7 @@ fn plan_insert(insert: &protobuf::InsertStmt, node: &NodeEnum, template: ShardTe
         }
     };
     let Distribution::Hash { column, column_type, key, .. } = &table.distribution else {
-        let insert_key = InsertKey { column: String::new(), position: None, default_sql: None, fills, rows: rows.len() };
+        let insert_key = InsertKey { table: (table.oid, table.name.clone()), column: String::new(), position: None, default_sql: None, fills, rows: rows.len() };
         return router_with_key(Command::Insert, ShardTarget::Reference, None, template, Some(insert_key));
     };
     if let Some(conflict) = &insert.on_conflict_clause {
@@ -855,7 +857,7 @@ fn plan_insert(insert: &protobuf::InsertStmt, node: &NodeEnum, template: ShardTe
         return no_key();
     }
     let fills_rows = !fills.is_empty();
-    let insert_key = InsertKey { column: column.clone(), position, default_sql: table.key_default.clone(), fills, rows: rows.len() };
+    let insert_key = InsertKey { table: (table.oid, table.name.clone()), column: column.clone(), position, default_sql: table.key_default.clone(), fills, rows: rows.len() };
     let mut keys = Vec::with_capacity(rows.len());
     for row in &rows {
         let value = match position {

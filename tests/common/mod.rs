@@ -258,6 +258,24 @@ pub async fn text_rows(client: &Client, sql: &str) -> Vec<Vec<Option<String>>> {
         .collect()
 }
 
+/// What a statement gave: its rows (text, in order), or its SQLSTATE and
+/// message — what differential tests compare.
+pub async fn outcome(c: &Client, sql: &str) -> Result<Vec<Vec<Option<String>>>, (String, String)> {
+    match c.simple_query(sql).await {
+        Ok(messages) => Ok(messages
+            .into_iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => Some((0..r.len()).map(|i| r.get(i).map(str::to_string)).collect()),
+                _ => None,
+            })
+            .collect()),
+        Err(e) => {
+            let db = e.as_db_error().unwrap_or_else(|| panic!("{sql}: {e}"));
+            Err((db.code().code().to_string(), db.message().to_string()))
+        }
+    }
+}
+
 /// A server error's message, detail, hint and context, for assertions on wording.
 pub fn error_text(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
