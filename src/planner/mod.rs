@@ -43,6 +43,9 @@ pub struct PlannedStatement {
     /// The statement may change a `citus.*` setting the coordinator acts on
     /// (SET, RESET, DISCARD), which the session otherwise reads only once.
     pub changes_citus_settings: bool,
+    /// The statement may change the role the session acts as (SET ROLE,
+    /// SET SESSION AUTHORIZATION, RESET ALL, DISCARD ALL).
+    pub changes_role: bool,
 }
 
 #[derive(Debug)]
@@ -123,23 +126,24 @@ impl fmt::Display for Plan {
 pub fn plan_query(sql: &str, catalog: &Catalog) -> Vec<PlannedStatement> {
     let parsed = match pg_query::parse(sql) {
         Ok(parsed) => parsed,
-        Err(_) => return vec![PlannedStatement { sql: sql.to_string(), plan: Plan::Local, changes_citus_settings: false }],
+        Err(_) => return vec![PlannedStatement { sql: sql.to_string(), plan: Plan::Local, changes_citus_settings: false, changes_role: false }],
     };
     let version = parsed.protobuf.version;
     let stmts = parsed.protobuf.stmts;
     if stmts.is_empty() {
-        return vec![PlannedStatement { sql: sql.to_string(), plan: Plan::Empty, changes_citus_settings: false }];
+        return vec![PlannedStatement { sql: sql.to_string(), plan: Plan::Empty, changes_citus_settings: false, changes_role: false }];
     }
     stmts
         .into_iter()
         .map(|raw| {
             let text = statement_text(sql, &raw).to_string();
             let changes_citus_settings = changes_citus_settings(&raw);
+            let changes_role = changes_role(&raw);
             let plan = contain_panics(|| match plan_statement(version, raw, &text, catalog) {
                 Plan::Local => cluster_views::needed(&text, catalog.has_tables()).map_or(Plan::Local, Plan::LocalWithClusterData),
                 plan => plan,
             });
-            PlannedStatement { sql: text, plan, changes_citus_settings }
+            PlannedStatement { sql: text, plan, changes_citus_settings, changes_role }
         })
         .collect()
 }
@@ -166,6 +170,14 @@ fn changes_citus_settings(raw: &protobuf::RawStmt) -> bool {
     match raw.stmt.as_ref().and_then(|n| n.node.as_ref()) {
         // `name` is empty for RESET ALL.
         Some(NodeEnum::VariableSetStmt(v)) => v.name.is_empty() || v.name.starts_with("citus."),
+        Some(NodeEnum::DiscardStmt(_)) => true,
+        _ => false,
+    }
+}
+
+fn changes_role(raw: &protobuf::RawStmt) -> bool {
+    match raw.stmt.as_ref().and_then(|n| n.node.as_ref()) {
+        Some(NodeEnum::VariableSetStmt(v)) => v.name.is_empty() || v.name == "role" || v.name == "session_authorization",
         Some(NodeEnum::DiscardStmt(_)) => true,
         _ => false,
     }

@@ -410,6 +410,9 @@ impl Session {
         if planned.statements.iter().any(|s| s.changes_citus_settings) {
             self.parts.forget_citus_settings();
         }
+        if planned.statements.iter().any(|s| s.changes_role) {
+            self.parts.role_may_have_changed();
+        }
         planned
     }
 
@@ -516,6 +519,11 @@ impl Session {
                 frontend::query(local.out(), &stmt.sql);
                 self.relay_local_until_ready().await?;
                 self.parts.observe_local_status();
+                if stmt.changes_role {
+                    // Known only now that it ran (statements before it in
+                    // the same query string may have used the workers).
+                    self.parts.role_may_have_changed();
+                }
             }
             other => self.execute_distributed(&stmt.sql, other, None).await?,
         }

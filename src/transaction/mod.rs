@@ -236,6 +236,15 @@ pub struct Participants {
     /// The session's `citus.*` settings, once read; forgotten whenever a
     /// statement may have changed them.
     settings: Option<CitusSettings>,
+    /// The role (SET ROLE) the worker connections act as; None for the
+    /// role the client logged in as. The workers check privileges, so they
+    /// must act as whoever the coordinator database acts as.
+    worker_role: Option<String>,
+    /// A statement may have changed the session's role: find out which it
+    /// is before the workers are next used.
+    role_unknown: bool,
+    /// The current block changed the role, which its end may undo.
+    role_changed_in_block: bool,
 }
 
 /// The `citus.*` settings (kept by the coordinator database, where SET runs)
@@ -252,7 +261,7 @@ pub struct CitusSettings {
 impl Participants {
     pub fn new(mut local: PgConnection, login: Login, cancel_targets: CancelTargets, two_phase: TwoPhase) -> Self {
         local.track_parameter_changes();
-        Participants { local, local_in_block: false, workers: HashMap::new(), login, block: None, cancel_targets, two_phase, settings: None }
+        Participants { local, local_in_block: false, workers: HashMap::new(), login, block: None, cancel_targets, two_phase, settings: None, worker_role: None, role_unknown: false, role_changed_in_block: false }
     }
 
     /// The identity worker connections log in with.
@@ -328,6 +337,9 @@ impl Participants {
     /// block if there is one. The BEGIN is pipelined ahead of the caller's first
     /// statement rather than waited for.
     pub async fn worker(&mut self, node: &Node, access: Access) -> PgResult<&mut WorkerConnection> {
+        if self.role_unknown {
+            self.follow_role().await?;
+        }
         if self.workers.get_mut(&node.group_id).is_some_and(WorkerConnection::died_while_idle) {
             self.drop_worker(node.group_id);
         }
@@ -449,6 +461,12 @@ impl Participants {
     /// Ends the block: COMMIT on every touched node (ROLLBACK if it failed).
     /// Returns the command tag for the client.
     pub async fn commit(&mut self) -> PgResult<&'static str> {
+        let result = self.commit_block().await;
+        self.role_after_block_end(true);
+        result
+    }
+
+    async fn commit_block(&mut self) -> PgResult<&'static str> {
         let Some(block) = self.block.take() else {
             return Ok("COMMIT");
         };
@@ -469,10 +487,12 @@ impl Participants {
     }
 
     pub async fn rollback(&mut self) -> PgResult<()> {
-        if self.block.take().is_some() {
-            self.finish("ROLLBACK").await?;
-        }
-        Ok(())
+        let result = match self.block.take() {
+            Some(_) => self.finish("ROLLBACK").await,
+            None => Ok(()),
+        };
+        self.role_after_block_end(true);
+        result
     }
 
     /// Sends `command` to every touched node, workers in parallel, then the
@@ -539,6 +559,50 @@ impl Participants {
         let settings = CitusSettings { two_phase: value(0).as_deref() != Some("1pc"), sequential_modify: value(1).as_deref() == Some("sequential") };
         self.settings = Some(settings);
         Ok(settings)
+    }
+
+    /// A statement may have changed the role the session acts as (SET ROLE,
+    /// SET SESSION AUTHORIZATION, RESET ALL, DISCARD ALL).
+    pub fn role_may_have_changed(&mut self) {
+        self.role_unknown = true;
+        if self.block.is_some() {
+            self.role_changed_in_block = true;
+        }
+    }
+
+    /// Makes the worker connections, open and future, act as the role the
+    /// coordinator database acts as now.
+    async fn follow_role(&mut self) -> PgResult<()> {
+        self.role_unknown = false;
+        let current = self.local.query_value("SELECT current_user").await?.unwrap_or_default();
+        let role = (current != self.login.user).then_some(current);
+        if role == self.worker_role {
+            return Ok(());
+        }
+        let sql = match &role {
+            Some(r) => format!("SET ROLE {}", crate::connection::quote_ident(r)),
+            // Not RESET: a connection opened with the role as a startup
+            // option would reset to it.
+            None => "SET ROLE NONE".to_string(),
+        };
+        for w in self.workers.values_mut() {
+            w.conn.queue_silent(&sql);
+        }
+        self.login.options.retain(|(name, _)| name != "role");
+        if let Some(r) = &role {
+            self.login.options.push(("role".to_string(), r.clone()));
+        }
+        self.worker_role = role;
+        Ok(())
+    }
+
+    /// The end of a block (or a rollback to a savepoint) undoes what it did
+    /// to the role.
+    fn role_after_block_end(&mut self, block_ended: bool) {
+        if self.role_changed_in_block {
+            self.role_unknown = true;
+            self.role_changed_in_block &= !block_ended;
+        }
     }
 
     /// A statement may have changed the `citus.*` settings.
@@ -654,6 +718,7 @@ impl Participants {
 
     pub async fn rollback_to(&mut self, name: &str) -> PgResult<()> {
         self.check_savepoint(name)?;
+        self.role_after_block_end(false);
         self.on_touched(&format!("ROLLBACK TO SAVEPOINT {}", crate::connection::quote_ident(name))).await?;
         if let Some(b) = &mut self.block {
             let at = b.savepoints.iter().rposition(|s| s == name).unwrap();
