@@ -40,8 +40,13 @@ async fn resolve_table(conn: &mut PgConnection, name: &str) -> PgResult<LocalTab
         ))
         .await?;
     let r = rows.into_iter().next().ok_or_else(|| PgError::new(sqlstate::UNDEFINED_TABLE, format!("relation \"{name}\" does not exist")))?;
-    if r[3].as_deref() != Some("r") {
-        return Err(PgError::new(sqlstate::WRONG_OBJECT_TYPE, format!("\"{name}\" is not a regular table; only regular tables can be distributed")));
+    match r[3].as_deref() {
+        Some("r") => {}
+        Some("p") => {
+            return Err(PgError::not_supported(format!("\"{name}\" is a partitioned table; distributing partitioned tables is not supported yet"))
+                .with_hint("Distribute a table without PARTITION BY (an index on the time column serves range queries), or keep this one local."))
+        }
+        _ => return Err(PgError::new(sqlstate::WRONG_OBJECT_TYPE, format!("\"{name}\" is not a regular table; only regular tables can be distributed"))),
     }
     Ok(LocalTable { oid: r[0].as_deref().unwrap_or("0").parse().unwrap_or(0), schema: r[1].clone().unwrap_or_default(), name: r[2].clone().unwrap_or_default() })
 }

@@ -203,6 +203,19 @@ pub async fn run_ddl(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_>) ->
             run_node_statements(plan, ctx).await?;
             tag
         }
+        DdlPlan::Propagate { .. } if plan.creates_index_concurrently() => create_index_concurrently(plan, sql, ctx).await?,
+        DdlPlan::DropIndex(drop) if drop.is_concurrent() => {
+            if ctx.parts.in_block() {
+                return Err(PgError::new(sqlstate::ACTIVE_SQL_TRANSACTION, "DROP INDEX CONCURRENTLY cannot run inside a transaction block"));
+            }
+            let indexes = distributed_indexes(drop, ctx).await?;
+            let tag = ctx.parts.local().await?.execute(sql).await?;
+            let per_node = placement_groups(indexes.iter().map(|(_, t)| t)).into_iter().map(|group| Ok((group, drop.shard_statements(&indexes, group)?))).collect::<PgResult<_>>()?;
+            if let Some((node, e)) = run_one_at_a_time(ctx, per_node).await?.into_iter().next() {
+                return Err(e.with_context(format!("while dropping the index's copy on {node}")));
+            }
+            tag
+        }
         DdlPlan::DropIndex(drop) => {
             let indexes = distributed_indexes(drop, ctx).await?;
             if indexes.is_empty() {
@@ -254,9 +267,6 @@ async fn distributed_indexes(drop: &DropIndex, ctx: &mut CommandContext<'_>) -> 
 /// Drops (or renames) the indexes on the shell tables and their copies on
 /// every shard.
 async fn drop_distributed_indexes(drop: &DropIndex, indexes: &[(String, Arc<DistributedTable>)], sql: &str, ctx: &mut CommandContext<'_>) -> PgResult<String> {
-    if drop.is_concurrent() {
-        return Err(PgError::not_supported("DROP INDEX CONCURRENTLY of indexes on distributed tables is not supported yet; use DROP INDEX"));
-    }
     let tag = ctx.parts.local().await?.execute(sql).await?;
     run_per_group(ctx, placement_groups(indexes.iter().map(|(_, t)| t)), |group| drop.node_sql(indexes, group)).await?;
     Ok(tag)
@@ -284,17 +294,7 @@ pub(crate) async fn finish_block<T>(ctx: &mut CommandContext<'_>, implicit: bool
 async fn run_ddl_in_block(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_>) -> PgResult<String> {
     match plan {
         DdlPlan::Propagate { table, template, catalog_sql } => {
-            let local = ctx.parts.local().await?;
-            let index_names = format!("SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = {}", table.oid);
-            let unnamed = plan.creates_unnamed_index();
-            let before = if unnamed { local.query(&index_names).await? } else { Vec::new() };
-            let tag = local.execute(sql).await?;
-            // The shards' copies of an unnamed index are named after the
-            // shell's, so that later statements naming it reach them.
-            let index_name = match unnamed {
-                true => local.query(&index_names).await?.into_iter().find(|row| !before.contains(row)).and_then(|row| row.into_iter().next().flatten()),
-                false => None,
-            };
+            let (tag, index_name) = run_on_shell(plan, table, sql, ctx).await?;
             run_per_node(ctx, shard_statements(table, template, index_name.as_deref())?).await?;
             let local = ctx.parts.local().await?;
             if let Some(catalog_sql) = catalog_sql {
@@ -333,6 +333,59 @@ async fn run_ddl_in_block(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_
         DdlPlan::Everywhere { .. } => run_everywhere(plan, sql, ctx).await,
         DdlPlan::DropIndex(_) | DdlPlan::Vacuum { .. } | DdlPlan::Checkpoint | DdlPlan::Lock { .. } => unreachable!("{plan} runs on its own"),
     }
+}
+
+/// Runs a propagated statement on the coordinator database. Returns its
+/// command tag and, when it created an index without naming it, the name
+/// the index got: the shards' copies are named after it, so that later
+/// statements naming the index reach them.
+async fn run_on_shell(plan: &DdlPlan, table: &DistributedTable, sql: &str, ctx: &mut CommandContext<'_>) -> PgResult<(String, Option<String>)> {
+    let local = ctx.parts.local().await?;
+    if !plan.creates_unnamed_index() {
+        return Ok((local.execute(sql).await?, None));
+    }
+    let index_names = format!("SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = {}", table.oid);
+    let before = local.query(&index_names).await?;
+    let tag = local.execute(sql).await?;
+    let name = local.query(&index_names).await?.into_iter().find(|row| !before.contains(row)).and_then(|row| row.into_iter().next().flatten());
+    Ok((tag, name))
+}
+
+/// CREATE INDEX CONCURRENTLY: the shell's index, then each shard's, one at
+/// a time and each in its own transaction, as PostgreSQL builds one.
+/// Writes go on meanwhile. Shards where the build failed are reported
+/// together; their copies are left invalid, as PostgreSQL leaves its own.
+async fn create_index_concurrently(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_>) -> PgResult<String> {
+    let DdlPlan::Propagate { table, template, .. } = plan else { unreachable!("{plan} creates no index") };
+    if ctx.parts.in_block() {
+        return Err(PgError::new(sqlstate::ACTIVE_SQL_TRANSACTION, "CREATE INDEX CONCURRENTLY cannot run inside a transaction block"));
+    }
+    let (tag, index_name) = run_on_shell(plan, table, sql, ctx).await?;
+    let failures = run_one_at_a_time(ctx, labeled_shard_statements(table, template, index_name.as_deref())?).await?;
+    if failures.is_empty() {
+        return Ok(tag);
+    }
+    let name = index_name.unwrap_or_else(|| "the index".into());
+    Err(PgError::new(failures[0].1.code(), format!("CREATE INDEX CONCURRENTLY failed on {} of {} shards of \"{}\"", failures.len(), table.shards.len(), table.name))
+        .with_detail(failures.iter().map(|(at, e)| format!("{at}: {}", e.message())).collect::<Vec<_>>().join("\n"))
+        .with_hint(format!("Fix the cause, then DROP INDEX CONCURRENTLY {name} and create it again.")))
+}
+
+/// Runs each statement on its own (outside any transaction block, as
+/// CONCURRENTLY requires), going on past failures; returns them, each with
+/// the shard (the statement's label) and node it happened on.
+async fn run_one_at_a_time(ctx: &mut CommandContext<'_>, per_node: BTreeMap<i32, Vec<(String, String)>>) -> PgResult<Vec<(String, PgError)>> {
+    let mut failures = Vec::new();
+    for (group, statements) in per_node {
+        let node = ctx.catalog.node_for_group(group).ok_or_else(|| PgError::internal(format!("no node for group {group}")))?.clone();
+        for (shard, sql) in statements {
+            let worker = ctx.parts.worker(&node, Access::Write).await?;
+            if let Err(e) = worker.conn.execute(&sql).await {
+                failures.push((format!("shard {shard} on node {}", node.addr), e));
+            }
+        }
+    }
+    Ok(failures)
 }
 
 /// Catalog rows of a table, for DROP TABLE and undistribute_table.
@@ -389,11 +442,17 @@ pub(crate) async fn read_shard_rows(ctx: &mut CommandContext<'_>, node: &crate::
 /// A propagated statement for every shard of `table`, by the node group that
 /// runs it.
 fn shard_statements(table: &DistributedTable, template: &ShardTemplate, index_name: Option<&str>) -> PgResult<BTreeMap<i32, Vec<String>>> {
-    let mut per_node: BTreeMap<i32, Vec<String>> = BTreeMap::new();
+    let labeled = labeled_shard_statements(table, template, index_name)?;
+    Ok(labeled.into_iter().map(|(group, statements)| (group, statements.into_iter().map(|(_, sql)| sql).collect())).collect())
+}
+
+/// `shard_statements`, each with the name of the shard it is for.
+fn labeled_shard_statements(table: &DistributedTable, template: &ShardTemplate, index_name: Option<&str>) -> PgResult<BTreeMap<i32, Vec<(String, String)>>> {
+    let mut per_node: BTreeMap<i32, Vec<(String, String)>> = BTreeMap::new();
     for shard in &table.shards {
         let stmt = DdlPlan::shard_sql(table, template, shard.index, index_name)?;
         for group in &shard.placements {
-            per_node.entry(*group).or_default().push(stmt.clone());
+            per_node.entry(*group).or_default().push((table.shard_relname(shard), stmt.clone()));
         }
     }
     Ok(per_node)

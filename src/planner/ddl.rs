@@ -88,6 +88,12 @@ impl fmt::Display for DdlPlan {
 }
 
 impl DdlPlan {
+    /// Whether the plan is a CREATE INDEX CONCURRENTLY.
+    pub fn creates_index_concurrently(&self) -> bool {
+        let DdlPlan::Propagate { template, .. } = self else { return false };
+        matches!(template.statement(), Some(NodeEnum::IndexStmt(ix)) if ix.concurrent)
+    }
+
     /// Whether the plan creates an index without naming it.
     pub fn creates_unnamed_index(&self) -> bool {
         let DdlPlan::Propagate { template, .. } = self else { return false };
@@ -151,6 +157,19 @@ impl DdlPlan {
                 }
             }
             Some(NodeEnum::CreateTrigStmt(t)) => point(&mut t.relation),
+            // Statistics objects live in a schema, not a table: each shard's
+            // is named after it, in the table's schema (as its indexes are).
+            Some(NodeEnum::CreateStatsStmt(st)) => {
+                for rel in &mut st.relations {
+                    if let Some(NodeEnum::RangeVar(rv)) = rel.node.as_mut() {
+                        template.point_at_shard(rv, index);
+                    }
+                }
+                if let Some(name) = names_of(&st.defnames).pop() {
+                    let string = |s: String| self::node(NodeEnum::String(protobuf::String { sval: s }));
+                    st.defnames = vec![string(table.schema.clone()), string(format!("{name}{suffix}"))];
+                }
+            }
             Some(NodeEnum::CreatePolicyStmt(p)) => point(&mut p.table),
             Some(NodeEnum::AlterPolicyStmt(p)) => point(&mut p.table),
             _ => {}
@@ -255,6 +274,15 @@ impl DropIndex {
     pub fn tables_sql(&self) -> String {
         let names: Vec<String> =
             self.names().iter().map(|parts| quote_literal(&parts.iter().map(|p| quote_ident(p)).collect::<Vec<_>>().join("."))).collect();
+        if matches!(&self.stmt, IndexStatement::Drop(d) if d.remove_type == ObjectType::ObjectStatisticExt as i32) {
+            return format!(
+                "SELECT (SELECT s.stxrelid FROM pg_statistic_ext s
+                         WHERE format('%I.%I', s.stxnamespace::regnamespace, s.stxname) = n.name
+                            OR (quote_ident(s.stxname) = n.name AND pg_statistics_obj_is_visible(s.oid)) LIMIT 1)
+                 FROM unnest(ARRAY[{}]::text[]) WITH ORDINALITY AS n(name, ord) ORDER BY n.ord",
+                names.join(", ")
+            );
+        }
         format!(
             "SELECT i.indrelid FROM unnest(ARRAY[{}]::text[]) WITH ORDINALITY AS n(name, ord) LEFT JOIN pg_index i ON i.indexrelid = to_regclass(n.name) ORDER BY n.ord",
             names.join(", ")
@@ -265,6 +293,22 @@ impl DropIndex {
     /// index lives in its table's).
     pub fn index_names(&self) -> Vec<String> {
         self.names().into_iter().filter_map(|mut parts| parts.pop()).collect()
+    }
+
+    /// DROP INDEX CONCURRENTLY for each shard copy of `indexes` on node group
+    /// `group`: it drops one index per statement.
+    pub fn shard_statements(&self, indexes: &[(String, Arc<DistributedTable>)], group: i32) -> PgResult<Vec<(String, String)>> {
+        let IndexStatement::Drop(stmt) = &self.stmt else { unreachable!("only DROP INDEX CONCURRENTLY goes shard by shard") };
+        let string = |s: String| node(NodeEnum::String(protobuf::String { sval: s }));
+        let mut statements = Vec::new();
+        for (index, table) in indexes {
+            for shard in shards_on(table, group) {
+                let names = protobuf::List { items: vec![string(table.schema.clone()), string(format!("{index}_{}", shard.id))] };
+                let stmt = protobuf::DropStmt { objects: vec![node(NodeEnum::List(names))], missing_ok: true, ..stmt.clone() };
+                statements.push((table.shard_relname(shard), super::deparse::deparse_statement(self.version, NodeEnum::DropStmt(stmt))?));
+            }
+        }
+        Ok(statements)
     }
 
     /// The statement for node group `group`: it drops or renames the shards'
@@ -399,9 +443,6 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
         }
         NodeEnum::IndexStmt(ix) => {
             let table = resolve_range_var(ix.relation.as_ref()?, catalog)?;
-            if ix.concurrent {
-                return Some(not_supported("CREATE INDEX CONCURRENTLY on distributed tables is not supported yet; use CREATE INDEX"));
-            }
             if let Some(col) = dist_column(table) {
                 if (ix.unique || ix.primary) && !names_of(&ix.index_params).iter().any(|n| n == col) {
                     return Some(unique_without_key());
@@ -454,7 +495,7 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
             let tables = referenced_dropped_tables(&d.objects, catalog);
             (!tables.is_empty()).then(|| Plan::Ddl(Arc::new(DdlPlan::Drop { tables })))
         }
-        NodeEnum::DropStmt(d) if d.remove_type == ObjectType::ObjectIndex as i32 => {
+        NodeEnum::DropStmt(d) if d.remove_type == ObjectType::ObjectIndex as i32 || d.remove_type == ObjectType::ObjectStatisticExt as i32 => {
             Some(Plan::Ddl(Arc::new(DdlPlan::DropIndex(DropIndex { version, stmt: IndexStatement::Drop(d.clone()) }))))
         }
         NodeEnum::DropStmt(d) if d.remove_type == ObjectType::ObjectTrigger as i32 || d.remove_type == ObjectType::ObjectPolicy as i32 => {
@@ -472,6 +513,16 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
             let table = resolve_range_var(t.relation.as_ref()?, catalog)?;
             if t.isconstraint {
                 return Some(not_supported("constraint triggers on distributed tables are not supported yet; use an ordinary AFTER trigger"));
+            }
+            Some(propagate(table, vec![], None))
+        }
+        NodeEnum::CreateStatsStmt(st) => {
+            let table = st.relations.iter().find_map(|n| match n.node.as_ref() {
+                Some(NodeEnum::RangeVar(rv)) => resolve_range_var(rv, catalog),
+                _ => None,
+            })?;
+            if st.defnames.is_empty() {
+                return Some(not_supported("CREATE STATISTICS on a distributed table needs a name for the statistics object"));
             }
             Some(propagate(table, vec![], None))
         }
