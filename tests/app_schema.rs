@@ -34,12 +34,16 @@ const MIGRATION: &str = "
         PRIMARY KEY (account_id, id),
         UNIQUE (account_id, email));
     CREATE TRIGGER users_touch BEFORE INSERT OR UPDATE ON billing.users FOR EACH ROW EXECUTE FUNCTION touch();
-    CREATE TABLE plan_limits (plan plan PRIMARY KEY, seats int CHECK (seats > 0));";
+    CREATE TABLE plan_limits (plan plan PRIMARY KEY, seats int CHECK (seats > 0));
+    CREATE TABLE events (account_id bigint NOT NULL, at timestamptz NOT NULL, kind text, PRIMARY KEY (account_id, at)) PARTITION BY RANGE (at);
+    CREATE TABLE events_2026_01 PARTITION OF events FOR VALUES FROM ('2026-01-01') TO ('2026-02-01');
+    CREATE TABLE events_2026_02 PARTITION OF events FOR VALUES FROM ('2026-02-01') TO ('2026-03-01');";
 
 const DISTRIBUTE: &str = "
     SELECT create_distributed_table('accounts', 'id');
     SELECT create_distributed_table('billing.users', 'account_id');
-    SELECT create_reference_table('plan_limits');";
+    SELECT create_reference_table('plan_limits');
+    SELECT create_distributed_table('events', 'account_id');";
 
 /// Later migrations, once the tables are distributed.
 const LATER: &str = "
@@ -53,7 +57,8 @@ const LATER: &str = "
     GRANT USAGE ON SCHEMA billing TO reader;
     GRANT SELECT ON accounts, billing.members TO reader;
     ALTER TABLE accounts ENABLE ROW LEVEL SECURITY;
-    CREATE POLICY reader_sees_paying ON accounts FOR SELECT TO reader USING (plan IN ('pro', 'enterprise'));";
+    CREATE POLICY reader_sees_paying ON accounts FOR SELECT TO reader USING (plan IN ('pro', 'enterprise'));
+    CREATE TABLE events_2026_03 PARTITION OF events FOR VALUES FROM ('2026-03-01') TO ('2026-04-01');";
 
 const AS_APP: &[&str] = &[
     "INSERT INTO accounts (title, plan) VALUES ('acme', 'pro'), ('initech', 'free'), ('umbrella', 'enterprise') RETURNING id, plan",
@@ -70,6 +75,10 @@ const AS_APP: &[&str] = &[
     "SELECT a.title, l.seats FROM accounts a JOIN plan_limits l USING (plan) ORDER BY l.seats",
     "SELECT email FROM billing.members WHERE email = 'BOB@ACME.COM'",
     "SELECT obj_description('accounts'::regclass)",
+    "INSERT INTO events SELECT 1 + g % 3, timestamptz '2026-01-01 00:00:00+00' + g * interval '1 day', 'login' FROM generate_series(0, 80) g",
+    "INSERT INTO events VALUES (1, '2026-05-01', 'late')",
+    "SELECT account_id, date_trunc('month', at AT TIME ZONE 'UTC'), count(*) FROM events GROUP BY 1, 2 ORDER BY 1, 2",
+    "SELECT count(*) FROM events_2026_03 WHERE account_id = 2",
 ];
 
 const AS_READER: &[&str] = &[
@@ -122,7 +131,7 @@ async fn an_application_schema_moves_over_under_its_own_role() {
 
     // Ordinary roles may read the catalog, not change it or the nodes.
     let app = connect_as(cluster.port, "app").await;
-    assert_eq!(outcome(&app, "SELECT count(*) FROM pg_dist_partition").await.unwrap(), vec![vec![Some("3".into())]]);
+    assert_eq!(outcome(&app, "SELECT count(*) FROM pg_dist_partition").await.unwrap(), vec![vec![Some("7".into())]], "accounts, members, plan_limits, events and its three partitions");
     let refused = outcome(&app, "SELECT citus_add_node('127.0.0.1', 1)").await.unwrap_err();
     assert_eq!(refused.0, "42501", "{refused:?}");
     let refused = outcome(&app, "DELETE FROM tessera.pg_dist_partition").await.unwrap_err();

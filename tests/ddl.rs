@@ -1232,3 +1232,48 @@ async fn statistics_triggers_and_policies_reach_every_shard() {
     let e = fails_with(&f.client, "SELECT create_distributed_table('events', 'id')", "0A000").await;
     assert!(e.hint().is_some(), "{e:?}");
 }
+
+#[tokio::test]
+async fn partitioned_tables_are_distributed_with_their_partitions() {
+    let f = Fixture::start().await;
+    exec(
+        &f.client,
+        "CREATE TABLE events (tenant int NOT NULL, at date NOT NULL, v int) PARTITION BY RANGE (at);
+         CREATE TABLE events_2024 PARTITION OF events FOR VALUES FROM ('2024-01-01') TO ('2025-01-01');
+         CREATE TABLE events_2025 PARTITION OF events FOR VALUES FROM ('2025-01-01') TO ('2026-01-01');
+         INSERT INTO events SELECT g % 10, date '2024-06-01' + g, g FROM generate_series(1, 400) g;",
+    )
+    .await;
+    fails_with(&f.client, "SELECT create_distributed_table('events_2024', 'tenant')", "0A000").await;
+    fails_with(&f.client, "SELECT create_reference_table('events')", "0A000").await;
+    exec(&f.client, "SELECT create_distributed_table('events', 'tenant')").await;
+
+    // One co-location group; each partition's shard is a partition of the
+    // parent's shard with the same index, on the same node.
+    let groups = column(&f.client, "SELECT DISTINCT colocationid::text FROM pg_dist_partition WHERE logicalrelid::text LIKE 'events%'").await;
+    assert_eq!(groups.len(), 1, "{groups:?}");
+    let parent = f.placements("events").await;
+    for partition in ["events_2024", "events_2025"] {
+        let ps = f.placements(partition).await;
+        assert_eq!(ps.len(), SHARD_COUNT);
+        for (p, parent_p) in ps.iter().zip(&parent) {
+            assert_eq!(p.worker, parent_p.worker, "{partition}: shard {} lives with the parent's", p.shard);
+            let attached = value(f.worker_for(p), &format!("SELECT inhparent::regclass::text FROM pg_inherits WHERE inhrelid = 'public.{}'::regclass", p.rel(partition))).await;
+            assert_eq!(attached, Some(parent_p.rel("events")), "{partition}: shard {}", p.shard);
+        }
+    }
+    assert_eq!(count(&f.client, "SELECT count(*) FROM events_2025").await, 187, "days 214 to 400 after 2024-06-01");
+    assert_eq!(count(&f.cluster.connect_coordinator_db().await, "SELECT count(*) FROM events").await, 0, "the shells hold no rows");
+
+    // A key and a date range reach one shard of one partition.
+    let plan = column(&f.client, "EXPLAIN (COSTS OFF) SELECT count(*) FROM events WHERE tenant = 3 AND at BETWEEN '2024-07-01' AND '2024-07-31'").await.join("\n");
+    assert!(plan.contains("Task Count: 1") && plan.contains("Seq Scan on events_2024_"), "{plan}");
+    assert!(!plan.contains("events_2025_"), "{plan}");
+
+    // Dropping the parent drops every partition's shards and catalog rows.
+    exec(&f.client, "DROP TABLE events").await;
+    assert_eq!(count(&f.client, "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid::text LIKE 'events%'").await, 0);
+    for (i, w) in f.workers.iter().enumerate() {
+        assert_eq!(count(w, "SELECT count(*) FROM pg_class WHERE relname LIKE 'events%' AND relkind IN ('r', 'p')").await, 0, "worker {}", i + 1);
+    }
+}

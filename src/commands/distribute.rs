@@ -12,7 +12,7 @@ use crate::error::{sqlstate, PgError, PgResult};
 use crate::hash::{self, HashType};
 use crate::metadata::{Catalog, Distribution, DistributedTable, Node};
 use bytes::Bytes;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 const DEFAULT_SHARD_COUNT: i32 = 32;
@@ -24,31 +24,83 @@ struct LocalTable {
     oid: u32,
     schema: String,
     name: String,
+    /// A partitioned table (its rows are in its partitions).
+    partitioned: bool,
+    /// The table it is a partition of, if any.
+    parent: Option<String>,
+    /// Columns COPY reads and writes (all but generated ones), quoted.
+    copy_columns: Vec<String>,
 }
 
 impl LocalTable {
     fn qualified(&self) -> String {
         format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.name))
     }
+    fn qualified_shard(&self, shard_id: i64) -> String {
+        format!("{}.{}", quote_ident(&self.schema), quote_ident(&format!("{}_{shard_id}", self.name)))
+    }
 }
 
 async fn resolve_table(conn: &mut PgConnection, name: &str) -> PgResult<LocalTable> {
+    let oid = conn
+        .query_value(&format!("SELECT oid FROM pg_class WHERE oid = to_regclass({})", quote_literal(name)))
+        .await?
+        .ok_or_else(|| PgError::new(sqlstate::UNDEFINED_TABLE, format!("relation \"{name}\" does not exist")))?;
+    table_by_oid(conn, oid.parse().unwrap_or(0)).await
+}
+
+async fn table_by_oid(conn: &mut PgConnection, oid: u32) -> PgResult<LocalTable> {
     let rows = conn
         .query(&format!(
-            "SELECT c.oid, n.nspname, c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = {}::regclass",
-            quote_literal(name)
+            "SELECT n.nspname, c.relname, c.relkind,
+                    (SELECT i.inhparent::regclass::text FROM pg_inherits i WHERE i.inhrelid = c.oid AND c.relispartition),
+                    (SELECT json_agg(quote_ident(a.attname) ORDER BY a.attnum) FROM pg_attribute a
+                      WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '')
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = {oid}"
         ))
         .await?;
-    let r = rows.into_iter().next().ok_or_else(|| PgError::new(sqlstate::UNDEFINED_TABLE, format!("relation \"{name}\" does not exist")))?;
-    match r[3].as_deref() {
-        Some("r") => {}
-        Some("p") => {
-            return Err(PgError::not_supported(format!("\"{name}\" is a partitioned table; distributing partitioned tables is not supported yet"))
-                .with_hint("Distribute a table without PARTITION BY (an index on the time column serves range queries), or keep this one local."))
-        }
-        _ => return Err(PgError::new(sqlstate::WRONG_OBJECT_TYPE, format!("\"{name}\" is not a regular table; only regular tables can be distributed"))),
+    let r = rows.into_iter().next().ok_or_else(|| PgError::new(sqlstate::UNDEFINED_TABLE, format!("relation {oid} does not exist")))?;
+    let name = r[1].clone().unwrap_or_default();
+    if !matches!(r[2].as_deref(), Some("r" | "p")) {
+        return Err(PgError::new(sqlstate::WRONG_OBJECT_TYPE, format!("\"{name}\" is not a table; only tables can be distributed")));
     }
-    Ok(LocalTable { oid: r[0].as_deref().unwrap_or("0").parse().unwrap_or(0), schema: r[1].clone().unwrap_or_default(), name: r[2].clone().unwrap_or_default() })
+    Ok(LocalTable {
+        oid,
+        schema: r[0].clone().unwrap_or_default(),
+        name,
+        partitioned: r[2].as_deref() == Some("p"),
+        parent: r[3].clone(),
+        copy_columns: serde_json::from_str(r[4].as_deref().unwrap_or("[]")).unwrap_or_default(),
+    })
+}
+
+/// Partitions are distributed with their parent, never on their own.
+fn refuse_partition(table: &LocalTable) -> PgResult<()> {
+    match &table.parent {
+        Some(parent) => Err(PgError::not_supported(format!("\"{}\" is a partition of \"{parent}\"", table.name))
+            .with_hint(format!("Distribute \"{parent}\": its partitions follow it."))),
+        None => Ok(()),
+    }
+}
+
+/// Every partition under `oid`, parents before their partitions, with the
+/// oid of the table each is a partition of.
+async fn partition_tree(conn: &mut PgConnection, oid: u32) -> PgResult<Vec<(LocalTable, u32)>> {
+    let rows = conn
+        .query(&format!(
+            "WITH RECURSIVE tree(relid, parent, depth) AS (
+                 SELECT inhrelid, inhparent, 1 FROM pg_inherits WHERE inhparent = {oid}
+                 UNION ALL
+                 SELECT i.inhrelid, i.inhparent, t.depth + 1 FROM pg_inherits i JOIN tree t ON i.inhparent = t.relid)
+             SELECT relid, parent FROM tree ORDER BY depth, relid"
+        ))
+        .await?;
+    let mut tree = Vec::new();
+    for r in rows {
+        let table = table_by_oid(conn, r[0].as_deref().unwrap_or("0").parse().unwrap_or(0)).await?;
+        tree.push((table, r[1].as_deref().unwrap_or("0").parse().unwrap_or(0)));
+    }
+    Ok(tree)
 }
 
 fn active_nodes(ctx: &CommandContext<'_>) -> PgResult<Vec<Node>> {
@@ -193,6 +245,8 @@ pub async fn create_distributed_table(ctx: &mut CommandContext<'_>, table_name: 
     }
     let local = ctx.parts.local().await?;
     let table = resolve_table(local, table_name).await?;
+    refuse_partition(&table)?;
+    let partitions = if table.partitioned { partition_tree(local, table.oid).await? } else { Vec::new() };
     let attr = local
         .query(&format!(
             "SELECT atttypid, attcollation, attnum, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = {} AND attname = {} AND attnum > 0 AND NOT attisdropped",
@@ -223,6 +277,9 @@ pub async fn create_distributed_table(ctx: &mut CommandContext<'_>, table_name: 
             .with_detail("Distributed relations cannot have UNIQUE, EXCLUDE, or PRIMARY KEY constraints that do not include the partition column."));
     }
     check_distributable(ctx, &table).await?;
+    for (partition, _) in &partitions {
+        check_distributable(ctx, partition).await?;
+    }
     let nodes = active_nodes(ctx)?;
 
     // Co-location: an existing group's shard count and placements, or a new group.
@@ -283,29 +340,92 @@ pub async fn create_distributed_table(ctx: &mut CommandContext<'_>, table_name: 
             Some(id) => id,
             None => new_colocation(local, count, 1, type_oid, &collation).await?,
         };
-        let column_index: usize = local
-            .query_value(&format!("SELECT count(*) FROM pg_attribute WHERE attrelid = {} AND attnum > 0 AND attnum < {} AND NOT attisdropped", table.oid, attr[2].as_deref().unwrap_or("0")))
-            .await?
-            .unwrap_or_default()
-            .parse()
-            .unwrap_or(0);
         bring_nodes_up_to_date(ctx, &placements).await?;
-        let shard_ids = create_shards(ctx, &table, Some(column), colocation_id, &placements).await?;
-        move_rows_into_shards(ctx, &table, &shard_ids, &placements, |row| {
-            let value = crate::copy::text_field(row, column_index)
-                .ok_or_else(|| PgError::new(sqlstate::NOT_NULL_VIOLATION, format!("cannot distribute a row with NULL in the distribution column \"{column}\"")))?;
-            let h = hash::hash_text(column_type, &value).map_err(|e| PgError::internal(format!("could not hash distribution value: {e}")))?;
-            Ok(hash::shard_index(hash::row_hash(Some(h)), count as u32) as usize)
-        })
-        .await?;
-        follow_shell_onto_shards(ctx, table.oid, &table.qualified(), None).await
+        let shard_ids = create_shards(ctx, &table, Some(column), colocation_id, &placements, None).await?;
+        create_partition_shards(ctx, &table, &shard_ids, &partitions, column, colocation_id, &placements).await?;
+        move_rows_into_shards(ctx, &table, &shard_ids, &placements, by_hash(&table, column, column_type, count as u32)?).await?;
+        follow_shell_onto_shards(ctx, table.oid, &table.qualified(), None).await?;
+        for (partition, _) in &partitions {
+            follow_shell_onto_shards(ctx, partition.oid, &partition.qualified(), None).await?;
+        }
+        Ok(())
     }
     .await;
     finish_block(ctx, implicit, result).await
 }
 
+/// Which of `shards` shards a COPY text row of `table` goes to, by its
+/// distribution column's hash.
+fn by_hash(table: &LocalTable, column: &str, column_type: HashType, shards: u32) -> PgResult<impl Fn(&[u8]) -> PgResult<usize>> {
+    let column_index = table
+        .copy_columns
+        .iter()
+        .position(|c| *c == quote_ident(column))
+        .ok_or_else(|| PgError::new(sqlstate::UNDEFINED_COLUMN, format!("column \"{column}\" of relation \"{}\" does not exist", table.name)))?;
+    let column = column.to_string();
+    Ok(move |row: &[u8]| {
+        let value = crate::copy::text_field(row, column_index)
+            .ok_or_else(|| PgError::new(sqlstate::NOT_NULL_VIOLATION, format!("cannot distribute a row with NULL in the distribution column \"{column}\"")))?;
+        let h = hash::hash_text(column_type, &value).map_err(|e| PgError::internal(format!("could not hash distribution value: {e}")))?;
+        Ok(hash::shard_index(hash::row_hash(Some(h)), shards) as usize)
+    })
+}
+
+/// Distributes the partitions under `root` (whose shards are `root_shards`)
+/// co-located with it: each shard of a partition is a partition of its
+/// parent's shard of the same index, on the same node.
+async fn create_partition_shards(
+    ctx: &mut CommandContext<'_>,
+    root: &LocalTable,
+    root_shards: &[i64],
+    partitions: &[(LocalTable, u32)],
+    column: &str,
+    colocation_id: i32,
+    placements: &[Vec<i32>],
+) -> PgResult<()> {
+    let mut shards_of: HashMap<u32, Vec<String>> = HashMap::from([(root.oid, root_shards.iter().map(|id| root.qualified_shard(*id)).collect())]);
+    for (partition, parent) in partitions {
+        let parent_shards = shards_of.get(parent).ok_or_else(|| PgError::internal(format!("partition {} comes before its parent", partition.name)))?.clone();
+        let ids = create_shards(ctx, partition, Some(column), colocation_id, placements, Some(&parent_shards)).await?;
+        shards_of.insert(partition.oid, ids.iter().map(|id| partition.qualified_shard(*id)).collect());
+    }
+    Ok(())
+}
+
+/// A new partition of a distributed table (CREATE TABLE … PARTITION OF, or
+/// a local table just attached to it), with any partitions of its own: they
+/// are distributed co-located with the parent, and whatever rows they hold
+/// move into their shards.
+pub(super) async fn distribute_partition(ctx: &mut CommandContext<'_>, parent: &DistributedTable, oid: u32) -> PgResult<()> {
+    let Distribution::Hash { column, column_type, .. } = &parent.distribution else {
+        return Err(PgError::not_supported("reference tables cannot have partitions"));
+    };
+    let local = ctx.parts.local().await?;
+    let table = table_by_oid(local, oid).await?;
+    let partitions = if table.partitioned { partition_tree(local, table.oid).await? } else { Vec::new() };
+    check_distributable(ctx, &table).await?;
+    for (partition, _) in &partitions {
+        check_distributable(ctx, partition).await?;
+    }
+    let placements: Vec<Vec<i32>> = parent.shards.iter().map(|s| s.placements.clone()).collect();
+    let parent_shards: Vec<String> = parent.shards.iter().map(|s| parent.qualified_shard_name(s)).collect();
+    let shard_ids = create_shards(ctx, &table, Some(column), parent.colocation_id, &placements, Some(&parent_shards)).await?;
+    create_partition_shards(ctx, &table, &shard_ids, &partitions, column, parent.colocation_id, &placements).await?;
+    move_rows_into_shards(ctx, &table, &shard_ids, &placements, by_hash(&table, column, *column_type, parent.shard_count())?).await?;
+    follow_shell_onto_shards(ctx, table.oid, &table.qualified(), None).await?;
+    for (partition, _) in &partitions {
+        follow_shell_onto_shards(ctx, partition.oid, &partition.qualified(), None).await?;
+    }
+    Ok(())
+}
+
 pub async fn create_reference_table(ctx: &mut CommandContext<'_>, table_name: &str) -> PgResult<()> {
     let table = resolve_table(ctx.parts.local().await?, table_name).await?;
+    refuse_partition(&table)?;
+    if table.partitioned {
+        return Err(PgError::not_supported(format!("\"{}\" is a partitioned table; reference tables cannot be partitioned", table.name))
+            .with_hint("Distribute it with create_distributed_table instead."));
+    }
     check_distributable(ctx, &table).await?;
     let nodes = active_nodes(ctx)?;
     let implicit = ctx.parts.begin_implicit();
@@ -318,7 +438,7 @@ pub async fn create_reference_table(ctx: &mut CommandContext<'_>, table_name: &s
         };
         let placements = vec![nodes.iter().map(|n| n.group_id).collect::<Vec<_>>()];
         bring_nodes_up_to_date(ctx, &placements).await?;
-        let shard_ids = create_shards(ctx, &table, None, colocation_id, &placements).await?;
+        let shard_ids = create_shards(ctx, &table, None, colocation_id, &placements, None).await?;
         move_rows_into_shards(ctx, &table, &shard_ids, &placements, |_| Ok(0)).await?;
         follow_shell_onto_shards(ctx, table.oid, &table.qualified(), None).await
     }
@@ -364,7 +484,15 @@ async fn new_colocation(local: &mut PgConnection, shards: i32, replicas: usize, 
 /// Records the table as hash-distributed on `key` (a reference table when
 /// None) in the catalog, with one shard per entry of `placements`, and
 /// creates each shard on its nodes; returns the new shard ids.
-async fn create_shards(ctx: &mut CommandContext<'_>, table: &LocalTable, key: Option<&str>, colocation_id: i32, placements: &[Vec<i32>]) -> PgResult<Vec<i64>> {
+/// `parent_shards`: for a partition, its parent's shards, by index.
+async fn create_shards(
+    ctx: &mut CommandContext<'_>,
+    table: &LocalTable,
+    key: Option<&str>,
+    colocation_id: i32,
+    placements: &[Vec<i32>],
+    parent_shards: Option<&[String]>,
+) -> PgResult<Vec<i64>> {
     let local = ctx.parts.local().await?;
     let rows: Vec<String> = placements.iter().map(|groups| format!("[{}]", groups.iter().map(i32::to_string).collect::<Vec<_>>().join(","))).collect();
     let (method, key) = match key {
@@ -382,8 +510,8 @@ async fn create_shards(ctx: &mut CommandContext<'_>, table: &LocalTable, key: Op
     let ids: Vec<i64> = ids.split(',').map(|id| id.parse().unwrap_or(0)).collect();
     let definition = TableDefinition::read(local, table.oid).await?;
     let mut per_node: BTreeMap<i32, Vec<String>> = BTreeMap::new();
-    for (groups, id) in placements.iter().zip(&ids) {
-        let ddl = definition.shard_ddl(&format!("{}_{id}", table.name), *id)?;
+    for (index, (groups, id)) in placements.iter().zip(&ids).enumerate() {
+        let ddl = definition.shard_ddl(&format!("{}_{id}", table.name), *id, parent_shards.map(|p| p[index].as_str()))?;
         for g in groups {
             per_node.entry(*g).or_default().extend(ddl.iter().cloned());
         }
@@ -405,8 +533,16 @@ async fn move_rows_into_shards(
     let local = ctx.parts.local().await?;
     local.execute(&format!("LOCK TABLE {} IN EXCLUSIVE MODE", table.qualified())).await?;
     let mut buffers: Vec<Vec<Bytes>> = vec![Vec::new(); shard_ids.len()];
+    let columns = table.copy_columns.join(", ");
+    // A partitioned table's rows are its partitions'; COPY reads them only
+    // through a query. The parent's shards route them to their partitions.
+    let copy_out = if table.partitioned {
+        format!("COPY (SELECT {columns} FROM {}) TO STDOUT", table.qualified())
+    } else {
+        format!("COPY {} ({columns}) TO STDOUT", table.qualified())
+    };
     let total = local
-        .copy_out(&format!("COPY {} TO STDOUT", table.qualified()), |row| {
+        .copy_out(&copy_out, |row| {
             let i = shard_of(&row)?;
             buffers[i].push(row);
             Ok(())
@@ -425,11 +561,11 @@ async fn move_rows_into_shards(
             continue;
         }
         let n = rows.len() as u64;
-        let shard = format!("{}.{}", quote_ident(&table.schema), quote_ident(&format!("{}_{}", table.name, shard_ids[i])));
+        let shard = table.qualified_shard(shard_ids[i]);
         for g in &placements[i] {
             let node = ctx.catalog.node_for_group(*g).ok_or_else(|| PgError::internal(format!("no node for group {g}")))?.clone();
             let worker = ctx.parts.worker(&node, Access::Write).await?;
-            worker.conn.copy_in(&format!("COPY {shard} FROM STDIN"), rows.iter().cloned()).await?;
+            worker.conn.copy_in(&format!("COPY {shard} ({columns}) FROM STDIN"), rows.iter().cloned()).await?;
         }
         moved += n;
         if total >= PROGRESS_ROWS && moved >= next_report {
@@ -440,7 +576,12 @@ async fn move_rows_into_shards(
     // TRUNCATE is refused while (empty) tables still reference this one.
     let local = ctx.parts.local().await?;
     let referenced = local.query_value(&format!("SELECT EXISTS (SELECT 1 FROM pg_constraint WHERE contype = 'f' AND confrelid = {0} AND conrelid <> {0})", table.oid)).await?;
-    let empty_out = if referenced.as_deref() == Some("t") { "DELETE FROM ONLY" } else { "TRUNCATE ONLY" };
+    let empty_out = match (referenced.as_deref() == Some("t"), table.partitioned) {
+        (true, false) => "DELETE FROM ONLY",
+        (true, true) => "DELETE FROM",
+        (false, false) => "TRUNCATE ONLY",
+        (false, true) => "TRUNCATE",
+    };
     local.execute(&format!("{empty_out} {}", table.qualified())).await?;
     ctx.notice(format!("copied {total} rows of {} into its shards", table.qualified())).await;
     Ok(())
@@ -453,6 +594,10 @@ pub async fn undistribute_table(ctx: &mut CommandContext<'_>, table_name: &str) 
         .table_by_oid(oid)
         .cloned()
         .ok_or_else(|| PgError::new(sqlstate::INVALID_TABLE_DEFINITION, format!("table \"{table_name}\" is not distributed")))?;
+    if table.partition_of.is_some() || !ctx.catalog.partitions_under(table.oid).is_empty() {
+        return Err(PgError::not_supported(format!("undistributing a partitioned table or a partition (\"{table_name}\") is not supported yet"))
+            .with_hint("Copy the rows into a new local table (CREATE TABLE … AS SELECT), then drop the distributed one."));
+    }
     ctx.parts.local().await?.execute(&format!("SELECT tessera.check_owner({oid})")).await?;
     let implicit = ctx.parts.begin_implicit();
     let result = async {

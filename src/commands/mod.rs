@@ -313,6 +313,17 @@ async fn run_ddl_in_block(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_
             }
             local.execute(sql).await
         }
+        DdlPlan::AddPartition { parent, partition } => {
+            let local = ctx.parts.local().await?;
+            let tag = local.execute(sql).await?;
+            let name = match partition.schemaname.as_str() {
+                "" => crate::connection::quote_ident(&partition.relname),
+                schema => format!("{}.{}", crate::connection::quote_ident(schema), crate::connection::quote_ident(&partition.relname)),
+            };
+            let oid = local.query_value(&format!("SELECT {}::regclass::oid", crate::connection::quote_literal(&name))).await?;
+            distribute::distribute_partition(ctx, parent, oid.and_then(|o| o.parse().ok()).unwrap_or(0)).await?;
+            Ok(tag)
+        }
         DdlPlan::DropFromTable { table, .. } => {
             let tag = ctx.parts.local().await?.execute(sql).await?;
             let mut per_node: BTreeMap<i32, Vec<String>> = BTreeMap::new();

@@ -36,7 +36,7 @@ pub async fn add_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) -> Pg
             let Some(shard) = table.shards.first() else { continue };
             let Some(source) = shard.placements.first().and_then(|g| ctx.catalog.node_for_group(*g)).cloned() else { continue };
             let definition = TableDefinition::read(ctx.parts.local().await?, table.oid).await?;
-            let ddl = definition.shard_ddl(&table.shard_relname(shard), shard.id)?.join(";\n");
+            let ddl = definition.shard_ddl(&table.shard_relname(shard), shard.id, None)?.join(";\n");
             let rows = read_shard_rows(ctx, &source, &table, shard).await?;
             let target = ctx.parts.worker(&node, Access::Write).await?;
             target.conn.execute(&ddl).await?;

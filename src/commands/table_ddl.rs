@@ -10,6 +10,12 @@ use pg_query::NodeEnum;
 pub struct TableDefinition {
     pub schema: String,
     columns: Vec<String>,
+    /// `PARTITION BY …` of a partitioned table.
+    partition_key: Option<String>,
+    /// `FOR VALUES …` of a partition: its shards are partitions of the
+    /// parent's shards, from which they take their columns, constraints
+    /// and indexes.
+    partition_bound: Option<String>,
     /// (constraint name, definition) for primary key, unique and check constraints.
     constraints: Vec<(String, String)>,
     /// CREATE INDEX statements for indexes that back no constraint.
@@ -18,10 +24,15 @@ pub struct TableDefinition {
 
 impl TableDefinition {
     pub async fn read(conn: &mut PgConnection, oid: u32) -> PgResult<Self> {
-        let schema = conn
-            .query_value(&format!("SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = {oid}"))
-            .await?
-            .ok_or_else(|| PgError::internal(format!("table {oid} vanished")))?;
+        let rows = conn
+            .query(&format!(
+                "SELECT n.nspname, CASE WHEN c.relkind = 'p' THEN pg_get_partkeydef(c.oid) END, CASE WHEN c.relispartition THEN pg_get_expr(c.relpartbound, c.oid) END
+                 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = {oid}"
+            ))
+            .await?;
+        let [schema, partition_key, partition_bound] = <[Option<String>; 3]>::try_from(rows.into_iter().next().ok_or_else(|| PgError::internal(format!("table {oid} vanished")))?)
+            .map_err(|_| PgError::internal("unexpected row shape"))?;
+        let schema = schema.unwrap_or_default();
         let mut columns = Vec::new();
         for r in conn
             .query(&format!(
@@ -56,10 +67,11 @@ impl TableDefinition {
             }
             columns.push(col);
         }
+        // A partition's own, not those it takes from its parent.
         let constraints = conn
             .query(&format!(
                 "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint
-                 WHERE conrelid = {oid} AND contype IN ('p', 'u', 'c') ORDER BY contype DESC, conname"
+                 WHERE conrelid = {oid} AND contype IN ('p', 'u', 'c') AND conparentid = 0 AND coninhcount = 0 ORDER BY contype DESC, conname"
             ))
             .await?
             .into_iter()
@@ -69,19 +81,29 @@ impl TableDefinition {
             .query(&format!(
                 "SELECT pg_get_indexdef(i.indexrelid) FROM pg_index i
                  WHERE i.indrelid = {oid} AND NOT EXISTS (SELECT FROM pg_constraint c WHERE c.conindid = i.indexrelid)
+                   AND NOT EXISTS (SELECT FROM pg_inherits h WHERE h.inhrelid = i.indexrelid)
                  ORDER BY i.indexrelid"
             ))
             .await?
             .into_iter()
             .filter_map(|r| r[0].clone())
             .collect();
-        Ok(TableDefinition { schema, columns, constraints, indexes })
+        Ok(TableDefinition { schema, columns, partition_key, partition_bound, constraints, indexes })
     }
 
-    /// Statements creating the shard `relname` (in the table's schema).
-    pub fn shard_ddl(&self, relname: &str, shard_id: i64) -> PgResult<Vec<String>> {
+    /// Statements creating the shard `relname` (in the table's schema); for
+    /// a partition, as a partition of `parent_shard` (its parent's shard of
+    /// the same index, schema-qualified).
+    pub fn shard_ddl(&self, relname: &str, shard_id: i64, parent_shard: Option<&str>) -> PgResult<Vec<String>> {
         let qualified = format!("{}.{}", quote_ident(&self.schema), quote_ident(relname));
-        let mut out = vec![format!("CREATE TABLE {qualified} ({})", self.columns.join(", "))];
+        let mut create = match (parent_shard, &self.partition_bound) {
+            (Some(parent), Some(bound)) => format!("CREATE TABLE {qualified} PARTITION OF {parent} {bound}"),
+            _ => format!("CREATE TABLE {qualified} ({})", self.columns.join(", ")),
+        };
+        if let Some(key) = &self.partition_key {
+            create.push_str(&format!(" PARTITION BY {key}"));
+        }
+        let mut out = vec![create];
         for (name, def) in &self.constraints {
             out.push(format!("ALTER TABLE {qualified} ADD CONSTRAINT {} {def}", quote_ident(&format!("{name}_{shard_id}"))));
         }

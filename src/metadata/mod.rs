@@ -151,6 +151,10 @@ pub struct DistributedTable {
     pub always_identity: Vec<String>,
     /// Ordered by shard index.
     pub shards: Vec<Shard>,
+    /// The partitioned table this one is a partition of (both distributed,
+    /// co-located: each shard is a partition of the parent's shard of the
+    /// same index).
+    pub partition_of: Option<u32>,
 }
 
 impl DistributedTable {
@@ -201,6 +205,17 @@ impl Catalog {
     }
     pub fn tables(&self) -> impl Iterator<Item = &Arc<DistributedTable>> {
         self.by_oid.values()
+    }
+    /// The partitions of `oid`, theirs, and so on down.
+    pub fn partitions_under(&self, oid: u32) -> Vec<Arc<DistributedTable>> {
+        let mut found: Vec<Arc<DistributedTable>> = self.tables().filter(|t| t.partition_of == Some(oid)).cloned().collect();
+        let mut i = 0;
+        while i < found.len() {
+            let below = found[i].oid;
+            found.extend(self.tables().filter(|t| t.partition_of == Some(below)).cloned());
+            i += 1;
+        }
+        found
     }
     pub fn has_tables(&self) -> bool {
         !self.by_oid.is_empty()
@@ -324,7 +339,8 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
                     (SELECT json_agg(a.attname ORDER BY a.attnum)
                        FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''),
                     (SELECT json_agg(json_build_array(attname, tessera_default) ORDER BY attnum) FROM tessera_defaults WHERE attrelid = c.oid AND uses_sequence),
-                    (SELECT json_agg(attname ORDER BY attnum) FROM tessera_defaults WHERE attrelid = c.oid AND attidentity = 'a')
+                    (SELECT json_agg(attname ORDER BY attnum) FROM tessera_defaults WHERE attrelid = c.oid AND attidentity = 'a'),
+                    (SELECT i.inhparent FROM pg_inherits i WHERE i.inhrelid = c.oid AND c.relispartition)
              FROM pg_catalog.pg_dist_partition p
              JOIN pg_class c ON c.oid = p.logicalrelid
              JOIN pg_namespace n ON n.oid = c.relnamespace",
@@ -365,6 +381,7 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
             sequence_columns: serde_json::from_str(r[13].as_deref().unwrap_or("[]")).unwrap_or_default(),
             always_identity: parse_json_string_array(r[14].as_deref().unwrap_or("[]")),
             shards: shards.remove(&oid).unwrap_or_default(),
+            partition_of: r[15].as_deref().and_then(|v| v.parse().ok()),
         });
         catalog.tables.insert((table.schema.clone(), table.name.clone()), table.clone());
         catalog.by_oid.insert(oid, table);

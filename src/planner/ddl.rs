@@ -32,6 +32,12 @@ pub enum DdlPlan {
     /// DROP INDEX or ALTER INDEX … RENAME, when distributed tables exist:
     /// which indexes are theirs is only found out at execution.
     DropIndex(DropIndex),
+    /// CREATE TABLE … PARTITION OF a distributed table, or ALTER TABLE …
+    /// ATTACH PARTITION of a local table: the coordinator database runs the
+    /// statement, then the new partition (`partition`, as the statement names
+    /// it) is distributed co-located with `parent`, its shards partitions of
+    /// the parent's.
+    AddPartition { parent: Arc<DistributedTable>, partition: protobuf::RangeVar },
     /// DROP TRIGGER / DROP POLICY on a distributed table: the coordinator
     /// database drops the shell's, each shard its own.
     DropFromTable { version: i32, stmt: protobuf::DropStmt, table: Arc<DistributedTable> },
@@ -79,6 +85,7 @@ impl fmt::Display for DdlPlan {
             DdlPlan::Lock { .. } => write!(f, "lock {names}"),
             DdlPlan::DropIndex(_) => write!(f, "drop or rename index"),
             DdlPlan::DropFromTable { .. } => write!(f, "drop from {names}"),
+            DdlPlan::AddPartition { .. } => write!(f, "add a partition to {names}"),
             DdlPlan::Vacuum { .. } => write!(f, "vacuum {names}"),
             DdlPlan::Checkpoint => write!(f, "checkpoint every node"),
             DdlPlan::Everywhere { .. } => write!(f, "run on every node"),
@@ -103,7 +110,7 @@ impl DdlPlan {
     /// Whether the statement changes what the catalog says about distributed
     /// tables (their columns, defaults, existence).
     pub fn changes_catalog(&self) -> bool {
-        matches!(self, DdlPlan::Propagate { .. } | DdlPlan::Drop { .. }) || matches!(self, DdlPlan::Everywhere { forget, .. } if !forget.is_empty())
+        matches!(self, DdlPlan::Propagate { .. } | DdlPlan::Drop { .. } | DdlPlan::AddPartition { .. }) || matches!(self, DdlPlan::Everywhere { forget, .. } if !forget.is_empty())
     }
 
     /// The statement for shard `index` of a propagated DDL. pg_query 0.8's
@@ -136,6 +143,9 @@ impl DdlPlan {
                     let Some(NodeEnum::AlterTableCmd(cmd)) = cmd.node.as_mut() else { continue };
                     if cmd.subtype == AlterTableType::AtDropConstraint as i32 && !cmd.name.is_empty() {
                         cmd.name.push_str(&suffix);
+                    }
+                    if let Some(NodeEnum::PartitionCmd(partition)) = cmd.def.as_deref_mut().and_then(|d| d.node.as_mut()) {
+                        point(&mut partition.name);
                     }
                     for c in added_constraints_mut(cmd) {
                         if !c.conname.is_empty() {
@@ -199,7 +209,7 @@ impl DdlPlan {
     /// known at execution).
     pub fn tables(&self) -> Vec<&Arc<DistributedTable>> {
         match self {
-            DdlPlan::Propagate { table, .. } | DdlPlan::DropFromTable { table, .. } => vec![table],
+            DdlPlan::Propagate { table, .. } | DdlPlan::DropFromTable { table, .. } | DdlPlan::AddPartition { parent: table, .. } => vec![table],
             DdlPlan::Drop { tables } => tables.iter().collect(),
             DdlPlan::Truncate { tables, .. } | DdlPlan::Lock { tables, .. } | DdlPlan::Grant { tables, .. } => tables.iter().map(|(t, _)| t).collect(),
             DdlPlan::DropIndex(_) | DdlPlan::Checkpoint | DdlPlan::Everywhere { .. } => vec![],
@@ -240,7 +250,9 @@ impl DdlPlan {
             }
             DdlPlan::Checkpoint => Ok("CHECKPOINT".into()),
             DdlPlan::Everywhere { sql, .. } => Ok(sql.clone()),
-            DdlPlan::Propagate { .. } | DdlPlan::DropIndex(_) | DdlPlan::DropFromTable { .. } => unreachable!("{self} has no statement per node"),
+            DdlPlan::Propagate { .. } | DdlPlan::DropIndex(_) | DdlPlan::DropFromTable { .. } | DdlPlan::AddPartition { .. } => {
+                unreachable!("{self} has no statement per node")
+            }
         }
     }
 }
@@ -438,8 +450,17 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
         // keys' targets and copy them with LIKE (the shell has their
         // definition), but not inherit from them or be their partition.
         NodeEnum::CreateStmt(create) => {
-            let inherits = create.inh_relations.iter().any(|n| matches!(n.node.as_ref(), Some(NodeEnum::RangeVar(rv)) if resolve_range_var(rv, catalog).is_some()));
-            Some(if inherits { not_supported("tables that inherit from distributed tables, or are their partitions, are not supported yet") } else { Plan::Local })
+            let parent = create.inh_relations.iter().find_map(|n| match n.node.as_ref() {
+                Some(NodeEnum::RangeVar(rv)) => resolve_range_var(rv, catalog),
+                _ => None,
+            });
+            Some(match (parent, &create.relation) {
+                (None, _) => Plan::Local,
+                (Some(parent), Some(partition)) if create.partbound.is_some() && !parent.is_reference() => {
+                    Plan::Ddl(Arc::new(DdlPlan::AddPartition { parent: parent.clone(), partition: partition.clone() }))
+                }
+                _ => not_supported("tables that inherit from distributed tables are not supported; partitions of distributed tables are"),
+            })
         }
         NodeEnum::IndexStmt(ix) => {
             let table = resolve_range_var(ix.relation.as_ref()?, catalog)?;
@@ -457,6 +478,14 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
             for cmd in &alter.cmds {
                 let Some(NodeEnum::AlterTableCmd(cmd)) = cmd.node.as_ref() else { continue };
                 let subtype = AlterTableType::from_i32(cmd.subtype);
+                if let Some(NodeEnum::PartitionCmd(p)) = cmd.def.as_deref().and_then(|d| d.node.as_ref()) {
+                    match plan_partition_command(table, p, subtype, alter.cmds.len(), catalog) {
+                        Ok(Some(partition)) => referenced.push(partition),
+                        Ok(None) => return Some(Plan::Ddl(Arc::new(DdlPlan::AddPartition { parent: table.clone(), partition: p.name.clone()? }))),
+                        Err(refusal) => return Some(refusal),
+                    }
+                    continue;
+                }
                 if matches!(subtype, Some(AlterTableType::AtDropColumn | AlterTableType::AtAlterColumnType)) && Some(cmd.name.as_str()) == col {
                     return Some(not_supported("cannot execute ALTER TABLE command involving partition column"));
                 }
@@ -696,8 +725,35 @@ fn plan_grant(version: i32, grant: &protobuf::GrantStmt, node: &NodeEnum, catalo
     }
 }
 
+/// ATTACH or DETACH PARTITION on a distributed table: the partition's shards
+/// are attached to (or detached from) the parent's. Returns the partition
+/// when it is distributed already, None for a local table to attach (to be
+/// distributed with the parent), or the refusal.
+fn plan_partition_command(
+    parent: &DistributedTable,
+    command: &protobuf::PartitionCmd,
+    subtype: Option<AlterTableType>,
+    commands: usize,
+    catalog: &Catalog,
+) -> Result<Option<Arc<DistributedTable>>, Plan> {
+    if command.concurrent || subtype == Some(AlterTableType::AtDetachPartitionFinalize) {
+        return Err(not_supported("DETACH PARTITION CONCURRENTLY on distributed tables is not supported yet; use DETACH PARTITION"));
+    }
+    if commands > 1 {
+        return Err(not_supported("ATTACH/DETACH PARTITION on a distributed table must be the statement's only command"));
+    }
+    match command.name.as_ref().and_then(|rv| resolve_range_var(rv, catalog)) {
+        Some(partition) if partition.colocation_id == parent.colocation_id => Ok(Some(partition.clone())),
+        Some(partition) => Err(not_supported(format!("\"{}\" is not co-located with \"{}\"; only co-located tables can be its partitions", partition.name, parent.name))),
+        None if subtype == Some(AlterTableType::AtAttachPartition) && !parent.is_reference() => Ok(None),
+        None => Err(not_supported("this partition command on a distributed table is not supported")),
+    }
+}
+
+/// The distributed tables a DROP TABLE names, and their partitions, which
+/// go with them.
 fn referenced_dropped_tables(objects: &[protobuf::Node], catalog: &Catalog) -> Vec<Arc<DistributedTable>> {
-    objects
+    let named: Vec<Arc<DistributedTable>> = objects
         .iter()
         .filter_map(|o| match o.node.as_ref() {
             Some(NodeEnum::List(l)) => {
@@ -710,7 +766,16 @@ fn referenced_dropped_tables(objects: &[protobuf::Node], catalog: &Catalog) -> V
             }
             _ => None,
         })
-        .collect()
+        .collect();
+    let mut tables = named.clone();
+    for table in &named {
+        for partition in catalog.partitions_under(table.oid) {
+            if !tables.iter().any(|t| t.oid == partition.oid) {
+                tables.push(partition);
+            }
+        }
+    }
+    tables
 }
 
 /// The constraints an ALTER TABLE subcommand adds: a table constraint, or those
