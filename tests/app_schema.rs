@@ -58,7 +58,11 @@ const LATER: &str = "
     GRANT SELECT ON accounts, billing.members TO reader;
     ALTER TABLE accounts ENABLE ROW LEVEL SECURITY;
     CREATE POLICY reader_sees_paying ON accounts FOR SELECT TO reader USING (plan IN ('pro', 'enterprise'));
-    CREATE TABLE events_2026_03 PARTITION OF events FOR VALUES FROM ('2026-03-01') TO ('2026-04-01');";
+    CREATE TABLE events_2026_03 PARTITION OF events FOR VALUES FROM ('2026-03-01') TO ('2026-04-01');
+    CREATE FUNCTION seats_for(p plan) RETURNS int LANGUAGE sql IMMUTABLE AS $$ SELECT CASE p WHEN 'free' THEN 1 ELSE 10 END $$;
+    CREATE FUNCTION account_label(a accounts) RETURNS text LANGUAGE sql AS $$ SELECT a.title || ' (' || a.plan || ')' $$;
+    GRANT EXECUTE ON FUNCTION account_label(accounts) TO reader;
+    COMMENT ON FUNCTION account_label(accounts) IS 'a row type only the coordinator database has';";
 
 const AS_APP: &[&str] = &[
     "INSERT INTO accounts (title, plan) VALUES ('acme', 'pro'), ('initech', 'free'), ('umbrella', 'enterprise') RETURNING id, plan",
@@ -75,6 +79,8 @@ const AS_APP: &[&str] = &[
     "SELECT a.title, l.seats FROM accounts a JOIN plan_limits l USING (plan) ORDER BY l.seats",
     "SELECT email FROM billing.members WHERE email = 'BOB@ACME.COM'",
     "SELECT obj_description('accounts'::regclass)",
+    "SELECT title, seats_for(plan) FROM accounts ORDER BY id",
+    "SELECT sum(seats_for(plan)) FROM accounts",
     "INSERT INTO events SELECT 1 + g % 3, timestamptz '2026-01-01 00:00:00+00' + g * interval '1 day', 'login' FROM generate_series(0, 80) g",
     "INSERT INTO events VALUES (1, '2026-05-01', 'late')",
     "SELECT account_id, date_trunc('month', at AT TIME ZONE 'UTC'), count(*) FROM events GROUP BY 1, 2 ORDER BY 1, 2",

@@ -91,9 +91,11 @@ fn collations_sql() -> String {
 }
 
 /// Enums, composite types, domains, ranges and functions, in the order they
-/// were created (so that each comes after what it uses). A function whose
-/// signature names a table's row type is skipped where that table is not
-/// there (a worker holds shards, not tables), rather than failing the rest.
+/// were created (so that each comes after what it uses). Functions whose
+/// signature names a table's row type are left out: a worker holds shards,
+/// not tables, so it has no such type (and queries sent to the shards
+/// cannot use them); one that fails for another missing type is skipped
+/// rather than failing the rest.
 fn types_and_functions_sql() -> String {
     let collate = "CASE WHEN a.attcollation <> at.typcollation THEN ' COLLATE ' || a.attcollation::regcollation::text ELSE '' END";
     format!(
@@ -132,6 +134,9 @@ fn types_and_functions_sql() -> String {
                 p.oid
          FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
          WHERE p.prokind IN ('f', 'p', 'w') AND n.nspname NOT IN {SYSTEM_SCHEMAS} AND n.nspname !~ '^pg_' AND {}
+           AND NOT EXISTS (SELECT FROM unnest(coalesce(p.proallargtypes, p.proargtypes::oid[]) || p.prorettype) sig(t)
+                           JOIN pg_type st ON st.oid = sig.t OR st.typarray = sig.t
+                           JOIN pg_class sc ON sc.oid = st.typrelid WHERE sc.relkind <> 'c')
          ORDER BY 3",
         not_from_extension("pg_type", "t"),
         // Nor made along with a type (a range type's constructors).

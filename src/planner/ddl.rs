@@ -612,36 +612,39 @@ pub(super) fn plan_cluster_wide(version: i32, node: &NodeEnum, catalog: &Catalog
         | NodeEnum::AlterTypeStmt(_)
         | NodeEnum::AlterExtensionStmt(_)
         | NodeEnum::AlterExtensionContentsStmt(_)
-        | NodeEnum::AlterFunctionStmt(_)
         | NodeEnum::DefineStmt(_)
         | NodeEnum::CreateCastStmt(_)
-        | NodeEnum::AlterCollationStmt(_) => everywhere(version, node.clone(), None),
+        | NodeEnum::AlterCollationStmt(_) => everywhere(version, node.clone()),
         // Workers may have the schema already (shards create their table's
         // schema) or the extension (installed by default, like plpgsql).
         NodeEnum::CreateSchemaStmt(s) => {
             // Tables created with the schema stay local to the coordinator
             // database, as any new table does.
             let stmt = protobuf::CreateSchemaStmt { schema_elts: vec![], if_not_exists: true, ..s.clone() };
-            everywhere(version, NodeEnum::CreateSchemaStmt(stmt), None)
+            everywhere(version, NodeEnum::CreateSchemaStmt(stmt))
         }
-        NodeEnum::CreateExtensionStmt(e) => everywhere(version, NodeEnum::CreateExtensionStmt(protobuf::CreateExtensionStmt { if_not_exists: true, ..e.clone() }), None),
-        // A body may use tables that exist only as shards on a worker.
-        NodeEnum::CreateFunctionStmt(_) => everywhere(version, node.clone(), Some("SET LOCAL check_function_bodies = off")),
+        NodeEnum::CreateExtensionStmt(e) => everywhere(version, NodeEnum::CreateExtensionStmt(protobuf::CreateExtensionStmt { if_not_exists: true, ..e.clone() })),
+        NodeEnum::CreateFunctionStmt(_) | NodeEnum::AlterFunctionStmt(_) => routine_everywhere(version, node.clone()),
+        NodeEnum::GrantStmt(g) if is_routine(g.objtype) => routine_everywhere(version, node.clone()),
         // A database's privileges (CREATE for schemas and trusted
         // extensions) matter on every node's database of that name.
         NodeEnum::GrantStmt(g) if ObjectType::from_i32(g.objtype).is_some_and(|t| matches!(t, ObjectType::ObjectSchema | ObjectType::ObjectDatabase) || is_shared_object(t)) => {
-            everywhere(version, node.clone(), None)
+            everywhere(version, node.clone())
         }
         NodeEnum::DropStmt(d) if ObjectType::from_i32(d.remove_type).is_some_and(|t| t == ObjectType::ObjectSchema || is_shared_object(t)) => {
             plan_drop_everywhere(version, d, catalog)
         }
-        NodeEnum::RenameStmt(r) if renames_shared_object(r) => everywhere(version, node.clone(), None),
+        NodeEnum::RenameStmt(r) if is_routine(r.rename_type) => routine_everywhere(version, node.clone()),
+        NodeEnum::AlterOwnerStmt(a) if is_routine(a.object_type) => routine_everywhere(version, node.clone()),
+        NodeEnum::AlterObjectSchemaStmt(a) if is_routine(a.object_type) => routine_everywhere(version, node.clone()),
+        NodeEnum::CommentStmt(c) if is_routine(c.objtype) => routine_everywhere(version, node.clone()),
+        NodeEnum::RenameStmt(r) if renames_shared_object(r) => everywhere(version, node.clone()),
         NodeEnum::AlterOwnerStmt(a) if ObjectType::from_i32(a.object_type).is_some_and(|t| t == ObjectType::ObjectSchema || is_shared_object(t)) => {
-            everywhere(version, node.clone(), None)
+            everywhere(version, node.clone())
         }
-        NodeEnum::AlterObjectSchemaStmt(a) if ObjectType::from_i32(a.object_type).is_some_and(is_shared_object) => everywhere(version, node.clone(), None),
+        NodeEnum::AlterObjectSchemaStmt(a) if ObjectType::from_i32(a.object_type).is_some_and(is_shared_object) => everywhere(version, node.clone()),
         NodeEnum::CommentStmt(c) if ObjectType::from_i32(c.objtype).is_some_and(|t| t == ObjectType::ObjectSchema || is_shared_object(t)) => {
-            everywhere(version, node.clone(), None)
+            everywhere(version, node.clone())
         }
         _ => return None,
     })
@@ -688,10 +691,33 @@ fn plan_drop_everywhere(version: i32, drop: &protobuf::DropStmt, catalog: &Catal
     }
 }
 
-/// Every node runs `stmt` (after `setting`, a SET LOCAL the nodes need for it).
-fn everywhere(version: i32, stmt: NodeEnum, setting: Option<&str>) -> Plan {
+/// Every node runs `stmt`.
+fn everywhere(version: i32, stmt: NodeEnum) -> Plan {
     match node_text(version, stmt) {
-        Ok(sql) => Plan::Ddl(Arc::new(DdlPlan::Everywhere { sql: setting.map_or(sql.clone(), |s| format!("{s}; {sql}")), forget: vec![] })),
+        Ok(sql) => Plan::Ddl(Arc::new(DdlPlan::Everywhere { sql, forget: vec![] })),
+        Err(e) => Plan::Unsupported(e),
+    }
+}
+
+fn is_routine(object_type: i32) -> bool {
+    use protobuf::ObjectType::*;
+    matches!(protobuf::ObjectType::from_i32(object_type), Some(ObjectFunction | ObjectProcedure | ObjectRoutine | ObjectAggregate))
+}
+
+/// Every node runs `stmt`, about a function or procedure. Its body may use
+/// tables that exist on a worker only as shards (so bodies go unchecked
+/// there), and its signature may name a table's row type, which a worker
+/// lacks: such a routine is left out on the workers rather than failing
+/// the statement (queries sent to the shards cannot use it anyway).
+fn routine_everywhere(version: i32, stmt: NodeEnum) -> Plan {
+    match node_text(version, stmt) {
+        Ok(sql) => Plan::Ddl(Arc::new(DdlPlan::Everywhere {
+            sql: format!(
+                "SET LOCAL check_function_bodies = off; DO $tessera$ BEGIN EXECUTE {}; EXCEPTION WHEN undefined_object THEN NULL; END $tessera$",
+                quote_literal(&sql)
+            ),
+            forget: vec![],
+        })),
         Err(e) => Plan::Unsupported(e),
     }
 }
@@ -714,7 +740,7 @@ fn plan_grant(version: i32, grant: &protobuf::GrantStmt, node: &NodeEnum, catalo
     let target = protobuf::GrantTargetType::from_i32(grant.targtype);
     let objtype = ObjectType::from_i32(grant.objtype);
     if target == Some(protobuf::GrantTargetType::AclTargetAllInSchema) && objtype == Some(ObjectType::ObjectTable) {
-        return catalog.has_tables().then(|| everywhere(version, node.clone(), None));
+        return catalog.has_tables().then(|| everywhere(version, node.clone()));
     }
     match objtype {
         Some(ObjectType::ObjectTable) => {
