@@ -1194,6 +1194,23 @@ async fn concurrent_indexes_build_shard_by_shard_and_report_failures() {
     assert_eq!(count(&f.client, "SELECT count(*) FROM goods WHERE id = 5").await, 1);
     assert_eq!(rows(&f.client, "SELECT shard_name FROM citus_shards WHERE table_name = 'goods'::regclass ORDER BY 1 LIMIT 1").await[0][0].as_deref().map(|s| s.starts_with("goods_")), Some(true));
     fails_with(&f.client, "INSERT INTO goods VALUES (100, 50, 'x')", "23514").await;
+
+    // Constraints added without names: the shards' copies are named after
+    // the names PostgreSQL chose for the shell's, so DROP CONSTRAINT finds them.
+    exec(&f.client, "ALTER TABLE goods ADD CHECK (kind >= 0), ADD UNIQUE (id, name)").await;
+    let shell: Vec<String> = constraints(&coordinator_db, "goods").await.into_iter().map(|c| c.0).collect();
+    for name in ["goods_kind_check", "goods_id_name_key"] {
+        assert!(shell.contains(&name.to_string()), "{shell:?}");
+        for p in &ps {
+            let cs: Vec<String> = constraints(f.worker_for(p), &format!("goods_{}", p.shard)).await.into_iter().map(|c| c.0).collect();
+            assert!(cs.contains(&format!("{name}_{}", p.shard)), "shard {}: {cs:?}", p.shard);
+        }
+    }
+    exec(&f.client, "ALTER TABLE goods DROP CONSTRAINT goods_kind_check, DROP CONSTRAINT goods_id_name_key").await;
+    for p in &ps {
+        let cs: Vec<String> = constraints(f.worker_for(p), &format!("goods_{}", p.shard)).await.into_iter().map(|c| c.0).collect();
+        assert!(!cs.iter().any(|c| c.starts_with("goods_kind_check") || c.starts_with("goods_id_name_key")), "shard {}: {cs:?}", p.shard);
+    }
 }
 
 #[tokio::test]

@@ -222,7 +222,7 @@ async fn carry_statements(ctx: &mut CommandContext<'_>, catalog: &Catalog, state
     for sql in statements {
         let mut per_node = match crate::planner::plan_query(sql, catalog).into_iter().next().map(|p| p.plan) {
             Some(crate::planner::Plan::Ddl(ddl)) => match ddl.as_ref() {
-                DdlPlan::Propagate { table, template, .. } => shard_statements(table, template, None)?,
+                DdlPlan::Propagate { table, template, .. } => shard_statements(table, template, &Default::default())?,
                 grant @ DdlPlan::Grant { .. } => {
                     placement_groups(grant.tables()).into_iter().map(|group| Ok((group, vec![grant.node_sql(group)?]))).collect::<PgResult<_>>()?
                 }

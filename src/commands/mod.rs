@@ -9,7 +9,7 @@ pub mod table_ddl;
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable};
 use crate::planner::rewrite::ShardTemplate;
-use crate::planner::{placement_groups, ClusterCall, ClusterFunction, DdlPlan, DropIndex};
+use crate::planner::{placement_groups, ChosenNames, ClusterCall, ClusterFunction, DdlPlan, DropIndex};
 use crate::protocol::backend::{self, FieldDescription};
 use crate::protocol::frontend::{self, Bind};
 use crate::server::client::ClientConn;
@@ -294,8 +294,8 @@ pub(crate) async fn finish_block<T>(ctx: &mut CommandContext<'_>, implicit: bool
 async fn run_ddl_in_block(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_>) -> PgResult<String> {
     match plan {
         DdlPlan::Propagate { table, template, catalog_sql } => {
-            let (tag, index_name) = run_on_shell(plan, table, sql, ctx).await?;
-            run_per_node(ctx, shard_statements(table, template, index_name.as_deref())?).await?;
+            let (tag, chosen) = run_on_shell(plan, table, sql, ctx).await?;
+            run_per_node(ctx, shard_statements(table, template, &chosen)?).await?;
             let local = ctx.parts.local().await?;
             if let Some(catalog_sql) = catalog_sql {
                 local.execute(catalog_sql).await?;
@@ -347,19 +347,44 @@ async fn run_ddl_in_block(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_
 }
 
 /// Runs a propagated statement on the coordinator database. Returns its
-/// command tag and, when it created an index without naming it, the name
-/// the index got: the shards' copies are named after it, so that later
-/// statements naming the index reach them.
-async fn run_on_shell(plan: &DdlPlan, table: &DistributedTable, sql: &str, ctx: &mut CommandContext<'_>) -> PgResult<(String, Option<String>)> {
+/// command tag and the names PostgreSQL chose for what it created without
+/// a name (an index, constraints), found by comparing the table's indexes
+/// and constraints before and after.
+async fn run_on_shell(plan: &DdlPlan, table: &DistributedTable, sql: &str, ctx: &mut CommandContext<'_>) -> PgResult<(String, ChosenNames)> {
     let local = ctx.parts.local().await?;
-    if !plan.creates_unnamed_index() {
-        return Ok((local.execute(sql).await?, None));
+    let unnamed_index = plan.creates_unnamed_index();
+    let unnamed_constraints = plan.unnamed_constraint_kinds();
+    if !unnamed_index && unnamed_constraints.is_empty() {
+        return Ok((local.execute(sql).await?, ChosenNames::default()));
     }
-    let index_names = format!("SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = {}", table.oid);
-    let before = local.query(&index_names).await?;
+    let names_sql = format!(
+        "SELECT c.relname, 'i' FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = {0} AND NOT EXISTS (SELECT FROM pg_constraint k WHERE k.conindid = i.indexrelid)
+         UNION ALL
+         SELECT * FROM (SELECT conname::text, contype::text FROM pg_constraint WHERE conrelid = {0} ORDER BY oid) k",
+        table.oid
+    );
+    let before = local.query(&names_sql).await?;
     let tag = local.execute(sql).await?;
-    let name = local.query(&index_names).await?.into_iter().find(|row| !before.contains(row)).and_then(|row| row.into_iter().next().flatten());
-    Ok((tag, name))
+    let mut new: Vec<(String, String)> = local
+        .query(&names_sql)
+        .await?
+        .into_iter()
+        .filter(|row| !before.contains(row))
+        .filter_map(|row| match row.as_slice() {
+            [Some(name), Some(kind)] => Some((name.clone(), kind.clone())),
+            _ => None,
+        })
+        .collect();
+    let mut chosen = ChosenNames::default();
+    if unnamed_index {
+        chosen.index = new.iter().find(|(_, kind)| kind == "i").map(|(name, _)| name.clone());
+    }
+    for kind in unnamed_constraints {
+        if let Some(at) = new.iter().position(|(_, k)| k.starts_with(kind)) {
+            chosen.constraints.push(new.remove(at).0);
+        }
+    }
+    Ok((tag, chosen))
 }
 
 /// CREATE INDEX CONCURRENTLY: the shell's index, then each shard's, one at
@@ -371,12 +396,12 @@ async fn create_index_concurrently(plan: &DdlPlan, sql: &str, ctx: &mut CommandC
     if ctx.parts.in_block() {
         return Err(PgError::new(sqlstate::ACTIVE_SQL_TRANSACTION, "CREATE INDEX CONCURRENTLY cannot run inside a transaction block"));
     }
-    let (tag, index_name) = run_on_shell(plan, table, sql, ctx).await?;
-    let failures = run_one_at_a_time(ctx, labeled_shard_statements(table, template, index_name.as_deref())?).await?;
+    let (tag, chosen) = run_on_shell(plan, table, sql, ctx).await?;
+    let failures = run_one_at_a_time(ctx, labeled_shard_statements(table, template, &chosen)?).await?;
     if failures.is_empty() {
         return Ok(tag);
     }
-    let name = index_name.unwrap_or_else(|| "the index".into());
+    let name = chosen.index.unwrap_or_else(|| "the index".into());
     Err(PgError::new(failures[0].1.code(), format!("CREATE INDEX CONCURRENTLY failed on {} of {} shards of \"{}\"", failures.len(), table.shards.len(), table.name))
         .with_detail(failures.iter().map(|(at, e)| format!("{at}: {}", e.message())).collect::<Vec<_>>().join("\n"))
         .with_hint(format!("Fix the cause, then DROP INDEX CONCURRENTLY {name} and create it again.")))
@@ -452,16 +477,16 @@ pub(crate) async fn read_shard_rows(ctx: &mut CommandContext<'_>, node: &crate::
 
 /// A propagated statement for every shard of `table`, by the node group that
 /// runs it.
-fn shard_statements(table: &DistributedTable, template: &ShardTemplate, index_name: Option<&str>) -> PgResult<BTreeMap<i32, Vec<String>>> {
-    let labeled = labeled_shard_statements(table, template, index_name)?;
+fn shard_statements(table: &DistributedTable, template: &ShardTemplate, chosen: &ChosenNames) -> PgResult<BTreeMap<i32, Vec<String>>> {
+    let labeled = labeled_shard_statements(table, template, chosen)?;
     Ok(labeled.into_iter().map(|(group, statements)| (group, statements.into_iter().map(|(_, sql)| sql).collect())).collect())
 }
 
 /// `shard_statements`, each with the name of the shard it is for.
-fn labeled_shard_statements(table: &DistributedTable, template: &ShardTemplate, index_name: Option<&str>) -> PgResult<BTreeMap<i32, Vec<(String, String)>>> {
+fn labeled_shard_statements(table: &DistributedTable, template: &ShardTemplate, chosen: &ChosenNames) -> PgResult<BTreeMap<i32, Vec<(String, String)>>> {
     let mut per_node: BTreeMap<i32, Vec<(String, String)>> = BTreeMap::new();
     for shard in &table.shards {
-        let stmt = DdlPlan::shard_sql(table, template, shard.index, index_name)?;
+        let stmt = DdlPlan::shard_sql(table, template, shard.index, chosen)?;
         for group in &shard.placements {
             per_node.entry(*group).or_default().push((table.shard_relname(shard), stmt.clone()));
         }

@@ -61,6 +61,18 @@ pub enum DdlPlan {
     Grant { version: i32, stmt: protobuf::GrantStmt, tables: Vec<(Arc<DistributedTable>, protobuf::RangeVar)> },
 }
 
+/// The names the coordinator database chose for what a statement created
+/// without naming it: the shards' copies are named after them, so that later
+/// statements naming them reach the copies too.
+#[derive(Debug, Default)]
+pub struct ChosenNames {
+    /// The index of a CREATE INDEX without a name.
+    pub index: Option<String>,
+    /// The constraints an ALTER TABLE adds without names, in the order the
+    /// statement gives them.
+    pub constraints: Vec<String>,
+}
+
 /// DROP INDEX or ALTER INDEX … RENAME: the parse tree names indexes, not
 /// their tables.
 #[derive(Debug)]
@@ -101,6 +113,24 @@ impl DdlPlan {
         matches!(template.statement(), Some(NodeEnum::IndexStmt(ix)) if ix.concurrent)
     }
 
+    /// The kinds (`pg_constraint.contype`) of the constraints an ALTER TABLE
+    /// adds without naming them, in the statement's order.
+    pub fn unnamed_constraint_kinds(&self) -> Vec<char> {
+        let DdlPlan::Propagate { template, .. } = self else { return vec![] };
+        let Some(NodeEnum::AlterTableStmt(alter)) = template.statement() else { return vec![] };
+        alter
+            .cmds
+            .iter()
+            .filter_map(|cmd| match cmd.node.as_ref() {
+                Some(NodeEnum::AlterTableCmd(cmd)) => Some(added_constraints(cmd)),
+                _ => None,
+            })
+            .flatten()
+            .filter(|(c, _)| c.conname.is_empty())
+            .filter_map(|(c, _)| constraint_kind(c))
+            .collect()
+    }
+
     /// Whether the plan creates an index without naming it.
     pub fn creates_unnamed_index(&self) -> bool {
         let DdlPlan::Propagate { template, .. } = self else { return false };
@@ -117,9 +147,9 @@ impl DdlPlan {
     /// generic walk misses RENAME's table and foreign keys' referenced tables, so
     /// the relations utility statements name are pointed at the shard here (the
     /// walk then finds them renamed already).
-    /// `index_name`: the name the coordinator database gave an index the
-    /// statement creates without one; each shard's copy is named after it.
-    pub fn shard_sql(table: &DistributedTable, template: &ShardTemplate, index: u32, index_name: Option<&str>) -> PgResult<String> {
+    /// `chosen`: the names the coordinator database gave what the statement
+    /// creates without naming it; each shard's copy is named after them.
+    pub fn shard_sql(table: &DistributedTable, template: &ShardTemplate, index: u32, chosen: &ChosenNames) -> PgResult<String> {
         let shard = &table.shards[index as usize];
         let suffix = format!("_{}", shard.id);
         let point = |rv: &mut Option<protobuf::RangeVar>| {
@@ -129,8 +159,8 @@ impl DdlPlan {
         };
         template.sql_with(index, |node| match node.node.as_mut() {
             Some(NodeEnum::IndexStmt(ix)) => {
-                if let (true, Some(name)) = (ix.idxname.is_empty(), index_name) {
-                    ix.idxname = name.to_string();
+                if let (true, Some(name)) = (ix.idxname.is_empty(), &chosen.index) {
+                    ix.idxname = name.clone();
                 }
                 if !ix.idxname.is_empty() {
                     ix.idxname.push_str(&suffix);
@@ -139,6 +169,7 @@ impl DdlPlan {
             }
             Some(NodeEnum::AlterTableStmt(alter)) => {
                 point(&mut alter.relation);
+                let mut chosen_constraints = chosen.constraints.iter();
                 for cmd in &mut alter.cmds {
                     let Some(NodeEnum::AlterTableCmd(cmd)) = cmd.node.as_mut() else { continue };
                     if cmd.subtype == AlterTableType::AtDropConstraint as i32 && !cmd.name.is_empty() {
@@ -148,6 +179,11 @@ impl DdlPlan {
                         point(&mut partition.name);
                     }
                     for c in added_constraints_mut(cmd) {
+                        if c.conname.is_empty() && constraint_kind(c).is_some() {
+                            if let Some(name) = chosen_constraints.next() {
+                                c.conname = name.clone();
+                            }
+                        }
                         if !c.conname.is_empty() {
                             c.conname.push_str(&suffix);
                         }
@@ -819,6 +855,19 @@ fn added_constraints(cmd: &protobuf::AlterTableCmd) -> Vec<(&protobuf::Constrain
             .collect(),
         _ => vec![],
     }
+}
+
+/// A constraint's `pg_constraint.contype`; None for what PostgreSQL 15 does
+/// not keep there (NOT NULL, DEFAULT, …).
+fn constraint_kind(c: &protobuf::Constraint) -> Option<char> {
+    Some(match ConstrType::from_i32(c.contype)? {
+        ConstrType::ConstrCheck => 'c',
+        ConstrType::ConstrPrimary => 'p',
+        ConstrType::ConstrUnique => 'u',
+        ConstrType::ConstrForeign => 'f',
+        ConstrType::ConstrExclusion => 'x',
+        _ => return None,
+    })
 }
 
 /// `added_constraints`, to edit them.

@@ -16,7 +16,7 @@ pub mod rewrite;
 mod router;
 mod walk;
 
-pub use ddl::{placement_groups, DdlPlan, DropIndex};
+pub use ddl::{placement_groups, ChosenNames, DdlPlan, DropIndex};
 pub use explain::ExplainPlan;
 pub use fallback::FallbackPlan;
 pub use functions::{ClusterCall, ClusterFunction};
