@@ -36,7 +36,8 @@ SELECT format('to_regrole(%L) IS NOT NULL', rolname),
        , 0
 FROM pg_authid WHERE oid >= 16384 AND rolname !~ '^pg_'
 UNION ALL
-SELECT 'false', format('GRANT %I TO %I%s', r.rolname, m.rolname, CASE WHEN am.admin_option THEN ' WITH ADMIN OPTION' ELSE '' END), 1
+SELECT format('EXISTS (SELECT FROM pg_auth_members WHERE roleid = to_regrole(%L) AND member = to_regrole(%L))', r.rolname, m.rolname),
+       format('GRANT %I TO %I%s', r.rolname, m.rolname, CASE WHEN am.admin_option THEN ' WITH ADMIN OPTION' ELSE '' END), 1
 FROM pg_auth_members am JOIN pg_roles r ON r.oid = am.roleid JOIN pg_roles m ON m.oid = am.member
 WHERE am.member >= 16384
 ORDER BY 3";
@@ -53,7 +54,9 @@ fn schemas_sql() -> String {
          FROM pg_namespace n
          WHERE n.nspname NOT IN {SYSTEM_SCHEMAS} AND n.nspname <> 'public' AND n.nspname !~ '^pg_' AND {}
          UNION ALL
-         SELECT 'false', format('GRANT %s ON SCHEMA %I TO %s%s', a.privilege_type, n.nspname,
+         SELECT format('EXISTS (SELECT FROM pg_namespace n, aclexplode(n.nspacl) a WHERE n.nspname = %L AND a.privilege_type = %L AND a.grantee = coalesce(to_regrole(%L)::oid, 0))',
+                       n.nspname, a.privilege_type, CASE WHEN a.grantee = 0 THEN 'public' ELSE pg_get_userbyid(a.grantee) END),
+                format('GRANT %s ON SCHEMA %I TO %s%s', a.privilege_type, n.nspname,
                                 CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(a.grantee)) END,
                                 CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END), 1
          FROM pg_namespace n, aclexplode(n.nspacl) a
@@ -165,6 +168,10 @@ pub async fn read(local: &mut PgConnection, with_roles: bool) -> PgResult<Vec<Sh
 /// Most checks in one query (PostgreSQL allows 1664 result columns).
 const CHECKS_PER_QUERY: usize = 1000;
 
+/// Serializes catch-ups on a node: sessions distributing tables at the same
+/// time would otherwise create the same objects side by side (and fail).
+const CATCH_UP_LOCK: i64 = 7_482_912;
+
 /// Creates on each of `nodes` the objects it lacks, inside the current
 /// block (one node failing undoes them all).
 pub async fn create_missing(ctx: &mut CommandContext<'_>, nodes: &[Node], objects: &[SharedObject]) -> PgResult<()> {
@@ -173,15 +180,26 @@ pub async fn create_missing(ctx: &mut CommandContext<'_>, nodes: &[Node], object
     }
     for node in nodes {
         let worker = ctx.parts.worker(node, Access::Write).await?;
-        let mut missing = vec!["SET LOCAL check_function_bodies = off".to_string()];
-        for chunk in objects.chunks(CHECKS_PER_QUERY) {
-            let checks: Vec<&str> = chunk.iter().map(|o| o.exists.as_str()).collect();
-            let found = worker.conn.query(&format!("SELECT {}", checks.join(", "))).await?.into_iter().next().unwrap_or_default();
-            missing.extend(chunk.iter().zip(found).filter(|(_, there)| there.as_deref() != Some("t")).map(|(o, _)| o.ddl.clone()));
+        if missing_on(&mut worker.conn, objects).await?.is_empty() {
+            continue;
         }
-        if missing.len() > 1 {
-            worker.conn.execute(&missing.join(";\n")).await?;
+        // Look again once no other session is catching this node up.
+        worker.conn.execute(&format!("SELECT pg_advisory_xact_lock({CATCH_UP_LOCK})")).await?;
+        let missing = missing_on(&mut worker.conn, objects).await?;
+        if !missing.is_empty() {
+            worker.conn.execute(&format!("SET LOCAL check_function_bodies = off;\n{}", missing.join(";\n"))).await?;
         }
     }
     Ok(())
+}
+
+/// The DDL of the objects `conn`'s node lacks.
+async fn missing_on(conn: &mut PgConnection, objects: &[SharedObject]) -> PgResult<Vec<String>> {
+    let mut missing = Vec::new();
+    for chunk in objects.chunks(CHECKS_PER_QUERY) {
+        let checks: Vec<&str> = chunk.iter().map(|o| o.exists.as_str()).collect();
+        let found = conn.query(&format!("SELECT {}", checks.join(", "))).await?.into_iter().next().unwrap_or_default();
+        missing.extend(chunk.iter().zip(found).filter(|(_, there)| there.as_deref() != Some("t")).map(|(o, _)| o.ddl.clone()));
+    }
+    Ok(missing)
 }
