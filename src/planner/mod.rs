@@ -207,13 +207,6 @@ fn plan_statement(version: i32, raw: protobuf::RawStmt, text: &str, catalog: &Ca
     if !catalog.has_tables() {
         return Plan::Local;
     }
-    let merges_into_distributed = |m: &protobuf::MergeStmt| m.relation.as_ref().is_some_and(|rv| resolve_range_var(rv, catalog).is_some());
-    if matches!(node, NodeEnum::MergeStmt(m) if merges_into_distributed(m) || !referenced_tables(&raw, catalog).is_empty()) {
-        return Plan::Unsupported(
-            PgError::not_supported("MERGE on distributed tables is not supported yet")
-                .with_hint("Use INSERT … ON CONFLICT DO UPDATE, or an UPDATE and an INSERT … SELECT in one transaction."),
-        );
-    }
     let plan = match node {
         NodeEnum::ExplainStmt(e) => explain::plan(version, e, text, catalog),
         // A cursor lives in the coordinator database, over the fallback's
@@ -225,7 +218,7 @@ fn plan_statement(version: i32, raw: protobuf::RawStmt, text: &str, catalog: &Ca
         NodeEnum::PrepareStmt(p) => prepared::plan_prepare(version, p, catalog),
         NodeEnum::ExecuteStmt(e) => Some(prepared::plan_execute(e)),
         NodeEnum::DeallocateStmt(d) => Some(Plan::SqlDeallocate((!d.name.is_empty()).then(|| d.name.clone()))),
-        NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) => {
+        NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) | NodeEnum::MergeStmt(_) => {
             router::plan_dml(version, &raw, catalog)
         }
         _ => ddl::plan_utility(version, &raw, catalog),

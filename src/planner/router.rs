@@ -23,6 +23,7 @@ pub enum Command {
     Insert,
     Update,
     Delete,
+    Merge,
 }
 
 impl Command {
@@ -33,6 +34,7 @@ impl Command {
             Command::Insert => "INSERT 0",
             Command::Update => "UPDATE",
             Command::Delete => "DELETE",
+            Command::Merge => "MERGE",
         }
     }
 }
@@ -398,6 +400,7 @@ pub(super) fn plan_dml(version: i32, raw: &protobuf::RawStmt, catalog: &Catalog)
             }
             plan_pinned(Command::Delete, node, scope, &conjuncts, template, catalog, replicated_preserved)
         }
+        NodeEnum::MergeStmt(m) => plan_merge(m, node, template, catalog),
         _ => return None,
     })
 }
@@ -451,6 +454,87 @@ pub(super) fn reference_write(command: Command, template: ShardTemplate) -> Plan
 
 fn route_if_reference_only(command: Command, template: ShardTemplate, tables: &[Arc<DistributedTable>]) -> Option<Plan> {
     tables.iter().all(|t| t.is_reference()).then(|| router(command, ShardTarget::Reference, None, template))
+}
+
+/// MERGE into a distributed or reference table. Its source is outer-joined
+/// to the target (a source row that matches nothing may be inserted), so
+/// constants in ON pin nothing, and each shard group may run the statement
+/// on its own only when a row it inserts belongs to that group: the source
+/// must then be co-located tables joined on the distribution column, whose
+/// value the INSERT puts in the target's. With only MATCHED actions, MERGE
+/// runs as UPDATE … FROM / DELETE … USING would.
+fn plan_merge(merge: &protobuf::MergeStmt, node: &NodeEnum, template: ShardTemplate, catalog: &Catalog) -> Plan {
+    let (Some(rel), Some(source)) = (merge.relation.as_ref(), merge.source_relation.as_deref()) else {
+        return not_supported("this MERGE is not supported");
+    };
+    let Some(target) = resolve_range_var(rel, catalog) else {
+        return Plan::Unsupported(
+            PgError::not_supported("MERGE into a local table from distributed tables is not supported yet").with_hint("Run an INSERT … SELECT and an UPDATE … FROM instead."),
+        );
+    };
+    let clauses: Vec<&protobuf::MergeWhenClause> = merge
+        .merge_when_clauses
+        .iter()
+        .filter_map(|n| match n.node.as_ref() {
+            Some(NodeEnum::MergeWhenClause(c)) => Some(c.as_ref()),
+            _ => None,
+        })
+        .collect();
+    let is = |c: &protobuf::MergeWhenClause, t: protobuf::CmdType| c.command_type == t as i32;
+    let mut scope = vec![scope_entry(rel, catalog)];
+    let mut conjuncts = Vec::new();
+    let replicated_preserved = collect_from(std::slice::from_ref(source), catalog, &mut scope, &mut conjuncts);
+    if let Some(on) = merge.join_condition.as_deref() {
+        flatten_and(on, &mut conjuncts, false);
+    }
+    if let Distribution::Hash { column, .. } = &target.distribution {
+        if clauses.iter().any(|c| is(c, protobuf::CmdType::CmdUpdate) && c.target_list.iter().any(|n| matches!(n.node.as_ref(), Some(NodeEnum::ResTarget(r)) if r.name == *column))) {
+            return not_supported("modifying the partition value of rows is not allowed");
+        }
+        let inserts: Vec<&&protobuf::MergeWhenClause> = clauses.iter().filter(|c| is(c, protobuf::CmdType::CmdInsert)).collect();
+        if !inserts.is_empty() {
+            let source_tables: Vec<&ScopeEntry> = scope[1..].iter().collect();
+            let colocated = !source_tables.is_empty()
+                && source_tables.iter().all(|e| e.table.as_ref().is_some_and(|t| !t.is_reference() && t.colocation_id == target.colocation_id));
+            let keeps_key = |c: &protobuf::MergeWhenClause| inserted_key_is_source_key(c, target, column, &scope[1..]);
+            if !colocated || !inserts.iter().all(|c| keeps_key(c)) {
+                return Plan::Unsupported(
+                    PgError::not_supported("MERGE … WHEN NOT MATCHED THEN INSERT into a distributed table needs a source of co-located distributed tables, joined on the distribution column, whose value the INSERT gives the target's")
+                        .with_hint("For an upsert of given rows use INSERT … ON CONFLICT DO UPDATE."),
+                );
+            }
+        }
+    } else if clauses.iter().any(|c| is(c, protobuf::CmdType::CmdInsert)) && scope[1..].iter().any(|e| e.table.as_ref().is_some_and(|t| !t.is_reference())) {
+        return not_supported("MERGE into a reference table from distributed tables is not supported yet");
+    }
+    plan_pinned(Command::Merge, node, scope, &conjuncts, template, catalog, replicated_preserved)
+}
+
+/// Whether a MERGE INSERT action puts in the target's distribution column
+/// `column` a source table's distribution column, unchanged.
+fn inserted_key_is_source_key(clause: &protobuf::MergeWhenClause, target: &DistributedTable, column: &str, source: &[ScopeEntry]) -> bool {
+    let position = if clause.target_list.is_empty() {
+        target.columns.iter().position(|c| c == column)
+    } else {
+        clause.target_list.iter().position(|n| matches!(n.node.as_ref(), Some(NodeEnum::ResTarget(r)) if r.name == column))
+    };
+    let Some(Some(NodeEnum::ColumnRef(c))) = position.and_then(|i| clause.values.get(i)).map(|v| v.node.as_ref()) else { return false };
+    let names: Vec<&str> = c
+        .fields
+        .iter()
+        .filter_map(|f| match f.node.as_ref() {
+            Some(NodeEnum::String(s)) => Some(s.sval.as_str()),
+            _ => None,
+        })
+        .collect();
+    source.iter().any(|entry| {
+        let Some(Distribution::Hash { column: key, .. }) = entry.table.as_ref().map(|t| &t.distribution) else { return false };
+        match names.as_slice() {
+            [name] => name == key,
+            [qualifier, name] => *qualifier == entry.name && name == key,
+            _ => false,
+        }
+    })
 }
 
 fn scope_entry(rv: &protobuf::RangeVar, catalog: &Catalog) -> ScopeEntry {
@@ -738,7 +822,9 @@ fn plan_pinned(command: Command, node: &NodeEnum, scope: Vec<ScopeEntry>, conjun
                     }
                     NodeEnum::SelectStmt(select) if one_group => super::multi_shard::plan_select(select, anchor, template, catalog),
                     NodeEnum::SelectStmt(_) => not_supported("joins between distributed tables that are not on their distribution columns are not supported yet"),
-                    NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) if one_group && !replicated_preserved => super::multi_shard::plan_modify(command, anchor, template),
+                    NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) | NodeEnum::MergeStmt(_) if one_group && !replicated_preserved => {
+                        super::multi_shard::plan_modify(command, anchor, template)
+                    }
                     _ => not_supported(format!(
                         "UPDATE and DELETE across several shards of distributed table \"{}\" are only supported when every distributed table they join is co-located and joined on its distribution column",
                         scope[i].table.as_ref().unwrap().name

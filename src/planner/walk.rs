@@ -76,6 +76,18 @@ pub fn visit_mut(node: &mut NodeEnum, f: &mut dyn FnMut(&mut NodeEnum)) {
             each(&mut s.returning_list, f);
             visit_with(&mut s.with_clause, f);
         }
+        MergeStmt(s) => {
+            visit_range_var(&mut s.relation, f);
+            visit_boxed(&mut s.source_relation, f);
+            visit_boxed(&mut s.join_condition, f);
+            each(&mut s.merge_when_clauses, f);
+            visit_with(&mut s.with_clause, f);
+        }
+        MergeWhenClause(w) => {
+            visit_boxed(&mut w.condition, f);
+            each(&mut w.target_list, f);
+            each(&mut w.values, f);
+        }
         DeclareCursorStmt(d) => visit_boxed(&mut d.query, f),
         WithClause(w) => each(&mut w.ctes, f),
         CommonTableExpr(c) => visit_boxed(&mut c.ctequery, f),
@@ -241,7 +253,10 @@ pub enum Reference<'a> {
 /// the complete walk above, utility statements (whose table references sit in
 /// fixed places pg_query's walker knows) with pg_query's.
 pub fn references_mut(stmt: &mut NodeEnum, mut f: impl FnMut(Reference<'_>)) {
-    if matches!(stmt, NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) | NodeEnum::DeclareCursorStmt(_)) {
+    if matches!(
+        stmt,
+        NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) | NodeEnum::MergeStmt(_) | NodeEnum::DeclareCursorStmt(_)
+    ) {
         visit_mut(stmt, &mut |n| match n {
             NodeEnum::RangeVar(rv) => f(Reference::Table(rv)),
             NodeEnum::ColumnRef(c) => f(Reference::Column(c)),
@@ -304,5 +319,9 @@ mod tests {
         assert_eq!(tables("UPDATE t SET (x, y) = (SELECT 1, 2 FROM a) WHERE k IN (SELECT k FROM b)"), ["a", "a", "b", "t"]);
         assert_eq!(tables("SELECT x COLLATE \"C\" FROM a WHERE (SELECT y FROM b) COLLATE \"C\" > ''"), ["a", "b"]);
         assert_eq!(tables("DECLARE c CURSOR FOR SELECT * FROM a WHERE k IN (SELECT k FROM b)"), ["a", "b"]);
+        assert_eq!(
+            tables("MERGE INTO t USING (SELECT * FROM a) s ON t.k = s.k AND t.k IN (SELECT k FROM b) WHEN MATCHED AND s.v > (SELECT 1 FROM c) THEN UPDATE SET v = (SELECT 2 FROM d) WHEN NOT MATCHED THEN INSERT VALUES ((SELECT 3 FROM e))"),
+            ["a", "b", "c", "d", "e", "t"]
+        );
     }
 }
