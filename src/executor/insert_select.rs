@@ -40,13 +40,7 @@ pub async fn run(plan: &InsertSelectPlan, coordinator: &Coordinator, catalog: &C
 
     let implicit = parts.begin_implicit();
     let result = insert_batches(plan, &columns, &types, &rows, catalog, parts, mode, client).await;
-    if implicit {
-        if result.is_ok() {
-            parts.commit().await?;
-        } else {
-            parts.rollback().await.ok();
-        }
-    }
+    let result = parts.end_implicit(implicit, result).await;
     backend::command_complete(client.out(), &format!("INSERT 0 {}", result?));
     Ok(())
 }

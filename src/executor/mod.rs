@@ -18,6 +18,7 @@ pub mod copy;
 pub mod explain;
 pub mod fallback;
 pub mod insert_select;
+pub mod merge;
 pub mod multi_shard;
 pub mod stream;
 
@@ -60,14 +61,7 @@ pub(crate) async fn run_router_for_tag(plan: &RouterPlan, parts: &mut Participan
     } else {
         run_tasks(plan, tasks, parts, catalog, mode, client).await
     };
-    if implicit {
-        if result.is_ok() {
-            parts.commit().await?;
-        } else {
-            parts.rollback().await.ok();
-        }
-    }
-    result
+    parts.end_implicit(implicit, result).await
 }
 
 /// Values of the sequence defaults an INSERT leaves to the coordinator, in

@@ -65,14 +65,7 @@ pub async fn run(plan: &MultiShardPlan, coordinator: &Coordinator, parts: &mut P
             // A write on several shards is one distributed transaction.
             let implicit = plan.is_write() && parts.begin_implicit();
             let result = run_concatenated(parts, &by_node, plan.is_write(), mode, client).await;
-            if implicit {
-                if result.is_ok() {
-                    parts.commit().await?;
-                } else {
-                    parts.rollback().await.ok();
-                }
-            }
-            let total = result?;
+            let total = parts.end_implicit(implicit, result).await?;
             backend::command_complete(client.out(), &format!("{} {total}", plan.command.tag()));
             Ok(())
         }

@@ -10,6 +10,7 @@ mod explain;
 mod fallback;
 mod functions;
 mod insert_select;
+mod merge;
 mod multi_shard;
 mod prepared;
 pub mod rewrite;
@@ -21,6 +22,7 @@ pub use explain::ExplainPlan;
 pub use fallback::FallbackPlan;
 pub use functions::{ClusterCall, ClusterFunction};
 pub use insert_select::InsertSelectPlan;
+pub use merge::MergePlan;
 pub use multi_shard::{aggregate_placeholder, partial_column, sort_column, AggregateKind, Combine, CombineQuery, MultiShardPlan, SplitAggregate, PARTIALS_RELATION, VISIBLE_COLUMNS};
 pub use cluster_views::{ClusterData, SIZE_FUNCTIONS};
 pub use copy::{CopyPlan, KeyPosition};
@@ -74,6 +76,8 @@ pub enum Plan {
     Explain(Arc<ExplainPlan>),
     /// INSERT … SELECT whose rows pass through the coordinator.
     InsertSelect(Arc<InsertSelectPlan>),
+    /// MERGE whose source rows the coordinator sends to their shards.
+    MergeThroughCoordinator(Arc<MergePlan>),
     /// COPY FROM STDIN into, or TO STDOUT from, a distributed or reference table.
     Copy(Arc<CopyPlan>),
     /// SQL PREPARE of a statement over distributed tables.
@@ -111,6 +115,7 @@ impl fmt::Display for Plan {
             Plan::Fallback(fb) => write!(f, "Fallback({fb})"),
             Plan::Explain(e) => write!(f, "Explain({e})"),
             Plan::InsertSelect(i) => write!(f, "InsertSelect({i})"),
+            Plan::MergeThroughCoordinator(m) => write!(f, "MergeThroughCoordinator({m})"),
             Plan::Copy(c) => write!(f, "Copy({c})"),
             Plan::SqlPrepare(p) => write!(f, "SqlPrepare({})", p.name),
             Plan::SqlExecute(e) => write!(f, "SqlExecute({})", e.name),

@@ -498,16 +498,29 @@ fn plan_merge(merge: &protobuf::MergeStmt, node: &NodeEnum, template: ShardTempl
                 && source_tables.iter().all(|e| e.table.as_ref().is_some_and(|t| !t.is_reference() && t.colocation_id == target.colocation_id));
             let keeps_key = |c: &protobuf::MergeWhenClause| inserted_key_is_source_key(c, target, column, &scope[1..]);
             if !colocated || !inserts.iter().all(|c| keeps_key(c)) {
-                return Plan::Unsupported(
-                    PgError::not_supported("MERGE … WHEN NOT MATCHED THEN INSERT into a distributed table needs a source of co-located distributed tables, joined on the distribution column, whose value the INSERT gives the target's")
-                        .with_hint("For an upsert of given rows use INSERT … ON CONFLICT DO UPDATE."),
+                return super::merge::through_coordinator(
+                    template.version(),
+                    merge,
+                    target,
+                    catalog,
+                    "this MERGE … WHEN NOT MATCHED THEN INSERT into a distributed table is not supported: no value of the source row decides its shard",
                 );
             }
         }
     } else if clauses.iter().any(|c| is(c, protobuf::CmdType::CmdInsert)) && scope[1..].iter().any(|e| e.table.as_ref().is_some_and(|t| !t.is_reference())) {
         return not_supported("MERGE into a reference table from distributed tables is not supported yet");
     }
-    plan_pinned(Command::Merge, node, scope, &conjuncts, template, catalog, replicated_preserved)
+    let version = template.version();
+    match plan_pinned(Command::Merge, node, scope, &conjuncts, template, catalog, replicated_preserved) {
+        Plan::Unsupported(_) if !target.is_reference() => super::merge::through_coordinator(
+            version,
+            merge,
+            target,
+            catalog,
+            "MERGE into a distributed table must join the target's distribution column to the source in ON (ON t.key = s.key)",
+        ),
+        plan => plan,
+    }
 }
 
 /// Whether a MERGE INSERT action puts in the target's distribution column

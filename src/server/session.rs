@@ -595,6 +595,7 @@ impl Session {
                 let mode = execution_mode(extended, false);
                 executor::insert_select::run(insert, &self.coordinator, &catalog, &mut self.parts, &mode, &mut self.client).await?;
             }
+            Plan::MergeThroughCoordinator(merge) => executor::merge::run(merge, &self.coordinator, &catalog, &mut self.parts, &mut self.client).await?,
             Plan::SqlPrepare(prepare) => {
                 // Prepared on the coordinator database too: checked against the
                 // shells, typed, and listed in pg_prepared_statements.

@@ -454,6 +454,20 @@ impl Participants {
         true
     }
 
+    /// Ends the block `begin_implicit` opened (when `implicit`): commits it
+    /// if the statement succeeded, rolls it back if not. The statement's own
+    /// result comes back, or the commit's error.
+    pub async fn end_implicit<T>(&mut self, implicit: bool, result: PgResult<T>) -> PgResult<T> {
+        if implicit {
+            if result.is_ok() {
+                self.commit().await?;
+            } else {
+                self.rollback().await.ok();
+            }
+        }
+        result
+    }
+
     fn touched_workers(&mut self) -> Vec<&mut WorkerConnection> {
         self.workers.values_mut().filter(|w| w.in_block).collect()
     }
