@@ -126,3 +126,38 @@ async fn grants_made_before_distribution_reach_the_shards() {
         }
     }
 }
+
+/// An ordinary role's views over its distributed table answer as on
+/// PostgreSQL, also inside the block that creates them (whose catalog is read
+/// as that role), and its functions that read the table are refused rather
+/// than run over the empty shell.
+#[tokio::test]
+async fn an_ordinary_roles_views_and_functions() {
+    let cluster = TestCluster::start(2);
+    let plain = PlainPostgres::start();
+    let setup = "CREATE ROLE maker LOGIN; GRANT CREATE ON SCHEMA public TO maker;";
+    for admin in [cluster.connect().await, plain.connect().await] {
+        admin.batch_execute(setup).await.unwrap();
+    }
+    let (c, p) = (connect_as(cluster.port, "maker").await, connect_as(plain.instance.port, "maker").await);
+    let table = "CREATE TABLE visits (id int, site int, ms int); INSERT INTO visits SELECT g, g % 4, g * 7 % 300 FROM generate_series(1, 120) g;";
+    c.batch_execute(table).await.unwrap();
+    p.batch_execute(table).await.unwrap();
+    c.batch_execute("SELECT create_distributed_table('visits', 'site')").await.unwrap();
+    let statements = [
+        "BEGIN",
+        "CREATE VIEW slow_visits AS SELECT id, site, ms FROM visits WHERE ms > 200",
+        "SELECT count(*), sum(ms) FROM slow_visits",
+        "SELECT id FROM slow_visits WHERE site = 2 ORDER BY id",
+        "COMMIT",
+        "SELECT site, count(*) FROM slow_visits GROUP BY site ORDER BY site",
+        "CREATE FUNCTION site_visits(s int) RETURNS bigint LANGUAGE sql AS $$ SELECT count(*) FROM visits WHERE site = s $$",
+    ];
+    for sql in statements {
+        assert_eq!(outcome(&c, sql).await, outcome(&p, sql).await, "as maker: {sql}");
+    }
+    assert_eq!(outcome(&p, "SELECT site_visits(1)").await, Ok(vec![vec![Some("30".to_string())]]));
+    let refused = outcome(&c, "SELECT site_visits(1)").await.unwrap_err();
+    assert_eq!(refused.0, "0A000");
+    assert!(refused.1.contains("site_visits(integer)") && refused.1.contains("\"visits\""), "{}", refused.1);
+}

@@ -11,6 +11,8 @@ use arc_swap::ArcSwap;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+pub mod user_code;
+
 pub const SCHEMA_SQL: &str = include_str!("schema.sql");
 
 /// Creates or upgrades the catalog, with its user-facing names (`pg_dist_node`,
@@ -187,6 +189,9 @@ pub struct Catalog {
     /// Names of every aggregate function, so the planner can tell `count(x)` and
     /// user-defined aggregates from ordinary function calls.
     aggregates: std::collections::HashSet<String>,
+    /// Views, functions and triggers of the coordinator database that reach
+    /// distributed tables.
+    pub user_code: user_code::UserCode,
 }
 
 impl Catalog {
@@ -385,6 +390,9 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
         });
         catalog.tables.insert((table.schema.clone(), table.name.clone()), table.clone());
         catalog.by_oid.insert(oid, table);
+    }
+    if catalog.has_tables() {
+        catalog.user_code = user_code::load(conn, &catalog).await?;
     }
     Ok(catalog)
 }

@@ -329,18 +329,35 @@ GRANT EXECUTE ON FUNCTION tessera.check_owner(regclass), tessera.catalog_changed
     tessera.record_distribution(regclass, "char", text, int, int[]), tessera.forget_distribution(regclass), tessera.rename_distribution_column(regclass, text),
     tessera.coordinator_only(), tessera.gathered_activity(), tessera.gathered_size(regclass, text), tessera.size_of(regclass, text) TO PUBLIC;
 
--- New or dropped aggregates change how queries split across shards; reload.
+-- New or dropped aggregates change how queries split across shards, and
+-- views, functions and triggers change which user code reads distributed
+-- tables (metadata/user_code.rs); reload.
 CREATE OR REPLACE FUNCTION tessera.bump_catalog_version_on_ddl() RETURNS event_trigger LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM tessera.catalog_changed();
 END $$;
-DO $$
+DROP EVENT TRIGGER IF EXISTS tessera_aggregates_changed;
+DROP EVENT TRIGGER IF EXISTS tessera_user_code_changed;
+CREATE EVENT TRIGGER tessera_user_code_changed ON ddl_command_end
+    WHEN TAG IN ('CREATE AGGREGATE', 'ALTER AGGREGATE', 'DROP AGGREGATE',
+                 'CREATE VIEW', 'ALTER VIEW', 'DROP VIEW',
+                 'CREATE MATERIALIZED VIEW', 'ALTER MATERIALIZED VIEW', 'DROP MATERIALIZED VIEW',
+                 'CREATE FUNCTION', 'ALTER FUNCTION', 'DROP FUNCTION',
+                 'CREATE PROCEDURE', 'ALTER PROCEDURE', 'DROP PROCEDURE',
+                 'CREATE TRIGGER', 'ALTER TRIGGER', 'DROP TRIGGER')
+    EXECUTE FUNCTION tessera.bump_catalog_version_on_ddl();
+
+-- A view's query with every relation qualified by its schema, whatever the
+-- caller's search_path, so that the coordinator can expand it into the
+-- queries that read the view. NULL for a view dropped since the caller's
+-- snapshot was taken (the catalog is read in one snapshot; the view's
+-- definition is looked up as it is now).
+CREATE OR REPLACE FUNCTION pg_catalog.tessera_view_definition(view oid) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog AS $$
 BEGIN
-    IF NOT EXISTS (SELECT FROM pg_event_trigger WHERE evtname = 'tessera_aggregates_changed') THEN
-        CREATE EVENT TRIGGER tessera_aggregates_changed ON ddl_command_end
-            WHEN TAG IN ('CREATE AGGREGATE', 'ALTER AGGREGATE', 'DROP AGGREGATE')
-            EXECUTE FUNCTION tessera.bump_catalog_version_on_ddl();
-    END IF;
+    RETURN pg_catalog.pg_get_viewdef(view);
+EXCEPTION WHEN OTHERS THEN
+    RETURN NULL;
 END $$;
 
 -- The general fallback tier. Queries the shards cannot answer on their own run

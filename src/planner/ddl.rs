@@ -615,6 +615,12 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
             (!rels.is_empty()).then(|| Plan::Ddl(Arc::new(DdlPlan::Vacuum { version, stmt: v.clone(), rels })))
         }
         NodeEnum::GrantStmt(g) => plan_grant(version, g, node, catalog),
+        // A view is kept in the coordinator database only: queries that read
+        // it are planned with its query expanded (planner/user_code.rs).
+        NodeEnum::ViewStmt(_) => Some(Plan::Local),
+        NodeEnum::CreateTableAsStmt(c) if c.objtype == ObjectType::ObjectMatview as i32 && !referenced_tables(raw, catalog).is_empty() => Some(not_supported(
+            "materialized views over distributed tables are not supported: the coordinator database, which would hold one, has only empty shells of the tables",
+        )),
         NodeEnum::ExplainStmt(_) => {
             (!referenced_tables(raw, catalog).is_empty()).then(|| not_supported("EXPLAIN of queries over distributed tables is not supported yet"))
         }

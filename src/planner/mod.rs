@@ -15,6 +15,7 @@ mod multi_shard;
 mod prepared;
 pub mod rewrite;
 mod router;
+mod user_code;
 mod walk;
 
 pub use ddl::{placement_groups, ChosenNames, DdlPlan, DropIndex};
@@ -31,7 +32,7 @@ pub use router::{Command, FilledValues, InsertKey, KeyRouting, KeyValue, RouterP
 
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable};
-use pg_query::protobuf::{self, TransactionStmtKind};
+use pg_query::protobuf::{self, ObjectType, TransactionStmtKind};
 use pg_query::NodeEnum;
 use std::fmt;
 use std::sync::Arc;
@@ -48,6 +49,8 @@ pub struct PlannedStatement {
     /// The statement may change the role the session acts as (SET ROLE,
     /// SET SESSION AUTHORIZATION, RESET ALL, DISCARD ALL).
     pub changes_role: bool,
+    /// It may change which user code reaches distributed tables.
+    pub changes_user_code: bool,
 }
 
 #[derive(Debug)]
@@ -131,12 +134,12 @@ impl fmt::Display for Plan {
 pub fn plan_query(sql: &str, catalog: &Catalog) -> Vec<PlannedStatement> {
     let parsed = match pg_query::parse(sql) {
         Ok(parsed) => parsed,
-        Err(_) => return vec![PlannedStatement { sql: sql.to_string(), plan: Plan::Local, changes_citus_settings: false, changes_role: false }],
+        Err(_) => return vec![PlannedStatement { sql: sql.to_string(), plan: Plan::Local, changes_citus_settings: false, changes_role: false, changes_user_code: false }],
     };
     let version = parsed.protobuf.version;
     let stmts = parsed.protobuf.stmts;
     if stmts.is_empty() {
-        return vec![PlannedStatement { sql: sql.to_string(), plan: Plan::Empty, changes_citus_settings: false, changes_role: false }];
+        return vec![PlannedStatement { sql: sql.to_string(), plan: Plan::Empty, changes_citus_settings: false, changes_role: false, changes_user_code: false }];
     }
     stmts
         .into_iter()
@@ -144,11 +147,12 @@ pub fn plan_query(sql: &str, catalog: &Catalog) -> Vec<PlannedStatement> {
             let text = statement_text(sql, &raw).to_string();
             let changes_citus_settings = changes_citus_settings(&raw);
             let changes_role = changes_role(&raw);
+            let changes_user_code = changes_user_code(&raw);
             let plan = contain_panics(|| match plan_statement(version, raw, &text, catalog) {
                 Plan::Local => cluster_views::needed(&text, catalog.has_tables()).map_or(Plan::Local, Plan::LocalWithClusterData),
                 plan => plan,
             });
-            PlannedStatement { sql: text, plan, changes_citus_settings, changes_role }
+            PlannedStatement { sql: text, plan, changes_citus_settings, changes_role, changes_user_code }
         })
         .collect()
 }
@@ -188,6 +192,24 @@ fn changes_role(raw: &protobuf::RawStmt) -> bool {
     }
 }
 
+/// Whether the statement may change which views, functions or triggers
+/// reach distributed tables (metadata/user_code.rs): the session's next
+/// statement must be planned knowing it.
+fn changes_user_code(raw: &protobuf::RawStmt) -> bool {
+    let reaches = |kind: i32| {
+        use ObjectType as O;
+        O::from_i32(kind).is_some_and(|t| matches!(t, O::ObjectView | O::ObjectMatview | O::ObjectFunction | O::ObjectProcedure | O::ObjectRoutine | O::ObjectTrigger | O::ObjectAggregate))
+    };
+    match raw.stmt.as_ref().and_then(|n| n.node.as_ref()) {
+        Some(NodeEnum::ViewStmt(_) | NodeEnum::CreateFunctionStmt(_) | NodeEnum::AlterFunctionStmt(_) | NodeEnum::CreateTrigStmt(_) | NodeEnum::DefineStmt(_)) => true,
+        Some(NodeEnum::CreateTableAsStmt(c)) => c.objtype == ObjectType::ObjectMatview as i32,
+        Some(NodeEnum::DropStmt(d)) => reaches(d.remove_type),
+        Some(NodeEnum::RenameStmt(r)) => reaches(r.rename_type),
+        Some(NodeEnum::AlterObjectSchemaStmt(a)) => reaches(a.object_type),
+        _ => false,
+    }
+}
+
 fn statement_text<'a>(sql: &'a str, raw: &protobuf::RawStmt) -> &'a str {
     let start = (raw.stmt_location.max(0) as usize).min(sql.len());
     let end = if raw.stmt_len <= 0 { sql.len() } else { (start + raw.stmt_len as usize).min(sql.len()) };
@@ -211,6 +233,14 @@ fn plan_statement(version: i32, raw: protobuf::RawStmt, text: &str, catalog: &Ca
     }
     if !catalog.has_tables() {
         return Plan::Local;
+    }
+    if let Some(refusal) = user_code::refusal(node, text, catalog) {
+        return refusal;
+    }
+    match user_code::expand_views(node, catalog) {
+        Some(Ok(expanded)) => return plan_tree(version, expanded, catalog),
+        Some(Err(refusal)) => return refusal,
+        None => {}
     }
     let plan = match node {
         NodeEnum::ExplainStmt(e) => explain::plan(version, e, text, catalog),
@@ -339,9 +369,16 @@ fn refuse_unseen_references(node: &NodeEnum, text: &str, catalog: &Catalog) -> P
             cursor_name = None;
             continue;
         }
+        // A materialized view or CREATE TABLE AS would read a view of them
+        // in the coordinator database, over the shells.
         if catalog.is_distributed_name(&name) {
             return Plan::Unsupported(PgError::not_supported(format!(
                 "this statement uses the distributed table \"{name}\" in a way Tessera does not support yet"
+            )));
+        }
+        if matches!(node, NodeEnum::CreateTableAsStmt(_)) && catalog.user_code.is_view_name(&name) {
+            return Plan::Unsupported(PgError::not_supported(format!(
+                "this statement would read the view \"{name}\" in the coordinator database, which holds only empty shells of the distributed tables it reads"
             )));
         }
     }

@@ -289,6 +289,39 @@ pub fn range_vars(stmt: &NodeEnum) -> Vec<protobuf::RangeVar> {
     out
 }
 
+/// The functions a statement calls, each as its last name (`app.f` → `f`):
+/// queries through the complete walk above, utility statements (a column's
+/// DEFAULT, CALL's arguments) through pg_query's walker.
+pub fn function_names(stmt: &NodeEnum) -> Vec<String> {
+    fn last(call: &protobuf::FuncCall) -> Option<String> {
+        match call.funcname.last()?.node.as_ref()? {
+            NodeEnum::String(s) => Some(s.sval.clone()),
+            _ => None,
+        }
+    }
+    let mut out = Vec::new();
+    if matches!(
+        stmt,
+        NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) | NodeEnum::MergeStmt(_) | NodeEnum::DeclareCursorStmt(_)
+    ) {
+        let mut copy = stmt.clone();
+        visit_mut(&mut copy, &mut |n| {
+            if let NodeEnum::FuncCall(call) = n {
+                out.extend(last(call));
+            }
+        });
+        return out;
+    }
+    for (n, _, _) in stmt.nodes() {
+        match n {
+            pg_query::NodeRef::FuncCall(call) => out.extend(last(call)),
+            pg_query::NodeRef::CallStmt(call) => out.extend(call.funccall.as_deref().and_then(last)),
+            _ => {}
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

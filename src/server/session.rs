@@ -100,6 +100,9 @@ struct Session {
     local_expected: usize,
     /// Something was forwarded to the coordinator database since the last Sync.
     local_unsynced: bool,
+    /// A forwarded statement may change which user code reaches distributed
+    /// tables: the catalog is refreshed at the next Sync.
+    user_code_unsynced: bool,
     /// After an error in an extended-protocol batch, messages up to Sync are ignored.
     skip_until_sync: bool,
     /// A deadlock victim's work must be rolled back on every node before the
@@ -189,6 +192,7 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: TcpStream) -> anyhow::Re
         sql_prepared: HashMap::new(),
         local_expected: 0,
         local_unsynced: false,
+        user_code_unsynced: false,
         skip_until_sync: false,
         release_work: false,
         abandoned: false,
@@ -481,11 +485,18 @@ impl Session {
                 }
                 Err(e) => self.report(e.into()),
             }
+            if planned.statements.iter().any(|s| s.changes_user_code) {
+                self.see_user_code_change().await;
+            }
         } else {
             let mut planned = planned;
             let mut i = 0;
             while let Some(stmt) = planned.statements.get(i) {
-                if let Err(f) = self.execute_simple(stmt).await {
+                let result = self.execute_simple(stmt).await;
+                if stmt.changes_user_code {
+                    self.see_user_code_change().await;
+                }
+                if let Err(f) = result {
                     self.report(f);
                     break;
                 }
@@ -710,6 +721,19 @@ impl Session {
         Ok(())
     }
 
+    /// After a statement that may have changed which views and functions
+    /// reach distributed tables: the session's next statements are planned
+    /// knowing the change (other sessions learn it from the change notice).
+    async fn see_user_code_change(&mut self) {
+        if self.parts.is_failed() {
+            return;
+        }
+        let refreshed = if self.parts.in_block() { self.load_block_catalog().await } else { self.coordinator.reload_catalog().await };
+        if let Err(e) = refreshed {
+            tracing::warn!("could not reload the catalog after a change of views or functions: {}", e.message());
+        }
+    }
+
     /// A block that changed the catalog has ended: the committed catalog
     /// (reloaded now, not when the change notice arrives) applies again.
     async fn end_block_catalog(&mut self) -> PgResult<()> {
@@ -880,6 +904,7 @@ impl Session {
         let planned = self.plan(&parse.sql);
         let distributed = planned.statements.len() == 1 && !matches!(planned.statements[0].plan, Plan::Local | Plan::Empty);
         if !distributed {
+            self.user_code_unsynced |= planned.statements.iter().any(|s| s.changes_user_code);
             self.statements.insert(parse.name.clone(), Statement::Local);
             return self.forward_local(msg).await;
         }
@@ -1213,6 +1238,9 @@ impl Session {
                 }
             }
             self.parts.observe_local_status();
+        }
+        if std::mem::take(&mut self.user_code_unsynced) {
+            self.see_user_code_change().await;
         }
         let mut errors = Vec::new();
         for worker in self.parts.workers_needing_sync() {

@@ -1,0 +1,360 @@
+//! What user code in the coordinator database does with distributed tables.
+//! The coordinator database holds only empty shells of them, so a view, a
+//! function, a procedure or a trigger there that reads or writes one would
+//! see no rows or lose its writes. The snapshot lists such code, so that the
+//! planner can expand the views into the queries that read them and refuse
+//! to run the rest where it would be wrong.
+
+use super::{int, Catalog};
+use crate::connection::PgConnection;
+use crate::error::PgResult;
+use pg_query::NodeEnum;
+use serde_json::Value;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+#[derive(Debug, Default)]
+pub struct UserCode {
+    /// Views and materialized views that read distributed tables, directly or
+    /// through other views, by schema and name.
+    views: HashMap<(String, String), Arc<View>>,
+    /// Functions and procedures whose bodies reach distributed tables, by
+    /// name (any overload counts, as the call's arguments decide which runs).
+    touching: HashMap<String, Touch>,
+    /// Local tables with triggers whose functions reach distributed tables.
+    triggered: HashMap<(String, String), Touch>,
+}
+
+#[derive(Debug)]
+pub struct View {
+    pub schema: String,
+    pub name: String,
+    pub materialized: bool,
+    /// Its query as the coordinator database prints it, every relation
+    /// qualified with its schema.
+    pub query: NodeEnum,
+}
+
+/// A function that reaches distributed tables, and how.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Touch {
+    /// Its signature, `order_count(integer)`.
+    pub function: String,
+    /// What it reaches: `the distributed table "orders"`, `dynamic SQL`, …
+    pub reaches: String,
+}
+
+impl UserCode {
+    pub fn is_empty(&self) -> bool {
+        self.views.is_empty() && self.touching.is_empty() && self.triggered.is_empty()
+    }
+    /// A view over distributed tables, the way `Catalog::resolve` finds tables.
+    pub fn view(&self, schema: Option<&str>, name: &str) -> Option<&Arc<View>> {
+        if self.views.is_empty() {
+            return None;
+        }
+        self.views.get(&(schema.unwrap_or("public").to_string(), name.to_string()))
+    }
+    pub fn has_views(&self) -> bool {
+        !self.views.is_empty()
+    }
+    /// Whether some view over distributed tables has this name, in any schema.
+    pub fn is_view_name(&self, name: &str) -> bool {
+        self.views.keys().any(|(_, n)| n == name)
+    }
+    /// The function called `name` (unqualified, as PostgreSQL folds it) when
+    /// it reaches distributed tables.
+    pub fn touching(&self, name: &str) -> Option<&Touch> {
+        self.touching.get(name)
+    }
+    pub fn touching_names(&self) -> impl Iterator<Item = &str> {
+        self.touching.keys().map(String::as_str)
+    }
+    /// The trigger function that reaches distributed tables when the local
+    /// table `schema.name` is written.
+    pub fn trigger_on(&self, schema: Option<&str>, name: &str) -> Option<&Touch> {
+        if self.triggered.is_empty() {
+            return None;
+        }
+        self.triggered.get(&(schema.unwrap_or("public").to_string(), name.to_string()))
+    }
+
+    /// What a body that uses `body` reaches, if it reaches distributed tables
+    /// (the tables of `catalog`, these views, or functions that do).
+    pub fn reached_by(&self, body: &BodyUse, catalog: &Catalog) -> Option<String> {
+        if let Some(r) = body.relations.iter().find(|r| catalog.is_distributed_name(r)) {
+            return Some(format!("the distributed table \"{r}\""));
+        }
+        if let Some(r) = body.relations.iter().find(|r| self.is_view_name(r)) {
+            return Some(format!("the view \"{r}\", which reads distributed tables"));
+        }
+        if let Some(t) = body.calls.iter().find_map(|c| self.touching.get(c)) {
+            return Some(format!("the function {}, which reaches {}", t.function, t.reaches));
+        }
+        body.dynamic.then(|| "dynamic SQL, which Tessera cannot analyse".to_string())
+    }
+}
+
+/// The relations a body names and the functions it calls (unqualified
+/// names), and whether it runs SQL that is only known when it runs.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct BodyUse {
+    pub relations: Vec<String>,
+    pub calls: Vec<String>,
+    pub dynamic: bool,
+}
+
+impl BodyUse {
+    /// Adds what the SQL text `sql` uses; text that does not parse counts as
+    /// dynamic, since nothing can be said about it.
+    fn add_sql(&mut self, sql: &str) {
+        match pg_query::parse(sql) {
+            Ok(parsed) => {
+                let last = |name: String| name.rsplit('.').next().unwrap_or_default().to_string();
+                self.relations.extend(parsed.tables().into_iter().map(last));
+                self.calls.extend(parsed.functions().into_iter().map(last));
+            }
+            Err(_) => self.dynamic = true,
+        }
+    }
+}
+
+/// What the body of a LANGUAGE sql function uses.
+pub fn sql_body_use(body: &str) -> BodyUse {
+    let mut used = BodyUse::default();
+    used.add_sql(body);
+    used
+}
+
+/// What a PL/pgSQL function uses, from its whole CREATE FUNCTION statement
+/// (a DO block's body can be wrapped in one).
+pub fn plpgsql_body_use(create_function: &str) -> BodyUse {
+    let mut used = BodyUse::default();
+    match pg_query::parse_plpgsql(create_function) {
+        Ok(tree) => visit_plpgsql(&tree, &mut used),
+        Err(_) => used.dynamic = true,
+    }
+    used
+}
+
+/// Statement kinds whose `query` is SQL text computed at run time (other
+/// kinds name theirs `dynquery`).
+const DYNAMIC_STATEMENTS: [&str; 2] = ["PLpgSQL_stmt_dynexecute", "PLpgSQL_stmt_dynfors"];
+
+fn visit_plpgsql(value: &Value, used: &mut BodyUse) {
+    match value {
+        Value::Array(items) => items.iter().for_each(|v| visit_plpgsql(v, used)),
+        Value::Object(fields) => {
+            for (key, v) in fields {
+                if key == "PLpgSQL_expr" {
+                    if let Some(text) = v.get("query").and_then(Value::as_str) {
+                        expression(text, used);
+                    }
+                } else if key == "dynquery" {
+                    dynamic_expression(v, used);
+                } else if let (true, Value::Object(stmt)) = (DYNAMIC_STATEMENTS.contains(&key.as_str()), v) {
+                    for (part, child) in stmt {
+                        if part == "query" {
+                            dynamic_expression(child, used);
+                        } else {
+                            visit_plpgsql(child, used);
+                        }
+                    }
+                } else {
+                    visit_plpgsql(v, used);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+fn dynamic_expression(expr: &Value, used: &mut BodyUse) {
+    match expr.get("PLpgSQL_expr").and_then(|e| e.get("query")).and_then(Value::as_str) {
+        Some(text) => dynamic_sql(text, used),
+        None => used.dynamic = true,
+    }
+}
+
+/// A PL/pgSQL expression or statement: SQL as it is, or an expression that
+/// PostgreSQL runs as `SELECT <expr>` (an assignment's after `:=`).
+fn expression(text: &str, used: &mut BodyUse) {
+    if pg_query::parse(text).is_ok() {
+        used.add_sql(text);
+        return;
+    }
+    let value = text.split_once(":=").map_or(text, |(_, v)| v);
+    used.add_sql(&format!("SELECT {value}"));
+}
+
+/// The SQL an EXECUTE runs: known when it is one string constant, else
+/// dynamic.
+fn dynamic_sql(text: &str, used: &mut BodyUse) {
+    let constant = pg_query::parse(&format!("SELECT {text}")).ok().and_then(|parsed| {
+        let stmt = parsed.protobuf.stmts.into_iter().next()?.stmt?.node?;
+        let NodeEnum::SelectStmt(select) = stmt else { return None };
+        let [target] = select.target_list.as_slice() else { return None };
+        let Some(NodeEnum::ResTarget(r)) = target.node.as_ref() else { return None };
+        match r.val.as_deref()?.node.as_ref()? {
+            NodeEnum::AConst(c) => match c.val.as_ref()? {
+                pg_query::protobuf::a_const::Val::Sval(s) => Some(s.sval.clone()),
+                _ => None,
+            },
+            _ => None,
+        }
+    });
+    match constant {
+        Some(sql) => used.add_sql(&sql),
+        None => used.dynamic = true,
+    }
+}
+
+/// Reads which views and functions of the coordinator database reach the
+/// distributed tables of `catalog`.
+pub(super) async fn load(conn: &mut PgConnection, catalog: &Catalog) -> PgResult<UserCode> {
+    let mut code = UserCode::default();
+    for r in conn
+        .query(
+            "WITH RECURSIVE over_distributed(oid) AS (
+                 SELECT logicalrelid::oid FROM pg_catalog.pg_dist_partition
+               UNION
+                 SELECT r.ev_class FROM pg_rewrite r
+                 JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid AND d.refclassid = 'pg_class'::regclass
+                 JOIN over_distributed o ON o.oid = d.refobjid
+                 WHERE r.ev_class <> d.refobjid)
+             SELECT n.nspname, c.relname, c.relkind = 'm', pg_catalog.tessera_view_definition(c.oid)
+             FROM over_distributed o JOIN pg_class c ON c.oid = o.oid JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE c.relkind IN ('v', 'm')",
+        )
+        .await?
+    {
+        let (Some(schema), Some(name), Some(definition)) = (r[0].clone(), r[1].clone(), r[3].as_deref()) else { continue };
+        let query = pg_query::parse(definition).ok().and_then(|p| p.protobuf.stmts.into_iter().next()?.stmt?.node);
+        if let Some(query) = query {
+            let view = View { schema: schema.clone(), name: name.clone(), materialized: r[2].as_deref() == Some("t"), query };
+            code.views.insert((schema, name), Arc::new(view));
+        }
+    }
+    // Extension members and C functions are not user code; SQL-standard
+    // bodies (BEGIN ATOMIC) have their references in pg_depend.
+    let functions = conn
+        .query(
+            "SELECT p.proname, p.oid::regprocedure::text, l.lanname, p.prosrc,
+                    CASE WHEN l.lanname = 'plpgsql' THEN pg_get_functiondef(p.oid) END,
+                    p.prosqlbody IS NOT NULL,
+                    (SELECT json_agg(c.relname) FROM pg_depend d JOIN pg_class c ON c.oid = d.refobjid
+                      WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.refclassid = 'pg_class'::regclass AND d.deptype = 'n'),
+                    (SELECT json_agg(q.proname) FROM pg_depend d JOIN pg_proc q ON q.oid = d.refobjid
+                      WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.refclassid = 'pg_proc'::regclass AND d.deptype = 'n'),
+                    p.oid
+             FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace JOIN pg_language l ON l.oid = p.prolang
+             WHERE n.nspname NOT IN ('information_schema', 'tessera', 'tessera_fallback') AND n.nspname NOT LIKE 'pg\\_%'
+               AND l.lanname NOT IN ('c', 'internal') AND p.prokind IN ('f', 'p')
+               AND NOT EXISTS (SELECT FROM pg_depend e WHERE e.classid = 'pg_proc'::regclass AND e.objid = p.oid AND e.deptype = 'e')",
+        )
+        .await?;
+    let mut uses: Vec<(String, String, u32, BodyUse)> = Vec::new();
+    for r in functions {
+        let (Some(name), Some(signature), Some(language)) = (r[0].clone(), r[1].clone(), r[2].as_deref()) else { continue };
+        let body = match language {
+            _ if r[5].as_deref() == Some("t") => BodyUse {
+                relations: serde_json::from_str(r[6].as_deref().unwrap_or("[]")).unwrap_or_default(),
+                calls: serde_json::from_str(r[7].as_deref().unwrap_or("[]")).unwrap_or_default(),
+                dynamic: false,
+            },
+            "sql" => sql_body_use(r[3].as_deref().unwrap_or_default()),
+            "plpgsql" => plpgsql_body_use(r[4].as_deref().unwrap_or_default()),
+            // Other procedural languages reach tables through their own SPI
+            // calls, which only running them would show.
+            _ => BodyUse { dynamic: true, ..Default::default() },
+        };
+        uses.push((name, signature, int(&r[8]), body));
+    }
+    // A function reaches what the functions it calls reach: repeat until
+    // no more are found.
+    let mut by_oid: HashMap<u32, Touch> = HashMap::new();
+    loop {
+        let mut found = false;
+        for (name, signature, oid, body) in &uses {
+            if by_oid.contains_key(oid) {
+                continue;
+            }
+            if let Some(reaches) = code.reached_by(body, catalog) {
+                let touch = Touch { function: signature.clone(), reaches };
+                code.touching.entry(name.clone()).or_insert_with(|| touch.clone());
+                by_oid.insert(*oid, touch);
+                found = true;
+            }
+        }
+        if !found {
+            break;
+        }
+    }
+    if by_oid.is_empty() {
+        return Ok(code);
+    }
+    let distributed: HashSet<u32> = catalog.tables().map(|t| t.oid).collect();
+    for r in conn
+        .query(
+            "SELECT DISTINCT c.oid, n.nspname, c.relname, t.tgfoid FROM pg_trigger t
+             JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE NOT t.tgisinternal",
+        )
+        .await?
+    {
+        let (table, schema, name, function): (u32, Option<String>, Option<String>, u32) = (int(&r[0]), r[1].clone(), r[2].clone(), int(&r[3]));
+        if distributed.contains(&table) {
+            continue;
+        }
+        if let (Some(schema), Some(name), Some(touch)) = (schema, name, by_oid.get(&function)) {
+            code.triggered.insert((schema, name), touch.clone());
+        }
+    }
+    Ok(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wrap(body: &str) -> String {
+        format!("CREATE FUNCTION f(cid int) RETURNS bigint LANGUAGE plpgsql AS $fn$ {body} $fn$")
+    }
+
+    #[test]
+    fn plpgsql_bodies() {
+        let used = plpgsql_body_use(&wrap(
+            "DECLARE n bigint; r record; BEGIN
+               n := (SELECT count(*) FROM orders WHERE customer_id = cid);
+               SELECT count(*) INTO n FROM items;
+               PERFORM audit(1);
+               FOR r IN SELECT * FROM lines LOOP n := n + helper(r.x); END LOOP;
+               IF n > limit_of(cid) THEN RETURN n; END IF;
+               EXECUTE 'DELETE FROM stale';
+               RETURN n;
+             END",
+        ));
+        let mut relations = used.relations.clone();
+        relations.sort();
+        assert_eq!(relations, ["items", "lines", "orders", "stale"]);
+        for call in ["audit", "helper", "limit_of"] {
+            assert!(used.calls.iter().any(|c| c == call), "{call} in {:?}", used.calls);
+        }
+        assert!(!used.dynamic);
+    }
+
+    #[test]
+    fn dynamic_sql_is_unknown() {
+        assert!(plpgsql_body_use(&wrap("BEGIN EXECUTE format('SELECT count(*) FROM %I', 'x'); RETURN 1; END")).dynamic);
+        assert!(plpgsql_body_use(&wrap("DECLARE r record; BEGIN FOR r IN EXECUTE 'SELECT ' || cid LOOP END LOOP; RETURN 1; END")).dynamic);
+        assert!(!plpgsql_body_use(&wrap("BEGIN RETURN cid + 1; END")).dynamic);
+    }
+
+    #[test]
+    fn sql_bodies() {
+        let used = sql_body_use("SELECT count(*) FROM app.orders o JOIN items i USING (id) WHERE o.x = helper($1)");
+        assert_eq!(used.relations, ["orders", "items"]);
+        assert!(used.calls.iter().any(|c| c == "helper"));
+        assert!(sql_body_use("this is not SQL").dynamic);
+    }
+}

@@ -1,0 +1,183 @@
+//! User code of the coordinator database that reaches distributed tables
+//! (see `metadata::user_code`). Views are expanded into the statements that
+//! read them, so that those are planned over the shards like any query.
+//! Functions, procedures, DO blocks and triggers would run in the
+//! coordinator database, where the tables are empty shells: statements that
+//! would run them there are refused, naming the code and what it reaches.
+
+use super::walk::{function_names, visit_mut};
+use super::Plan;
+use crate::error::PgError;
+use crate::metadata::user_code::{plpgsql_body_use, View};
+use crate::metadata::Catalog;
+use pg_query::protobuf;
+use pg_query::NodeEnum;
+
+/// Views within views deeper than this are refused (PostgreSQL itself stops
+/// recursive views; this keeps a catalog mistake from looping).
+const MAX_VIEW_DEPTH: usize = 32;
+
+/// Why the statement must not run: it would run user code in the
+/// coordinator database that reads or writes distributed tables there, or
+/// write through a view of them.
+pub(super) fn refusal(node: &NodeEnum, text: &str, catalog: &Catalog) -> Option<Plan> {
+    let code = &catalog.user_code;
+    if let NodeEnum::DoStmt(d) = node {
+        return do_block(d, catalog);
+    }
+    if code.is_empty() {
+        return None;
+    }
+    if let Some((schema, name)) = written_relation(node) {
+        if let Some(view) = code.view(schema, name) {
+            return Some(refuse(
+                format!("writing through the view \"{}\", which reads distributed tables, is not supported yet", view.name),
+                "Write to the view's tables themselves.",
+            ));
+        }
+        if let Some(touch) = code.trigger_on(schema, name) {
+            return Some(refuse(
+                format!(
+                    "a trigger on \"{name}\" runs {}, which reaches {}; in the coordinator database that holds only an empty shell of it",
+                    touch.function, touch.reaches
+                ),
+                "Distribute the table too (its triggers then run on the workers), or move the trigger's work into the statement.",
+            ));
+        }
+    }
+    if let NodeEnum::RefreshMatViewStmt(r) = node {
+        let rel = r.relation.as_ref()?;
+        let view = code.view((!rel.schemaname.is_empty()).then_some(rel.schemaname.as_str()), &rel.relname)?;
+        return Some(refuse(
+            format!("the materialized view \"{}\" reads distributed tables, which the coordinator database holds only as empty shells; refreshing it there would empty it", view.name),
+            "Keep the results in a table filled with INSERT … SELECT instead.",
+        ));
+    }
+    // A cheap look at the text first: most statements call none of them.
+    let mentions = |name: &str| text.as_bytes().windows(name.len()).any(|w| w.eq_ignore_ascii_case(name.as_bytes()));
+    if text.is_empty() || code.touching_names().any(mentions) {
+        if let Some(touch) = function_names(node).iter().find_map(|name| code.touching(name)) {
+            return Some(refuse(
+                format!(
+                    "function {} reaches {}, but functions run in the coordinator database, which holds only empty shells of distributed tables",
+                    touch.function, touch.reaches
+                ),
+                "Write its query into the statement itself, which Tessera plans over the shards.",
+            ));
+        }
+    }
+    None
+}
+
+fn refuse(message: String, hint: &str) -> Plan {
+    Plan::Unsupported(PgError::not_supported(message).with_hint(hint.to_string()))
+}
+
+/// The table a statement writes rows into, as it names it.
+fn written_relation(node: &NodeEnum) -> Option<(Option<&str>, &str)> {
+    let rv = match node {
+        NodeEnum::InsertStmt(s) => s.relation.as_ref(),
+        NodeEnum::UpdateStmt(s) => s.relation.as_ref(),
+        NodeEnum::DeleteStmt(s) => s.relation.as_ref(),
+        NodeEnum::MergeStmt(s) => s.relation.as_ref(),
+        NodeEnum::CopyStmt(s) if s.is_from => s.relation.as_ref(),
+        _ => None,
+    }?;
+    Some(((!rv.schemaname.is_empty()).then_some(rv.schemaname.as_str()), rv.relname.as_str()))
+}
+
+/// A DO block runs in the coordinator database: refused when its body
+/// reaches distributed tables (or cannot be analysed).
+fn do_block(stmt: &protobuf::DoStmt, catalog: &Catalog) -> Option<Plan> {
+    let mut body = None;
+    let mut language = "plpgsql".to_string();
+    for arg in &stmt.args {
+        let Some(NodeEnum::DefElem(d)) = arg.node.as_ref() else { continue };
+        let Some(NodeEnum::String(value)) = d.arg.as_deref().and_then(|a| a.node.as_ref()) else { continue };
+        match d.defname.as_str() {
+            "as" => body = Some(value.sval.clone()),
+            "language" => language = value.sval.to_ascii_lowercase(),
+            _ => {}
+        }
+    }
+    let used = if language == "plpgsql" {
+        let body = body?;
+        // The body parses as a function's: give it one whose quoting it cannot end.
+        let mut tag = "tessera_do".to_string();
+        while body.contains(&format!("${tag}$")) {
+            tag.push('_');
+        }
+        plpgsql_body_use(&format!("CREATE FUNCTION pg_temp.tessera_do() RETURNS void LANGUAGE plpgsql AS ${tag}${body}${tag}$"))
+    } else {
+        crate::metadata::user_code::BodyUse { dynamic: true, ..Default::default() }
+    };
+    let reaches = catalog.user_code.reached_by(&used, catalog)?;
+    Some(refuse(
+        format!("this DO block reaches {reaches}, but it would run in the coordinator database, which holds only empty shells of distributed tables"),
+        "Run its statements one by one through Tessera, or put the logic in the client.",
+    ))
+}
+
+/// The statement with every view over distributed tables it reads replaced
+/// by the view's query (as a subquery under the view's name), or None when
+/// it reads none. Only queries are expanded: other statements name views
+/// as objects.
+pub(super) fn expand_views(node: &NodeEnum, catalog: &Catalog) -> Option<Result<NodeEnum, Plan>> {
+    if !catalog.user_code.has_views()
+        || !matches!(
+            node,
+            NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) | NodeEnum::MergeStmt(_) | NodeEnum::DeclareCursorStmt(_) | NodeEnum::CopyStmt(_)
+        )
+    {
+        return None;
+    }
+    let mut stmt = node.clone();
+    let mut ctes = Vec::new();
+    visit_mut(&mut stmt, &mut |n| {
+        if let NodeEnum::CommonTableExpr(c) = n {
+            ctes.push(c.ctename.clone());
+        }
+    });
+    let mut expanded = false;
+    let mut too_deep = false;
+    replace_views(&mut stmt, catalog, &ctes, 0, &mut expanded, &mut too_deep);
+    if too_deep {
+        return Some(Err(super::not_supported("views nested deeper than 32 levels over distributed tables are not supported")));
+    }
+    expanded.then_some(Ok(stmt))
+}
+
+/// Replaces the views `node` reads; an unqualified name among `ctes` is the
+/// statement's own. In a view's query (`depth` > 0) every relation is
+/// schema-qualified, so an unqualified name is a CTE's there.
+fn replace_views(node: &mut NodeEnum, catalog: &Catalog, ctes: &[String], depth: usize, expanded: &mut bool, too_deep: &mut bool) {
+    visit_mut(node, &mut |n| {
+        let NodeEnum::RangeVar(rv) = n else { return };
+        if rv.schemaname.is_empty() && (depth > 0 || ctes.contains(&rv.relname)) {
+            return;
+        }
+        let Some(view) = catalog.user_code.view((!rv.schemaname.is_empty()).then_some(rv.schemaname.as_str()), &rv.relname) else { return };
+        if depth >= MAX_VIEW_DEPTH {
+            *too_deep = true;
+            return;
+        }
+        let mut query = view.query.clone();
+        replace_views(&mut query, catalog, ctes, depth + 1, expanded, too_deep);
+        *n = subselect(view, query, rv);
+        *expanded = true;
+    });
+}
+
+/// The view's query as a FROM item known by the name (and column aliases)
+/// the statement gave the view.
+fn subselect(view: &View, query: NodeEnum, rv: &protobuf::RangeVar) -> NodeEnum {
+    let alias = match &rv.alias {
+        Some(a) => a.clone(),
+        None => protobuf::Alias { aliasname: view.name.clone(), colnames: vec![] },
+    };
+    NodeEnum::RangeSubselect(Box::new(protobuf::RangeSubselect {
+        lateral: false,
+        subquery: Some(Box::new(protobuf::Node { node: Some(query) })),
+        alias: Some(alias),
+    }))
+}
