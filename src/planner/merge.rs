@@ -46,6 +46,11 @@ impl MergePlan {
     pub fn shard_sql(&self, index: usize, rows: &str, columns: &[String]) -> PgResult<String> {
         let mut stmt = self.stmt.clone();
         if let Some(rv) = stmt.relation.as_mut() {
+            // The statement's references to the target by its name must
+            // still resolve once it names the shard.
+            if rv.alias.is_none() {
+                rv.alias = Some(protobuf::Alias { aliasname: rv.relname.clone(), colnames: vec![] });
+            }
             name_shard(rv, &self.target, &self.target.shards[index]);
         }
         let sql = deparse_statement(self.version, NodeEnum::MergeStmt(Box::new(stmt)))?;
