@@ -313,6 +313,8 @@ struct Stats {
     unsupported: usize,
     /// Queries where both sides agreed on an empty result (worth keeping few).
     empty_queries: usize,
+    /// Queries also read through a view of them.
+    through_views: usize,
 }
 
 impl Stats {
@@ -401,6 +403,52 @@ fn row_diff(pg: &Rows, ts: &Rows) -> String {
     }
 }
 
+/// Reads a query record's result through a view of it: `CREATE VIEW` of the
+/// query, then `SELECT *` from the view, on both servers, so that every
+/// query shape the suite knows is also checked as the view expansion
+/// plans it. Rows are compared sorted (a view's ORDER BY orders nothing for
+/// its readers). None when the query cannot be a view (not a plain SELECT,
+/// bind parameters, or plain PostgreSQL refuses it as one); else whether
+/// both agreed, or why not.
+async fn through_view(pg: &mut Side, ts: &mut Side, sql: &str) -> Option<Result<(), String>> {
+    let lowered = sql.trim_start().to_ascii_lowercase();
+    if !(lowered.starts_with("select") || lowered.starts_with("with")) || sql.contains('$') || lowered.contains(" into ") || lowered.contains("for update") {
+        return None;
+    }
+    // Inside a transaction block the view lives in a savepoint, so that a
+    // refusal does not end the block on one side only.
+    let in_block = matches!(run_simple(&pg.client, "SAVEPOINT slt_view").await, Outcome::Ok { .. });
+    if in_block {
+        run_simple(&ts.client, "SAVEPOINT slt_view").await;
+    }
+    let create = format!("CREATE VIEW slt_wrapped AS {sql}");
+    let read = "SELECT * FROM slt_wrapped";
+    let mut outcomes = None;
+    if matches!(run_simple(&pg.client, &create).await, Outcome::Ok { .. }) {
+        let created = run_simple(&ts.client, &create).await;
+        outcomes = Some((created, run_simple(&pg.client, read).await, run_simple(&ts.client, read).await));
+    }
+    for side in [&mut *pg, &mut *ts] {
+        let cleanup = if in_block { "ROLLBACK TO SAVEPOINT slt_view; RELEASE SAVEPOINT slt_view" } else { "DROP VIEW IF EXISTS slt_wrapped" };
+        let cleaned = run_simple(&side.client, cleanup).await;
+        side.heal(&cleaned).await;
+    }
+    let (created, pg_read, ts_read) = outcomes?;
+    if !matches!(created, Outcome::Ok { .. }) {
+        return Some(Err(format!("CREATE VIEW failed through Tessera: {}", created.describe())));
+    }
+    // A clear refusal is allowed (a view's query planned as a subquery may
+    // need a tier that a block's earlier writes rule out); wrong rows are not.
+    if ts_read.code() == Some("0A000") {
+        return None;
+    }
+    let outcomes = (pg_read, ts_read);
+    Some(match check(&Kind::Query { sort: true, extended: None }, Some(&outcomes.0), &outcomes.1) {
+        Some(why) => Err(format!("through a view: {why}\n  view on postgres: {}\n  view on tessera:  {}", outcomes.0.describe(), outcomes.1.describe())),
+        None => Ok(()),
+    })
+}
+
 async fn run_file(path: &Path, plain_port: u16, tessera_port: u16, stats: &mut Stats, failures: &mut Vec<String>) {
     let display = path.strip_prefix(env!("CARGO_MANIFEST_DIR")).unwrap_or(path).display().to_string();
     let text = match std::fs::read_to_string(path) {
@@ -429,7 +477,14 @@ async fn run_file(path: &Path, plain_port: u16, tessera_port: u16, stats: &mut S
                 stats.empty_queries += 1;
             }
         }
-        if let Some(why) = check(&rec.kind, pg_outcome.as_ref(), &ts_outcome) {
+        let mut mismatch = check(&rec.kind, pg_outcome.as_ref(), &ts_outcome);
+        if mismatch.is_none() && matches!((&rec.kind, &pg_outcome), (Kind::Query { extended: None, .. }, Some(Outcome::Ok { .. }))) {
+            if let Some(agreed) = through_view(&mut pg, &mut ts, &rec.sql).await {
+                stats.through_views += 1;
+                mismatch = agreed.err();
+            }
+        }
+        if let Some(why) = mismatch {
             file_failures += 1;
             let mut report = format!("{display}:{}: `{}` — {why}\n  SQL:", rec.line, rec.header);
             for l in rec.sql.lines() {
@@ -484,7 +539,7 @@ async fn differential() {
     }
     println!(
         "{} files, {} records: {} statement ok, {} statement error, {} distributed ok, {} query (simple), {} query (extended), {} unsupported; \
-         {} queries agreed on an empty result; {} mismatches; {:.1?} in all",
+         {} queries agreed on an empty result; {} also read through views; {} mismatches; {:.1?} in all",
         stats.files,
         stats.total(),
         stats.statement_ok,
@@ -494,6 +549,7 @@ async fn differential() {
         stats.query_extended,
         stats.unsupported,
         stats.empty_queries,
+        stats.through_views,
         failures.len(),
         started.elapsed()
     );

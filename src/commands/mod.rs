@@ -442,8 +442,9 @@ async fn run_everywhere(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_>)
     let groups = ctx.catalog.active_nodes().map(|n| n.group_id).collect();
     run_per_group(ctx, groups, |group| plan.node_sql(group)).await?;
     if matches!(plan, DdlPlan::Everywhere { .. }) {
-        // Coordinators learn the nodes' oids of new types when they reload.
-        ctx.parts.local().await?.execute("SELECT tessera.catalog_changed()").await?;
+        // Coordinators learn the nodes' oids of new types, and which
+        // functions reach distributed tables, when they reload.
+        ctx.parts.local().await?.execute("SELECT tessera.user_code_changed()").await?;
     }
     Ok(tag)
 }

@@ -142,6 +142,9 @@ impl<'p> DirectRouting<'p> {
 /// runs it against the shell table and rolls it back.
 async fn rows_to_insert(plan: &InsertSelectPlan, parts: &mut Participants, mode: &Mode<'_>) -> PgResult<(Vec<FieldDescription>, TextRows)> {
     const SAVEPOINT: &str = "tessera_insert_select";
+    // Joining the session's block, if there is one, comes first: then a
+    // savepoint keeps the block, where BEGIN … ROLLBACK would end it.
+    parts.local().await?;
     let in_block = parts.local_in_block();
     let local = parts.local().await?;
     local.execute(&if in_block { format!("SAVEPOINT {SAVEPOINT}") } else { "BEGIN".to_string() }).await?;

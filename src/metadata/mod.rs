@@ -57,19 +57,33 @@ impl TypeOids {
     }
 }
 
-/// SQL listing a server's user-defined types by name.
-const USER_TYPES_SQL: &str = "SELECT oid, format_type(oid, NULL) FROM pg_type WHERE oid >= 16384";
+/// SQL listing a server's user-defined types by name: not the row types of
+/// tables and views (nor their arrays), which each server has of its own
+/// relations (shards on the workers, shells and views here).
+const USER_TYPES_SQL: &str = "SELECT t.oid, format_type(t.oid, NULL) FROM pg_type t
+     WHERE t.oid >= 16384
+       AND NOT EXISTS (SELECT FROM pg_class c WHERE c.oid = t.typrelid AND c.relkind <> 'c')
+       AND NOT EXISTS (SELECT FROM pg_type e JOIN pg_class c ON c.oid = e.typrelid WHERE e.oid = t.typelem AND c.relkind <> 'c')";
 
 /// Maps each active node's user-defined type oids to the coordinator
 /// database's. A node that cannot be reached keeps an empty map (its results
-/// then carry its own oids) and is named in the log.
-pub async fn load_type_oids(catalog: &mut Catalog, coordinator_db: &mut PgConnection, login: &crate::connection::Login) -> PgResult<()> {
+/// then carry its own oids) and is named in the log. When the coordinator
+/// database's types are those `previous` knew, its nodes' maps are kept
+/// (a reload after a view or function changed asks no node).
+pub async fn load_type_oids(catalog: &mut Catalog, coordinator_db: &mut PgConnection, login: &crate::connection::Login, previous: &Catalog) -> PgResult<()> {
     let by_name: HashMap<String, u32> =
         coordinator_db.query(USER_TYPES_SQL).await?.into_iter().filter_map(|r| Some((r[1].clone()?, int(&r[0])))).collect();
     if by_name.is_empty() {
         return Ok(());
     }
+    let unchanged = by_name == *previous.user_types;
+    catalog.user_types = Arc::new(by_name);
+    let by_name = catalog.user_types.clone();
     for node in catalog.nodes.iter_mut().filter(|n| n.active) {
+        if let Some(known) = previous.nodes.iter().find(|p| unchanged && p.active && p.group_id == node.group_id && p.addr == node.addr && !p.type_oids.is_empty()) {
+            node.type_oids = known.type_oids.clone();
+            continue;
+        }
         let rows = match PgConnection::connect(&node.addr, login).await {
             Ok(mut conn) => {
                 let rows = conn.query(USER_TYPES_SQL).await;
@@ -192,6 +206,9 @@ pub struct Catalog {
     /// Views, functions and triggers of the coordinator database that reach
     /// distributed tables.
     pub user_code: user_code::UserCode,
+    /// The coordinator database's user-defined types (name → oid), from
+    /// which the nodes' `type_oids` were made.
+    user_types: Arc<HashMap<String, u32>>,
 }
 
 impl Catalog {

@@ -132,11 +132,24 @@ AS 'INSERT INTO tessera.pg_dist_transaction (groupid, gid) SELECT * FROM unnest(
 -- and reload their in-memory snapshot.
 CREATE TABLE IF NOT EXISTS tessera.catalog_version (version bigint NOT NULL);
 INSERT INTO tessera.catalog_version SELECT 1 WHERE NOT EXISTS (SELECT FROM tessera.catalog_version);
+-- What the fallback tier's stand-ins follow: changes of distributed tables,
+-- not of views and functions (which bump `version` only).
+ALTER TABLE tessera.catalog_version ADD COLUMN IF NOT EXISTS tables_version bigint;
+UPDATE tessera.catalog_version SET tables_version = version WHERE tables_version IS NULL;
 
 -- Called by the triggers below, and by the coordinator after DDL that changes
 -- a distributed table's columns or the types nodes share (which no catalog
 -- row records). Any role's DDL may call for it.
 CREATE OR REPLACE FUNCTION tessera.catalog_changed() RETURNS void LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, tessera AS $$
+BEGIN
+    UPDATE tessera.catalog_version SET version = version + 1, tables_version = tables_version + 1;
+    PERFORM pg_notify('tessera_catalog', '');
+END $$;
+
+-- After DDL on views, functions, triggers or aggregates: the coordinators
+-- reload (metadata/user_code.rs), the fallback's stand-ins stay.
+CREATE OR REPLACE FUNCTION tessera.user_code_changed() RETURNS void LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, tessera AS $$
 BEGIN
     UPDATE tessera.catalog_version SET version = version + 1;
@@ -325,7 +338,7 @@ RESET allow_system_table_mods;
 -- in the schema: its tables stay unreadable.
 GRANT USAGE ON SCHEMA tessera TO PUBLIC;
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA tessera FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION tessera.check_owner(regclass), tessera.catalog_changed(), tessera.record_commits(int[], text[]), tessera.new_colocation(int, int, oid, oid),
+GRANT EXECUTE ON FUNCTION tessera.check_owner(regclass), tessera.catalog_changed(), tessera.user_code_changed(), tessera.record_commits(int[], text[]), tessera.new_colocation(int, int, oid, oid),
     tessera.record_distribution(regclass, "char", text, int, int[]), tessera.forget_distribution(regclass), tessera.rename_distribution_column(regclass, text),
     tessera.coordinator_only(), tessera.gathered_activity(), tessera.gathered_size(regclass, text), tessera.size_of(regclass, text) TO PUBLIC;
 
@@ -334,7 +347,7 @@ GRANT EXECUTE ON FUNCTION tessera.check_owner(regclass), tessera.catalog_changed
 -- tables (metadata/user_code.rs); reload.
 CREATE OR REPLACE FUNCTION tessera.bump_catalog_version_on_ddl() RETURNS event_trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM tessera.catalog_changed();
+    PERFORM tessera.user_code_changed();
 END $$;
 DROP EVENT TRIGGER IF EXISTS tessera_aggregates_changed;
 DROP EVENT TRIGGER IF EXISTS tessera_user_code_changed;
@@ -395,7 +408,7 @@ DECLARE
     server text;
 BEGIN
     PERFORM pg_advisory_xact_lock(7482911);
-    SELECT version INTO current FROM tessera.catalog_version;
+    SELECT tables_version INTO current FROM tessera.catalog_version;
     IF current > (SELECT version FROM tessera.fallback_state) THEN
         FOR n IN SELECT DISTINCT ON (groupid) groupid, nodename, nodeport FROM tessera.pg_dist_node WHERE noderole = 'primary' ORDER BY groupid, nodeid LOOP
             server := 'tessera_node_' || n.groupid;

@@ -128,7 +128,9 @@ fn point_at_stand_in(rv: &mut protobuf::RangeVar, catalog: &Catalog) {
     }
     rv.relname = stand_in_name(table);
     rv.schemaname = FALLBACK_SCHEMA.to_string();
-    // ONLY would read the partitioned stand-in's (empty) parent alone.
-    rv.inh = true;
+    // The stand-in is partitioned over the shards: ONLY would read its
+    // empty parent alone. That is right only for a partitioned table (its
+    // own rows are none; its partitions' shards are in its shards).
+    rv.inh = rv.inh || catalog.partitions_under(table.oid).is_empty();
 }
 

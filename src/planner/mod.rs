@@ -16,6 +16,7 @@ mod prepared;
 pub mod rewrite;
 mod router;
 mod user_code;
+mod views;
 mod walk;
 
 pub use ddl::{placement_groups, ChosenNames, DdlPlan, DropIndex};
@@ -237,7 +238,7 @@ fn plan_statement(version: i32, raw: protobuf::RawStmt, text: &str, catalog: &Ca
     if let Some(refusal) = user_code::refusal(node, text, catalog) {
         return refusal;
     }
-    match user_code::expand_views(node, catalog) {
+    match views::expand(node, catalog) {
         Some(Ok(expanded)) => return plan_tree(version, expanded, catalog),
         Some(Err(refusal)) => return refusal,
         None => {}

@@ -1,21 +1,16 @@
 //! User code of the coordinator database that reaches distributed tables
-//! (see `metadata::user_code`). Views are expanded into the statements that
-//! read them, so that those are planned over the shards like any query.
-//! Functions, procedures, DO blocks and triggers would run in the
-//! coordinator database, where the tables are empty shells: statements that
-//! would run them there are refused, naming the code and what it reaches.
+//! (see `metadata::user_code`; views are expanded by `views.rs`). Functions,
+//! procedures, DO blocks and triggers would run in the coordinator database,
+//! where the tables are empty shells: statements that would run them there
+//! are refused, naming the code and what it reaches.
 
-use super::walk::{function_names, visit_mut};
+use super::walk::function_names;
 use super::Plan;
 use crate::error::PgError;
-use crate::metadata::user_code::{plpgsql_body_use, View};
+use crate::metadata::user_code::plpgsql_body_use;
 use crate::metadata::Catalog;
 use pg_query::protobuf;
 use pg_query::NodeEnum;
-
-/// Views within views deeper than this are refused (PostgreSQL itself stops
-/// recursive views; this keeps a catalog mistake from looping).
-const MAX_VIEW_DEPTH: usize = 32;
 
 /// Why the statement must not run: it would run user code in the
 /// coordinator database that reads or writes distributed tables there, or
@@ -116,68 +111,4 @@ fn do_block(stmt: &protobuf::DoStmt, catalog: &Catalog) -> Option<Plan> {
         format!("this DO block reaches {reaches}, but it would run in the coordinator database, which holds only empty shells of distributed tables"),
         "Run its statements one by one through Tessera, or put the logic in the client.",
     ))
-}
-
-/// The statement with every view over distributed tables it reads replaced
-/// by the view's query (as a subquery under the view's name), or None when
-/// it reads none. Only queries are expanded: other statements name views
-/// as objects.
-pub(super) fn expand_views(node: &NodeEnum, catalog: &Catalog) -> Option<Result<NodeEnum, Plan>> {
-    if !catalog.user_code.has_views()
-        || !matches!(
-            node,
-            NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) | NodeEnum::MergeStmt(_) | NodeEnum::DeclareCursorStmt(_) | NodeEnum::CopyStmt(_)
-        )
-    {
-        return None;
-    }
-    let mut stmt = node.clone();
-    let mut ctes = Vec::new();
-    visit_mut(&mut stmt, &mut |n| {
-        if let NodeEnum::CommonTableExpr(c) = n {
-            ctes.push(c.ctename.clone());
-        }
-    });
-    let mut expanded = false;
-    let mut too_deep = false;
-    replace_views(&mut stmt, catalog, &ctes, 0, &mut expanded, &mut too_deep);
-    if too_deep {
-        return Some(Err(super::not_supported("views nested deeper than 32 levels over distributed tables are not supported")));
-    }
-    expanded.then_some(Ok(stmt))
-}
-
-/// Replaces the views `node` reads; an unqualified name among `ctes` is the
-/// statement's own. In a view's query (`depth` > 0) every relation is
-/// schema-qualified, so an unqualified name is a CTE's there.
-fn replace_views(node: &mut NodeEnum, catalog: &Catalog, ctes: &[String], depth: usize, expanded: &mut bool, too_deep: &mut bool) {
-    visit_mut(node, &mut |n| {
-        let NodeEnum::RangeVar(rv) = n else { return };
-        if rv.schemaname.is_empty() && (depth > 0 || ctes.contains(&rv.relname)) {
-            return;
-        }
-        let Some(view) = catalog.user_code.view((!rv.schemaname.is_empty()).then_some(rv.schemaname.as_str()), &rv.relname) else { return };
-        if depth >= MAX_VIEW_DEPTH {
-            *too_deep = true;
-            return;
-        }
-        let mut query = view.query.clone();
-        replace_views(&mut query, catalog, ctes, depth + 1, expanded, too_deep);
-        *n = subselect(view, query, rv);
-        *expanded = true;
-    });
-}
-
-/// The view's query as a FROM item known by the name (and column aliases)
-/// the statement gave the view.
-fn subselect(view: &View, query: NodeEnum, rv: &protobuf::RangeVar) -> NodeEnum {
-    let alias = match &rv.alias {
-        Some(a) => a.clone(),
-        None => protobuf::Alias { aliasname: view.name.clone(), colnames: vec![] },
-    };
-    NodeEnum::RangeSubselect(Box::new(protobuf::RangeSubselect {
-        lateral: false,
-        subquery: Some(Box::new(protobuf::Node { node: Some(query) })),
-        alias: Some(alias),
-    }))
 }

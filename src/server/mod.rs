@@ -67,7 +67,7 @@ impl Coordinator {
         let mut conn = PgConnection::connect(&self.config.coordinator_db_addr(), &self.config.service_login()).await?;
         let mut fresh = metadata::load(&mut conn).await;
         if let Ok(catalog) = &mut fresh {
-            if let Err(e) = metadata::load_type_oids(catalog, &mut conn, &self.config.service_login()).await {
+            if let Err(e) = metadata::load_type_oids(catalog, &mut conn, &self.config.service_login(), &self.catalog.snapshot()).await {
                 fresh = Err(e);
             }
         }
