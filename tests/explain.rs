@@ -26,7 +26,10 @@ async fn each_shape_takes_its_tier() {
          SELECT create_distributed_table('ea', 'k', shard_count => 4);
          SELECT create_distributed_table('eb', 'k', colocate_with => 'ea');
          SELECT create_distributed_table('ec', 'k', colocate_with => 'none');
-         SELECT create_reference_table('er');",
+         SELECT create_reference_table('er');
+         CREATE VIEW ea_big AS SELECT k, g, v FROM ea WHERE v > 10;
+         CREATE VIEW ea_named (key, grp) AS SELECT ea.k, er.name FROM ea JOIN er ON er.id = ea.g;
+         CREATE VIEW ea_per_g AS SELECT g, count(*) AS n FROM ea GROUP BY g;",
     )
     .await
     .unwrap();
@@ -60,6 +63,12 @@ async fn each_shape_takes_its_tier() {
         ("SELECT * FROM ea WHERE v > (SELECT avg(z) FROM ec)", "Custom Scan (Tessera Broadcast)"),
         ("SELECT * FROM ea WHERE v > (SELECT avg(w) FROM eb WHERE eb.k = ea.g)", "Custom Scan (Tessera Broadcast)"),
         ("SELECT e.k FROM ea e JOIN elocal l ON l.id = e.k", "Custom Scan (Tessera General Fallback)"),
+        // A simple view merges into the query that reads it: it takes the
+        // tier the written-out query would; other views are subqueries.
+        ("SELECT * FROM ea_big WHERE k = 5", "Custom Scan (Tessera Router)"),
+        ("SELECT g, count(*) FROM ea_big GROUP BY g", "Custom Scan (Tessera Multi-Shard)"),
+        ("SELECT grp FROM ea_named WHERE key = 3", "Custom Scan (Tessera Router)"),
+        ("SELECT * FROM ea_per_g", "Custom Scan (Tessera General Fallback)"),
     ];
     for (sql, expected) in cases {
         let lines = explain(&c, sql).await;
