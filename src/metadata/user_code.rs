@@ -30,6 +30,8 @@ pub struct View {
     pub schema: String,
     pub name: String,
     pub materialized: bool,
+    /// Created WITH CHECK OPTION.
+    pub check_option: bool,
     /// Its query as the coordinator database prints it, every relation
     /// qualified with its schema.
     pub query: NodeEnum,
@@ -222,7 +224,8 @@ pub(super) async fn load(conn: &mut PgConnection, catalog: &Catalog) -> PgResult
                  JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid AND d.refclassid = 'pg_class'::regclass
                  JOIN over_distributed o ON o.oid = d.refobjid
                  WHERE r.ev_class <> d.refobjid)
-             SELECT n.nspname, c.relname, c.relkind = 'm', pg_catalog.tessera_view_definition(c.oid)
+             SELECT n.nspname, c.relname, c.relkind = 'm', pg_catalog.tessera_view_definition(c.oid),
+                    EXISTS (SELECT FROM unnest(c.reloptions) o WHERE o LIKE 'check\\_option=%')
              FROM over_distributed o JOIN pg_class c ON c.oid = o.oid JOIN pg_namespace n ON n.oid = c.relnamespace
              WHERE c.relkind IN ('v', 'm')",
         )
@@ -231,7 +234,7 @@ pub(super) async fn load(conn: &mut PgConnection, catalog: &Catalog) -> PgResult
         let (Some(schema), Some(name), Some(definition)) = (r[0].clone(), r[1].clone(), r[3].as_deref()) else { continue };
         let query = pg_query::parse(definition).ok().and_then(|p| p.protobuf.stmts.into_iter().next()?.stmt?.node);
         if let Some(query) = query {
-            let view = View { schema: schema.clone(), name: name.clone(), materialized: r[2].as_deref() == Some("t"), query };
+            let view = View { schema: schema.clone(), name: name.clone(), materialized: r[2].as_deref() == Some("t"), check_option: r[4].as_deref() == Some("t"), query };
             code.views.insert((schema, name), Arc::new(view));
         }
     }
@@ -352,8 +355,9 @@ mod tests {
 
     #[test]
     fn sql_bodies() {
-        let used = sql_body_use("SELECT count(*) FROM app.orders o JOIN items i USING (id) WHERE o.x = helper($1)");
-        assert_eq!(used.relations, ["orders", "items"]);
+        let mut used = sql_body_use("SELECT count(*) FROM app.orders o JOIN items i USING (id) WHERE o.x = helper($1)");
+        used.relations.sort();
+        assert_eq!(used.relations, ["items", "orders"]);
         assert!(used.calls.iter().any(|c| c == "helper"));
         assert!(sql_body_use("this is not SQL").dynamic);
     }

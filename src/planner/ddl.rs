@@ -579,6 +579,21 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
             if t.isconstraint {
                 return Some(not_supported("constraint triggers on distributed tables are not supported yet; use an ordinary AFTER trigger"));
             }
+            // The trigger fires on the workers, where distributed tables
+            // exist only as shards under other names.
+            let function = t.funcname.last().and_then(|n| match n.node.as_ref() {
+                Some(NodeEnum::String(s)) => Some(s.sval.as_str()),
+                _ => None,
+            });
+            if let Some(touch) = function.and_then(|f| catalog.user_code.touching(f)) {
+                return Some(Plan::Unsupported(
+                    PgError::not_supported(format!(
+                        "the trigger function {} reaches {}; triggers on distributed tables fire on the workers, which hold only shards of distributed tables",
+                        touch.function, touch.reaches
+                    ))
+                    .with_hint("Keep the trigger's work to the row it fires for (NEW/OLD), or do the other writes in the same transaction from the client."),
+                ));
+            }
             Some(propagate(table, vec![], None))
         }
         NodeEnum::CreateStatsStmt(st) => {

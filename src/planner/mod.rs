@@ -235,6 +235,11 @@ fn plan_statement(version: i32, raw: protobuf::RawStmt, text: &str, catalog: &Ca
     if !catalog.has_tables() {
         return Plan::Local;
     }
+    match views::write_through(node, catalog) {
+        Some(Ok(write)) => return plan_tree(version, write, catalog),
+        Some(Err(refusal)) => return refusal,
+        None => {}
+    }
     if let Some(refusal) = user_code::refusal(node, text, catalog) {
         return refusal;
     }

@@ -12,7 +12,6 @@ use crate::metadata::user_code::View;
 use crate::metadata::Catalog;
 use pg_query::protobuf::{self, Node};
 use pg_query::NodeEnum;
-use std::collections::HashMap;
 
 /// Views within views deeper than this are refused (PostgreSQL itself stops
 /// recursive views; this keeps a catalog mistake from looping).
@@ -97,46 +96,225 @@ impl Expander<'_> {
             return;
         }
         let Some((_, NodeEnum::SelectStmt(query))) = self.view_query(&rv, depth) else { return };
-        let Some(columns) = simple_columns(&query) else { return };
-        let name = rv.alias.as_ref().map_or(rv.relname.as_str(), |a| a.aliasname.as_str());
-        let inner_names = from_names(&query.from_clause);
-        if let Some(merged) = merged(select, &query, &columns, name, &inner_names) {
+        let Some(view) = SimpleView::new(*query, &rv) else { return };
+        if let Some(merged) = view.merged(select) {
             *select = merged;
         }
     }
 }
 
-/// A simple view's columns (name → the column of its FROM list it shows),
-/// or None when the view does more than pick columns and filter rows.
-fn simple_columns(query: &protobuf::SelectStmt) -> Option<Vec<(String, Node)>> {
-    let plain = query.op == protobuf::SetOperation::SetopNone as i32
-        && query.distinct_clause.is_empty()
-        && query.group_clause.is_empty()
-        && query.having_clause.is_none()
-        && query.window_clause.is_empty()
-        && query.sort_clause.is_empty()
-        && query.limit_count.is_none()
-        && query.limit_offset.is_none()
-        && query.locking_clause.is_empty()
-        && query.with_clause.is_none()
-        && query.values_lists.is_empty()
-        && query.into_clause.is_none()
-        && !query.from_clause.is_empty();
-    if !plain {
-        return None;
+/// A view that only picks columns of its FROM list and filters its rows, as
+/// a statement names it.
+struct SimpleView {
+    /// The name the statement gives the view.
+    name: String,
+    /// Its columns: each name, and the column of the FROM list it shows.
+    columns: Vec<(String, Node)>,
+    /// The names the view's FROM items go by.
+    inner_names: Vec<String>,
+    query: protobuf::SelectStmt,
+}
+
+impl SimpleView {
+    /// None when the view does more than pick columns and filter rows.
+    fn new(query: protobuf::SelectStmt, rv: &protobuf::RangeVar) -> Option<SimpleView> {
+        let plain = query.op == protobuf::SetOperation::SetopNone as i32
+            && query.distinct_clause.is_empty()
+            && query.group_clause.is_empty()
+            && query.having_clause.is_none()
+            && query.window_clause.is_empty()
+            && query.sort_clause.is_empty()
+            && query.limit_count.is_none()
+            && query.limit_offset.is_none()
+            && query.locking_clause.is_empty()
+            && query.with_clause.is_none()
+            && query.values_lists.is_empty()
+            && query.into_clause.is_none()
+            && !query.from_clause.is_empty();
+        if !plain {
+            return None;
+        }
+        let columns = query
+            .target_list
+            .iter()
+            .map(|t| {
+                let Some(NodeEnum::ResTarget(r)) = t.node.as_ref() else { return None };
+                let value = r.val.as_deref()?;
+                let Some(NodeEnum::ColumnRef(c)) = value.node.as_ref() else { return None };
+                let names = super::column_ref_names(c)?;
+                let name = if r.name.is_empty() { names.last()?.to_string() } else { r.name.clone() };
+                Some((name, value.clone()))
+            })
+            .collect::<Option<Vec<_>>>()?;
+        let name = rv.alias.as_ref().map_or(rv.relname.clone(), |a| a.aliasname.clone());
+        Some(SimpleView { name, columns, inner_names: from_names(&query.from_clause), query })
     }
-    query
-        .target_list
-        .iter()
-        .map(|t| {
+
+    /// Replaces the view's columns in `n` by the columns they show. False
+    /// when a reference could change meaning: a subquery (its unqualified
+    /// names might be the view's columns or its own), a name the view does
+    /// not show (`outputs`, the statement's own output names, excepted), or
+    /// an outer reference that a name inside the view would capture.
+    fn rewrite(&self, n: &mut NodeEnum, outputs: &[String]) -> bool {
+        let mut ok = true;
+        visit_mut(n, &mut |n| match n {
+            NodeEnum::SubLink(_) | NodeEnum::SelectStmt(_) => ok = false,
+            NodeEnum::ColumnRef(c) => {
+                let column = match super::column_ref_names(c).as_deref() {
+                    Some([column]) => column.to_string(),
+                    Some([qualifier, column]) if *qualifier == self.name => column.to_string(),
+                    Some([qualifier, _]) if !self.inner_names.iter().any(|i| i == qualifier) => return,
+                    _ => {
+                        ok = false;
+                        return;
+                    }
+                };
+                match self.columns.iter().find(|(name, _)| *name == column).and_then(|(_, v)| v.node.clone()) {
+                    Some(value) => *n = value,
+                    None if c.fields.len() == 1 && outputs.contains(&column) => {}
+                    None => ok = false,
+                }
+            }
+            _ => {}
+        });
+        ok
+    }
+
+    /// A target list with `*` (or `view.*`) spelled out as the view's
+    /// columns, and a bare column keeping the name the view gave it, the
+    /// rest rewritten.
+    fn targets(&self, list: &[Node]) -> Option<Vec<Node>> {
+        let mut out = Vec::with_capacity(list.len());
+        for t in list {
             let Some(NodeEnum::ResTarget(r)) = t.node.as_ref() else { return None };
-            let value = r.val.as_deref()?;
-            let Some(NodeEnum::ColumnRef(c)) = value.node.as_ref() else { return None };
-            let names = super::column_ref_names(c)?;
-            let name = if r.name.is_empty() { names.last()?.to_string() } else { r.name.clone() };
-            Some((name, value.clone()))
-        })
-        .collect()
+            let mut r = r.clone();
+            match r.val.as_deref().and_then(|v| v.node.as_ref()) {
+                Some(NodeEnum::ColumnRef(c)) if is_star(c, &self.name) => {
+                    out.extend(self.columns.iter().map(|(n, v)| super::res_target(n, v.clone())));
+                    continue;
+                }
+                Some(NodeEnum::ColumnRef(c)) if r.name.is_empty() => r.name = super::column_ref_names(c)?.last()?.to_string(),
+                _ => {}
+            }
+            if !self.rewrite_boxed(&mut r.val, &[]) {
+                return None;
+            }
+            out.push(Node { node: Some(NodeEnum::ResTarget(r)) });
+        }
+        Some(out)
+    }
+
+    fn rewrite_boxed(&self, n: &mut Option<Box<Node>>, outputs: &[String]) -> bool {
+        n.as_deref_mut().and_then(|n| n.node.as_mut()).is_none_or(|n| self.rewrite(n, outputs))
+    }
+
+    fn rewrite_all(&self, list: &mut [Node], outputs: &[String]) -> bool {
+        list.iter_mut().filter_map(|item| item.node.as_mut()).all(|n| self.rewrite(n, outputs))
+    }
+
+    /// The view's filter and `filter`, both.
+    fn and_filter(&self, filter: Option<Box<Node>>) -> Option<Box<Node>> {
+        match (self.query.where_clause.clone(), filter) {
+            (Some(v), Some(s)) => Some(Box::new(Node {
+                node: Some(NodeEnum::BoolExpr(Box::new(protobuf::BoolExpr { xpr: None, boolop: protobuf::BoolExprType::AndExpr as i32, args: vec![*v, *s], location: -1 }))),
+            })),
+            (v, s) => v.or(s),
+        }
+    }
+
+    /// `select`, the view the only item of its FROM clause, rewritten to read
+    /// the view's FROM list directly.
+    fn merged(&self, select: &protobuf::SelectStmt) -> Option<protobuf::SelectStmt> {
+        // ORDER BY and GROUP BY may name the query's own output columns.
+        let outputs: Vec<String> = select
+            .target_list
+            .iter()
+            .filter_map(|t| match t.node.as_ref() {
+                Some(NodeEnum::ResTarget(r)) if !r.name.is_empty() => Some(r.name.clone()),
+                _ => None,
+            })
+            .collect();
+        let mut out = select.clone();
+        out.from_clause = self.query.from_clause.clone();
+        out.target_list = self.targets(&select.target_list)?;
+        let ok = self.rewrite_all(&mut out.group_clause, &outputs)
+            && self.rewrite_all(&mut out.sort_clause, &outputs)
+            && self.rewrite_all(&mut out.distinct_clause, &outputs)
+            && self.rewrite_all(&mut out.window_clause, &outputs)
+            && self.rewrite_boxed(&mut out.where_clause, &[])
+            && self.rewrite_boxed(&mut out.having_clause, &outputs);
+        if !ok {
+            return None;
+        }
+        out.where_clause = self.and_filter(out.where_clause.take());
+        Some(out)
+    }
+
+    /// The table a write through the view writes, and the name of its
+    /// column that view column `name` shows.
+    fn base_column(&self, name: &str) -> Option<String> {
+        let (_, value) = self.columns.iter().find(|(n, _)| n == name)?;
+        let Some(NodeEnum::ColumnRef(c)) = value.node.as_ref() else { return None };
+        Some(super::column_ref_names(c)?.last()?.to_string())
+    }
+
+    /// INSERT, UPDATE or DELETE through the view, as a write of its one
+    /// table; the reason when it cannot be one.
+    fn write(&self, node: &NodeEnum) -> Result<NodeEnum, &'static str> {
+        let one_table = "it reads more than one table";
+        let [base] = self.query.from_clause.as_slice() else { return Err(one_table) };
+        let Some(NodeEnum::RangeVar(base)) = base.node.clone() else { return Err(one_table) };
+        let unsupported = "the statement has a subquery, or names a column the view does not show";
+        let columns = |targets: &mut Vec<Node>| -> Result<(), &'static str> {
+            for t in targets.iter_mut() {
+                let Some(NodeEnum::ResTarget(r)) = t.node.as_mut() else { return Err(unsupported) };
+                r.name = self.base_column(&r.name).ok_or(unsupported)?;
+                if !self.rewrite_boxed(&mut r.val, &[]) {
+                    return Err(unsupported);
+                }
+            }
+            Ok(())
+        };
+        // UPDATE and DELETE see only the rows the view shows.
+        let filter_rows = |filter: &mut Option<Box<Node>>, returning: &mut Vec<Node>| -> Result<(), &'static str> {
+            *returning = self.targets(returning).ok_or(unsupported)?;
+            if !self.rewrite_boxed(filter, &[]) {
+                return Err(unsupported);
+            }
+            *filter = self.and_filter(filter.take());
+            Ok(())
+        };
+        match node {
+            NodeEnum::UpdateStmt(u) if u.from_clause.is_empty() && u.with_clause.is_none() => {
+                let mut u = u.clone();
+                u.relation = Some(base);
+                columns(&mut u.target_list)?;
+                filter_rows(&mut u.where_clause, &mut u.returning_list)?;
+                Ok(NodeEnum::UpdateStmt(u))
+            }
+            NodeEnum::DeleteStmt(d) if d.using_clause.is_empty() && d.with_clause.is_none() => {
+                let mut d = d.clone();
+                d.relation = Some(base);
+                filter_rows(&mut d.where_clause, &mut d.returning_list)?;
+                Ok(NodeEnum::DeleteStmt(d))
+            }
+            NodeEnum::InsertStmt(i) if i.on_conflict_clause.is_none() && i.with_clause.is_none() => {
+                let mut i = i.clone();
+                i.relation = Some(base);
+                if i.cols.is_empty() {
+                    let column = |name: &String| Node { node: Some(NodeEnum::ResTarget(Box::new(protobuf::ResTarget { name: name.clone(), indirection: vec![], val: None, location: -1 }))) };
+                    i.cols = self.columns.iter().map(|(name, _)| column(name)).collect();
+                    if let Some(width) = values_width(&i.select_stmt) {
+                        i.cols.truncate(width);
+                    }
+                }
+                columns(&mut i.cols)?;
+                i.returning_list = self.targets(&i.returning_list).ok_or(unsupported)?;
+                Ok(NodeEnum::InsertStmt(i))
+            }
+            _ => Err("WITH, UPDATE … FROM, DELETE … USING and ON CONFLICT are not supported through it"),
+        }
+    }
 }
 
 /// The names a FROM list's items go by (aliases, or table names).
@@ -149,7 +327,8 @@ fn from_names(items: &[Node]) -> Vec<String> {
             Some(NodeEnum::RangeFunction(f)) => names.extend(f.alias.as_ref().map(|a| a.aliasname.clone())),
             Some(NodeEnum::JoinExpr(j)) => {
                 names.extend(j.alias.as_ref().map(|a| a.aliasname.clone()));
-                names.extend(from_names(j.larg.as_deref().into_iter().chain(j.rarg.as_deref()).cloned().collect::<Vec<_>>().as_slice()));
+                let sides: Vec<Node> = j.larg.as_deref().into_iter().chain(j.rarg.as_deref()).cloned().collect();
+                names.extend(from_names(&sides));
             }
             _ => {}
         }
@@ -157,82 +336,43 @@ fn from_names(items: &[Node]) -> Vec<String> {
     names
 }
 
-/// `select` over the view `name` rewritten to read the view's FROM list
-/// directly: its columns replaced by the view's, the view's filter added to
-/// its own. None when a reference could change meaning: a subquery (its
-/// unqualified names might be the view's columns or its own), a name the
-/// view does not show, or an outer reference that a name inside the view
-/// would capture.
-fn merged(select: &protobuf::SelectStmt, view: &protobuf::SelectStmt, columns: &[(String, Node)], name: &str, inner_names: &[String]) -> Option<protobuf::SelectStmt> {
-    let by_name: HashMap<&str, &NodeEnum> = columns.iter().filter_map(|(n, v)| Some((n.as_str(), v.node.as_ref()?))).collect();
-    // ORDER BY and GROUP BY may name the query's own output columns.
-    let output_names: Vec<&str> = select
-        .target_list
-        .iter()
-        .filter_map(|t| match t.node.as_ref() {
-            Some(NodeEnum::ResTarget(r)) if !r.name.is_empty() => Some(r.name.as_str()),
-            _ => None,
-        })
-        .collect();
-    let mut ok = true;
-    let mut rewrite = |n: &mut NodeEnum| match n {
-        NodeEnum::SubLink(_) | NodeEnum::SelectStmt(_) => ok = false,
-        NodeEnum::ColumnRef(c) => {
-            let column = match super::column_ref_names(c).as_deref() {
-                Some([column]) => column.to_string(),
-                Some([qualifier, column]) if *qualifier == name => column.to_string(),
-                Some([qualifier, _]) if !inner_names.iter().any(|i| i == qualifier) => return,
-                _ => {
-                    ok = false;
-                    return;
-                }
-            };
-            match by_name.get(column.as_str()) {
-                Some(value) => *n = (*value).clone(),
-                None if c.fields.len() == 1 && output_names.contains(&column.as_str()) => {}
-                None => ok = false,
-            }
-        }
-        _ => {}
+/// The row width of an INSERT's VALUES, when it is a VALUES list.
+fn values_width(select: &Option<Box<Node>>) -> Option<usize> {
+    let Some(NodeEnum::SelectStmt(s)) = select.as_deref()?.node.as_ref() else { return None };
+    let Some(NodeEnum::List(row)) = s.values_lists.first()?.node.as_ref() else { return None };
+    Some(row.items.len())
+}
+
+/// An INSERT, UPDATE or DELETE whose target is a view over distributed
+/// tables, rewritten to write the view's table when the view is simple
+/// enough for PostgreSQL to write through it; a refusal otherwise. None when
+/// the target is no such view.
+pub(super) fn write_through(node: &NodeEnum, catalog: &Catalog) -> Option<Result<NodeEnum, Plan>> {
+    let rv = match node {
+        NodeEnum::InsertStmt(s) => s.relation.as_ref(),
+        NodeEnum::UpdateStmt(s) => s.relation.as_ref(),
+        NodeEnum::DeleteStmt(s) => s.relation.as_ref(),
+        _ => None,
+    }?;
+    let view = catalog.user_code.view((!rv.schemaname.is_empty()).then_some(rv.schemaname.as_str()), &rv.relname)?;
+    let refuse = |why: &str| {
+        Some(Err(Plan::Unsupported(
+            crate::error::PgError::not_supported(format!("writing through the view \"{}\", which reads distributed tables, is not supported: {why}", view.name))
+                .with_hint("Write to the view's table itself."),
+        )))
     };
-    let mut out = select.clone();
-    out.from_clause = view.from_clause.clone();
-    out.target_list = Vec::with_capacity(select.target_list.len());
-    for t in &select.target_list {
-        let Some(NodeEnum::ResTarget(r)) = t.node.as_ref() else { return None };
-        let mut r = r.clone();
-        match r.val.as_deref().and_then(|v| v.node.as_ref()) {
-            Some(NodeEnum::ColumnRef(c)) if is_star(c, name) => {
-                out.target_list.extend(columns.iter().map(|(n, v)| super::res_target(n, v.clone())));
-                continue;
-            }
-            // The output keeps the name the view's column gave it.
-            Some(NodeEnum::ColumnRef(c)) if r.name.is_empty() => r.name = super::column_ref_names(c)?.last()?.to_string(),
-            _ => {}
-        }
-        if let Some(v) = r.val.as_deref_mut().and_then(|v| v.node.as_mut()) {
-            visit_mut(v, &mut rewrite);
-        }
-        out.target_list.push(Node { node: Some(NodeEnum::ResTarget(r)) });
+    if view.materialized || view.check_option {
+        return refuse("it is materialized or has WITH CHECK OPTION");
     }
-    for list in [&mut out.group_clause, &mut out.sort_clause, &mut out.distinct_clause, &mut out.window_clause] {
-        for n in list.iter_mut().filter_map(|item| item.node.as_mut()) {
-            visit_mut(n, &mut rewrite);
-        }
+    let mut expander = Expander { catalog, ctes: Vec::new(), expanded: false, too_deep: false };
+    let mut query = view.query.clone();
+    expander.expand(&mut query, 1);
+    let NodeEnum::SelectStmt(query) = query else { return refuse("it is not a plain SELECT") };
+    let Some(simple) = SimpleView::new(*query, rv) else { return refuse("it does more than pick columns of one table and filter its rows") };
+    match simple.write(node) {
+        Ok(stmt) => Some(Ok(stmt)),
+        Err(why) => refuse(why),
     }
-    for n in [&mut out.where_clause, &mut out.having_clause].into_iter().filter_map(|e| e.as_deref_mut().and_then(|e| e.node.as_mut())) {
-        visit_mut(n, &mut rewrite);
-    }
-    if !ok {
-        return None;
-    }
-    out.where_clause = match (view.where_clause.clone(), out.where_clause.take()) {
-        (Some(v), Some(s)) => Some(Box::new(Node {
-            node: Some(NodeEnum::BoolExpr(Box::new(protobuf::BoolExpr { xpr: None, boolop: protobuf::BoolExprType::AndExpr as i32, args: vec![*v, *s], location: -1 }))),
-        })),
-        (v, s) => v.or(s),
-    };
-    Some(out)
 }
 
 /// `*` or `name.*`.
