@@ -23,9 +23,26 @@ pub struct UserCode {
     touching: HashMap<String, Touch>,
     /// Local tables with triggers whose functions reach distributed tables.
     triggered: HashMap<(String, String), Touch>,
+    /// Functions that reach distributed tables and can take the place of
+    /// their calls, by name (only names no other function has).
+    inlinable: HashMap<String, Arc<InlineSql>>,
 }
 
+/// A LANGUAGE sql function simple enough to put in place of its calls, as
+/// PostgreSQL's planner inlines such functions: one SELECT computing one
+/// value, no settings of its own, no defaults, not SECURITY DEFINER.
 #[derive(Debug)]
+pub struct InlineSql {
+    pub signature: String,
+    /// Each argument's name ("" when it has none) and type.
+    pub args: Vec<(String, String)>,
+    pub return_type: String,
+    pub strict: bool,
+    /// The body, a SelectStmt.
+    pub body: NodeEnum,
+}
+
+#[derive(Clone, Debug)]
 pub struct View {
     pub schema: String,
     pub name: String,
@@ -35,6 +52,14 @@ pub struct View {
     /// Its query as the coordinator database prints it, every relation
     /// qualified with its schema.
     pub query: NodeEnum,
+}
+
+/// A view of the coordinator database, and what its rule uses (oids).
+struct CandidateView {
+    oid: u32,
+    view: View,
+    relations: Vec<u32>,
+    functions: Vec<u32>,
 }
 
 /// A function that reaches distributed tables, and how.
@@ -49,6 +74,9 @@ pub struct Touch {
 impl UserCode {
     pub fn is_empty(&self) -> bool {
         self.views.is_empty() && self.touching.is_empty() && self.triggered.is_empty()
+    }
+    pub fn has_inlinable(&self) -> bool {
+        !self.inlinable.is_empty()
     }
     /// A view over distributed tables, the way `Catalog::resolve` finds tables.
     pub fn view(&self, schema: Option<&str>, name: &str) -> Option<&Arc<View>> {
@@ -71,6 +99,11 @@ impl UserCode {
     }
     pub fn touching_names(&self) -> impl Iterator<Item = &str> {
         self.touching.keys().map(String::as_str)
+    }
+    /// The function called `name` when it reaches distributed tables and
+    /// can be put in place of its calls.
+    pub fn inlinable(&self, name: &str) -> Option<&Arc<InlineSql>> {
+        self.inlinable.get(name)
     }
     /// The trigger function that reaches distributed tables when the local
     /// table `schema.name` is written.
@@ -215,29 +248,36 @@ fn dynamic_sql(text: &str, used: &mut BodyUse) {
 /// distributed tables of `catalog`.
 pub(super) async fn load(conn: &mut PgConnection, catalog: &Catalog) -> PgResult<UserCode> {
     let mut code = UserCode::default();
-    for r in conn
+    // Every user view, with the relations and functions its rule uses: which
+    // of them reach distributed tables is found below, with the functions.
+    let views: Vec<CandidateView> = conn
         .query(
-            "WITH RECURSIVE over_distributed(oid) AS (
-                 SELECT logicalrelid::oid FROM pg_catalog.pg_dist_partition
-               UNION
-                 SELECT r.ev_class FROM pg_rewrite r
-                 JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid AND d.refclassid = 'pg_class'::regclass
-                 JOIN over_distributed o ON o.oid = d.refobjid
-                 WHERE r.ev_class <> d.refobjid)
-             SELECT n.nspname, c.relname, c.relkind = 'm', pg_catalog.tessera_view_definition(c.oid),
-                    EXISTS (SELECT FROM unnest(c.reloptions) o WHERE o LIKE 'check\\_option=%')
-             FROM over_distributed o JOIN pg_class c ON c.oid = o.oid JOIN pg_namespace n ON n.oid = c.relnamespace
-             WHERE c.relkind IN ('v', 'm')",
+            "SELECT c.oid, n.nspname, c.relname, c.relkind = 'm', pg_catalog.tessera_view_definition(c.oid),
+                    EXISTS (SELECT FROM unnest(c.reloptions) o WHERE o LIKE 'check\\_option=%'),
+                    (SELECT json_agg(d.refobjid::bigint) FROM pg_rewrite r JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid
+                      WHERE r.ev_class = c.oid AND d.refclassid = 'pg_class'::regclass AND d.refobjid <> c.oid),
+                    (SELECT json_agg(d.refobjid::bigint) FROM pg_rewrite r JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid
+                      WHERE r.ev_class = c.oid AND d.refclassid = 'pg_proc'::regclass AND d.refobjid >= 16384)
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE c.relkind IN ('v', 'm') AND n.nspname NOT IN ('information_schema', 'tessera', 'tessera_fallback') AND n.nspname NOT LIKE 'pg\\_%'",
         )
         .await?
-    {
-        let (Some(schema), Some(name), Some(definition)) = (r[0].clone(), r[1].clone(), r[3].as_deref()) else { continue };
-        let query = pg_query::parse(definition).ok().and_then(|p| p.protobuf.stmts.into_iter().next()?.stmt?.node);
-        if let Some(query) = query {
-            let view = View { schema: schema.clone(), name: name.clone(), materialized: r[2].as_deref() == Some("t"), check_option: r[4].as_deref() == Some("t"), query };
-            code.views.insert((schema, name), Arc::new(view));
-        }
-    }
+        .into_iter()
+        .filter_map(|r| {
+            Some(CandidateView {
+                oid: int(&r[0]),
+                view: View {
+                    schema: r[1].clone()?,
+                    name: r[2].clone()?,
+                    materialized: r[3].as_deref() == Some("t"),
+                    check_option: r[5].as_deref() == Some("t"),
+                    query: pg_query::parse(r[4].as_deref()?).ok()?.protobuf.stmts.into_iter().next()?.stmt?.node?,
+                },
+                relations: serde_json::from_str(r[6].as_deref().unwrap_or("[]")).unwrap_or_default(),
+                functions: serde_json::from_str(r[7].as_deref().unwrap_or("[]")).unwrap_or_default(),
+            })
+        })
+        .collect();
     // Extension members and C functions are not user code; SQL-standard
     // bodies (BEGIN ATOMIC) have their references in pg_depend.
     let functions = conn
@@ -249,7 +289,12 @@ pub(super) async fn load(conn: &mut PgConnection, catalog: &Catalog) -> PgResult
                       WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.refclassid = 'pg_class'::regclass AND d.deptype = 'n'),
                     (SELECT json_agg(q.proname) FROM pg_depend d JOIN pg_proc q ON q.oid = d.refobjid
                       WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.refclassid = 'pg_proc'::regclass AND d.deptype = 'n'),
-                    p.oid
+                    p.oid,
+                    l.lanname = 'sql' AND p.prokind = 'f' AND NOT p.proretset AND NOT p.prosecdef AND p.proconfig IS NULL
+                      AND p.pronargdefaults = 0 AND p.proallargtypes IS NULL AND p.prosqlbody IS NULL,
+                    p.proisstrict, format_type(p.prorettype, NULL),
+                    (SELECT json_agg(json_build_array(coalesce(p.proargnames[a.i], ''), format_type(a.t, NULL)) ORDER BY a.i)
+                       FROM unnest(p.proargtypes::oid[]) WITH ORDINALITY AS a(t, i))
              FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace JOIN pg_language l ON l.oid = p.prolang
              WHERE n.nspname NOT IN ('information_schema', 'tessera', 'tessera_fallback') AND n.nspname NOT LIKE 'pg\\_%'
                AND l.lanname NOT IN ('c', 'internal') AND p.prokind IN ('f', 'p')
@@ -257,6 +302,7 @@ pub(super) async fn load(conn: &mut PgConnection, catalog: &Catalog) -> PgResult
         )
         .await?;
     let mut uses: Vec<(String, String, u32, BodyUse)> = Vec::new();
+    let mut candidates: Vec<(String, u32, Arc<InlineSql>)> = Vec::new();
     for r in functions {
         let (Some(name), Some(signature), Some(language)) = (r[0].clone(), r[1].clone(), r[2].as_deref()) else { continue };
         let body = match language {
@@ -271,13 +317,34 @@ pub(super) async fn load(conn: &mut PgConnection, catalog: &Catalog) -> PgResult
             // calls, which only running them would show.
             _ => BodyUse { dynamic: true, ..Default::default() },
         };
+        // A function that calls itself cannot take its calls' place.
+        if r[9].as_deref() == Some("t") && !body.calls.contains(&name) {
+            if let Some(inline) = inline_sql(&signature, &r) {
+                candidates.push((name.clone(), int(&r[8]), Arc::new(inline)));
+            }
+        }
         uses.push((name, signature, int(&r[8]), body));
     }
-    // A function reaches what the functions it calls reach: repeat until
-    // no more are found.
+    // A function reaches what the functions and views it uses reach, and a
+    // view what its relations and functions reach: repeat until no more
+    // are found.
     let mut by_oid: HashMap<u32, Touch> = HashMap::new();
+    let mut reaching_views: HashSet<u32> = HashSet::new();
+    let distributed: HashSet<u32> = catalog.tables().map(|t| t.oid).collect();
     loop {
         let mut found = false;
+        for candidate in &views {
+            if reaching_views.contains(&candidate.oid) {
+                continue;
+            }
+            let reaches = candidate.relations.iter().any(|r| distributed.contains(r) || reaching_views.contains(r)) || candidate.functions.iter().any(|f| by_oid.contains_key(f));
+            if reaches {
+                reaching_views.insert(candidate.oid);
+                let view = &candidate.view;
+                code.views.insert((view.schema.clone(), view.name.clone()), Arc::new(view.clone()));
+                found = true;
+            }
+        }
         for (name, signature, oid, body) in &uses {
             if by_oid.contains_key(oid) {
                 continue;
@@ -296,7 +363,11 @@ pub(super) async fn load(conn: &mut PgConnection, catalog: &Catalog) -> PgResult
     if by_oid.is_empty() {
         return Ok(code);
     }
-    let distributed: HashSet<u32> = catalog.tables().map(|t| t.oid).collect();
+    for (name, oid, inline) in candidates {
+        if by_oid.contains_key(&oid) && uses.iter().filter(|(n, ..)| *n == name).count() == 1 {
+            code.inlinable.insert(name, inline);
+        }
+    }
     for r in conn
         .query(
             "SELECT DISTINCT c.oid, n.nspname, c.relname, t.tgfoid FROM pg_trigger t
@@ -314,6 +385,19 @@ pub(super) async fn load(conn: &mut PgConnection, catalog: &Catalog) -> PgResult
         }
     }
     Ok(code)
+}
+
+/// A LANGUAGE sql function's row from the query above, when its body is
+/// one SELECT.
+fn inline_sql(signature: &str, r: &[Option<String>]) -> Option<InlineSql> {
+    let parsed = pg_query::parse(r[3].as_deref()?).ok()?;
+    let [stmt] = parsed.protobuf.stmts.as_slice() else { return None };
+    let body = stmt.stmt.as_ref()?.node.clone()?;
+    if !matches!(body, NodeEnum::SelectStmt(_)) {
+        return None;
+    }
+    let args: Vec<(String, String)> = serde_json::from_str(r[12].as_deref().unwrap_or("[]")).ok()?;
+    Some(InlineSql { signature: signature.to_string(), args, return_type: r[11].clone()?, strict: r[10].as_deref() == Some("t"), body })
 }
 
 #[cfg(test)]

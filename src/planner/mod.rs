@@ -9,6 +9,7 @@ pub mod deparse;
 mod explain;
 mod fallback;
 mod functions;
+mod inline;
 mod insert_select;
 mod merge;
 mod multi_shard;
@@ -237,6 +238,11 @@ fn plan_statement(version: i32, raw: protobuf::RawStmt, text: &str, catalog: &Ca
     }
     match views::write_through(node, catalog) {
         Some(Ok(write)) => return plan_tree(version, write, catalog),
+        Some(Err(refusal)) => return refusal,
+        None => {}
+    }
+    match inline::sql_functions(node, text, catalog) {
+        Some(Ok(inlined)) => return plan_tree(version, inlined, catalog),
         Some(Err(refusal)) => return refusal,
         None => {}
     }
