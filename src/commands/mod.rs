@@ -281,12 +281,7 @@ pub(crate) async fn finish_block<T>(ctx: &mut CommandContext<'_>, implicit: bool
     if !implicit {
         return result;
     }
-    if result.is_ok() {
-        ctx.parts.commit().await?;
-    } else {
-        ctx.parts.rollback().await.ok();
-    }
-    let value = result?;
+    let value = ctx.parts.end_implicit(implicit, result).await?;
     ctx.coordinator.reload_catalog().await?;
     Ok(value)
 }

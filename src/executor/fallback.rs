@@ -23,6 +23,20 @@ use std::sync::Arc;
 /// The most table data (on disk, all shards) a broadcast ships per table.
 const BROADCAST_LIMIT_BYTES: i64 = 8 << 20;
 
+/// Readies the stand-ins for a `statement` (its kind, for the error) whose
+/// rows the coordinator database reads through them. Refused after this
+/// block wrote on the workers: postgres_fdw's own connections cannot see
+/// those writes.
+pub async fn prepare_to_read(statement: &str, coordinator: &Coordinator, catalog: &Catalog, parts: &mut Participants) -> PgResult<()> {
+    if parts.wrote_on_workers() {
+        return Err(PgError::not_supported(format!(
+            "this {statement} reads distributed tables through the coordinator's general fallback, which cannot see the writes this transaction has already made on the workers"
+        ))
+        .with_hint("Run it before the writes, or in its own transaction."));
+    }
+    coordinator.prepare_fallback(catalog.version, &parts.login().user.clone()).await
+}
+
 pub async fn run(plan: &FallbackPlan, coordinator: &Coordinator, catalog: &Catalog, parts: &mut Participants, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<()> {
     if let Some(broadcast) = broadcast_plan(plan, catalog, parts).await? {
         tracing::debug!("fallback by broadcast: {}", plan.reason);

@@ -22,13 +22,7 @@ const BATCH_ROWS: usize = 1000;
 
 pub async fn run(plan: &InsertSelectPlan, coordinator: &Coordinator, catalog: &Catalog, parts: &mut Participants, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<()> {
     if plan.reads_distributed {
-        if parts.wrote_on_workers() {
-            return Err(PgError::not_supported(
-                "this INSERT … SELECT reads distributed tables through the coordinator's general fallback, which cannot see the writes this transaction has already made on the workers",
-            )
-            .with_hint("Run it before the writes, or in its own transaction."));
-        }
-        coordinator.prepare_fallback(catalog.version, &parts.login().user.clone()).await?;
+        super::fallback::prepare_to_read("INSERT … SELECT", coordinator, catalog, parts).await?;
     }
     let (fields, rows) = rows_to_insert(plan, parts, mode).await?;
     let types = type_names(parts, &fields).await?;
@@ -142,10 +136,9 @@ impl<'p> DirectRouting<'p> {
 /// runs it against the shell table and rolls it back.
 async fn rows_to_insert(plan: &InsertSelectPlan, parts: &mut Participants, mode: &Mode<'_>) -> PgResult<(Vec<FieldDescription>, TextRows)> {
     const SAVEPOINT: &str = "tessera_insert_select";
-    // Joining the session's block, if there is one, comes first: then a
-    // savepoint keeps the block, where BEGIN … ROLLBACK would end it.
-    parts.local().await?;
-    let in_block = parts.local_in_block();
+    // Inside the session's block (which the coordinator database joins
+    // now), a savepoint keeps the block, where BEGIN … ROLLBACK would end it.
+    let in_block = parts.in_block();
     let local = parts.local().await?;
     local.execute(&if in_block { format!("SAVEPOINT {SAVEPOINT}") } else { "BEGIN".to_string() }).await?;
     let out = local.out();

@@ -20,13 +20,7 @@ pub async fn run(plan: &MergePlan, coordinator: &Coordinator, catalog: &Catalog,
         return Err(PgError::internal("MERGE through the coordinator into a reference table"));
     };
     if plan.reads_distributed {
-        if parts.wrote_on_workers() {
-            return Err(PgError::not_supported(
-                "this MERGE reads distributed tables through the coordinator's general fallback, which cannot see the writes this transaction has already made on the workers",
-            )
-            .with_hint("Run it before the writes, or in its own transaction."));
-        }
-        coordinator.prepare_fallback(catalog.version, &parts.login().user.clone()).await?;
+        super::fallback::prepare_to_read("MERGE", coordinator, catalog, parts).await?;
     }
     let local = parts.local().await?;
     frontend::query(local.out(), &plan.source_sql);

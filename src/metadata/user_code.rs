@@ -33,6 +33,7 @@ pub struct UserCode {
 /// value, no settings of its own, no defaults, not SECURITY DEFINER.
 #[derive(Debug)]
 pub struct InlineSql {
+    pub name: String,
     pub signature: String,
     /// Each argument's name ("" when it has none) and type.
     pub args: Vec<(String, String)>,
@@ -42,7 +43,7 @@ pub struct InlineSql {
     pub body: NodeEnum,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct View {
     pub schema: String,
     pub name: String,
@@ -57,7 +58,12 @@ pub struct View {
 /// A view of the coordinator database, and what its rule uses (oids).
 struct CandidateView {
     oid: u32,
-    view: View,
+    schema: String,
+    name: String,
+    materialized: bool,
+    check_option: bool,
+    /// Parsed only for the views that reach distributed tables.
+    definition: String,
     relations: Vec<u32>,
     functions: Vec<u32>,
 }
@@ -104,6 +110,9 @@ impl UserCode {
     /// can be put in place of its calls.
     pub fn inlinable(&self, name: &str) -> Option<&Arc<InlineSql>> {
         self.inlinable.get(name)
+    }
+    pub fn inlinable_names(&self) -> impl Iterator<Item = &str> {
+        self.inlinable.keys().map(String::as_str)
     }
     /// The trigger function that reaches distributed tables when the local
     /// table `schema.name` is written.
@@ -266,13 +275,11 @@ pub(super) async fn load(conn: &mut PgConnection, catalog: &Catalog) -> PgResult
         .filter_map(|r| {
             Some(CandidateView {
                 oid: int(&r[0]),
-                view: View {
-                    schema: r[1].clone()?,
-                    name: r[2].clone()?,
-                    materialized: r[3].as_deref() == Some("t"),
-                    check_option: r[5].as_deref() == Some("t"),
-                    query: pg_query::parse(r[4].as_deref()?).ok()?.protobuf.stmts.into_iter().next()?.stmt?.node?,
-                },
+                schema: r[1].clone()?,
+                name: r[2].clone()?,
+                materialized: r[3].as_deref() == Some("t"),
+                check_option: r[5].as_deref() == Some("t"),
+                definition: r[4].clone()?,
                 relations: serde_json::from_str(r[6].as_deref().unwrap_or("[]")).unwrap_or_default(),
                 functions: serde_json::from_str(r[7].as_deref().unwrap_or("[]")).unwrap_or_default(),
             })
@@ -319,7 +326,7 @@ pub(super) async fn load(conn: &mut PgConnection, catalog: &Catalog) -> PgResult
         };
         // A function that calls itself cannot take its calls' place.
         if r[9].as_deref() == Some("t") && !body.calls.contains(&name) {
-            if let Some(inline) = inline_sql(&signature, &r) {
+            if let Some(inline) = inline_sql(&name, &signature, &r) {
                 candidates.push((name.clone(), int(&r[8]), Arc::new(inline)));
             }
         }
@@ -340,8 +347,11 @@ pub(super) async fn load(conn: &mut PgConnection, catalog: &Catalog) -> PgResult
             let reaches = candidate.relations.iter().any(|r| distributed.contains(r) || reaching_views.contains(r)) || candidate.functions.iter().any(|f| by_oid.contains_key(f));
             if reaches {
                 reaching_views.insert(candidate.oid);
-                let view = &candidate.view;
-                code.views.insert((view.schema.clone(), view.name.clone()), Arc::new(view.clone()));
+                let query = pg_query::parse(&candidate.definition).ok().and_then(|p| p.protobuf.stmts.into_iter().next()?.stmt?.node);
+                if let Some(query) = query {
+                    let view = View { schema: candidate.schema.clone(), name: candidate.name.clone(), materialized: candidate.materialized, check_option: candidate.check_option, query };
+                    code.views.insert((candidate.schema.clone(), candidate.name.clone()), Arc::new(view));
+                }
                 found = true;
             }
         }
@@ -389,7 +399,7 @@ pub(super) async fn load(conn: &mut PgConnection, catalog: &Catalog) -> PgResult
 
 /// A LANGUAGE sql function's row from the query above, when its body is
 /// one SELECT.
-fn inline_sql(signature: &str, r: &[Option<String>]) -> Option<InlineSql> {
+fn inline_sql(name: &str, signature: &str, r: &[Option<String>]) -> Option<InlineSql> {
     let parsed = pg_query::parse(r[3].as_deref()?).ok()?;
     let [stmt] = parsed.protobuf.stmts.as_slice() else { return None };
     let body = stmt.stmt.as_ref()?.node.clone()?;
@@ -397,7 +407,7 @@ fn inline_sql(signature: &str, r: &[Option<String>]) -> Option<InlineSql> {
         return None;
     }
     let args: Vec<(String, String)> = serde_json::from_str(r[12].as_deref().unwrap_or("[]")).ok()?;
-    Some(InlineSql { signature: signature.to_string(), args, return_type: r[11].clone()?, strict: r[10].as_deref() == Some("t"), body })
+    Some(InlineSql { name: name.to_string(), signature: signature.to_string(), args, return_type: r[11].clone()?, strict: r[10].as_deref() == Some("t"), body })
 }
 
 #[cfg(test)]

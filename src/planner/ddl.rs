@@ -581,11 +581,7 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
             }
             // The trigger fires on the workers, where distributed tables
             // exist only as shards under other names.
-            let function = t.funcname.last().and_then(|n| match n.node.as_ref() {
-                Some(NodeEnum::String(s)) => Some(s.sval.as_str()),
-                _ => None,
-            });
-            if let Some(touch) = function.and_then(|f| catalog.user_code.touching(f)) {
+            if let Some(touch) = super::qualified_name(&t.funcname).last().and_then(|f| catalog.user_code.touching(f)) {
                 return Some(Plan::Unsupported(
                     PgError::not_supported(format!(
                         "the trigger function {} reaches {}; triggers on distributed tables fire on the workers, which hold only shards of distributed tables",

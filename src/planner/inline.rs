@@ -4,7 +4,7 @@
 //! table, which Tessera plans over the shards. Run in the coordinator
 //! database instead, the function would read the empty shell.
 
-use super::walk::visit_mut;
+use super::walk::{is_query, visit_mut};
 use super::{not_supported, Plan};
 use crate::metadata::user_code::InlineSql;
 use crate::metadata::Catalog;
@@ -26,11 +26,7 @@ pub(super) fn sql_functions(node: &NodeEnum, text: &str, catalog: &Catalog) -> O
     let code = &catalog.user_code;
     // Other statements run as their text in the coordinator database (a
     // view's definition keeps the call), so they are left to be refused.
-    let query = matches!(
-        node,
-        NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) | NodeEnum::MergeStmt(_) | NodeEnum::DeclareCursorStmt(_)
-    );
-    if !query || !code.has_inlinable() || !text.is_empty() && !code.touching_names().any(|name| code.inlinable(name).is_some() && mentions(text, name)) {
+    if !is_query(node) || !code.has_inlinable() || !text.is_empty() && !code.inlinable_names().any(|name| mentions(text, name)) {
         return None;
     }
     let mut stmt = node.clone();
@@ -69,10 +65,7 @@ pub(super) fn mentions(text: &str, name: &str) -> bool {
 /// The function a call calls, when it can take the call's place: called by
 /// position with all its arguments, as a plain call.
 fn inlinable(call: &protobuf::FuncCall, catalog: &Catalog) -> Option<(String, std::sync::Arc<InlineSql>)> {
-    let name = match call.funcname.last()?.node.as_ref()? {
-        NodeEnum::String(s) => s.sval.clone(),
-        _ => return None,
-    };
+    let name = super::function_names(call).last()?.to_string();
     let function = catalog.user_code.inlinable(&name)?.clone();
     let plain = call.agg_order.is_empty() && call.agg_filter.is_none() && call.over.is_none() && !call.agg_star && !call.agg_distinct && !call.func_variadic;
     let positional = call.args.len() == function.args.len() && call.args.iter().all(|a| !matches!(a.node, Some(NodeEnum::NamedArgExpr(_))));
@@ -92,7 +85,7 @@ fn body_for(function: &InlineSql, args: &[Node], catalog: &Catalog) -> Option<No
     let columns = body_columns(&body, catalog)?;
     let cast_args: Vec<NodeEnum> = args.iter().zip(&function.args).map(|(a, (_, ty))| cast(a.node.clone()?, ty)).collect::<Option<_>>()?;
     // `f.arg` names f's parameter too.
-    let function_name = function.signature.split('(').next().unwrap_or_default().rsplit('.').next().unwrap_or_default().trim_matches('"');
+    let function_name = function.name.as_str();
     let parameter = |names: &[&str]| -> Option<usize> {
         match names {
             [name] if !columns.iter().any(|c| c == name) => function.args.iter().position(|(n, _)| n == name),

@@ -6,7 +6,7 @@
 //! the general fallback) and routes them as a multi-row INSERT.
 
 use super::rewrite::ShardTemplate;
-use super::{deparse, fallback, not_supported, plan_tree, res_target, resolve_range_var, string_node, Combine, Command, MultiShardPlan, Plan};
+use super::{deparse, fallback, not_supported, plan_tree, res_target, resolve_range_var, Combine, Command, MultiShardPlan, Plan};
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, Distribution, DistributedTable};
 use pg_query::protobuf::{self, InsertStmt, SelectStmt};
@@ -101,12 +101,7 @@ fn yields_key_type(insert: &InsertStmt, select: &mut SelectStmt, target: &Distri
     let Some(type_name) = super::router::key_type_name(key) else { return false };
     let Some(NodeEnum::ResTarget(item)) = select.target_list.get_mut(position).and_then(|t| t.node.as_mut()).filter(|_| plain && !has_star) else { return false };
     let Some(value) = item.val.take() else { return false };
-    let cast = protobuf::TypeCast {
-        arg: Some(value),
-        type_name: Some(protobuf::TypeName { names: vec![string_node("pg_catalog"), string_node(type_name)], typemod: -1, location: -1, ..Default::default() }),
-        location: -1,
-    };
-    item.val = Some(Box::new(protobuf::Node { node: Some(NodeEnum::TypeCast(Box::new(cast))) }));
+    item.val = Some(Box::new(super::cast_to_catalog_type(*value, type_name)));
     true
 }
 

@@ -114,20 +114,11 @@ pub(super) fn through_coordinator(version: i32, merge: &protobuf::MergeStmt, tar
     };
     let select = protobuf::SelectStmt {
         target_list: vec![
-            res_target(
-                "",
-                node(NodeEnum::TypeCast(Box::new(protobuf::TypeCast {
-                    arg: Some(Box::new(node(key_value.clone()))),
-                    type_name: Some(protobuf::TypeName { names: vec![string_node("pg_catalog"), string_node(type_name)], typemod: -1, location: -1, ..Default::default() }),
-                    location: -1,
-                }))),
-            ),
+            res_target("", super::cast_to_catalog_type(node(key_value.clone()), type_name)),
             res_target("", node(NodeEnum::ColumnRef(protobuf::ColumnRef { fields: vec![string_node(&alias), node(NodeEnum::AStar(protobuf::AStar {}))], location: -1 }))),
         ],
         from_clause: vec![source.clone()],
-        limit_option: protobuf::LimitOption::Default as i32,
-        op: protobuf::SetOperation::SetopNone as i32,
-        ..Default::default()
+        ..super::plain_select()
     };
     let select = NodeEnum::SelectStmt(Box::new(select));
     let reads_distributed = !super::distributed_among(&super::walk::range_vars(&select), catalog).is_empty();

@@ -236,23 +236,19 @@ fn plan_statement(version: i32, raw: protobuf::RawStmt, text: &str, catalog: &Ca
     if !catalog.has_tables() {
         return Plan::Local;
     }
-    match views::write_through(node, catalog) {
-        Some(Ok(write)) => return plan_tree(version, write, catalog),
-        Some(Err(refusal)) => return refusal,
-        None => {}
+    // Statements rewritten for views and SQL functions are planned again.
+    let replan = |rewritten: Result<NodeEnum, Plan>| rewritten.map_or_else(|refusal| refusal, |stmt| plan_tree(version, stmt, catalog));
+    if let Some(plan) = views::write_through(node, catalog).map(replan) {
+        return plan;
     }
-    match inline::sql_functions(node, text, catalog) {
-        Some(Ok(inlined)) => return plan_tree(version, inlined, catalog),
-        Some(Err(refusal)) => return refusal,
-        None => {}
+    if let Some(plan) = inline::sql_functions(node, text, catalog).map(replan) {
+        return plan;
     }
     if let Some(refusal) = user_code::refusal(node, text, catalog) {
         return refusal;
     }
-    match views::expand(node, catalog) {
-        Some(Ok(expanded)) => return plan_tree(version, expanded, catalog),
-        Some(Err(refusal)) => return refusal,
-        None => {}
+    if let Some(plan) = views::expand(node, catalog).map(replan) {
+        return plan;
     }
     let plan = match node {
         NodeEnum::ExplainStmt(e) => explain::plan(version, e, text, catalog),
@@ -381,13 +377,13 @@ fn refuse_unseen_references(node: &NodeEnum, text: &str, catalog: &Catalog) -> P
             cursor_name = None;
             continue;
         }
-        // A materialized view or CREATE TABLE AS would read a view of them
-        // in the coordinator database, over the shells.
         if catalog.is_distributed_name(&name) {
             return Plan::Unsupported(PgError::not_supported(format!(
                 "this statement uses the distributed table \"{name}\" in a way Tessera does not support yet"
             )));
         }
+        // A materialized view or CREATE TABLE AS would read a view of them
+        // in the coordinator database, over the shells.
         if matches!(node, NodeEnum::CreateTableAsStmt(_)) && catalog.user_code.is_view_name(&name) {
             return Plan::Unsupported(PgError::not_supported(format!(
                 "this statement would read the view \"{name}\" in the coordinator database, which holds only empty shells of the distributed tables it reads"
@@ -399,8 +395,12 @@ fn refuse_unseen_references(node: &NodeEnum, text: &str, catalog: &Catalog) -> P
 
 /// A table reference found in a statement, resolved against the catalog.
 pub(crate) fn resolve_range_var<'c>(rv: &protobuf::RangeVar, catalog: &'c Catalog) -> Option<&'c Arc<DistributedTable>> {
-    let schema = (!rv.schemaname.is_empty()).then_some(rv.schemaname.as_str());
-    catalog.resolve(schema, &rv.relname)
+    catalog.resolve(schema_of(rv), &rv.relname)
+}
+
+/// The schema a table reference names, if it names one.
+pub(crate) fn schema_of(rv: &protobuf::RangeVar) -> Option<&str> {
+    (!rv.schemaname.is_empty()).then_some(rv.schemaname.as_str())
 }
 
 /// Every distributed or reference table the statement mentions, wherever it is.
@@ -436,13 +436,24 @@ pub(crate) fn res_target(name: &str, val: protobuf::Node) -> protobuf::Node {
 
 /// A function call's name as written, schema first when one is given.
 pub(crate) fn function_names(call: &protobuf::FuncCall) -> Vec<&str> {
-    call.funcname
+    qualified_name(&call.funcname)
+}
+
+/// A qualified name's parts (`app.f` → ["app", "f"]).
+pub(crate) fn qualified_name(parts: &[protobuf::Node]) -> Vec<&str> {
+    parts
         .iter()
         .filter_map(|n| match n.node.as_ref() {
             Some(NodeEnum::String(s)) => Some(s.sval.as_str()),
             _ => None,
         })
         .collect()
+}
+
+/// `value::pg_catalog.type_name`.
+pub(crate) fn cast_to_catalog_type(value: protobuf::Node, type_name: &str) -> protobuf::Node {
+    let type_name = protobuf::TypeName { names: vec![string_node("pg_catalog"), string_node(type_name)], typemod: -1, location: -1, ..Default::default() };
+    protobuf::Node { node: Some(NodeEnum::TypeCast(Box::new(protobuf::TypeCast { arg: Some(Box::new(value)), type_name: Some(type_name), location: -1 }))) }
 }
 
 /// A column reference node for `a.b.c`.

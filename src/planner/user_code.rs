@@ -4,7 +4,7 @@
 //! where the tables are empty shells: statements that would run them there
 //! are refused, naming the code and what it reaches.
 
-use super::walk::function_names;
+use super::walk::called_functions;
 use super::Plan;
 use crate::error::PgError;
 use crate::metadata::user_code::plpgsql_body_use;
@@ -42,7 +42,7 @@ pub(super) fn refusal(node: &NodeEnum, text: &str, catalog: &Catalog) -> Option<
     }
     if let NodeEnum::RefreshMatViewStmt(r) = node {
         let rel = r.relation.as_ref()?;
-        let view = code.view((!rel.schemaname.is_empty()).then_some(rel.schemaname.as_str()), &rel.relname)?;
+        let view = code.view(super::schema_of(rel), &rel.relname)?;
         return Some(refuse(
             format!("the materialized view \"{}\" reads distributed tables, which the coordinator database holds only as empty shells; refreshing it there would empty it", view.name),
             "Keep the results in a table filled with INSERT … SELECT instead.",
@@ -55,7 +55,7 @@ pub(super) fn refusal(node: &NodeEnum, text: &str, catalog: &Catalog) -> Option<
     }
     // A cheap look at the text first: most statements call none of them.
     if text.is_empty() || code.touching_names().any(|name| super::inline::mentions(text, name)) {
-        if let Some(touch) = function_names(node).iter().find_map(|name| code.touching(name)) {
+        if let Some(touch) = called_functions(node).iter().find_map(|name| code.touching(name)) {
             return Some(refuse(
                 format!(
                     "function {} reaches {}, but functions run in the coordinator database, which holds only empty shells of distributed tables",
@@ -82,7 +82,7 @@ fn written_relation(node: &NodeEnum) -> Option<(Option<&str>, &str)> {
         NodeEnum::CopyStmt(s) if s.is_from => s.relation.as_ref(),
         _ => None,
     }?;
-    Some(((!rv.schemaname.is_empty()).then_some(rv.schemaname.as_str()), rv.relname.as_str()))
+    Some((super::schema_of(rv), rv.relname.as_str()))
 }
 
 /// A DO block runs in the coordinator database: refused when its body

@@ -6,8 +6,8 @@
 //! would (a filter on the distribution key routes to one shard). Any other
 //! use becomes a subquery under the view's name.
 
-use super::walk::visit_mut;
-use super::{not_supported, Plan};
+use super::walk::{is_query, visit_mut};
+use super::{not_supported, schema_of, Plan};
 use crate::metadata::user_code::View;
 use crate::metadata::Catalog;
 use pg_query::protobuf::{self, Node};
@@ -21,12 +21,7 @@ const MAX_VIEW_DEPTH: usize = 32;
 /// or None when it reads none. Only queries are expanded: other statements
 /// name views as objects.
 pub(super) fn expand(node: &NodeEnum, catalog: &Catalog) -> Option<Result<NodeEnum, Plan>> {
-    if !catalog.user_code.has_views()
-        || !matches!(
-            node,
-            NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) | NodeEnum::MergeStmt(_) | NodeEnum::DeclareCursorStmt(_) | NodeEnum::CopyStmt(_)
-        )
-    {
+    if !catalog.user_code.has_views() || !(is_query(node) || matches!(node, NodeEnum::CopyStmt(_))) {
         return None;
     }
     let mut stmt = node.clone();
@@ -72,7 +67,7 @@ impl Expander<'_> {
         if rv.schemaname.is_empty() && (depth > 0 || self.ctes.contains(&rv.relname)) {
             return None;
         }
-        let view = self.catalog.user_code.view((!rv.schemaname.is_empty()).then_some(rv.schemaname.as_str()), &rv.relname)?.clone();
+        let view = self.catalog.user_code.view(schema_of(rv), &rv.relname)?.clone();
         if depth >= MAX_VIEW_DEPTH {
             self.too_deep = true;
             return None;
@@ -92,13 +87,15 @@ impl Expander<'_> {
             return;
         }
         let rv = rv.clone();
-        if self.catalog.user_code.view((!rv.schemaname.is_empty()).then_some(rv.schemaname.as_str()), &rv.relname).is_none() {
-            return;
-        }
-        let Some((_, NodeEnum::SelectStmt(query))) = self.view_query(&rv, depth) else { return };
-        let Some(view) = SimpleView::new(*query, &rv) else { return };
-        if let Some(merged) = view.merged(select) {
-            *select = merged;
+        let Some((view, query)) = self.view_query(&rv, depth) else { return };
+        let merged = match &query {
+            NodeEnum::SelectStmt(q) => SimpleView::new((**q).clone(), &rv).and_then(|simple| simple.merged(select)),
+            _ => None,
+        };
+        match merged {
+            Some(merged) => *select = merged,
+            // The subquery form, with the view already expanded.
+            None => select.from_clause[0] = Node { node: Some(subselect(&view, query, &rv)) },
         }
     }
 }
@@ -354,7 +351,7 @@ pub(super) fn write_through(node: &NodeEnum, catalog: &Catalog) -> Option<Result
         NodeEnum::DeleteStmt(s) => s.relation.as_ref(),
         _ => None,
     }?;
-    let view = catalog.user_code.view((!rv.schemaname.is_empty()).then_some(rv.schemaname.as_str()), &rv.relname)?;
+    let view = catalog.user_code.view(schema_of(rv), &rv.relname)?;
     let refuse = |why: &str| {
         Some(Err(Plan::Unsupported(
             crate::error::PgError::not_supported(format!("writing through the view \"{}\", which reads distributed tables, is not supported: {why}", view.name))

@@ -243,6 +243,14 @@ fn visit_range_var(rv: &mut Option<protobuf::RangeVar>, f: &mut dyn FnMut(&mut N
     }
 }
 
+/// A statement the walk above knows whole: a query, a write, a cursor's.
+pub fn is_query(stmt: &NodeEnum) -> bool {
+    matches!(
+        stmt,
+        NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) | NodeEnum::MergeStmt(_) | NodeEnum::DeclareCursorStmt(_)
+    )
+}
+
 /// A table or column reference found in a statement.
 pub enum Reference<'a> {
     Table(&'a mut protobuf::RangeVar),
@@ -253,10 +261,7 @@ pub enum Reference<'a> {
 /// the complete walk above, utility statements (whose table references sit in
 /// fixed places pg_query's walker knows) with pg_query's.
 pub fn references_mut(stmt: &mut NodeEnum, mut f: impl FnMut(Reference<'_>)) {
-    if matches!(
-        stmt,
-        NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) | NodeEnum::MergeStmt(_) | NodeEnum::DeclareCursorStmt(_)
-    ) {
+    if is_query(stmt) {
         visit_mut(stmt, &mut |n| match n {
             NodeEnum::RangeVar(rv) => f(Reference::Table(rv)),
             NodeEnum::ColumnRef(c) => f(Reference::Column(c)),
@@ -292,18 +297,12 @@ pub fn range_vars(stmt: &NodeEnum) -> Vec<protobuf::RangeVar> {
 /// The functions a statement calls, each as its last name (`app.f` → `f`):
 /// queries through the complete walk above, utility statements (a column's
 /// DEFAULT, CALL's arguments) through pg_query's walker.
-pub fn function_names(stmt: &NodeEnum) -> Vec<String> {
+pub fn called_functions(stmt: &NodeEnum) -> Vec<String> {
     fn last(call: &protobuf::FuncCall) -> Option<String> {
-        match call.funcname.last()?.node.as_ref()? {
-            NodeEnum::String(s) => Some(s.sval.clone()),
-            _ => None,
-        }
+        super::function_names(call).last().map(|name| name.to_string())
     }
     let mut out = Vec::new();
-    if matches!(
-        stmt,
-        NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) | NodeEnum::MergeStmt(_) | NodeEnum::DeclareCursorStmt(_)
-    ) {
+    if is_query(stmt) {
         let mut copy = stmt.clone();
         visit_mut(&mut copy, &mut |n| {
             if let NodeEnum::FuncCall(call) = n {

@@ -493,7 +493,8 @@ impl Session {
             let mut i = 0;
             while let Some(stmt) = planned.statements.get(i) {
                 let result = self.execute_simple(stmt).await;
-                if stmt.changes_user_code {
+                // Outside a block, distributed DDL has reloaded the catalog already.
+                if stmt.changes_user_code && (self.parts.in_block() || !matches!(stmt.plan, Plan::Ddl(_))) {
                     self.see_user_code_change().await;
                 }
                 if let Err(f) = result {

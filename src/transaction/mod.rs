@@ -314,11 +314,6 @@ impl Participants {
         Ok(&mut self.local)
     }
 
-    /// Whether the coordinator database has joined the current block.
-    pub fn local_in_block(&self) -> bool {
-        self.local_in_block
-    }
-
     /// Called after forwarding client SQL (which may itself hold BEGIN/COMMIT, e.g.
     /// inside a function) to keep our view in line with the coordinator database.
     pub fn observe_local_status(&mut self) {
