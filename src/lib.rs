@@ -16,3 +16,4 @@ pub mod planner;
 pub mod protocol;
 pub mod server;
 pub mod transaction;
+pub mod walk;

@@ -29,7 +29,8 @@ async fn each_shape_takes_its_tier() {
          SELECT create_reference_table('er');
          CREATE VIEW ea_big AS SELECT k, g, v FROM ea WHERE v > 10;
          CREATE VIEW ea_named (key, grp) AS SELECT ea.k, er.name FROM ea JOIN er ON er.id = ea.g;
-         CREATE VIEW ea_per_g AS SELECT g, count(*) AS n FROM ea GROUP BY g;",
+         CREATE VIEW ea_per_g AS SELECT g, count(*) AS n FROM ea GROUP BY g;
+         CREATE FUNCTION ea_total(key int) RETURNS bigint LANGUAGE plpgsql AS $$ BEGIN RETURN (SELECT sum(v) FROM ea WHERE k = key); END $$;",
     )
     .await
     .unwrap();
@@ -69,6 +70,9 @@ async fn each_shape_takes_its_tier() {
         ("SELECT g, count(*) FROM ea_big GROUP BY g", "Custom Scan (Tessera Multi-Shard)"),
         ("SELECT grp FROM ea_named WHERE key = 3", "Custom Scan (Tessera Router)"),
         ("SELECT * FROM ea_per_g", "Custom Scan (Tessera General Fallback)"),
+        // User code that reaches distributed tables runs whole on a worker.
+        ("SELECT ea_total(3)", "Custom Scan (Tessera User Code on a Worker)"),
+        ("SELECT k, ea_total(k) FROM ea WHERE g = 1", "Custom Scan (Tessera User Code on a Worker)"),
     ];
     for (sql, expected) in cases {
         let lines = explain(&c, sql).await;
@@ -91,6 +95,9 @@ async fn each_shape_takes_its_tier() {
     // A broadcast shows the pushdown it turned into, with the shipped rows in the task.
     let text = explain(&c, "SELECT * FROM ea JOIN ec ON ea.g = ec.z").await.join("\n");
     assert!(text.contains("->  Custom Scan (Tessera Multi-Shard)") && (text.contains("Values Scan") || text.contains("One-Time Filter: false")), "{text}");
+    // Where user code ran: the node, and the worker's plan of the call.
+    let text = explain(&c, "SELECT ea_total(3)").await.join("\n");
+    assert!(text.contains(&format!("port={port}")) && text.contains("Result"), "{text}");
     // EXPLAIN ANALYZE runs the statement.
     c.batch_execute("INSERT INTO ea VALUES (1, 1, 1), (2, 2, 2)").await.unwrap();
     let text = explain(&c, "SELECT * FROM ea WHERE k = 2").await.join("\n");

@@ -3,7 +3,7 @@
 //! recording it all in the catalog in the same transaction.
 
 use super::table_ddl::TableDefinition;
-use super::{delete_catalog_rows_sql, finish_block, read_shard_rows, run_per_node, shard_statements, CommandContext};
+use super::{delete_catalog_rows_sql, finish_block, read_shard_rows, run_per_node, CommandContext};
 use crate::planner::placement_groups;
 use crate::planner::DdlPlan;
 use crate::transaction::Access;
@@ -220,21 +220,28 @@ pub(super) async fn follow_shell_onto_shards(ctx: &mut CommandContext<'_>, oid: 
 
 async fn carry_statements(ctx: &mut CommandContext<'_>, catalog: &Catalog, statements: &[String], only_group: Option<i32>) -> PgResult<()> {
     for sql in statements {
-        let mut per_node = match crate::planner::plan_query(sql, catalog).into_iter().next().map(|p| p.plan) {
+        match crate::planner::plan_query(sql, catalog).into_iter().next().map(|p| p.plan) {
             Some(crate::planner::Plan::Ddl(ddl)) => match ddl.as_ref() {
-                DdlPlan::Propagate { table, template, .. } => shard_statements(table, template, &Default::default())?,
+                DdlPlan::Propagate { table, template, relations, .. } => {
+                    super::propagate_to_nodes(ctx, table, template, relations, &Default::default(), only_group).await?;
+                }
                 grant @ DdlPlan::Grant { .. } => {
-                    placement_groups(grant.tables()).into_iter().map(|group| Ok((group, vec![grant.node_sql(group)?]))).collect::<PgResult<_>>()?
+                    let mut per_node: BTreeMap<i32, Vec<String>> =
+                        placement_groups(grant.tables()).into_iter().map(|group| Ok((group, vec![grant.node_sql(group)?]))).collect::<PgResult<_>>()?;
+                    if let Some(group) = only_group {
+                        per_node.retain(|g, _| *g == group);
+                    }
+                    run_per_node(ctx, per_node).await?;
+                    if let (Some(parent_sql), None) = (grant.parent_sql(), only_group) {
+                        let per_node = catalog.active_nodes().map(|n| (n.group_id, vec![parent_sql.clone()])).collect();
+                        run_per_node(ctx, per_node).await?;
+                    }
                 }
                 other => return Err(PgError::internal(format!("carrying \"{sql}\" over to the shards gave the plan {other}"))),
             },
             Some(crate::planner::Plan::Unsupported(e)) => return Err(e),
             _ => return Err(PgError::internal(format!("carrying \"{sql}\" over to the shards did not give a DDL plan"))),
-        };
-        if let Some(group) = only_group {
-            per_node.retain(|g, _| *g == group);
         }
-        run_per_node(ctx, per_node).await?;
     }
     Ok(())
 }
@@ -343,6 +350,9 @@ pub async fn create_distributed_table(ctx: &mut CommandContext<'_>, table_name: 
         bring_nodes_up_to_date(ctx, &placements).await?;
         let shard_ids = create_shards(ctx, &table, Some(column), colocation_id, &placements, None).await?;
         create_partition_shards(ctx, &table, &shard_ids, &partitions, column, colocation_id, &placements).await?;
+        for oid in std::iter::once(table.oid).chain(partitions.iter().map(|(p, _)| p.oid)) {
+            super::worker_relations::create(ctx, oid, None).await?;
+        }
         move_rows_into_shards(ctx, &table, &shard_ids, &placements, by_hash(&table, column, column_type, count as u32)?).await?;
         follow_shell_onto_shards(ctx, table.oid, &table.qualified(), None).await?;
         for (partition, _) in &partitions {
@@ -411,6 +421,9 @@ pub(super) async fn distribute_partition(ctx: &mut CommandContext<'_>, parent: &
     let parent_shards: Vec<String> = parent.shards.iter().map(|s| parent.qualified_shard_name(s)).collect();
     let shard_ids = create_shards(ctx, &table, Some(column), parent.colocation_id, &placements, Some(&parent_shards)).await?;
     create_partition_shards(ctx, &table, &shard_ids, &partitions, column, parent.colocation_id, &placements).await?;
+    for oid in std::iter::once(table.oid).chain(partitions.iter().map(|(p, _)| p.oid)) {
+        super::worker_relations::create(ctx, oid, None).await?;
+    }
     move_rows_into_shards(ctx, &table, &shard_ids, &placements, by_hash(&table, column, *column_type, parent.shard_count())?).await?;
     follow_shell_onto_shards(ctx, table.oid, &table.qualified(), None).await?;
     for (partition, _) in &partitions {
@@ -439,6 +452,7 @@ pub async fn create_reference_table(ctx: &mut CommandContext<'_>, table_name: &s
         let placements = vec![nodes.iter().map(|n| n.group_id).collect::<Vec<_>>()];
         bring_nodes_up_to_date(ctx, &placements).await?;
         let shard_ids = create_shards(ctx, &table, None, colocation_id, &placements, None).await?;
+        super::worker_relations::create(ctx, table.oid, None).await?;
         move_rows_into_shards(ctx, &table, &shard_ids, &placements, |_| Ok(0)).await?;
         follow_shell_onto_shards(ctx, table.oid, &table.qualified(), None).await
     }
@@ -610,7 +624,7 @@ pub async fn undistribute_table(ctx: &mut CommandContext<'_>, table_name: &str) 
                 ctx.parts.local().await?.copy_in(&format!("COPY {qualified} FROM STDIN"), rows).await?;
             }
         }
-        let mut per_node: BTreeMap<i32, Vec<String>> = BTreeMap::new();
+        let mut per_node: BTreeMap<i32, Vec<String>> = ctx.catalog.active_nodes().map(|n| (n.group_id, vec![super::worker_relations::drop_sql(&table)])).collect();
         for shard in &table.shards {
             for g in &shard.placements {
                 per_node.entry(*g).or_default().push(format!("DROP TABLE IF EXISTS {}", table.qualified_shard_name(shard)));

@@ -5,11 +5,12 @@ pub(crate) mod distribute;
 mod nodes;
 mod objects;
 pub mod table_ddl;
+pub mod worker_relations;
 
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable};
 use crate::planner::rewrite::ShardTemplate;
-use crate::planner::{placement_groups, ChosenNames, ClusterCall, ClusterFunction, DdlPlan, DropIndex};
+use crate::planner::{placement_groups, ChosenNames, ClusterCall, ClusterFunction, DdlPlan, DropIndex, RelationChanges, RoleChange};
 use crate::protocol::backend::{self, FieldDescription};
 use crate::protocol::frontend::{self, Bind};
 use crate::server::client::ClientConn;
@@ -288,9 +289,9 @@ pub(crate) async fn finish_block<T>(ctx: &mut CommandContext<'_>, implicit: bool
 
 async fn run_ddl_in_block(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_>) -> PgResult<String> {
     match plan {
-        DdlPlan::Propagate { table, template, catalog_sql } => {
+        DdlPlan::Propagate { table, template, catalog_sql, relations } => {
             let (tag, chosen) = run_on_shell(plan, table, sql, ctx).await?;
-            run_per_node(ctx, shard_statements(table, template, &chosen)?).await?;
+            propagate_to_nodes(ctx, table, template, relations, &chosen, None).await?;
             let local = ctx.parts.local().await?;
             if let Some(catalog_sql) = catalog_sql {
                 local.execute(catalog_sql).await?;
@@ -301,6 +302,9 @@ async fn run_ddl_in_block(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_
             Ok(tag)
         }
         DdlPlan::Drop { tables } => {
+            for t in tables {
+                run_on_every_node(ctx, |_| vec![worker_relations::drop_sql(t)]).await?;
+            }
             run_node_statements(plan, ctx).await?;
             let local = ctx.parts.local().await?;
             for t in tables {
@@ -321,6 +325,9 @@ async fn run_ddl_in_block(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_
         }
         DdlPlan::DropFromTable { table, .. } => {
             let tag = ctx.parts.local().await?.execute(sql).await?;
+            if let Some(parent_sql) = plan.parent_sql() {
+                run_on_every_node(ctx, |_| vec![parent_sql.clone()]).await?;
+            }
             let mut per_node: BTreeMap<i32, Vec<String>> = BTreeMap::new();
             for shard in &table.shards {
                 let stmt = plan.drop_from_shard_sql(shard)?;
@@ -334,11 +341,56 @@ async fn run_ddl_in_block(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_
         DdlPlan::Truncate { .. } | DdlPlan::Grant { .. } => {
             let tag = ctx.parts.local().await?.execute(sql).await?;
             run_node_statements(plan, ctx).await?;
+            if let Some(parent_sql) = plan.parent_sql() {
+                run_on_every_node(ctx, |_| vec![parent_sql.clone()]).await?;
+            }
             Ok(tag)
         }
         DdlPlan::Everywhere { .. } => run_everywhere(plan, sql, ctx).await,
         DdlPlan::DropIndex(_) | DdlPlan::Vacuum { .. } | DdlPlan::Checkpoint | DdlPlan::Lock { .. } => unreachable!("{plan} runs on its own"),
     }
+}
+
+/// Carries a propagated statement over to the nodes: to the worker-side
+/// relations it changes (`RelationChanges`) and to every shard of `table`
+/// (only those on node group `only_group`, when set).
+pub(crate) async fn propagate_to_nodes(
+    ctx: &mut CommandContext<'_>,
+    table: &DistributedTable,
+    template: &ShardTemplate,
+    relations: &RelationChanges,
+    chosen: &ChosenNames,
+    only_group: Option<i32>,
+) -> PgResult<()> {
+    for table in relations.reshaped.iter().chain(&relations.rebuild_views) {
+        run_on_every_node(ctx, |group| worker_relations::release_sql(table, group)).await?;
+    }
+    if let Some(parent_sql) = &relations.parent_sql {
+        run_on_every_node(ctx, |group| {
+            let mut statements = vec![parent_sql.clone()];
+            if let Some(new_name) = &relations.renamed_to {
+                statements.extend(worker_relations::rename_foreign_sql(table, new_name, group));
+            }
+            statements
+        })
+        .await?;
+    }
+    let mut per_node = shard_statements(table, template, chosen)?;
+    if let Some(group) = only_group {
+        per_node.retain(|g, _| *g == group);
+    }
+    run_per_node(ctx, per_node).await?;
+    for table in relations.reshaped.iter().chain(&relations.rebuild_views) {
+        worker_relations::create(ctx, table.oid, None).await?;
+    }
+    Ok(())
+}
+
+/// Runs on every active node the statements `sql_for` gives for it (inside
+/// the current block): what the worker-side relations need.
+async fn run_on_every_node(ctx: &mut CommandContext<'_>, sql_for: impl Fn(i32) -> Vec<String>) -> PgResult<()> {
+    let per_node = ctx.catalog.active_nodes().map(|n| (n.group_id, sql_for(n.group_id))).filter(|(_, s)| !s.is_empty()).collect();
+    run_per_node(ctx, per_node).await
 }
 
 /// Runs a propagated statement on the coordinator database. Returns its
@@ -434,8 +486,22 @@ async fn run_everywhere(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_>)
         }
     }
     let tag = local.execute(sql).await?;
-    let groups = ctx.catalog.active_nodes().map(|n| n.group_id).collect();
-    run_per_group(ctx, groups, |group| plan.node_sql(group)).await?;
+    let roles = match plan {
+        DdlPlan::Everywhere { roles, .. } => roles.clone(),
+        _ => RoleChange::None,
+    };
+    run_on_every_node(ctx, |group| {
+        let mut statements = Vec::new();
+        if let RoleChange::Dropped(names) = &roles {
+            statements.push(worker_relations::forget_roles_sql(names));
+        }
+        statements.push(plan.node_sql(group).unwrap_or_default());
+        if roles == RoleChange::Named {
+            statements.push(worker_relations::MAP_ROLES_SQL.to_string());
+        }
+        statements
+    })
+    .await?;
     if matches!(plan, DdlPlan::Everywhere { .. }) {
         // Coordinators learn the nodes' oids of new types, and which
         // functions reach distributed tables, when they reload.
@@ -482,7 +548,7 @@ fn shard_statements(table: &DistributedTable, template: &ShardTemplate, chosen: 
 fn labeled_shard_statements(table: &DistributedTable, template: &ShardTemplate, chosen: &ChosenNames) -> PgResult<BTreeMap<i32, Vec<(String, String)>>> {
     let mut per_node: BTreeMap<i32, Vec<(String, String)>> = BTreeMap::new();
     for shard in &table.shards {
-        let stmt = DdlPlan::shard_sql(table, template, shard.index, chosen)?;
+        let Some(stmt) = DdlPlan::shard_sql(table, template, shard.index, chosen)? else { continue };
         for group in &shard.placements {
             per_node.entry(*group).or_default().push((table.shard_relname(shard), stmt.clone()));
         }

@@ -91,6 +91,12 @@ impl TableDefinition {
         Ok(TableDefinition { schema, columns, partition_key, partition_bound, constraints, indexes })
     }
 
+    /// Column definitions as the shards have them (defaults drawing from
+    /// sequences left to the coordinator).
+    pub fn columns(&self) -> &[String] {
+        &self.columns
+    }
+
     /// Statements creating the shard `relname` (in the table's schema); for
     /// a partition, as a partition of `parent_shard` (its parent's shard of
     /// the same index, schema-qualified).

@@ -5,7 +5,7 @@ use super::{evaluate_defaults, node_of_group, plan_tasks, Mode};
 use crate::connection::TextRows;
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, Node};
-use crate::planner::{ExplainPlan, Plan};
+use crate::planner::{Command, ExplainPlan, Plan};
 use crate::protocol::backend::{self, FieldDescription};
 use crate::server::client::ClientConn;
 use crate::server::Coordinator;
@@ -63,7 +63,8 @@ async fn explain_pushdown(plan: &ExplainPlan, inner: &Plan, catalog: &Catalog, p
             let defaults = evaluate_defaults(router, parts).await?;
             let tasks = plan_tasks(router, parts, mode, defaults).await?;
             let task = tasks.first().ok_or_else(|| PgError::internal("router plan without tasks"))?;
-            lines.push("Custom Scan (Tessera Router)".to_string());
+            // User code runs unchanged on one worker, over its worker-side relations.
+            lines.push(if router.command == Command::UserCode { "Custom Scan (Tessera User Code on a Worker)" } else { "Custom Scan (Tessera Router)" }.to_string());
             lines.push(format!("  Task Count: {}", tasks.len()));
             lines.push(format!("  Tasks Shown: {}", if tasks.len() == 1 { "All".to_string() } else { format!("One of {}", tasks.len()) }));
             let access = if router.is_write() { Access::Write } else { Access::Read };

@@ -4,7 +4,7 @@
 
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Catalog, Node};
-use crate::planner::{FilledValues, KeyRouting, KeyValue, RouterPlan, ShardTarget};
+use crate::planner::{Command, FilledValues, KeyRouting, KeyValue, RouterPlan, ShardTarget};
 use crate::protocol::Message;
 use bytes::{Bytes, BytesMut};
 use crate::protocol::backend;
@@ -118,6 +118,20 @@ fn null_key() -> PgError {
     PgError::new(sqlstate::NOT_NULL_VIOLATION, "cannot perform an INSERT with NULL in the partition column")
 }
 
+/// The node user code runs on. Inside a block, the one node the block wrote
+/// on, if any: on another, its reads of that node's shards would go through
+/// postgres_fdw's own transaction, which cannot see the block's writes.
+/// Otherwise the first node, always the same one, so that a call that
+/// succeeds (its writes reaching only that node's shards) always does.
+fn user_code_node(groups: &[i32], parts: &Participants) -> PgResult<i32> {
+    match parts.block_writers().as_slice() {
+        [] => groups.iter().copied().find(|g| parts.has_worker_in_block(*g)).or(groups.first().copied()).ok_or_else(|| PgError::internal("no active node to run user code on")),
+        [one] => Ok(*one),
+        _ => Err(PgError::not_supported("this transaction has written on several nodes, and user code running on one of them would not see the others' writes")
+            .with_hint("Call the function before the transaction's writes, or in a transaction of its own.")),
+    }
+}
+
 fn node_of_group<'c>(catalog: &'c Catalog, group: i32) -> PgResult<&'c Node> {
     catalog.node_for_group(group).ok_or_else(|| PgError::internal(format!("no node for group {group} in the catalog")))
 }
@@ -229,6 +243,7 @@ async fn plan_tasks(plan: &RouterPlan, parts: &mut Participants, mode: &Mode<'_>
                 vec![Task { group: *g, sql, rows: Vec::new() }]
             }
         }
+        ShardTarget::AnyNode(groups) => vec![Task { group: user_code_node(groups, parts)?, sql: plan.sql_for_shard(0)?, rows: Vec::new() }],
         ShardTarget::InsertRows(keys) => {
             let mut by_shard: Vec<(u32, Vec<usize>)> = Vec::new();
             let mut key_defaults = defaults.key.into_iter();
@@ -321,6 +336,10 @@ async fn run_tasks(plan: &RouterPlan, tasks: Vec<Task>, parts: &mut Participants
     let mut tag_prefix = String::new();
     for (i, task) in tasks.iter().enumerate() {
         let access = if plan.is_write() { Access::Write } else { Access::Read };
+        if plan.command == Command::UserCode {
+            parts.worker(node_of_group(catalog, task.group)?, access).await?;
+            parts.follow_session_settings(task.group).await?;
+        }
         let worker = parts.worker(node_of_group(catalog, task.group)?, access).await?;
         let relay_rows = !replicated || i == 0;
         let result = run_task(worker, &task.sql, mode, client, relay_rows, i == 0).await;

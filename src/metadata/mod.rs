@@ -190,6 +190,14 @@ impl DistributedTable {
     pub fn shard_count(&self) -> u32 {
         self.shards.len() as u32
     }
+    /// Whether the table's relation on every worker (commands/worker_relations.rs)
+    /// is a partitioned parent with the worker's shards attached, rather than
+    /// a view (of a reference table's copy, or of a partition's rows in its
+    /// root's parent): column changes must then go through it, as PostgreSQL
+    /// forbids them on a partition alone.
+    pub fn has_worker_parent(&self) -> bool {
+        self.partition_of.is_none() && !self.is_reference()
+    }
 }
 
 /// One consistent view of the catalog.

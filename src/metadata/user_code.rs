@@ -75,6 +75,10 @@ pub struct Touch {
     pub function: String,
     /// What it reaches: `the distributed table "orders"`, `dynamic SQL`, …
     pub reaches: String,
+    /// A relation its body names that only the coordinator database has (a
+    /// local table, or a view the workers do not get): the function cannot
+    /// run on a worker either.
+    pub local: Option<String>,
 }
 
 impl UserCode {
@@ -157,6 +161,16 @@ impl BodyUse {
                 let last = |name: String| name.rsplit('.').next().unwrap_or_default().to_string();
                 self.relations.extend(parsed.tables().into_iter().map(last));
                 self.calls.extend(parsed.functions().into_iter().map(last));
+                // pg_query's lists leave out what its walker skips (sampled
+                // tables, calls under an indirection, …); ours does not.
+                for stmt in parsed.protobuf.stmts.iter().filter_map(|s| s.stmt.as_ref()?.node.as_ref()) {
+                    self.relations.extend(crate::walk::range_vars(stmt).into_iter().map(|rv| rv.relname));
+                    self.calls.extend(crate::walk::called_functions(stmt));
+                }
+                for names in [&mut self.relations, &mut self.calls] {
+                    names.sort();
+                    names.dedup();
+                }
             }
             Err(_) => self.dynamic = true,
         }
@@ -360,7 +374,7 @@ pub(super) async fn load(conn: &mut PgConnection, catalog: &Catalog) -> PgResult
                 continue;
             }
             if let Some(reaches) = code.reached_by(body, catalog) {
-                let touch = Touch { function: signature.clone(), reaches };
+                let touch = Touch { function: signature.clone(), reaches, local: None };
                 code.touching.entry(name.clone()).or_insert_with(|| touch.clone());
                 by_oid.insert(*oid, touch);
                 found = true;
@@ -372,6 +386,25 @@ pub(super) async fn load(conn: &mut PgConnection, catalog: &Catalog) -> PgResult
     }
     if by_oid.is_empty() {
         return Ok(code);
+    }
+    let local: HashSet<String> = conn
+        .query(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f') AND n.nspname NOT IN ('information_schema', 'tessera', 'tessera_fallback') AND n.nspname NOT LIKE 'pg\\_%'",
+        )
+        .await?
+        .into_iter()
+        .filter_map(|r| r.into_iter().next().flatten())
+        .filter(|name| !catalog.is_distributed_name(name) && !code.is_view_name(name))
+        .collect();
+    for (name, _, oid, body) in &uses {
+        let Some(found) = body.relations.iter().find(|r| local.contains(*r)) else { continue };
+        if let Some(touch) = by_oid.get_mut(oid) {
+            touch.local = Some(found.clone());
+        }
+        if let Some(touch) = code.touching.get_mut(name) {
+            touch.local.get_or_insert_with(|| found.clone());
+        }
     }
     for (name, oid, inline) in candidates {
         if by_oid.contains_key(&oid) && uses.iter().filter(|(n, ..)| *n == name).count() == 1 {
@@ -454,5 +487,8 @@ mod tests {
         assert_eq!(used.relations, ["items", "orders"]);
         assert!(used.calls.iter().any(|c| c == "helper"));
         assert!(sql_body_use("this is not SQL").dynamic);
+        // pg_query's own list of tables leaves out sampled ones.
+        assert_eq!(sql_body_use("SELECT l.id FROM lt l TABLESAMPLE system (100) WHERE l.id < (SELECT count(*) FROM r)").relations.len(), 2);
+        assert!(sql_body_use("SELECT to_json(r) FROM (SELECT (stats(12)).n) r").calls.iter().any(|c| c == "stats"));
     }
 }

@@ -18,7 +18,8 @@ pub enum DdlPlan {
     /// `table` rewritten for that shard (index and constraint names get the shard
     /// id appended, as table names do). `catalog_sql` updates our catalog in the
     /// same transaction (e.g. a renamed distribution column).
-    Propagate { table: Arc<DistributedTable>, template: ShardTemplate, catalog_sql: Option<String> },
+    /// `relations`: what the statement does to the worker-side relations.
+    Propagate { table: Arc<DistributedTable>, template: ShardTemplate, catalog_sql: Option<String>, relations: RelationChanges },
     /// DROP TABLE of distributed tables (possibly with local ones).
     Drop { tables: Vec<Arc<DistributedTable>> },
     /// TRUNCATE of distributed tables (possibly with local ones): each node
@@ -53,12 +54,51 @@ pub enum DdlPlan {
     /// `sql` (the statement deparsed) in one distributed transaction, so
     /// that the workers, which check privileges themselves, agree with it.
     /// `forget`: distributed tables the statement drops along with their
-    /// schema, whose catalog rows go first.
-    Everywhere { sql: String, forget: Vec<Arc<DistributedTable>> },
+    /// schema, whose catalog rows go first. `roles`: what the statement does
+    /// to roles, which the workers' user mappings follow.
+    Everywhere { sql: String, forget: Vec<Arc<DistributedTable>>, roles: RoleChange },
     /// GRANT/REVOKE on tables some of which are distributed: the coordinator
     /// database runs the statement (shells and local tables), each node the
     /// statement for the shards it holds.
     Grant { version: i32, stmt: protobuf::GrantStmt, tables: Vec<(Arc<DistributedTable>, protobuf::RangeVar)> },
+}
+
+/// What a propagated statement does to the tables' relations on the workers
+/// (commands/worker_relations.rs), besides what it does to the shards.
+#[derive(Debug, Default)]
+pub struct RelationChanges {
+    /// Run on every node before the shards' statements, on the table's
+    /// worker-side parent: column changes (which reach the attached shards
+    /// and the foreign tables from there) and the table-level settings the
+    /// parent must repeat (owner, row-level security, policies, name).
+    pub parent_sql: Option<String>,
+    /// The table's new name, when the statement renames it: the foreign
+    /// tables standing for its shards follow.
+    pub renamed_to: Option<String>,
+    /// Tables whose worker-side views change with the statement (a reference
+    /// table's columns or name, a partitioned table's columns, which its
+    /// partitions' views list): dropped before the shards change, made
+    /// again after.
+    pub rebuild_views: Vec<Arc<DistributedTable>>,
+    /// Tables that become a partition (ATTACH) or stop being one (DETACH),
+    /// with the partitions under them: their relations go first (a parent
+    /// lets go of its shards, so that they can be attached elsewhere) and are
+    /// made again, of the new kind, after.
+    pub reshaped: Vec<Arc<DistributedTable>>,
+}
+
+/// What a statement run on every node does to roles: each role has a user
+/// mapping on every worker for the other workers' foreign tables
+/// (commands/worker_relations.rs), made when the role is and dropped first
+/// when it is.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub enum RoleChange {
+    #[default]
+    None,
+    /// Created or renamed.
+    Named,
+    /// Dropped: these roles.
+    Dropped(Vec<String>),
 }
 
 /// The names the coordinator database chose for what a statement created
@@ -149,7 +189,15 @@ impl DdlPlan {
     /// walk then finds them renamed already).
     /// `chosen`: the names the coordinator database gave what the statement
     /// creates without naming it; each shard's copy is named after them.
-    pub fn shard_sql(table: &DistributedTable, template: &ShardTemplate, index: u32, chosen: &ChosenNames) -> PgResult<String> {
+    /// None when the shard has nothing to do: what the statement changes
+    /// reaches it through its worker-side parent (`RelationChanges`).
+    pub fn shard_sql(table: &DistributedTable, template: &ShardTemplate, index: u32, chosen: &ChosenNames) -> PgResult<Option<String>> {
+        let through_parent = table.has_worker_parent();
+        match template.statement() {
+            Some(NodeEnum::RenameStmt(r)) if through_parent && r.rename_type == ObjectType::ObjectColumn as i32 => return Ok(None),
+            Some(NodeEnum::AlterTableStmt(alter)) if through_parent && shard_commands(alter.cmds.clone()).is_empty() => return Ok(None),
+            _ => {}
+        }
         let shard = &table.shards[index as usize];
         let suffix = format!("_{}", shard.id);
         let point = |rv: &mut Option<protobuf::RangeVar>| {
@@ -157,7 +205,7 @@ impl DdlPlan {
                 template.point_at_shard(rv, index);
             }
         };
-        template.sql_with(index, |node| match node.node.as_mut() {
+        let sql = template.sql_with(index, |node| match node.node.as_mut() {
             Some(NodeEnum::IndexStmt(ix)) => {
                 if let (true, Some(name)) = (ix.idxname.is_empty(), &chosen.index) {
                     ix.idxname = name.clone();
@@ -169,6 +217,9 @@ impl DdlPlan {
             }
             Some(NodeEnum::AlterTableStmt(alter)) => {
                 point(&mut alter.relation);
+                if through_parent {
+                    alter.cmds = shard_commands(std::mem::take(&mut alter.cmds));
+                }
                 let mut chosen_constraints = chosen.constraints.iter();
                 for cmd in &mut alter.cmds {
                     let Some(NodeEnum::AlterTableCmd(cmd)) = cmd.node.as_mut() else { continue };
@@ -219,7 +270,8 @@ impl DdlPlan {
             Some(NodeEnum::CreatePolicyStmt(p)) => point(&mut p.table),
             Some(NodeEnum::AlterPolicyStmt(p)) => point(&mut p.table),
             _ => {}
-        })
+        })?;
+        Ok(Some(sql))
     }
 
     /// The statement for shard `shard` of a DROP TRIGGER / DROP POLICY: the
@@ -239,6 +291,35 @@ impl DdlPlan {
             }
         }
         super::deparse::deparse_statement(*version, NodeEnum::DropStmt(stmt))
+    }
+
+    /// The statement the worker-side parents of a GRANT's tables, or of a
+    /// DROP POLICY's, run on every node: queries through a parent are
+    /// checked against its privileges and policies, not its partitions'.
+    pub fn parent_sql(&self) -> Option<String> {
+        let qualified = |t: &DistributedTable| protobuf::RangeVar { schemaname: t.schema.clone(), relname: t.name.clone(), inh: true, relpersistence: "p".into(), ..Default::default() };
+        match self {
+            DdlPlan::Grant { version, stmt, tables } => {
+                let mut stmt = stmt.clone();
+                stmt.objects = tables.iter().filter(|(t, _)| t.has_worker_parent()).map(|(t, _)| node(NodeEnum::RangeVar(qualified(t)))).collect();
+                if stmt.objects.is_empty() {
+                    return None;
+                }
+                super::deparse::deparse_statement(*version, NodeEnum::GrantStmt(stmt)).ok()
+            }
+            DdlPlan::DropFromTable { version, stmt, table } if stmt.remove_type == ObjectType::ObjectPolicy as i32 && table.has_worker_parent() => {
+                let mut stmt = stmt.clone();
+                stmt.missing_ok = true;
+                for object in &mut stmt.objects {
+                    let Some(NodeEnum::List(names)) = object.node.as_mut() else { continue };
+                    let policy = names.items.pop()?;
+                    let string = |s: &str| node(NodeEnum::String(protobuf::String { sval: s.to_string() }));
+                    names.items = vec![string(&table.schema), string(&table.name), policy];
+                }
+                super::deparse::deparse_statement(*version, NodeEnum::DropStmt(stmt)).ok()
+            }
+            _ => None,
+        }
     }
 
     /// The distributed tables the plan reaches (those of a DROP INDEX are only
@@ -469,7 +550,7 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
     let node = raw.stmt.as_ref()?.node.as_ref()?;
     // `also`: tables the statement names where the generic walk behind
     // referenced_tables does not look (RENAME's table, foreign-key targets).
-    let propagate = |table: &Arc<DistributedTable>, also: Vec<Arc<DistributedTable>>, catalog_sql: Option<String>| {
+    let propagate = |table: &Arc<DistributedTable>, also: Vec<Arc<DistributedTable>>, catalog_sql: Option<String>, relations: RelationChanges| {
         if let Err(refusal) = super::deparse::deparse_faithfully(&protobuf::ParseResult { version, stmts: vec![raw.clone()] }) {
             return Plan::Unsupported(refusal);
         }
@@ -479,7 +560,7 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
                 tables.push(t);
             }
         }
-        Plan::Ddl(Arc::new(DdlPlan::Propagate { table: table.clone(), template: ShardTemplate::for_utility(version, raw.clone(), tables), catalog_sql }))
+        Plan::Ddl(Arc::new(DdlPlan::Propagate { table: table.clone(), template: ShardTemplate::for_utility(version, raw.clone(), tables), catalog_sql, relations }))
     };
     match node {
         // A new local table may reference distributed tables as its foreign
@@ -505,18 +586,22 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
                     return Some(unique_without_key());
                 }
             }
-            Some(propagate(table, vec![], None))
+            Some(propagate(table, vec![], None, RelationChanges::default()))
         }
         NodeEnum::AlterTableStmt(alter) => {
             let table = resolve_range_var(alter.relation.as_ref()?, catalog)?;
             let col = dist_column(table);
             let mut referenced = Vec::new();
+            let mut relations = RelationChanges::default();
             for cmd in &alter.cmds {
                 let Some(NodeEnum::AlterTableCmd(cmd)) = cmd.node.as_ref() else { continue };
                 let subtype = AlterTableType::from_i32(cmd.subtype);
                 if let Some(NodeEnum::PartitionCmd(p)) = cmd.def.as_deref().and_then(|d| d.node.as_ref()) {
                     match plan_partition_command(table, p, subtype, alter.cmds.len(), catalog) {
-                        Ok(Some(partition)) => referenced.push(partition),
+                        Ok(Some(partition)) => {
+                            relations.reshaped = std::iter::once(partition.clone()).chain(catalog.partitions_under(partition.oid)).collect();
+                            referenced.push(partition)
+                        }
                         Ok(None) => return Some(Plan::Ddl(Arc::new(DdlPlan::AddPartition { parent: table.clone(), partition: p.name.clone()? }))),
                         Err(refusal) => return Some(refusal),
                     }
@@ -532,16 +617,46 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
                     }
                 }
             }
-            Some(propagate(table, referenced, None))
+            if table.has_worker_parent() {
+                let mut parent = alter.clone();
+                parent.cmds = parent_commands(&alter.cmds);
+                if !parent.cmds.is_empty() {
+                    match super::deparse::deparse_statement(version, NodeEnum::AlterTableStmt(parent)) {
+                        Ok(sql) => relations.parent_sql = Some(sql),
+                        Err(refusal) => return Some(Plan::Unsupported(refusal)),
+                    }
+                }
+            }
+            if alter.cmds.iter().any(|cmd| matches!(cmd.node.as_ref(), Some(NodeEnum::AlterTableCmd(c)) if changes_columns(c))) {
+                relations.rebuild_views = views_listing_columns(table, catalog);
+            }
+            Some(propagate(table, referenced, None, relations))
+        }
+        NodeEnum::RenameStmt(r) if r.relation.as_ref().is_some_and(|rv| catalog.user_code.view(super::schema_of(rv), &rv.relname).is_some()) => {
+            Some(everywhere(version, NodeEnum::RenameStmt(Box::new(protobuf::RenameStmt { missing_ok: true, ..r.as_ref().clone() }))))
         }
         NodeEnum::RenameStmt(r) if r.rename_type == ObjectType::ObjectIndex as i32 => {
             Some(Plan::Ddl(Arc::new(DdlPlan::DropIndex(DropIndex { version, stmt: IndexStatement::Rename(r.clone()) }))))
         }
         NodeEnum::RenameStmt(r) => {
             let table = resolve_range_var(r.relation.as_ref()?, catalog)?;
-            match ObjectType::from_i32(r.rename_type) {
+            let kind = ObjectType::from_i32(r.rename_type);
+            // The parent repeats the table's name, columns and policies.
+            let mut relations = RelationChanges::default();
+            if matches!(kind, Some(ObjectType::ObjectTable | ObjectType::ObjectColumn | ObjectType::ObjectPolicy)) && table.has_worker_parent() {
+                relations.parent_sql = Some(super::deparse::deparse_statement(version, node.clone()).ok()?);
+            }
+            match kind {
+                Some(ObjectType::ObjectColumn) => relations.rebuild_views = views_listing_columns(table, catalog),
+                Some(ObjectType::ObjectTable) if !table.has_worker_parent() => relations.rebuild_views = vec![table.clone()],
+                _ => {}
+            }
+            if kind == Some(ObjectType::ObjectTable) && table.has_worker_parent() {
+                relations.renamed_to = Some(r.newname.clone());
+            }
+            match kind {
                 Some(ObjectType::ObjectTable | ObjectType::ObjectTabconstraint | ObjectType::ObjectTrigger | ObjectType::ObjectPolicy) => {
-                    Some(propagate(table, vec![], None))
+                    Some(propagate(table, vec![], None, relations))
                 }
                 Some(ObjectType::ObjectColumn) => {
                     let catalog_sql = (dist_column(table) == Some(r.subname.as_str())).then(|| {
@@ -551,7 +666,7 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
                             table.oid
                         )
                     });
-                    Some(propagate(table, vec![], catalog_sql))
+                    Some(propagate(table, vec![], catalog_sql, relations))
                 }
                 _ => Some(not_supported("this kind of RENAME on distributed tables is not supported yet")),
             }
@@ -579,18 +694,7 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
             if t.isconstraint {
                 return Some(not_supported("constraint triggers on distributed tables are not supported yet; use an ordinary AFTER trigger"));
             }
-            // The trigger fires on the workers, where distributed tables
-            // exist only as shards under other names.
-            if let Some(touch) = super::qualified_name(&t.funcname).last().and_then(|f| catalog.user_code.touching(f)) {
-                return Some(Plan::Unsupported(
-                    PgError::not_supported(format!(
-                        "the trigger function {} reaches {}; triggers on distributed tables fire on the workers, which hold only shards of distributed tables",
-                        touch.function, touch.reaches
-                    ))
-                    .with_hint("Keep the trigger's work to the row it fires for (NEW/OLD), or do the other writes in the same transaction from the client."),
-                ));
-            }
-            Some(propagate(table, vec![], None))
+            Some(propagate(table, vec![], None, RelationChanges::default()))
         }
         NodeEnum::CreateStatsStmt(st) => {
             let table = st.relations.iter().find_map(|n| match n.node.as_ref() {
@@ -600,10 +704,22 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
             if st.defnames.is_empty() {
                 return Some(not_supported("CREATE STATISTICS on a distributed table needs a name for the statistics object"));
             }
-            Some(propagate(table, vec![], None))
+            Some(propagate(table, vec![], None, RelationChanges::default()))
         }
-        NodeEnum::CreatePolicyStmt(p) => Some(propagate(resolve_range_var(p.table.as_ref()?, catalog)?, vec![], None)),
-        NodeEnum::AlterPolicyStmt(p) => Some(propagate(resolve_range_var(p.table.as_ref()?, catalog)?, vec![], None)),
+        // Queries through a worker-side parent see its policies, not its partitions'.
+        NodeEnum::CreatePolicyStmt(_) | NodeEnum::AlterPolicyStmt(_) => {
+            let rv = match node {
+                NodeEnum::CreatePolicyStmt(p) => p.table.as_ref(),
+                NodeEnum::AlterPolicyStmt(p) => p.table.as_ref(),
+                _ => None,
+            }?;
+            let table = resolve_range_var(rv, catalog)?;
+            let mut relations = RelationChanges::default();
+            if table.has_worker_parent() {
+                relations.parent_sql = Some(super::deparse::deparse_statement(version, node.clone()).ok()?);
+            }
+            Some(propagate(table, vec![], None, relations))
+        }
         // Comments describe the table, which the coordinator database does.
         NodeEnum::CommentStmt(_) => Some(Plan::Local),
         NodeEnum::TruncateStmt(t) => {
@@ -626,9 +742,18 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
             (!rels.is_empty()).then(|| Plan::Ddl(Arc::new(DdlPlan::Vacuum { version, stmt: v.clone(), rels })))
         }
         NodeEnum::GrantStmt(g) => plan_grant(version, g, node, catalog),
-        // A view is kept in the coordinator database only: queries that read
-        // it are planned with its query expanded (planner/user_code.rs).
-        NodeEnum::ViewStmt(_) => Some(Plan::Local),
+        // Queries that read a view over distributed tables are planned with
+        // its query expanded (planner/views.rs); the workers get the view too,
+        // over their worker-side relations, for the user code that runs there.
+        NodeEnum::ViewStmt(v) => Some(match v.view.as_ref() {
+            Some(view) if view.relpersistence != "t" && view_runs_on_workers(node, catalog) => view_everywhere(version, node.clone()),
+            _ => Plan::Local,
+        }),
+        // Any view may have been made on the workers too (`view_runs_on_workers`
+        // judged it by the catalog of its day).
+        NodeEnum::DropStmt(d) if d.remove_type == ObjectType::ObjectView as i32 => {
+            Some(everywhere(version, NodeEnum::DropStmt(protobuf::DropStmt { missing_ok: true, ..d.clone() })))
+        }
         NodeEnum::CreateTableAsStmt(c) if c.objtype == ObjectType::ObjectMatview as i32 && !referenced_tables(raw, catalog).is_empty() => Some(not_supported(
             "materialized views over distributed tables are not supported: the coordinator database, which would hold one, has only empty shells of the tables",
         )),
@@ -637,6 +762,33 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
         }
         _ => None,
     }
+}
+
+/// Every node makes the view; a worker lacking what it reads (a view over
+/// other views that live only in the coordinator database) goes without, as
+/// it lacks them.
+fn view_everywhere(version: i32, stmt: NodeEnum) -> Plan {
+    match node_text(version, stmt) {
+        Ok(sql) => Plan::Ddl(Arc::new(DdlPlan::Everywhere {
+            sql: format!("DO $tessera$ BEGIN EXECUTE {}; EXCEPTION WHEN undefined_table THEN NULL; END $tessera$", quote_literal(&sql)),
+            forget: vec![],
+            roles: RoleChange::None,
+        })),
+        Err(e) => Plan::Unsupported(e),
+    }
+}
+
+/// Whether a new view reads distributed tables (or views of them) and no
+/// table the workers lack, so that it can exist on the workers too.
+fn view_runs_on_workers(node: &NodeEnum, catalog: &Catalog) -> bool {
+    let NodeEnum::ViewStmt(v) = node else { return false };
+    let Some(query) = v.query.as_ref().and_then(|q| q.node.as_ref()) else { return false };
+    let (views, others): (Vec<protobuf::RangeVar>, Vec<protobuf::RangeVar>) =
+        super::walk::range_vars(query).into_iter().partition(|rv| catalog.user_code.view(super::schema_of(rv), &rv.relname).is_some());
+    let reaches = !views.is_empty()
+        || others.iter().any(|rv| resolve_range_var(rv, catalog).is_some())
+        || super::walk::called_functions(query).iter().any(|f| catalog.user_code.touching(f).is_some());
+    reaches && super::router::first_local_table(query, &others, catalog).is_none()
 }
 
 /// Statements that every node must run, whether or not tables are
@@ -739,15 +891,30 @@ fn plan_drop_everywhere(version: i32, drop: &protobuf::DropStmt, catalog: &Catal
     }
     let stmt = protobuf::DropStmt { missing_ok: true, ..drop.clone() };
     match node_text(version, NodeEnum::DropStmt(stmt)) {
-        Ok(sql) => Plan::Ddl(Arc::new(DdlPlan::Everywhere { sql, forget })),
+        Ok(sql) => Plan::Ddl(Arc::new(DdlPlan::Everywhere { sql, forget, roles: RoleChange::None })),
         Err(e) => Plan::Unsupported(e),
     }
 }
 
 /// Every node runs `stmt`.
 fn everywhere(version: i32, stmt: NodeEnum) -> Plan {
+    let roles = match &stmt {
+        // DROP OWNED drops a role's user mappings with what it owns.
+        NodeEnum::CreateRoleStmt(_) | NodeEnum::DropOwnedStmt(_) => RoleChange::Named,
+        NodeEnum::RenameStmt(r) if r.rename_type == ObjectType::ObjectRole as i32 => RoleChange::Named,
+        NodeEnum::DropRoleStmt(d) => RoleChange::Dropped(
+            d.roles
+                .iter()
+                .filter_map(|r| match r.node.as_ref() {
+                    Some(NodeEnum::RoleSpec(spec)) => Some(spec.rolename.clone()),
+                    _ => None,
+                })
+                .collect(),
+        ),
+        _ => RoleChange::None,
+    };
     match node_text(version, stmt) {
-        Ok(sql) => Plan::Ddl(Arc::new(DdlPlan::Everywhere { sql, forget: vec![] })),
+        Ok(sql) => Plan::Ddl(Arc::new(DdlPlan::Everywhere { sql, forget: vec![], roles })),
         Err(e) => Plan::Unsupported(e),
     }
 }
@@ -770,6 +937,7 @@ fn routine_everywhere(version: i32, stmt: NodeEnum) -> Plan {
                 quote_literal(&sql)
             ),
             forget: vec![],
+            roles: RoleChange::None,
         })),
         Err(e) => Plan::Unsupported(e),
     }
@@ -855,6 +1023,91 @@ fn referenced_dropped_tables(objects: &[protobuf::Node], catalog: &Catalog) -> V
         }
     }
     tables
+}
+
+/// The tables whose worker-side views list `table`'s columns: a reference
+/// table's own view, a partitioned table's partitions' views.
+fn views_listing_columns(table: &Arc<DistributedTable>, catalog: &Catalog) -> Vec<Arc<DistributedTable>> {
+    if table.is_reference() {
+        vec![table.clone()]
+    } else {
+        catalog.partitions_under(table.oid)
+    }
+}
+
+/// Whether an ALTER TABLE subcommand changes a column's existence, type,
+/// default or nullability: PostgreSQL forbids most of that on a partition
+/// alone, and a worker-side parent needs the defaults itself (rows inserted
+/// through it take its defaults, not their partition's).
+fn changes_columns(cmd: &protobuf::AlterTableCmd) -> bool {
+    use AlterTableType as T;
+    AlterTableType::from_i32(cmd.subtype).is_some_and(|t| {
+        matches!(t, T::AtAddColumn | T::AtDropColumn | T::AtAlterColumnType | T::AtColumnDefault | T::AtSetNotNull | T::AtDropNotNull | T::AtDropExpression)
+    })
+}
+
+/// Whether an ALTER TABLE subcommand changes something about the table
+/// that a worker-side parent repeats, as well as its shards do.
+fn changes_table_settings(cmd: &protobuf::AlterTableCmd) -> bool {
+    use AlterTableType as T;
+    AlterTableType::from_i32(cmd.subtype)
+        .is_some_and(|t| matches!(t, T::AtChangeOwner | T::AtEnableRowSecurity | T::AtDisableRowSecurity | T::AtForceRowSecurity | T::AtNoForceRowSecurity))
+}
+
+/// The subcommands of an ALTER TABLE that the worker-side parent runs: column
+/// changes (a new column without its table-level constraints, which each
+/// shard adds on its own) and table settings.
+fn parent_commands(cmds: &[protobuf::Node]) -> Vec<protobuf::Node> {
+    let mut out = Vec::new();
+    for node in cmds {
+        let Some(NodeEnum::AlterTableCmd(cmd)) = node.node.as_ref() else { continue };
+        if !changes_columns(cmd) && !changes_table_settings(cmd) {
+            continue;
+        }
+        let mut cmd = cmd.clone();
+        if let Some(NodeEnum::ColumnDef(col)) = cmd.def.as_deref_mut().and_then(|d| d.node.as_mut()) {
+            col.constraints.retain(|c| !matches!(c.node.as_ref(), Some(NodeEnum::Constraint(c)) if constraint_kind(c).is_some()));
+        }
+        out.push(self::node(NodeEnum::AlterTableCmd(cmd)));
+    }
+    out
+}
+
+/// The subcommands of an ALTER TABLE that each shard of a table with a
+/// worker-side parent runs: column changes reach it through the parent, so
+/// a new column's table-level constraints (CHECK, UNIQUE, REFERENCES …)
+/// become constraints of their own here, naming the column.
+fn shard_commands(cmds: Vec<protobuf::Node>) -> Vec<protobuf::Node> {
+    let mut out = Vec::new();
+    for node in cmds {
+        let Some(NodeEnum::AlterTableCmd(cmd)) = node.node.as_ref() else { continue };
+        if !changes_columns(cmd) {
+            out.push(node);
+            continue;
+        }
+        let Some(NodeEnum::ColumnDef(col)) = cmd.def.as_deref().and_then(|d| d.node.as_ref()) else { continue };
+        for c in &col.constraints {
+            let Some(NodeEnum::Constraint(c)) = c.node.as_ref() else { continue };
+            if constraint_kind(c).is_none() {
+                continue;
+            }
+            let mut c = c.as_ref().clone();
+            let column = self::node(NodeEnum::String(protobuf::String { sval: col.colname.clone() }));
+            match ConstrType::from_i32(c.contype) {
+                Some(ConstrType::ConstrForeign) => c.fk_attrs = vec![column],
+                Some(ConstrType::ConstrPrimary | ConstrType::ConstrUnique) => c.keys = vec![column],
+                _ => {}
+            }
+            let add = protobuf::AlterTableCmd {
+                subtype: AlterTableType::AtAddConstraint as i32,
+                def: Some(Box::new(self::node(NodeEnum::Constraint(Box::new(c))))),
+                behavior: cmd.behavior,
+                ..Default::default()
+            };
+            out.push(self::node(NodeEnum::AlterTableCmd(Box::new(add))));
+        }
+    }
+    out
 }
 
 /// The constraints an ALTER TABLE subcommand adds: a table constraint, or those

@@ -18,9 +18,9 @@ pub mod rewrite;
 mod router;
 mod user_code;
 mod views;
-mod walk;
+use crate::walk;
 
-pub use ddl::{placement_groups, ChosenNames, DdlPlan, DropIndex};
+pub use ddl::{placement_groups, ChosenNames, DdlPlan, DropIndex, RelationChanges, RoleChange};
 pub use explain::ExplainPlan;
 pub use fallback::FallbackPlan;
 pub use functions::{ClusterCall, ClusterFunction};
@@ -45,9 +45,10 @@ pub struct PlannedStatement {
     /// The statement's own text (a query string may hold several).
     pub sql: String,
     pub plan: Plan,
-    /// The statement may change a `citus.*` setting the coordinator acts on
-    /// (SET, RESET, DISCARD), which the session otherwise reads only once.
-    pub changes_citus_settings: bool,
+    /// The statement may change the session's settings (SET, RESET,
+    /// DISCARD): those the coordinator acts on (`citus.*`), read only once
+    /// otherwise, and those user code running on a worker must see.
+    pub changes_settings: bool,
     /// The statement may change the role the session acts as (SET ROLE,
     /// SET SESSION AUTHORIZATION, RESET ALL, DISCARD ALL).
     pub changes_role: bool,
@@ -136,25 +137,25 @@ impl fmt::Display for Plan {
 pub fn plan_query(sql: &str, catalog: &Catalog) -> Vec<PlannedStatement> {
     let parsed = match pg_query::parse(sql) {
         Ok(parsed) => parsed,
-        Err(_) => return vec![PlannedStatement { sql: sql.to_string(), plan: Plan::Local, changes_citus_settings: false, changes_role: false, changes_user_code: false }],
+        Err(_) => return vec![PlannedStatement { sql: sql.to_string(), plan: Plan::Local, changes_settings: false, changes_role: false, changes_user_code: false }],
     };
     let version = parsed.protobuf.version;
     let stmts = parsed.protobuf.stmts;
     if stmts.is_empty() {
-        return vec![PlannedStatement { sql: sql.to_string(), plan: Plan::Empty, changes_citus_settings: false, changes_role: false, changes_user_code: false }];
+        return vec![PlannedStatement { sql: sql.to_string(), plan: Plan::Empty, changes_settings: false, changes_role: false, changes_user_code: false }];
     }
     stmts
         .into_iter()
         .map(|raw| {
             let text = statement_text(sql, &raw).to_string();
-            let changes_citus_settings = changes_citus_settings(&raw);
+            let changes_settings = changes_settings(&raw);
             let changes_role = changes_role(&raw);
             let changes_user_code = changes_user_code(&raw);
             let plan = contain_panics(|| match plan_statement(version, raw, &text, catalog) {
                 Plan::Local => cluster_views::needed(&text, catalog.has_tables()).map_or(Plan::Local, Plan::LocalWithClusterData),
                 plan => plan,
             });
-            PlannedStatement { sql: text, plan, changes_citus_settings, changes_role, changes_user_code }
+            PlannedStatement { sql: text, plan, changes_settings, changes_role, changes_user_code }
         })
         .collect()
 }
@@ -177,13 +178,8 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
     payload.downcast_ref::<&str>().copied().or_else(|| payload.downcast_ref::<String>().map(String::as_str)).unwrap_or("unknown cause")
 }
 
-fn changes_citus_settings(raw: &protobuf::RawStmt) -> bool {
-    match raw.stmt.as_ref().and_then(|n| n.node.as_ref()) {
-        // `name` is empty for RESET ALL.
-        Some(NodeEnum::VariableSetStmt(v)) => v.name.is_empty() || v.name.starts_with("citus."),
-        Some(NodeEnum::DiscardStmt(_)) => true,
-        _ => false,
-    }
+fn changes_settings(raw: &protobuf::RawStmt) -> bool {
+    matches!(raw.stmt.as_ref().and_then(|n| n.node.as_ref()), Some(NodeEnum::VariableSetStmt(_) | NodeEnum::DiscardStmt(_)))
 }
 
 fn changes_role(raw: &protobuf::RawStmt) -> bool {
@@ -242,12 +238,20 @@ fn plan_statement(version: i32, raw: protobuf::RawStmt, text: &str, catalog: &Ca
         return plan;
     }
     if let Some(plan) = inline::sql_functions(node, text, catalog).map(replan) {
-        return plan;
+        // Inlined calls are planned as any query is; where that query would
+        // need the fallback tier, or cannot be run, the call runs on a worker.
+        if !matches!(plan, Plan::Fallback(_) | Plan::Unsupported(_)) {
+            return plan;
+        }
+        return user_code::on_worker(version, &raw, node, text, catalog).unwrap_or(plan);
     }
-    if let Some(refusal) = user_code::refusal(node, text, catalog) {
+    if let Some(refusal) = user_code::refusal(node, catalog) {
         return refusal;
     }
     if let Some(plan) = views::expand(node, catalog).map(replan) {
+        return plan;
+    }
+    if let Some(plan) = user_code::on_worker(version, &raw, node, text, catalog) {
         return plan;
     }
     let plan = match node {

@@ -35,6 +35,12 @@ impl ShardTemplate {
         ShardTemplate { tree: protobuf::ParseResult { version, stmts: vec![stmt] }, values_rows: Vec::new(), tables, alias_tables: false }
     }
 
+    /// A statement that runs as it is, on a node whose worker-side relations
+    /// carry the tables' own names (user code).
+    pub fn unchanged(version: i32, stmt: protobuf::RawStmt) -> Self {
+        Self::for_utility(version, stmt, Vec::new())
+    }
+
     /// The statement, as the client gave it.
     pub fn statement(&self) -> Option<&NodeEnum> {
         self.tree.stmts.first()?.stmt.as_ref()?.node.as_ref()

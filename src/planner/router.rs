@@ -24,6 +24,10 @@ pub enum Command {
     Update,
     Delete,
     Merge,
+    /// A statement that runs user code reaching distributed tables (a call
+    /// of such a function, a procedure, a DO block). It may write anywhere,
+    /// so it counts as a write.
+    UserCode,
 }
 
 impl Command {
@@ -35,6 +39,7 @@ impl Command {
             Command::Update => "UPDATE",
             Command::Delete => "DELETE",
             Command::Merge => "MERGE",
+            Command::UserCode => "SELECT",
         }
     }
 }
@@ -109,6 +114,9 @@ pub enum ShardTarget {
     Key(KeyValue),
     /// A multi-row INSERT whose rows may go to different shard groups.
     InsertRows(Vec<KeyValue>),
+    /// Any one of these node groups, the statement unchanged: user code runs
+    /// over the worker-side relations, which show every node whole tables.
+    AnyNode(Vec<i32>),
 }
 
 #[derive(Debug)]
@@ -143,6 +151,7 @@ impl fmt::Display for RouterPlan {
             ShardTarget::Key(KeyValue::Param(index)) => write!(f, "shard of ${}", index + 1),
             ShardTarget::Key(k) => write!(f, "shard of {k:?}"),
             ShardTarget::InsertRows(rows) => write!(f, "{} rows", rows.len()),
+            ShardTarget::AnyNode(_) => write!(f, "any node"),
         }
     }
 }
@@ -410,7 +419,7 @@ pub(super) fn plan_dml(version: i32, raw: &protobuf::RawStmt, catalog: &Catalog)
 /// The first of the statement's `range_vars` (from our own walk: pg_query's
 /// skips tables under TABLESAMPLE, among others) that is neither a
 /// distributed table nor a CTE.
-fn first_local_table(node: &NodeEnum, range_vars: &[protobuf::RangeVar], catalog: &Catalog) -> Option<String> {
+pub(super) fn first_local_table(node: &NodeEnum, range_vars: &[protobuf::RangeVar], catalog: &Catalog) -> Option<String> {
     let mut unknown = range_vars.iter().filter(|rv| resolve_range_var(rv, catalog).is_none()).peekable();
     // The usual case, every table distributed, needs no look for CTEs.
     unknown.peek()?;
@@ -425,7 +434,7 @@ fn first_local_table(node: &NodeEnum, range_vars: &[protobuf::RangeVar], catalog
     unknown.find(|rv| !(rv.schemaname.is_empty() && ctes.contains(&rv.relname.as_str()))).map(|rv| rv.relname.clone())
 }
 
-fn router(command: Command, target: ShardTarget, anchor: Option<Arc<DistributedTable>>, template: ShardTemplate) -> Plan {
+pub(super) fn router(command: Command, target: ShardTarget, anchor: Option<Arc<DistributedTable>>, template: ShardTemplate) -> Plan {
     router_with_key(command, target, anchor, template, None)
 }
 

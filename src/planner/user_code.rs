@@ -1,10 +1,16 @@
 //! User code of the coordinator database that reaches distributed tables
-//! (see `metadata::user_code`; views are expanded by `views.rs`). Functions,
-//! procedures, DO blocks and triggers would run in the coordinator database,
-//! where the tables are empty shells: statements that would run them there
-//! are refused, naming the code and what it reaches.
+//! (see `metadata::user_code`; views are expanded by `views.rs`). In the
+//! coordinator database the tables are empty shells, so such code never
+//! runs there: a statement calling such a function or procedure, or a DO
+//! block reaching them, runs whole on a worker, whose worker-side relations
+//! (commands/worker_relations.rs) show it whole tables; what cannot run
+//! there (a trigger on a local table, writes through a view that is not
+//! simple, REFRESH of a materialized view) is refused, naming the code and
+//! what it reaches.
 
-use super::walk::called_functions;
+use super::rewrite::ShardTemplate;
+use super::router::{first_local_table, router, Command, ShardTarget};
+use super::walk::{called_functions, range_vars};
 use super::Plan;
 use crate::error::PgError;
 use crate::metadata::user_code::plpgsql_body_use;
@@ -15,11 +21,8 @@ use pg_query::NodeEnum;
 /// Why the statement must not run: it would run user code in the
 /// coordinator database that reads or writes distributed tables there, or
 /// write through a view of them.
-pub(super) fn refusal(node: &NodeEnum, text: &str, catalog: &Catalog) -> Option<Plan> {
+pub(super) fn refusal(node: &NodeEnum, catalog: &Catalog) -> Option<Plan> {
     let code = &catalog.user_code;
-    if let NodeEnum::DoStmt(d) = node {
-        return do_block(d, catalog);
-    }
     if code.is_empty() {
         return None;
     }
@@ -48,24 +51,59 @@ pub(super) fn refusal(node: &NodeEnum, text: &str, catalog: &Catalog) -> Option<
             "Keep the results in a table filled with INSERT … SELECT instead.",
         ));
     }
-    // A view's definition runs nothing now: the queries that read the view
-    // will be planned with it expanded, and its calls judged there.
-    if matches!(node, NodeEnum::ViewStmt(_)) {
-        return None;
-    }
-    // A cheap look at the text first: most statements call none of them.
-    if text.is_empty() || code.touching_names().any(|name| super::inline::mentions(text, name)) {
-        if let Some(touch) = called_functions(node).iter().find_map(|name| code.touching(name)) {
-            return Some(refuse(
-                format!(
-                    "function {} reaches {}, but functions run in the coordinator database, which holds only empty shells of distributed tables",
-                    touch.function, touch.reaches
-                ),
-                "Write its query into the statement itself, which Tessera plans over the shards.",
-            ));
-        }
-    }
     None
+}
+
+/// A statement that runs user code reaching distributed tables runs whole
+/// on one worker (`ShardTarget::AnyNode`), unchanged, when everything it
+/// names besides exists there too; otherwise it is refused.
+pub(super) fn on_worker(version: i32, raw: &protobuf::RawStmt, node: &NodeEnum, text: &str, catalog: &Catalog) -> Option<Plan> {
+    let reaches = match node {
+        NodeEnum::DoStmt(d) => format!("this DO block reaches {}", do_block_reach(d, catalog)?),
+        // A view's definition runs nothing now: the queries that read the
+        // view are planned with it expanded, and its calls judged there. The
+        // statement EXPLAIN or PREPARE holds is planned, and judged, on its own.
+        NodeEnum::ViewStmt(_) | NodeEnum::ExplainStmt(_) | NodeEnum::PrepareStmt(_) => return None,
+        _ => {
+            let code = &catalog.user_code;
+            // A cheap look at the text first: most statements call none of them.
+            if code.is_empty() || !(text.is_empty() || code.touching_names().any(|name| super::inline::mentions(text, name))) {
+                return None;
+            }
+            let touch = called_functions(node).iter().find_map(|name| code.touching(name))?;
+            if let Some(local) = &touch.local {
+                return Some(refuse(
+                    format!(
+                        "function {} reaches {} and also \"{local}\", which only the coordinator database has; it can run neither there nor on a worker",
+                        touch.function, touch.reaches
+                    ),
+                    "Distribute the table (or make it a reference table), or keep the function to one kind of table.",
+                ));
+            }
+            format!("function {} reaches {}", touch.function, touch.reaches)
+        }
+    };
+    let runs_there = matches!(
+        node,
+        NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) | NodeEnum::CallStmt(_) | NodeEnum::DoStmt(_)
+    );
+    if !runs_there {
+        return Some(refuse(
+            format!("{reaches}; such code runs on a worker, but this kind of statement runs in the coordinator database, which holds only empty shells of distributed tables"),
+            "Run the call in a statement of its own (SELECT, CALL), and use its result here.",
+        ));
+    }
+    if let Some(local) = first_local_table(node, &range_vars(node), catalog) {
+        return Some(refuse(
+            format!("{reaches}, so the statement runs on a worker, where the coordinator database's table \"{local}\" does not exist"),
+            "Call the function in a statement of its own, or distribute the table.",
+        ));
+    }
+    let groups: Vec<i32> = catalog.active_nodes().map(|n| n.group_id).collect();
+    if groups.is_empty() {
+        return Some(refuse(format!("{reaches}, but there is no active worker to run it on"), "Add a worker with citus_add_node."));
+    }
+    Some(router(Command::UserCode, ShardTarget::AnyNode(groups), None, ShardTemplate::unchanged(version, raw.clone())))
 }
 
 fn refuse(message: String, hint: &str) -> Plan {
@@ -85,9 +123,9 @@ fn written_relation(node: &NodeEnum) -> Option<(Option<&str>, &str)> {
     Some((super::schema_of(rv), rv.relname.as_str()))
 }
 
-/// A DO block runs in the coordinator database: refused when its body
-/// reaches distributed tables (or cannot be analysed).
-fn do_block(stmt: &protobuf::DoStmt, catalog: &Catalog) -> Option<Plan> {
+/// What a DO block's body reaches (anything, when it cannot be analysed);
+/// None when it reaches no distributed table and may run where it is.
+fn do_block_reach(stmt: &protobuf::DoStmt, catalog: &Catalog) -> Option<String> {
     let mut body = None;
     let mut language = "plpgsql".to_string();
     for arg in &stmt.args {
@@ -110,9 +148,5 @@ fn do_block(stmt: &protobuf::DoStmt, catalog: &Catalog) -> Option<Plan> {
     } else {
         crate::metadata::user_code::BodyUse { dynamic: true, ..Default::default() }
     };
-    let reaches = catalog.user_code.reached_by(&used, catalog)?;
-    Some(refuse(
-        format!("this DO block reaches {reaches}, but it would run in the coordinator database, which holds only empty shells of distributed tables"),
-        "Run its statements one by one through Tessera, or put the logic in the client.",
-    ))
+    catalog.user_code.reached_by(&used, catalog)
 }

@@ -214,6 +214,15 @@ async fn detect_deadlocks_periodically(coordinator: Arc<Coordinator>) {
 /// Serves clients until the process is stopped.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
     let coordinator = Coordinator::start(config).await?;
+    // Before clients come: their first distributed table needs every node
+    // ready for its worker-side relations. A node that is down now is made
+    // ready when it is added again or at the next start.
+    let nodes: Vec<_> = coordinator.catalog.snapshot().active_nodes().cloned().collect();
+    for node in &nodes {
+        if let Err(e) = crate::commands::worker_relations::prepare_nodes(&coordinator.config, std::slice::from_ref(node), &nodes).await {
+            tracing::warn!("{e}");
+        }
+    }
     let listen = &coordinator.config.listen;
     let listener = TcpListener::bind(listen).await.map_err(|e| anyhow::anyhow!("could not listen on {listen}: {e}"))?;
     tokio::spawn(follow_catalog(coordinator.clone()));

@@ -411,8 +411,8 @@ impl Session {
 
     fn plan(&mut self, sql: &str) -> Arc<CachedPlan> {
         let planned = self.plan_cached(sql);
-        if planned.statements.iter().any(|s| s.changes_citus_settings) {
-            self.parts.forget_citus_settings();
+        if planned.statements.iter().any(|s| s.changes_settings) {
+            self.parts.settings_may_have_changed();
         }
         if planned.statements.iter().any(|s| s.changes_role) {
             self.parts.role_may_have_changed();

@@ -130,6 +130,8 @@ pub struct WorkerConnection {
     statements_made: u32,
     /// True while an extended-protocol exchange awaits its Sync.
     pub needs_sync: bool,
+    /// The session's settings count this connection follows (`follow_session_settings`).
+    settings_epoch: u64,
     last_used: std::time::Instant,
 }
 
@@ -245,6 +247,11 @@ pub struct Participants {
     role_unknown: bool,
     /// The current block changed the role, which its end may undo.
     role_changed_in_block: bool,
+    /// Counts the statements that may have changed the session's settings;
+    /// each worker connection remembers the count it last followed.
+    settings_epoch: u64,
+    /// The current block may have changed settings, which its end may undo.
+    settings_changed_in_block: bool,
 }
 
 /// The `citus.*` settings (kept by the coordinator database, where SET runs)
@@ -261,7 +268,7 @@ pub struct CitusSettings {
 impl Participants {
     pub fn new(mut local: PgConnection, login: Login, cancel_targets: CancelTargets, two_phase: TwoPhase) -> Self {
         local.track_parameter_changes();
-        Participants { local, local_in_block: false, workers: HashMap::new(), login, block: None, cancel_targets, two_phase, settings: None, worker_role: None, role_unknown: false, role_changed_in_block: false }
+        Participants { local, local_in_block: false, workers: HashMap::new(), login, block: None, cancel_targets, two_phase, settings: None, worker_role: None, role_unknown: false, role_changed_in_block: false, settings_epoch: 0, settings_changed_in_block: false }
     }
 
     /// The identity worker connections log in with.
@@ -344,7 +351,7 @@ impl Participants {
             }
             let conn = PgConnection::connect(&node.addr, &self.login).await?;
             self.cancel_targets.lock().unwrap().push((node.addr.clone(), conn.backend_key()));
-            self.workers.insert(node.group_id, WorkerConnection { conn, group_id: node.group_id, type_oids: node.type_oids.clone(), in_block: false, wrote: false, prepared: HashMap::new(), statements_made: 0, needs_sync: false, last_used: std::time::Instant::now() });
+            self.workers.insert(node.group_id, WorkerConnection { conn, group_id: node.group_id, type_oids: node.type_oids.clone(), in_block: false, wrote: false, prepared: HashMap::new(), statements_made: 0, needs_sync: false, settings_epoch: 0, last_used: std::time::Instant::now() });
         }
         let worker = self.workers.get_mut(&node.group_id).unwrap();
         worker.last_used = std::time::Instant::now();
@@ -402,6 +409,11 @@ impl Participants {
     /// The open connections to these node groups, to use side by side.
     pub fn workers_for(&mut self, groups: &[i32]) -> Vec<&mut WorkerConnection> {
         self.workers.iter_mut().filter(|(group, _)| groups.contains(group)).map(|(_, w)| w).collect()
+    }
+
+    /// The node groups the current block has written through.
+    pub fn block_writers(&self) -> Vec<i32> {
+        self.workers.values().filter(|w| w.in_block && w.wrote).map(|w| w.group_id).collect()
     }
 
     /// Whether the current block has written through any worker connection
@@ -471,7 +483,7 @@ impl Participants {
     /// Returns the command tag for the client.
     pub async fn commit(&mut self) -> PgResult<&'static str> {
         let result = self.commit_block().await;
-        self.role_after_block_end(true);
+        self.after_block_end(true);
         result
     }
 
@@ -500,7 +512,7 @@ impl Participants {
             Some(_) => self.finish("ROLLBACK").await,
             None => Ok(()),
         };
-        self.role_after_block_end(true);
+        self.after_block_end(true);
         result
     }
 
@@ -606,17 +618,52 @@ impl Participants {
     }
 
     /// The end of a block (or a rollback to a savepoint) undoes what it did
-    /// to the role.
-    fn role_after_block_end(&mut self, block_ended: bool) {
+    /// to the role, and may undo what it did to settings (SET LOCAL, or any
+    /// SET rolled back).
+    fn after_block_end(&mut self, block_ended: bool) {
         if self.role_changed_in_block {
             self.role_unknown = true;
             self.role_changed_in_block &= !block_ended;
         }
+        if self.settings_changed_in_block {
+            self.settings = None;
+            self.settings_epoch += 1;
+            self.settings_changed_in_block &= !block_ended;
+        }
     }
 
-    /// A statement may have changed the `citus.*` settings.
-    pub fn forget_citus_settings(&mut self) {
+    /// A statement may have changed the session's settings.
+    pub fn settings_may_have_changed(&mut self) {
         self.settings = None;
+        self.settings_epoch += 1;
+        self.settings_changed_in_block |= self.block.is_some();
+    }
+
+    /// Makes the worker connection to `group` run under the session's
+    /// settings as the coordinator database has them (search_path, time zone,
+    /// `tessera.*` …), for user code about to run there. Shard statements
+    /// need none of that: they name everything they use.
+    pub async fn follow_session_settings(&mut self, group: i32) -> PgResult<()> {
+        let epoch = self.settings_epoch;
+        if self.workers.get(&group).map_or(true, |w| w.settings_epoch == epoch) {
+            return Ok(());
+        }
+        let rows = self
+            .local
+            .query(
+                "SELECT format('SELECT set_config(%L, %L, false)', name, setting) FROM pg_catalog.pg_settings
+                 WHERE source = 'session' AND name NOT IN ('client_encoding', 'role', 'session_authorization', 'is_superuser')
+                 UNION ALL -- pg_settings leaves out settings no module defines
+                 SELECT format('SELECT set_config(%L, %L, false)', 'tessera.remote_writes', s)
+                 FROM pg_catalog.current_setting('tessera.remote_writes', true) s WHERE s <> ''",
+            )
+            .await?;
+        let mut sql = vec!["RESET ALL".to_string()];
+        sql.extend(rows.into_iter().filter_map(|r| r.into_iter().next().flatten()));
+        let worker = self.workers.get_mut(&group).ok_or_else(|| PgError::internal(format!("no connection to node group {group}")))?;
+        worker.conn.execute(&sql.join("; ")).await?;
+        worker.settings_epoch = epoch;
+        Ok(())
     }
 
     /// PREPARE TRANSACTION on every writing worker; the commit record in
@@ -727,7 +774,7 @@ impl Participants {
 
     pub async fn rollback_to(&mut self, name: &str) -> PgResult<()> {
         self.check_savepoint(name)?;
-        self.role_after_block_end(false);
+        self.after_block_end(false);
         self.on_touched(&format!("ROLLBACK TO SAVEPOINT {}", crate::connection::quote_ident(name))).await?;
         if let Some(b) = &mut self.block {
             let at = b.savepoints.iter().rposition(|s| s == name).unwrap();

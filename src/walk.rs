@@ -1,4 +1,5 @@
-//! A walk over every node of a query's parse tree. pg_query's own walker skips
+//! A walk over every node of a query's parse tree, for the planner and for the
+//! catalog's reading of user code. pg_query's own walker skips
 //! some expression nodes (IS NULL tests, array subscripts, FILTER clauses,
 //! window definitions, TABLESAMPLE, …), and a table reference it misses would
 //! be read from the coordinator's empty shell table: silently wrong rows. This
@@ -299,7 +300,10 @@ pub fn range_vars(stmt: &NodeEnum) -> Vec<protobuf::RangeVar> {
 /// DEFAULT, CALL's arguments) through pg_query's walker.
 pub fn called_functions(stmt: &NodeEnum) -> Vec<String> {
     fn last(call: &protobuf::FuncCall) -> Option<String> {
-        super::function_names(call).last().map(|name| name.to_string())
+        match call.funcname.last()?.node.as_ref()? {
+            NodeEnum::String(s) => Some(s.sval.clone()),
+            _ => None,
+        }
     }
     let mut out = Vec::new();
     if is_query(stmt) {

@@ -1,0 +1,297 @@
+//! Worker-side relations. On every worker, each distributed table also exists
+//! under its own schema and name: a hash-partitioned parent whose partitions
+//! are the worker's own shards (attached as they are) and, for the shards on
+//! other nodes, `postgres_fdw` foreign tables in the `tessera_remote` schema.
+//! A reference table is a view of the worker's own copy. User code that runs
+//! on a worker (functions, procedures, DO blocks, triggers) therefore sees
+//! whole tables, and partition pruning takes `WHERE key = $1` straight to the
+//! local shard.
+//!
+//! The parents are created in the same distributed transaction as the shards
+//! and dropped with them. Column changes go through the parent (PostgreSQL
+//! forbids them on a partition alone), which passes them on to the local
+//! shards and the foreign tables; see `planner::ddl` for which commands.
+//!
+//! Writes reaching a foreign partition would commit on the other node in
+//! postgres_fdw's own transaction, outside the coordinator's two-phase
+//! commit: a trigger on each foreign table refuses them unless the session
+//! asked for one-phase strength (`SET tessera.remote_writes = 'one_phase'`).
+//! Reference tables are written only through the coordinator, which writes
+//! every copy: their views refuse writes.
+
+use super::table_ddl::TableDefinition;
+use super::{run_per_node, CommandContext};
+use crate::config::Config;
+use crate::connection::{quote_ident, quote_literal, PgConnection};
+use crate::error::{PgError, PgResult};
+use crate::metadata::{DistributedTable, Distribution, Node, Shard};
+
+/// Where the foreign tables standing for other nodes' shards live.
+const REMOTE_SCHEMA: &str = "tessera_remote";
+
+fn server_name(group: i32) -> String {
+    format!("tessera_node_{group}")
+}
+
+fn foreign_table_name(table: &DistributedTable, shard: &Shard) -> String {
+    format!("{REMOTE_SCHEMA}.{}", quote_ident(&table.shard_relname(shard)))
+}
+
+/// What a distributed table is on a worker.
+enum Shape {
+    /// Hash-distributed and not a partition: a partitioned parent of the
+    /// shards, with these column definitions (the shards' own).
+    Parent { columns: Vec<String> },
+    /// A reference table: a view of the worker's copy.
+    ReferenceView,
+    /// A partition of a distributed table: a view of its rows in its root's
+    /// parent (which reaches them by partition pruning), with its columns in
+    /// its own order. A hash partition's constraint names its parent by
+    /// oid, the coordinator's: `hash_parents` are those tables (coordinator
+    /// oid, and the table), whose local shards stand in for them.
+    PartitionView { root: String, columns: String, constraint: String, hash_parents: Vec<(u32, std::sync::Arc<DistributedTable>)> },
+}
+
+/// Statements creating `table`'s relation on node `group`. A parent is made
+/// inside the distributing transaction, when the shards are new and empty,
+/// so attaching them scans nothing.
+fn create_sql(table: &DistributedTable, shape: &Shape, group: i32) -> Vec<String> {
+    let name = table.qualified_name();
+    match shape {
+        Shape::ReferenceView => {
+            let Some(shard) = table.shards.first() else { return Vec::new() };
+            vec![
+                format!("CREATE VIEW {name} WITH (security_invoker = true) AS SELECT * FROM {}", table.qualified_shard_name(shard)),
+                format!("GRANT ALL ON {name} TO PUBLIC"),
+                format!(
+                    "CREATE TRIGGER tessera_reference_write INSTEAD OF INSERT OR UPDATE OR DELETE ON {name} FOR EACH ROW EXECUTE FUNCTION {REMOTE_SCHEMA}.refuse_reference_write({})",
+                    quote_literal(&name)
+                ),
+            ]
+        }
+        Shape::PartitionView { root, columns, constraint, hash_parents } => {
+            let mut constraint = constraint.clone();
+            for (oid, parent) in hash_parents {
+                // Any shard of the parent has its partition key; a node with
+                // none of them goes without the view.
+                let Some(shard) = parent.shards.iter().find(|s| s.placements.contains(&group)) else { return Vec::new() };
+                constraint = constraint.replace(&format!("'{oid}'::oid"), &format!("{}::regclass::oid", quote_literal(&parent.qualified_shard_name(shard))));
+            }
+            vec![
+                format!("CREATE VIEW {name} WITH (security_invoker = true) AS SELECT {columns} FROM {root} WHERE {constraint} WITH CHECK OPTION"),
+                format!("GRANT ALL ON {name} TO PUBLIC"),
+            ]
+        }
+        Shape::Parent { columns } => {
+            let Distribution::Hash { column: key, .. } = &table.distribution else { return Vec::new() };
+            let modulus = table.shard_count();
+            let mut out = vec![format!("CREATE TABLE {name} ({}) PARTITION BY HASH ({})", columns.join(", "), quote_ident(key))];
+            for shard in &table.shards {
+                let bound = format!("FOR VALUES WITH (MODULUS {modulus}, REMAINDER {})", shard.index);
+                if shard.placements.contains(&group) {
+                    out.push(format!("ALTER TABLE {name} ATTACH PARTITION {} {bound}", table.qualified_shard_name(shard)));
+                } else if let Some(g) = shard.placements.first() {
+                    let foreign = foreign_table_name(table, shard);
+                    out.push(format!(
+                        "CREATE FOREIGN TABLE {foreign} PARTITION OF {name} {bound} SERVER {} OPTIONS (schema_name {}, table_name {})",
+                        server_name(*g),
+                        quote_literal(&table.schema),
+                        quote_literal(&table.shard_relname(shard))
+                    ));
+                    out.push(format!(
+                        "CREATE TRIGGER tessera_remote_write BEFORE INSERT OR UPDATE OR DELETE ON {foreign} FOR EACH ROW EXECUTE FUNCTION {REMOTE_SCHEMA}.refuse_write({})",
+                        quote_literal(&name)
+                    ));
+                }
+            }
+            out
+        }
+    }
+}
+
+/// Creates the relation of table `oid` on every active node (only on node
+/// group `only_group`, when set), as the catalog stands in the current
+/// block: right after its shards are made, or when a node, a partition
+/// attached or detached, or a change of columns needs one.
+pub(super) async fn create(ctx: &mut CommandContext<'_>, oid: u32, only_group: Option<i32>) -> PgResult<()> {
+    let local = ctx.parts.local().await?;
+    let catalog = crate::metadata::load_in_block(local, ctx.catalog.version, &ctx.catalog).await?;
+    let table = catalog.table_by_oid(oid).cloned().ok_or_else(|| PgError::internal(format!("table {oid} is not in the catalog")))?;
+    let shape = if table.is_reference() {
+        Shape::ReferenceView
+    } else if table.partition_of.is_some() {
+        let mut root = table.clone();
+        let mut ancestors = Vec::new();
+        while let Some(parent) = root.partition_of.and_then(|p| catalog.table_by_oid(p)) {
+            root = parent.clone();
+            ancestors.push((root.oid, root.clone()));
+        }
+        let row = local
+            .query(&format!(
+                "SELECT pg_get_partition_constraintdef({oid}),
+                        (SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum) FROM pg_attribute WHERE attrelid = {oid} AND attnum > 0 AND NOT attisdropped)"
+            ))
+            .await?;
+        let value = |i: usize| row.first().and_then(|r| r.get(i).cloned().flatten()).ok_or_else(|| PgError::internal(format!("partition {oid} has no constraint or columns")));
+        let constraint = value(0)?;
+        let hash_parents = ancestors.into_iter().filter(|(oid, _)| constraint.contains(&format!("'{oid}'::oid"))).collect();
+        Shape::PartitionView { root: root.qualified_name(), constraint, columns: value(1)?, hash_parents }
+    } else {
+        Shape::Parent { columns: TableDefinition::read(local, oid).await?.columns().to_vec() }
+    };
+    let per_node = catalog.active_nodes().filter(|n| only_group.map_or(true, |g| g == n.group_id)).map(|n| (n.group_id, create_sql(&table, &shape, n.group_id))).collect();
+    let committed = std::mem::replace(&mut ctx.catalog, std::sync::Arc::new(catalog));
+    let result = run_per_node(ctx, per_node).await;
+    ctx.catalog = committed;
+    result
+}
+
+/// The statement dropping `table`'s relation on a node, and what depends on
+/// it there (as DROP TABLE … CASCADE or undistribute_table drop it), with
+/// the table's shards: attached ones go with their parent.
+pub fn drop_sql(table: &DistributedTable) -> String {
+    let kind = if table.has_worker_parent() { "TABLE" } else { "VIEW" };
+    format!("DROP {kind} IF EXISTS {} CASCADE", table.qualified_name())
+}
+
+/// Statements dropping `table`'s relation on node `group` while keeping its
+/// shards there, to be made again of another kind or with other columns: a
+/// parent lets go of its shards (about to be attached elsewhere); a view
+/// another view depends on is not dropped silently.
+pub fn release_sql(table: &DistributedTable, group: i32) -> Vec<String> {
+    let name = table.qualified_name();
+    if !table.has_worker_parent() {
+        return vec![format!("DROP VIEW IF EXISTS {name}")];
+    }
+    let mut out: Vec<String> =
+        table.shards.iter().filter(|s| s.placements.contains(&group)).map(|s| format!("ALTER TABLE {name} DETACH PARTITION {}", table.qualified_shard_name(s))).collect();
+    out.push(format!("DROP TABLE IF EXISTS {name} CASCADE"));
+    out
+}
+
+/// Statements on node `group` pointing the foreign tables of `table`'s
+/// shards elsewhere at their new names after the table was renamed to
+/// `new_name` (its shards were renamed with it).
+pub fn rename_foreign_sql(table: &DistributedTable, new_name: &str, group: i32) -> Vec<String> {
+    let mut out = Vec::new();
+    for shard in table.shards.iter().filter(|s| !s.placements.contains(&group)) {
+        let renamed = format!("{new_name}_{}", shard.id);
+        let foreign = foreign_table_name(table, shard);
+        out.push(format!("ALTER FOREIGN TABLE {foreign} OPTIONS (SET table_name {})", quote_literal(&renamed)));
+        out.push(format!("ALTER FOREIGN TABLE {foreign} RENAME TO {}", quote_ident(&renamed)));
+    }
+    out
+}
+
+/// What every worker needs before relations can be built on it, made by
+/// the coordinator's service role (a superuser): postgres_fdw, the schema
+/// for foreign tables, a foreign server for every other node, and for each
+/// role a user mapping that logs in as that role (so the other node checks
+/// its privileges, as the coordinator's own connections do). Idempotent.
+fn setup_sql(node: &Node, nodes: &[Node]) -> String {
+    let mut sql = format!(
+        "CREATE EXTENSION IF NOT EXISTS postgres_fdw;
+         CREATE SCHEMA IF NOT EXISTS {REMOTE_SCHEMA};
+         GRANT USAGE, CREATE ON SCHEMA {REMOTE_SCHEMA} TO PUBLIC;
+         CREATE OR REPLACE FUNCTION {REMOTE_SCHEMA}.refuse_write() RETURNS trigger LANGUAGE plpgsql AS $tessera$
+         BEGIN
+           IF current_setting('tessera.remote_writes', true) IS DISTINCT FROM 'one_phase' THEN
+             RAISE EXCEPTION 'writing into % on this node would change its shard % on another node outside the distributed transaction', TG_ARGV[0], TG_TABLE_NAME
+               USING ERRCODE = '0A000',
+                     HINT = 'Write to the table through the Tessera coordinator, or SET tessera.remote_writes = ''one_phase'' to allow such writes with one-phase commit strength.';
+           END IF;
+           IF TG_OP = 'DELETE' THEN RETURN OLD; END IF;
+           RETURN NEW;
+         END $tessera$;
+         CREATE OR REPLACE FUNCTION {REMOTE_SCHEMA}.refuse_reference_write() RETURNS trigger LANGUAGE plpgsql AS $tessera$
+         BEGIN
+           RAISE EXCEPTION 'the reference table % cannot be written on a worker: every node holds a copy of it', TG_ARGV[0]
+             USING ERRCODE = '0A000', HINT = 'Write to it through the Tessera coordinator, which writes every copy in one transaction.';
+         END $tessera$;
+         -- Dropping a role drops its user mappings first; only a role that
+         -- may drop roles may ask for that.
+         CREATE OR REPLACE FUNCTION {REMOTE_SCHEMA}.forget_roles(roles text[]) RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $tessera$
+         DECLARE m record;
+         BEGIN
+           IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = session_user AND (rolsuper OR rolcreaterole)) THEN
+             RETURN;
+           END IF;
+           FOR m IN SELECT srvname, usename FROM pg_user_mappings WHERE usename = ANY (roles) AND srvname LIKE 'tessera\\_node\\_%' LOOP
+             EXECUTE format('DROP USER MAPPING FOR %I SERVER %I', m.usename, m.srvname);
+           END LOOP;
+         END $tessera$;
+         -- Every role gets a mapping that logs it in as itself, so that the
+         -- other node checks its privileges. Only a superuser may waive the
+         -- password for non-superusers; the nodes trust each other's network.
+         CREATE OR REPLACE FUNCTION {REMOTE_SCHEMA}.map_roles() RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $tessera$
+         DECLARE r record;
+         BEGIN
+           FOR r IN SELECT s.srvname, a.rolname, m.umoptions IS NOT NULL AS mapped
+                      FROM pg_foreign_server s CROSS JOIN pg_roles a
+                      LEFT JOIN pg_user_mappings m ON m.srvid = s.oid AND m.umuser = a.oid
+                     WHERE s.srvname LIKE 'tessera\\_node\\_%' AND a.rolname !~ '^pg_'
+                       AND (m.umoptions IS NULL OR NOT (format('user=%s', a.rolname) = ANY (m.umoptions))) LOOP
+             IF r.mapped THEN
+               EXECUTE format('ALTER USER MAPPING FOR %I SERVER %I OPTIONS (SET user %L)', r.rolname, r.srvname, r.rolname);
+             ELSE
+               EXECUTE format('CREATE USER MAPPING FOR %I SERVER %I OPTIONS (user %L, password_required ''false'')', r.rolname, r.srvname, r.rolname);
+             END IF;
+           END LOOP;
+         END $tessera$;"
+    );
+    for other in nodes.iter().filter(|n| n.group_id != node.group_id) {
+        let server = server_name(other.group_id);
+        sql.push_str(&format!(
+            "\nDO $tessera$ BEGIN
+               IF NOT EXISTS (SELECT FROM pg_foreign_server WHERE srvname = {server_literal}) THEN
+                 EXECUTE format('CREATE SERVER {server} FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host %L, port %L, dbname %L)', {host}, {port}, current_database());
+                 GRANT USAGE ON FOREIGN SERVER {server} TO PUBLIC;
+               ELSE
+                 ALTER SERVER {server} OPTIONS (SET host {host}, SET port {port});
+               END IF;
+             END $tessera$;",
+            server_literal = quote_literal(&server),
+            host = quote_literal(&other.addr.host),
+            port = quote_literal(&other.addr.port.to_string()),
+        ));
+    }
+    sql.push_str(&format!("\nSELECT {REMOTE_SCHEMA}.map_roles();"));
+    sql
+}
+
+/// Gives roles created or renamed in the current transaction their user
+/// mappings on a node (a no-op on a node not prepared yet).
+pub const MAP_ROLES_SQL: &str = "DO $tessera$ BEGIN IF to_regprocedure('tessera_remote.map_roles()') IS NOT NULL THEN PERFORM tessera_remote.map_roles(); END IF; END $tessera$";
+
+/// Drops the user mappings of roles about to be dropped on a node.
+pub fn forget_roles_sql(roles: &[String]) -> String {
+    let list = roles.iter().map(|r| quote_literal(r)).collect::<Vec<_>>().join(", ");
+    format!(
+        "DO $tessera$ BEGIN IF to_regprocedure('tessera_remote.forget_roles(text[])') IS NOT NULL THEN PERFORM tessera_remote.forget_roles(ARRAY[{list}]::text[]); END IF; END $tessera$"
+    )
+}
+
+/// Makes `nodes` ready for worker-side relations among each other
+/// (`setup_sql`) inside the current block, on the session's connections:
+/// `citus_add_node`, which only a superuser may run.
+pub(super) async fn prepare_in_block(ctx: &mut CommandContext<'_>, nodes: &[Node]) -> PgResult<()> {
+    for node in nodes {
+        let worker = ctx.parts.worker(node, crate::transaction::Access::Write).await?;
+        worker.conn.execute(&setup_sql(node, nodes)).await?;
+    }
+    Ok(())
+}
+
+/// Makes `nodes` ready for worker-side relations among `all` (`setup_sql`),
+/// on service connections of their own, when the coordinator starts. A node
+/// that fails is named in the error.
+pub async fn prepare_nodes(config: &Config, nodes: &[Node], all: &[Node]) -> PgResult<()> {
+    let login = config.service_login();
+    for node in nodes {
+        let mut conn = PgConnection::connect(&node.addr, &login).await?;
+        let result = conn.execute(&setup_sql(node, all)).await;
+        conn.terminate().await;
+        result.map_err(|e| e.with_context(format!("while preparing node {} for worker-side relations", node.addr)))?;
+    }
+    Ok(())
+}
