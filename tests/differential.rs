@@ -45,6 +45,13 @@
 //!   an explicit transaction of the file. When support lands, the record flips
 //!   to `query`/`statement ok`.
 //!
+//! Every plain `query` both sides answered is run twice more: read through a
+//! view of it (`CREATE VIEW slt_wrapped AS …`, which Tessera expands), and,
+//! outside transaction blocks, inside a set-returning SQL function giving each
+//! row as JSON (which Tessera runs on a worker, over its worker-side
+//! relations). Both must give the query's rows again; a clear 0A000 refusal
+//! through Tessera is allowed.
+//!
 //! Every mismatch is collected with file:line, the SQL and both results; the
 //! test fails once at the end listing all of them.
 //!
@@ -315,6 +322,8 @@ struct Stats {
     empty_queries: usize,
     /// Queries also read through a view of them.
     through_views: usize,
+    /// Queries also run inside a function (on a worker, through Tessera).
+    through_functions: usize,
 }
 
 impl Stats {
@@ -403,48 +412,91 @@ fn row_diff(pg: &Rows, ts: &Rows) -> String {
     }
 }
 
-/// Reads a query record's result through a view of it: `CREATE VIEW` of the
-/// query, then `SELECT *` from the view, on both servers, so that every
-/// query shape the suite knows is also checked as the view expansion
-/// plans it. Rows are compared sorted (a view's ORDER BY orders nothing for
-/// its readers). None when the query cannot be a view (not a plain SELECT,
-/// bind parameters, or plain PostgreSQL refuses it as one); else whether
-/// both agreed, or why not.
-async fn through_view(pg: &mut Side, ts: &mut Side, sql: &str) -> Option<Result<(), String>> {
+/// What a plain query is read again through.
+#[derive(Clone, Copy)]
+enum Wrapper {
+    /// A view of it (`CREATE VIEW` of the query, then `SELECT *` from it), so
+    /// that every query shape the suite knows is also checked as the view
+    /// expansion plans it. Inside a transaction block the view lives in a
+    /// savepoint, so that a refusal does not end the block on one side only.
+    View,
+    /// A set-returning SQL function giving each row as JSON, outside
+    /// transaction blocks: a hunt for what user code gets wrong. Through
+    /// Tessera the function reaches distributed tables, so it runs on a
+    /// worker over the worker-side relations.
+    Function,
+}
+
+impl Wrapper {
+    fn create(self, sql: &str) -> String {
+        match self {
+            Wrapper::View => format!("CREATE VIEW slt_wrapped AS {sql}"),
+            Wrapper::Function => format!(
+                "CREATE FUNCTION slt_wrapped_rows() RETURNS SETOF json LANGUAGE sql AS $slt_body$ SELECT to_json(slt_row) FROM ({}) slt_row $slt_body$",
+                sql.trim().trim_end_matches(';')
+            ),
+        }
+    }
+    fn read(self) -> &'static str {
+        match self {
+            Wrapper::View => "SELECT * FROM slt_wrapped",
+            Wrapper::Function => "SELECT * FROM slt_wrapped_rows()",
+        }
+    }
+    fn drop(self) -> &'static str {
+        match self {
+            Wrapper::View => "DROP VIEW IF EXISTS slt_wrapped",
+            Wrapper::Function => "DROP FUNCTION IF EXISTS slt_wrapped_rows()",
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Wrapper::View => "through a view",
+            Wrapper::Function => "inside a function",
+        }
+    }
+}
+
+/// Reads a plain query record's result again through `wrapper` on both
+/// servers; rows are compared sorted (a wrapped ORDER BY orders nothing
+/// for its readers). None when the query cannot be wrapped (not a plain
+/// SELECT, bind parameters, plain PostgreSQL refuses it so, or a function
+/// inside a block) or Tessera refuses it clearly (a wrapped query may need a
+/// tier that a block's earlier writes rule out); else whether both agreed,
+/// or why not.
+async fn read_wrapped(pg: &mut Side, ts: &mut Side, sql: &str, wrapper: Wrapper) -> Option<Result<(), String>> {
     let lowered = sql.trim_start().to_ascii_lowercase();
     if !(lowered.starts_with("select") || lowered.starts_with("with")) || sql.contains('$') || lowered.contains(" into ") || lowered.contains("for update") {
         return None;
     }
-    // Inside a transaction block the view lives in a savepoint, so that a
-    // refusal does not end the block on one side only.
-    let in_block = matches!(run_simple(&pg.client, "SAVEPOINT slt_view").await, Outcome::Ok { .. });
+    let in_block = matches!(run_simple(&pg.client, "SAVEPOINT slt_wrapped").await, Outcome::Ok { .. });
     if in_block {
-        run_simple(&ts.client, "SAVEPOINT slt_view").await;
+        if matches!(wrapper, Wrapper::Function) {
+            run_simple(&pg.client, "ROLLBACK TO SAVEPOINT slt_wrapped; RELEASE SAVEPOINT slt_wrapped").await;
+            return None;
+        }
+        run_simple(&ts.client, "SAVEPOINT slt_wrapped").await;
     }
-    let create = format!("CREATE VIEW slt_wrapped AS {sql}");
-    let read = "SELECT * FROM slt_wrapped";
+    let create = wrapper.create(sql);
     let mut outcomes = None;
     if matches!(run_simple(&pg.client, &create).await, Outcome::Ok { .. }) {
         let created = run_simple(&ts.client, &create).await;
-        outcomes = Some((created, run_simple(&pg.client, read).await, run_simple(&ts.client, read).await));
+        outcomes = Some((created, run_simple(&pg.client, wrapper.read()).await, run_simple(&ts.client, wrapper.read()).await));
     }
     for side in [&mut *pg, &mut *ts] {
-        let cleanup = if in_block { "ROLLBACK TO SAVEPOINT slt_view; RELEASE SAVEPOINT slt_view" } else { "DROP VIEW IF EXISTS slt_wrapped" };
+        let cleanup = if in_block { "ROLLBACK TO SAVEPOINT slt_wrapped; RELEASE SAVEPOINT slt_wrapped" } else { wrapper.drop() };
         let cleaned = run_simple(&side.client, cleanup).await;
         side.heal(&cleaned).await;
     }
     let (created, pg_read, ts_read) = outcomes?;
     if !matches!(created, Outcome::Ok { .. }) {
-        return Some(Err(format!("CREATE VIEW failed through Tessera: {}", created.describe())));
+        return Some(Err(format!("{}: creating it failed through Tessera: {}", wrapper.name(), created.describe())));
     }
-    // A clear refusal is allowed (a view's query planned as a subquery may
-    // need a tier that a block's earlier writes rule out); wrong rows are not.
     if ts_read.code() == Some("0A000") {
         return None;
     }
-    let outcomes = (pg_read, ts_read);
-    Some(match check(&Kind::Query { sort: true, extended: None }, Some(&outcomes.0), &outcomes.1) {
-        Some(why) => Err(format!("through a view: {why}\n  view on postgres: {}\n  view on tessera:  {}", outcomes.0.describe(), outcomes.1.describe())),
+    Some(match check(&Kind::Query { sort: true, extended: None }, Some(&pg_read), &ts_read) {
+        Some(why) => Err(format!("{}: {why}\n  on postgres: {}\n  on tessera:  {}", wrapper.name(), pg_read.describe(), ts_read.describe())),
         None => Ok(()),
     })
 }
@@ -478,10 +530,18 @@ async fn run_file(path: &Path, plain_port: u16, tessera_port: u16, stats: &mut S
             }
         }
         let mut mismatch = check(&rec.kind, pg_outcome.as_ref(), &ts_outcome);
-        if mismatch.is_none() && matches!((&rec.kind, &pg_outcome), (Kind::Query { extended: None, .. }, Some(Outcome::Ok { .. }))) {
-            if let Some(agreed) = through_view(&mut pg, &mut ts, &rec.sql).await {
-                stats.through_views += 1;
-                mismatch = agreed.err();
+        if matches!((&rec.kind, &pg_outcome), (Kind::Query { extended: None, .. }, Some(Outcome::Ok { .. }))) {
+            for wrapper in [Wrapper::View, Wrapper::Function] {
+                if mismatch.is_some() {
+                    break;
+                }
+                if let Some(agreed) = read_wrapped(&mut pg, &mut ts, &rec.sql, wrapper).await {
+                    match wrapper {
+                        Wrapper::View => stats.through_views += 1,
+                        Wrapper::Function => stats.through_functions += 1,
+                    }
+                    mismatch = agreed.err();
+                }
             }
         }
         if let Some(why) = mismatch {
@@ -539,7 +599,7 @@ async fn differential() {
     }
     println!(
         "{} files, {} records: {} statement ok, {} statement error, {} distributed ok, {} query (simple), {} query (extended), {} unsupported; \
-         {} queries agreed on an empty result; {} also read through views; {} mismatches; {:.1?} in all",
+         {} queries agreed on an empty result; {} also read through views, {} inside functions; {} mismatches; {:.1?} in all",
         stats.files,
         stats.total(),
         stats.statement_ok,
@@ -550,6 +610,7 @@ async fn differential() {
         stats.unsupported,
         stats.empty_queries,
         stats.through_views,
+        stats.through_functions,
         failures.len(),
         started.elapsed()
     );
