@@ -588,6 +588,10 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
             }
             Some(propagate(table, vec![], None, RelationChanges::default()))
         }
+        // A view over distributed tables exists on the workers too.
+        NodeEnum::AlterTableStmt(a) if names_view(a.relation.as_ref(), catalog) => {
+            Some(everywhere(version, NodeEnum::AlterTableStmt(protobuf::AlterTableStmt { missing_ok: true, ..a.clone() })))
+        }
         NodeEnum::AlterTableStmt(alter) => {
             let table = resolve_range_var(alter.relation.as_ref()?, catalog)?;
             let col = dist_column(table);
@@ -632,8 +636,13 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
             }
             Some(propagate(table, referenced, None, relations))
         }
-        NodeEnum::RenameStmt(r) if r.relation.as_ref().is_some_and(|rv| catalog.user_code.view(super::schema_of(rv), &rv.relname).is_some()) => {
+        // Views over distributed tables exist on the workers too: changes
+        // of them follow (where a worker has the view).
+        NodeEnum::RenameStmt(r) if names_view(r.relation.as_ref(), catalog) => {
             Some(everywhere(version, NodeEnum::RenameStmt(Box::new(protobuf::RenameStmt { missing_ok: true, ..r.as_ref().clone() }))))
+        }
+        NodeEnum::AlterObjectSchemaStmt(a) if names_view(a.relation.as_ref(), catalog) => {
+            Some(everywhere(version, NodeEnum::AlterObjectSchemaStmt(Box::new(protobuf::AlterObjectSchemaStmt { missing_ok: true, ..a.as_ref().clone() }))))
         }
         NodeEnum::RenameStmt(r) if r.rename_type == ObjectType::ObjectIndex as i32 => {
             Some(Plan::Ddl(Arc::new(DdlPlan::DropIndex(DropIndex { version, stmt: IndexStatement::Rename(r.clone()) }))))
@@ -762,6 +771,11 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
         }
         _ => None,
     }
+}
+
+/// Whether a statement's relation is a view over distributed tables.
+fn names_view(relation: Option<&protobuf::RangeVar>, catalog: &Catalog) -> bool {
+    relation.is_some_and(|rv| catalog.user_code.view(super::schema_of(rv), &rv.relname).is_some_and(|v| !v.materialized))
 }
 
 /// Every node makes the view; a worker lacking what it reads (a view over
