@@ -20,6 +20,8 @@ CREATE TABLE quickstart_events (tenant_id int, event_id bigint, payload text, PR
 INSERT INTO quickstart_events SELECT t, e, 'event ' || e FROM generate_series(1, 3) t, generate_series(1, 4) e;
 SELECT create_distributed_table('quickstart_events', 'tenant_id');
 INSERT INTO quickstart_events VALUES (4, 1, 'late'), (5, 1, 'later');
+CREATE OR REPLACE FUNCTION quickstart_count(t int) RETURNS bigint LANGUAGE plpgsql
+  AS $$ BEGIN RETURN (SELECT count(*) FROM quickstart_events WHERE tenant_id = t); END $$;
 SQL
 echo
 echo "-- shards per node:"
@@ -28,6 +30,8 @@ echo "-- a single-shard query, routed to one worker:"
 "${psql[@]}" -c "SELECT * FROM quickstart_events WHERE tenant_id = 2 ORDER BY event_id"
 echo "-- a query across all shards:"
 "${psql[@]}" -c "SELECT count(*), min(event_id), max(event_id) FROM quickstart_events"
+echo "-- a PL/pgSQL function, run on a worker, which sees whole tables:"
+"${psql[@]}" -c "SELECT quickstart_count(2)"
 echo
 target/release/tessera status --data-dir "$DATA_DIR"
 echo
