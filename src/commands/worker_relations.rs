@@ -2,7 +2,8 @@
 //! under its own schema and name: a hash-partitioned parent whose partitions
 //! are the worker's own shards (attached as they are) and, for the shards on
 //! other nodes, `postgres_fdw` foreign tables in the `tessera_remote` schema.
-//! A reference table is a view of the worker's own copy. User code that runs
+//! A reference table is a view of the worker's own copy, a partition of a
+//! distributed table a view of its rows in its root's parent. User code that runs
 //! on a worker (functions, procedures, DO blocks, triggers) therefore sees
 //! whole tables, and partition pruning takes `WHERE key = $1` straight to the
 //! local shard.
