@@ -487,21 +487,22 @@ async fn run_everywhere(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_>)
     }
     let tag = local.execute(sql).await?;
     let roles = match plan {
-        DdlPlan::Everywhere { roles, .. } => roles.clone(),
-        _ => RoleChange::None,
+        DdlPlan::Everywhere { roles, .. } => roles,
+        _ => &RoleChange::None,
     };
-    run_on_every_node(ctx, |group| {
+    let mut per_node = BTreeMap::new();
+    for node in ctx.catalog.active_nodes() {
         let mut statements = Vec::new();
-        if let RoleChange::Dropped(names) = &roles {
+        if let RoleChange::Dropped(names) = roles {
             statements.push(worker_relations::forget_roles_sql(names));
         }
-        statements.push(plan.node_sql(group).unwrap_or_default());
-        if roles == RoleChange::Named {
+        statements.push(plan.node_sql(node.group_id)?);
+        if *roles == RoleChange::Named {
             statements.push(worker_relations::MAP_ROLES_SQL.to_string());
         }
-        statements
-    })
-    .await?;
+        per_node.insert(node.group_id, statements);
+    }
+    run_per_node(ctx, per_node).await?;
     if matches!(plan, DdlPlan::Everywhere { .. }) {
         // Coordinators learn the nodes' oids of new types, and which
         // functions reach distributed tables, when they reload.

@@ -16,7 +16,6 @@ pub async fn add_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) -> Pg
     let addr = ServerAddr { host: host.to_string(), port };
     // Fail early, naming the node, if it cannot be reached.
     PgConnection::connect(&addr, ctx.parts.login()).await?.terminate().await;
-
     let implicit = ctx.parts.begin_implicit();
     let result = async {
         let local = ctx.parts.local().await?;

@@ -336,11 +336,11 @@ async fn run_tasks(plan: &RouterPlan, tasks: Vec<Task>, parts: &mut Participants
     let mut tag_prefix = String::new();
     for (i, task) in tasks.iter().enumerate() {
         let access = if plan.is_write() { Access::Write } else { Access::Read };
+        let node = node_of_group(catalog, task.group)?;
         if plan.command == Command::UserCode {
-            parts.worker(node_of_group(catalog, task.group)?, access).await?;
-            parts.follow_session_settings(task.group).await?;
+            parts.follow_session_settings(node, access).await?;
         }
-        let worker = parts.worker(node_of_group(catalog, task.group)?, access).await?;
+        let worker = parts.worker(node, access).await?;
         let relay_rows = !replicated || i == 0;
         let result = run_task(worker, &task.sql, mode, client, relay_rows, i == 0).await;
         if result.is_err() {

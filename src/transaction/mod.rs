@@ -639,13 +639,15 @@ impl Participants {
         self.settings_changed_in_block |= self.block.is_some();
     }
 
-    /// Makes the worker connection to `group` run under the session's
-    /// settings as the coordinator database has them (search_path, time zone,
-    /// `tessera.*` …), for user code about to run there. Shard statements
-    /// need none of that: they name everything they use.
-    pub async fn follow_session_settings(&mut self, group: i32) -> PgResult<()> {
+    /// Makes the worker connection to `node` (opened with `access` if need
+    /// be) run under the session's settings as the coordinator database has
+    /// them (search_path, time zone, `tessera.*` …), for user code about to
+    /// run there. Shard statements need none of that: they name everything
+    /// they use.
+    pub async fn follow_session_settings(&mut self, node: &Node, access: Access) -> PgResult<()> {
         let epoch = self.settings_epoch;
-        if self.workers.get(&group).map_or(true, |w| w.settings_epoch == epoch) {
+        let group = node.group_id;
+        if self.worker(node, access).await?.settings_epoch == epoch {
             return Ok(());
         }
         let rows = self
