@@ -53,6 +53,25 @@ impl LocalCluster {
         self.dir.join(CONFIG_FILE)
     }
 
+    /// Waits until this cluster's own coordinator process accepts
+    /// connections on its port. Another cluster's server that took the port
+    /// while ours was starting answers too, so the listening socket must be
+    /// one our process holds; a coordinator that exited fails at once.
+    pub fn wait_for_coordinator(&self, patience: Duration) -> Result<()> {
+        let port = self.state.coordinator_port;
+        let start = Instant::now();
+        loop {
+            let Some(pid) = self.coordinator_pid() else { bail!("the coordinator process exited before it listened on port {port}") };
+            if process_listens_on(pid, port) && coordinator_answers(port) {
+                return Ok(());
+            }
+            if start.elapsed() > patience {
+                bail!("the coordinator did not start listening on port {port}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     pub fn coordinator_pid(&self) -> Option<i32> {
         let pid: i32 = std::fs::read_to_string(self.dir.join(PID_FILE)).ok()?.trim().parse().ok()?;
         // A process that exited but was not yet reaped by its parent is a zombie:
@@ -87,7 +106,7 @@ pub fn up(dir: &Path, port: u16, workers: usize, exe: &Path) -> Result<LocalClus
     if cluster.coordinator_pid().is_none() {
         start_coordinator(&cluster, exe)?;
     }
-    wait_for_port(cluster.state.coordinator_port, Duration::from_secs(60)).with_context(|| format!("see {}", cluster.dir.join(LOG_FILE).display()))?;
+    cluster.wait_for_coordinator(Duration::from_secs(60)).with_context(|| format!("see {}", cluster.dir.join(LOG_FILE).display()))?;
     Ok(cluster)
 }
 
@@ -136,22 +155,28 @@ pub fn start_coordinator(cluster: &LocalCluster, exe: &Path) -> Result<()> {
     Ok(())
 }
 
-fn wait_for_port(port: u16, patience: Duration) -> Result<()> {
-    let start = Instant::now();
-    while !coordinator_answers(port) {
-        if start.elapsed() > patience {
-            bail!("the coordinator did not start listening on port {port}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    Ok(())
+/// Whether process `pid` holds the socket listening on loopback `port`
+/// (from /proc: the socket's inode in net/tcp among the process's fds).
+fn process_listens_on(pid: i32, port: u16) -> bool {
+    const LISTEN: &str = "0A";
+    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else { return false };
+    let suffix = format!(":{port:04X}");
+    let Some(inode) = table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        (fields.len() > 9 && fields[1].ends_with(&suffix) && fields[3] == LISTEN).then(|| fields[9].to_string())
+    }) else {
+        return false;
+    };
+    let wanted = format!("socket:[{inode}]");
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
+    fds.flatten().any(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target.as_os_str() == wanted.as_str()))
 }
 
 /// Whether the coordinator answers on the loopback port: it must reply to an
 /// SSLRequest. A bare connect is not proof: while nothing listens, a connect
 /// to a port in the ephemeral range can pick that very port as its own and
 /// connect to itself.
-pub fn coordinator_answers(port: u16) -> bool {
+fn coordinator_answers(port: u16) -> bool {
     use std::io::{Read, Write};
     let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return false };
     if stream.local_addr().ok() == stream.peer_addr().ok() {

@@ -90,10 +90,8 @@ impl TestCluster {
             std::thread::sleep(Duration::from_millis(50));
         }
         self.start_coordinator(edit);
-        let start = Instant::now();
-        while !cluster::coordinator_answers(self.port) {
-            assert!(start.elapsed() < Duration::from_secs(60), "the coordinator did not come back; its log ends:\n{}", self.coordinator_log_tail());
-            std::thread::sleep(Duration::from_millis(100));
+        if let Err(e) = self.cluster.wait_for_coordinator(Duration::from_secs(60)) {
+            panic!("the coordinator did not come back ({e}); its log ends:\n{}", self.coordinator_log_tail());
         }
     }
 
