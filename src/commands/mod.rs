@@ -485,11 +485,14 @@ async fn run_everywhere(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_>)
             local.execute(&delete_catalog_rows_sql(t)).await?;
         }
     }
-    let tag = local.execute(sql).await?;
     let roles = match plan {
         DdlPlan::Everywhere { roles, .. } => roles,
         _ => &RoleChange::None,
     };
+    if let RoleChange::Dropped(names) = roles {
+        local.execute(&crate::metadata::forget_roles_sql("tessera", names)).await?;
+    }
+    let tag = local.execute(sql).await?;
     let mut per_node = BTreeMap::new();
     for node in ctx.catalog.active_nodes() {
         let mut statements = Vec::new();

@@ -9,7 +9,7 @@
 use super::CommandContext;
 use crate::connection::PgConnection;
 use crate::error::PgResult;
-use crate::metadata::Node;
+use crate::metadata::{Node, SYSTEM_SCHEMAS};
 use crate::transaction::Access;
 
 /// One object: a boolean SQL expression true where it exists, and the
@@ -20,8 +20,6 @@ pub struct SharedObject {
     ddl: String,
 }
 
-/// Schemas that hold no user objects, or Tessera's own.
-const SYSTEM_SCHEMAS: &str = "('pg_catalog', 'information_schema', 'tessera', 'tessera_fallback')";
 
 /// Roles other than PostgreSQL's own, their memberships after all of them.
 /// Reading passwords needs a superuser, as node management does.

@@ -209,18 +209,7 @@ fn setup_sql(node: &Node, nodes: &[Node]) -> String {
            RAISE EXCEPTION 'the reference table % cannot be written on a worker: every node holds a copy of it', TG_ARGV[0]
              USING ERRCODE = '0A000', HINT = 'Write to it through the Tessera coordinator, which writes every copy in one transaction.';
          END $tessera$;
-         -- Dropping a role drops its user mappings first; only a role that
-         -- may drop roles may ask for that.
-         CREATE OR REPLACE FUNCTION {REMOTE_SCHEMA}.forget_roles(roles text[]) RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $tessera$
-         DECLARE m record;
-         BEGIN
-           IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = session_user AND (rolsuper OR rolcreaterole)) THEN
-             RETURN;
-           END IF;
-           FOR m IN SELECT srvname, usename FROM pg_user_mappings WHERE usename = ANY (roles) AND srvname LIKE 'tessera\\_node\\_%' LOOP
-             EXECUTE format('DROP USER MAPPING FOR %I SERVER %I', m.usename, m.srvname);
-           END LOOP;
-         END $tessera$;
+         {forget_roles}
          -- Every role gets a mapping that logs it in as itself, so that the
          -- other node checks its privileges. Only a superuser may waive the
          -- password for non-superusers; the nodes trust each other's network.
@@ -238,7 +227,8 @@ fn setup_sql(node: &Node, nodes: &[Node]) -> String {
                EXECUTE format('CREATE USER MAPPING FOR %I SERVER %I OPTIONS (user %L, password_required ''false'')', r.rolname, r.srvname, r.rolname);
              END IF;
            END LOOP;
-         END $tessera$;"
+         END $tessera$;",
+        forget_roles = crate::metadata::forget_roles_function(REMOTE_SCHEMA)
     );
     for other in nodes.iter().filter(|n| n.group_id != node.group_id) {
         let server = server_name(other.group_id);
@@ -266,10 +256,7 @@ pub const MAP_ROLES_SQL: &str = "DO $tessera$ BEGIN IF to_regprocedure('tessera_
 
 /// Drops the user mappings of roles about to be dropped on a node.
 pub fn forget_roles_sql(roles: &[String]) -> String {
-    let list = roles.iter().map(|r| quote_literal(r)).collect::<Vec<_>>().join(", ");
-    format!(
-        "DO $tessera$ BEGIN IF to_regprocedure('tessera_remote.forget_roles(text[])') IS NOT NULL THEN PERFORM tessera_remote.forget_roles(ARRAY[{list}]::text[]); END IF; END $tessera$"
-    )
+    crate::metadata::forget_roles_sql(REMOTE_SCHEMA, roles)
 }
 
 /// Makes `nodes` ready for worker-side relations among each other

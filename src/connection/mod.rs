@@ -479,6 +479,11 @@ pub fn quote_literal(value: &str) -> String {
     }
 }
 
+/// A `text[]` literal of `items`, for the helper functions that take lists.
+pub fn text_array<'a>(items: impl IntoIterator<Item = &'a String>) -> String {
+    format!("ARRAY[{}]::text[]", items.into_iter().map(|i| quote_literal(i)).collect::<Vec<_>>().join(", "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

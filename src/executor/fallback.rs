@@ -30,7 +30,7 @@ const BROADCAST_LIMIT_BYTES: i64 = 8 << 20;
 pub async fn prepare_to_read(statement: &str, coordinator: &Coordinator, catalog: &Catalog, parts: &mut Participants) -> PgResult<()> {
     if parts.wrote_on_workers() {
         return Err(PgError::not_supported(format!(
-            "this {statement} reads distributed tables through the coordinator's general fallback, which cannot see the writes this transaction has already made on the workers"
+            "this {statement} reads distributed tables in the coordinator database over postgres_fdw, whose connections cannot see the writes this transaction has already made on the workers"
         ))
         .with_hint("Run it before the writes, or in its own transaction."));
     }

@@ -18,6 +18,7 @@ pub mod copy;
 pub mod explain;
 pub mod fallback;
 pub mod insert_select;
+pub mod materialized_views;
 pub mod merge;
 pub mod multi_shard;
 pub mod stream;

@@ -15,14 +15,48 @@ pub mod user_code;
 
 pub const SCHEMA_SQL: &str = include_str!("schema.sql");
 
+/// Schemas that hold no user objects, or only Tessera's own (schema.sql),
+/// as an SQL list; names starting `pg_` are PostgreSQL's too.
+pub const SYSTEM_SCHEMAS: &str = "('pg_catalog', 'information_schema', 'tessera', 'tessera_fallback', 'tessera_lent')";
+
 /// Creates or upgrades the catalog, with its user-facing names (`pg_dist_node`,
 /// `citus_shards`, the cluster functions) in pg_catalog as Citus has them.
 pub async fn install(conn: &mut PgConnection) -> PgResult<()> {
     // Concurrent first starts of several coordinator processes must not race.
     conn.execute("SELECT pg_advisory_lock(7482910)").await?;
-    let result = conn.execute(&SCHEMA_SQL.replace("@TESSERA_VERSION@", env!("CARGO_PKG_VERSION"))).await;
+    let schema = SCHEMA_SQL.replace("@TESSERA_VERSION@", env!("CARGO_PKG_VERSION"));
+    let result = conn.execute(&format!("{schema}\n{}\nGRANT EXECUTE ON FUNCTION tessera.forget_roles(text[]) TO PUBLIC;", forget_roles_function("tessera"))).await;
     conn.execute("SELECT pg_advisory_unlock(7482910)").await?;
     result.map(|_| ())
+}
+
+/// SQL making `<schema>.forget_roles(text[])`, which drops the user mappings
+/// on the `tessera_node_*` foreign servers of roles about to be dropped (DROP
+/// ROLE refuses while a role has any). The coordinator database has such
+/// servers for the fallback tier, every worker for its worker-side relations.
+/// Only a caller that may drop roles gets anything done.
+pub fn forget_roles_function(schema: &str) -> String {
+    format!(
+        "CREATE OR REPLACE FUNCTION {schema}.forget_roles(roles text[]) RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $tessera$
+         DECLARE m record;
+         BEGIN
+           IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = session_user AND (rolsuper OR rolcreaterole)) THEN
+             RETURN;
+           END IF;
+           FOR m IN SELECT srvname, usename FROM pg_user_mappings WHERE usename = ANY (roles) AND srvname LIKE 'tessera\\_node\\_%' LOOP
+             EXECUTE format('DROP USER MAPPING FOR %I SERVER %I', m.usename, m.srvname);
+           END LOOP;
+         END $tessera$;"
+    )
+}
+
+/// Calls `<schema>.forget_roles` for `roles` where it exists (a worker not
+/// prepared for worker-side relations lacks it).
+pub fn forget_roles_sql(schema: &str, roles: &[String]) -> String {
+    format!(
+        "DO $tessera$ BEGIN IF to_regprocedure('{schema}.forget_roles(text[])') IS NOT NULL THEN PERFORM {schema}.forget_roles({}); END IF; END $tessera$",
+        crate::connection::text_array(roles)
+    )
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

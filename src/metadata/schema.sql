@@ -394,6 +394,24 @@ CREATE OR REPLACE FUNCTION tessera.column_definitions(rel regclass) RETURNS text
     WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped
 $$;
 
+-- Gives `role` a user mapping on every node's foreign server that lacks one,
+-- so that foreign scans run as that role reach the workers as that role.
+CREATE OR REPLACE FUNCTION tessera.map_role_to_nodes(role name, password text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, tessera AS $$
+DECLARE
+    s record;
+BEGIN
+    FOR s IN SELECT srvname FROM pg_foreign_server f WHERE srvname LIKE 'tessera\_node\_%'
+             AND NOT EXISTS (SELECT FROM pg_user_mappings m WHERE m.srvid = f.oid AND m.usename = role) LOOP
+        IF password IS NULL THEN
+            EXECUTE format('CREATE USER MAPPING FOR %I SERVER %I OPTIONS (user %L, password_required ''false'')', role, s.srvname, role);
+        ELSE
+            EXECUTE format('CREATE USER MAPPING FOR %I SERVER %I OPTIONS (user %L, password %L)', role, s.srvname, role, password);
+        END IF;
+    END LOOP;
+END $$;
+REVOKE ALL ON FUNCTION tessera.map_role_to_nodes(name, text) FROM PUBLIC;
+
 -- Brings the fallback objects up to the current catalog (unless another
 -- coordinator already did) and gives `role` a user mapping on every node, so
 -- that the foreign tables reach the workers as that role, like the
@@ -445,14 +463,7 @@ BEGIN
         END LOOP;
         UPDATE tessera.fallback_state SET version = current;
     END IF;
-    FOR s IN SELECT srvname FROM pg_foreign_server f WHERE srvname LIKE 'tessera\_node\_%'
-             AND NOT EXISTS (SELECT FROM pg_user_mappings m WHERE m.srvid = f.oid AND m.usename = role) LOOP
-        IF password IS NULL THEN
-            EXECUTE format('CREATE USER MAPPING FOR %I SERVER %I OPTIONS (user %L, password_required ''false'')', role, s.srvname, role);
-        ELSE
-            EXECUTE format('CREATE USER MAPPING FOR %I SERVER %I OPTIONS (user %L, password %L)', role, s.srvname, role, password);
-        END IF;
-    END LOOP;
+    PERFORM tessera.map_role_to_nodes(role, password);
 END $$;
 REVOKE ALL ON FUNCTION tessera.prepare_fallback(name, text) FROM PUBLIC;
 
@@ -463,3 +474,68 @@ BEGIN
     EXECUTE format('ALTER DATABASE %I SET enable_partitionwise_join = on', current_database());
     EXECUTE format('ALTER DATABASE %I SET enable_partitionwise_aggregate = on', current_database());
 END $$;
+
+-- Materialized views over distributed tables (planner/materialized_views.rs)
+-- keep the user's definition, which names the shells. While one statement
+-- runs such a view's query, each shell it reads lends it the shards' rows as
+-- foreign-table children in tessera_lent, which PostgreSQL scans with the
+-- shell; they are dropped again in the same transaction. A deferred check
+-- makes sure no lent child outlives its transaction, whoever called.
+CREATE SCHEMA IF NOT EXISTS tessera_lent;
+CREATE TABLE IF NOT EXISTS tessera.lendings (backend int NOT NULL);
+
+CREATE OR REPLACE FUNCTION tessera.check_shards_returned() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog AS $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_class WHERE relnamespace = 'tessera_lent'::regnamespace) THEN
+        RAISE EXCEPTION 'shards lent to a materialized view''s query were not returned before commit'
+            USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'Call tessera.return_shards() in the transaction that called tessera.lend_shards().';
+    END IF;
+    RETURN NULL;
+END $$;
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_trigger WHERE tgname = 'shards_returned' AND tgrelid = 'tessera.lendings'::regclass) THEN
+        CREATE CONSTRAINT TRIGGER shards_returned AFTER INSERT ON tessera.lendings
+            DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION tessera.check_shards_returned();
+    END IF;
+END $$;
+
+-- Lends the shards of the distributed tables `shells` to this transaction;
+-- `reader` is the role the view's query runs as, whose user mapping the
+-- foreign scans use (the workers check its privileges on the shards).
+CREATE OR REPLACE FUNCTION tessera.lend_shards(shells oid[], reader name) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, tessera AS $$
+DECLARE
+    t record;
+    s record;
+BEGIN
+    -- postgres_fdw logs in to the workers as the reader itself.
+    IF NOT (SELECT rolcanlogin OR rolsuper FROM pg_roles WHERE rolname = reader) THEN
+        RAISE EXCEPTION 'the role "%", which this materialized view''s query runs as, cannot log in; the workers check its privileges over a connection of its own', reader
+            USING ERRCODE = 'feature_not_supported', HINT = 'Give the role LOGIN, or make a role that can log in own the materialized view.';
+    END IF;
+    PERFORM tessera.map_role_to_nodes(reader, NULL);
+    INSERT INTO tessera.lendings VALUES (pg_backend_pid());
+    FOR t IN SELECT p.logicalrelid::oid AS relid, c.relname, ns.nspname
+             FROM tessera.pg_dist_partition p JOIN pg_class c ON c.oid = p.logicalrelid JOIN pg_namespace ns ON ns.oid = c.relnamespace
+             WHERE p.logicalrelid::oid = ANY (shells) LOOP
+        FOR s IN SELECT sh.shardid, min(pl.groupid) AS groupid FROM tessera.pg_dist_shard sh JOIN tessera.pg_dist_placement pl USING (shardid)
+                 WHERE sh.logicalrelid = t.relid::regclass GROUP BY sh.shardid LOOP
+            EXECUTE format('CREATE FOREIGN TABLE tessera_lent.%I () INHERITS (%s) SERVER %I OPTIONS (schema_name %L, table_name %L)',
+                           'shard_' || s.shardid, t.relid::regclass, 'tessera_node_' || s.groupid, t.nspname, t.relname || '_' || s.shardid);
+        END LOOP;
+    END LOOP;
+END $$;
+
+CREATE OR REPLACE FUNCTION tessera.return_shards() RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, tessera AS $$
+DECLARE
+    c record;
+BEGIN
+    FOR c IN SELECT relname FROM pg_class WHERE relnamespace = 'tessera_lent'::regnamespace AND relkind = 'f' LOOP
+        EXECUTE format('DROP FOREIGN TABLE tessera_lent.%I', c.relname);
+    END LOOP;
+    DELETE FROM tessera.lendings WHERE backend = pg_backend_pid();
+END $$;
+GRANT EXECUTE ON FUNCTION tessera.lend_shards(oid[], name), tessera.return_shards() TO PUBLIC;

@@ -5,7 +5,7 @@
 //! planner can expand the views into the queries that read them and refuse
 //! to run the rest where it would be wrong.
 
-use super::{int, Catalog};
+use super::{int, Catalog, SYSTEM_SCHEMAS};
 use crate::connection::PgConnection;
 use crate::error::PgResult;
 use pg_query::NodeEnum;
@@ -15,9 +15,13 @@ use std::sync::Arc;
 
 #[derive(Debug, Default)]
 pub struct UserCode {
-    /// Views and materialized views that read distributed tables, directly or
-    /// through other views, by schema and name.
+    /// Views that read distributed tables, directly or through other views,
+    /// by schema and name.
     views: HashMap<(String, String), Arc<View>>,
+    /// Materialized views whose query reads distributed tables. Reading one
+    /// reads its stored rows, a local table's; only its query (at CREATE
+    /// and REFRESH) reaches the distributed tables.
+    materialized: HashMap<(String, String), Arc<View>>,
     /// Functions and procedures whose bodies reach distributed tables, by
     /// name (any overload counts, as the call's arguments decide which runs).
     touching: HashMap<String, Touch>,
@@ -47,7 +51,6 @@ pub struct InlineSql {
 pub struct View {
     pub schema: String,
     pub name: String,
-    pub materialized: bool,
     /// Created WITH CHECK OPTION.
     pub check_option: bool,
     /// Its query as the coordinator database prints it, every relation
@@ -94,6 +97,10 @@ impl UserCode {
             return None;
         }
         self.views.get(&(schema.unwrap_or("public").to_string(), name.to_string()))
+    }
+    /// A materialized view whose query reads distributed tables.
+    pub fn materialized_view(&self, schema: Option<&str>, name: &str) -> Option<&Arc<View>> {
+        self.materialized.get(&(schema.unwrap_or("public").to_string(), name.to_string()))
     }
     pub fn has_views(&self) -> bool {
         !self.views.is_empty()
@@ -274,7 +281,7 @@ pub(super) async fn load(conn: &mut PgConnection, catalog: &Catalog) -> PgResult
     // Every user view, with the relations and functions its rule uses: which
     // of them reach distributed tables is found below, with the functions.
     let views: Vec<CandidateView> = conn
-        .query(
+        .query(&format!(
             "SELECT c.oid, n.nspname, c.relname, c.relkind = 'm', pg_catalog.tessera_view_definition(c.oid),
                     EXISTS (SELECT FROM unnest(c.reloptions) o WHERE o LIKE 'check\\_option=%'),
                     (SELECT json_agg(d.refobjid::bigint) FROM pg_rewrite r JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid
@@ -282,8 +289,8 @@ pub(super) async fn load(conn: &mut PgConnection, catalog: &Catalog) -> PgResult
                     (SELECT json_agg(d.refobjid::bigint) FROM pg_rewrite r JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid
                       WHERE r.ev_class = c.oid AND d.refclassid = 'pg_proc'::regclass AND d.refobjid >= 16384)
              FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-             WHERE c.relkind IN ('v', 'm') AND n.nspname NOT IN ('information_schema', 'tessera', 'tessera_fallback') AND n.nspname NOT LIKE 'pg\\_%'",
-        )
+             WHERE c.relkind IN ('v', 'm') AND n.nspname NOT IN {SYSTEM_SCHEMAS} AND n.nspname NOT LIKE 'pg\\_%'"
+        ))
         .await?
         .into_iter()
         .filter_map(|r| {
@@ -302,7 +309,7 @@ pub(super) async fn load(conn: &mut PgConnection, catalog: &Catalog) -> PgResult
     // Extension members and C functions are not user code; SQL-standard
     // bodies (BEGIN ATOMIC) have their references in pg_depend.
     let functions = conn
-        .query(
+        .query(&format!(
             "SELECT p.proname, p.oid::regprocedure::text, l.lanname, p.prosrc,
                     CASE WHEN l.lanname = 'plpgsql' THEN pg_get_functiondef(p.oid) END,
                     p.prosqlbody IS NOT NULL,
@@ -317,10 +324,10 @@ pub(super) async fn load(conn: &mut PgConnection, catalog: &Catalog) -> PgResult
                     (SELECT json_agg(json_build_array(coalesce(p.proargnames[a.i], ''), format_type(a.t, NULL)) ORDER BY a.i)
                        FROM unnest(p.proargtypes::oid[]) WITH ORDINALITY AS a(t, i))
              FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace JOIN pg_language l ON l.oid = p.prolang
-             WHERE n.nspname NOT IN ('information_schema', 'tessera', 'tessera_fallback') AND n.nspname NOT LIKE 'pg\\_%'
+             WHERE n.nspname NOT IN {SYSTEM_SCHEMAS} AND n.nspname NOT LIKE 'pg\\_%'
                AND l.lanname NOT IN ('c', 'internal') AND p.prokind IN ('f', 'p')
-               AND NOT EXISTS (SELECT FROM pg_depend e WHERE e.classid = 'pg_proc'::regclass AND e.objid = p.oid AND e.deptype = 'e')",
-        )
+               AND NOT EXISTS (SELECT FROM pg_depend e WHERE e.classid = 'pg_proc'::regclass AND e.objid = p.oid AND e.deptype = 'e')"
+        ))
         .await?;
     let mut uses: Vec<(String, String, u32, BodyUse)> = Vec::new();
     let mut candidates: Vec<(String, u32, Arc<InlineSql>)> = Vec::new();
@@ -351,22 +358,25 @@ pub(super) async fn load(conn: &mut PgConnection, catalog: &Catalog) -> PgResult
     // are found.
     let mut by_oid: HashMap<u32, Touch> = HashMap::new();
     let mut reaching_views: HashSet<u32> = HashSet::new();
+    let mut materialized: HashSet<u32> = HashSet::new();
     let distributed: HashSet<u32> = catalog.tables().map(|t| t.oid).collect();
     loop {
         let mut found = false;
         for candidate in &views {
-            if reaching_views.contains(&candidate.oid) {
+            if reaching_views.contains(&candidate.oid) || materialized.contains(&candidate.oid) {
                 continue;
             }
             let reaches = candidate.relations.iter().any(|r| distributed.contains(r) || reaching_views.contains(r)) || candidate.functions.iter().any(|f| by_oid.contains_key(f));
             if reaches {
-                reaching_views.insert(candidate.oid);
+                // What reads a materialized view reads its stored rows.
+                if candidate.materialized { &mut materialized } else { &mut reaching_views }.insert(candidate.oid);
                 let query = pg_query::parse(&candidate.definition).ok().and_then(|p| p.protobuf.stmts.into_iter().next()?.stmt?.node);
                 if let Some(query) = query {
-                    let view = View { schema: candidate.schema.clone(), name: candidate.name.clone(), materialized: candidate.materialized, check_option: candidate.check_option, query };
-                    code.views.insert((candidate.schema.clone(), candidate.name.clone()), Arc::new(view));
+                    let view = View { schema: candidate.schema.clone(), name: candidate.name.clone(), check_option: candidate.check_option, query };
+                    let kind = if candidate.materialized { &mut code.materialized } else { &mut code.views };
+                    kind.insert((candidate.schema.clone(), candidate.name.clone()), Arc::new(view));
                 }
-                found = true;
+                found |= !candidate.materialized;
             }
         }
         for (name, signature, oid, body) in &uses {
@@ -388,10 +398,10 @@ pub(super) async fn load(conn: &mut PgConnection, catalog: &Catalog) -> PgResult
         return Ok(code);
     }
     let local: HashSet<String> = conn
-        .query(
+        .query(&format!(
             "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-             WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f') AND n.nspname NOT IN ('information_schema', 'tessera', 'tessera_fallback') AND n.nspname NOT LIKE 'pg\\_%'",
-        )
+             WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f') AND n.nspname NOT IN {SYSTEM_SCHEMAS} AND n.nspname NOT LIKE 'pg\\_%'"
+        ))
         .await?
         .into_iter()
         .filter_map(|r| r.into_iter().next().flatten())

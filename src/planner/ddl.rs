@@ -763,9 +763,6 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
         NodeEnum::DropStmt(d) if d.remove_type == ObjectType::ObjectView as i32 => {
             Some(everywhere(version, NodeEnum::DropStmt(protobuf::DropStmt { missing_ok: true, ..d.clone() })))
         }
-        NodeEnum::CreateTableAsStmt(c) if c.objtype == ObjectType::ObjectMatview as i32 && !referenced_tables(raw, catalog).is_empty() => Some(not_supported(
-            "materialized views over distributed tables are not supported: the coordinator database, which would hold one, has only empty shells of the tables",
-        )),
         NodeEnum::ExplainStmt(_) => {
             (!referenced_tables(raw, catalog).is_empty()).then(|| not_supported("EXPLAIN of queries over distributed tables is not supported yet"))
         }
@@ -775,7 +772,7 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
 
 /// Whether a statement's relation is a view over distributed tables.
 fn names_view(relation: Option<&protobuf::RangeVar>, catalog: &Catalog) -> bool {
-    relation.is_some_and(|rv| catalog.user_code.view(super::schema_of(rv), &rv.relname).is_some_and(|v| !v.materialized))
+    relation.is_some_and(|rv| catalog.user_code.view(super::schema_of(rv), &rv.relname).is_some())
 }
 
 /// Every node makes the view; a worker lacking what it reads (a view over

@@ -11,6 +11,7 @@ mod fallback;
 mod functions;
 mod inline;
 mod insert_select;
+mod materialized_views;
 mod merge;
 mod multi_shard;
 mod prepared;
@@ -25,6 +26,7 @@ pub use explain::ExplainPlan;
 pub use fallback::FallbackPlan;
 pub use functions::{ClusterCall, ClusterFunction};
 pub use insert_select::InsertSelectPlan;
+pub use materialized_views::LentShards;
 pub use merge::MergePlan;
 pub use multi_shard::{aggregate_placeholder, partial_column, sort_column, AggregateKind, Combine, CombineQuery, MultiShardPlan, SplitAggregate, PARTIALS_RELATION, VISIBLE_COLUMNS};
 pub use cluster_views::{ClusterData, SIZE_FUNCTIONS};
@@ -65,6 +67,9 @@ pub enum Plan {
     /// Runs like Local, once the executor has gathered from every node what it
     /// reads through `citus_stat_activity` or the size functions.
     LocalWithClusterData(ClusterData),
+    /// Runs like Local, while the shells of the distributed tables it reads
+    /// lend it their shards' rows (a materialized view's query).
+    LocalOverShards(Arc<LentShards>),
     /// BEGIN, COMMIT, SAVEPOINT, …: managed by the coordinator across every node
     /// the transaction touches.
     Transaction(TransactionCommand),
@@ -113,6 +118,7 @@ impl fmt::Display for Plan {
             Plan::Empty => write!(f, "Empty"),
             Plan::Local => write!(f, "Local"),
             Plan::LocalWithClusterData(needs) => write!(f, "LocalWithClusterData({needs:?})"),
+            Plan::LocalOverShards(lent) => write!(f, "LocalOverShards({}, lent by {:?})", lent.statement, lent.tables),
             Plan::Transaction(t) => write!(f, "Transaction({t:?})"),
             Plan::ClusterFunction(c) => write!(f, "ClusterFunction({:?})", c.function),
             Plan::Ddl(d) => write!(f, "Ddl({d})"),
@@ -244,6 +250,9 @@ fn plan_statement(version: i32, raw: protobuf::RawStmt, text: &str, catalog: &Ca
             return plan;
         }
         return user_code::on_worker(version, &raw, node, text, catalog).unwrap_or(plan);
+    }
+    if let Some(plan) = materialized_views::plan(node, catalog) {
+        return plan;
     }
     if let Some(refusal) = user_code::refusal(node, catalog) {
         return refusal;

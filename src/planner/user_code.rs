@@ -5,8 +5,8 @@
 //! block reaching them, runs whole on a worker, whose worker-side relations
 //! (commands/worker_relations.rs) show it whole tables; what cannot run
 //! there (a trigger on a local table, writes through a view that is not
-//! simple, REFRESH of a materialized view) is refused, naming the code and
-//! what it reaches.
+//! simple) is refused, naming the code and what it reaches. Materialized
+//! views have a module of their own (`materialized_views.rs`).
 
 use super::rewrite::ShardTemplate;
 use super::router::{first_local_table, router, Command, ShardTarget};
@@ -42,14 +42,6 @@ pub(super) fn refusal(node: &NodeEnum, catalog: &Catalog) -> Option<Plan> {
                 "Distribute the table too (its triggers then run on the workers), or move the trigger's work into the statement.",
             ));
         }
-    }
-    if let NodeEnum::RefreshMatViewStmt(r) = node {
-        let rel = r.relation.as_ref()?;
-        let view = code.view(super::schema_of(rel), &rel.relname)?;
-        return Some(refuse(
-            format!("the materialized view \"{}\" reads distributed tables, which the coordinator database holds only as empty shells; refreshing it there would empty it", view.name),
-            "Keep the results in a table filled with INSERT … SELECT instead.",
-        ));
     }
     None
 }

@@ -358,8 +358,8 @@ pub(super) fn write_through(node: &NodeEnum, catalog: &Catalog) -> Option<Result
                 .with_hint("Write to the view's table itself."),
         )))
     };
-    if view.materialized || view.check_option {
-        return refuse("it is materialized or has WITH CHECK OPTION");
+    if view.check_option {
+        return refuse("it has WITH CHECK OPTION");
     }
     let mut expander = Expander { catalog, ctes: Vec::new(), expanded: false, too_deep: false };
     let mut query = view.query.clone();

@@ -588,6 +588,7 @@ impl Session {
                 let mode = execution_mode(extended, false);
                 executor::cluster_views::run(needs, sql, &catalog, &mut self.parts, &mode, &mut self.client).await?;
             }
+            Plan::LocalOverShards(lent) => executor::materialized_views::run(lent, sql, &self.coordinator, &catalog, &mut self.parts, &mut self.client).await?,
             Plan::Fallback(fallback) => {
                 let mode = execution_mode(extended, false);
                 executor::fallback::run(fallback, &self.coordinator, &catalog, &mut self.parts, &mode, &mut self.client).await?;
