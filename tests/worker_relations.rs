@@ -173,4 +173,16 @@ async fn roles_see_on_a_worker_what_they_see_through_tessera() {
     drop(late);
     c.batch_execute("REVOKE ALL ON wr_secret FROM wr_late; DROP POLICY wr_low ON wr_notes; DROP ROLE wr_late").await.unwrap();
     assert_eq!(text_rows(&connect_as(cluster.cluster.state.worker_ports[1], "wr_app").await, "SELECT count(*) FROM wr_notes").await[0][0].as_deref(), Some("0"));
+
+    // A node added later gets the tables' grants, row security and policies
+    // on its relations too.
+    c.batch_execute("CREATE POLICY wr_mid ON wr_notes TO wr_app USING (tenant BETWEEN 2 AND 4)").await.unwrap();
+    let through_tessera = text_rows(&app, "SELECT count(*) FROM wr_notes").await;
+    assert_eq!(through_tessera[0][0].as_deref(), Some("150"));
+    let extra = PlainPostgres::start();
+    c.execute("SELECT citus_add_node('127.0.0.1', $1)", &[&(extra.instance.port as i32)]).await.unwrap();
+    let on_new_node = connect_as(extra.instance.port, "wr_app").await;
+    assert_eq!(text_rows(&on_new_node, "SELECT count(*) FROM wr_notes").await, through_tessera);
+    let err = on_new_node.simple_query("SELECT * FROM wr_secret").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "42501", "{err}");
 }

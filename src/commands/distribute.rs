@@ -4,7 +4,6 @@
 
 use super::table_ddl::TableDefinition;
 use super::{delete_catalog_rows_sql, finish_block, read_shard_rows, run_per_node, CommandContext};
-use crate::planner::placement_groups;
 use crate::planner::DdlPlan;
 use crate::transaction::Access;
 use crate::connection::{quote_ident, quote_literal, PgConnection};
@@ -225,18 +224,7 @@ async fn carry_statements(ctx: &mut CommandContext<'_>, catalog: &Catalog, state
                 DdlPlan::Propagate { table, template, relations, .. } => {
                     super::propagate_to_nodes(ctx, table, template, relations, &Default::default(), only_group).await?;
                 }
-                grant @ DdlPlan::Grant { .. } => {
-                    let mut per_node: BTreeMap<i32, Vec<String>> =
-                        placement_groups(grant.tables()).into_iter().map(|group| Ok((group, vec![grant.node_sql(group)?]))).collect::<PgResult<_>>()?;
-                    if let Some(group) = only_group {
-                        per_node.retain(|g, _| *g == group);
-                    }
-                    run_per_node(ctx, per_node).await?;
-                    if let (Some(parent_sql), None) = (grant.parent_sql(), only_group) {
-                        let per_node = catalog.active_nodes().map(|n| (n.group_id, vec![parent_sql.clone()])).collect();
-                        run_per_node(ctx, per_node).await?;
-                    }
-                }
+                grant @ DdlPlan::Grant { .. } => super::grant_on_nodes(grant, ctx, only_group).await?,
                 other => return Err(PgError::internal(format!("carrying \"{sql}\" over to the shards gave the plan {other}"))),
             },
             Some(crate::planner::Plan::Unsupported(e)) => return Err(e),

@@ -303,7 +303,7 @@ async fn run_ddl_in_block(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_
         }
         DdlPlan::Drop { tables } => {
             for t in tables {
-                run_on_every_node(ctx, |_| vec![worker_relations::drop_sql(t)]).await?;
+                run_on_nodes(ctx, None, |_| vec![worker_relations::drop_sql(t)]).await?;
             }
             run_node_statements(plan, ctx).await?;
             let local = ctx.parts.local().await?;
@@ -326,7 +326,7 @@ async fn run_ddl_in_block(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_
         DdlPlan::DropFromTable { table, .. } => {
             let tag = ctx.parts.local().await?.execute(sql).await?;
             if let Some(parent_sql) = plan.parent_sql() {
-                run_on_every_node(ctx, |_| vec![parent_sql.clone()]).await?;
+                run_on_nodes(ctx, None, |_| vec![parent_sql.clone()]).await?;
             }
             let mut per_node: BTreeMap<i32, Vec<String>> = BTreeMap::new();
             for shard in &table.shards {
@@ -340,10 +340,7 @@ async fn run_ddl_in_block(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_
         }
         DdlPlan::Truncate { .. } | DdlPlan::Grant { .. } => {
             let tag = ctx.parts.local().await?.execute(sql).await?;
-            run_node_statements(plan, ctx).await?;
-            if let Some(parent_sql) = plan.parent_sql() {
-                run_on_every_node(ctx, |_| vec![parent_sql.clone()]).await?;
-            }
+            grant_on_nodes(plan, ctx, None).await?;
             Ok(tag)
         }
         DdlPlan::Everywhere { .. } => run_everywhere(plan, sql, ctx).await,
@@ -363,10 +360,10 @@ pub(crate) async fn propagate_to_nodes(
     only_group: Option<i32>,
 ) -> PgResult<()> {
     for table in relations.reshaped.iter().chain(&relations.rebuild_views) {
-        run_on_every_node(ctx, |group| worker_relations::release_sql(table, group)).await?;
+        run_on_nodes(ctx, only_group, |group| worker_relations::release_sql(table, group)).await?;
     }
     if let Some(parent_sql) = &relations.parent_sql {
-        run_on_every_node(ctx, |group| {
+        run_on_nodes(ctx, only_group, |group| {
             let mut statements = vec![parent_sql.clone()];
             if let Some(new_name) = &relations.renamed_to {
                 statements.extend(worker_relations::rename_foreign_sql(table, new_name, group));
@@ -381,15 +378,22 @@ pub(crate) async fn propagate_to_nodes(
     }
     run_per_node(ctx, per_node).await?;
     for table in relations.reshaped.iter().chain(&relations.rebuild_views) {
-        worker_relations::create(ctx, table.oid, None).await?;
+        worker_relations::create(ctx, table.oid, only_group).await?;
     }
     Ok(())
 }
 
-/// Runs on every active node the statements `sql_for` gives for it (inside
-/// the current block): what the worker-side relations need.
-async fn run_on_every_node(ctx: &mut CommandContext<'_>, sql_for: impl Fn(i32) -> Vec<String>) -> PgResult<()> {
-    let per_node = ctx.catalog.active_nodes().map(|n| (n.group_id, sql_for(n.group_id))).filter(|(_, s)| !s.is_empty()).collect();
+/// Runs on every active node (only on node group `only_group`, when set)
+/// the statements `sql_for` gives for it, inside the current block: what
+/// the worker-side relations need.
+pub(crate) async fn run_on_nodes(ctx: &mut CommandContext<'_>, only_group: Option<i32>, sql_for: impl Fn(i32) -> Vec<String>) -> PgResult<()> {
+    let per_node = ctx
+        .catalog
+        .active_nodes()
+        .filter(|n| only_group.map_or(true, |g| g == n.group_id))
+        .map(|n| (n.group_id, sql_for(n.group_id)))
+        .filter(|(_, s)| !s.is_empty())
+        .collect();
     run_per_node(ctx, per_node).await
 }
 
@@ -518,6 +522,17 @@ async fn run_everywhere(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_>)
 /// of its tables, each node naming its own shards.
 async fn run_node_statements(plan: &DdlPlan, ctx: &mut CommandContext<'_>) -> PgResult<()> {
     run_per_group(ctx, placement_groups(plan.tables()), |group| plan.node_sql(group)).await
+}
+
+/// Carries a GRANT/REVOKE (or TRUNCATE) to the shards and to the worker-side
+/// relations, on every node or only on node group `only_group`.
+pub(crate) async fn grant_on_nodes(plan: &DdlPlan, ctx: &mut CommandContext<'_>, only_group: Option<i32>) -> PgResult<()> {
+    let groups = placement_groups(plan.tables()).into_iter().filter(|g| only_group.map_or(true, |only| only == *g)).collect();
+    run_per_group(ctx, groups, |group| plan.node_sql(group)).await?;
+    if let Some(parent_sql) = plan.parent_sql() {
+        run_on_nodes(ctx, only_group, |_| vec![parent_sql.clone()]).await?;
+    }
+    Ok(())
 }
 
 /// Runs on each node group the statement `sql_for` gives for it (inside the

@@ -28,14 +28,15 @@ pub async fn add_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) -> Pg
         let id: i32 = row[0][0].as_deref().unwrap_or("0").parse().unwrap_or(0);
         let group: i32 = row[0][1].as_deref().unwrap_or("0").parse().unwrap_or(0);
         let node = Node { id, group_id: group, addr: addr.clone(), active: true, type_oids: Default::default() };
+        // Roles and shared objects first: the tables' copies use them, and
+        // each role gets its user mappings below.
+        let objects = super::objects::read(ctx.parts.local().await?, true).await?;
+        super::objects::create_missing(ctx, std::slice::from_ref(&node), &objects).await?;
         // Every node needs a foreign server for every other one before the
         // new node's relations can be made (and before shards land on it).
         let mut nodes: Vec<Node> = ctx.catalog.active_nodes().cloned().collect();
         nodes.push(node.clone());
         super::worker_relations::prepare_in_block(ctx, &nodes).await?;
-        // Roles and shared objects first: the tables' copies use them.
-        let objects = super::objects::read(ctx.parts.local().await?, true).await?;
-        super::objects::create_missing(ctx, std::slice::from_ref(&node), &objects).await?;
         let references: Vec<_> = ctx.catalog.tables().filter(|t| t.is_reference()).cloned().collect();
         for table in references {
             let Some(shard) = table.shards.first() else { continue };
@@ -51,13 +52,17 @@ pub async fn add_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) -> Pg
                 .await?
                 .execute(&format!("INSERT INTO tessera.pg_dist_placement (shardid, groupid) VALUES ({}, {group})", shard.id))
                 .await?;
-            super::distribute::follow_shell_onto_shards(ctx, table.oid, &table.qualified_name(), Some(group)).await?;
         }
         // Partitions' views read their roots' parents: roots first.
-        let mut tables: Vec<_> = ctx.catalog.tables().map(|t| (t.partition_of.is_some(), t.oid)).collect();
+        let mut tables: Vec<_> = ctx.catalog.tables().map(|t| (t.partition_of.is_some(), t.oid, t.qualified_name())).collect();
         tables.sort();
-        for (_, oid) in tables {
-            super::worker_relations::create(ctx, oid, Some(group)).await?;
+        for (_, oid, _) in &tables {
+            super::worker_relations::create(ctx, *oid, Some(group)).await?;
+        }
+        // The reference copies' constraints, triggers and privileges, and
+        // the privileges and row security of every table's relation there.
+        for (_, oid, name) in &tables {
+            super::distribute::follow_shell_onto_shards(ctx, *oid, name, Some(group)).await?;
         }
         Ok(id)
     }

@@ -41,8 +41,9 @@ fn foreign_table_name(table: &DistributedTable, shard: &Shard) -> String {
 /// What a distributed table is on a worker.
 enum Shape {
     /// Hash-distributed and not a partition: a partitioned parent of the
-    /// shards, with these column definitions (the shards' own).
-    Parent { columns: Vec<String> },
+    /// shards, with these column definitions (the shards' own), owned by
+    /// the shell's owner (queries through it are checked against it).
+    Parent { columns: Vec<String>, owner: String },
     /// A reference table: a view of the worker's copy.
     ReferenceView,
     /// A partition of a distributed table: a view of its rows in its root's
@@ -83,10 +84,13 @@ fn create_sql(table: &DistributedTable, shape: &Shape, group: i32) -> Vec<String
                 format!("GRANT ALL ON {name} TO PUBLIC"),
             ]
         }
-        Shape::Parent { columns } => {
+        Shape::Parent { columns, owner } => {
             let Distribution::Hash { column: key, .. } = &table.distribution else { return Vec::new() };
             let modulus = table.shard_count();
-            let mut out = vec![format!("CREATE TABLE {name} ({}) PARTITION BY HASH ({})", columns.join(", "), quote_ident(key))];
+            let mut out = vec![
+                format!("CREATE TABLE {name} ({}) PARTITION BY HASH ({})", columns.join(", "), quote_ident(key)),
+                format!("ALTER TABLE {name} OWNER TO {}", quote_ident(owner)),
+            ];
             for shard in &table.shards {
                 let bound = format!("FOR VALUES WITH (MODULUS {modulus}, REMAINDER {})", shard.index);
                 if shard.placements.contains(&group) {
@@ -138,7 +142,9 @@ pub(super) async fn create(ctx: &mut CommandContext<'_>, oid: u32, only_group: O
         let hash_parents = ancestors.into_iter().filter(|(oid, _)| constraint.contains(&format!("'{oid}'::oid"))).collect();
         Shape::PartitionView { root: root.qualified_name(), constraint, columns: value(1)?, hash_parents }
     } else {
-        Shape::Parent { columns: TableDefinition::read(local, oid).await?.columns().to_vec() }
+        let owner = local.query(&format!("SELECT pg_get_userbyid(relowner) FROM pg_class WHERE oid = {oid}")).await?;
+        let owner = owner.first().and_then(|r| r.first().cloned().flatten()).ok_or_else(|| PgError::internal(format!("table {oid} has no owner")))?;
+        Shape::Parent { columns: TableDefinition::read(local, oid).await?.columns().to_vec(), owner }
     };
     let per_node = catalog.active_nodes().filter(|n| only_group.map_or(true, |g| g == n.group_id)).map(|n| (n.group_id, create_sql(&table, &shape, n.group_id))).collect();
     let committed = std::mem::replace(&mut ctx.catalog, std::sync::Arc::new(catalog));
