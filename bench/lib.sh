@@ -9,6 +9,9 @@
 : "${PG_BIN:=/usr/lib/postgresql/15/bin}"
 : "${TESSERA_START_TIMEOUT:=180}"
 : "${BENCH_ONLY_PLAIN:=0}"
+# Plain PostgreSQL runs without TLS; the embedded Tessera cluster offers it.
+# Clients of both targets go without, so that they are compared like for like.
+export PGSSLMODE=disable
 
 # ---------------------------------------------------------------- helpers
 

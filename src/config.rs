@@ -9,10 +9,24 @@ use serde::{Deserialize, Serialize};
 pub struct Config {
     /// Address the coordinator accepts clients on, e.g. "127.0.0.1:5432".
     pub listen: String,
+    /// Directories where the coordinator also listens on a Unix-domain
+    /// socket, `.s.PGSQL.<port>` as PostgreSQL names it, so that `psql -p
+    /// <port>` without a host reaches it. Missing directories are skipped.
+    #[serde(default = "default_unix_socket_directories")]
+    pub unix_socket_directories: Vec<String>,
+    /// Directories where nodes on this host have their Unix-domain sockets:
+    /// a node registered at a loopback address whose socket is found in one
+    /// of them is reached over it rather than over TCP.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_socket_directories: Vec<String>,
     /// How clients prove who they are to the coordinator. Absent means trust,
     /// so configurations written before the setting existed keep working.
     #[serde(default, skip_serializing_if = "AuthMethod::is_trust")]
     pub auth: AuthMethod,
+    /// TLS for clients (`[tls]`); without it SSLRequest is declined, as by
+    /// PostgreSQL with `ssl = off`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsConfig>,
     pub coordinator_db: DatabaseConfig,
     /// Workers registered at start-up if the catalog does not know them yet.
     #[serde(default)]
@@ -72,6 +86,28 @@ fn default_grace() -> f64 {
     10.0
 }
 
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TlsConfig {
+    /// The certificate chain, PEM.
+    pub cert_file: String,
+    /// Its private key, PEM.
+    pub key_file: String,
+    #[serde(default)]
+    pub mode: TlsMode,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TlsMode {
+    /// TLS for the clients that ask for it (`sslmode=prefer`, `require`, …).
+    #[default]
+    #[serde(rename = "allow")]
+    Allow,
+    /// Clients over TCP must use TLS, as PostgreSQL's `hostssl` lines ask;
+    /// Unix-socket clients are local and need none.
+    #[serde(rename = "require")]
+    Require,
+}
+
 /// Client authentication at the coordinator (`auth = "…"`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AuthMethod {
@@ -107,6 +143,11 @@ pub struct DatabaseConfig {
 pub struct NodeConfig {
     pub host: String,
     pub port: u16,
+}
+
+/// Debian's libpq looks in /var/run/postgresql, upstream's in /tmp.
+pub fn default_unix_socket_directories() -> Vec<String> {
+    vec!["/var/run/postgresql".into(), "/tmp".into()]
 }
 
 fn default_user() -> String {

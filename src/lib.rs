@@ -16,4 +16,5 @@ pub mod planner;
 pub mod protocol;
 pub mod server;
 pub mod transaction;
+pub mod transport;
 pub mod walk;

@@ -5,7 +5,7 @@
 
 pub mod instance;
 
-use crate::config::{Config, DatabaseConfig, NodeConfig};
+use crate::config::{Config, DatabaseConfig, NodeConfig, TlsConfig, TlsMode};
 use crate::connection::{Login, PgConnection, ServerAddr};
 use anyhow::{bail, Context, Result};
 use instance::{free_port, Instance};
@@ -124,8 +124,17 @@ fn create(dir: &Path, port: u16, workers: usize) -> Result<LocalCluster> {
         eprintln!("initializing {} ({}/{})", node.data_dir.display(), i + 1, all.len());
         node.init()?;
     }
+    // A self-signed certificate, so that clients may ask for TLS at once.
+    let (certificate, key) = crate::transport::self_signed_certificate()?;
+    let (cert_file, key_file) = (cluster.dir.join("server.crt"), cluster.dir.join("server.key"));
+    std::fs::write(&cert_file, certificate)?;
+    write_private(&key_file, &key)?;
     let config = Config {
         listen: format!("127.0.0.1:{port}"),
+        tls: Some(TlsConfig { cert_file: cert_file.display().to_string(), key_file: key_file.display().to_string(), mode: TlsMode::Allow }),
+        unix_socket_directories: crate::config::default_unix_socket_directories(),
+        // Each node keeps its socket in its data directory.
+        node_socket_directories: all.iter().map(|node| node.data_dir.display().to_string()).collect(),
         auth: Default::default(),
         coordinator_db: DatabaseConfig { host: "127.0.0.1".into(), port: cluster.state.coordinator_db_port, user: "postgres".into(), database: "postgres".into(), password: None },
         workers: cluster.state.worker_ports.iter().map(|p| NodeConfig { host: "127.0.0.1".into(), port: *p }).collect(),
@@ -134,6 +143,14 @@ fn create(dir: &Path, port: u16, workers: usize) -> Result<LocalCluster> {
     std::fs::write(cluster.config_path(), toml::to_string(&config)?)?;
     std::fs::write(cluster.dir.join(STATE_FILE), toml::to_string(&cluster.state)?)?;
     Ok(cluster)
+}
+
+/// Writes a file only its owner may read (a private key).
+fn write_private(path: &Path, contents: &str) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?.write_all(contents.as_bytes())?;
+    Ok(())
 }
 
 /// Starts the coordinator process in the background (e.g. again after a crash).
@@ -185,7 +202,7 @@ fn coordinator_answers(port: u16) -> bool {
     let mut request = bytes::BytesMut::new();
     crate::protocol::frontend::ssl_request(&mut request);
     let mut answer = [0u8; 1];
-    stream.set_read_timeout(Some(Duration::from_secs(5))).is_ok() && stream.write_all(&request).is_ok() && stream.read_exact(&mut answer).is_ok() && answer[0] == b'N'
+    stream.set_read_timeout(Some(Duration::from_secs(5))).is_ok() && stream.write_all(&request).is_ok() && stream.read_exact(&mut answer).is_ok() && matches!(answer[0], b'N' | b'S')
 }
 
 /// Stops the coordinator process and every node.

@@ -8,8 +8,8 @@ use crate::protocol::backend::{self, TxStatus};
 use crate::protocol::{frontend, take_message, Message};
 use bytes::{Bytes, BytesMut};
 use std::sync::Arc;
+use crate::transport::{connect_node, Stream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 /// Where a PostgreSQL server listens, and how we log in to it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -35,7 +35,7 @@ pub struct Login {
 }
 
 pub struct PgConnection {
-    stream: TcpStream,
+    stream: Stream,
     rbuf: BytesMut,
     wbuf: BytesMut,
     label: Arc<str>,
@@ -61,10 +61,7 @@ pub type TextRows = Vec<TextRow>;
 impl PgConnection {
     pub async fn connect(addr: &ServerAddr, login: &Login) -> PgResult<Self> {
         let label: Arc<str> = Arc::from(format!("{}:{}", addr.host, addr.port));
-        let stream = TcpStream::connect((addr.host.as_str(), addr.port))
-            .await
-            .map_err(|e| PgError::new(sqlstate::CONNECTION_FAILURE, format!("could not connect to node {label}: {e}")))?;
-        stream.set_nodelay(true).ok();
+        let stream = connect_node(&addr.host, addr.port).await.map_err(|e| PgError::new(sqlstate::CONNECTION_FAILURE, format!("could not connect to node {label}: {e}")))?;
         let mut conn = PgConnection {
             stream,
             rbuf: BytesMut::with_capacity(16 * 1024),
@@ -183,8 +180,7 @@ impl PgConnection {
     /// non-blocking read at most, none when the socket is not known readable.
     pub fn is_dead_while_idle(&mut self) -> bool {
         if !self.broken {
-            let mut byte = [0u8; 1];
-            let quiet = self.rbuf.is_empty() && matches!(self.stream.try_read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+            let quiet = self.rbuf.is_empty() && matches!(self.stream.try_read_buf(&mut self.rbuf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
             self.broken = !quiet;
         }
         self.broken
@@ -451,7 +447,7 @@ impl PgConnection {
 
 /// Asks a server to cancel the query running on the backend with this key.
 pub async fn send_cancel(addr: &ServerAddr, key: (i32, i32)) {
-    if let Ok(mut stream) = TcpStream::connect((addr.host.as_str(), addr.port)).await {
+    if let Ok(mut stream) = connect_node(&addr.host, addr.port).await {
         let mut buf = BytesMut::new();
         frontend::cancel_request(&mut buf, key.0, key.1);
         let _ = stream.write_all(&buf).await;

@@ -3,14 +3,14 @@
 use crate::error::PgResult;
 use crate::protocol::{take_message_within, take_startup_packet, Message, ProtocolError, MAX_MESSAGE_LEN, MAX_UNAUTHENTICATED_MESSAGE_LEN};
 use bytes::{Bytes, BytesMut};
+use crate::transport::Stream;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 /// Results are sent on as they arrive once this much is buffered.
 const FLUSH_THRESHOLD: usize = 64 * 1024;
 
 pub struct ClientConn {
-    stream: TcpStream,
+    stream: Stream,
     rbuf: BytesMut,
     wbuf: BytesMut,
     /// The largest message accepted: small until the client has logged in.
@@ -21,9 +21,22 @@ pub struct ClientConn {
 }
 
 impl ClientConn {
-    pub fn new(stream: TcpStream) -> Self {
-        stream.set_nodelay(true).ok();
+    pub fn new(stream: Stream) -> Self {
         ClientConn { stream, rbuf: BytesMut::with_capacity(16 * 1024), wbuf: BytesMut::with_capacity(16 * 1024), max_message_len: MAX_UNAUTHENTICATED_MESSAGE_LEN, holding: false }
+    }
+
+    /// The socket, to start TLS on after SSLRequest. Bytes the client sent
+    /// after its SSLRequest, before the handshake, would be read as if they
+    /// had come encrypted: refused.
+    pub fn into_stream(self) -> std::io::Result<Stream> {
+        if !self.rbuf.is_empty() {
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "the client sent data after SSLRequest before the TLS handshake"));
+        }
+        Ok(self.stream)
+    }
+
+    pub fn is_clear_tcp(&self) -> bool {
+        self.stream.is_clear_tcp()
     }
 
     /// Reads the next start-up packet; None when the client went away.

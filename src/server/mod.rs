@@ -13,6 +13,7 @@ use crate::transaction::CancelTargets;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use crate::transport::{Stream, UnixSocket};
 use tokio::net::TcpListener;
 
 /// State shared by every session of one coordinator process. None of it has to
@@ -34,12 +35,18 @@ pub struct Coordinator {
     fallback_ready: tokio::sync::Mutex<(i64, HashSet<String>)>,
     /// Group commit of two-phase commit records, shared by the sessions.
     pub commit_log: crate::transaction::commit_log::CommitLog,
+    /// TLS for the clients that ask for it, when configured.
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 impl Coordinator {
     /// Connects to the coordinator database (waiting for it to come up), installs
     /// or upgrades the catalog, registers configured workers and loads the catalog.
     pub async fn start(config: Config) -> anyhow::Result<Arc<Coordinator>> {
+        let tls = match &config.tls {
+            Some(tls) => Some(crate::transport::tls_acceptor(std::path::Path::new(&tls.cert_file), std::path::Path::new(&tls.key_file))?),
+            None => None,
+        };
         let mut conn = connect_with_retry(&config, Duration::from_secs(60)).await?;
         metadata::install(&mut conn).await.map_err(|e| anyhow::anyhow!("could not install the catalog: {e}"))?;
         for w in &config.workers {
@@ -58,6 +65,7 @@ impl Coordinator {
             deadlock_victims: Mutex::new(HashMap::new()),
             fallback_ready: tokio::sync::Mutex::new((0, HashSet::new())),
             commit_log,
+            tls,
         }))
     }
 
@@ -213,6 +221,7 @@ async fn detect_deadlocks_periodically(coordinator: Arc<Coordinator>) {
 
 /// Serves clients until the process is stopped.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
+    crate::transport::use_node_socket_directories(config.node_socket_directories.iter().map(std::path::PathBuf::from).collect());
     let coordinator = Coordinator::start(config).await?;
     // Before clients come: their first distributed table needs every node
     // ready for its worker-side relations. A node that is down now is made
@@ -225,12 +234,25 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     }
     let listen = &coordinator.config.listen;
     let listener = TcpListener::bind(listen).await.map_err(|e| anyhow::anyhow!("could not listen on {listen}: {e}"))?;
+    let port = listener.local_addr()?.port();
+    let sockets = unix_sockets(&coordinator.config.unix_socket_directories, port);
     tokio::spawn(follow_catalog(coordinator.clone()));
     tokio::spawn(recover_periodically(coordinator.clone()));
     tokio::spawn(detect_deadlocks_periodically(coordinator.clone()));
-    tracing::info!("tessera coordinator listening on {}", coordinator.config.listen);
+    tracing::info!("tessera coordinator listening on {}{}", coordinator.config.listen, sockets.iter().map(|s| format!(" and {}", s.path.display())).collect::<String>());
+    use tokio::signal::unix::{signal, SignalKind};
+    let (mut terminate, mut interrupt) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
     loop {
-        let (stream, peer) = listener.accept().await?;
+        let (stream, peer): (Stream, String) = tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer) = accepted?;
+                (stream.into(), peer.to_string())
+            }
+            accepted = accept_unix(&sockets) => (accepted?.into(), "the Unix socket".to_string()),
+            // Stopping removes the socket files (dropping `sockets`).
+            _ = terminate.recv() => return Ok(()),
+            _ = interrupt.recv() => return Ok(()),
+        };
         let coordinator = coordinator.clone();
         tokio::spawn(async move {
             if let Err(e) = session::run(coordinator, stream).await {
@@ -238,4 +260,27 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             }
         });
     }
+}
+
+/// The Unix sockets in `directories` that could be made; the others are
+/// named in the log.
+fn unix_sockets(directories: &[String], port: u16) -> Vec<UnixSocket> {
+    let mut sockets = Vec::new();
+    for dir in directories {
+        match UnixSocket::bind(std::path::Path::new(dir), port) {
+            Ok(socket) => sockets.push(socket),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => tracing::debug!("no Unix socket in {dir}: it does not exist"),
+            Err(e) => tracing::warn!("no Unix socket in {dir}: {e}"),
+        }
+    }
+    sockets
+}
+
+/// The next client on any of the Unix sockets (never, without any).
+async fn accept_unix(sockets: &[UnixSocket]) -> std::io::Result<tokio::net::UnixStream> {
+    if sockets.is_empty() {
+        return std::future::pending().await;
+    }
+    let (accepted, _, _) = futures::future::select_all(sockets.iter().map(|s| Box::pin(s.listener.accept()))).await;
+    Ok(accepted?.0)
 }

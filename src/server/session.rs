@@ -7,7 +7,7 @@ use super::auth;
 use super::client::{client_lost, ClientConn};
 use super::Coordinator;
 use crate::commands::{self, CommandContext};
-use crate::config::AuthMethod;
+use crate::config::{AuthMethod, TlsMode};
 use crate::connection::{quote_literal, Login, PgConnection};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::executor::stream::{self as row_stream, Progress, RowStream};
@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpStream;
+use crate::transport::Stream;
 
 /// Cached plans per session; cleared when it grows past this (statements that
 /// embed literals never repeat).
@@ -121,12 +121,19 @@ struct Session {
 }
 
 
-pub async fn run(coordinator: Arc<Coordinator>, stream: TcpStream) -> anyhow::Result<()> {
+pub async fn run(coordinator: Arc<Coordinator>, stream: Stream) -> anyhow::Result<()> {
     let mut client = ClientConn::new(stream);
     let params = loop {
         let Some(packet) = client.recv_startup().await? else { return Ok(()) };
         match frontend::decode_startup(&packet)? {
-            StartupPacket::SslRequest | StartupPacket::GssEncRequest => client.write_now(b"N").await?,
+            StartupPacket::SslRequest => match &coordinator.tls {
+                Some(tls) if client.is_clear_tcp() => {
+                    client.write_now(b"S").await?;
+                    client = ClientConn::new(client.into_stream()?.accept_tls(tls).await?);
+                }
+                _ => client.write_now(b"N").await?,
+            },
+            StartupPacket::GssEncRequest => client.write_now(b"N").await?,
             StartupPacket::Cancel { process_id, secret_key } => {
                 coordinator.cancel((process_id, secret_key)).await;
                 return Ok(());
@@ -139,6 +146,13 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: TcpStream) -> anyhow::Re
     let database = get("database").unwrap_or_else(|| user.clone());
     if user.is_empty() {
         return refuse(&mut client, PgError::new("28000", "no PostgreSQL user name specified in startup packet")).await;
+    }
+    if client.is_clear_tcp() && coordinator.config.tls.as_ref().is_some_and(|tls| tls.mode == TlsMode::Require) {
+        return refuse(
+            &mut client,
+            PgError::new("28000", format!("the coordinator accepts user \"{user}\" over TCP only with TLS (tls.mode = \"require\")")).with_hint("Connect with sslmode=require, or over the Unix socket."),
+        )
+        .await;
     }
     if get("replication").is_some() {
         return refuse(&mut client, PgError::not_supported("replication connections are not supported by the Tessera coordinator")).await;
