@@ -33,6 +33,38 @@ pub struct Config {
     pub workers: Vec<NodeConfig>,
     #[serde(default)]
     pub transactions: TransactionConfig,
+    #[serde(default)]
+    pub connections: ConnectionConfig,
+}
+
+/// Clients and the connections to the nodes (`[connections]`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ConnectionConfig {
+    /// Connections the coordinator process keeps open to each node at most,
+    /// shared by its sessions; absent: 80% of the node's `max_connections`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_per_node: Option<usize>,
+    /// How long a statement waits for a node connection when the node has
+    /// its limit open and all busy, before failing with 53300.
+    #[serde(default = "default_pool_wait")]
+    pub pool_wait_secs: f64,
+    /// Clients connected at once at most; more are turned away with 53300.
+    #[serde(default = "default_max_clients")]
+    pub max_clients: usize,
+}
+
+impl Default for ConnectionConfig {
+    fn default() -> Self {
+        ConnectionConfig { max_per_node: None, pool_wait_secs: default_pool_wait(), max_clients: default_max_clients() }
+    }
+}
+
+fn default_pool_wait() -> f64 {
+    30.0
+}
+
+fn default_max_clients() -> usize {
+    10_000
 }
 
 /// Two-phase commit and its recovery (`[transactions]`).

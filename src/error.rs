@@ -31,6 +31,7 @@ pub mod sqlstate {
     pub const QUERY_CANCELED: &str = "57014";
     pub const BAD_COPY_FILE_FORMAT: &str = "22P04";
     pub const DEADLOCK_DETECTED: &str = "40P01";
+    pub const TOO_MANY_CONNECTIONS: &str = "53300";
 }
 
 /// An error or notice in PostgreSQL's field form (severity, SQLSTATE, message,

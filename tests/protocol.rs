@@ -92,9 +92,12 @@ async fn cancel_request_stops_a_running_query() {
     assert_eq!(text_rows(&c, "SELECT 1").await, vec![vec![Some("1".into())]]);
 }
 
+/// Without `[tls]` the coordinator declines SSLRequest, as PostgreSQL with
+/// `ssl = off` does (tests/transport.rs has TLS itself).
 #[tokio::test]
-async fn ssl_is_declined_and_clients_fall_back() {
+async fn ssl_is_declined_without_tls_and_clients_fall_back() {
     let cluster = TestCluster::start(1);
+    cluster.restart_coordinator(|config| config.tls = None);
     let out = std::process::Command::new("psql")
         .arg(format!("host=127.0.0.1 port={} user=postgres dbname=postgres sslmode=prefer", cluster.port))
         .args(["-X", "-A", "-t", "-c", "SELECT 42"])

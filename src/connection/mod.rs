@@ -3,6 +3,8 @@
 //! the executor's forwarding paths plus a few conveniences for the coordinator's own
 //! catalog and DDL statements.
 
+pub mod pool;
+
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::protocol::backend::{self, TxStatus};
 use crate::protocol::{frontend, take_message, Message};

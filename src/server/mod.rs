@@ -37,6 +37,10 @@ pub struct Coordinator {
     pub commit_log: crate::transaction::commit_log::CommitLog,
     /// TLS for the clients that ask for it, when configured.
     pub tls: Option<tokio_rustls::TlsAcceptor>,
+    /// The worker connections the sessions share.
+    pub worker_pools: Arc<crate::transaction::WorkerPools>,
+    /// Clients connected now.
+    pub clients: std::sync::atomic::AtomicUsize,
 }
 
 impl Coordinator {
@@ -61,11 +65,14 @@ impl Coordinator {
         let catalog = metadata::load(&mut conn).await.map_err(|e| anyhow::anyhow!("could not load the catalog: {e}"))?;
         conn.terminate().await;
         let commit_log = crate::transaction::commit_log::CommitLog::start(config.coordinator_db_addr(), config.service_login());
+        let config_pools = (config.connections.max_per_node, Duration::from_secs_f64(config.connections.pool_wait_secs.max(0.0)));
         Ok(Arc::new(Coordinator { config, catalog: CatalogHandle::new(catalog), sessions: Mutex::new(HashMap::new()), reload_lock: tokio::sync::Mutex::new(()), process_id: rand::random(),
             deadlock_victims: Mutex::new(HashMap::new()),
             fallback_ready: tokio::sync::Mutex::new((0, HashSet::new())),
             commit_log,
             tls,
+            worker_pools: Arc::new(crate::transaction::WorkerPools::new(config_pools.0, config_pools.1)),
+            clients: std::sync::atomic::AtomicUsize::new(0),
         }))
     }
 

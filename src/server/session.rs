@@ -123,6 +123,7 @@ struct Session {
 
 pub async fn run(coordinator: Arc<Coordinator>, stream: Stream) -> anyhow::Result<()> {
     let mut client = ClientConn::new(stream);
+    let counted = ClientCount::enter(&coordinator);
     let params = loop {
         let Some(packet) = client.recv_startup().await? else { return Ok(()) };
         match frontend::decode_startup(&packet)? {
@@ -146,6 +147,14 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: Stream) -> anyhow::Resul
     let database = get("database").unwrap_or_else(|| user.clone());
     if user.is_empty() {
         return refuse(&mut client, PgError::new("28000", "no PostgreSQL user name specified in startup packet")).await;
+    }
+    if counted.over_limit {
+        return refuse(
+            &mut client,
+            PgError::new(sqlstate::TOO_MANY_CONNECTIONS, "sorry, too many clients already")
+                .with_hint(format!("The coordinator accepts {} clients at once ([connections] max_clients).", coordinator.config.connections.max_clients)),
+        )
+        .await;
     }
     if client.is_clear_tcp() && coordinator.config.tls.as_ref().is_some_and(|tls| tls.mode == TlsMode::Require) {
         return refuse(
@@ -193,7 +202,7 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: Stream) -> anyhow::Resul
     let mut session = Session {
         coordinator: coordinator.clone(),
         client,
-        parts: Participants::new(local, worker_login, cancel_targets, two_phase),
+        parts: Participants::new(local, worker_login, cancel_targets, two_phase, coordinator.worker_pools.clone()),
         distributed,
         plans: HashMap::new(),
         block_catalog: None,
@@ -309,6 +318,25 @@ async fn stored_password(coordinator: &Coordinator, user: &str) -> PgResult<Opti
     stored
 }
 
+/// Counts a client among those connected, for as long as it lives.
+struct ClientCount<'a> {
+    coordinator: &'a Coordinator,
+    over_limit: bool,
+}
+
+impl<'a> ClientCount<'a> {
+    fn enter(coordinator: &'a Coordinator) -> Self {
+        let before = coordinator.clients.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        ClientCount { coordinator, over_limit: before >= coordinator.config.connections.max_clients }
+    }
+}
+
+impl Drop for ClientCount<'_> {
+    fn drop(&mut self) {
+        self.coordinator.clients.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 async fn refuse(client: &mut ClientConn, e: PgError) -> anyhow::Result<()> {
     let fatal = PgError::from_fields(e.fields().map(|(c, v)| (c, if c == b'S' || c == b'V' { "FATAL".to_string() } else { v.to_string() })).collect());
     backend::error_response(client.out(), &fatal);
@@ -418,7 +446,7 @@ impl Session {
         if catalog.version != self.catalog_version {
             self.catalog_version = catalog.version;
             self.shapes.clear();
-            self.parts.forget_prepared_statements();
+            self.parts.forget_prepared_statements(catalog.version);
         }
         catalog
     }
@@ -527,6 +555,7 @@ impl Session {
         self.release_deadlocked_work().await;
         backend::ready_for_query(self.client.out(), self.parts.status());
         self.client.flush().await?;
+        self.parts.release_workers();
         Ok(())
     }
 
@@ -1280,6 +1309,9 @@ impl Session {
         }
         backend::ready_for_query(self.client.out(), self.parts.status());
         self.client.flush().await?;
+        if self.stream.is_none() {
+            self.parts.release_workers();
+        }
         Ok(())
     }
 }

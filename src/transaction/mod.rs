@@ -133,7 +133,21 @@ pub struct WorkerConnection {
     /// The session's settings count this connection follows (`follow_session_settings`).
     settings_epoch: u64,
     last_used: std::time::Instant,
+    /// The session whose state (role, settings, application_name) the
+    /// connection carries, as of which of its `login_epoch`s; a connection
+    /// taken from the pool that carries another state is reset.
+    owner: Arc<str>,
+    login_epoch: u64,
+    /// The catalog version `prepared` holds statements for.
+    prepared_version: i64,
+    /// Its place among the node's pooled connections (None: one opened over
+    /// the limit, see `NodePool::slot`).
+    _slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
+
+/// The pools of worker connections a coordinator process shares among its sessions.
+pub type WorkerPools = crate::connection::pool::Pools<WorkerConnection>;
+use crate::connection::pool::Checkout;
 
 /// How long a worker connection must have been idle before it is probed for a
 /// server that went away meanwhile.
@@ -230,7 +244,24 @@ pub enum Access {
 pub struct Participants {
     pub local: PgConnection,
     local_in_block: bool,
+    /// The worker connections the session holds now (taken from `pools`).
     workers: HashMap<i32, WorkerConnection>,
+    pools: Arc<WorkerPools>,
+    /// The backend of the connection to each node group the session held
+    /// last: taken again if still idle, it needs no reset.
+    last_backends: HashMap<i32, (i32, i32)>,
+    /// The catalog version the session runs under, for the statements
+    /// prepared on the connections it takes.
+    catalog_version: i64,
+    /// Counts the changes to `login` (settings the workers follow, role).
+    login_epoch: u64,
+    /// Which pooled connections the session may take: those logged in as
+    /// its user with its start-up settings, which `RESET ALL` returns them
+    /// to before the session's own are applied.
+    pool_key: String,
+    /// The login as the session began: new connections log in with it, so
+    /// that `RESET ALL` takes every connection of a key to the same state.
+    startup_login: Login,
     login: Login,
     block: Option<Block>,
     cancel_targets: CancelTargets,
@@ -266,9 +297,15 @@ pub struct CitusSettings {
 }
 
 impl Participants {
-    pub fn new(mut local: PgConnection, login: Login, cancel_targets: CancelTargets, two_phase: TwoPhase) -> Self {
+    pub fn new(mut local: PgConnection, login: Login, cancel_targets: CancelTargets, two_phase: TwoPhase, pools: Arc<WorkerPools>) -> Self {
         local.track_parameter_changes();
-        Participants { local, local_in_block: false, workers: HashMap::new(), login, block: None, cancel_targets, two_phase, settings: None, worker_role: None, role_unknown: false, role_changed_in_block: false, settings_epoch: 0, settings_changed_in_block: false }
+        let mut startup: Vec<String> =
+            login.options.iter().filter(|(name, _)| WORKER_PARAMETERS.iter().any(|p| p.eq_ignore_ascii_case(name))).map(|(name, value)| format!("{}={value}", name.to_lowercase())).collect();
+        startup.sort();
+        let pool_key = format!("{}\0{}", login.user, startup.join("\0"));
+        Participants {
+            pool_key,
+            startup_login: login.clone(), local, local_in_block: false, workers: HashMap::new(), pools, last_backends: HashMap::new(), catalog_version: 0, login_epoch: 0, login, block: None, cancel_targets, two_phase, settings: None, worker_role: None, role_unknown: false, role_changed_in_block: false, settings_epoch: 0, settings_changed_in_block: false }
     }
 
     /// The identity worker connections log in with.
@@ -349,9 +386,9 @@ impl Participants {
             if !node.active {
                 return Err(PgError::new(sqlstate::CONNECTION_FAILURE, format!("node {} is not active", node.addr)));
             }
-            let conn = PgConnection::connect(&node.addr, &self.login).await?;
-            self.cancel_targets.lock().unwrap().push((node.addr.clone(), conn.backend_key()));
-            self.workers.insert(node.group_id, WorkerConnection { conn, group_id: node.group_id, type_oids: node.type_oids.clone(), in_block: false, wrote: false, prepared: HashMap::new(), statements_made: 0, needs_sync: false, settings_epoch: 0, last_used: std::time::Instant::now() });
+            let worker = self.take_worker(node).await?;
+            self.cancel_targets.lock().unwrap().push((node.addr.clone(), worker.conn.backend_key()));
+            self.workers.insert(node.group_id, worker);
         }
         let worker = self.workers.get_mut(&node.group_id).unwrap();
         worker.last_used = std::time::Instant::now();
@@ -368,6 +405,94 @@ impl Participants {
         Ok(worker)
     }
 
+    /// A connection to `node` from its pool, made to carry this session's
+    /// state, or a new one when none is idle (waiting for room if the node
+    /// has its limit of connections open).
+    async fn take_worker(&mut self, node: &Node) -> PgResult<WorkerConnection> {
+        let pool = self.pools.node(node.group_id);
+        let last = self.last_backends.get(&node.group_id).copied();
+        let label = node.addr.to_string();
+        let holds_block_connections = self.block.is_some() && self.workers.values().any(|w| w.in_block);
+        let slot = loop {
+            let mut worker = match pool.checkout(&self.pool_key, &|w: &WorkerConnection| Some(w.conn.backend_key()) == last, self.pools.wait, holds_block_connections, &label).await? {
+                Checkout::Open(slot) => break slot,
+                Checkout::Idle(worker) => worker,
+            };
+            if worker.died_while_idle() {
+                continue;
+            }
+            if *worker.owner != *self.two_phase.session_name() || worker.login_epoch != self.login_epoch {
+                worker.conn.queue_silent(&self.handover_sql());
+                worker.owner = self.two_phase.session_name.clone();
+                worker.login_epoch = self.login_epoch;
+                worker.settings_epoch = u64::MAX;
+            }
+            if worker.prepared_version != self.catalog_version {
+                worker.prepared.clear();
+                worker.prepared_version = self.catalog_version;
+            }
+            return Ok(worker);
+        };
+        let mut conn = PgConnection::connect(&node.addr, &self.startup_login).await?;
+        if self.login_epoch != 0 {
+            conn.queue_silent(&self.handover_sql());
+        }
+        if !pool.is_sized() {
+            let limit = conn.query_value("SHOW max_connections").await?.and_then(|v| v.parse().ok()).unwrap_or(100);
+            pool.size_from_node(limit);
+        }
+        Ok(WorkerConnection {
+            conn,
+            group_id: node.group_id,
+            type_oids: node.type_oids.clone(),
+            in_block: false,
+            wrote: false,
+            prepared: HashMap::new(),
+            statements_made: 0,
+            needs_sync: false,
+            settings_epoch: 0,
+            last_used: std::time::Instant::now(),
+            owner: self.two_phase.session_name.clone(),
+            login_epoch: self.login_epoch,
+            prepared_version: self.catalog_version,
+            _slot: slot,
+        })
+    }
+
+    /// What makes a connection another session left carry this session's
+    /// state: its settings as at login (and as SET since, for those the
+    /// workers follow), its role, and its name.
+    fn handover_sql(&self) -> String {
+        let mut sql = vec!["RESET ALL".to_string()];
+        let mut role = "SET ROLE NONE".to_string();
+        for (name, value) in &self.login.options {
+            if name == "role" {
+                role = format!("SET ROLE {}", crate::connection::quote_ident(value));
+            } else {
+                sql.push(format!("SET {} TO {}", crate::connection::quote_ident(name), crate::connection::quote_literal(value)));
+            }
+        }
+        sql.push(role);
+        sql.join("; ")
+    }
+
+    /// Gives the worker connections the session holds back to their pools,
+    /// between transactions: those in no block and in no unfinished
+    /// exchange. Called once the client has its answer.
+    pub fn release_workers(&mut self) {
+        if self.block.is_some() {
+            return;
+        }
+        let idle: Vec<i32> = self.workers.iter().filter(|(_, w)| !w.in_block && !w.needs_sync && !w.conn.is_broken()).map(|(group, _)| *group).collect();
+        for group in idle {
+            let Some(w) = self.workers.remove(&group) else { continue };
+            let key = w.conn.backend_key();
+            self.cancel_targets.lock().unwrap().retain(|(_, k)| *k != key);
+            self.last_backends.insert(group, key);
+            self.pools.node(group).give_back(&self.pool_key, w);
+        }
+    }
+
     /// Carries settings that change how values are written and read (a SET
     /// DateStyle, TimeZone, …, reported by the coordinator database) to the
     /// worker connections, so routed results look like local ones.
@@ -377,8 +502,10 @@ impl Participants {
                 continue;
             }
             let sql = format!("SET {} TO {}", crate::connection::quote_ident(&name), crate::connection::quote_literal(&value));
+            self.login_epoch += 1;
             for w in self.workers.values_mut() {
                 w.conn.queue_silent(&sql);
+                w.login_epoch = self.login_epoch;
             }
             match self.login.options.iter_mut().find(|(k, _)| k.eq_ignore_ascii_case(&name)) {
                 Some(slot) => slot.1 = value,
@@ -395,9 +522,11 @@ impl Participants {
     /// Forgets the statements prepared on the workers (they stay there until
     /// the connection closes, under names never used again), so that the
     /// next use prepares them afresh.
-    pub fn forget_prepared_statements(&mut self) {
+    pub fn forget_prepared_statements(&mut self, catalog_version: i64) {
+        self.catalog_version = catalog_version;
         for w in self.workers.values_mut() {
             w.prepared.clear();
+            w.prepared_version = catalog_version;
         }
     }
 
@@ -606,8 +735,10 @@ impl Participants {
             // option would reset to it.
             None => "SET ROLE NONE".to_string(),
         };
+        self.login_epoch += 1;
         for w in self.workers.values_mut() {
             w.conn.queue_silent(&sql);
+            w.login_epoch = self.login_epoch;
         }
         self.login.options.retain(|(name, _)| name != "role");
         if let Some(r) = &role {
@@ -807,8 +938,11 @@ impl Participants {
         Ok(())
     }
 
-    /// Closes every worker connection (session end).
-    pub async fn close(self) {
+    /// Ends the session: its idle worker connections go back to their pools;
+    /// those in a block or an exchange are closed, which rolls their work back.
+    pub async fn close(mut self) {
+        self.block = None;
+        self.release_workers();
         for (_, w) in self.workers {
             w.conn.terminate().await;
         }

@@ -1,0 +1,129 @@
+//! Sessions share a bounded pool of connections to each worker: they hold
+//! one only for a transaction block or an exchange in progress, and every
+//! session's settings, role and prepared statements stay its own on
+//! whichever connection runs its next statement.
+
+mod common;
+use common::{connect, sqlstate, text_rows, TestCluster};
+use std::time::Duration;
+
+async fn tessera_backends(cluster: &TestCluster, worker: usize) -> usize {
+    let w = cluster.connect_worker(worker).await;
+    let rows = text_rows(&w, "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'tessera:%'").await;
+    rows[0][0].as_deref().unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn many_clients_share_few_worker_connections() {
+    let cluster = TestCluster::start(2);
+    let setup = cluster.connect().await;
+    setup
+        .batch_execute("CREATE TABLE pl_accounts (id int PRIMARY KEY, balance int); SELECT create_distributed_table('pl_accounts', 'id'); INSERT INTO pl_accounts SELECT g, 0 FROM generate_series(1, 400) g")
+        .await
+        .unwrap();
+    drop(setup);
+    cluster.restart_coordinator(|config| config.connections.max_per_node = Some(8));
+    let port = cluster.port;
+    let clients: Vec<_> = (0..200)
+        .map(|i| {
+            tokio::spawn(async move {
+                let c = connect(port).await;
+                for round in 0..5 {
+                    let id = (i * 7 + round * 13) % 400 + 1;
+                    c.batch_execute(&format!("BEGIN; UPDATE pl_accounts SET balance = balance + 1 WHERE id = {id}; COMMIT")).await.unwrap();
+                    let rows = c.query("SELECT id FROM pl_accounts WHERE id = $1", &[&id]).await.unwrap();
+                    assert_eq!(rows.len(), 1);
+                }
+            })
+        })
+        .collect();
+    // Meanwhile no worker ever sees more than the pool's connections.
+    let mut most = 0;
+    while clients.iter().any(|c| !c.is_finished()) {
+        for w in 0..2 {
+            most = most.max(tessera_backends(&cluster, w).await);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for c in clients {
+        c.await.unwrap();
+    }
+    assert!(most <= 8, "a worker had {most} connections from the coordinator");
+    let c = cluster.connect().await;
+    assert_eq!(text_rows(&c, "SELECT sum(balance) FROM pl_accounts").await, vec![vec![Some("1000".into())]]);
+}
+
+/// One connection per worker for all sessions: every statement of every
+/// session runs on a connection another session used just before.
+#[tokio::test]
+async fn settings_roles_and_prepared_statements_stay_with_their_session() {
+    let cluster = TestCluster::start(2);
+    let setup = cluster.connect().await;
+    setup
+        .batch_execute(
+            "CREATE TABLE pl_days (id int PRIMARY KEY, d date, secret text);
+             SELECT create_distributed_table('pl_days', 'id');
+             INSERT INTO pl_days SELECT g, DATE '2024-01-01' + g, 's' || g FROM generate_series(1, 50) g;
+             CREATE ROLE pl_reader; GRANT SELECT (id, d) ON pl_days TO pl_reader;",
+        )
+        .await
+        .unwrap();
+    drop(setup);
+    cluster.restart_coordinator(|config| config.connections.max_per_node = Some(1));
+    let port = cluster.port;
+    let styles = [("ISO, MDY", "2024-01-06"), ("SQL, DMY", "06/01/2024"), ("German", "06.01.2024"), ("Postgres, MDY", "01-06-2024")];
+    let sessions: Vec<_> = (0..12)
+        .map(|i| {
+            tokio::spawn(async move {
+                let c = connect(port).await;
+                let (style, day5) = styles[i % styles.len()];
+                c.batch_execute(&format!("SET DateStyle = '{style}'")).await.unwrap();
+                let restricted = i % 3 == 0;
+                if restricted {
+                    c.batch_execute("SET ROLE pl_reader").await.unwrap();
+                }
+                let by_id = c.prepare("SELECT d::text FROM pl_days WHERE id = $1").await.unwrap();
+                let secret = c.prepare("SELECT secret FROM pl_days WHERE id = $1").await.unwrap();
+                for round in 0..15 {
+                    let rows = c.query(&by_id, &[&5i32]).await.unwrap();
+                    assert_eq!(rows[0].get::<_, String>(0), day5, "session {i} ({style}) round {round}");
+                    match c.query(&secret, &[&(round + 1)]).await {
+                        Ok(rows) => assert!(!restricted && rows[0].get::<_, String>(0) == format!("s{}", round + 1), "session {i} read the secret"),
+                        Err(e) => assert!(restricted && sqlstate(&e) == "42501", "session {i}: {e}"),
+                    }
+                    let all = text_rows(&c, "SELECT count(*) FROM pl_days").await;
+                    assert_eq!(all[0][0].as_deref(), Some("50"));
+                }
+            })
+        })
+        .collect();
+    for s in sessions {
+        s.await.unwrap();
+    }
+    for w in 0..2 {
+        assert!(tessera_backends(&cluster, w).await <= 1);
+    }
+}
+
+/// A client that goes away in the middle of a block leaves no lock behind:
+/// its connections are closed, not pooled.
+#[tokio::test]
+async fn a_client_gone_mid_transaction_leaves_nothing_behind() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute("CREATE TABLE pl_locks (id int PRIMARY KEY, v int); SELECT create_distributed_table('pl_locks', 'id'); INSERT INTO pl_locks SELECT g, 0 FROM generate_series(1, 10) g")
+        .await
+        .unwrap();
+    let (gone, conn) = tokio_postgres::connect(&cluster.conn_string(), tokio_postgres::NoTls).await.unwrap();
+    let task = tokio::spawn(conn);
+    gone.batch_execute("BEGIN; UPDATE pl_locks SET v = 1; UPDATE pl_locks SET v = 2 WHERE id = 3").await.unwrap();
+    task.abort();
+    drop(gone);
+    c.batch_execute("SET statement_timeout = '20s'").await.unwrap();
+    c.batch_execute("UPDATE pl_locks SET v = v + 10").await.unwrap();
+    assert_eq!(text_rows(&c, "SELECT sum(v) FROM pl_locks").await, vec![vec![Some("100".into())]]);
+    for w in 0..2 {
+        let worker = cluster.connect_worker(w).await;
+        assert_eq!(text_rows(&worker, "SELECT count(*) FROM pg_prepared_xacts").await[0][0].as_deref(), Some("0"));
+    }
+}
