@@ -44,6 +44,11 @@ pub struct ConnectionConfig {
     /// shared by its sessions; absent: 80% of the node's `max_connections`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_per_node: Option<usize>,
+    /// The same for the coordinator database, whose connections sessions
+    /// hold while they run local statements or blocks, or for good once
+    /// pinned (a temporary table, LISTEN, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_coordinator_db: Option<usize>,
     /// How long a statement waits for a node connection when the node has
     /// its limit open and all busy, before failing with 53300.
     #[serde(default = "default_pool_wait")]
@@ -55,7 +60,7 @@ pub struct ConnectionConfig {
 
 impl Default for ConnectionConfig {
     fn default() -> Self {
-        ConnectionConfig { max_per_node: None, pool_wait_secs: default_pool_wait(), max_clients: default_max_clients() }
+        ConnectionConfig { max_per_node: None, max_coordinator_db: None, pool_wait_secs: default_pool_wait(), max_clients: default_max_clients() }
     }
 }
 

@@ -127,3 +127,78 @@ async fn a_client_gone_mid_transaction_leaves_nothing_behind() {
         assert_eq!(text_rows(&worker, "SELECT count(*) FROM pg_prepared_xacts").await[0][0].as_deref(), Some("0"));
     }
 }
+
+/// Connections to the coordinator database are pooled too: many clients
+/// that run local statements between their distributed ones share a few,
+/// and each keeps its settings (custom ones too) on whichever it gets.
+#[tokio::test]
+async fn coordinator_database_connections_are_shared_and_keep_each_sessions_settings() {
+    let cluster = TestCluster::start(2);
+    let setup = cluster.connect().await;
+    setup
+        .batch_execute("CREATE TABLE pl_items (id int PRIMARY KEY, tenant int); SELECT create_distributed_table('pl_items', 'id'); INSERT INTO pl_items SELECT g, g % 10 FROM generate_series(1, 100) g; CREATE SCHEMA pl_other")
+        .await
+        .unwrap();
+    drop(setup);
+    cluster.restart_coordinator(|config| config.connections.max_coordinator_db = Some(3));
+    let port = cluster.port;
+    let sessions: Vec<_> = (0..40)
+        .map(|i| {
+            tokio::spawn(async move {
+                let c = connect(port).await;
+                let tenant = (i % 10).to_string();
+                c.batch_execute(&format!("SELECT set_config('app.tenant', '{tenant}', false)")).await.unwrap();
+                let path = if i % 2 == 0 { "pl_other, public" } else { "public" };
+                c.batch_execute(&format!("SET search_path = {path}")).await.unwrap();
+                for round in 0..10 {
+                    let shown = text_rows(&c, "SELECT current_setting('app.tenant'), current_setting('search_path')").await;
+                    assert_eq!(shown, vec![vec![Some(tenant.clone()), Some(path.to_string())]], "session {i} round {round}");
+                    let n = c.query("SELECT count(*)::text FROM pl_items WHERE tenant = $1", &[&tenant.parse::<i32>().unwrap()]).await.unwrap();
+                    let n = vec![vec![Some(n[0].get::<_, String>(0))]];
+                    assert_eq!(n[0][0].as_deref(), Some("10"), "session {i} round {round}");
+                }
+            })
+        })
+        .collect();
+    let mut most = 0;
+    let db = common::connect(cluster.cluster.state.coordinator_db_port).await;
+    while sessions.iter().any(|s| !s.is_finished()) {
+        // Sessions' connections log in with the client's options, not as the
+        // coordinator's own service connections ("tessera").
+        let rows = text_rows(&db, "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND application_name <> 'tessera' AND pid <> pg_backend_pid()").await;
+        most = most.max(rows[0][0].as_deref().unwrap().parse::<usize>().unwrap());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for s in sessions {
+        s.await.unwrap();
+    }
+    assert!(most <= 3, "the coordinator database had {most} session connections");
+}
+
+/// A session that made a temporary table keeps its connection (pinned),
+/// and with it the table, while other sessions share the rest.
+#[tokio::test]
+async fn a_session_with_a_temporary_table_keeps_its_connection() {
+    let cluster = TestCluster::start(1);
+    cluster.restart_coordinator(|config| config.connections.max_coordinator_db = Some(2));
+    let pinned = cluster.connect().await;
+    pinned.batch_execute("CREATE TEMP TABLE pl_scratch (v int); INSERT INTO pl_scratch VALUES (1), (2)").await.unwrap();
+    let others: Vec<_> = (0..10)
+        .map(|i| {
+            let port = cluster.port;
+            tokio::spawn(async move {
+                let c = connect(port).await;
+                for _ in 0..10 {
+                    assert_eq!(text_rows(&c, "SELECT count(*) FROM pg_class WHERE relname = 'pl_scratch' AND pg_table_is_visible(oid)").await[0][0].as_deref(), Some("0"), "session {i} sees no other session's temporary table");
+                }
+            })
+        })
+        .collect();
+    for round in 0..10 {
+        pinned.batch_execute(&format!("INSERT INTO pl_scratch VALUES ({round})")).await.unwrap();
+    }
+    for o in others {
+        o.await.unwrap();
+    }
+    assert_eq!(text_rows(&pinned, "SELECT count(*) FROM pl_scratch").await[0][0].as_deref(), Some("12"));
+}

@@ -55,22 +55,22 @@ impl<T> Pools<T> {
     /// The pool of node group `group`.
     pub fn node(&self, group: i32) -> Arc<NodePool<T>> {
         let mut nodes = self.nodes.lock().unwrap();
-        nodes
-            .entry(group)
-            .or_insert_with(|| {
-                // Until sized, one connection at a time may be opened: the
-                // first one reads the node's limit.
-                let (permits, sized) = match self.limit {
-                    Some(n) => (n.max(1), true),
-                    None => (1, false),
-                };
-                Arc::new(NodePool { idle: Mutex::new(HashMap::new()), slots: Arc::new(Semaphore::new(permits)), returned: tokio::sync::Notify::new(), sized: sized.into() })
-            })
-            .clone()
+        nodes.entry(group).or_insert_with(|| Arc::new(NodePool::new(self.limit))).clone()
     }
 }
 
 impl<T> NodePool<T> {
+    /// A pool of `limit` connections; None: sized from the node's
+    /// `max_connections` by its first connection (which until then is the
+    /// only one that may be opened).
+    pub fn new(limit: Option<usize>) -> Self {
+        let (permits, sized) = match limit {
+            Some(n) => (n.max(1), true),
+            None => (1, false),
+        };
+        NodePool { idle: Mutex::new(HashMap::new()), slots: Arc::new(Semaphore::new(permits)), returned: tokio::sync::Notify::new(), sized: sized.into() }
+    }
+
     fn take_idle(&self, key: &str, prefer: &(dyn Fn(&T) -> bool + Sync)) -> Option<T> {
         let mut idle = self.idle.lock().unwrap();
         let list = idle.get_mut(key)?;

@@ -94,7 +94,7 @@ async fn copy_in(plan: &CopyPlan, parts: &mut Participants, catalog: &Catalog, c
 /// Runs the client's COPY FROM STDIN against the empty shell table with no
 /// data (which inserts nothing); returns PostgreSQL's CopyInResponse.
 async fn start_on_shell(parts: &mut Participants, plan: &CopyPlan) -> PgResult<Message> {
-    let local = &mut parts.local;
+    let local = parts.local_outside_block().await?;
     frontend::query(local.out(), &plan.shell_sql);
     let mut response = None;
     let mut error = None;
@@ -560,7 +560,7 @@ fn shards_by_node(plan: &CopyPlan, parts: &Participants, catalog: &Catalog) -> P
 /// what it starts with: the CopyOutResponse and the header (the header line,
 /// or the binary file header without the trailer).
 async fn describe_on_shell(parts: &mut Participants, plan: &CopyPlan, client: &mut ClientConn) -> PgResult<()> {
-    frontend::query(parts.local.out(), &plan.shell_sql);
+    frontend::query(parts.local_outside_block().await?.out(), &plan.shell_sql);
     super::relay_local_answer(parts, client, |msg, out| match msg.tag() {
         b'H' => out.extend_from_slice(msg.frame()),
         b'd' if plan.format.is_binary() => frontend::copy_data(out, msg.body().strip_suffix(&BINARY_TRAILER).unwrap_or(msg.body())),

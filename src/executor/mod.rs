@@ -470,9 +470,10 @@ pub(crate) async fn run_on_coordinator_db(parts: &mut Participants, sql: &str, m
 pub(crate) async fn relay_local_answer(parts: &mut Participants, client: &mut ClientConn, mut relay: impl FnMut(&Message, &mut BytesMut)) -> PgResult<()> {
     let mut error = None;
     loop {
-        let msg = parts.local.recv().await?;
+        let local = parts.held_local()?;
+        let msg = local.recv().await?;
         match msg.tag() {
-            b'E' => error = error.or(Some(parts.local.server_error(&msg))),
+            b'E' => error = error.or(Some(local.server_error(&msg))),
             b'Z' => break,
             _ => {
                 relay(&msg, client.out());

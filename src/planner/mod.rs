@@ -17,6 +17,7 @@ mod multi_shard;
 mod prepared;
 pub mod rewrite;
 mod router;
+mod session_state;
 mod user_code;
 mod views;
 use crate::walk;
@@ -56,6 +57,19 @@ pub struct PlannedStatement {
     pub changes_role: bool,
     /// It may change which user code reaches distributed tables.
     pub changes_user_code: bool,
+    /// Settings no module defines that it sets (`app.tenant`).
+    pub custom_settings: Vec<String>,
+    /// Why it leaves state only the session's coordinator database backend
+    /// holds (a temporary table, LISTEN, …), if it does.
+    pub pins: Option<&'static str>,
+}
+
+impl PlannedStatement {
+    /// A statement with no effect on the session's state (text the parser
+    /// rejects, or none at all).
+    fn plain(sql: &str, plan: Plan) -> Self {
+        PlannedStatement { sql: sql.to_string(), plan, changes_settings: false, changes_role: false, changes_user_code: false, custom_settings: Vec::new(), pins: None }
+    }
 }
 
 #[derive(Debug)]
@@ -143,25 +157,28 @@ impl fmt::Display for Plan {
 pub fn plan_query(sql: &str, catalog: &Catalog) -> Vec<PlannedStatement> {
     let parsed = match pg_query::parse(sql) {
         Ok(parsed) => parsed,
-        Err(_) => return vec![PlannedStatement { sql: sql.to_string(), plan: Plan::Local, changes_settings: false, changes_role: false, changes_user_code: false }],
+        Err(_) => return vec![PlannedStatement::plain(sql, Plan::Local)],
     };
     let version = parsed.protobuf.version;
     let stmts = parsed.protobuf.stmts;
     if stmts.is_empty() {
-        return vec![PlannedStatement { sql: sql.to_string(), plan: Plan::Empty, changes_settings: false, changes_role: false, changes_user_code: false }];
+        return vec![PlannedStatement::plain(sql, Plan::Empty)];
     }
     stmts
         .into_iter()
         .map(|raw| {
             let text = statement_text(sql, &raw).to_string();
-            let changes_settings = changes_settings(&raw);
+            let node = raw.stmt.as_ref().and_then(|n| n.node.as_ref());
+            let changes_settings = node.is_some_and(session_state::changes_settings);
+            let custom_settings = node.map(session_state::custom_settings).unwrap_or_default();
+            let pins = node.and_then(session_state::pins);
             let changes_role = changes_role(&raw);
             let changes_user_code = changes_user_code(&raw);
             let plan = contain_panics(|| match plan_statement(version, raw, &text, catalog) {
                 Plan::Local => cluster_views::needed(&text, catalog.has_tables()).map_or(Plan::Local, Plan::LocalWithClusterData),
                 plan => plan,
             });
-            PlannedStatement { sql: text, plan, changes_settings, changes_role, changes_user_code }
+            PlannedStatement { sql: text, plan, changes_settings, changes_role, changes_user_code, custom_settings, pins }
         })
         .collect()
 }
@@ -182,10 +199,6 @@ fn contain_panics(plan: impl FnOnce() -> Plan) -> Plan {
 /// The text a panic was raised with, when it has one.
 pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
     payload.downcast_ref::<&str>().copied().or_else(|| payload.downcast_ref::<String>().map(String::as_str)).unwrap_or("unknown cause")
-}
-
-fn changes_settings(raw: &protobuf::RawStmt) -> bool {
-    matches!(raw.stmt.as_ref().and_then(|n| n.node.as_ref()), Some(NodeEnum::VariableSetStmt(_) | NodeEnum::DiscardStmt(_)))
 }
 
 fn changes_role(raw: &protobuf::RawStmt) -> bool {

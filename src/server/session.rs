@@ -17,6 +17,7 @@ use crate::planner::{self, Plan, PlannedStatement, SqlExecute, TransactionComman
 use crate::protocol::backend::{self, FieldDescription};
 use crate::protocol::frontend::{self, Bind, StartupPacket, Target};
 use crate::protocol::Message;
+use crate::transaction::coordinator_db::{CoordinatorDb, LocalSource};
 use crate::transaction::{Participants, TwoPhase, WORKER_PARAMETERS};
 use futures::FutureExt;
 use std::collections::HashMap;
@@ -178,10 +179,7 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: Stream) -> anyhow::Resul
     }
     let options: Vec<(String, String)> = params.iter().filter(|(k, _)| k != "user" && k != "database").cloned().collect();
     let local_login = Login { user: user.clone(), database: database.clone(), password: coordinator.config.coordinator_db.password.clone(), options: options.clone() };
-    let local = match PgConnection::connect(&coordinator.config.coordinator_db_addr(), &local_login).await {
-        Ok(c) => c,
-        Err(e) => return refuse(&mut client, e).await,
-    };
+    let local_source = LocalSource { pool: coordinator.local_pool.clone(), addr: coordinator.config.coordinator_db_addr(), wait: coordinator.worker_pools.wait };
     let key = (rand::random::<i32>() & 0x7fff_ffff, rand::random::<i32>());
     let transactions = &coordinator.config.transactions;
     let two_phase = TwoPhase::new(coordinator.process_id, key.0, Duration::from_secs_f64(transactions.grace_secs), transactions.fault_injection.map(|f| (f, transactions.fault_after_commits)), coordinator.commit_log.clone());
@@ -189,10 +187,19 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: Stream) -> anyhow::Resul
     worker_options.push(("application_name".into(), two_phase.session_name().to_string()));
     let worker_login = Login { user, database: coordinator.config.coordinator_db.database.clone(), password: coordinator.config.coordinator_db.password.clone(), options: worker_options };
     let cancel_targets = coordinator.register_session(key);
-    cancel_targets.lock().unwrap().push((coordinator.config.coordinator_db_addr(), local.backend_key()));
+    let mut parts = Participants::new(CoordinatorDb::new(local_source, local_login), worker_login, cancel_targets, two_phase, coordinator.worker_pools.clone());
+    // The coordinator database checks the login (role, database, CONNECT)
+    // and gives the parameters the client is told.
+    let server_params = match parts.local_outside_block().await {
+        Ok(local) => local.server_params().to_vec(),
+        Err(e) => {
+            coordinator.unregister_session(key);
+            return refuse(&mut client, e).await;
+        }
+    };
     client.authenticated();
     backend::authentication_ok(client.out());
-    for (k, v) in local.server_params() {
+    for (k, v) in &server_params {
         backend::parameter_status(client.out(), k, v);
     }
     backend::backend_key_data(client.out(), key.0, key.1);
@@ -202,7 +209,7 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: Stream) -> anyhow::Resul
     let mut session = Session {
         coordinator: coordinator.clone(),
         client,
-        parts: Participants::new(local, worker_login, cancel_targets, two_phase, coordinator.worker_pools.clone()),
+        parts,
         distributed,
         plans: HashMap::new(),
         block_catalog: None,
@@ -370,7 +377,9 @@ impl Session {
         loop {
             // Neither read below may be cancelled in the middle of a write.
             self.client.flush().await?;
-            let local = &mut self.parts.local;
+            // Only a session that holds its coordinator database connection
+            // between statements (pinned: LISTEN among the reasons) hears from it.
+            let Some(local) = self.parts.held_local().ok() else { return Ok(self.client.recv().await?) };
             if self.local_expected > 0 || self.local_unsynced || local.is_broken() || local.flush().await.is_err() {
                 return Ok(self.client.recv().await?);
             }
@@ -454,7 +463,11 @@ impl Session {
     fn plan(&mut self, sql: &str) -> Arc<CachedPlan> {
         let planned = self.plan_cached(sql);
         if planned.statements.iter().any(|s| s.changes_settings) {
-            self.parts.settings_may_have_changed();
+            let custom: Vec<String> = planned.statements.iter().flat_map(|s| s.custom_settings.iter().cloned()).collect();
+            self.parts.settings_may_have_changed(&custom);
+        }
+        if let Some(why) = planned.statements.iter().find_map(|s| s.pins) {
+            self.parts.pin_local(why);
         }
         if planned.statements.iter().any(|s| s.changes_role) {
             self.parts.role_may_have_changed();
@@ -555,7 +568,7 @@ impl Session {
         self.release_deadlocked_work().await;
         backend::ready_for_query(self.client.out(), self.parts.status());
         self.client.flush().await?;
-        self.parts.release_workers();
+        self.parts.release_connections(true).await;
         Ok(())
     }
 
@@ -836,7 +849,7 @@ impl Session {
     async fn relay_local_until_ready(&mut self) -> Result<(), Failure> {
         let mut failed = false;
         loop {
-            let msg = self.parts.local.recv().await?;
+            let msg = self.parts.held_local()?.recv().await?;
             match msg.tag() {
                 b'Z' => break,
                 b'E' => {
@@ -866,20 +879,22 @@ impl Session {
     async fn pump_copy_in(&mut self) -> PgResult<()> {
         loop {
             let Some(msg) = self.client.recv().await.map_err(client_lost)? else {
-                frontend::copy_fail(self.parts.local.out(), "client connection lost");
-                self.parts.local.flush().await?;
+                let local = self.parts.held_local()?;
+                frontend::copy_fail(local.out(), "client connection lost");
+                local.flush().await?;
                 return Err(client_lost("end of stream"));
             };
+            let local = self.parts.held_local()?;
             match msg.tag() {
                 b'd' => {
-                    self.parts.local.out().extend_from_slice(msg.frame());
-                    if self.parts.local.out().len() >= 256 * 1024 {
-                        self.parts.local.flush().await?;
+                    local.out().extend_from_slice(msg.frame());
+                    if local.out().len() >= 256 * 1024 {
+                        local.flush().await?;
                     }
                 }
                 b'c' | b'f' => {
-                    self.parts.local.out().extend_from_slice(msg.frame());
-                    self.parts.local.flush().await?;
+                    local.out().extend_from_slice(msg.frame());
+                    local.flush().await?;
                     return Ok(());
                 }
                 _ => {} // Flush and Sync are ignored during COPY, as PostgreSQL does
@@ -909,9 +924,14 @@ impl Session {
         if self.local_expected == 0 {
             return Ok(());
         }
-        frontend::flush(self.parts.local.out());
+        let flushed = self.parts.held_local().map(|local| frontend::flush(local.out()));
+        if let Err(e) = flushed {
+            self.local_expected = 0;
+            self.extended_error(Failure::Error(e));
+            return Ok(());
+        }
         while self.local_expected > 0 {
-            let msg = match self.parts.local.recv().await {
+            let msg = match self.parts.held_local()?.recv().await {
                 Ok(m) => m,
                 Err(e) => {
                     self.local_expected = 0;
@@ -950,6 +970,9 @@ impl Session {
         let distributed = planned.statements.len() == 1 && !matches!(planned.statements[0].plan, Plan::Local | Plan::Empty);
         if !distributed {
             self.user_code_unsynced |= planned.statements.iter().any(|s| s.changes_user_code);
+            if !parse.name.is_empty() {
+                self.parts.pin_local("a prepared statement");
+            }
             self.statements.insert(parse.name.clone(), Statement::Local);
             return self.forward_local(msg).await;
         }
@@ -1259,10 +1282,10 @@ impl Session {
         if self.local_unsynced {
             self.local_unsynced = false;
             self.local_expected = 0;
-            frontend::sync(self.parts.local.out());
+            frontend::sync(self.parts.held_local()?.out());
             // Everything still owed, then ReadyForQuery (not forwarded: ours follows).
             loop {
-                match self.parts.local.recv().await {
+                match self.parts.held_local()?.recv().await {
                     Ok(msg) if msg.tag() == b'Z' => break,
                     Ok(msg) if msg.tag() == b'G' => {
                         // COPY FROM STDIN through the extended protocol: PostgreSQL
@@ -1272,7 +1295,7 @@ impl Session {
                         self.client.flush().await?;
                         self.pump_copy_in().await?;
                         if let Some(next) = self.client.recv().await? {
-                            self.parts.local.out().extend_from_slice(next.frame());
+                            self.parts.held_local()?.out().extend_from_slice(next.frame());
                         }
                     }
                     Ok(msg) => self.client.out().extend_from_slice(msg.frame()),
@@ -1310,7 +1333,7 @@ impl Session {
         backend::ready_for_query(self.client.out(), self.parts.status());
         self.client.flush().await?;
         if self.stream.is_none() {
-            self.parts.release_workers();
+            self.parts.release_connections(self.local_expected == 0 && !self.local_unsynced).await;
         }
         Ok(())
     }

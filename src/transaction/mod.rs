@@ -6,6 +6,7 @@
 //! COMMIT/ROLLBACK go to exactly the nodes that were touched.
 
 pub mod commit_log;
+pub mod coordinator_db;
 pub mod deadlock;
 pub mod recovery;
 
@@ -242,7 +243,8 @@ pub enum Access {
 }
 
 pub struct Participants {
-    pub local: PgConnection,
+    /// The session's coordinator database connection, held while needed.
+    local: coordinator_db::CoordinatorDb,
     local_in_block: bool,
     /// The worker connections the session holds now (taken from `pools`).
     workers: HashMap<i32, WorkerConnection>,
@@ -297,8 +299,7 @@ pub struct CitusSettings {
 }
 
 impl Participants {
-    pub fn new(mut local: PgConnection, login: Login, cancel_targets: CancelTargets, two_phase: TwoPhase, pools: Arc<WorkerPools>) -> Self {
-        local.track_parameter_changes();
+    pub fn new(local: coordinator_db::CoordinatorDb, login: Login, cancel_targets: CancelTargets, two_phase: TwoPhase, pools: Arc<WorkerPools>) -> Self {
         let mut startup: Vec<String> =
             login.options.iter().filter(|(name, _)| WORKER_PARAMETERS.iter().any(|p| p.eq_ignore_ascii_case(name))).map(|(name, value)| format!("{}={value}", name.to_lowercase())).collect();
         startup.sort();
@@ -348,26 +349,56 @@ impl Participants {
 
     /// The coordinator database connection, inside the block if there is one.
     pub async fn local(&mut self) -> PgResult<&mut PgConnection> {
-        if let Some(block) = &self.block {
-            if !self.local_in_block {
-                let sql = replay_sql(block);
-                self.local_in_block = true;
-                self.local.execute(&sql).await?;
-            }
+        let join = match &self.block {
+            Some(block) if !self.local_in_block => Some(replay_sql(block)),
+            _ => None,
+        };
+        let local = self.local_outside_block().await?;
+        if let Some(sql) = join {
+            local.execute(&sql).await?;
+            self.local_in_block = true;
         }
-        Ok(&mut self.local)
+        Ok(self.local.held().expect("taken above"))
+    }
+
+    /// The coordinator database connection, without joining the block: for
+    /// reading the session's settings and role, and describing statements.
+    pub async fn local_outside_block(&mut self) -> PgResult<&mut PgConnection> {
+        let addr = self.local.addr().clone();
+        let (conn, taken) = self.local.acquire(&self.two_phase.session_name).await?;
+        if let Some(key) = taken {
+            self.cancel_targets.lock().unwrap().push((addr, key));
+        }
+        Ok(conn)
+    }
+
+    /// The coordinator database connection the session holds in the middle
+    /// of an exchange with it (after `local()` started the exchange).
+    pub fn held_local(&mut self) -> PgResult<&mut PgConnection> {
+        self.local.held().ok_or_else(|| PgError::internal("the session holds no coordinator database connection in the middle of an exchange with it"))
+    }
+
+    /// Whether the session holds its coordinator database connection now.
+    pub fn holds_local(&mut self) -> bool {
+        self.local.held().is_some()
+    }
+
+    /// The session made state only its coordinator database backend has.
+    pub fn pin_local(&mut self, why: &'static str) {
+        self.local.pin(why);
     }
 
     /// Called after forwarding client SQL (which may itself hold BEGIN/COMMIT, e.g.
     /// inside a function) to keep our view in line with the coordinator database.
     pub fn observe_local_status(&mut self) {
         self.follow_settings();
-        if self.block.is_none() && self.local.tx_status() != TxStatus::Idle {
+        let Some(status) = self.local.held().map(|l| l.tx_status()) else { return };
+        if self.block.is_none() && status != TxStatus::Idle {
             // The statement opened a block on its own (e.g. a procedure); follow it.
             self.block = Some(Block { begin_sql: "BEGIN".into(), started: std::time::Instant::now(), implicit: false, failed: false, savepoints: vec![] });
             self.local_in_block = true;
         }
-        if self.local_in_block && self.local.tx_status() == TxStatus::Failed {
+        if self.local_in_block && status == TxStatus::Failed {
             self.mark_failed();
         }
     }
@@ -476,10 +507,22 @@ impl Participants {
         sql.join("; ")
     }
 
+    /// Between transactions, once the client has its answer: gives the
+    /// connections the session holds back to their pools. The coordinator
+    /// database's only when `local_too` (no exchange with it is unfinished).
+    pub async fn release_connections(&mut self, local_too: bool) {
+        self.release_workers();
+        if local_too && self.block.is_none() && !self.local_in_block {
+            if let Some(key) = self.local.release().await {
+                self.cancel_targets.lock().unwrap().retain(|(_, k)| *k != key);
+            }
+        }
+    }
+
     /// Gives the worker connections the session holds back to their pools,
     /// between transactions: those in no block and in no unfinished
-    /// exchange. Called once the client has its answer.
-    pub fn release_workers(&mut self) {
+    /// exchange.
+    fn release_workers(&mut self) {
         if self.block.is_some() {
             return;
         }
@@ -497,7 +540,8 @@ impl Participants {
     /// DateStyle, TimeZone, …, reported by the coordinator database) to the
     /// worker connections, so routed results look like local ones.
     fn follow_settings(&mut self) {
-        for (name, value) in self.local.take_changed_params() {
+        let Some(local) = self.local.held() else { return };
+        for (name, value) in local.take_changed_params() {
             if !WORKER_PARAMETERS.iter().any(|p| p.eq_ignore_ascii_case(&name)) {
                 continue;
             }
@@ -675,7 +719,7 @@ impl Participants {
         }
         if self.local_in_block {
             self.local_in_block = false;
-            if let Err(e) = self.local.execute(command).await {
+            if let Err(e) = self.held_local()?.execute(command).await {
                 first_error.get_or_insert(e);
             }
         }
@@ -702,7 +746,8 @@ impl Participants {
             return Ok(settings);
         }
         let rows = self
-            .local
+            .local_outside_block()
+            .await?
             .query("SELECT current_setting('citus.multi_shard_commit_protocol', true), current_setting('citus.multi_shard_modify_mode', true)")
             .await?;
         let value = |i: usize| rows.first().and_then(|r| r.get(i).cloned().flatten());
@@ -724,7 +769,7 @@ impl Participants {
     /// coordinator database acts as now.
     async fn follow_role(&mut self) -> PgResult<()> {
         self.role_unknown = false;
-        let current = self.local.query_value("SELECT current_user").await?.unwrap_or_default();
+        let current = self.local_outside_block().await?.query_value("SELECT current_user").await?.unwrap_or_default();
         let role = (current != self.login.user).then_some(current);
         if role == self.worker_role {
             return Ok(());
@@ -763,8 +808,10 @@ impl Participants {
         }
     }
 
-    /// A statement may have changed the session's settings.
-    pub fn settings_may_have_changed(&mut self) {
+    /// A statement may have changed the session's settings, among them the
+    /// custom ones (`app.tenant`) named.
+    pub fn settings_may_have_changed(&mut self, custom: &[String]) {
+        self.local.settings_may_have_changed(custom);
         self.settings = None;
         self.settings_epoch += 1;
         self.settings_changed_in_block |= self.block.is_some();
@@ -781,16 +828,8 @@ impl Participants {
         if self.worker(node, access).await?.settings_epoch == epoch {
             return Ok(());
         }
-        let rows = self
-            .local
-            .query(
-                "SELECT format('SELECT set_config(%L, %L, false)', name, setting) FROM pg_catalog.pg_settings
-                 WHERE source = 'session' AND name NOT IN ('client_encoding', 'role', 'session_authorization', 'is_superuser')
-                 UNION ALL -- pg_settings leaves out settings no module defines
-                 SELECT format('SELECT set_config(%L, %L, false)', 'tessera.remote_writes', s)
-                 FROM pg_catalog.current_setting('tessera.remote_writes', true) s WHERE s <> ''",
-            )
-            .await?;
+        let query = self.local.settings_query();
+        let rows = self.local_outside_block().await?.query(&query).await?;
         let mut sql = vec!["RESET ALL".to_string()];
         sql.extend(rows.into_iter().filter_map(|r| r.into_iter().next().flatten()));
         let worker = self.workers.get_mut(&group).ok_or_else(|| PgError::internal(format!("no connection to node group {group}")))?;
@@ -843,21 +882,22 @@ impl Participants {
             self.resolve_prepared(&prepared, "ROLLBACK PREPARED").await;
             if self.local_in_block {
                 self.local_in_block = false;
-                self.local.execute("ROLLBACK").await.ok();
+                self.held_local()?.execute("ROLLBACK").await.ok();
             }
             return Err(e);
         }
         let outcome = if self.local_in_block {
             // The record commits with the coordinator database's own part.
             self.local_in_block = false;
-            let written = match self.local.execute(&commit_log::insert_records(&prepared)).await {
-                Ok(_) => self.local.execute("COMMIT").await.map(|_| ()),
+            let local = self.held_local()?;
+            let written = match local.execute(&commit_log::insert_records(&prepared)).await {
+                Ok(_) => local.execute("COMMIT").await.map(|_| ()),
                 Err(e) => {
-                    self.local.execute("ROLLBACK").await.ok();
+                    local.execute("ROLLBACK").await.ok();
                     Err(e)
                 }
             };
-            RecordOutcome::of(written, &self.local)
+            RecordOutcome::of(written, local)
         } else {
             two_phase.commit_log.write(prepared.clone()).await
         };
@@ -933,7 +973,7 @@ impl Participants {
             w.conn.execute(sql).await?;
         }
         if self.local_in_block {
-            self.local.execute(sql).await?;
+            self.held_local()?.execute(sql).await?;
         }
         Ok(())
     }
@@ -946,7 +986,7 @@ impl Participants {
         for (_, w) in self.workers {
             w.conn.terminate().await;
         }
-        self.local.terminate().await;
+        self.local.close().await;
     }
 }
 

@@ -1,0 +1,193 @@
+//! A session's connection to the coordinator database, taken from a pool
+//! shared by the coordinator process's sessions. The session holds it only
+//! while it needs it: for a transaction block, an exchange in progress, or
+//! for good once it made state that lives in that backend alone (a
+//! temporary table, LISTEN, a prepared statement, a session advisory lock,
+//! SET ROLE: it is then *pinned*). Between transactions it goes back to the
+//! pool; the settings the session made are kept here, and whichever
+//! connection the session takes next gets them (after `DISCARD ALL`, which
+//! clears what another session left).
+
+use crate::connection::pool::{Checkout, NodePool};
+use crate::connection::{Login, PgConnection, ServerAddr};
+use crate::error::PgResult;
+use crate::protocol::backend::TxStatus;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub struct LocalConnection {
+    conn: PgConnection,
+    /// The session, and its settings as of which `state_epoch`, that the
+    /// connection carries.
+    owner: Arc<str>,
+    state_epoch: u64,
+    _slot: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+pub type LocalPool = NodePool<LocalConnection>;
+
+/// Where a session takes its coordinator database connections from.
+pub struct LocalSource {
+    pub pool: Arc<LocalPool>,
+    pub addr: ServerAddr,
+    pub wait: Duration,
+}
+
+pub struct CoordinatorDb {
+    source: LocalSource,
+    /// The client's login: connections log in with it, and connections of
+    /// the same login are interchangeable once reset.
+    login: Login,
+    key: String,
+    held: Option<LocalConnection>,
+    /// Why the session keeps its connection for good, if it does.
+    pinned: Option<&'static str>,
+    /// `set_config` calls that give a connection the session's settings.
+    settings: Vec<String>,
+    /// Counts the changes to `settings`.
+    state_epoch: u64,
+    /// A statement may have changed the settings since they were read.
+    settings_unknown: bool,
+    /// Settings no module defines that the session set (`SET app.tenant`),
+    /// which pg_settings leaves out: read by name.
+    custom: std::collections::BTreeSet<String>,
+    last_backend: Option<(i32, i32)>,
+}
+
+impl CoordinatorDb {
+    pub fn new(source: LocalSource, login: Login) -> Self {
+        let mut options: Vec<String> = login.options.iter().map(|(k, v)| format!("{}={v}", k.to_lowercase())).collect();
+        options.sort();
+        let key = format!("{}\0{}\0{}", login.user, login.database, options.join("\0"));
+        CoordinatorDb { source, login, key, held: None, pinned: None, settings: Vec::new(), state_epoch: 0, settings_unknown: false, custom: ["tessera.remote_writes".to_string()].into(), last_backend: None }
+    }
+
+    /// The connection, taken from the pool (or opened) if the session holds
+    /// none; `owner` names the session. Also returns the backend key of a
+    /// connection newly taken, for the session's cancel requests.
+    pub async fn acquire(&mut self, owner: &Arc<str>) -> PgResult<(&mut PgConnection, Option<(i32, i32)>)> {
+        if self.held.is_some() {
+            return Ok((&mut self.held.as_mut().unwrap().conn, None));
+        }
+        let last = self.last_backend;
+        let label = self.source.addr.to_string();
+        let taken = loop {
+            match self.source.pool.checkout(&self.key, &|c: &LocalConnection| Some(c.conn.backend_key()) == last, self.source.wait, false, &label).await? {
+                Checkout::Idle(mut local) => {
+                    if local.conn.is_dead_while_idle() {
+                        continue;
+                    }
+                    if *local.owner != **owner || local.state_epoch != self.state_epoch {
+                        // On its own: several statements in one query string
+                        // make a transaction block, where DISCARD cannot run.
+                        local.conn.queue_silent("DISCARD ALL");
+                        if !self.settings.is_empty() {
+                            local.conn.queue_silent(&self.settings.join("; "));
+                        }
+                        local.owner = owner.clone();
+                        local.state_epoch = self.state_epoch;
+                    }
+                    break local;
+                }
+                Checkout::Open(slot) => {
+                    let mut conn = PgConnection::connect(&self.source.addr, &self.login).await?;
+                    conn.track_parameter_changes();
+                    if !self.settings.is_empty() {
+                        conn.queue_silent(&self.settings.join("; "));
+                    }
+                    if !self.source.pool.is_sized() {
+                        let limit = conn.query_value("SHOW max_connections").await?.and_then(|v| v.parse().ok()).unwrap_or(100);
+                        self.source.pool.size_from_node(limit);
+                    }
+                    break LocalConnection { conn, owner: owner.clone(), state_epoch: self.state_epoch, _slot: slot };
+                }
+            }
+        };
+        let key = taken.conn.backend_key();
+        self.held = Some(taken);
+        Ok((&mut self.held.as_mut().unwrap().conn, Some(key)))
+    }
+
+    pub fn addr(&self) -> &ServerAddr {
+        &self.source.addr
+    }
+
+    /// The connection the session holds now, if any.
+    pub fn held(&mut self) -> Option<&mut PgConnection> {
+        self.held.as_mut().map(|l| &mut l.conn)
+    }
+
+    /// The session made state only this backend has: it keeps the
+    /// connection until it ends.
+    pub fn pin(&mut self, why: &'static str) {
+        self.pinned.get_or_insert(why);
+    }
+
+    pub fn pinned(&self) -> Option<&'static str> {
+        self.pinned
+    }
+
+    /// A statement may have changed the session's settings, among them
+    /// the custom ones named.
+    pub fn settings_may_have_changed(&mut self, custom: &[String]) {
+        self.settings_unknown = true;
+        self.custom.extend(custom.iter().cloned());
+    }
+
+    /// A query giving the `set_config` calls that make a connection act
+    /// with the session's settings, as the held connection has them.
+    pub fn settings_query(&self) -> String {
+        let mut sql = String::from(
+            "SELECT format('SELECT set_config(%L, %L, false)', name, setting) FROM pg_catalog.pg_settings
+             WHERE source = 'session' AND name NOT IN ('client_encoding', 'role', 'session_authorization', 'is_superuser')",
+        );
+        for name in &self.custom {
+            let name = crate::connection::quote_literal(name);
+            sql.push_str(&format!(
+                "\n UNION ALL SELECT format('SELECT set_config(%L, %L, false)', {name}, s) FROM pg_catalog.current_setting({name}, true) s WHERE s <> ''"
+            ));
+        }
+        sql
+    }
+
+    /// Gives the connection back to the pool, between transactions, unless
+    /// the session is pinned or the connection is in a transaction or
+    /// broken. Settings changed since they were last read are read first.
+    /// Returns the backend key of the connection given back.
+    pub async fn release(&mut self) -> Option<(i32, i32)> {
+        if self.pinned.is_some() {
+            return None;
+        }
+        let held = self.held.as_mut()?;
+        if held.conn.is_broken() || held.conn.tx_status() != TxStatus::Idle {
+            return None;
+        }
+        if self.settings_unknown {
+            let query = self.settings_query();
+            let held = self.held.as_mut()?;
+            match held.conn.query(&query).await {
+                Ok(rows) => {
+                    self.settings = rows.into_iter().filter_map(|r| r.into_iter().next().flatten()).collect();
+                    self.settings_unknown = false;
+                    self.state_epoch += 1;
+                    held.state_epoch = self.state_epoch;
+                }
+                Err(_) => return None,
+            }
+        }
+        let held = self.held.take()?;
+        let key = held.conn.backend_key();
+        self.last_backend = Some(key);
+        self.source.pool.give_back(&self.key, held);
+        Some(key)
+    }
+
+    /// Ends the session: an unpinned, idle connection goes back to the pool;
+    /// any other is closed (which rolls back what it had open).
+    pub async fn close(mut self) {
+        self.release().await;
+        if let Some(held) = self.held.take() {
+            held.conn.terminate().await;
+        }
+    }
+}
