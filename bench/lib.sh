@@ -194,7 +194,8 @@ start_plain() {
 # --- bench/pgbench.sh: same settings as Tessera's nodes ---
 port = $PLAIN_PORT
 listen_addresses = '127.0.0.1'
-max_connections = 300
+# Tessera's nodes have 300; plain PostgreSQL serves the 1000-client workloads itself.
+max_connections = 1100
 shared_buffers = 256MB
 max_prepared_transactions = 200
 wal_level = logical

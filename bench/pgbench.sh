@@ -7,6 +7,10 @@
 # and max over the rounds. Workloads:
 #   pgbench_select_only   pgbench -S -M prepared -c 8 -j 2 -T $DURATION -n
 #   pgbench_tpcb          pgbench    -M prepared -c 8 -j 2 -T $DURATION -n
+#   pgbench_select_only_c100, pgbench_select_only_c1000, pgbench_tpcb_c100,
+#   pgbench_tpcb_c1000    the same with 100 or 1000 clients (plain PostgreSQL
+#                         gets max_connections = 1100 for them; Tessera pools
+#                         its node connections)
 #   sysbench_oltp_insert  sysbench oltp_insert (pgsql driver), 1 table of 10000 rows, 8 threads
 #   insert_1row           pgbench -f: one-row INSERT into ins (k int, v text), a random key
 #   insert_9rows_1shard   pgbench -f: nine rows with one random key (one shard)
@@ -46,7 +50,8 @@ CLIENTS=8
 JOBS=2
 SB_TABLE_SIZE=10000
 SB_THREADS=8
-WORKLOADS=(pgbench_select_only pgbench_tpcb sysbench_oltp_insert insert_1row insert_9rows_1shard insert_9rows_9shards insert_9rows_9shards_1pc)
+WORKLOADS=(pgbench_select_only pgbench_tpcb pgbench_select_only_c100 pgbench_select_only_c1000 pgbench_tpcb_c100 pgbench_tpcb_c1000
+    sysbench_oltp_insert insert_1row insert_9rows_1shard insert_9rows_9shards insert_9rows_9shards_1pc)
 if [[ -n $ONLY ]]; then
     IFS=, read -r -a only <<<"$ONLY"
     for w in "${only[@]}"; do [[ " ${WORKLOADS[*]} " == *" $w "* ]] || die "ONLY: unknown workload '$w'"; done
@@ -57,6 +62,8 @@ ROUND=1
 
 # shellcheck source=bench/lib.sh
 source "$SCRIPT_DIR/lib.sh"
+# A thousand clients need a thousand sockets in pgbench (and in the coordinator).
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 declare -A TPS=() LAT=() COORD_US=() STATUS=()
 
@@ -210,6 +217,8 @@ run_workload() { # run_workload TARGET WORKLOAD
     case $2 in
         pgbench_select_only) run_pgbench "$1" "$port" "$2" -S ;;
         pgbench_tpcb) run_pgbench "$1" "$port" "$2" ;;
+        pgbench_select_only_c*) CLIENTS=${2##*_c} run_pgbench "$1" "$port" "$2" -S ;;
+        pgbench_tpcb_c*) CLIENTS=${2##*_c} run_pgbench "$1" "$port" "$2" ;;
         sysbench_oltp_insert) sysbench_part "$1" "$port" ;;
         insert_9rows_9shards_1pc) PGOPTIONS='-c citus.multi_shard_commit_protocol=1pc' run_pgbench "$1" "$port" "$2" -f "$BENCH_LOG_DIR/insert_9rows_9shards.sql" ;;
         insert_*) run_pgbench "$1" "$port" "$2" -f "$BENCH_LOG_DIR/$2.sql" ;;
@@ -283,7 +292,7 @@ spread() { # spread WORKLOAD: the ratio's min/median/max
 }
 
 echo
-echo "Results (SCALE=$SCALE, DURATION=${DURATION}s, $CLIENTS clients, $ROUNDS alternating rounds; medians over the rounds;"
+echo "Results (SCALE=$SCALE, DURATION=${DURATION}s, $CLIENTS clients unless the name says _c<clients>, $ROUNDS alternating rounds; medians over the rounds;"
 echo "latency = average ms; ratio = tessera TPS / plain TPS per round, min/median/max)"
 fmt='%-24s | %10s | %16s | %11s | %18s | %14s | %s\n'
 # shellcheck disable=SC2059

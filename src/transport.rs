@@ -34,6 +34,25 @@ impl Stream {
         }
     }
 
+    /// Writes what the socket takes now, without waiting (`WouldBlock` when
+    /// it takes nothing). Node connections use it; they never run over TLS.
+    pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.try_write(buf),
+            Stream::Unix(s) => s.try_write(buf),
+            Stream::Tls(_) => Err(io::Error::new(io::ErrorKind::Unsupported, "no unbuffered writes over TLS")),
+        }
+    }
+
+    /// Waits until the socket is ready for `interest`.
+    pub async fn ready(&self, interest: tokio::io::Interest) -> io::Result<tokio::io::Ready> {
+        match self {
+            Stream::Tcp(s) => s.ready(interest).await,
+            Stream::Unix(s) => s.ready(interest).await,
+            Stream::Tls(_) => Err(io::Error::new(io::ErrorKind::Unsupported, "no readiness over TLS")),
+        }
+    }
+
     /// A client's TCP connection, not yet encrypted: the kind TLS can be
     /// started on, and the kind `mode = "require"` turns away.
     pub fn is_clear_tcp(&self) -> bool {

@@ -159,13 +159,55 @@ impl PgConnection {
         &mut self.wbuf
     }
 
+    /// Sends what is queued. While the server's side is full it reads what
+    /// the server sends meanwhile (the answers to statements sent earlier in
+    /// the same pipeline), so that neither side waits for the other to read:
+    /// a long pipeline of INSERTs would otherwise stall once both sockets'
+    /// buffers are full, which on a Unix socket takes little.
     pub async fn flush(&mut self) -> PgResult<()> {
-        if self.wbuf.is_empty() {
-            return Ok(());
+        use bytes::Buf;
+        while !self.wbuf.is_empty() {
+            match self.stream.try_write(&self.wbuf) {
+                Ok(n) => self.wbuf.advance(n),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    let ready = self.stream.ready(tokio::io::Interest::WRITABLE | tokio::io::Interest::READABLE).await;
+                    match ready {
+                        Ok(ready) if ready.is_readable() => match self.stream.try_read_buf(&mut self.rbuf) {
+                            Ok(0) => {
+                                self.wbuf.clear();
+                                self.read_farewell();
+                                return Err(self.closed_by_server());
+                            }
+                            Ok(_) => {}
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                            Err(e) => {
+                                self.wbuf.clear();
+                                return Err(self.lost(e));
+                            }
+                        },
+                        Ok(_) => {}
+                        Err(e) => {
+                            self.wbuf.clear();
+                            return Err(self.lost(e));
+                        }
+                    }
+                }
+                Err(e) => {
+                    self.wbuf.clear();
+                    self.read_farewell();
+                    return Err(self.lost(e));
+                }
+            }
         }
-        let res = self.stream.write_all(&self.wbuf).await;
-        self.wbuf.clear();
-        res.map_err(|e| self.lost(e))
+        Ok(())
+    }
+
+    /// A write failed because the server closed the connection: what it sent
+    /// before closing (over a Unix socket, the write fails at once) may say
+    /// why, a FATAL error reported in place of the bare write error.
+    fn read_farewell(&mut self) {
+        while matches!(self.stream.try_read_buf(&mut self.rbuf), Ok(n) if n > 0) {}
+        while let Ok(Some(_)) = self.take_buffered() {}
     }
 
     fn lost(&mut self, e: std::io::Error) -> PgError {

@@ -28,18 +28,25 @@ pub struct Pools<T> {
 pub struct NodePool<T> {
     idle: Mutex<HashMap<String, Vec<T>>>,
     slots: Arc<Semaphore>,
+    /// Slots beyond the limit for sessions that may not wait (`checkout`'s
+    /// `may_exceed`): a fifth of the limit more, short of the node's own.
+    overflow: Arc<Semaphore>,
     /// Wakes a session waiting for a connection when one is given back.
     returned: tokio::sync::Notify,
     /// Set once the node's own limit has been read (or a configured one applied).
     sized: std::sync::atomic::AtomicBool,
 }
 
+fn overflow_for(limit: usize) -> usize {
+    limit / 5 + 1
+}
+
 /// What `NodePool::checkout` found.
 pub enum Checkout<T> {
     /// An idle connection to reuse.
     Idle(T),
-    /// Room to open a new connection: its slot (None: over the limit).
-    Open(Option<OwnedSemaphorePermit>),
+    /// Room to open a new connection: its slot.
+    Open(OwnedSemaphorePermit),
 }
 
 /// The node's share of connections a pool takes when sized from its
@@ -68,7 +75,14 @@ impl<T> NodePool<T> {
             Some(n) => (n.max(1), true),
             None => (1, false),
         };
-        NodePool { idle: Mutex::new(HashMap::new()), slots: Arc::new(Semaphore::new(permits)), returned: tokio::sync::Notify::new(), sized: sized.into() }
+        let overflow = if sized { overflow_for(permits) } else { 0 };
+        NodePool {
+            idle: Mutex::new(HashMap::new()),
+            slots: Arc::new(Semaphore::new(permits)),
+            overflow: Arc::new(Semaphore::new(overflow)),
+            returned: tokio::sync::Notify::new(),
+            sized: sized.into(),
+        }
     }
 
     fn take_idle(&self, key: &str, prefer: &(dyn Fn(&T) -> bool + Sync)) -> Option<T> {
@@ -94,7 +108,7 @@ impl<T> NodePool<T> {
     /// a connection to come back or close. `may_exceed`: the session already
     /// holds another node's connection in its block, and waiting could wait
     /// forever on sessions waiting for that node in turn; it opens one over
-    /// the limit instead.
+    /// the limit instead, while the overflow lasts.
     pub async fn checkout(&self, key: &str, prefer: &(dyn Fn(&T) -> bool + Sync), wait: Duration, may_exceed: bool, node: &str) -> PgResult<Checkout<T>> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
@@ -105,16 +119,18 @@ impl<T> NodePool<T> {
                 return Ok(Checkout::Idle(conn));
             }
             if let Ok(permit) = self.slots.clone().try_acquire_owned() {
-                return Ok(Checkout::Open(Some(permit)));
+                return Ok(Checkout::Open(permit));
             }
             if self.close_one_idle() {
                 continue;
             }
             if may_exceed {
-                return Ok(Checkout::Open(None));
+                if let Ok(permit) = self.overflow.clone().try_acquire_owned() {
+                    return Ok(Checkout::Open(permit));
+                }
             }
             tokio::select! {
-                permit = self.slots.clone().acquire_owned() => return Ok(Checkout::Open(permit.ok())),
+                Ok(permit) = self.slots.clone().acquire_owned() => return Ok(Checkout::Open(permit)),
                 _ = &mut returned => continue,
                 _ = tokio::time::sleep_until(deadline) => {
                     return Err(PgError::new(sqlstate::TOO_MANY_CONNECTIONS, format!("too many connections to node {node}: every one of its pooled connections stayed busy for {wait:.0?}"))
@@ -132,6 +148,7 @@ impl<T> NodePool<T> {
         }
         let size = ((node_max_connections as f64) * SHARE_OF_NODE) as usize;
         self.slots.add_permits(size.saturating_sub(1));
+        self.overflow.add_permits(overflow_for(size.max(1)));
     }
 
     pub fn is_sized(&self) -> bool {

@@ -231,6 +231,7 @@ async fn detect_deadlocks_periodically(coordinator: Arc<Coordinator>) {
 
 /// Serves clients until the process is stopped.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
+    raise_file_limit();
     crate::transport::use_node_socket_directories(config.node_socket_directories.iter().map(std::path::PathBuf::from).collect());
     let coordinator = Coordinator::start(config).await?;
     // Before clients come: their first distributed table needs every node
@@ -253,15 +254,22 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let (mut terminate, mut interrupt) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
     loop {
-        let (stream, peer): (Stream, String) = tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, peer) = accepted?;
-                (stream.into(), peer.to_string())
-            }
-            accepted = accept_unix(&sockets) => (accepted?.into(), "the Unix socket".to_string()),
+        let accepted: std::io::Result<(Stream, String)> = tokio::select! {
+            accepted = listener.accept() => accepted.map(|(stream, peer)| (stream.into(), peer.to_string())),
+            accepted = accept_unix(&sockets) => accepted.map(|stream| (stream.into(), "the Unix socket".to_string())),
             // Stopping removes the socket files (dropping `sockets`).
             _ = terminate.recv() => return Ok(()),
             _ = interrupt.recv() => return Ok(()),
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            // Out of file descriptors, say: the clients already in are served
+            // on; new ones are taken again after a pause.
+            Err(e) => {
+                tracing::warn!("could not accept a client: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
         };
         let coordinator = coordinator.clone();
         tokio::spawn(async move {
@@ -269,6 +277,19 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
                 tracing::debug!("session from {peer} ended: {e}");
             }
         });
+    }
+}
+
+/// Every client and every pooled node connection is a file descriptor: the
+/// soft limit (often 1,024) goes up to the hard one.
+fn raise_file_limit() {
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed.
+    unsafe {
+        let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
     }
 }
 

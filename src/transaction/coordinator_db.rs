@@ -21,7 +21,7 @@ pub struct LocalConnection {
     /// connection carries.
     owner: Arc<str>,
     state_epoch: u64,
-    _slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    _slot: tokio::sync::OwnedSemaphorePermit,
 }
 
 pub type LocalPool = NodePool<LocalConnection>;

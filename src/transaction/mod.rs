@@ -141,9 +141,8 @@ pub struct WorkerConnection {
     login_epoch: u64,
     /// The catalog version `prepared` holds statements for.
     prepared_version: i64,
-    /// Its place among the node's pooled connections (None: one opened over
-    /// the limit, see `NodePool::slot`).
-    _slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// Its place among the node's connections.
+    _slot: tokio::sync::OwnedSemaphorePermit,
 }
 
 /// The pools of worker connections a coordinator process shares among its sessions.
