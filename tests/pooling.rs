@@ -202,3 +202,65 @@ async fn a_session_with_a_temporary_table_keeps_its_connection() {
     }
     assert_eq!(text_rows(&pinned, "SELECT count(*) FROM pl_scratch").await[0][0].as_deref(), Some("12"));
 }
+
+/// A client idle in its block longer than `idle_in_transaction_session_timeout`
+/// is ended as by PostgreSQL (FATAL 25P03), and its work on every node with it:
+/// the pooled connections it held come free.
+#[tokio::test]
+async fn idle_in_transaction_timeout_ends_the_session_everywhere() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute("CREATE TABLE pl_idle (id int PRIMARY KEY, v int); SELECT create_distributed_table('pl_idle', 'id'); INSERT INTO pl_idle SELECT g, 0 FROM generate_series(1, 10) g")
+        .await
+        .unwrap();
+    let (idle, conn) = tokio_postgres::connect(&cluster.conn_string(), tokio_postgres::NoTls).await.unwrap();
+    let task = tokio::spawn(conn);
+    idle.batch_execute("SET idle_in_transaction_session_timeout = '1s'").await.unwrap();
+    idle.batch_execute("BEGIN; UPDATE pl_idle SET v = 1").await.unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(20), task).await.expect("the session is ended").unwrap();
+    let e = ended.expect_err("a FATAL error ends it");
+    assert_eq!(sqlstate(&e), "25P03", "{e}");
+    // Its row locks went with it, on both workers.
+    tokio::time::timeout(Duration::from_secs(10), c.batch_execute("UPDATE pl_idle SET v = 2")).await.expect("no lock left").unwrap();
+    assert_eq!(text_rows(&c, "SELECT sum(v) FROM pl_idle").await, vec![vec![Some("20".into())]]);
+    // Outside a block, idling is fine.
+    let (patient, conn) = tokio_postgres::connect(&cluster.conn_string(), tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    patient.batch_execute("SET idle_in_transaction_session_timeout = '1s'").await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(text_rows(&patient, "SELECT count(*) FROM pl_idle").await, vec![vec![Some("10".into())]]);
+}
+
+/// Clients that log in and wait hold no connection: many more clients than
+/// the coordinator database's pool can be connected at once (pgbench opens
+/// all its clients before any runs).
+#[tokio::test]
+async fn clients_connected_at_once_outnumber_the_pools() {
+    let cluster = TestCluster::start(2);
+    let setup = cluster.connect().await;
+    setup.batch_execute("CREATE TABLE pl_many (id int PRIMARY KEY); SELECT create_distributed_table('pl_many', 'id'); INSERT INTO pl_many SELECT generate_series(1, 100)").await.unwrap();
+    drop(setup);
+    cluster.restart_coordinator(|config| {
+        config.connections.max_coordinator_db = Some(4);
+        config.connections.max_per_node = Some(4);
+        config.connections.pool_wait_secs = 5.0;
+    });
+    let mut clients = Vec::new();
+    for _ in 0..400 {
+        clients.push(connect(cluster.port).await);
+    }
+    let runs: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            tokio::spawn(async move {
+                let id = (i % 100 + 1) as i32;
+                assert_eq!(c.query("SELECT id FROM pl_many WHERE id = $1", &[&id]).await.unwrap().len(), 1);
+                assert_eq!(text_rows(&c, "SELECT 1 + 1").await, vec![vec![Some("2".into())]]);
+            })
+        })
+        .collect();
+    for r in runs {
+        r.await.unwrap();
+    }
+}

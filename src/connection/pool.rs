@@ -96,7 +96,14 @@ impl<T> NodePool<T> {
 
     /// Gives a connection back for other sessions.
     pub fn give_back(&self, key: &str, conn: T) {
-        self.idle.lock().unwrap().entry(key.to_string()).or_default().push(conn);
+        let mut idle = self.idle.lock().unwrap();
+        match idle.get_mut(key) {
+            Some(list) => list.push(conn),
+            None => {
+                idle.insert(key.to_string(), vec![conn]);
+            }
+        }
+        drop(idle);
         self.returned.notify_one();
     }
 

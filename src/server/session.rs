@@ -197,6 +197,10 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: Stream) -> anyhow::Resul
             return refuse(&mut client, e).await;
         }
     };
+    if let Err(e) = parts.read_login_settings().await {
+        coordinator.unregister_session(key);
+        return refuse(&mut client, e).await;
+    }
     client.authenticated();
     backend::authentication_ok(client.out());
     for (k, v) in &server_params {
@@ -227,6 +231,8 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: Stream) -> anyhow::Resul
         release_work: false,
         abandoned: false,
     };
+    // A client that logs in and waits holds no connection meanwhile.
+    session.parts.release_connections(true).await;
     let result = session.serve().await;
     coordinator.unregister_session(key);
     if !session.abandoned {
@@ -374,17 +380,38 @@ impl Session {
         if let Some(msg) = self.client.buffered()? {
             return Ok(Some(msg));
         }
+        // A client idle in its transaction block holds connections on every
+        // node it touched: PostgreSQL's limit on that idleness applies here.
+        let in_block = matches!(self.parts.status(), backend::TxStatus::InBlock | backend::TxStatus::Failed);
+        let deadline = self.parts.idle_in_transaction_timeout().filter(|_| in_block).map(|limit| tokio::time::Instant::now() + limit);
         loop {
             // Neither read below may be cancelled in the middle of a write.
             self.client.flush().await?;
             // Only a session that holds its coordinator database connection
             // between statements (pinned: LISTEN among the reasons) hears from it.
-            let Some(local) = self.parts.held_local().ok() else { return Ok(self.client.recv().await?) };
-            if self.local_expected > 0 || self.local_unsynced || local.is_broken() || local.flush().await.is_err() {
-                return Ok(self.client.recv().await?);
+            let listening = match self.parts.local_if_held() {
+                Some(local) => !(self.local_expected > 0 || self.local_unsynced || local.is_broken() || local.flush().await.is_err()),
+                None => false,
+            };
+            let client = &mut self.client;
+            let next = async move {
+                match deadline {
+                    Some(deadline) => tokio::time::timeout_at(deadline, client.recv()).await.ok(),
+                    None => Some(client.recv().await),
+                }
+            };
+            if !listening {
+                return match next.await {
+                    Some(msg) => Ok(msg?),
+                    None => self.end_idle_in_transaction().await,
+                };
             }
+            let local = self.parts.local_if_held().expect("held: checked above");
             tokio::select! {
-                msg = self.client.recv() => return Ok(msg?),
+                msg = next => return match msg {
+                    Some(msg) => Ok(msg?),
+                    None => self.end_idle_in_transaction().await,
+                },
                 unasked = local.recv() => match unasked {
                     Ok(msg) if matches!(msg.tag(), b'A' | b'N' | b'S') => self.client.out().extend_from_slice(msg.frame()),
                     Ok(msg) => tracing::debug!("unexpected message {:?} from the coordinator database while idle", msg.tag() as char),
@@ -393,6 +420,13 @@ impl Session {
                 },
             }
         }
+    }
+
+    /// Ends a session left idle in its transaction block too long, as
+    /// PostgreSQL does: FATAL 25P03; its work is rolled back everywhere.
+    async fn end_idle_in_transaction(&mut self) -> anyhow::Result<Option<Message>> {
+        refuse(&mut self.client, PgError::new("25P03", "terminating connection due to idle-in-transaction timeout")).await?;
+        Ok(None)
     }
 
     /// Handles one client message; false once the session is over.

@@ -44,6 +44,10 @@ pub struct CoordinatorDb {
     pinned: Option<&'static str>,
     /// `set_config` calls that give a connection the session's settings.
     settings: Vec<String>,
+    /// `idle_in_transaction_session_timeout` as the session began, and as
+    /// the session set it since (None: not set by the session).
+    idle_in_transaction_default: Option<Duration>,
+    idle_in_transaction_set: Option<Option<Duration>>,
     /// Counts the changes to `settings`.
     state_epoch: u64,
     /// A statement may have changed the settings since they were read.
@@ -59,7 +63,7 @@ impl CoordinatorDb {
         let mut options: Vec<String> = login.options.iter().map(|(k, v)| format!("{}={v}", k.to_lowercase())).collect();
         options.sort();
         let key = format!("{}\0{}\0{}", login.user, login.database, options.join("\0"));
-        CoordinatorDb { source, login, key, held: None, pinned: None, settings: Vec::new(), state_epoch: 0, settings_unknown: false, custom: ["tessera.remote_writes".to_string()].into(), last_backend: None }
+        CoordinatorDb { source, login, key, held: None, pinned: None, settings: Vec::new(), idle_in_transaction_default: None, idle_in_transaction_set: None, state_epoch: 0, settings_unknown: false, custom: ["tessera.remote_writes".to_string()].into(), last_backend: None }
     }
 
     /// The connection, taken from the pool (or opened) if the session holds
@@ -135,19 +139,37 @@ impl CoordinatorDb {
     }
 
     /// A query giving the `set_config` calls that make a connection act
-    /// with the session's settings, as the held connection has them.
+    /// with the session's settings, as the held connection has them (with
+    /// each setting's name and value).
     pub fn settings_query(&self) -> String {
         let mut sql = String::from(
-            "SELECT format('SELECT set_config(%L, %L, false)', name, setting) FROM pg_catalog.pg_settings
+            "SELECT format('SELECT set_config(%L, %L, false)', name, setting), name, current_setting(name) FROM pg_catalog.pg_settings
              WHERE source = 'session' AND name NOT IN ('client_encoding', 'role', 'session_authorization', 'is_superuser')",
         );
         for name in &self.custom {
             let name = crate::connection::quote_literal(name);
             sql.push_str(&format!(
-                "\n UNION ALL SELECT format('SELECT set_config(%L, %L, false)', {name}, s) FROM pg_catalog.current_setting({name}, true) s WHERE s <> ''"
+                "\n UNION ALL SELECT format('SELECT set_config(%L, %L, false)', {name}, s), {name}, s FROM pg_catalog.current_setting({name}, true) s WHERE s <> ''"
             ));
         }
         sql
+    }
+
+    /// Reads the settings that the session began with and that the
+    /// coordinator acts on itself (on the held connection, at login).
+    pub async fn read_login_settings(&mut self) -> PgResult<()> {
+        let Some(held) = self.held.as_mut() else { return Ok(()) };
+        let value = held.conn.query_value(&format!("SELECT current_setting('{IDLE_IN_TRANSACTION}')")).await?;
+        self.idle_in_transaction_default = value.as_deref().and_then(parse_duration);
+        Ok(())
+    }
+
+    /// How long the client may leave a transaction block idle before the
+    /// session is ended, as `idle_in_transaction_session_timeout` says; None
+    /// for no limit. The coordinator enforces it for every node: the
+    /// workers' backends in the block are not the client's own.
+    pub fn idle_in_transaction_timeout(&self) -> Option<Duration> {
+        self.idle_in_transaction_set.unwrap_or(self.idle_in_transaction_default)
     }
 
     /// Gives the connection back to the pool, between transactions, unless
@@ -167,7 +189,8 @@ impl CoordinatorDb {
             let held = self.held.as_mut()?;
             match held.conn.query(&query).await {
                 Ok(rows) => {
-                    self.settings = rows.into_iter().filter_map(|r| r.into_iter().next().flatten()).collect();
+                    self.settings = rows.iter().filter_map(|r| r.first().cloned().flatten()).collect();
+                    self.idle_in_transaction_set = rows.iter().find(|r| r.get(1).cloned().flatten().as_deref() == Some(IDLE_IN_TRANSACTION)).map(|r| r.get(2).cloned().flatten().as_deref().and_then(parse_duration));
                     self.settings_unknown = false;
                     self.state_epoch += 1;
                     held.state_epoch = self.state_epoch;
@@ -189,5 +212,41 @@ impl CoordinatorDb {
         if let Some(held) = self.held.take() {
             held.conn.terminate().await;
         }
+    }
+}
+
+const IDLE_IN_TRANSACTION: &str = "idle_in_transaction_session_timeout";
+
+/// A time setting as `current_setting` shows it (`0`, `250ms`, `10s`,
+/// `5min`, `1h`, `1d`; a bare number is milliseconds); None for 0, which
+/// means no limit, or for what does not parse.
+fn parse_duration(value: &str) -> Option<Duration> {
+    let split = value.find(|c: char| !c.is_ascii_digit()).unwrap_or(value.len());
+    let number: u64 = value[..split].parse().ok()?;
+    let millis = match value[split..].trim() {
+        "" | "ms" => number,
+        "s" => number * 1000,
+        "min" => number * 60_000,
+        "h" => number * 3_600_000,
+        "d" => number * 86_400_000,
+        _ => return None,
+    };
+    (millis > 0).then(|| Duration::from_millis(millis))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn time_settings() {
+        assert_eq!(parse_duration("0"), None);
+        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_duration("10s"), Some(Duration::from_secs(10)));
+        assert_eq!(parse_duration("5min"), Some(Duration::from_secs(300)));
+        assert_eq!(parse_duration("1h"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("1500"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("soon"), None);
     }
 }

@@ -248,6 +248,9 @@ pub struct Participants {
     /// The worker connections the session holds now (taken from `pools`).
     workers: HashMap<i32, WorkerConnection>,
     pools: Arc<WorkerPools>,
+    /// The pools of the nodes the session used, kept at hand: looking them
+    /// up takes the pools' shared lock.
+    node_pools: HashMap<i32, Arc<crate::connection::pool::NodePool<WorkerConnection>>>,
     /// The backend of the connection to each node group the session held
     /// last: taken again if still idle, it needs no reset.
     last_backends: HashMap<i32, (i32, i32)>,
@@ -305,7 +308,7 @@ impl Participants {
         let pool_key = format!("{}\0{}", login.user, startup.join("\0"));
         Participants {
             pool_key,
-            startup_login: login.clone(), local, local_in_block: false, workers: HashMap::new(), pools, last_backends: HashMap::new(), catalog_version: 0, login_epoch: 0, login, block: None, cancel_targets, two_phase, settings: None, worker_role: None, role_unknown: false, role_changed_in_block: false, settings_epoch: 0, settings_changed_in_block: false }
+            startup_login: login.clone(), local, local_in_block: false, workers: HashMap::new(), pools, node_pools: HashMap::new(), last_backends: HashMap::new(), catalog_version: 0, login_epoch: 0, login, block: None, cancel_targets, two_phase, settings: None, worker_role: None, role_unknown: false, role_changed_in_block: false, settings_epoch: 0, settings_changed_in_block: false }
     }
 
     /// The identity worker connections log in with.
@@ -377,9 +380,19 @@ impl Participants {
         self.local.held().ok_or_else(|| PgError::internal("the session holds no coordinator database connection in the middle of an exchange with it"))
     }
 
-    /// Whether the session holds its coordinator database connection now.
-    pub fn holds_local(&mut self) -> bool {
-        self.local.held().is_some()
+    /// The coordinator database connection, if the session holds it now.
+    pub fn local_if_held(&mut self) -> Option<&mut PgConnection> {
+        self.local.held()
+    }
+
+    /// Reads, at login, the settings the coordinator acts on itself.
+    pub async fn read_login_settings(&mut self) -> PgResult<()> {
+        self.local.read_login_settings().await
+    }
+
+    /// How long the client may leave its transaction block idle (None: no limit).
+    pub fn idle_in_transaction_timeout(&self) -> Option<std::time::Duration> {
+        self.local.idle_in_transaction_timeout()
     }
 
     /// The session made state only its coordinator database backend has.
@@ -439,7 +452,7 @@ impl Participants {
     /// state, or a new one when none is idle (waiting for room if the node
     /// has its limit of connections open).
     async fn take_worker(&mut self, node: &Node) -> PgResult<WorkerConnection> {
-        let pool = self.pools.node(node.group_id);
+        let pool = self.node_pools.entry(node.group_id).or_insert_with(|| self.pools.node(node.group_id)).clone();
         let last = self.last_backends.get(&node.group_id).copied();
         let label = node.addr.to_string();
         let holds_block_connections = self.block.is_some() && self.workers.values().any(|w| w.in_block);
@@ -531,7 +544,10 @@ impl Participants {
             let key = w.conn.backend_key();
             self.cancel_targets.lock().unwrap().retain(|(_, k)| *k != key);
             self.last_backends.insert(group, key);
-            self.pools.node(group).give_back(&self.pool_key, w);
+            match self.node_pools.get(&group) {
+                Some(pool) => pool.give_back(&self.pool_key, w),
+                None => self.pools.node(group).give_back(&self.pool_key, w),
+            }
         }
     }
 
