@@ -1030,7 +1030,7 @@ impl Session {
             return Ok(shape.clone());
         }
         const NAME: &str = "tessera_describe";
-        let local = self.parts.local().await?;
+        let local = self.parts.local_for_describe().await?;
         frontend::close(local.out(), Target::Statement, NAME);
         frontend::parse(local.out(), NAME, sql, param_types);
         frontend::describe(local.out(), Target::Statement, NAME);

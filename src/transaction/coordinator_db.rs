@@ -69,14 +69,16 @@ impl CoordinatorDb {
     /// The connection, taken from the pool (or opened) if the session holds
     /// none; `owner` names the session. Also returns the backend key of a
     /// connection newly taken, for the session's cancel requests.
-    pub async fn acquire(&mut self, owner: &Arc<str>) -> PgResult<(&mut PgConnection, Option<(i32, i32)>)> {
+    /// `may_exceed`: the session holds worker connections in its block, and
+    /// must not wait for this one (see `NodePool::checkout`).
+    pub async fn acquire(&mut self, owner: &Arc<str>, may_exceed: bool) -> PgResult<(&mut PgConnection, Option<(i32, i32)>)> {
         if self.held.is_some() {
             return Ok((&mut self.held.as_mut().unwrap().conn, None));
         }
         let last = self.last_backend;
         let label = self.source.addr.to_string();
         let taken = loop {
-            match self.source.pool.checkout(&self.key, &|c: &LocalConnection| Some(c.conn.backend_key()) == last, self.source.wait, false, &label).await? {
+            match self.source.pool.checkout(&self.key, &|c: &LocalConnection| Some(c.conn.backend_key()) == last, self.source.wait, may_exceed, &label).await? {
                 Checkout::Idle(mut local) => {
                     if local.conn.is_dead_while_idle() {
                         continue;
@@ -172,7 +174,7 @@ impl CoordinatorDb {
         self.idle_in_transaction_set.unwrap_or(self.idle_in_transaction_default)
     }
 
-    /// Gives the connection back to the pool, between transactions, unless
+    /// Gives the connection back to the pool, between statements, unless
     /// the session is pinned or the connection is in a transaction or
     /// broken. Settings changed since they were last read are read first.
     /// Returns the backend key of the connection given back.

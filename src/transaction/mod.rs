@@ -134,11 +134,14 @@ pub struct WorkerConnection {
     /// The session's settings count this connection follows (`follow_session_settings`).
     settings_epoch: u64,
     last_used: std::time::Instant,
-    /// The session whose state (role, settings, application_name) the
-    /// connection carries, as of which of its `login_epoch`s; a connection
-    /// taken from the pool that carries another state is reset.
+    /// The session that used the connection last.
     owner: Arc<str>,
-    login_epoch: u64,
+    /// The role and settings the connection acts with (`login_state`); a
+    /// session with others resets it when it takes it from the pool.
+    login_state: u64,
+    /// The session whose name the connection carries as application_name,
+    /// which the deadlock detector reads: set when it joins a block.
+    named: Arc<str>,
     /// The catalog version `prepared` holds statements for.
     prepared_version: i64,
     /// Its place among the node's connections.
@@ -257,8 +260,10 @@ pub struct Participants {
     /// The catalog version the session runs under, for the statements
     /// prepared on the connections it takes.
     catalog_version: i64,
-    /// Counts the changes to `login` (settings the workers follow, role).
-    login_epoch: u64,
+    /// `login_state` of `login` (settings the workers follow, role), and
+    /// of the login as the session began.
+    login_state: u64,
+    startup_state: u64,
     /// Which pooled connections the session may take: those logged in as
     /// its user with its start-up settings, which `RESET ALL` returns them
     /// to before the session's own are applied.
@@ -306,9 +311,10 @@ impl Participants {
             login.options.iter().filter(|(name, _)| WORKER_PARAMETERS.iter().any(|p| p.eq_ignore_ascii_case(name))).map(|(name, value)| format!("{}={value}", name.to_lowercase())).collect();
         startup.sort();
         let pool_key = format!("{}\0{}", login.user, startup.join("\0"));
+        let startup_state = login_state(&login);
         Participants {
             pool_key,
-            startup_login: login.clone(), local, local_in_block: false, workers: HashMap::new(), pools, node_pools: HashMap::new(), last_backends: HashMap::new(), catalog_version: 0, login_epoch: 0, login, block: None, cancel_targets, two_phase, settings: None, worker_role: None, role_unknown: false, role_changed_in_block: false, settings_epoch: 0, settings_changed_in_block: false }
+            startup_login: login.clone(), local, local_in_block: false, workers: HashMap::new(), pools, node_pools: HashMap::new(), last_backends: HashMap::new(), catalog_version: 0, login_state: startup_state, startup_state, login, block: None, cancel_targets, two_phase, settings: None, worker_role: None, role_unknown: false, role_changed_in_block: false, settings_epoch: 0, settings_changed_in_block: false }
     }
 
     /// The identity worker connections log in with.
@@ -364,10 +370,11 @@ impl Participants {
     }
 
     /// The coordinator database connection, without joining the block: for
-    /// reading the session's settings and role, and describing statements.
+    /// reading the session's settings and role.
     pub async fn local_outside_block(&mut self) -> PgResult<&mut PgConnection> {
         let addr = self.local.addr().clone();
-        let (conn, taken) = self.local.acquire(&self.two_phase.session_name).await?;
+        let holds_block_connections = self.block.is_some() && self.workers.values().any(|w| w.in_block);
+        let (conn, taken) = self.local.acquire(&self.two_phase.session_name, holds_block_connections).await?;
         if let Some(key) = taken {
             self.cancel_targets.lock().unwrap().push((addr, key));
         }
@@ -378,6 +385,17 @@ impl Participants {
     /// of an exchange with it (after `local()` started the exchange).
     pub fn held_local(&mut self) -> PgResult<&mut PgConnection> {
         self.local.held().ok_or_else(|| PgError::internal("the session holds no coordinator database connection in the middle of an exchange with it"))
+    }
+
+    /// The coordinator database connection for describing a statement: the
+    /// block's if the block reached it (it may have made what the statement
+    /// names), else any.
+    pub async fn local_for_describe(&mut self) -> PgResult<&mut PgConnection> {
+        if self.local_in_block {
+            self.local().await
+        } else {
+            self.local_outside_block().await
+        }
     }
 
     /// The coordinator database connection, if the session holds it now.
@@ -440,6 +458,10 @@ impl Participants {
         }
         if let Some(block) = &self.block {
             if !worker.in_block {
+                if *worker.named != *self.two_phase.session_name() {
+                    worker.conn.queue_silent(&format!("SET application_name TO {}", crate::connection::quote_literal(self.two_phase.session_name())));
+                    worker.named = self.two_phase.session_name.clone();
+                }
                 worker.conn.queue_silent(&replay_sql(block));
                 worker.in_block = true;
             }
@@ -464,10 +486,13 @@ impl Participants {
             if worker.died_while_idle() {
                 continue;
             }
-            if *worker.owner != *self.two_phase.session_name() || worker.login_epoch != self.login_epoch {
+            if worker.login_state != self.login_state {
                 worker.conn.queue_silent(&self.handover_sql());
+                worker.login_state = self.login_state;
+                worker.named = self.two_phase.session_name.clone();
+            }
+            if *worker.owner != *self.two_phase.session_name() {
                 worker.owner = self.two_phase.session_name.clone();
-                worker.login_epoch = self.login_epoch;
                 worker.settings_epoch = u64::MAX;
             }
             if worker.prepared_version != self.catalog_version {
@@ -477,7 +502,7 @@ impl Participants {
             return Ok(worker);
         };
         let mut conn = PgConnection::connect(&node.addr, &self.startup_login).await?;
-        if self.login_epoch != 0 {
+        if self.login_state != self.startup_state {
             conn.queue_silent(&self.handover_sql());
         }
         if !pool.is_sized() {
@@ -496,7 +521,8 @@ impl Participants {
             settings_epoch: 0,
             last_used: std::time::Instant::now(),
             owner: self.two_phase.session_name.clone(),
-            login_epoch: self.login_epoch,
+            login_state: self.login_state,
+            named: self.two_phase.session_name.clone(),
             prepared_version: self.catalog_version,
             _slot: slot,
         })
@@ -506,7 +532,7 @@ impl Participants {
     /// state: its settings as at login (and as SET since, for those the
     /// workers follow), its role, and its name.
     fn handover_sql(&self) -> String {
-        let mut sql = vec!["RESET ALL".to_string()];
+        let mut sql = vec!["RESET ALL".to_string(), format!("SET application_name TO {}", crate::connection::quote_literal(self.two_phase.session_name()))];
         let mut role = "SET ROLE NONE".to_string();
         for (name, value) in &self.login.options {
             if name == "role" {
@@ -519,12 +545,13 @@ impl Participants {
         sql.join("; ")
     }
 
-    /// Between transactions, once the client has its answer: gives the
-    /// connections the session holds back to their pools. The coordinator
-    /// database's only when `local_too` (no exchange with it is unfinished).
+    /// Once the client has its answer: gives the connections the session
+    /// holds back to their pools, those of a transaction block excepted. The
+    /// coordinator database's only when `local_too` (no exchange with it is
+    /// unfinished); in a block, when the block has not reached it.
     pub async fn release_connections(&mut self, local_too: bool) {
         self.release_workers();
-        if local_too && self.block.is_none() && !self.local_in_block {
+        if local_too && !self.local_in_block {
             if let Some(key) = self.local.release().await {
                 self.cancel_targets.lock().unwrap().retain(|(_, k)| *k != key);
             }
@@ -561,14 +588,14 @@ impl Participants {
                 continue;
             }
             let sql = format!("SET {} TO {}", crate::connection::quote_ident(&name), crate::connection::quote_literal(&value));
-            self.login_epoch += 1;
-            for w in self.workers.values_mut() {
-                w.conn.queue_silent(&sql);
-                w.login_epoch = self.login_epoch;
-            }
             match self.login.options.iter_mut().find(|(k, _)| k.eq_ignore_ascii_case(&name)) {
                 Some(slot) => slot.1 = value,
                 None => self.login.options.push((name, value)),
+            }
+            self.login_state = login_state(&self.login);
+            for w in self.workers.values_mut() {
+                w.conn.queue_silent(&sql);
+                w.login_state = self.login_state;
             }
         }
     }
@@ -795,14 +822,14 @@ impl Participants {
             // option would reset to it.
             None => "SET ROLE NONE".to_string(),
         };
-        self.login_epoch += 1;
-        for w in self.workers.values_mut() {
-            w.conn.queue_silent(&sql);
-            w.login_epoch = self.login_epoch;
-        }
         self.login.options.retain(|(name, _)| name != "role");
         if let Some(r) = &role {
             self.login.options.push(("role".to_string(), r.clone()));
+        }
+        self.login_state = login_state(&self.login);
+        for w in self.workers.values_mut() {
+            w.conn.queue_silent(&sql);
+            w.login_state = self.login_state;
         }
         self.worker_role = role;
         Ok(())
@@ -845,9 +872,10 @@ impl Participants {
         }
         let query = self.local.settings_query();
         let rows = self.local_outside_block().await?.query(&query).await?;
-        let mut sql = vec!["RESET ALL".to_string()];
-        sql.extend(rows.into_iter().filter_map(|r| r.into_iter().next().flatten()));
         let worker = self.workers.get_mut(&group).ok_or_else(|| PgError::internal(format!("no connection to node group {group}")))?;
+        // RESET ALL leaves the role alone but not the name the deadlock detector reads.
+        let mut sql = vec!["RESET ALL".to_string(), format!("SET application_name TO {}", crate::connection::quote_literal(&worker.named))];
+        sql.extend(rows.into_iter().filter_map(|r| r.into_iter().next().flatten()));
         worker.conn.execute(&sql.join("; ")).await?;
         worker.settings_epoch = epoch;
         Ok(())
@@ -1003,6 +1031,18 @@ impl Participants {
         }
         self.local.close().await;
     }
+}
+
+/// A fingerprint of the role and settings a worker connection logged in
+/// with `login` acts with; the name (application_name) aside, which only
+/// matters inside blocks.
+fn login_state(login: &Login) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut options: Vec<&(String, String)> = login.options.iter().filter(|(name, _)| name != "application_name").collect();
+    options.sort();
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    options.hash(&mut hasher);
+    hasher.finish()
 }
 
 /// BEGIN plus the savepoints taken so far, for a node joining the block late.
