@@ -264,3 +264,49 @@ async fn clients_connected_at_once_outnumber_the_pools() {
         r.await.unwrap();
     }
 }
+
+/// Two thousand clients at once against workers that take 100 connections
+/// each: the pools size themselves from that, and every client gets correct
+/// answers (routed reads, single-node blocks, reads of every shard).
+#[tokio::test]
+async fn two_thousand_clients_against_workers_of_a_hundred_connections() {
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed.
+    unsafe {
+        let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+            limit.rlim_cur = limit.rlim_max.min(16384);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+    let cluster = TestCluster::start(2);
+    let setup = cluster.connect().await;
+    setup
+        .batch_execute("CREATE TABLE pl_big (id int PRIMARY KEY, hits int); SELECT create_distributed_table('pl_big', 'id'); INSERT INTO pl_big SELECT g, 0 FROM generate_series(1, 2000) g")
+        .await
+        .unwrap();
+    drop(setup);
+    for i in 0..2 {
+        cluster.connect_worker(i).await.batch_execute("ALTER SYSTEM SET max_connections = 100").await.unwrap();
+        cluster.workers()[i].stop().unwrap();
+        cluster.start_worker(i);
+    }
+    cluster.restart_coordinator(|_| {});
+    let port = cluster.port;
+    let clients: Vec<_> = (0..2000)
+        .map(|i| {
+            tokio::spawn(async move {
+                let c = connect(port).await;
+                let id = i + 1;
+                c.batch_execute(&format!("BEGIN; UPDATE pl_big SET hits = hits + 1 WHERE id = {id}; COMMIT")).await.unwrap();
+                let hits = c.query("SELECT hits FROM pl_big WHERE id = $1", &[&id]).await.unwrap();
+                assert_eq!(hits[0].get::<_, i32>(0), 1, "client {i}");
+                assert_eq!(text_rows(&c, "SELECT count(*) FROM pl_big").await, vec![vec![Some("2000".into())]], "client {i}");
+            })
+        })
+        .collect();
+    for c in clients {
+        c.await.unwrap();
+    }
+    let c = cluster.connect().await;
+    assert_eq!(text_rows(&c, "SELECT sum(hits) FROM pl_big").await, vec![vec![Some("2000".into())]]);
+}

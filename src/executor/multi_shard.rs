@@ -43,10 +43,14 @@ pub(super) fn tasks_by_node(template: &ShardTemplate, anchor: &DistributedTable,
 }
 
 /// Adds a task for `node`, after the node's earlier ones.
+/// Adds a task for `node`. The nodes stay in node-group order, the order in
+/// which the session then takes their connections: every statement takes
+/// them in that one order, so that waiting for a node's pool never closes a
+/// cycle of sessions waiting for each other.
 pub(super) fn add_task(by_node: &mut TasksByNode, node: &Node, sql: Arc<str>) {
-    match by_node.iter_mut().find(|(n, _)| n.group_id == node.group_id) {
-        Some((_, list)) => list.push(sql),
-        None => by_node.push((node.clone(), vec![sql])),
+    match by_node.binary_search_by_key(&node.group_id, |(n, _)| n.group_id) {
+        Ok(at) => by_node[at].1.push(sql),
+        Err(at) => by_node.insert(at, (node.clone(), vec![sql])),
     }
 }
 
