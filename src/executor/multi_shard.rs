@@ -43,15 +43,25 @@ pub(super) fn tasks_by_node(template: &ShardTemplate, anchor: &DistributedTable,
 }
 
 /// Adds a task for `node`, after the node's earlier ones.
-/// Adds a task for `node`. The nodes stay in node-group order, the order in
-/// which the session then takes their connections: every statement takes
-/// them in that one order, so that waiting for a node's pool never closes a
-/// cycle of sessions waiting for each other.
 pub(super) fn add_task(by_node: &mut TasksByNode, node: &Node, sql: Arc<str>) {
-    match by_node.binary_search_by_key(&node.group_id, |(n, _)| n.group_id) {
-        Ok(at) => by_node[at].1.push(sql),
-        Err(at) => by_node.insert(at, (node.clone(), vec![sql])),
+    match by_node.iter_mut().find(|(n, _)| n.group_id == node.group_id) {
+        Some((_, list)) => list.push(sql),
+        None => by_node.push((node.clone(), vec![sql])),
     }
+}
+
+/// Takes the session's connections to the nodes of `by_node` in node-group
+/// order, whatever order the tasks run in (which decides the order of rows
+/// RETURNING gives): every statement takes them in that one order, so that
+/// waiting for a node's pool never closes a cycle of sessions waiting for
+/// each other.
+pub(super) async fn take_connections(parts: &mut Participants, by_node: &[(Node, Vec<Arc<str>>)], access: Access) -> PgResult<()> {
+    let mut nodes: Vec<&Node> = by_node.iter().map(|(node, _)| node).collect();
+    nodes.sort_by_key(|node| node.group_id);
+    for node in nodes {
+        parts.worker(node, access).await?;
+    }
+    Ok(())
 }
 
 /// Runs the tasks and collects their rows as text, with the columns.
@@ -178,9 +188,7 @@ impl Sink<'_> {
 /// write, the nodes work in parallel, and their rows reach the sink as they
 /// arrive. Returns the rows each node's command tags report.
 async fn run_on_nodes(parts: &mut Participants, by_node: &[(Node, Vec<Arc<str>>)], access: Access, mode: &Mode<'_>, sink: &mut Sink<'_>) -> PgResult<Vec<u64>> {
-    for (node, _) in by_node {
-        parts.worker(node, access).await?;
-    }
+    take_connections(parts, by_node, access).await?;
     let text_results = matches!(sink, Sink::Partials { .. });
     let groups: Vec<i32> = by_node.iter().map(|(n, _)| n.group_id).collect();
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(usize, Message)>(1024);

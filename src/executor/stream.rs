@@ -9,7 +9,7 @@
 //! session runs anything else on the workers it reads the rest into memory
 //! (`hold_rest`), the way the whole result was held before streaming.
 
-use super::multi_shard::{add_task, send_tasks, tasks_by_node, TasksByNode};
+use super::multi_shard::{add_task, send_tasks, take_connections, tasks_by_node, TasksByNode};
 use super::{node_of_group, plan_tasks, Defaults, Mode};
 use crate::error::{PgError, PgResult};
 use crate::metadata::Catalog;
@@ -63,6 +63,7 @@ impl RowStream {
             Plan::MultiShard(multi) => tasks_by_node(&multi.template, &multi.anchor, catalog)?,
             _ => return Err(PgError::internal("this plan's rows cannot be streamed")),
         };
+        take_connections(parts, &by_node, Access::Read).await?;
         let mut nodes = VecDeque::new();
         for (node, sqls) in &by_node {
             let worker = parts.worker(node, Access::Read).await?;
