@@ -6,6 +6,7 @@
 //! pool keeps is generic (`T`), so that this module knows nothing of the
 //! state a session leaves on a connection.
 
+use super::PgConnection;
 use crate::error::{sqlstate, PgError, PgResult};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -147,19 +148,20 @@ impl<T> NodePool<T> {
         }
     }
 
-    /// Once the first connection to the node knows its `max_connections`:
-    /// the pool's size (unless configured), set once.
-    pub fn size_from_node(&self, node_max_connections: usize) {
+    /// Sizes the pool (unless configured, and once) from the node's
+    /// `max_connections`, read on `conn`, the pool's first connection.
+    pub async fn size_from(&self, conn: &mut PgConnection) -> PgResult<()> {
+        if self.sized.load(std::sync::atomic::Ordering::Acquire) {
+            return Ok(());
+        }
+        let node_max_connections: usize = conn.query_value("SHOW max_connections").await?.and_then(|v| v.parse().ok()).unwrap_or(100);
         if self.sized.swap(true, std::sync::atomic::Ordering::AcqRel) {
-            return;
+            return Ok(());
         }
         let size = ((node_max_connections as f64) * SHARE_OF_NODE) as usize;
         self.slots.add_permits(size.saturating_sub(1));
         self.overflow.add_permits(overflow_for(size.max(1)));
-    }
-
-    pub fn is_sized(&self) -> bool {
-        self.sized.load(std::sync::atomic::Ordering::Acquire)
+        Ok(())
     }
 
     fn close_one_idle(&self) -> bool {

@@ -101,10 +101,7 @@ impl CoordinatorDb {
                     if !self.settings.is_empty() {
                         conn.queue_silent(&self.settings.join("; "));
                     }
-                    if !self.source.pool.is_sized() {
-                        let limit = conn.query_value("SHOW max_connections").await?.and_then(|v| v.parse().ok()).unwrap_or(100);
-                        self.source.pool.size_from_node(limit);
-                    }
+                    self.source.pool.size_from(&mut conn).await?;
                     break LocalConnection { conn, owner: owner.clone(), state_epoch: self.state_epoch, _slot: slot };
                 }
             }

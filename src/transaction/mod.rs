@@ -373,7 +373,7 @@ impl Participants {
     /// reading the session's settings and role.
     pub async fn local_outside_block(&mut self) -> PgResult<&mut PgConnection> {
         let addr = self.local.addr().clone();
-        let holds_block_connections = self.block.is_some() && self.workers.values().any(|w| w.in_block);
+        let holds_block_connections = self.holds_block_connections();
         let (conn, taken) = self.local.acquire(&self.two_phase.session_name, holds_block_connections).await?;
         if let Some(key) = taken {
             self.cancel_targets.lock().unwrap().push((addr, key));
@@ -477,7 +477,7 @@ impl Participants {
         let pool = self.node_pools.entry(node.group_id).or_insert_with(|| self.pools.node(node.group_id)).clone();
         let last = self.last_backends.get(&node.group_id).copied();
         let label = node.addr.to_string();
-        let holds_block_connections = self.block.is_some() && self.workers.values().any(|w| w.in_block);
+        let holds_block_connections = self.holds_block_connections();
         let slot = loop {
             let mut worker = match pool.checkout(&self.pool_key, &|w: &WorkerConnection| Some(w.conn.backend_key()) == last, self.pools.wait, holds_block_connections, &label).await? {
                 Checkout::Open(slot) => break slot,
@@ -505,10 +505,7 @@ impl Participants {
         if self.login_state != self.startup_state {
             conn.queue_silent(&self.handover_sql());
         }
-        if !pool.is_sized() {
-            let limit = conn.query_value("SHOW max_connections").await?.and_then(|v| v.parse().ok()).unwrap_or(100);
-            pool.size_from_node(limit);
-        }
+        pool.size_from(&mut conn).await?;
         Ok(WorkerConnection {
             conn,
             group_id: node.group_id,
@@ -556,6 +553,12 @@ impl Participants {
                 self.cancel_targets.lock().unwrap().retain(|(_, k)| *k != key);
             }
         }
+    }
+
+    /// Whether the session holds worker connections in its block: it then
+    /// must not wait for a pool (see `NodePool::checkout`).
+    fn holds_block_connections(&self) -> bool {
+        self.block.is_some() && self.workers.values().any(|w| w.in_block)
     }
 
     /// Gives the worker connections the session holds back to their pools,
