@@ -4,8 +4,21 @@
 //! whichever connection runs its next statement.
 
 mod common;
-use common::{connect, sqlstate, text_rows, TestCluster};
+use common::{connect, connect_as, error_text, placement_ports, shard_of_int4, sqlstate, text_rows, TestCluster};
 use std::time::Duration;
+
+/// Raises this process's open-file limit to its hard limit (thousands of
+/// client sockets).
+fn allow_many_open_files() {
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed.
+    unsafe {
+        let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
 
 async fn tessera_backends(cluster: &TestCluster, worker: usize) -> usize {
     let w = cluster.connect_worker(worker).await;
@@ -270,14 +283,7 @@ async fn clients_connected_at_once_outnumber_the_pools() {
 /// answers (routed reads, single-node blocks, reads of every shard).
 #[tokio::test]
 async fn two_thousand_clients_against_workers_of_a_hundred_connections() {
-    // SAFETY: getrlimit/setrlimit only read and write the struct passed.
-    unsafe {
-        let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
-            limit.rlim_cur = limit.rlim_max.min(16384);
-            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
-        }
-    }
+    allow_many_open_files();
     let cluster = TestCluster::start(2);
     let setup = cluster.connect().await;
     setup
@@ -309,4 +315,148 @@ async fn two_thousand_clients_against_workers_of_a_hundred_connections() {
     }
     let c = cluster.connect().await;
     assert_eq!(text_rows(&c, "SELECT sum(hits) FROM pl_big").await, vec![vec![Some("2000".into())]]);
+}
+
+/// Blocks that write on both workers, from many more clients than a pool
+/// holds, half of them taking the nodes in one order and half in the other:
+/// unbounded, such blocks come to hold every connection of both nodes, each
+/// waiting for the other node, until the pools' wait runs out (53300). The
+/// coordinator admits three quarters of a pool's worth of blocks at once;
+/// every block commits.
+#[tokio::test]
+async fn blocks_on_two_nodes_from_many_clients_all_commit() {
+    let cluster = TestCluster::start(2);
+    let setup = cluster.connect().await;
+    setup.batch_execute("CREATE TABLE pl_pairs (id int PRIMARY KEY, v int); SELECT create_distributed_table('pl_pairs', 'id'); INSERT INTO pl_pairs SELECT g, 0 FROM generate_series(1, 400) g").await.unwrap();
+    let ports = placement_ports(&setup, "pl_pairs").await;
+    let first_port = ports[0];
+    let (mut here, mut there): (Vec<i32>, Vec<i32>) = (1..=400).partition(|id| ports[shard_of_int4(*id, ports.len() as u32)] == first_port);
+    here.truncate(150);
+    there.truncate(150);
+    assert_eq!((here.len(), there.len()), (150, 150), "both workers hold rows");
+    drop(setup);
+    cluster.restart_coordinator(|config| {
+        config.connections.max_per_node = Some(8);
+        config.connections.pool_wait_secs = 10.0;
+    });
+    let port = cluster.port;
+    let clients: Vec<_> = (0..150)
+        .map(|i| {
+            let (a, b) = if i % 2 == 0 { (here[i], there[i]) } else { (there[i], here[i]) };
+            tokio::spawn(async move {
+                let c = connect(port).await;
+                for _ in 0..4 {
+                    c.batch_execute(&format!("BEGIN; UPDATE pl_pairs SET v = v + 1 WHERE id = {a}; SELECT pg_sleep(0.01); UPDATE pl_pairs SET v = v + 1 WHERE id = {b}; COMMIT"))
+                        .await
+                        .unwrap_or_else(|e| panic!("client {i}: {}", error_text(&e)));
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.await.unwrap();
+    }
+    let c = cluster.connect().await;
+    assert_eq!(text_rows(&c, "SELECT sum(v), count(*) FILTER (WHERE v = 4) FROM pl_pairs").await, vec![vec![Some("1200".into()), Some("300".into())]]);
+}
+
+/// `statement_timeout` and `lock_timeout` hold for the statements' work on
+/// the workers, as on PostgreSQL: set, SET LOCAL in a block (undone by its
+/// end), reset; the session goes on after each timeout.
+#[tokio::test]
+async fn statement_and_lock_timeouts_hold_on_the_workers() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute(
+        "CREATE TABLE pl_slow (id int PRIMARY KEY, v int); SELECT create_distributed_table('pl_slow', 'id'); INSERT INTO pl_slow SELECT g, 0 FROM generate_series(1, 20) g;
+         CREATE ROLE pl_timed LOGIN; GRANT SELECT, UPDATE ON pl_slow TO pl_timed;",
+    )
+    .await
+    .unwrap();
+    let user = connect_as(cluster.port, "pl_timed").await;
+    user.batch_execute("SET statement_timeout = '300ms'").await.unwrap();
+    let routed = user.batch_execute("SELECT pg_sleep(3) FROM pl_slow WHERE id = 1").await.unwrap_err();
+    assert_eq!(sqlstate(&routed), "57014", "{routed}");
+    assert!(error_text(&routed).contains("statement timeout"), "{routed}");
+    let everywhere = user.batch_execute("SELECT pg_sleep(3) FROM pl_slow").await.unwrap_err();
+    assert_eq!(sqlstate(&everywhere), "57014", "{everywhere}");
+    assert_eq!(text_rows(&user, "SELECT count(*) FROM pl_slow").await, vec![vec![Some("20".into())]], "the session goes on");
+    user.batch_execute("RESET statement_timeout").await.unwrap();
+    user.batch_execute("SELECT pg_sleep(0.5) FROM pl_slow WHERE id = 1").await.unwrap();
+    // SET LOCAL lasts as long as its block.
+    user.batch_execute("BEGIN; SET LOCAL statement_timeout = '200ms'").await.unwrap();
+    assert_eq!(sqlstate(&user.batch_execute("SELECT pg_sleep(2) FROM pl_slow WHERE id = 2").await.unwrap_err()), "57014");
+    user.batch_execute("ROLLBACK").await.unwrap();
+    user.batch_execute("SELECT pg_sleep(0.5) FROM pl_slow WHERE id = 2").await.unwrap();
+    // lock_timeout: a row another session holds.
+    c.batch_execute("BEGIN; UPDATE pl_slow SET v = 1 WHERE id = 3").await.unwrap();
+    user.batch_execute("SET lock_timeout = '200ms'").await.unwrap();
+    let locked = user.batch_execute("UPDATE pl_slow SET v = 2 WHERE id = 3").await.unwrap_err();
+    assert_eq!(sqlstate(&locked), "55P03", "{locked}");
+    c.batch_execute("COMMIT").await.unwrap();
+    user.batch_execute("UPDATE pl_slow SET v = 2 WHERE id = 3").await.unwrap();
+    assert_eq!(text_rows(&c, "SELECT v FROM pl_slow WHERE id = 3").await, vec![vec![Some("2".into())]]);
+}
+
+/// The coordinator shows its pools and its clients, the pinned ones with
+/// why (`tessera.connection_pools`, `tessera.client_sessions`, and `tessera
+/// status` from both).
+#[tokio::test]
+async fn pools_and_pinned_sessions_are_shown() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute("CREATE TABLE pl_seen (id int PRIMARY KEY); SELECT create_distributed_table('pl_seen', 'id'); INSERT INTO pl_seen SELECT generate_series(1, 10); CREATE ROLE pl_watcher LOGIN").await.unwrap();
+    let pinned = connect_as(cluster.port, "pl_watcher").await;
+    pinned.batch_execute("CREATE TEMP TABLE pl_mine (v int)").await.unwrap();
+    let listening = cluster.connect().await;
+    listening.batch_execute("LISTEN pl_news").await.unwrap();
+    let watcher = connect_as(cluster.port, "pl_watcher").await;
+    let sessions = text_rows(&watcher, "SELECT user_name, pinned_by FROM tessera.client_sessions WHERE pinned_by IS NOT NULL ORDER BY 1").await;
+    assert_eq!(sessions, vec![vec![Some("pl_watcher".into()), Some("a temporary table".into())], vec![Some("postgres".into()), Some("LISTEN".into())]]);
+    assert_eq!(text_rows(&watcher, "SELECT count(*) FROM tessera.client_sessions").await, vec![vec![Some("4".into())]]);
+    let pools = text_rows(&watcher, "SELECT node LIKE '%coordinator database%', max_connections > 0, open_connections >= idle_connections, max_blocks > 0 FROM tessera.connection_pools").await;
+    assert_eq!(pools.len(), 3, "the coordinator database and two workers: {pools:?}");
+    assert!(pools[0][0].as_deref() == Some("t") && pools.iter().all(|r| r[1..].iter().all(|v| v.as_deref() == Some("t"))), "{pools:?}");
+    let direct = cluster.connect_coordinator_db().await.batch_execute("SELECT * FROM tessera.client_sessions").await.unwrap_err();
+    assert_eq!(sqlstate(&direct), "0A000");
+    let out = std::process::Command::new(common::tessera_bin()).args(["status", "--data-dir"]).arg(cluster.data_dir()).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("2 pinned") && text.contains("pl_watcher, a temporary table") && text.contains("LISTEN"), "{text}");
+    assert_eq!(text.matches("pool ").count(), 3, "{text}");
+}
+
+/// Five thousand clients connected to one coordinator process at once, each
+/// answered while all stay connected.
+#[tokio::test]
+async fn five_thousand_clients_connected_at_once() {
+    allow_many_open_files();
+    let cluster = TestCluster::start(2);
+    let setup = cluster.connect().await;
+    setup.batch_execute("CREATE TABLE pl_crowd (id int PRIMARY KEY); SELECT create_distributed_table('pl_crowd', 'id'); INSERT INTO pl_crowd SELECT generate_series(1, 5000)").await.unwrap();
+    let port = cluster.port;
+    let mut clients = Vec::with_capacity(5000);
+    for batch in 0..50 {
+        let connecting: Vec<_> = (0..100).map(|_| tokio::spawn(async move { connect(port).await })).collect();
+        for c in connecting {
+            clients.push(c.await.unwrap_or_else(|e| panic!("batch {batch}: {e}")));
+        }
+    }
+    assert_eq!(text_rows(&setup, "SELECT count(*) FROM tessera.client_sessions").await, vec![vec![Some("5001".into())]]);
+    let answers: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            tokio::spawn(async move {
+                let id = i as i32 + 1;
+                assert_eq!(c.query("SELECT id FROM pl_crowd WHERE id = $1", &[&id]).await.unwrap().len(), 1, "client {i}");
+                c
+            })
+        })
+        .collect();
+    let mut still_connected = Vec::with_capacity(5000);
+    for a in answers {
+        still_connected.push(a.await.unwrap());
+    }
+    assert!(still_connected.iter().all(|c| !c.is_closed()));
 }

@@ -251,7 +251,42 @@ pub async fn status(dir: &Path, env: bool) -> Result<()> {
         let shards = counts.iter().find(|(p, _)| *p == w.port).map(|(_, n)| format!("{n} shard placements")).unwrap_or_default();
         println!("worker           127.0.0.1:{:<5}  {:<5} {}", w.port, up(w.is_running()), shards);
     }
+    if pid.is_some() {
+        match coordinator_report(&cluster).await {
+            Ok(lines) => lines.iter().for_each(|line| println!("{line}")),
+            Err(e) => println!("coordinator's pools and clients unknown: {e}"),
+        }
+    }
     Ok(())
+}
+
+/// The running coordinator's clients (how many, which pinned and why) and
+/// its connection pools, one line each.
+async fn coordinator_report(cluster: &LocalCluster) -> Result<Vec<String>> {
+    let login = Login { user: "postgres".into(), database: "postgres".into(), password: None, options: vec![("application_name".into(), "tessera status".into())] };
+    let mut conn = PgConnection::connect(&ServerAddr { host: "127.0.0.1".into(), port: cluster.state.coordinator_port }, &login).await?;
+    let clients = conn
+        .query(
+            "SELECT count(*) - 1, count(pinned_by), coalesce(string_agg(session_name || ' (' || user_name || ', ' || pinned_by || ')', ', ' ORDER BY session_name), '')
+             FROM tessera.client_sessions",
+        )
+        .await?;
+    let pools = conn.query("SELECT node, open_connections, idle_connections, coalesce(max_connections::text, '?'), blocks, max_blocks FROM tessera.connection_pools").await?;
+    conn.terminate().await;
+    let text = |row: &Vec<Option<String>>, i: usize| row.get(i).cloned().flatten().unwrap_or_default();
+    let mut lines = Vec::new();
+    if let Some(row) = clients.first() {
+        let pinned = text(row, 1);
+        let which = if pinned == "0" { String::new() } else { format!(": {}", text(row, 2)) };
+        lines.push(format!("clients          {} connected besides this one, {pinned} pinned to their coordinator database connection{which}", text(row, 0)));
+    }
+    if let Some(row) = pools.first() {
+        lines.push(format!("blocks           {} holding worker connections (at most {} at once)", text(row, 4), text(row, 5)));
+    }
+    for row in &pools {
+        lines.push(format!("pool             {:<22} {} open, {} idle, at most {}", text(row, 0), text(row, 1), text(row, 2), text(row, 3)));
+    }
+    Ok(lines)
 }
 
 async fn shard_counts(cluster: &LocalCluster) -> Result<Vec<(u16, i64)>> {

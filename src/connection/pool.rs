@@ -9,6 +9,7 @@
 use super::PgConnection;
 use crate::error::{sqlstate, PgError, PgResult};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -21,6 +22,8 @@ pub struct Pools<T> {
     limit: Option<usize>,
     /// How long a session waits for a connection when its node has none free.
     pub wait: Duration,
+    /// Admits the transaction blocks that hold these connections.
+    pub blocks: Arc<BlockGate>,
 }
 
 /// One node's connections: the idle ones, by what they logged in with (the
@@ -36,6 +39,8 @@ pub struct NodePool<T> {
     returned: tokio::sync::Notify,
     /// Set once the node's own limit has been read (or a configured one applied).
     sized: std::sync::atomic::AtomicBool,
+    /// The limit (0 until sized).
+    limit: AtomicUsize,
 }
 
 fn overflow_for(limit: usize) -> usize {
@@ -57,7 +62,25 @@ const SHARE_OF_NODE: f64 = 0.8;
 
 impl<T> Pools<T> {
     pub fn new(limit: Option<usize>, wait: Duration) -> Self {
-        Pools { nodes: Mutex::new(HashMap::new()), limit, wait }
+        let blocks = Arc::new(BlockGate::new());
+        if let Some(limit) = limit {
+            blocks.fit(limit.max(1));
+        }
+        Pools { nodes: Mutex::new(HashMap::new()), limit, wait, blocks }
+    }
+
+    /// Sizes `pool` as `NodePool::size_from` does, and the block gate to
+    /// the smallest pool.
+    pub async fn size_from(&self, pool: &NodePool<T>, conn: &mut PgConnection) -> PgResult<()> {
+        if let Some(size) = pool.size_from(conn).await? {
+            self.blocks.fit(size);
+        }
+        Ok(())
+    }
+
+    /// The node groups with a pool, and their pools.
+    pub fn all(&self) -> Vec<(i32, Arc<NodePool<T>>)> {
+        self.nodes.lock().unwrap().iter().map(|(group, pool)| (*group, pool.clone())).collect()
     }
 
     /// The pool of node group `group`.
@@ -83,6 +106,7 @@ impl<T> NodePool<T> {
             overflow: Arc::new(Semaphore::new(overflow)),
             returned: tokio::sync::Notify::new(),
             sized: sized.into(),
+            limit: AtomicUsize::new(if sized { permits } else { 0 }),
         }
     }
 
@@ -150,22 +174,139 @@ impl<T> NodePool<T> {
 
     /// Sizes the pool (unless configured, and once) from the node's
     /// `max_connections`, read on `conn`, the pool's first connection.
-    pub async fn size_from(&self, conn: &mut PgConnection) -> PgResult<()> {
-        if self.sized.load(std::sync::atomic::Ordering::Acquire) {
-            return Ok(());
+    /// Returns the size when this call set it.
+    pub async fn size_from(&self, conn: &mut PgConnection) -> PgResult<Option<usize>> {
+        if self.sized.load(Ordering::Acquire) {
+            return Ok(None);
         }
         let node_max_connections: usize = conn.query_value("SHOW max_connections").await?.and_then(|v| v.parse().ok()).unwrap_or(100);
-        if self.sized.swap(true, std::sync::atomic::Ordering::AcqRel) {
-            return Ok(());
+        if self.sized.swap(true, Ordering::AcqRel) {
+            return Ok(None);
         }
-        let size = ((node_max_connections as f64) * SHARE_OF_NODE) as usize;
-        self.slots.add_permits(size.saturating_sub(1));
-        self.overflow.add_permits(overflow_for(size.max(1)));
-        Ok(())
+        let size = (((node_max_connections as f64) * SHARE_OF_NODE) as usize).max(1);
+        self.slots.add_permits(size - 1);
+        self.overflow.add_permits(overflow_for(size));
+        self.limit.store(size, Ordering::Release);
+        Ok(Some(size))
+    }
+
+    /// The connections open (idle or in use) and idle now, and the limit
+    /// (None until the pool is sized).
+    pub fn usage(&self) -> (usize, usize, Option<usize>) {
+        let idle = self.idle.lock().unwrap().values().map(Vec::len).sum();
+        let limit = self.limit.load(Ordering::Acquire);
+        let (size, overflow) = if limit == 0 { (1, 0) } else { (limit, overflow_for(limit)) };
+        let open = size - self.slots.available_permits() + overflow - self.overflow.available_permits();
+        (open, idle, (limit > 0).then_some(limit))
     }
 
     fn close_one_idle(&self) -> bool {
         let mut idle = self.idle.lock().unwrap();
         idle.values_mut().find_map(|list| list.pop()).is_some()
+    }
+}
+
+/// Bounds the transaction blocks that hold worker connections at once. A
+/// block keeps its connections across statements and may take another
+/// node's at any time; unbounded, the blocks could come to hold every
+/// connection of two nodes, each block waiting for the other node (pgbench
+/// TPC-B with 1,000 clients did, until the pools' wait ran out). Admitted
+/// blocks number three quarters of the smallest pool, so a block that waits
+/// for a connection waits for statements that end, never for other blocks
+/// only. A block is admitted when it first takes a worker connection, and
+/// leaves at its end.
+pub struct BlockGate {
+    permits: Arc<Semaphore>,
+    /// Blocks admitted at once, as the smallest pool sized so far allows
+    /// (0: no pool sized yet, one block at a time).
+    size: Mutex<usize>,
+    /// Permits to retire as they come back: a smaller pool shrank the gate
+    /// while they were out.
+    owed: Arc<AtomicUsize>,
+}
+
+/// A block's place in the gate, given back when dropped.
+pub struct Admission {
+    permit: Option<OwnedSemaphorePermit>,
+    owed: Arc<AtomicUsize>,
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        let Some(permit) = self.permit.take() else { return };
+        if self.owed.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok() {
+            permit.forget();
+        }
+    }
+}
+
+/// The blocks a pool of `pool_size` connections admits at once: the rest
+/// serves statements outside blocks, which give their connections back.
+fn blocks_for(pool_size: usize) -> usize {
+    (pool_size * 3 / 4).max(1)
+}
+
+impl BlockGate {
+    fn new() -> Self {
+        BlockGate { permits: Arc::new(Semaphore::new(1)), size: Mutex::new(0), owed: Arc::new(AtomicUsize::new(0)) }
+    }
+
+    /// Fits the gate to a pool of `pool_size` connections, if it is the smallest yet.
+    fn fit(&self, pool_size: usize) {
+        let wanted = blocks_for(pool_size);
+        let mut size = self.size.lock().unwrap();
+        if *size == 0 {
+            self.permits.add_permits(wanted - 1);
+        } else if wanted < *size {
+            let retired = self.permits.forget_permits(*size - wanted);
+            self.owed.fetch_add(*size - wanted - retired, Ordering::AcqRel);
+        } else {
+            return;
+        }
+        *size = wanted;
+    }
+
+    /// Admits a block, waiting up to `wait` for one to end when the gate is full.
+    pub async fn admit(&self, wait: Duration) -> PgResult<Admission> {
+        match tokio::time::timeout(wait, self.permits.clone().acquire_owned()).await {
+            Ok(Ok(permit)) => Ok(Admission { permit: Some(permit), owed: self.owed.clone() }),
+            _ => Err(PgError::new(sqlstate::TOO_MANY_CONNECTIONS, format!("too many transaction blocks at once: no block of this coordinator ended in {wait:.0?}"))
+                .with_hint("Raise the workers' max_connections or [connections] max_per_node (blocks may hold three quarters of a pool), or lower the number of clients in transaction blocks at once.")),
+        }
+    }
+
+    /// Blocks admitted now, and the most the gate admits.
+    pub fn usage(&self) -> (usize, usize) {
+        let size = (*self.size.lock().unwrap()).max(1);
+        (size.saturating_sub(self.permits.available_permits()), size)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_block_gate_shrinks_to_the_smallest_pool() {
+        let gate = BlockGate::new();
+        let first = gate.admit(Duration::from_millis(10)).await.unwrap();
+        assert!(gate.admit(Duration::from_millis(10)).await.is_err(), "one block at a time before any pool is sized");
+        gate.fit(8);
+        assert_eq!(gate.usage(), (1, 6));
+        let mut held: Vec<Admission> = Vec::new();
+        for _ in 0..5 {
+            held.push(gate.admit(Duration::from_millis(10)).await.unwrap());
+        }
+        assert!(gate.admit(Duration::from_millis(10)).await.is_err());
+        // A smaller pool while every place is taken: the places retire as they come back.
+        gate.fit(4);
+        drop(first);
+        drop(held.pop());
+        drop(held.pop());
+        assert!(gate.admit(Duration::from_millis(10)).await.is_err(), "three blocks still in, the gate admits three");
+        drop(held.pop());
+        assert!(gate.admit(Duration::from_millis(10)).await.is_ok());
+        gate.fit(40);
+        assert_eq!(gate.usage().1, 3, "a larger pool never widens the gate");
     }
 }

@@ -4,7 +4,9 @@
 //! read through the session's own connections (so they show what this role
 //! may see) into temporary tables of the session's coordinator-database
 //! connection, where the view and the functions find them. Then the statement
-//! runs there like any local one.
+//! runs there like any local one. The coordinator process's own state
+//! (`tessera.connection_pools`, `tessera.client_sessions`) arrives the same
+//! way, from the report the session hands over.
 
 use super::{run_on_coordinator_db, Mode};
 use crate::connection::quote_literal;
@@ -19,8 +21,40 @@ use std::sync::Arc;
 /// Citus numbers a backend cluster-wide as node id × 10¹⁰ + process id.
 const GLOBAL_PID_FACTOR: i64 = 10_000_000_000;
 
-pub async fn run(needs: &ClusterData, sql: &str, catalog: &Catalog, parts: &mut Participants, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<()> {
+/// One node's connection pool in this coordinator process.
+pub struct PoolUsage {
+    pub node: String,
+    /// Connections open, in use or idle.
+    pub open: usize,
+    pub idle: usize,
+    /// None until the pool has read the node's `max_connections`.
+    pub limit: Option<usize>,
+}
+
+/// One client session of this coordinator process.
+pub struct ClientSession {
+    pub name: String,
+    pub user: String,
+    /// Node connections it holds now (coordinator database included).
+    pub connections: usize,
+    /// Why it keeps its coordinator database connection, if it does.
+    pub pinned: Option<&'static str>,
+}
+
+/// What the coordinator process knows of its pools and sessions.
+pub struct ProcessReport {
+    pub pools: Vec<PoolUsage>,
+    pub sessions: Vec<ClientSession>,
+    /// Transaction blocks holding worker connections, and the most admitted at once.
+    pub blocks: usize,
+    pub blocks_limit: usize,
+}
+
+pub async fn run(needs: &ClusterData, report: Option<&ProcessReport>, sql: &str, catalog: &Catalog, parts: &mut Participants, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<()> {
     let mut script = String::new();
+    if let Some(report) = report {
+        script.push_str(&report_script(needs, report));
+    }
     if needs.sizes {
         script.push_str(&sizes_script(catalog, parts).await?);
     }
@@ -86,6 +120,30 @@ async fn sizes_script(catalog: &Catalog, parts: &mut Participants) -> PgResult<S
         let _ = write!(script, "INSERT INTO pg_temp.tessera_shard_sizes VALUES {};", rows.join(", "));
     }
     Ok(script)
+}
+
+fn report_script(needs: &ClusterData, report: &ProcessReport) -> String {
+    let number = |n: Option<usize>| n.map_or_else(|| "NULL".to_string(), |n| n.to_string());
+    let mut script = String::new();
+    let mut fill = |name: &str, rows: Vec<String>| {
+        let _ = write!(script, "CREATE TEMP TABLE IF NOT EXISTS tessera_{name} (LIKE tessera.{name}); DELETE FROM pg_temp.tessera_{name};");
+        if !rows.is_empty() {
+            let _ = write!(script, "INSERT INTO pg_temp.tessera_{name} VALUES {};", rows.join(", "));
+        }
+    };
+    if needs.pools {
+        let rows = report.pools.iter().map(|p| format!("({}, {}, {}, {}, {}, {})", quote_literal(&p.node), p.open, p.idle, number(p.limit), report.blocks, report.blocks_limit)).collect();
+        fill("pool_usage", rows);
+    }
+    if needs.sessions {
+        let rows = report
+            .sessions
+            .iter()
+            .map(|s| format!("({}, {}, {}, {})", quote_literal(&s.name), quote_literal(&s.user), s.connections, s.pinned.map_or_else(|| "NULL".to_string(), quote_literal)))
+            .collect();
+        fill("client_session", rows);
+    }
+    script
 }
 
 async fn activity_script(catalog: &Catalog, parts: &mut Participants) -> PgResult<String> {

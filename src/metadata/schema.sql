@@ -322,6 +322,23 @@ CREATE OR REPLACE VIEW pg_catalog.citus_stat_activity AS SELECT * FROM tessera.g
 RESET allow_system_table_mods;
 GRANT SELECT ON pg_catalog.citus_stat_activity, tessera.cluster_activity TO PUBLIC;
 
+-- What only the coordinator process knows, handed over the same way: its
+-- connection pools (one row per node, the coordinator database first) and
+-- its client sessions (`tessera status` shows both).
+CREATE TABLE IF NOT EXISTS tessera.pool_usage (node text, open_connections int, idle_connections int, max_connections int, blocks int, max_blocks int);
+CREATE TABLE IF NOT EXISTS tessera.client_session (session_name text, user_name text, held_connections int, pinned_by text);
+CREATE OR REPLACE FUNCTION tessera.process_rows(template anyelement, name text) RETURNS SETOF anyelement LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF to_regclass(format('pg_temp.%I', name)) IS NULL THEN
+        RAISE EXCEPTION 'the coordinator process''s state must be read through the Tessera coordinator, not on the coordinator database directly'
+            USING ERRCODE = '0A000';
+    END IF;
+    RETURN QUERY EXECUTE format('SELECT * FROM pg_temp.%I', name);
+END $$;
+CREATE OR REPLACE VIEW tessera.connection_pools AS SELECT * FROM tessera.process_rows(NULL::tessera.pool_usage, 'tessera_pool_usage');
+CREATE OR REPLACE VIEW tessera.client_sessions AS SELECT * FROM tessera.process_rows(NULL::tessera.client_session, 'tessera_client_session');
+GRANT SELECT ON tessera.connection_pools, tessera.client_sessions, tessera.pool_usage, tessera.client_session TO PUBLIC;
+
 -- pg_dump writes out the privileges of system objects that differ from their
 -- initial ones; recording ours as initial keeps them out of users' dumps, which
 -- then restore into plain PostgreSQL too.
@@ -340,7 +357,7 @@ GRANT USAGE ON SCHEMA tessera TO PUBLIC;
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA tessera FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tessera.check_owner(regclass), tessera.catalog_changed(), tessera.user_code_changed(), tessera.record_commits(int[], text[]), tessera.new_colocation(int, int, oid, oid),
     tessera.record_distribution(regclass, "char", text, int, int[]), tessera.forget_distribution(regclass), tessera.rename_distribution_column(regclass, text),
-    tessera.coordinator_only(), tessera.gathered_activity(), tessera.gathered_size(regclass, text), tessera.size_of(regclass, text) TO PUBLIC;
+    tessera.coordinator_only(), tessera.gathered_activity(), tessera.gathered_size(regclass, text), tessera.size_of(regclass, text), tessera.process_rows(anyelement, text) TO PUBLIC;
 
 -- New or dropped aggregates change how queries split across shards, and
 -- views, functions and triggers change which user code reads distributed

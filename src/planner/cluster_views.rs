@@ -25,6 +25,10 @@ pub struct ClusterData {
     pub activity: bool,
     /// The on-disk sizes of every distributed table's shards.
     pub sizes: bool,
+    /// The coordinator process's connection pools (`tessera.connection_pools`).
+    pub pools: bool,
+    /// The coordinator process's client sessions (`tessera.client_sessions`).
+    pub sessions: bool,
     /// The statement with PostgreSQL's size functions redirected, when it
     /// calls them.
     pub rewritten: Option<String>,
@@ -37,7 +41,7 @@ pub(super) fn needed(text: &str, distributed_tables: bool) -> Option<ClusterData
     // Most local statements mention no such name at all: no second parse.
     let mentions = |word: &[u8]| text.as_bytes().windows(word.len()).any(|w| w.eq_ignore_ascii_case(word));
     let postgres_sizes = distributed_tables && mentions(b"_size");
-    if !mentions(b"citus_") && !postgres_sizes {
+    if !mentions(b"citus_") && !mentions(b"tessera.") && !postgres_sizes {
         return None;
     }
     let parsed = pg_query::parse(text).ok()?;
@@ -57,6 +61,8 @@ pub(super) fn needed(text: &str, distributed_tables: bool) -> Option<ClusterData
             }
         }
         NodeEnum::RangeVar(rv) if rv.relname == "citus_stat_activity" && matches!(rv.schemaname.as_str(), "" | "pg_catalog") => needs.activity = true,
+        NodeEnum::RangeVar(rv) if rv.relname == "connection_pools" && rv.schemaname == "tessera" => needs.pools = true,
+        NodeEnum::RangeVar(rv) if rv.relname == "client_sessions" && rv.schemaname == "tessera" => needs.sessions = true,
         NodeEnum::FuncCall(call) => {
             let name = match function_names(call).as_slice() {
                 [name] | ["pg_catalog", name] => name.to_string(),
@@ -90,7 +96,7 @@ mod tests {
     use super::*;
 
     fn needs(activity: bool, sizes: bool) -> Option<ClusterData> {
-        Some(ClusterData { activity, sizes, rewritten: None })
+        Some(ClusterData { activity, sizes, ..Default::default() })
     }
 
     #[test]
@@ -104,6 +110,9 @@ mod tests {
             needs(true, true)
         );
         assert_eq!(needed("SELECT * FROM other.citus_stat_activity", true), None);
+        let process = needed("SELECT s.pinned, p.node FROM tessera.client_sessions s, tessera.connection_pools p", false).unwrap();
+        assert!(process.sessions && process.pools && !process.activity);
+        assert_eq!(needed("SELECT * FROM connection_pools", false), None);
     }
 
     #[test]

@@ -9,6 +9,8 @@ use crate::config::Config;
 use crate::connection::{send_cancel, PgConnection};
 use crate::error::PgResult;
 use crate::metadata::{self, CatalogHandle};
+use crate::executor::cluster_views::{ClientSession, PoolUsage, ProcessReport};
+use crate::transaction::coordinator_db::PinReason;
 use crate::transaction::CancelTargets;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -21,8 +23,8 @@ use tokio::net::TcpListener;
 pub struct Coordinator {
     pub config: Config,
     pub catalog: CatalogHandle,
-    /// Backends to cancel for each client session's (process id, secret key).
-    sessions: Mutex<HashMap<(i32, i32), CancelTargets>>,
+    /// The client sessions, by their (process id, secret key).
+    sessions: Mutex<HashMap<(i32, i32), SessionEntry>>,
     reload_lock: tokio::sync::Mutex<()>,
     /// Distinguishes this process's prepared transactions from other coordinators'.
     pub process_id: u32,
@@ -120,10 +122,11 @@ impl Coordinator {
         Ok(())
     }
 
-    fn register_session(&self, key: (i32, i32)) -> CancelTargets {
-        let targets = CancelTargets::default();
-        self.sessions.lock().unwrap().insert(key, targets.clone());
-        targets
+    fn register_session(&self, key: (i32, i32), name: &str, user: &str) -> (CancelTargets, PinReason) {
+        let entry = SessionEntry { name: name.to_string(), user: user.to_string(), cancel_targets: CancelTargets::default(), pinned: PinReason::default() };
+        let shared = (entry.cancel_targets.clone(), entry.pinned.clone());
+        self.sessions.lock().unwrap().insert(key, entry);
+        shared
     }
 
     fn unregister_session(&self, key: (i32, i32)) {
@@ -164,10 +167,45 @@ impl Coordinator {
     }
 
     async fn cancel(&self, key: (i32, i32)) {
-        let targets = self.sessions.lock().unwrap().get(&key).map(|t| t.lock().unwrap().clone());
+        let targets = self.sessions.lock().unwrap().get(&key).map(|s| s.cancel_targets.lock().unwrap().clone());
         for (addr, backend_key) in targets.unwrap_or_default() {
             send_cancel(&addr, backend_key).await;
         }
+    }
+}
+
+/// What the coordinator knows of one client session.
+struct SessionEntry {
+    /// The name its worker connections carry (`TwoPhase::session_name`).
+    name: String,
+    user: String,
+    /// The node connections it holds now, which its cancel requests reach.
+    cancel_targets: CancelTargets,
+    pinned: PinReason,
+}
+
+impl Coordinator {
+    /// The process's connection pools and client sessions as they are now,
+    /// for `tessera.connection_pools` and `tessera.client_sessions`.
+    pub fn process_report(&self, catalog: &crate::metadata::Catalog) -> ProcessReport {
+        let pool = |node: String, pool: (usize, usize, Option<usize>)| PoolUsage { node, open: pool.0, idle: pool.1, limit: pool.2 };
+        let mut pools = vec![pool(format!("{} (coordinator database)", self.config.coordinator_db_addr()), self.local_pool.usage())];
+        let mut workers: Vec<(i32, _)> = self.worker_pools.all();
+        workers.sort_by_key(|(group, _)| *group);
+        for (group, node_pool) in workers {
+            let node = catalog.nodes.iter().find(|n| n.group_id == group).map(|n| n.addr.to_string()).unwrap_or_else(|| format!("node group {group}"));
+            pools.push(pool(node, node_pool.usage()));
+        }
+        let (blocks, blocks_limit) = self.worker_pools.blocks.usage();
+        let mut sessions: Vec<ClientSession> = self
+            .sessions
+            .lock()
+            .unwrap()
+            .values()
+            .map(|s| ClientSession { name: s.name.clone(), user: s.user.clone(), connections: s.cancel_targets.lock().unwrap().len(), pinned: s.pinned.get().copied() })
+            .collect();
+        sessions.sort_by(|a, b| a.name.cmp(&b.name));
+        ProcessReport { pools, sessions, blocks, blocks_limit }
     }
 }
 

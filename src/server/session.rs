@@ -186,8 +186,8 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: Stream) -> anyhow::Resul
     let mut worker_options: Vec<(String, String)> = options.into_iter().filter(|(k, _)| WORKER_PARAMETERS.iter().any(|p| p.eq_ignore_ascii_case(k))).collect();
     worker_options.push(("application_name".into(), two_phase.session_name().to_string()));
     let worker_login = Login { user, database: coordinator.config.coordinator_db.database.clone(), password: coordinator.config.coordinator_db.password.clone(), options: worker_options };
-    let cancel_targets = coordinator.register_session(key);
-    let mut parts = Participants::new(CoordinatorDb::new(local_source, local_login), worker_login, cancel_targets, two_phase, coordinator.worker_pools.clone());
+    let (cancel_targets, pinned) = coordinator.register_session(key, two_phase.session_name(), &worker_login.user);
+    let mut parts = Participants::new(CoordinatorDb::new(local_source, local_login, pinned), worker_login, cancel_targets, two_phase, coordinator.worker_pools.clone());
     // The coordinator database checks the login (role, database, CONNECT)
     // and gives the parameters the client is told.
     let server_params = match parts.local_outside_block().await {
@@ -498,7 +498,8 @@ impl Session {
         let planned = self.plan_cached(sql);
         if planned.statements.iter().any(|s| s.changes_settings) {
             let custom: Vec<String> = planned.statements.iter().flat_map(|s| s.custom_settings.iter().cloned()).collect();
-            self.parts.settings_may_have_changed(&custom);
+            let timeouts = planned.statements.iter().any(|s| s.changes_timeouts);
+            self.parts.settings_may_have_changed(&custom, timeouts);
         }
         if let Some(why) = planned.statements.iter().find_map(|s| s.pins) {
             self.parts.pin_local(why);
@@ -621,10 +622,14 @@ impl Session {
                 frontend::query(local.out(), &stmt.sql);
                 self.relay_local_until_ready().await?;
                 self.parts.observe_local_status();
+                // Known only now that it ran (statements before it in the
+                // same query string may have used the workers, or begun the
+                // block whose end may undo it).
                 if stmt.changes_role {
-                    // Known only now that it ran (statements before it in
-                    // the same query string may have used the workers).
                     self.parts.role_may_have_changed();
+                }
+                if stmt.changes_settings {
+                    self.parts.settings_may_have_changed(&stmt.custom_settings, stmt.changes_timeouts);
                 }
             }
             other => self.execute_distributed(&stmt.sql, other, None).await?,
@@ -676,7 +681,8 @@ impl Session {
             }
             Plan::LocalWithClusterData(needs) => {
                 let mode = execution_mode(extended, false);
-                executor::cluster_views::run(needs, sql, &catalog, &mut self.parts, &mode, &mut self.client).await?;
+                let report = (needs.pools || needs.sessions).then(|| self.coordinator.process_report(&catalog));
+                executor::cluster_views::run(needs, report.as_ref(), sql, &catalog, &mut self.parts, &mode, &mut self.client).await?;
             }
             Plan::LocalOverShards(lent) => executor::materialized_views::run(lent, sql, &self.coordinator, &catalog, &mut self.parts, &mut self.client).await?,
             Plan::Fallback(fallback) => {

@@ -26,6 +26,9 @@ pub struct LocalConnection {
 
 pub type LocalPool = NodePool<LocalConnection>;
 
+/// Why a session is pinned to its coordinator database connection, once it is.
+pub type PinReason = Arc<std::sync::OnceLock<&'static str>>;
+
 /// Where a session takes its coordinator database connections from.
 pub struct LocalSource {
     pub pool: Arc<LocalPool>,
@@ -40,8 +43,9 @@ pub struct CoordinatorDb {
     login: Login,
     key: String,
     held: Option<LocalConnection>,
-    /// Why the session keeps its connection for good, if it does.
-    pinned: Option<&'static str>,
+    /// Why the session keeps its connection for good, if it does (shared
+    /// with the coordinator's list of sessions).
+    pinned: PinReason,
     /// `set_config` calls that give a connection the session's settings.
     settings: Vec<String>,
     /// `idle_in_transaction_session_timeout` as the session began, and as
@@ -59,11 +63,11 @@ pub struct CoordinatorDb {
 }
 
 impl CoordinatorDb {
-    pub fn new(source: LocalSource, login: Login) -> Self {
+    pub fn new(source: LocalSource, login: Login, pinned: PinReason) -> Self {
         let mut options: Vec<String> = login.options.iter().map(|(k, v)| format!("{}={v}", k.to_lowercase())).collect();
         options.sort();
         let key = format!("{}\0{}\0{}", login.user, login.database, options.join("\0"));
-        CoordinatorDb { source, login, key, held: None, pinned: None, settings: Vec::new(), idle_in_transaction_default: None, idle_in_transaction_set: None, state_epoch: 0, settings_unknown: false, custom: ["tessera.remote_writes".to_string()].into(), last_backend: None }
+        CoordinatorDb { source, login, key, held: None, pinned, settings: Vec::new(), idle_in_transaction_default: None, idle_in_transaction_set: None, state_epoch: 0, settings_unknown: false, custom: ["tessera.remote_writes".to_string()].into(), last_backend: None }
     }
 
     /// The connection, taken from the pool (or opened) if the session holds
@@ -123,11 +127,7 @@ impl CoordinatorDb {
     /// The session made state only this backend has: it keeps the
     /// connection until it ends.
     pub fn pin(&mut self, why: &'static str) {
-        self.pinned.get_or_insert(why);
-    }
-
-    pub fn pinned(&self) -> Option<&'static str> {
-        self.pinned
+        let _ = self.pinned.set(why);
     }
 
     /// A statement may have changed the session's settings, among them
@@ -176,7 +176,7 @@ impl CoordinatorDb {
     /// broken. Settings changed since they were last read are read first.
     /// Returns the backend key of the connection given back.
     pub async fn release(&mut self) -> Option<(i32, i32)> {
-        if self.pinned.is_some() {
+        if self.pinned.get().is_some() {
             return None;
         }
         let held = self.held.as_mut()?;

@@ -25,6 +25,11 @@ use std::sync::{Arc, Mutex};
 /// session's name instead, see `TwoPhase::session_name`.)
 pub const WORKER_PARAMETERS: &[&str] = &["DateStyle", "TimeZone", "IntervalStyle", "extra_float_digits", "client_encoding", "bytea_output"];
 
+/// Timeouts the worker connections keep as the session set them on the
+/// coordinator database: the workers' backends run the session's shard
+/// statements, so the limits have to hold there.
+pub const WORKER_TIMEOUTS: [&str; 2] = ["statement_timeout", "lock_timeout"];
+
 /// Points in two-phase commit where a test can make the coordinator process die,
 /// as it might crash in production. Test-only: set by
 /// `[transactions] fault_injection` (and `fault_after_commits`).
@@ -292,6 +297,13 @@ pub struct Participants {
     settings_epoch: u64,
     /// The current block may have changed settings, which its end may undo.
     settings_changed_in_block: bool,
+    /// A statement may have changed the timeouts the worker connections
+    /// follow (`WORKER_TIMEOUTS`): read them before the workers are next used.
+    timeouts_unknown: bool,
+    /// The current block may have changed them, which its end may undo.
+    timeouts_changed_in_block: bool,
+    /// The block's place among those holding worker connections (see `BlockGate`).
+    admission: Option<crate::connection::pool::Admission>,
 }
 
 /// The `citus.*` settings (kept by the coordinator database, where SET runs)
@@ -314,7 +326,7 @@ impl Participants {
         let startup_state = login_state(&login);
         Participants {
             pool_key,
-            startup_login: login.clone(), local, local_in_block: false, workers: HashMap::new(), pools, node_pools: HashMap::new(), last_backends: HashMap::new(), catalog_version: 0, login_state: startup_state, startup_state, login, block: None, cancel_targets, two_phase, settings: None, worker_role: None, role_unknown: false, role_changed_in_block: false, settings_epoch: 0, settings_changed_in_block: false }
+            startup_login: login.clone(), local, local_in_block: false, workers: HashMap::new(), pools, node_pools: HashMap::new(), last_backends: HashMap::new(), catalog_version: 0, login_state: startup_state, startup_state, login, block: None, cancel_targets, two_phase, settings: None, worker_role: None, role_unknown: false, role_changed_in_block: false, settings_epoch: 0, settings_changed_in_block: false, timeouts_unknown: false, timeouts_changed_in_block: false, admission: None }
     }
 
     /// The identity worker connections log in with.
@@ -440,8 +452,14 @@ impl Participants {
         if self.role_unknown {
             self.follow_role().await?;
         }
+        if self.timeouts_unknown {
+            self.follow_timeouts().await?;
+        }
         if self.workers.get_mut(&node.group_id).is_some_and(WorkerConnection::died_while_idle) {
             self.drop_worker(node.group_id);
+        }
+        if self.block.is_some() && self.admission.is_none() {
+            self.admission = Some(self.pools.blocks.admit(self.pools.wait).await?);
         }
         if !self.workers.contains_key(&node.group_id) {
             if !node.active {
@@ -505,7 +523,7 @@ impl Participants {
         if self.login_state != self.startup_state {
             conn.queue_silent(&self.handover_sql());
         }
-        pool.size_from(&mut conn).await?;
+        self.pools.size_from(&pool, &mut conn).await?;
         Ok(WorkerConnection {
             conn,
             group_id: node.group_id,
@@ -568,6 +586,7 @@ impl Participants {
         if self.block.is_some() {
             return;
         }
+        self.admission = None;
         let idle: Vec<i32> = self.workers.iter().filter(|(_, w)| !w.in_block && !w.needs_sync && !w.conn.is_broken()).map(|(group, _)| *group).collect();
         for group in idle {
             let Some(w) = self.workers.remove(&group) else { continue };
@@ -587,20 +606,43 @@ impl Participants {
     fn follow_settings(&mut self) {
         let Some(local) = self.local.held() else { return };
         for (name, value) in local.take_changed_params() {
-            if !WORKER_PARAMETERS.iter().any(|p| p.eq_ignore_ascii_case(&name)) {
-                continue;
-            }
-            let sql = format!("SET {} TO {}", crate::connection::quote_ident(&name), crate::connection::quote_literal(&value));
-            match self.login.options.iter_mut().find(|(k, _)| k.eq_ignore_ascii_case(&name)) {
-                Some(slot) => slot.1 = value,
-                None => self.login.options.push((name, value)),
-            }
-            self.login_state = login_state(&self.login);
-            for w in self.workers.values_mut() {
-                w.conn.queue_silent(&sql);
-                w.login_state = self.login_state;
+            if WORKER_PARAMETERS.iter().any(|p| p.eq_ignore_ascii_case(&name)) {
+                self.set_on_workers(name, value);
             }
         }
+    }
+
+    /// Makes the worker connections, open and future, carry setting `name`
+    /// as `value`.
+    fn set_on_workers(&mut self, name: String, value: String) {
+        let sql = format!("SET {} TO {}", crate::connection::quote_ident(&name), crate::connection::quote_literal(&value));
+        match self.login.options.iter_mut().find(|(k, _)| k.eq_ignore_ascii_case(&name)) {
+            Some(slot) => slot.1 = value,
+            None => self.login.options.push((name, value)),
+        }
+        self.login_state = login_state(&self.login);
+        for w in self.workers.values_mut() {
+            w.conn.queue_silent(&sql);
+            w.login_state = self.login_state;
+        }
+    }
+
+    /// Makes the worker connections, open and future, keep the session's
+    /// timeouts (`WORKER_TIMEOUTS`) as the coordinator database has them
+    /// now. Each worker times out its own part of a statement: a
+    /// multi-shard statement's limit holds per node, in parallel.
+    async fn follow_timeouts(&mut self) -> PgResult<()> {
+        self.timeouts_unknown = false;
+        let sql = format!("SELECT {}", WORKER_TIMEOUTS.map(|name| format!("pg_catalog.current_setting('{name}')")).join(", "));
+        let row = self.local_outside_block().await?.query(&sql).await?.into_iter().next().unwrap_or_default();
+        for (name, value) in WORKER_TIMEOUTS.iter().zip(row) {
+            let value = value.unwrap_or_default();
+            let following = self.login.options.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
+            if following.unwrap_or("0") != value {
+                self.set_on_workers(name.to_string(), value);
+            }
+        }
+        Ok(())
     }
 
     /// The session's name, which its worker connections carry.
@@ -842,6 +884,15 @@ impl Participants {
     /// to the role, and may undo what it did to settings (SET LOCAL, or any
     /// SET rolled back).
     fn after_block_end(&mut self, block_ended: bool) {
+        if self.timeouts_changed_in_block {
+            self.timeouts_unknown = true;
+            self.timeouts_changed_in_block &= !block_ended;
+            // What the block SET on its connections may have been rolled
+            // back with it: whoever takes them next sets them afresh.
+            for w in self.workers.values_mut() {
+                w.login_state = 0;
+            }
+        }
         if self.role_changed_in_block {
             self.role_unknown = true;
             self.role_changed_in_block &= !block_ended;
@@ -854,9 +905,11 @@ impl Participants {
     }
 
     /// A statement may have changed the session's settings, among them the
-    /// custom ones (`app.tenant`) named.
-    pub fn settings_may_have_changed(&mut self, custom: &[String]) {
+    /// custom ones (`app.tenant`) named, and maybe the timeouts.
+    pub fn settings_may_have_changed(&mut self, custom: &[String], timeouts: bool) {
         self.local.settings_may_have_changed(custom);
+        self.timeouts_unknown |= timeouts;
+        self.timeouts_changed_in_block |= timeouts && self.block.is_some();
         self.settings = None;
         self.settings_epoch += 1;
         self.settings_changed_in_block |= self.block.is_some();
