@@ -203,6 +203,7 @@ max_wal_size = 4GB
 checkpoint_timeout = 30min
 unix_socket_directories = '$data'
 CONF
+    PLAIN_SOCKET_DIR=$data
     log "plain: starting PostgreSQL 15 on 127.0.0.1:$PLAIN_PORT"
     PLAIN_STARTED=1
     as_pg "$PG_BIN/pg_ctl" -D "$data" -l "$PLAIN_DIR/postgres.log" -w -t 120 start >"$BENCH_LOG_DIR/plain-pg_ctl.log" 2>&1 || {

@@ -11,6 +11,9 @@
 #   pgbench_tpcb_c1000    the same with 100 or 1000 clients (plain PostgreSQL
 #                         gets max_connections = 1100 for them; Tessera pools
 #                         its node connections)
+#   pgbench_select_only_unix, pgbench_tpcb_unix
+#                         the 8-client runs over Unix-domain sockets (the
+#                         coordinator's in /tmp) instead of loopback TCP
 #   sysbench_oltp_insert  sysbench oltp_insert (pgsql driver), 1 table of 10000 rows, 8 threads
 #   insert_1row           pgbench -f: one-row INSERT into ins (k int, v text), a random key
 #   insert_9rows_1shard   pgbench -f: nine rows with one random key (one shard)
@@ -50,7 +53,7 @@ CLIENTS=8
 JOBS=2
 SB_TABLE_SIZE=10000
 SB_THREADS=8
-WORKLOADS=(pgbench_select_only pgbench_tpcb pgbench_select_only_c100 pgbench_select_only_c1000 pgbench_tpcb_c100 pgbench_tpcb_c1000
+WORKLOADS=(pgbench_select_only pgbench_tpcb pgbench_select_only_c100 pgbench_select_only_c1000 pgbench_tpcb_c100 pgbench_tpcb_c1000 pgbench_select_only_unix pgbench_tpcb_unix
     sysbench_oltp_insert insert_1row insert_9rows_1shard insert_9rows_9shards insert_9rows_9shards_1pc)
 if [[ -n $ONLY ]]; then
     IFS=, read -r -a only <<<"$ONLY"
@@ -82,7 +85,7 @@ run_pgbench() {
     local out=$BENCH_LOG_DIR/$target-$name-$ROUND.log t0 t1 tps lat txns key=$target:$name:$ROUND
     log "$target: $name (round $ROUND): pgbench ${*:+$* }-M prepared -c $CLIENTS -j $JOBS -T $DURATION -n"
     t0=$(coord_ticks)
-    "$PG_BIN/pgbench" -h 127.0.0.1 -p "$port" -U postgres "$@" -M prepared -c "$CLIENTS" -j "$JOBS" -T "$DURATION" -n postgres >"$out" 2>&1 ||
+    "$PG_BIN/pgbench" -h "${HOST:-127.0.0.1}" -p "$port" -U postgres "$@" -M prepared -c "$CLIENTS" -j "$JOBS" -T "$DURATION" -n postgres >"$out" 2>&1 ||
         die "$target: pgbench ($name) failed" "$out"
     t1=$(coord_ticks)
     tps=$(sed -n 's/^tps = \([0-9.]*\) (without initial connection time).*/\1/p' "$out" | head -n 1)
@@ -212,9 +215,11 @@ if [[ $BENCH_ONLY_PLAIN != 1 ]]; then
 fi
 
 run_workload() { # run_workload TARGET WORKLOAD
-    local port=$PLAIN_PORT
-    if [[ $1 == tessera ]]; then port=$TESSERA_PORT; fi
+    local port=$PLAIN_PORT socket_dir=$PLAIN_SOCKET_DIR
+    if [[ $1 == tessera ]]; then port=$TESSERA_PORT; socket_dir=/tmp; fi
     case $2 in
+        pgbench_select_only_unix) HOST=$socket_dir run_pgbench "$1" "$port" "$2" -S ;;
+        pgbench_tpcb_unix) HOST=$socket_dir run_pgbench "$1" "$port" "$2" ;;
         pgbench_select_only) run_pgbench "$1" "$port" "$2" -S ;;
         pgbench_tpcb) run_pgbench "$1" "$port" "$2" ;;
         pgbench_select_only_c*) CLIENTS=${2##*_c} run_pgbench "$1" "$port" "$2" -S ;;

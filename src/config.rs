@@ -49,6 +49,12 @@ pub struct ConnectionConfig {
     /// pinned (a temporary table, LISTEN, …).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_coordinator_db: Option<usize>,
+    /// Statements outside transaction blocks running at once on each worker
+    /// at most (blocks are bounded apart, see `BlockGate`); absent: four per
+    /// CPU of the coordinator's host. Beyond a few per core, more backends
+    /// running at once only share the same CPUs less efficiently.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_per_node: Option<usize>,
     /// How long a statement waits for a node connection when the node has
     /// its limit open and all busy, before failing with 53300.
     #[serde(default = "default_pool_wait")]
@@ -60,7 +66,14 @@ pub struct ConnectionConfig {
 
 impl Default for ConnectionConfig {
     fn default() -> Self {
-        ConnectionConfig { max_per_node: None, max_coordinator_db: None, pool_wait_secs: default_pool_wait(), max_clients: default_max_clients() }
+        ConnectionConfig { max_per_node: None, max_coordinator_db: None, active_per_node: None, pool_wait_secs: default_pool_wait(), max_clients: default_max_clients() }
+    }
+}
+
+impl ConnectionConfig {
+    /// `active_per_node`, or its default for this host.
+    pub fn active_per_node(&self) -> usize {
+        self.active_per_node.unwrap_or_else(|| 4 * std::thread::available_parallelism().map_or(2, |n| n.get())).max(1)
     }
 }
 

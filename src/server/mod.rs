@@ -69,14 +69,16 @@ impl Coordinator {
         let catalog = metadata::load(&mut conn).await.map_err(|e| anyhow::anyhow!("could not load the catalog: {e}"))?;
         conn.terminate().await;
         let commit_log = crate::transaction::commit_log::CommitLog::start(config.coordinator_db_addr(), config.service_login());
-        let config_pools = (config.connections.max_per_node, Duration::from_secs_f64(config.connections.pool_wait_secs.max(0.0)), config.connections.max_coordinator_db);
+        let pool_wait = Duration::from_secs_f64(config.connections.pool_wait_secs.max(0.0));
+        let worker_pools = crate::transaction::WorkerPools::new(config.connections.max_per_node, config.connections.active_per_node(), pool_wait);
+        let local_pool = crate::connection::pool::NodePool::new(config.connections.max_coordinator_db);
         Ok(Arc::new(Coordinator { config, catalog: CatalogHandle::new(catalog), sessions: Mutex::new(HashMap::new()), reload_lock: tokio::sync::Mutex::new(()), process_id: rand::random(),
             deadlock_victims: Mutex::new(HashMap::new()),
             fallback_ready: tokio::sync::Mutex::new((0, HashSet::new())),
             commit_log,
             tls,
-            worker_pools: Arc::new(crate::transaction::WorkerPools::new(config_pools.0, config_pools.1)),
-            local_pool: Arc::new(crate::connection::pool::NodePool::new(config_pools.2)),
+            worker_pools: Arc::new(worker_pools),
+            local_pool: Arc::new(local_pool),
             clients: std::sync::atomic::AtomicUsize::new(0),
         }))
     }

@@ -119,6 +119,10 @@ impl CoordinatorDb {
         &self.source.addr
     }
 
+    pub fn is_held(&self) -> bool {
+        self.held.is_some()
+    }
+
     /// The connection the session holds now, if any.
     pub fn held(&mut self) -> Option<&mut PgConnection> {
         self.held.as_mut().map(|l| &mut l.conn)

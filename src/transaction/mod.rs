@@ -150,6 +150,9 @@ pub struct WorkerConnection {
     /// The catalog version `prepared` holds statements for.
     prepared_version: i64,
     /// Its place among the node's connections.
+    /// The right to run statements outside a block on the node
+    /// (`NodePool::run_outside_block`), while taken for that.
+    running: Option<tokio::sync::OwnedSemaphorePermit>,
     _slot: tokio::sync::OwnedSemaphorePermit,
 }
 
@@ -496,6 +499,14 @@ impl Participants {
         let last = self.last_backends.get(&node.group_id).copied();
         let label = node.addr.to_string();
         let holds_block_connections = self.holds_block_connections();
+        // A session already holding a connection (another node's for a
+        // multi-shard statement or a pipeline before its Sync, the
+        // coordinator database's for a statement it describes) does not wait
+        // for this one to run: a session running here might wait for that.
+        let running = match self.block.is_none() && self.workers.is_empty() && !self.local.is_held() {
+            true => pool.run_outside_block(self.pools.wait, &label).await?,
+            false => None,
+        };
         let slot = loop {
             let mut worker = match pool.checkout(&self.pool_key, &|w: &WorkerConnection| Some(w.conn.backend_key()) == last, self.pools.wait, holds_block_connections, &label).await? {
                 Checkout::Open(slot) => break slot,
@@ -517,6 +528,7 @@ impl Participants {
                 worker.prepared.clear();
                 worker.prepared_version = self.catalog_version;
             }
+            worker.running = running;
             return Ok(worker);
         };
         let mut conn = PgConnection::connect(&node.addr, &self.startup_login).await?;
@@ -539,6 +551,7 @@ impl Participants {
             login_state: self.login_state,
             named: self.two_phase.session_name.clone(),
             prepared_version: self.catalog_version,
+            running,
             _slot: slot,
         })
     }
@@ -589,7 +602,8 @@ impl Participants {
         self.admission = None;
         let idle: Vec<i32> = self.workers.iter().filter(|(_, w)| !w.in_block && !w.needs_sync && !w.conn.is_broken()).map(|(group, _)| *group).collect();
         for group in idle {
-            let Some(w) = self.workers.remove(&group) else { continue };
+            let Some(mut w) = self.workers.remove(&group) else { continue };
+            w.running = None;
             let key = w.conn.backend_key();
             self.cancel_targets.lock().unwrap().retain(|(_, k)| *k != key);
             self.last_backends.insert(group, key);
