@@ -59,12 +59,19 @@ pub async fn run(plan: &ExplainPlan, coordinator: &Coordinator, catalog: &Catalo
 /// The lines of a router or multi-shard plan: header, tasks, one task's plan.
 async fn explain_pushdown(plan: &ExplainPlan, inner: &Plan, catalog: &Catalog, parts: &mut Participants, mode: &Mode<'_>, lines: &mut Vec<String>) -> PgResult<()> {
     match inner {
-        Plan::Router(router) => {
+        Plan::Router(_) | Plan::Delegated(_) => {
+            let (router, header) = match inner {
+                // Shown as delegated whether or not a block would keep it from being so.
+                Plan::Delegated(delegation) => (&delegation.call, "Custom Scan (Tessera Delegated Function Call)"),
+                Plan::Router(router) if router.command == Command::UserCode => (router, "Custom Scan (Tessera User Code on a Worker)"),
+                Plan::Router(router) => (router, "Custom Scan (Tessera Router)"),
+                _ => unreachable!("matched above"),
+            };
             let defaults = evaluate_defaults(router, parts).await?;
             let tasks = plan_tasks(router, parts, mode, defaults).await?;
             let task = tasks.first().ok_or_else(|| PgError::internal("router plan without tasks"))?;
             // User code runs unchanged on one worker, over its worker-side relations.
-            lines.push(if router.command == Command::UserCode { "Custom Scan (Tessera User Code on a Worker)" } else { "Custom Scan (Tessera Router)" }.to_string());
+            lines.push(header.to_string());
             lines.push(format!("  Task Count: {}", tasks.len()));
             lines.push(format!("  Tasks Shown: {}", if tasks.len() == 1 { "All".to_string() } else { format!("One of {}", tasks.len()) }));
             let access = if router.is_write() { Access::Write } else { Access::Read };

@@ -4,7 +4,7 @@
 
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Catalog, Node};
-use crate::planner::{Command, FilledValues, KeyRouting, KeyValue, RouterPlan, ShardTarget};
+use crate::planner::{Command, Delegation, FilledValues, KeyRouting, KeyValue, RouterPlan, ShardTarget};
 use crate::protocol::Message;
 use bytes::{Bytes, BytesMut};
 use crate::protocol::backend;
@@ -444,6 +444,19 @@ async fn run_task(w: &mut WorkerConnection, sql: &Arc<str>, mode: &Mode<'_>, cli
 
 /// Runs a statement on the coordinator database in the client's protocol and
 /// result formats, with the client's Bind values, forwarding its rows.
+/// Whether a call of a distributed function goes to its shard's node now:
+/// outside transaction blocks, or inside with `force_delegation`, or when
+/// it would run on some worker anyway (it reaches distributed tables: the
+/// node its argument picks is the one whose shards it mostly reads); unless
+/// the session set `citus.enable_function_delegation` off.
+pub async fn delegates(delegation: &Delegation, parts: &mut Participants) -> PgResult<bool> {
+    if !parts.citus_settings().await?.function_delegation {
+        return Ok(false);
+    }
+    let runs_on_a_worker = matches!(&delegation.otherwise, crate::planner::Plan::Router(r) if r.command == Command::UserCode);
+    Ok(delegation.force_delegation || !parts.in_block() || runs_on_a_worker)
+}
+
 pub(crate) async fn run_on_coordinator_db(parts: &mut Participants, sql: &str, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<()> {
     let local = parts.local().await?;
     match mode {

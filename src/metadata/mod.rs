@@ -234,6 +234,22 @@ impl DistributedTable {
     }
 }
 
+/// A function or procedure made distributed (`create_distributed_function`,
+/// `pg_dist_object`).
+#[derive(Debug)]
+pub struct DistributedFunction {
+    pub schema: String,
+    pub name: String,
+    /// Its input arguments, which tell overloads apart.
+    pub arg_count: usize,
+    /// The argument whose value picks the shard (from 0), with a table of the
+    /// co-located group, whose shards and placements the function follows;
+    /// None for a function that is only propagated.
+    pub distribution: Option<(usize, Arc<DistributedTable>)>,
+    /// Delegated inside transaction blocks too.
+    pub force_delegation: bool,
+}
+
 /// One consistent view of the catalog.
 #[derive(Debug, Default)]
 pub struct Catalog {
@@ -251,6 +267,8 @@ pub struct Catalog {
     /// The coordinator database's user-defined types (name → oid), from
     /// which the nodes' `type_oids` were made.
     user_types: Arc<HashMap<String, u32>>,
+    /// Distributed functions, by schema and name (overloads side by side).
+    functions: HashMap<(String, String), Vec<Arc<DistributedFunction>>>,
 }
 
 impl Catalog {
@@ -288,6 +306,14 @@ impl Catalog {
     /// references the parse tree walk could not classify).
     pub fn is_distributed_name(&self, name: &str) -> bool {
         self.tables.keys().any(|(_, n)| n == name)
+    }
+    /// The distributed function a call names with `arg_count` arguments, an
+    /// unqualified name looked up in schema public (as tables are).
+    pub fn function(&self, schema: Option<&str>, name: &str, arg_count: usize) -> Option<&Arc<DistributedFunction>> {
+        self.functions.get(&(schema.unwrap_or("public").to_string(), name.to_string()))?.iter().find(|f| f.arg_count == arg_count)
+    }
+    pub fn has_functions(&self) -> bool {
+        !self.functions.is_empty()
     }
     pub fn is_aggregate(&self, name: &str) -> bool {
         self.aggregates.contains(name)
@@ -452,6 +478,20 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
     }
     if catalog.has_tables() {
         catalog.user_code = user_code::load(conn, &catalog).await?;
+    }
+    let functions = conn
+        .query(
+            "SELECT n.nspname, p.proname, p.pronargs, o.distribution_argument_index, o.colocationid, coalesce(o.force_delegation, false)
+             FROM pg_catalog.pg_dist_object o JOIN pg_proc p ON p.oid = o.objid JOIN pg_namespace n ON n.oid = p.pronamespace
+             WHERE o.classid = 'pg_proc'::regclass",
+        )
+        .await?;
+    for r in functions {
+        let colocation: i32 = int(&r[4]);
+        let table = catalog.tables().filter(|t| t.colocation_id == colocation && !t.is_reference() && t.partition_of.is_none()).min_by_key(|t| t.oid).cloned();
+        let distribution = r[3].as_deref().and_then(|i| i.parse::<usize>().ok()).zip(table);
+        let function = DistributedFunction { schema: r[0].clone().unwrap_or_default(), name: r[1].clone().unwrap_or_default(), arg_count: int(&r[2]), distribution, force_delegation: r[5].as_deref() == Some("t") };
+        catalog.functions.entry((function.schema.clone(), function.name.clone())).or_default().push(Arc::new(function));
     }
     Ok(catalog)
 }

@@ -71,6 +71,22 @@ CREATE TABLE IF NOT EXISTS tessera.pg_dist_transaction (
     PRIMARY KEY (groupid, gid)
 );
 
+-- Functions and procedures made distributed by create_distributed_function,
+-- with Citus's columns. (Every other object a node shares is propagated
+-- without a row here.) distribution_argument_index counts from 0.
+CREATE TABLE IF NOT EXISTS tessera.pg_dist_object (
+    classid oid NOT NULL,
+    objid oid NOT NULL,
+    objsubid int NOT NULL DEFAULT 0,
+    type text,
+    object_names text[],
+    object_args text[],
+    distribution_argument_index int,
+    colocationid int,
+    force_delegation bool,
+    PRIMARY KEY (classid, objid, objsubid)
+);
+
 -- Catalog changes a table's owner may make, through the coordinator: the
 -- catalog tables themselves only the superuser may change. Each checks that
 -- the caller owns the table (or is a member of the owning role), as
@@ -152,6 +168,8 @@ END $$;
 CREATE OR REPLACE FUNCTION tessera.user_code_changed() RETURNS void LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, tessera AS $$
 BEGIN
+    -- A distributed function dropped: its row goes with it.
+    DELETE FROM tessera.pg_dist_object o WHERE o.classid = 'pg_proc'::regclass AND NOT EXISTS (SELECT FROM pg_proc p WHERE p.oid = o.objid);
     UPDATE tessera.catalog_version SET version = version + 1;
     PERFORM pg_notify('tessera_catalog', '');
 END $$;
@@ -165,7 +183,7 @@ END $$;
 DO $$
 DECLARE t text;
 BEGIN
-    FOREACH t IN ARRAY ARRAY['pg_dist_node', 'pg_dist_colocation', 'pg_dist_partition', 'pg_dist_shard', 'pg_dist_placement'] LOOP
+    FOREACH t IN ARRAY ARRAY['pg_dist_node', 'pg_dist_colocation', 'pg_dist_partition', 'pg_dist_shard', 'pg_dist_placement', 'pg_dist_object'] LOOP
         IF NOT EXISTS (SELECT FROM pg_trigger WHERE tgname = t || '_changed') THEN
             EXECUTE format('CREATE TRIGGER %I AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON tessera.%I FOR EACH STATEMENT EXECUTE FUNCTION tessera.bump_catalog_version()', t || '_changed', t);
         END IF;
@@ -200,6 +218,7 @@ CREATE OR REPLACE VIEW pg_catalog.pg_dist_partition AS SELECT * FROM tessera.pg_
 CREATE OR REPLACE VIEW pg_catalog.pg_dist_shard AS SELECT * FROM tessera.pg_dist_shard;
 CREATE OR REPLACE VIEW pg_catalog.pg_dist_placement AS SELECT * FROM tessera.pg_dist_placement;
 CREATE OR REPLACE VIEW pg_catalog.pg_dist_transaction AS SELECT * FROM tessera.pg_dist_transaction;
+CREATE OR REPLACE VIEW pg_catalog.pg_dist_object AS SELECT * FROM tessera.pg_dist_object;
 
 CREATE OR REPLACE VIEW pg_catalog.citus_shards AS
 SELECT p.logicalrelid AS table_name,
@@ -226,7 +245,72 @@ FROM tessera.pg_dist_partition p
 JOIN pg_class c ON c.oid = p.logicalrelid;
 RESET allow_system_table_mods;
 GRANT SELECT ON pg_catalog.pg_dist_node, pg_catalog.pg_dist_colocation, pg_catalog.pg_dist_partition, pg_catalog.pg_dist_shard,
-    pg_catalog.pg_dist_placement, pg_catalog.citus_shards, pg_catalog.citus_tables TO PUBLIC;
+    pg_catalog.pg_dist_placement, pg_catalog.pg_dist_object, pg_catalog.citus_shards, pg_catalog.citus_tables TO PUBLIC;
+
+-- Makes a function or procedure distributed, as Citus's does: calls whose
+-- distribution argument is a constant or a parameter then run on the node
+-- holding that value's shard of the co-located tables (planner/delegation.rs).
+-- The function itself already exists on every node (CREATE FUNCTION through
+-- the coordinator reaches them all). Without a distribution argument the
+-- function is only recorded. The caller must own the function.
+CREATE OR REPLACE FUNCTION tessera.distribute_function(function_name regprocedure, distribution_arg_name text, colocate_with regclass, force_delegation bool)
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, tessera AS $$
+DECLARE
+    caller name := CASE current_setting('role') WHEN 'none' THEN session_user ELSE current_setting('role') END;
+    proc pg_proc;
+    arg_index int;
+    arg_type oid;
+    colocation int;
+BEGIN
+    SELECT * INTO proc FROM pg_proc WHERE oid = function_name;
+    IF NOT pg_has_role(caller, proc.proowner, 'USAGE') THEN
+        RAISE EXCEPTION 'must be owner of function %', proc.proname USING ERRCODE = '42501';
+    END IF;
+    IF distribution_arg_name IS NOT NULL THEN
+        IF distribution_arg_name ~ '^\$[0-9]+$' THEN
+            arg_index := substr(distribution_arg_name, 2)::int - 1;
+        ELSE
+            arg_index := array_position(proc.proargnames[1:proc.pronargs], distribution_arg_name) - 1;
+        END IF;
+        IF arg_index IS NULL OR arg_index < 0 OR arg_index >= proc.pronargs THEN
+            RAISE EXCEPTION 'cannot distribute the function "%" since the distribution argument is not valid', proc.proname
+                USING ERRCODE = '42602', HINT = 'Name one of its input arguments, or give its position as $1, $2, ….';
+        END IF;
+        arg_type := proc.proargtypes[arg_index];
+        IF colocate_with IS NULL THEN
+            SELECT c.colocationid INTO colocation FROM tessera.pg_dist_colocation c
+            WHERE c.distributioncolumntype = arg_type AND EXISTS (SELECT FROM tessera.pg_dist_partition p WHERE p.colocationid = c.colocationid AND p.partmethod = 'h')
+            ORDER BY c.colocationid LIMIT 1;
+            IF colocation IS NULL THEN
+                RAISE EXCEPTION 'cannot distribute the function "%": no distributed table has a distribution column of type %', proc.proname, format_type(arg_type, NULL)
+                    USING ERRCODE = '0A000', HINT = 'Distribute a table by a column of that type first, or name a table with colocate_with.';
+            END IF;
+        ELSE
+            SELECT p.colocationid INTO colocation FROM tessera.pg_dist_partition p WHERE p.logicalrelid = colocate_with AND p.partmethod = 'h';
+            IF colocation IS NULL THEN
+                RAISE EXCEPTION 'relation % is not a hash-distributed table', colocate_with USING ERRCODE = '0A000';
+            END IF;
+            IF (SELECT distributioncolumntype FROM tessera.pg_dist_colocation WHERE colocationid = colocation) <> arg_type THEN
+                RAISE EXCEPTION 'cannot colocate function "%" and table "%" because the distribution column types don''t match', proc.proname, colocate_with
+                    USING ERRCODE = '0A000', HINT = 'Give the function''s distribution argument the type of the table''s distribution column.';
+            END IF;
+        END IF;
+    ELSIF force_delegation THEN
+        RAISE EXCEPTION 'force_delegation needs a distribution argument' USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO tessera.pg_dist_object
+    SELECT 'pg_proc'::regclass, proc.oid, 0, CASE proc.prokind WHEN 'p' THEN 'procedure' ELSE 'function' END,
+           ARRAY[n.nspname::text, proc.proname::text], (SELECT coalesce(array_agg(format_type(t, NULL) ORDER BY i), '{}') FROM unnest(proc.proargtypes::oid[]) WITH ORDINALITY a(t, i)),
+           arg_index, colocation, force_delegation
+    FROM pg_namespace n WHERE n.oid = proc.pronamespace
+    ON CONFLICT (classid, objid, objsubid) DO UPDATE SET distribution_argument_index = EXCLUDED.distribution_argument_index,
+        colocationid = EXCLUDED.colocationid, force_delegation = EXCLUDED.force_delegation, object_names = EXCLUDED.object_names;
+END $$;
+CREATE OR REPLACE FUNCTION pg_catalog.create_distributed_function(function_name regprocedure, distribution_arg_name text DEFAULT NULL,
+    colocate_with text DEFAULT 'default', force_delegation bool DEFAULT NULL) RETURNS void LANGUAGE sql
+-- The table name is looked up on the caller's search_path, here.
+AS $$ SELECT tessera.distribute_function(function_name, distribution_arg_name,
+          CASE WHEN colocate_with IS NULL OR lower(colocate_with) = 'default' THEN NULL ELSE colocate_with::regclass END, force_delegation) $$;
 
 -- The cluster functions are carried out by the coordinator process, which
 -- intercepts calls to them. These definitions make them visible to \df+ and give a
@@ -357,7 +441,8 @@ GRANT USAGE ON SCHEMA tessera TO PUBLIC;
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA tessera FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tessera.check_owner(regclass), tessera.catalog_changed(), tessera.user_code_changed(), tessera.record_commits(int[], text[]), tessera.new_colocation(int, int, oid, oid),
     tessera.record_distribution(regclass, "char", text, int, int[]), tessera.forget_distribution(regclass), tessera.rename_distribution_column(regclass, text),
-    tessera.coordinator_only(), tessera.gathered_activity(), tessera.gathered_size(regclass, text), tessera.size_of(regclass, text), tessera.process_rows(anyelement, text) TO PUBLIC;
+    tessera.coordinator_only(), tessera.gathered_activity(), tessera.gathered_size(regclass, text), tessera.size_of(regclass, text), tessera.process_rows(anyelement, text),
+    tessera.distribute_function(regprocedure, text, regclass, bool) TO PUBLIC;
 
 -- New or dropped aggregates change how queries split across shards, and
 -- views, functions and triggers change which user code reads distributed

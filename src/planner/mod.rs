@@ -5,6 +5,7 @@
 mod cluster_views;
 mod copy;
 mod ddl;
+mod delegation;
 pub mod deparse;
 mod explain;
 mod fallback;
@@ -23,6 +24,7 @@ mod views;
 use crate::walk;
 
 pub use ddl::{placement_groups, ChosenNames, DdlPlan, DropIndex, RelationChanges, RoleChange};
+pub use delegation::Delegation;
 pub use explain::ExplainPlan;
 pub use fallback::FallbackPlan;
 pub use functions::{ClusterCall, ClusterFunction};
@@ -96,6 +98,9 @@ pub enum Plan {
     Ddl(Arc<DdlPlan>),
     /// Runs entirely on one shard group, or on reference-table placements.
     Router(Arc<RouterPlan>),
+    /// A call of a distributed function, delegated to the node of its
+    /// distribution argument's shard, or run as `otherwise` says.
+    Delegated(Arc<Delegation>),
     /// Runs on every shard group; the coordinator combines the results.
     MultiShard(Arc<MultiShardPlan>),
     /// Runs in the coordinator database over foreign tables on the shards.
@@ -140,6 +145,7 @@ impl fmt::Display for Plan {
             Plan::ClusterFunction(c) => write!(f, "ClusterFunction({:?})", c.function),
             Plan::Ddl(d) => write!(f, "Ddl({d})"),
             Plan::Router(r) => write!(f, "Router({r})"),
+            Plan::Delegated(d) => write!(f, "Delegated({}, otherwise {})", d.call, d.otherwise),
             Plan::MultiShard(m) => write!(f, "MultiShard({m})"),
             Plan::Fallback(fb) => write!(f, "Fallback({fb})"),
             Plan::Explain(e) => write!(f, "Explain({e})"),
@@ -227,6 +233,8 @@ fn changes_user_code(raw: &protobuf::RawStmt) -> bool {
         Some(NodeEnum::DropStmt(d)) => reaches(d.remove_type),
         Some(NodeEnum::RenameStmt(r)) => reaches(r.rename_type),
         Some(NodeEnum::AlterObjectSchemaStmt(a)) => reaches(a.object_type),
+        // Which calls are delegated changes with it.
+        Some(node @ NodeEnum::SelectStmt(_)) => crate::walk::called_functions(node).iter().any(|f| f == "create_distributed_function"),
         _ => false,
     }
 }
@@ -252,6 +260,15 @@ fn plan_statement(version: i32, raw: protobuf::RawStmt, text: &str, catalog: &Ca
             return call;
         }
     }
+    let delegated = delegation::delegated_call(version, &raw, node, catalog);
+    let plan = plan_undelegated(version, &raw, node, text, catalog);
+    match delegated {
+        Some((call, force_delegation)) => Plan::Delegated(Arc::new(Delegation { call, force_delegation, otherwise: plan })),
+        None => plan,
+    }
+}
+
+fn plan_undelegated(version: i32, raw: &protobuf::RawStmt, node: &NodeEnum, text: &str, catalog: &Catalog) -> Plan {
     if !catalog.has_tables() {
         return Plan::Local;
     }
@@ -266,7 +283,7 @@ fn plan_statement(version: i32, raw: protobuf::RawStmt, text: &str, catalog: &Ca
         if !matches!(plan, Plan::Fallback(_) | Plan::Unsupported(_)) {
             return plan;
         }
-        return user_code::on_worker(version, &raw, node, text, catalog).unwrap_or(plan);
+        return user_code::on_worker(version, raw, node, text, catalog).unwrap_or(plan);
     }
     if let Some(plan) = materialized_views::plan(node, catalog) {
         return plan;
@@ -277,14 +294,14 @@ fn plan_statement(version: i32, raw: protobuf::RawStmt, text: &str, catalog: &Ca
     if let Some(plan) = views::expand(node, catalog).map(replan) {
         return plan;
     }
-    if let Some(plan) = user_code::on_worker(version, &raw, node, text, catalog) {
+    if let Some(plan) = user_code::on_worker(version, raw, node, text, catalog) {
         return plan;
     }
     let plan = match node {
         NodeEnum::ExplainStmt(e) => explain::plan(version, e, text, catalog),
         // A cursor lives in the coordinator database, over the fallback's
         // stand-ins, so FETCH and CLOSE pass through as they are.
-        NodeEnum::DeclareCursorStmt(_) if !referenced_tables(&raw, catalog).is_empty() => {
+        NodeEnum::DeclareCursorStmt(_) if !referenced_tables(raw, catalog).is_empty() => {
             Some(fallback::plan(version, node, catalog, "a cursor over distributed tables").unwrap_or_else(|| not_supported("this cursor over distributed tables is not supported")))
         }
         NodeEnum::CopyStmt(c) => copy::plan(version, c, text, catalog),
@@ -292,9 +309,9 @@ fn plan_statement(version: i32, raw: protobuf::RawStmt, text: &str, catalog: &Ca
         NodeEnum::ExecuteStmt(e) => Some(prepared::plan_execute(e)),
         NodeEnum::DeallocateStmt(d) => Some(Plan::SqlDeallocate((!d.name.is_empty()).then(|| d.name.clone()))),
         NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) | NodeEnum::MergeStmt(_) => {
-            router::plan_dml(version, &raw, catalog)
+            router::plan_dml(version, raw, catalog)
         }
-        _ => ddl::plan_utility(version, &raw, catalog),
+        _ => ddl::plan_utility(version, raw, catalog),
     };
     match plan {
         Some(Plan::Unsupported(refusal)) => fallback::plan(version, node, catalog, refusal.message()).unwrap_or(Plan::Unsupported(refusal)),

@@ -685,7 +685,7 @@ fn dist_column_owner(node: &protobuf::Node, scope: &[ScopeEntry]) -> Option<usiz
 /// A constant or parameter usable as a shard key: `5`, `'abc'`, `$1`, `$1::int`,
 /// or a literal cast to the key's own type (`'2024-01-01'::date`). Other casts
 /// may change the value (`1.25::numeric(3,1)` is 1.3), so they pin nothing.
-fn key_value(node: &protobuf::Node, key: &KeyType) -> Option<Result<KeyValue, PgError>> {
+pub(super) fn key_value(node: &protobuf::Node, key: &KeyType) -> Option<Result<KeyValue, PgError>> {
     match node.node.as_ref()? {
         NodeEnum::ParamRef(p) => Some(Ok(KeyValue::Param((p.number - 1).max(0) as usize))),
         NodeEnum::TypeCast(c) => {

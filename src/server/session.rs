@@ -13,7 +13,7 @@ use crate::error::{sqlstate, PgError, PgResult};
 use crate::executor::stream::{self as row_stream, Progress, RowStream};
 use crate::executor::{self, Mode};
 use crate::metadata::{self, Catalog};
-use crate::planner::{self, Plan, PlannedStatement, SqlExecute, TransactionCommand};
+use crate::planner::{self, Plan, PlannedStatement, RouterPlan, SqlExecute, TransactionCommand};
 use crate::protocol::backend::{self, FieldDescription};
 use crate::protocol::frontend::{self, Bind, StartupPacket, Target};
 use crate::protocol::Message;
@@ -645,6 +645,15 @@ impl Session {
         Ok(())
     }
 
+    async fn run_router(&mut self, router: &RouterPlan, catalog: &Catalog, extended: Option<(&Bind, &Shape)>) -> Result<(), Failure> {
+        let mode = execution_mode(extended, self.client.peek_tag() == Some(b'S'));
+        let result = executor::run_router(router, &mut self.parts, catalog, &mode, &mut self.client).await;
+        if result.is_err() {
+            self.parts.discard_broken();
+        }
+        Ok(result?)
+    }
+
     /// Runs a statement that is not plain pass-through. `extended` carries the
     /// client's Bind and the statement's shape for the extended protocol.
     async fn execute_distributed(&mut self, sql: &str, plan: &Plan, extended: Option<(&Bind, &Shape)>) -> Result<(), Failure> {
@@ -663,13 +672,15 @@ impl Session {
                 let tag = self.transaction_command(command).await?;
                 backend::command_complete(self.client.out(), tag);
             }
-            Plan::Router(router) => {
-                let mode = execution_mode(extended, self.client.peek_tag() == Some(b'S'));
-                let result = executor::run_router(router, &mut self.parts, &catalog, &mode, &mut self.client).await;
-                if result.is_err() {
-                    self.parts.discard_broken();
+            Plan::Router(router) => self.run_router(router, &catalog, extended).await?,
+            Plan::Delegated(delegation) => {
+                if executor::delegates(delegation, &mut self.parts).await? {
+                    self.run_router(&delegation.call, &catalog, extended).await?;
+                } else if matches!(delegation.otherwise, Plan::Local) {
+                    executor::run_on_coordinator_db(&mut self.parts, sql, &execution_mode(extended, false), &mut self.client).await?;
+                } else {
+                    Box::pin(self.execute_distributed(sql, &delegation.otherwise, extended)).await?;
                 }
-                result?;
             }
             Plan::MultiShard(multi) => {
                 let mode = execution_mode(extended, false);

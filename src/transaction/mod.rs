@@ -318,6 +318,9 @@ pub struct CitusSettings {
     /// `citus.multi_shard_modify_mode = 'sequential'`: multi-shard writes go
     /// one node at a time.
     pub sequential_modify: bool,
+    /// `citus.enable_function_delegation` is not off: calls of distributed
+    /// functions go to their shard's node.
+    pub function_delegation: bool,
 }
 
 impl Participants {
@@ -849,10 +852,11 @@ impl Participants {
         let rows = self
             .local_outside_block()
             .await?
-            .query("SELECT current_setting('citus.multi_shard_commit_protocol', true), current_setting('citus.multi_shard_modify_mode', true)")
+            .query("SELECT current_setting('citus.multi_shard_commit_protocol', true), current_setting('citus.multi_shard_modify_mode', true), current_setting('citus.enable_function_delegation', true)")
             .await?;
         let value = |i: usize| rows.first().and_then(|r| r.get(i).cloned().flatten());
-        let settings = CitusSettings { two_phase: value(0).as_deref() != Some("1pc"), sequential_modify: value(1).as_deref() == Some("sequential") };
+        let off = |v: Option<String>| v.is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "off" | "false" | "0" | "no"));
+        let settings = CitusSettings { two_phase: value(0).as_deref() != Some("1pc"), sequential_modify: value(1).as_deref() == Some("sequential"), function_delegation: !off(value(2)) };
         self.settings = Some(settings);
         Ok(settings)
     }

@@ -1,0 +1,86 @@
+//! Calls of distributed functions and procedures (`create_distributed_function`):
+//! `SELECT f(…)` (the call is the whole statement) and `CALL p(…)` whose
+//! distribution argument is a constant or a bind parameter go whole to the
+//! node holding that value's shard of the function's co-located tables, as
+//! Citus delegates them. There the function runs as any statement does on a
+//! worker: its own statements reach the local shards through the
+//! worker-side relations (commands/worker_relations.rs), with PL/pgSQL's
+//! cached plans kept by the pooled worker connection; a distributed function
+//! it calls runs where it is. The plan keeps what the statement would do
+//! undelegated, for `citus.enable_function_delegation = off` and for
+//! transaction blocks: there a call is delegated with `force_delegation`, or
+//! when its function reaches distributed tables (it would run on some worker
+//! anyway), and the block goes on as any distributed block.
+
+use super::rewrite::ShardTemplate;
+use super::router::{key_value, router, Command, RouterPlan, ShardTarget};
+use super::{function_names, Plan};
+use crate::metadata::{Catalog, Distribution};
+use pg_query::protobuf;
+use pg_query::NodeEnum;
+use std::sync::Arc;
+
+/// A call that may be delegated, and the plan that runs it otherwise.
+#[derive(Debug)]
+pub struct Delegation {
+    /// The call, routed by its distribution argument.
+    pub call: Arc<RouterPlan>,
+    /// Delegated inside transaction blocks too.
+    pub force_delegation: bool,
+    pub otherwise: Plan,
+}
+
+/// The delegated form of the statement, when it is a call of a distributed
+/// function with a distribution argument that picks one shard; and whether
+/// the function is to be delegated inside transaction blocks too.
+pub(super) fn delegated_call(version: i32, raw: &protobuf::RawStmt, node: &NodeEnum, catalog: &Catalog) -> Option<(Arc<RouterPlan>, bool)> {
+    if !catalog.has_functions() {
+        return None;
+    }
+    let call = match node {
+        NodeEnum::SelectStmt(select) => whole_statement_call(select)?,
+        NodeEnum::CallStmt(call) => call.funccall.as_ref()?,
+        _ => return None,
+    };
+    if call.args.iter().any(|a| matches!(a.node, Some(NodeEnum::NamedArgExpr(_)))) || call.agg_star || call.func_variadic {
+        return None;
+    }
+    let (schema, name) = match function_names(call).as_slice() {
+        [name] => (None, *name),
+        [schema, name] => (Some(*schema), *name),
+        _ => return None,
+    };
+    let function = catalog.function(schema, name, call.args.len())?;
+    let (index, table) = function.distribution.as_ref()?;
+    let Distribution::Hash { key, .. } = &table.distribution else { return None };
+    // A NULL argument (Some(Err)) picks no shard: the call runs undelegated.
+    let value = key_value(call.args.get(*index)?, key)?.ok()?;
+    match router(Command::UserCode, ShardTarget::Key(value), Some(table.clone()), ShardTemplate::unchanged(version, raw.clone())) {
+        Plan::Router(call) => Some((call, function.force_delegation)),
+        _ => None,
+    }
+}
+
+/// `f(…)` of `SELECT f(…)`, with nothing else in the statement.
+fn whole_statement_call(select: &protobuf::SelectStmt) -> Option<&protobuf::FuncCall> {
+    let bare = select.from_clause.is_empty()
+        && select.where_clause.is_none()
+        && select.group_clause.is_empty()
+        && select.having_clause.is_none()
+        && select.window_clause.is_empty()
+        && select.sort_clause.is_empty()
+        && select.limit_count.is_none()
+        && select.limit_offset.is_none()
+        && select.distinct_clause.is_empty()
+        && select.with_clause.is_none()
+        && select.into_clause.is_none()
+        && select.locking_clause.is_empty()
+        && select.values_lists.is_empty()
+        && select.larg.is_none();
+    let [target] = select.target_list.as_slice() else { return None };
+    let Some(NodeEnum::ResTarget(target)) = target.node.as_ref() else { return None };
+    match target.val.as_deref()?.node.as_ref()? {
+        NodeEnum::FuncCall(call) if bare && call.over.is_none() && call.agg_filter.is_none() && call.agg_order.is_empty() => Some(call),
+        _ => None,
+    }
+}
