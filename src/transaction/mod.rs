@@ -305,6 +305,9 @@ pub struct Participants {
     timeouts_unknown: bool,
     /// The current block may have changed them, which its end may undo.
     timeouts_changed_in_block: bool,
+    /// The `set_config` calls that give a connection the session's settings
+    /// (each after "; "), as read at which `settings_epoch`.
+    session_settings: Option<(u64, Arc<str>)>,
     /// The block's place among those holding worker connections (see `BlockGate`).
     admission: Option<crate::connection::pool::Admission>,
 }
@@ -332,7 +335,7 @@ impl Participants {
         let startup_state = login_state(&login);
         Participants {
             pool_key,
-            startup_login: login.clone(), local, local_in_block: false, workers: HashMap::new(), pools, node_pools: HashMap::new(), last_backends: HashMap::new(), catalog_version: 0, login_state: startup_state, startup_state, login, block: None, cancel_targets, two_phase, settings: None, worker_role: None, role_unknown: false, role_changed_in_block: false, settings_epoch: 0, settings_changed_in_block: false, timeouts_unknown: false, timeouts_changed_in_block: false, admission: None }
+            startup_login: login.clone(), local, local_in_block: false, workers: HashMap::new(), pools, node_pools: HashMap::new(), last_backends: HashMap::new(), catalog_version: 0, login_state: startup_state, startup_state, login, block: None, cancel_targets, two_phase, settings: None, worker_role: None, role_unknown: false, role_changed_in_block: false, settings_epoch: 0, settings_changed_in_block: false, timeouts_unknown: false, timeouts_changed_in_block: false, session_settings: None, admission: None }
     }
 
     /// The identity worker connections log in with.
@@ -944,13 +947,20 @@ impl Participants {
         if self.worker(node, access).await?.settings_epoch == epoch {
             return Ok(());
         }
-        let query = self.local.settings_query();
-        let rows = self.local_outside_block().await?.query(&query).await?;
+        let settings = match &self.session_settings {
+            Some((read_at, settings)) if *read_at == epoch => settings.clone(),
+            _ => {
+                let query = self.local.settings_query();
+                let rows = self.local_outside_block().await?.query(&query).await?;
+                let settings: Arc<str> = rows.into_iter().filter_map(|r| r.into_iter().next().flatten()).map(|s| format!("; {s}")).collect::<String>().into();
+                self.session_settings = Some((epoch, settings.clone()));
+                settings
+            }
+        };
         let worker = self.workers.get_mut(&group).ok_or_else(|| PgError::internal(format!("no connection to node group {group}")))?;
-        // RESET ALL leaves the role alone but not the name the deadlock detector reads.
-        let mut sql = vec!["RESET ALL".to_string(), format!("SET application_name TO {}", crate::connection::quote_literal(&worker.named))];
-        sql.extend(rows.into_iter().filter_map(|r| r.into_iter().next().flatten()));
-        worker.conn.execute(&sql.join("; ")).await?;
+        // RESET ALL leaves the role alone but not the name the deadlock
+        // detector reads. Sent ahead of the user code, in the same flight.
+        worker.conn.queue_silent(&format!("RESET ALL; SET application_name TO {}{settings}", crate::connection::quote_literal(&worker.named)));
         worker.settings_epoch = epoch;
         Ok(())
     }
