@@ -149,10 +149,10 @@ pub struct WorkerConnection {
     named: Arc<str>,
     /// The catalog version `prepared` holds statements for.
     prepared_version: i64,
-    /// Its place among the node's connections.
     /// The right to run statements outside a block on the node
     /// (`NodePool::run_outside_block`), while taken for that.
     running: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// Its place among the node's connections.
     _slot: tokio::sync::OwnedSemaphorePermit,
 }
 
@@ -509,10 +509,8 @@ impl Participants {
         // multi-shard statement or a pipeline before its Sync, the
         // coordinator database's for a statement it describes) does not wait
         // for this one to run: a session running here might wait for that.
-        let running = match self.block.is_none() && self.workers.is_empty() && !self.local.is_held() {
-            true => pool.run_outside_block(self.pools.wait, &label).await?,
-            false => None,
-        };
+        let holds_nothing = self.block.is_none() && self.workers.is_empty() && !self.local.is_held();
+        let running = if holds_nothing { pool.run_outside_block(self.pools.wait, &label).await? } else { None };
         let slot = loop {
             let mut worker = match pool.checkout(&self.pool_key, &|w: &WorkerConnection| Some(w.conn.backend_key()) == last, self.pools.wait, holds_block_connections, &label).await? {
                 Checkout::Open(slot) => break slot,
