@@ -83,3 +83,49 @@ async fn distributing_a_function_is_checked() {
     assert_eq!(answer(&c, "SELECT distribution_argument_index::text || ' ' || colocationid::text FROM pg_dist_object").await, answer(&c, "SELECT '0 ' || colocationid FROM pg_dist_partition WHERE logicalrelid = 'dl_k'::regclass").await);
     assert_eq!(answer(&other, "SELECT dl_f(5, 'x')").await, "5");
 }
+
+/// A delegated call is one statement on the worker holding its shard and
+/// nothing anywhere else: the servers' own statement logs count them.
+#[tokio::test]
+async fn a_delegated_call_is_one_statement_on_one_worker() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute(
+        "CREATE TABLE dl_r (id int PRIMARY KEY, v int); SELECT create_distributed_table('dl_r', 'id'); INSERT INTO dl_r SELECT g, 0 FROM generate_series(1, 100) g;
+         CREATE FUNCTION dl_bump(k int) RETURNS int LANGUAGE plpgsql AS $$
+         DECLARE bumped int;
+         BEGIN
+             UPDATE dl_r SET v = v + 1 WHERE id = k RETURNING v INTO bumped;
+             RETURN bumped;
+         END $$;
+         SELECT create_distributed_function('dl_bump(int)', 'k', colocate_with => 'dl_r');",
+    )
+    .await
+    .unwrap();
+    let ports = placement_ports(&c, "dl_r").await;
+    let target = ports[0];
+    let keys: Vec<i32> = (1..=100).filter(|id| ports[shard_of_int4(*id, ports.len() as u32)] == target).take(10).collect();
+    let call = c.prepare("SELECT dl_bump($1)").await.unwrap();
+    // The first call reads the session's settings and prepares the statement.
+    assert_eq!(c.query_one(&call, &[&keys[0]]).await.unwrap().get::<_, i32>(0), 1);
+    let mut logs = vec![(cluster.cluster.state.coordinator_db_port, cluster.cluster.coordinator_db().data_dir.join("server.log"))];
+    logs.extend(cluster.workers().iter().map(|w| (w.port, w.data_dir.join("server.log"))));
+    for (port, _) in &logs {
+        let server = common::connect(*port).await;
+        server.batch_execute("ALTER SYSTEM SET log_statement = 'all'").await.unwrap();
+        server.batch_execute("SELECT pg_reload_conf()").await.unwrap();
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let before: Vec<usize> = logs.iter().map(|(_, path)| std::fs::read_to_string(path).unwrap_or_default().len()).collect();
+    for key in &keys[1..] {
+        assert_eq!(c.query_one(&call, &[key]).await.unwrap().get::<_, i32>(0), 1, "key {key}");
+    }
+    for ((port, path), start) in logs.iter().zip(before) {
+        let text = std::fs::read_to_string(path).unwrap();
+        let added = &text[start..];
+        let calls = added.lines().filter(|l| l.contains("dl_bump(")).count();
+        let settings = added.lines().filter(|l| l.contains("set_config") || l.contains("RESET ALL") || l.contains("current_setting")).count();
+        let expected = if *port == target as u16 { keys.len() - 1 } else { 0 };
+        assert_eq!((calls, settings), (expected, 0), "statements logged by the server on port {port}:\n{added}");
+    }
+}
