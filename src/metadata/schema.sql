@@ -532,10 +532,16 @@ BEGIN
     IF current > (SELECT version FROM tessera.fallback_state) THEN
         FOR n IN SELECT DISTINCT ON (groupid) groupid, nodename, nodeport FROM tessera.pg_dist_node WHERE noderole = 'primary' ORDER BY groupid, nodeid LOOP
             server := 'tessera_node_' || n.groupid;
+            -- Not async_capable: PostgreSQL 15's asynchronous Append over
+            -- postgres_fdw now and then fails a correlated subquery with
+            -- "epoll_ctl() failed: File exists" when the machine is loaded.
             IF EXISTS (SELECT FROM pg_foreign_server WHERE srvname = server) THEN
                 EXECUTE format('ALTER SERVER %I OPTIONS (SET host %L, SET port %L)', server, n.nodename, n.nodeport::text);
+                IF EXISTS (SELECT FROM pg_foreign_server WHERE srvname = server AND 'async_capable=true' = ANY (srvoptions)) THEN
+                    EXECUTE format('ALTER SERVER %I OPTIONS (DROP async_capable)', server);
+                END IF;
             ELSE
-                EXECUTE format('CREATE SERVER %I FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host %L, port %L, dbname %L, async_capable ''true'', fetch_size ''10000'')',
+                EXECUTE format('CREATE SERVER %I FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host %L, port %L, dbname %L, fetch_size ''10000'')',
                                server, n.nodename, n.nodeport::text, current_database());
             END IF;
         END LOOP;
