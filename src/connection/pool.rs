@@ -39,9 +39,8 @@ pub struct NodePool<T> {
     overflow: Arc<Semaphore>,
     /// Wakes a session waiting for a connection when one is given back.
     returned: tokio::sync::Notify,
-    /// Set once the node's own limit has been read (or a configured one applied).
-    sized: std::sync::atomic::AtomicBool,
-    /// The limit (0 until sized).
+    /// The limit: configured, or read from the node's own by its first
+    /// connection (0 until then).
     limit: AtomicUsize,
     /// Permits for statements outside transaction blocks to run (see
     /// `run_outside_block`); None: unbounded but for the limit.
@@ -110,7 +109,6 @@ impl<T> NodePool<T> {
             slots: Arc::new(Semaphore::new(permits)),
             overflow: Arc::new(Semaphore::new(overflow)),
             returned: tokio::sync::Notify::new(),
-            sized: sized.into(),
             limit: AtomicUsize::new(if sized { permits } else { 0 }),
             running: None,
         }
@@ -208,17 +206,16 @@ impl<T> NodePool<T> {
     /// `max_connections`, read on `conn`, the pool's first connection.
     /// Returns the size when this call set it.
     pub async fn size_from(&self, conn: &mut PgConnection) -> PgResult<Option<usize>> {
-        if self.sized.load(Ordering::Acquire) {
+        if self.limit.load(Ordering::Acquire) != 0 {
             return Ok(None);
         }
         let node_max_connections: usize = conn.query_value("SHOW max_connections").await?.and_then(|v| v.parse().ok()).unwrap_or(100);
-        if self.sized.swap(true, Ordering::AcqRel) {
+        let size = (((node_max_connections as f64) * SHARE_OF_NODE) as usize).max(1);
+        if self.limit.compare_exchange(0, size, Ordering::AcqRel, Ordering::Acquire).is_err() {
             return Ok(None);
         }
-        let size = (((node_max_connections as f64) * SHARE_OF_NODE) as usize).max(1);
         self.slots.add_permits(size - 1);
         self.overflow.add_permits(overflow_for(size));
-        self.limit.store(size, Ordering::Release);
         Ok(Some(size))
     }
 
