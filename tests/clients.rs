@@ -37,7 +37,6 @@ fn run_matrix(port: u16, database: &str, tessera: bool, restore_port: u16) {
         .expect("run tests/clients/run.sh");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let target = if tessera { "Tessera" } else { "plain PostgreSQL" };
-    println!("--- client matrix against {target} ---\n{stdout}");
     if !output.status.success() {
         let logs: String = std::fs::read_dir(out.path())
             .into_iter()
@@ -46,10 +45,14 @@ fn run_matrix(port: u16, database: &str, tessera: bool, restore_port: u16) {
             .filter(|e| e.path().extension().is_some_and(|x| x == "err"))
             .map(|e| format!("--- {} ---\n{}\n", e.path().display(), std::fs::read_to_string(e.path()).unwrap_or_default()))
             .collect();
+        // The failing checks come first: CI shows the head of a long failure.
+        let failed: Vec<&str> = stdout.lines().filter(|l| l.contains("FAIL") || l.starts_with("missing")).collect();
+        let summary: Vec<&str> = stdout.lines().skip_while(|l| !l.starts_with("client ")).collect();
         panic!(
-            "the client matrix failed against {target} (exit {:?}):\n{}\n{}\n{logs}",
+            "the client matrix failed against {target} (exit {:?}):\n{}\n{}\n{}\n{logs}\n--- whole output ---\n{stdout}",
             output.status.code(),
-            stdout.lines().filter(|l| l.contains("FAIL") || l.starts_with("missing")).collect::<Vec<_>>().join("\n"),
+            failed.join("\n"),
+            summary.join("\n"),
             String::from_utf8_lossy(&output.stderr)
         );
     }
