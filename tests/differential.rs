@@ -432,7 +432,7 @@ impl Wrapper {
         match self {
             Wrapper::View => format!("CREATE VIEW slt_wrapped AS {sql}"),
             Wrapper::Function => format!(
-                "CREATE FUNCTION slt_wrapped_rows() RETURNS SETOF json LANGUAGE sql AS $slt_body$ SELECT to_json(slt_row) FROM ({}) slt_row $slt_body$",
+                "CREATE FUNCTION public.slt_wrapped_rows() RETURNS SETOF json LANGUAGE sql AS $slt_body$ SELECT to_json(slt_row) FROM ({}) slt_row $slt_body$",
                 sql.trim().trim_end_matches(';')
             ),
         }
@@ -440,13 +440,13 @@ impl Wrapper {
     fn read(self) -> &'static str {
         match self {
             Wrapper::View => "SELECT * FROM slt_wrapped",
-            Wrapper::Function => "SELECT * FROM slt_wrapped_rows()",
+            Wrapper::Function => "SELECT * FROM public.slt_wrapped_rows()",
         }
     }
     fn drop(self) -> &'static str {
         match self {
             Wrapper::View => "DROP VIEW IF EXISTS slt_wrapped",
-            Wrapper::Function => "DROP FUNCTION IF EXISTS slt_wrapped_rows()",
+            Wrapper::Function => "DROP FUNCTION IF EXISTS public.slt_wrapped_rows()",
         }
     }
     fn name(self) -> &'static str {

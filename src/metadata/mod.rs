@@ -251,7 +251,7 @@ pub struct DistributedFunction {
 }
 
 /// One consistent view of the catalog.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Catalog {
     pub version: i64,
     /// Active and inactive worker nodes, by node id.
@@ -269,18 +269,47 @@ pub struct Catalog {
     user_types: Arc<HashMap<String, u32>>,
     /// Distributed functions, by schema and name (overloads side by side).
     functions: HashMap<(String, String), Vec<Arc<DistributedFunction>>>,
+    /// What unqualified names mean under a session's search_path when it is
+    /// not just `public`. See `with_search_path`.
+    unqualified: Option<Arc<UnqualifiedNames>>,
 }
+
+/// Names of distributed tables and of user code's relations (views,
+/// tables with triggers), each with the schema where a session's
+/// search_path finds a relation of that name (None: nowhere).
+pub type UnqualifiedNames = HashMap<String, Option<String>>;
 
 impl Catalog {
     pub fn table(&self, schema: &str, name: &str) -> Option<&Arc<DistributedTable>> {
         self.tables.get(&(schema.to_string(), name.to_string()))
     }
-    /// Resolves an unqualified table name the way the default search path would.
+    /// The distributed table a name means: a qualified one is looked up, an
+    /// unqualified one in `public`, or as the session's search_path found it.
     pub fn resolve(&self, schema: Option<&str>, name: &str) -> Option<&Arc<DistributedTable>> {
-        match schema {
-            Some(s) => self.table(s, name),
-            None => self.table("public", name),
+        self.table(self.schema_for(schema, name)?, name)
+    }
+    /// The schema a relation name leads to: its own if qualified, else
+    /// `public` or where the session's search_path found it.
+    pub fn schema_for<'a>(&'a self, schema: Option<&'a str>, name: &str) -> Option<&'a str> {
+        match (schema, &self.unqualified) {
+            (Some(s), _) => Some(s),
+            (None, None) => Some("public"),
+            (None, Some(names)) => names.get(name).and_then(|s| s.as_deref()),
         }
+    }
+    /// A view over distributed tables, by the name a statement gives it.
+    pub fn view(&self, schema: Option<&str>, name: &str) -> Option<&Arc<user_code::View>> {
+        self.user_code.view(Some(self.schema_for(schema, name)?), name)
+    }
+    /// The names whose meaning a session's search_path decides: those of
+    /// distributed tables and of user code's relations, each once.
+    pub fn relation_names(&self) -> std::collections::BTreeSet<&str> {
+        self.tables.keys().map(|(_, name)| name.as_str()).chain(self.user_code.relation_names()).collect()
+    }
+    /// This catalog for a session whose search_path resolves unqualified
+    /// names as `names` says (read from the coordinator database).
+    pub fn with_search_path(&self, names: Arc<UnqualifiedNames>) -> Catalog {
+        Catalog { unqualified: Some(names), ..self.clone() }
     }
     pub fn table_by_oid(&self, oid: u32) -> Option<&Arc<DistributedTable>> {
         self.by_oid.get(&oid)
@@ -302,10 +331,15 @@ impl Catalog {
     pub fn has_tables(&self) -> bool {
         !self.by_oid.is_empty()
     }
-    /// Whether any distributed table has this name in any schema (used to spot
-    /// references the parse tree walk could not classify).
-    pub fn is_distributed_name(&self, name: &str) -> bool {
-        self.tables.keys().any(|(_, n)| n == name)
+    /// Whether an unqualified `name` may mean a distributed table: the one
+    /// the session's search_path finds, if it was read; else any of that
+    /// name in any schema (used to spot references the parse tree walk could
+    /// not classify).
+    pub fn may_name_distributed(&self, name: &str) -> bool {
+        match &self.unqualified {
+            Some(_) => self.resolve(None, name).is_some(),
+            None => self.tables.keys().any(|(_, n)| n == name),
+        }
     }
     /// The distributed function a call names with `arg_count` arguments, an
     /// unqualified name looked up in schema public (as tables are).

@@ -13,7 +13,7 @@ use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct UserCode {
     /// Views that read distributed tables, directly or through other views,
     /// by schema and name.
@@ -105,6 +105,10 @@ impl UserCode {
     pub fn has_views(&self) -> bool {
         !self.views.is_empty()
     }
+    /// Names of the views, materialized views and tables with triggers listed.
+    pub fn relation_names(&self) -> impl Iterator<Item = &str> {
+        self.views.keys().chain(self.materialized.keys()).chain(self.triggered.keys()).map(|(_, name)| name.as_str())
+    }
     /// Whether some view over distributed tables has this name, in any schema.
     pub fn is_view_name(&self, name: &str) -> bool {
         self.views.keys().any(|(_, n)| n == name)
@@ -137,7 +141,7 @@ impl UserCode {
     /// What a body that uses `body` reaches, if it reaches distributed tables
     /// (the tables of `catalog`, these views, or functions that do).
     pub fn reached_by(&self, body: &BodyUse, catalog: &Catalog) -> Option<String> {
-        if let Some(r) = body.relations.iter().find(|r| catalog.is_distributed_name(r)) {
+        if let Some(r) = body.relations.iter().find(|r| catalog.may_name_distributed(r)) {
             return Some(format!("the distributed table \"{r}\""));
         }
         if let Some(r) = body.relations.iter().find(|r| self.is_view_name(r)) {
@@ -405,7 +409,7 @@ pub(super) async fn load(conn: &mut PgConnection, catalog: &Catalog) -> PgResult
         .await?
         .into_iter()
         .filter_map(|r| r.into_iter().next().flatten())
-        .filter(|name| !catalog.is_distributed_name(name) && !code.is_view_name(name))
+        .filter(|name| !catalog.may_name_distributed(name) && !code.is_view_name(name))
         .collect();
     for (name, _, oid, body) in &uses {
         let Some(found) = body.relations.iter().find(|r| local.contains(*r)) else { continue };

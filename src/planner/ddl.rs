@@ -772,7 +772,7 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
 
 /// Whether a statement's relation is a view over distributed tables.
 fn names_view(relation: Option<&protobuf::RangeVar>, catalog: &Catalog) -> bool {
-    relation.is_some_and(|rv| catalog.user_code.view(super::schema_of(rv), &rv.relname).is_some())
+    relation.is_some_and(|rv| catalog.view(super::schema_of(rv), &rv.relname).is_some())
 }
 
 /// Every node makes the view; a worker lacking what it reads (a view over
@@ -795,7 +795,7 @@ fn view_runs_on_workers(node: &NodeEnum, catalog: &Catalog) -> bool {
     let NodeEnum::ViewStmt(v) = node else { return false };
     let Some(query) = v.query.as_ref().and_then(|q| q.node.as_ref()) else { return false };
     let (views, others): (Vec<protobuf::RangeVar>, Vec<protobuf::RangeVar>) =
-        super::walk::range_vars(query).into_iter().partition(|rv| catalog.user_code.view(super::schema_of(rv), &rv.relname).is_some());
+        super::walk::range_vars(query).into_iter().partition(|rv| catalog.view(super::schema_of(rv), &rv.relname).is_some());
     let reaches = !views.is_empty()
         || others.iter().any(|rv| resolve_range_var(rv, catalog).is_some())
         || super::walk::called_functions(query).iter().any(|f| catalog.user_code.touching(f).is_some());

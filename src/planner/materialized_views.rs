@@ -39,7 +39,7 @@ pub(super) fn plan(node: &NodeEnum, catalog: &Catalog) -> Option<Plan> {
         }
         NodeEnum::RefreshMatViewStmt(r) => {
             let rv = r.relation.as_ref()?;
-            let view = catalog.user_code.materialized_view(schema_of(rv), &rv.relname)?;
+            let view = catalog.user_code.materialized_view(catalog.schema_for(schema_of(rv), &rv.relname), &rv.relname)?;
             let name = match schema_of(rv) {
                 Some(schema) => format!("{}.{}", quote_ident(schema), quote_ident(&rv.relname)),
                 None => quote_ident(&rv.relname),

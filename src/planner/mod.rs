@@ -64,6 +64,8 @@ pub struct PlannedStatement {
     /// It may change the timeouts the workers' connections follow
     /// (`transaction::WORKER_TIMEOUTS`).
     pub changes_timeouts: bool,
+    /// It may change where unqualified table names lead (search_path).
+    pub changes_search_path: bool,
     /// Why it leaves state only the session's coordinator database backend
     /// holds (a temporary table, LISTEN, …), if it does.
     pub pins: Option<&'static str>,
@@ -73,7 +75,7 @@ impl PlannedStatement {
     /// A statement with no effect on the session's state (text the parser
     /// rejects, or none at all).
     fn plain(sql: &str, plan: Plan) -> Self {
-        PlannedStatement { sql: sql.to_string(), plan, changes_settings: false, changes_role: false, changes_user_code: false, custom_settings: Vec::new(), changes_timeouts: false, pins: None }
+        PlannedStatement { sql: sql.to_string(), plan, changes_settings: false, changes_role: false, changes_user_code: false, custom_settings: Vec::new(), changes_timeouts: false, changes_search_path: false, pins: None }
     }
 }
 
@@ -181,6 +183,7 @@ pub fn plan_query(sql: &str, catalog: &Catalog) -> Vec<PlannedStatement> {
             let changes_settings = node.is_some_and(session_state::changes_settings);
             let custom_settings = node.map(session_state::custom_settings).unwrap_or_default();
             let changes_timeouts = node.is_some_and(session_state::changes_timeouts);
+            let changes_search_path = node.is_some_and(session_state::changes_search_path);
             let pins = node.and_then(session_state::pins);
             let changes_role = changes_role(&raw);
             let changes_user_code = changes_user_code(&raw);
@@ -188,7 +191,7 @@ pub fn plan_query(sql: &str, catalog: &Catalog) -> Vec<PlannedStatement> {
                 Plan::Local => cluster_views::needed(&text, catalog.has_tables()).map_or(Plan::Local, Plan::LocalWithClusterData),
                 plan => plan,
             });
-            PlannedStatement { sql: text, plan, changes_settings, changes_role, changes_user_code, custom_settings, changes_timeouts, pins }
+            PlannedStatement { sql: text, plan, changes_settings, changes_role, changes_user_code, custom_settings, changes_timeouts, changes_search_path, pins }
         })
         .collect()
 }
@@ -391,12 +394,12 @@ fn plan_transaction(t: &protobuf::TransactionStmt, text: &str) -> Plan {
 fn refuse_unseen_references(node: &NodeEnum, text: &str, catalog: &Catalog) -> Plan {
     // Our own walk finds all of a query's relations, so only those count: a word
     // that matches a table's name elsewhere is an alias or a column (`FROM
-    // pg_range r`). A relation named like a distributed table that did not
-    // resolve to it (another schema's table of that name) is refused, since
-    // the search_path decides which one PostgreSQL reads. FETCH, MOVE and
-    // CLOSE name only a cursor, which may share a table's name.
+    // pg_range r`). An unqualified relation named like a distributed table
+    // that did not resolve to it is refused unless the session's search_path
+    // was read (see `Catalog::names_unqualified`). FETCH, MOVE and CLOSE name
+    // only a cursor, which may share a table's name.
     if matches!(node, NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_)) {
-        return match walk::range_vars(node).into_iter().find(|rv| catalog.is_distributed_name(&rv.relname)) {
+        return match walk::range_vars(node).into_iter().find(|rv| rv.schemaname.is_empty() && catalog.may_name_distributed(&rv.relname)) {
             Some(rv) => Plan::Unsupported(PgError::not_supported(format!(
                 "this statement uses the distributed table \"{}\" in a way Tessera does not support yet",
                 rv.relname
@@ -413,18 +416,32 @@ fn refuse_unseen_references(node: &NodeEnum, text: &str, catalog: &Catalog) -> P
         NodeEnum::DeclareCursorStmt(d) => Some(d.portalname.as_str()),
         _ => None,
     };
+    // The two words before the current one, to tell `schema.name`.
+    let mut before: [Option<String>; 2] = [None, None];
     for token in &scan.tokens {
         let Some(word) = text.get(token.start as usize..token.end as usize) else { continue };
         let name = match word.strip_prefix('"').and_then(|w| w.strip_suffix('"')) {
             Some(quoted) => quoted.replace("\"\"", "\""),
             None if word.starts_with(|c: char| c.is_alphabetic() || c == '_') => word.to_lowercase(),
-            None => continue,
+            None => word.to_string(),
         };
+        let schema = match &before {
+            [Some(schema), Some(dot)] if dot == "." => Some(schema.clone()),
+            _ => None,
+        };
+        before = [before[1].take(), Some(name.clone())];
+        if !word.starts_with(|c: char| c.is_alphabetic() || c == '_' || c == '"') {
+            continue;
+        }
         if cursor_name == Some(name.as_str()) {
             cursor_name = None;
             continue;
         }
-        if catalog.is_distributed_name(&name) {
+        let names_distributed = match &schema {
+            Some(schema) => catalog.table(schema, &name).is_some(),
+            None => catalog.may_name_distributed(&name),
+        };
+        if names_distributed {
             return Plan::Unsupported(PgError::not_supported(format!(
                 "this statement uses the distributed table \"{name}\" in a way Tessera does not support yet"
             )));

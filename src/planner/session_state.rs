@@ -21,6 +21,20 @@ pub(super) fn changes_settings(node: &NodeEnum) -> bool {
     matches!(node, NodeEnum::VariableSetStmt(_) | NodeEnum::DiscardStmt(_)) || called_functions(node).iter().any(|f| f == "set_config")
 }
 
+/// Whether the statement may change which schemas unqualified names are
+/// looked up in: SET or RESET of search_path or of the role (`"$user"`),
+/// RESET ALL, DISCARD, `set_config`, or making, renaming or dropping a
+/// schema (the path may name one that did not exist).
+pub(super) fn changes_search_path(node: &NodeEnum) -> bool {
+    match node {
+        NodeEnum::VariableSetStmt(set) => matches!(set.name.as_str(), "" | "search_path" | "role" | "session_authorization"),
+        NodeEnum::DiscardStmt(_) | NodeEnum::CreateSchemaStmt(_) => true,
+        NodeEnum::RenameStmt(r) => r.rename_type() == protobuf::ObjectType::ObjectSchema,
+        NodeEnum::DropStmt(d) => d.remove_type() == protobuf::ObjectType::ObjectSchema,
+        _ => called_functions(node).iter().any(|f| f == "set_config"),
+    }
+}
+
 /// Whether the statement may change one of `WORKER_TIMEOUTS`: SET or RESET
 /// of one, RESET ALL, DISCARD ALL, or a call of `set_config`.
 pub(super) fn changes_timeouts(node: &NodeEnum) -> bool {

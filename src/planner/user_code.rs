@@ -27,13 +27,13 @@ pub(super) fn refusal(node: &NodeEnum, catalog: &Catalog) -> Option<Plan> {
         return None;
     }
     if let Some((schema, name)) = written_relation(node) {
-        if let Some(view) = code.view(schema, name) {
+        if let Some(view) = catalog.view(schema, name) {
             return Some(refuse(
                 format!("writing through the view \"{}\", which reads distributed tables, is not supported yet", view.name),
                 "Write to the view's tables themselves.",
             ));
         }
-        if let Some(touch) = code.trigger_on(schema, name) {
+        if let Some(touch) = code.trigger_on(catalog.schema_for(schema, name), name) {
             return Some(refuse(
                 format!(
                     "a trigger on \"{name}\" runs {}, which reaches {}; in the coordinator database that holds only an empty shell of it",

@@ -67,7 +67,7 @@ impl Expander<'_> {
         if rv.schemaname.is_empty() && (depth > 0 || self.ctes.contains(&rv.relname)) {
             return None;
         }
-        let view = self.catalog.user_code.view(schema_of(rv), &rv.relname)?.clone();
+        let view = self.catalog.view(schema_of(rv), &rv.relname)?.clone();
         if depth >= MAX_VIEW_DEPTH {
             self.too_deep = true;
             return None;
@@ -351,7 +351,7 @@ pub(super) fn write_through(node: &NodeEnum, catalog: &Catalog) -> Option<Result
         NodeEnum::DeleteStmt(s) => s.relation.as_ref(),
         _ => None,
     }?;
-    let view = catalog.user_code.view(schema_of(rv), &rv.relname)?;
+    let view = catalog.view(schema_of(rv), &rv.relname)?;
     let refuse = |why: &str| {
         Some(Err(Plan::Unsupported(
             crate::error::PgError::not_supported(format!("writing through the view \"{}\", which reads distributed tables, is not supported: {why}", view.name))

@@ -12,7 +12,7 @@ use crate::connection::{quote_literal, Login, PgConnection};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::executor::stream::{self as row_stream, Progress, RowStream};
 use crate::executor::{self, Mode};
-use crate::metadata::{self, Catalog};
+use crate::metadata::{self, Catalog, UnqualifiedNames};
 use crate::planner::{self, Plan, PlannedStatement, RouterPlan, SqlExecute, TransactionCommand};
 use crate::protocol::backend::{self, FieldDescription};
 use crate::protocol::frontend::{self, Bind, StartupPacket, Target};
@@ -33,6 +33,8 @@ const PLAN_CACHE_LIMIT: usize = 2000;
 /// The statements of one query string, planned against one catalog version.
 struct CachedPlan {
     version: i64,
+    /// `SearchPath::generation` when planned.
+    search_path: u64,
     statements: Vec<PlannedStatement>,
 }
 
@@ -119,6 +121,25 @@ struct Session {
     /// its worker connections are mid-answer until it is read to the end.
     stream: Option<(String, RowStream)>,
     block_catalog_loads: i64,
+    search_path: SearchPath,
+}
+
+/// Where the session's search_path leads unqualified names of distributed
+/// tables, when that is not `public` alone.
+#[derive(Default)]
+struct SearchPath {
+    /// Read from the coordinator database (None: `public` alone).
+    unqualified: Option<Arc<UnqualifiedNames>>,
+    /// The catalog version `unqualified` was read under.
+    read_at: i64,
+    /// A statement may have changed the search_path since it was read.
+    stale: bool,
+    /// One may have since the last block ended, which could undo it.
+    changed_since_block_end: bool,
+    /// Counts changes of `unqualified`: plans made before one are made again.
+    generation: u64,
+    /// The catalog with `unqualified` applied, and the one it was made from.
+    catalog: std::cell::RefCell<Option<(Arc<Catalog>, Arc<Catalog>)>>,
 }
 
 
@@ -197,10 +218,13 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: Stream) -> anyhow::Resul
             return refuse(&mut client, e).await;
         }
     };
-    if let Err(e) = parts.read_login_settings().await {
-        coordinator.unregister_session(key);
-        return refuse(&mut client, e).await;
-    }
+    let search_path_public = match parts.read_login_settings().await {
+        Ok(public) => public,
+        Err(e) => {
+            coordinator.unregister_session(key);
+            return refuse(&mut client, e).await;
+        }
+    };
     client.authenticated();
     backend::authentication_ok(client.out());
     for (k, v) in &server_params {
@@ -230,6 +254,7 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: Stream) -> anyhow::Resul
         skip_until_sync: false,
         release_work: false,
         abandoned: false,
+        search_path: SearchPath { stale: !search_path_public, ..SearchPath::default() },
     };
     // A client that logs in and waits holds no connection meanwhile.
     session.parts.release_connections(true).await;
@@ -469,6 +494,21 @@ impl Session {
     }
 
     fn catalog(&self) -> Arc<Catalog> {
+        let base = self.base_catalog();
+        let Some(unqualified) = &self.search_path.unqualified else { return base };
+        let mut derived = self.search_path.catalog.borrow_mut();
+        match derived.as_ref() {
+            Some((from, catalog)) if Arc::ptr_eq(from, &base) => catalog.clone(),
+            _ => {
+                let catalog = Arc::new(base.with_search_path(unqualified.clone()));
+                *derived = Some((base, catalog.clone()));
+                catalog
+            }
+        }
+    }
+
+    /// The catalog before the session's search_path is applied.
+    fn base_catalog(&self) -> Arc<Catalog> {
         if let Some(catalog) = self.block_catalog.as_ref().filter(|_| self.parts.in_block()) {
             return catalog.clone();
         }
@@ -477,6 +517,54 @@ impl Session {
         } else {
             Arc::new(Catalog::default())
         }
+    }
+
+    /// Reads where the session's search_path leads distributed tables'
+    /// unqualified names, if a statement may have changed it, or if it leads
+    /// elsewhere than `public` and the catalog changed since. Plans made
+    /// under another answer are dropped.
+    async fn follow_search_path(&mut self) -> Result<(), Failure> {
+        let base = self.base_catalog();
+        let outdated = self.search_path.unqualified.is_some() && self.search_path.read_at != base.version;
+        if !self.distributed || !(self.search_path.stale || outdated) || self.parts.is_failed() {
+            return Ok(());
+        }
+        let names: Vec<String> = base.relation_names().into_iter().map(crate::connection::quote_literal).collect();
+        let unqualified = if names.is_empty() {
+            None
+        } else {
+            let rows = self
+                .parts
+                .local_for_describe()
+                .await?
+                .query(&format!(
+                    "SELECT n, (SELECT s.nspname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace s ON s.oid = c.relnamespace
+                                 WHERE c.oid = pg_catalog.to_regclass(pg_catalog.quote_ident(n)))
+                       FROM unnest(ARRAY[{}]::text[]) n
+                      WHERE pg_catalog.current_schemas(false) <> ARRAY['public']::name[]",
+                    names.join(", ")
+                ))
+                .await?;
+            let found: UnqualifiedNames = rows
+                .into_iter()
+                .filter_map(|row| {
+                    let mut columns = row.into_iter();
+                    let name = columns.next().flatten()?;
+                    Some((name, columns.next().flatten()))
+                })
+                .collect();
+            (!found.is_empty()).then(|| Arc::new(found))
+        };
+        self.search_path.stale = false;
+        self.search_path.read_at = base.version;
+        if unqualified != self.search_path.unqualified {
+            self.search_path.unqualified = unqualified;
+            self.search_path.generation += 1;
+            *self.search_path.catalog.borrow_mut() = None;
+            self.plans.clear();
+            self.shapes.clear();
+        }
+        Ok(())
     }
 
     /// The catalog to run under. After a catalog change (DDL above all) the
@@ -507,20 +595,30 @@ impl Session {
         if planned.statements.iter().any(|s| s.changes_role) {
             self.parts.role_may_have_changed();
         }
+        // The end of a block (or of a savepoint) may undo a SET in it.
+        let undoes = |s: &PlannedStatement| matches!(s.plan, Plan::Transaction(TransactionCommand::Commit | TransactionCommand::Rollback | TransactionCommand::RollbackTo(_)));
+        if self.search_path.changed_since_block_end && planned.statements.iter().any(undoes) {
+            self.search_path.stale = true;
+            self.search_path.changed_since_block_end = false;
+        }
+        if planned.statements.iter().any(|s| s.changes_search_path) {
+            self.search_path.stale = true;
+            self.search_path.changed_since_block_end = true;
+        }
         planned
     }
 
     fn plan_cached(&mut self, sql: &str) -> Arc<CachedPlan> {
         let catalog = self.catalog();
         if let Some(p) = self.plans.get(sql) {
-            if p.version == catalog.version {
+            if p.version == catalog.version && p.search_path == self.search_path.generation {
                 return p.clone();
             }
         }
         if self.plans.len() >= PLAN_CACHE_LIMIT {
             self.plans.clear();
         }
-        let planned = Arc::new(CachedPlan { version: catalog.version, statements: planner::plan_query(sql, &catalog) });
+        let planned = Arc::new(CachedPlan { version: catalog.version, search_path: self.search_path.generation, statements: planner::plan_query(sql, &catalog) });
         self.plans.insert(sql.to_string(), planned.clone());
         planned
     }
@@ -562,8 +660,16 @@ impl Session {
     async fn simple_query(&mut self, msg: &Message) -> anyhow::Result<()> {
         self.settle_stream().await;
         let sql = frontend::decode_query(msg)?.to_string();
+        if let Err(f) = self.follow_search_path().await {
+            self.report(f);
+            backend::ready_for_query(self.client.out(), self.parts.status());
+            return Ok(self.client.flush().await?);
+        }
         let planned = self.plan(&sql);
-        let all_local = planned.statements.iter().all(|s| matches!(s.plan, Plan::Local | Plan::Empty));
+        // A search_path change before the last statement may make a later
+        // one distributed: those go one by one.
+        let path_changes_midway = planned.statements.iter().rev().skip(1).any(|s| s.changes_search_path);
+        let all_local = !path_changes_midway && planned.statements.iter().all(|s| matches!(s.plan, Plan::Local | Plan::Empty));
         if all_local && !self.parts.is_failed() {
             // The common pass-through case: the whole string, in one message.
             match self.parts.local().await {
@@ -593,8 +699,15 @@ impl Session {
                 }
                 i += 1;
                 // A statement that changed the catalog (create_distributed_table,
-                // DROP TABLE, …) changes how the statements after it must run.
-                if self.catalog().version != planned.version {
+                // DROP TABLE, …) or the search_path changes how the statements
+                // after it must run.
+                if stmt.changes_search_path || self.search_path.stale {
+                    if let Err(f) = self.follow_search_path().await {
+                        self.report(f);
+                        break;
+                    }
+                }
+                if self.catalog().version != planned.version || self.search_path.generation != planned.search_path {
                     planned = self.plan(&sql);
                 }
             }
@@ -1017,6 +1130,10 @@ impl Session {
 
     async fn on_parse(&mut self, msg: &Message) -> anyhow::Result<()> {
         let parse = frontend::decode_parse(msg)?;
+        if let Err(f) = self.follow_search_path().await {
+            self.extended_error(f);
+            return Ok(());
+        }
         let planned = self.plan(&parse.sql);
         let distributed = planned.statements.len() == 1 && !matches!(planned.statements[0].plan, Plan::Local | Plan::Empty);
         if !distributed {
@@ -1299,7 +1416,8 @@ impl Session {
     /// as PostgreSQL does for a prepared statement, it fails if its result
     /// columns changed under it.
     async fn current_plan(&mut self, statement: &DistributedStatement) -> Result<Arc<CachedPlan>, Failure> {
-        if statement.plan.version == self.catalog().version {
+        self.follow_search_path().await?;
+        if statement.plan.version == self.catalog().version && statement.plan.search_path == self.search_path.generation {
             return Ok(statement.plan.clone());
         }
         let sql = statement.plan.statements[0].sql.clone();

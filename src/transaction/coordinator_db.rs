@@ -159,12 +159,14 @@ impl CoordinatorDb {
     }
 
     /// Reads the settings that the session began with and that the
-    /// coordinator acts on itself (on the held connection, at login).
-    pub async fn read_login_settings(&mut self) -> PgResult<()> {
-        let Some(held) = self.held.as_mut() else { return Ok(()) };
-        let value = held.conn.query_value(&format!("SELECT current_setting('{IDLE_IN_TRANSACTION}')")).await?;
-        self.idle_in_transaction_default = value.as_deref().and_then(parse_duration);
-        Ok(())
+    /// coordinator acts on itself (on the held connection, at login), and
+    /// says whether its search_path leads to `public` alone.
+    pub async fn read_login_settings(&mut self) -> PgResult<bool> {
+        let Some(held) = self.held.as_mut() else { return Ok(false) };
+        let rows = held.conn.query(&format!("SELECT current_setting('{IDLE_IN_TRANSACTION}'), current_schemas(false) = ARRAY['public']::name[]")).await?;
+        let row = rows.into_iter().next().unwrap_or_default();
+        self.idle_in_transaction_default = row.first().cloned().flatten().as_deref().and_then(parse_duration);
+        Ok(row.get(1).cloned().flatten().as_deref() == Some("t"))
     }
 
     /// How long the client may leave a transaction block idle before the

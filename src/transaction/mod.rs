@@ -424,8 +424,9 @@ impl Participants {
         self.local.held()
     }
 
-    /// Reads, at login, the settings the coordinator acts on itself.
-    pub async fn read_login_settings(&mut self) -> PgResult<()> {
+    /// Reads, at login, the settings the coordinator acts on itself; true
+    /// when the search_path leads to `public` alone.
+    pub async fn read_login_settings(&mut self) -> PgResult<bool> {
         self.local.read_login_settings().await
     }
 
