@@ -244,6 +244,10 @@ async fn plan_tasks(plan: &RouterPlan, parts: &mut Participants, mode: &Mode<'_>
                 vec![Task { group: *g, sql, rows: Vec::new() }]
             }
         }
+        ShardTarget::SameKeys(keys) => {
+            let i = shard_of_all(plan, parts, keys, mode).await?.ok_or_else(|| PgError::internal("key values in different shard groups reached the router"))?;
+            vec![Task { group: group_node(i)?, sql: plan.sql_for_shard(i)?, rows: Vec::new() }]
+        }
         ShardTarget::AnyNode(groups) => vec![Task { group: user_code_node(groups, parts)?, sql: plan.sql_for_shard(0)?, rows: Vec::new() }],
         ShardTarget::InsertRows(keys) => {
             let mut by_shard: Vec<(u32, Vec<usize>)> = Vec::new();
@@ -449,6 +453,27 @@ async fn run_task(w: &mut WorkerConnection, sql: &Arc<str>, mode: &Mode<'_>, cli
 /// it would run on some worker anyway (it reaches distributed tables: the
 /// node its argument picks is the one whose shards it mostly reads); unless
 /// the session set `citus.enable_function_delegation` off.
+/// Whether the key values of a `ShardTarget::SameKeys` plan fall in one
+/// shard group this execution, so that the router plan may run.
+pub async fn keys_meet(plan: &RouterPlan, parts: &mut Participants, mode: &Mode<'_>) -> PgResult<bool> {
+    let ShardTarget::SameKeys(keys) = &plan.target else { return Ok(true) };
+    Ok(shard_of_all(plan, parts, keys, mode).await?.is_some())
+}
+
+/// The one shard group all `keys` hash to (a NULL key matches no row, so it
+/// goes anywhere), or None when they fall in several.
+async fn shard_of_all(plan: &RouterPlan, parts: &mut Participants, keys: &[KeyValue], mode: &Mode<'_>) -> PgResult<Option<u32>> {
+    let mut found = None;
+    for key in keys {
+        match (shard_of(plan, parts, key_input(key, mode)?).await?, found) {
+            (Some(shard), Some(earlier)) if shard != earlier => return Ok(None),
+            (Some(shard), _) => found = Some(shard),
+            (None, _) => {}
+        }
+    }
+    Ok(Some(found.unwrap_or(0)))
+}
+
 pub async fn delegates(delegation: &Delegation, parts: &mut Participants) -> PgResult<bool> {
     if !parts.citus_settings().await?.function_delegation {
         return Ok(false);

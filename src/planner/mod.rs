@@ -103,6 +103,10 @@ pub enum Plan {
     /// A call of a distributed function, delegated to the node of its
     /// distribution argument's shard, or run as `otherwise` says.
     Delegated(Arc<Delegation>),
+    /// Routed to one shard group when the key values that pin its tables
+    /// (a `ShardTarget::SameKeys` router plan) fall in it, else run as
+    /// `otherwise` says (the general fallback).
+    KeysMeet(Arc<KeysMeet>),
     /// Runs on every shard group; the coordinator combines the results.
     MultiShard(Arc<MultiShardPlan>),
     /// Runs in the coordinator database over foreign tables on the shards.
@@ -136,6 +140,12 @@ pub enum TransactionCommand {
     RollbackTo(String),
 }
 
+#[derive(Debug)]
+pub struct KeysMeet {
+    pub route: Arc<RouterPlan>,
+    pub otherwise: Plan,
+}
+
 impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -148,6 +158,7 @@ impl fmt::Display for Plan {
             Plan::Ddl(d) => write!(f, "Ddl({d})"),
             Plan::Router(r) => write!(f, "Router({r})"),
             Plan::Delegated(d) => write!(f, "Delegated({}, otherwise {})", d.call, d.otherwise),
+            Plan::KeysMeet(k) => write!(f, "KeysMeet({}, otherwise {})", k.route, k.otherwise),
             Plan::MultiShard(m) => write!(f, "MultiShard({m})"),
             Plan::Fallback(fb) => write!(f, "Fallback({fb})"),
             Plan::Explain(e) => write!(f, "Explain({e})"),
@@ -318,6 +329,11 @@ fn plan_undelegated(version: i32, raw: &protobuf::RawStmt, node: &NodeEnum, text
     };
     match plan {
         Some(Plan::Unsupported(refusal)) => fallback::plan(version, node, catalog, refusal.message()).unwrap_or(Plan::Unsupported(refusal)),
+        Some(Plan::Router(route)) if matches!(route.target, ShardTarget::SameKeys(_)) => {
+            let why = "its tables are pinned to key values in different shard groups";
+            let otherwise = fallback::plan(version, node, catalog, why).unwrap_or_else(|| not_supported(format!("this query is supported only when {why} agree")));
+            Plan::KeysMeet(Arc::new(KeysMeet { route, otherwise }))
+        }
         Some(plan) => plan,
         None => refuse_unseen_references(node, text, catalog),
     }

@@ -114,6 +114,10 @@ pub enum ShardTarget {
     Key(KeyValue),
     /// A multi-row INSERT whose rows may go to different shard groups.
     InsertRows(Vec<KeyValue>),
+    /// Tables pinned by different key values (`a.k = $1 AND b.k = $2`, not
+    /// joined on their keys): one shard group when all values fall in it,
+    /// which the executor checks first (`executor::keys_meet`).
+    SameKeys(Vec<KeyValue>),
     /// Any one of these node groups, the statement unchanged: user code runs
     /// over the worker-side relations, which show every node whole tables.
     AnyNode(Vec<i32>),
@@ -151,6 +155,7 @@ impl fmt::Display for RouterPlan {
             ShardTarget::Key(KeyValue::Param(index)) => write!(f, "shard of ${}", index + 1),
             ShardTarget::Key(k) => write!(f, "shard of {k:?}"),
             ShardTarget::InsertRows(rows) => write!(f, "{} rows", rows.len()),
+            ShardTarget::SameKeys(keys) => write!(f, "shard of all of {keys:?}"),
             ShardTarget::AnyNode(_) => write!(f, "any node"),
         }
     }
@@ -800,7 +805,7 @@ fn plan_pinned(command: Command, node: &NodeEnum, scope: Vec<ScopeEntry>, conjun
         return not_supported("joins between distributed tables that are not co-located are not supported yet");
     }
     let mut parent: Vec<usize> = (0..scope.len()).collect();
-    let mut pins: Vec<(usize, ShardTarget)> = Vec::new();
+    let mut pins: Vec<(usize, ShardTarget, KeyValue)> = Vec::new();
     for c in conjuncts {
         let (l, r) = (dist_column_owner(&c.left, &scope), dist_column_owner(&c.right, &scope));
         match (l, r) {
@@ -815,7 +820,7 @@ fn plan_pinned(command: Command, node: &NodeEnum, scope: Vec<ScopeEntry>, conjun
                 match key_value(other, key) {
                     Some(Ok(v)) => {
                         if let Some(target) = pin_target(&v, *column_type, key, shards) {
-                            pins.push((owner, target));
+                            pins.push((owner, target, v));
                         }
                     }
                     Some(Err(_)) => return router_for_null_key(command, anchor, template),
@@ -827,6 +832,7 @@ fn plan_pinned(command: Command, node: &NodeEnum, scope: Vec<ScopeEntry>, conjun
     }
     // Every distributed table must be pinned, through its own group's key.
     let mut target: Option<ShardTarget> = None;
+    let mut keys: Vec<KeyValue> = Vec::new();
     let mut groups_done: Vec<usize> = Vec::new();
     for &i in &hash_entries {
         let root = find(&mut parent, i);
@@ -834,7 +840,7 @@ fn plan_pinned(command: Command, node: &NodeEnum, scope: Vec<ScopeEntry>, conjun
             continue;
         }
         groups_done.push(root);
-        let pin = pins.iter().find(|(owner, _)| find(&mut parent, *owner) == root);
+        let pin = pins.iter().find(|(owner, _, _)| find(&mut parent, *owner) == root);
         let this = match pin {
             None => {
                 let one_group = hash_entries.iter().all(|&j| find(&mut parent, j) == root);
@@ -853,15 +859,26 @@ fn plan_pinned(command: Command, node: &NodeEnum, scope: Vec<ScopeEntry>, conjun
                     )),
                 };
             }
-            Some((_, target)) => target.clone(),
+            Some((_, target, key)) => {
+                keys.push(key.clone());
+                target.clone()
+            }
         };
         match &target {
             None => target = Some(this),
             Some(existing) if *existing == this => {}
-            Some(_) => return not_supported("queries whose tables are pinned to different shards are not supported yet"),
+            Some(ShardTarget::Shard(_)) if matches!(this, ShardTarget::Shard(_)) => {
+                return not_supported("queries whose tables are pinned to different shards are not supported yet")
+            }
+            // Known per execution: the values may still meet in one group.
+            Some(_) => target = Some(ShardTarget::SameKeys(Vec::new())),
         }
     }
-    router(command, target.unwrap(), Some(anchor), template)
+    let target = match target.unwrap() {
+        ShardTarget::SameKeys(_) => ShardTarget::SameKeys(keys),
+        one => one,
+    };
+    router(command, target, Some(anchor), template)
 }
 
 /// `dist_col = NULL` is never true, so any one shard gives the right (empty) answer.

@@ -795,6 +795,14 @@ impl Session {
                     Box::pin(self.execute_distributed(sql, &delegation.otherwise, extended)).await?;
                 }
             }
+            Plan::KeysMeet(meet) => {
+                let meets = executor::keys_meet(&meet.route, &mut self.parts, &execution_mode(extended, false)).await?;
+                if meets {
+                    self.run_router(&meet.route, &catalog, extended).await?;
+                } else {
+                    Box::pin(self.execute_distributed(sql, &meet.otherwise, extended)).await?;
+                }
+            }
             Plan::MultiShard(multi) => {
                 let mode = execution_mode(extended, false);
                 let result = executor::multi_shard::run(multi, &self.coordinator, &mut self.parts, &catalog, &mode, &mut self.client).await;
