@@ -446,13 +446,6 @@ async fn run_task(w: &mut WorkerConnection, sql: &Arc<str>, mode: &Mode<'_>, cli
     }
 }
 
-/// Runs a statement on the coordinator database in the client's protocol and
-/// result formats, with the client's Bind values, forwarding its rows.
-/// Whether a call of a distributed function goes to its shard's node now:
-/// outside transaction blocks, or inside with `force_delegation`, or when
-/// it would run on some worker anyway (it reaches distributed tables: the
-/// node its argument picks is the one whose shards it mostly reads); unless
-/// the session set `citus.enable_function_delegation` off.
 /// Whether the key values of a `ShardTarget::SameKeys` plan fall in one
 /// shard group this execution, so that the router plan may run.
 pub async fn keys_meet(plan: &RouterPlan, parts: &mut Participants, mode: &Mode<'_>) -> PgResult<bool> {
@@ -474,6 +467,11 @@ async fn shard_of_all(plan: &RouterPlan, parts: &mut Participants, keys: &[KeyVa
     Ok(Some(found.unwrap_or(0)))
 }
 
+/// Whether a call of a distributed function goes to its shard's node now:
+/// outside transaction blocks, or inside with `force_delegation`, or when
+/// it would run on some worker anyway (it reaches distributed tables: the
+/// node its argument picks is the one whose shards it mostly reads); unless
+/// the session set `citus.enable_function_delegation` off.
 pub async fn delegates(delegation: &Delegation, parts: &mut Participants) -> PgResult<bool> {
     if !parts.citus_settings().await?.function_delegation {
         return Ok(false);
@@ -482,6 +480,8 @@ pub async fn delegates(delegation: &Delegation, parts: &mut Participants) -> PgR
     Ok(delegation.force_delegation || !parts.in_block() || runs_on_a_worker)
 }
 
+/// Runs a statement on the coordinator database in the client's protocol and
+/// result formats, with the client's Bind values, forwarding its rows.
 pub(crate) async fn run_on_coordinator_db(parts: &mut Participants, sql: &str, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<()> {
     let local = parts.local().await?;
     match mode {

@@ -833,6 +833,7 @@ fn plan_pinned(command: Command, node: &NodeEnum, scope: Vec<ScopeEntry>, conjun
     // Every distributed table must be pinned, through its own group's key.
     let mut target: Option<ShardTarget> = None;
     let mut keys: Vec<KeyValue> = Vec::new();
+    let mut keys_differ = false;
     let mut groups_done: Vec<usize> = Vec::new();
     for &i in &hash_entries {
         let root = find(&mut parent, i);
@@ -871,13 +872,10 @@ fn plan_pinned(command: Command, node: &NodeEnum, scope: Vec<ScopeEntry>, conjun
                 return not_supported("queries whose tables are pinned to different shards are not supported yet")
             }
             // Known per execution: the values may still meet in one group.
-            Some(_) => target = Some(ShardTarget::SameKeys(Vec::new())),
+            Some(_) => keys_differ = true,
         }
     }
-    let target = match target.unwrap() {
-        ShardTarget::SameKeys(_) => ShardTarget::SameKeys(keys),
-        one => one,
-    };
+    let target = if keys_differ { ShardTarget::SameKeys(keys) } else { target.unwrap() };
     router(command, target, Some(anchor), template)
 }
 

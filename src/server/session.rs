@@ -529,7 +529,7 @@ impl Session {
         if !self.distributed || !(self.search_path.stale || outdated) || self.parts.is_failed() {
             return Ok(());
         }
-        let names: Vec<String> = base.relation_names().into_iter().map(crate::connection::quote_literal).collect();
+        let names: Vec<String> = base.relation_names().into_iter().map(quote_literal).collect();
         let unqualified = if names.is_empty() {
             None
         } else {
@@ -701,7 +701,9 @@ impl Session {
                 // A statement that changed the catalog (create_distributed_table,
                 // DROP TABLE, …) or the search_path changes how the statements
                 // after it must run.
-                if stmt.changes_search_path || self.search_path.stale {
+                // Read again after each such statement, not once per string.
+                self.search_path.stale |= stmt.changes_search_path;
+                if self.search_path.stale {
                     if let Err(f) = self.follow_search_path().await {
                         self.report(f);
                         break;
