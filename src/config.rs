@@ -28,6 +28,12 @@ pub struct Config {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsConfig>,
     pub coordinator_db: DatabaseConfig,
+    /// Where the coordinator relays the workers' postgres_fdw links to other
+    /// nodes (`transaction::links`), e.g. "10.0.0.5:6433": an address of
+    /// this host the workers reach. Absent: the host of `listen`, on a free
+    /// port chosen at each start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_links: Option<String>,
     /// Workers registered at start-up if the catalog does not know them yet.
     #[serde(default)]
     pub workers: Vec<NodeConfig>,
@@ -99,7 +105,8 @@ pub struct TransactionConfig {
     #[serde(default = "default_deadlock_interval")]
     pub deadlock_check_interval_secs: f64,
     /// For fault-injection tests only: make the process die at this point of
-    /// two-phase commit ("after-prepare" or "after-commit-record").
+    /// two-phase commit ("after-prepare" or "after-commit-record") or of a
+    /// worker link's commit ("after-link-prepare", "after-link-reply").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fault_injection: Option<crate::transaction::Fault>,
     /// For fault-injection tests only: how many commits get past the fault point
@@ -212,6 +219,18 @@ impl Config {
 
     pub fn coordinator_db_addr(&self) -> ServerAddr {
         ServerAddr { host: self.coordinator_db.host.clone(), port: self.coordinator_db.port }
+    }
+
+    /// The address to relay worker links on (`worker_links`).
+    pub fn worker_links_listen(&self) -> anyhow::Result<String> {
+        if let Some(addr) = &self.worker_links {
+            return Ok(addr.clone());
+        }
+        let host = self.listen.rsplit_once(':').map_or(self.listen.as_str(), |(host, _)| host);
+        if matches!(host, "" | "0.0.0.0" | "::" | "[::]" | "*") {
+            anyhow::bail!("`listen` = \"{}\" names every interface: set `worker_links` to an address of this host (\"host:port\") that the workers can reach", self.listen);
+        }
+        Ok(format!("{host}:0"))
     }
 
     /// The identity the coordinator uses for its own catalog work.

@@ -4,6 +4,7 @@
 
 mod common;
 use common::{connect_as, placement_ports, shard_of_int4, sqlstate, text_rows, TestCluster};
+use tessera::transaction::Fault;
 
 async fn answer(c: &tokio_postgres::Client, sql: &str) -> String {
     text_rows(c, sql).await[0][0].clone().unwrap_or_default()
@@ -128,4 +129,101 @@ async fn a_delegated_call_is_one_statement_on_one_worker() {
         let expected = if *port == target as u16 { keys.len() - 1 } else { 0 };
         assert_eq!((calls, settings), (expected, 0), "statements logged by the server on port {port}:\n{added}");
     }
+}
+
+/// A table of accounts and a delegated transfer between two of them that
+/// sit on different workers; returns (a client, the two account ids).
+async fn transfer_setup(cluster: &TestCluster) -> (tokio_postgres::Client, i32, i32) {
+    let c = cluster.connect().await;
+    c.batch_execute(
+        "CREATE TABLE dl_acct (id int PRIMARY KEY, balance int NOT NULL); SELECT create_distributed_table('dl_acct', 'id');
+         INSERT INTO dl_acct SELECT g, 100 FROM generate_series(1, 40) g;
+         CREATE FUNCTION dl_transfer(src int, dst int, amount int) RETURNS void LANGUAGE plpgsql AS $$
+         BEGIN
+             UPDATE dl_acct SET balance = balance - amount WHERE id = src;
+             UPDATE dl_acct SET balance = balance + amount WHERE id = dst;
+         END $$;
+         SELECT create_distributed_function('dl_transfer(int,int,int)', 'src', colocate_with => 'dl_acct');
+         CREATE ROLE dl_app LOGIN; GRANT SELECT, UPDATE ON dl_acct TO dl_app;",
+    )
+    .await
+    .unwrap();
+    let ports = placement_ports(&c, "dl_acct").await;
+    let port_of = |id: i32| ports[shard_of_int4(id, ports.len() as u32)];
+    let a = 1;
+    let b = (2..=40).find(|id| port_of(*id) != port_of(a)).unwrap();
+    (c, a, b)
+}
+
+async fn balances(c: &tokio_postgres::Client, a: i32, b: i32) -> (i32, i32) {
+    let rows = c.query(&format!("SELECT id, balance FROM dl_acct WHERE id IN ({a}, {b})"), &[]).await.unwrap();
+    let of = |id: i32| rows.iter().find(|r| r.get::<_, i32>(0) == id).unwrap().get::<_, i32>(1);
+    (of(a), of(b))
+}
+
+/// A delegated call writing on its own node and on the other commits both
+/// before the client hears back (nothing is left prepared), for a role
+/// that is not a superuser, over the extended protocol too; one failing
+/// after its writes leaves nothing anywhere.
+#[tokio::test]
+async fn a_delegated_call_writing_on_two_nodes_commits_both_parts() {
+    let cluster = TestCluster::start(2);
+    let (c, a, b) = transfer_setup(&cluster).await;
+    let app = connect_as(cluster.port, "dl_app").await;
+    app.batch_execute(&format!("SELECT dl_transfer({a}, {b}, 10)")).await.unwrap();
+    assert_eq!(cluster.prepared_on_workers().await, 0, "settled before the answer");
+    assert_eq!(balances(&c, a, b).await, (90, 110));
+    let call = app.prepare("SELECT dl_transfer($1, $2, $3)").await.unwrap();
+    for _ in 0..5 {
+        app.query(&call, &[&a, &b, &1]).await.unwrap();
+        app.query(&call, &[&b, &a, &2]).await.unwrap();
+    }
+    assert_eq!(balances(&app, a, b).await, (95, 105), "each call reads the one before");
+    assert_eq!(cluster.prepared_on_workers().await, 0);
+    // The balance check fails on the worker after both updates ran.
+    c.batch_execute("ALTER TABLE dl_acct ADD CONSTRAINT dl_positive CHECK (balance >= 0)").await.unwrap();
+    let e = app.batch_execute(&format!("SELECT dl_transfer({b}, {a}, 500)")).await.unwrap_err();
+    assert_eq!(sqlstate(&e), "23514", "{e}");
+    assert_eq!(balances(&c, a, b).await, (95, 105));
+    assert_eq!(cluster.prepared_on_workers().await, 0);
+}
+
+/// The coordinator dies right after the other node's part was prepared,
+/// before the worker heard back: the call's transaction aborts on its
+/// worker, and recovery rolls the prepared part back.
+#[tokio::test]
+async fn a_crash_before_the_worker_commits_rolls_back_both_parts() {
+    let cluster = TestCluster::start(2);
+    let (c, a, b) = transfer_setup(&cluster).await;
+    cluster.restart_coordinator(|c| c.transactions.fault_injection = Some(Fault::AfterLinkPrepare));
+    drop(c);
+    let c = cluster.connect().await;
+    assert!(c.batch_execute(&format!("SELECT dl_transfer({a}, {b}, 30)")).await.is_err(), "the coordinator died during the call");
+    cluster.wait_for_coordinator_exit();
+    assert_eq!(cluster.prepared_on_workers().await, 1, "the other node's part is left prepared");
+    cluster.restart_coordinator(|c| c.transactions.fault_injection = None);
+    let c = cluster.connect().await;
+    c.batch_execute("SELECT recover_prepared_transactions()").await.unwrap();
+    assert_eq!(cluster.prepared_on_workers().await, 0);
+    assert_eq!(balances(&c, a, b).await, (100, 100));
+}
+
+/// The coordinator dies once the worker was told the other node's part is
+/// safe: the worker commits the call, and recovery commits the prepared
+/// part after it.
+#[tokio::test]
+async fn a_crash_after_the_worker_heard_back_commits_both_parts() {
+    let cluster = TestCluster::start(2);
+    let (c, a, b) = transfer_setup(&cluster).await;
+    cluster.restart_coordinator(|c| c.transactions.fault_injection = Some(Fault::AfterLinkReply));
+    drop(c);
+    let c = cluster.connect().await;
+    assert!(c.batch_execute(&format!("SELECT dl_transfer({a}, {b}, 30)")).await.is_err(), "the coordinator died during the call");
+    cluster.wait_for_coordinator_exit();
+    assert_eq!(cluster.prepared_on_workers().await, 1, "the other node's part is left prepared");
+    cluster.restart_coordinator(|c| c.transactions.fault_injection = None);
+    let c = cluster.connect().await;
+    c.batch_execute("SELECT recover_prepared_transactions()").await.unwrap();
+    assert_eq!(cluster.prepared_on_workers().await, 0);
+    assert_eq!(balances(&c, a, b).await, (70, 130));
 }

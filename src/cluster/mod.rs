@@ -137,6 +137,7 @@ fn create(dir: &Path, port: u16, workers: usize) -> Result<LocalCluster> {
         node_socket_directories: all.iter().map(|node| node.data_dir.display().to_string()).collect(),
         auth: Default::default(),
         coordinator_db: DatabaseConfig { host: "127.0.0.1".into(), port: cluster.state.coordinator_db_port, user: "postgres".into(), database: "postgres".into(), password: None },
+        worker_links: None,
         workers: cluster.state.worker_ports.iter().map(|p| NodeConfig { host: "127.0.0.1".into(), port: *p }).collect(),
         transactions: Default::default(),
         connections: Default::default(),

@@ -13,17 +13,19 @@
 //! forbids them on a partition alone), which passes them on to the local
 //! shards and the foreign tables; see `planner::ddl` for which commands.
 //!
-//! Writes reaching a foreign partition would commit on the other node in
-//! postgres_fdw's own transaction, outside the coordinator's two-phase
-//! commit: a trigger on each foreign table refuses them unless the session
-//! asked for one-phase strength (`SET tessera.remote_writes = 'one_phase'`).
-//! Reference tables are written only through the coordinator, which writes
-//! every copy: their views refuse writes.
+//! The foreign servers do not lead to the other nodes directly but through
+//! the coordinator's link relay (`transaction::links`), which makes writes
+//! into foreign partitions commit with the worker's own transaction, all or
+//! nothing; a trigger on each foreign table gives that transaction the xid
+//! the relay names the writes after. Reference tables are written only
+//! through the coordinator, which writes every copy: their views refuse
+//! writes.
 
 use super::table_ddl::TableDefinition;
 use super::{run_per_node, CommandContext};
 use crate::config::Config;
-use crate::connection::{quote_ident, quote_literal, PgConnection};
+use crate::connection::{quote_ident, quote_literal, PgConnection, ServerAddr};
+use crate::transaction::links::link_application_name;
 use crate::error::{PgError, PgResult};
 use crate::metadata::{DistributedTable, Distribution, Node, Shard};
 
@@ -103,10 +105,7 @@ fn create_sql(table: &DistributedTable, shape: &Shape, group: i32) -> Vec<String
                         quote_literal(&table.schema),
                         quote_literal(&table.shard_relname(shard))
                     ));
-                    out.push(format!(
-                        "CREATE TRIGGER tessera_remote_write BEFORE INSERT OR UPDATE OR DELETE ON {foreign} FOR EACH ROW EXECUTE FUNCTION {REMOTE_SCHEMA}.refuse_write({})",
-                        quote_literal(&name)
-                    ));
+                    out.push(remote_write_trigger_sql(&foreign));
                 }
             }
             out
@@ -190,25 +189,39 @@ pub fn rename_foreign_sql(table: &DistributedTable, new_name: &str, group: i32) 
     out
 }
 
+/// The trigger that gives a worker transaction writing through foreign
+/// table `foreign` an xid, even when it writes nothing locally: the link
+/// relay names the remote part after it.
+fn remote_write_trigger_sql(foreign: &str) -> String {
+    format!("CREATE TRIGGER tessera_remote_write BEFORE INSERT OR UPDATE OR DELETE ON {foreign} FOR EACH ROW EXECUTE FUNCTION {REMOTE_SCHEMA}.remote_write()")
+}
+
 /// What every worker needs before relations can be built on it, made by
 /// the coordinator's service role (a superuser): postgres_fdw, the schema
 /// for foreign tables, a foreign server for every other node, and for each
 /// role a user mapping that logs in as that role (so the other node checks
 /// its privileges, as the coordinator's own connections do). Idempotent.
-fn setup_sql(node: &Node, nodes: &[Node]) -> String {
+fn setup_sql(node: &Node, nodes: &[Node], relay: &ServerAddr) -> String {
     let mut sql = format!(
         "CREATE EXTENSION IF NOT EXISTS postgres_fdw;
          CREATE SCHEMA IF NOT EXISTS {REMOTE_SCHEMA};
          GRANT USAGE, CREATE ON SCHEMA {REMOTE_SCHEMA} TO PUBLIC;
-         CREATE OR REPLACE FUNCTION {REMOTE_SCHEMA}.refuse_write() RETURNS trigger LANGUAGE plpgsql AS $tessera$
+         CREATE OR REPLACE FUNCTION {REMOTE_SCHEMA}.remote_write() RETURNS trigger LANGUAGE plpgsql AS $tessera$
          BEGIN
-           IF current_setting('tessera.remote_writes', true) IS DISTINCT FROM 'one_phase' THEN
-             RAISE EXCEPTION 'writing into % on this node would change its shard % on another node outside the distributed transaction', TG_ARGV[0], TG_TABLE_NAME
-               USING ERRCODE = '0A000',
-                     HINT = 'Write to the table through the Tessera coordinator, or SET tessera.remote_writes = ''one_phase'' to allow such writes with one-phase commit strength.';
-           END IF;
+           PERFORM pg_current_xact_id();
            IF TG_OP = 'DELETE' THEN RETURN OLD; END IF;
            RETURN NEW;
+         END $tessera$;
+         -- Before the link relay, a trigger of this name refused such writes.
+         DO $tessera$ DECLARE t regclass;
+         BEGIN
+           IF to_regprocedure('{REMOTE_SCHEMA}.refuse_write()') IS NOT NULL THEN
+             FOR t IN SELECT tgrelid::regclass FROM pg_trigger WHERE tgfoid = '{REMOTE_SCHEMA}.refuse_write()'::regprocedure LOOP
+               EXECUTE format('DROP TRIGGER tessera_remote_write ON %s', t);
+               EXECUTE format('CREATE TRIGGER tessera_remote_write BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION {REMOTE_SCHEMA}.remote_write()', t);
+             END LOOP;
+             DROP FUNCTION {REMOTE_SCHEMA}.refuse_write();
+           END IF;
          END $tessera$;
          CREATE OR REPLACE FUNCTION {REMOTE_SCHEMA}.refuse_reference_write() RETURNS trigger LANGUAGE plpgsql AS $tessera$
          BEGIN
@@ -238,18 +251,23 @@ fn setup_sql(node: &Node, nodes: &[Node]) -> String {
     );
     for other in nodes.iter().filter(|n| n.group_id != node.group_id) {
         let server = server_name(other.group_id);
+        // The relay tells the other node by the link's name; postgres_fdw
+        // puts its backend's pid in place of %p.
         sql.push_str(&format!(
             "\nDO $tessera$ BEGIN
                IF NOT EXISTS (SELECT FROM pg_foreign_server WHERE srvname = {server_literal}) THEN
-                 EXECUTE format('CREATE SERVER {server} FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host %L, port %L, dbname %L)', {host}, {port}, current_database());
+                 EXECUTE format('CREATE SERVER {server} FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host %L, port %L, dbname %L, application_name %L)', {host}, {port}, current_database(), {name});
                  GRANT USAGE ON FOREIGN SERVER {server} TO PUBLIC;
+               ELSIF NOT EXISTS (SELECT FROM pg_foreign_server WHERE srvname = {server_literal} AND srvoptions @> ARRAY['application_name=' || {name}]) THEN
+                 ALTER SERVER {server} OPTIONS (SET host {host}, SET port {port}, ADD application_name {name});
                ELSE
                  ALTER SERVER {server} OPTIONS (SET host {host}, SET port {port});
                END IF;
              END $tessera$;",
             server_literal = quote_literal(&server),
-            host = quote_literal(&other.addr.host),
-            port = quote_literal(&other.addr.port.to_string()),
+            host = quote_literal(&relay.host),
+            port = quote_literal(&relay.port.to_string()),
+            name = quote_literal(&link_application_name(node.group_id, other.group_id)),
         ));
     }
     sql.push_str(&format!("\nSELECT {REMOTE_SCHEMA}.map_roles();"));
@@ -269,9 +287,10 @@ pub fn forget_roles_sql(roles: &[String]) -> String {
 /// (`setup_sql`) inside the current block, on the session's connections:
 /// `citus_add_node`, which only a superuser may run.
 pub(super) async fn prepare_in_block(ctx: &mut CommandContext<'_>, nodes: &[Node]) -> PgResult<()> {
+    let relay = ctx.coordinator.links.addr.clone();
     for node in nodes {
         let worker = ctx.parts.worker(node, crate::transaction::Access::Write).await?;
-        worker.conn.execute(&setup_sql(node, nodes)).await?;
+        worker.conn.execute(&setup_sql(node, nodes, &relay)).await?;
     }
     Ok(())
 }
@@ -279,11 +298,11 @@ pub(super) async fn prepare_in_block(ctx: &mut CommandContext<'_>, nodes: &[Node
 /// Makes `nodes` ready for worker-side relations among `all` (`setup_sql`),
 /// on service connections of their own, when the coordinator starts. A node
 /// that fails is named in the error.
-pub async fn prepare_nodes(config: &Config, nodes: &[Node], all: &[Node]) -> PgResult<()> {
+pub async fn prepare_nodes(config: &Config, relay: &ServerAddr, nodes: &[Node], all: &[Node]) -> PgResult<()> {
     let login = config.service_login();
     for node in nodes {
         let mut conn = PgConnection::connect(&node.addr, &login).await?;
-        let result = conn.execute(&setup_sql(node, all)).await;
+        let result = conn.execute(&setup_sql(node, all, relay)).await;
         conn.terminate().await;
         result.map_err(|e| e.with_context(format!("while preparing node {} for worker-side relations", node.addr)))?;
     }

@@ -22,7 +22,7 @@ use tokio::net::TcpListener;
 /// survive a restart: the catalog is reloaded from the coordinator database.
 pub struct Coordinator {
     pub config: Config,
-    pub catalog: CatalogHandle,
+    pub catalog: Arc<CatalogHandle>,
     /// The client sessions, by their (process id, secret key).
     sessions: Mutex<HashMap<(i32, i32), SessionEntry>>,
     reload_lock: tokio::sync::Mutex<()>,
@@ -45,6 +45,8 @@ pub struct Coordinator {
     pub local_pool: Arc<crate::transaction::coordinator_db::LocalPool>,
     /// Clients connected now.
     pub clients: std::sync::atomic::AtomicUsize,
+    /// The relay of the workers' postgres_fdw links to other nodes.
+    pub links: Arc<crate::transaction::links::LinkRelay>,
 }
 
 impl Coordinator {
@@ -72,7 +74,11 @@ impl Coordinator {
         let pool_wait = Duration::from_secs_f64(config.connections.pool_wait_secs.max(0.0));
         let worker_pools = crate::transaction::WorkerPools::new(config.connections.max_per_node, config.connections.active_per_node(), pool_wait);
         let local_pool = crate::connection::pool::NodePool::new(config.connections.max_coordinator_db);
-        Ok(Arc::new(Coordinator { config, catalog: CatalogHandle::new(catalog), sessions: Mutex::new(HashMap::new()), reload_lock: tokio::sync::Mutex::new(()), process_id: rand::random(),
+        let catalog = Arc::new(CatalogHandle::new(catalog));
+        let transactions = &config.transactions;
+        let fault = transactions.fault_injection.map(|f| (f, transactions.fault_after_commits));
+        let links = crate::transaction::links::LinkRelay::start(&config.worker_links_listen()?, catalog.clone(), config.service_login(), config.coordinator_db.password.clone(), fault).await?;
+        Ok(Arc::new(Coordinator { config, catalog, sessions: Mutex::new(HashMap::new()), reload_lock: tokio::sync::Mutex::new(()), process_id: rand::random(),
             deadlock_victims: Mutex::new(HashMap::new()),
             fallback_ready: tokio::sync::Mutex::new((0, HashSet::new())),
             commit_log,
@@ -80,6 +86,7 @@ impl Coordinator {
             worker_pools: Arc::new(worker_pools),
             local_pool: Arc::new(local_pool),
             clients: std::sync::atomic::AtomicUsize::new(0),
+            links,
         }))
     }
 
@@ -279,7 +286,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     // ready when it is added again or at the next start.
     let nodes: Vec<_> = coordinator.catalog.snapshot().active_nodes().cloned().collect();
     for node in &nodes {
-        if let Err(e) = crate::commands::worker_relations::prepare_nodes(&coordinator.config, std::slice::from_ref(node), &nodes).await {
+        if let Err(e) = crate::commands::worker_relations::prepare_nodes(&coordinator.config, &coordinator.links.addr, std::slice::from_ref(node), &nodes).await {
             tracing::warn!("{e}");
         }
     }

@@ -203,7 +203,7 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: Stream) -> anyhow::Resul
     let local_source = LocalSource { pool: coordinator.local_pool.clone(), addr: coordinator.config.coordinator_db_addr(), wait: coordinator.worker_pools.wait };
     let key = (rand::random::<i32>() & 0x7fff_ffff, rand::random::<i32>());
     let transactions = &coordinator.config.transactions;
-    let two_phase = TwoPhase::new(coordinator.process_id, key.0, Duration::from_secs_f64(transactions.grace_secs), transactions.fault_injection.map(|f| (f, transactions.fault_after_commits)), coordinator.commit_log.clone());
+    let two_phase = TwoPhase::new(coordinator.process_id, key.0, Duration::from_secs_f64(transactions.grace_secs), transactions.fault_injection.map(|f| (f, transactions.fault_after_commits)), coordinator.commit_log.clone(), coordinator.links.clone());
     let mut worker_options: Vec<(String, String)> = options.into_iter().filter(|(k, _)| WORKER_PARAMETERS.iter().any(|p| p.eq_ignore_ascii_case(k))).collect();
     worker_options.push(("application_name".into(), two_phase.session_name().to_string()));
     let worker_login = Login { user, database: coordinator.config.coordinator_db.database.clone(), password: coordinator.config.coordinator_db.password.clone(), options: worker_options };
@@ -697,6 +697,7 @@ impl Session {
                     self.report(f);
                     break;
                 }
+                self.parts.settle_links().await;
                 i += 1;
                 // A statement that changed the catalog (create_distributed_table,
                 // DROP TABLE, …) or the search_path changes how the statements
@@ -716,6 +717,7 @@ impl Session {
         }
         self.parts.observe_local_status();
         self.release_deadlocked_work().await;
+        self.parts.settle_links().await;
         backend::ready_for_query(self.client.out(), self.parts.status());
         self.client.flush().await?;
         self.parts.release_connections(true).await;
@@ -1509,6 +1511,7 @@ impl Session {
             self.end_stream_of("").await;
             self.portals.retain(|name, _| !name.is_empty());
         }
+        self.parts.settle_links().await;
         backend::ready_for_query(self.client.out(), self.parts.status());
         self.client.flush().await?;
         if self.stream.is_none() {

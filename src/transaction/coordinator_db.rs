@@ -67,7 +67,7 @@ impl CoordinatorDb {
         let mut options: Vec<String> = login.options.iter().map(|(k, v)| format!("{}={v}", k.to_lowercase())).collect();
         options.sort();
         let key = format!("{}\0{}\0{}", login.user, login.database, options.join("\0"));
-        CoordinatorDb { source, login, key, held: None, pinned, settings: Vec::new(), idle_in_transaction_default: None, idle_in_transaction_set: None, state_epoch: 0, settings_unknown: false, custom: ["tessera.remote_writes".to_string()].into(), last_backend: None }
+        CoordinatorDb { source, login, key, held: None, pinned, settings: Vec::new(), idle_in_transaction_default: None, idle_in_transaction_set: None, state_epoch: 0, settings_unknown: false, custom: Default::default(), last_backend: None }
     }
 
     /// The connection, taken from the pool (or opened) if the session holds

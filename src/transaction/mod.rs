@@ -8,6 +8,7 @@
 pub mod commit_log;
 pub mod coordinator_db;
 pub mod deadlock;
+pub mod links;
 pub mod recovery;
 
 use crate::connection::{Login, PgConnection, ServerAddr};
@@ -40,6 +41,24 @@ pub enum Fault {
     AfterPrepare,
     /// After the commit record is committed, before COMMIT PREPARED.
     AfterCommitRecord,
+    /// After a worker link's remote transaction is prepared, before
+    /// postgres_fdw on the worker hears back (`links`).
+    AfterLinkPrepare,
+    /// After postgres_fdw on the worker heard that commit went through (the
+    /// part prepared), before the part is settled.
+    AfterLinkReply,
+}
+
+/// Test-only: dies like a `kill -9` at `at` when `configured` names it and
+/// enough commits got there first. Abort runs no destructors, flushes
+/// nothing and says goodbye to no client or node, so whatever is in flight
+/// stays as a crash would leave it.
+pub(crate) fn inject_fault(configured: Option<(Fault, u32)>, at: Fault) {
+    let Some((fault, after)) = configured else { return };
+    if fault == at && FAULT_POINT_REACHED.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= after {
+        tracing::error!("fault injection: stopping at {at:?}");
+        std::process::abort();
+    }
 }
 
 /// Two-phase commit settings and transaction naming, shared by a process's sessions.
@@ -64,6 +83,9 @@ pub struct TwoPhase {
     /// by it (and by the backends' transaction start times) without a SET per
     /// transaction on every worker.
     session_name: Arc<str>,
+    /// The relay of the workers' links, whose prepared parts the session
+    /// settles once its worker transactions end.
+    links: Arc<links::LinkRelay>,
 }
 
 /// Test-only: how many commits of this process have reached the injected fault
@@ -72,7 +94,7 @@ pub struct TwoPhase {
 static FAULT_POINT_REACHED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 impl TwoPhase {
-    pub fn new(process_id: u32, session_id: i32, grace: std::time::Duration, fault: Option<(Fault, u32)>, commit_log: CommitLog) -> Self {
+    pub fn new(process_id: u32, session_id: i32, grace: std::time::Duration, fault: Option<(Fault, u32)>, commit_log: CommitLog, links: Arc<links::LinkRelay>) -> Self {
         TwoPhase {
             prefix: Arc::from(format!("{GID_PREFIX}{process_id}_{session_id}_")),
             counter: Default::default(),
@@ -80,6 +102,7 @@ impl TwoPhase {
             fault,
             commit_log,
             session_name: Arc::from(format!("{TRANSACTION_ID_PREFIX}{process_id}:{session_id}")),
+            links,
         }
     }
 
@@ -92,15 +115,8 @@ impl TwoPhase {
         format!("{}{n}", self.prefix)
     }
 
-    /// Dies like a `kill -9`: abort runs no destructors, flushes nothing and
-    /// says goodbye to no client or node, so whatever is in flight stays as a
-    /// crash would leave it.
     fn inject(&self, at: Fault) {
-        let Some((fault, after)) = self.fault else { return };
-        if fault == at && FAULT_POINT_REACHED.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= after {
-            tracing::error!("fault injection: stopping at {at:?}");
-            std::process::abort();
-        }
+        inject_fault(self.fault, at);
     }
 }
 
@@ -775,6 +791,19 @@ impl Participants {
             return Ok("ROLLBACK");
         }
         self.finish("COMMIT").await.map(|_| "COMMIT")
+    }
+
+    /// Settles the prepared parts of the session's ended worker transactions
+    /// that wrote on other nodes through links (see `links`): called before
+    /// the client hears a statement is done, so that it reads its own writes.
+    pub async fn settle_links(&mut self) {
+        let links = &self.two_phase.links;
+        if !links.has_pending() {
+            return;
+        }
+        for w in self.workers.values().filter(|w| !w.conn.is_broken()) {
+            links.settle(w.group_id, w.conn.backend_key().0, |_| true).await;
+        }
     }
 
     /// Rolls back the block's work on every node now, leaving the block itself

@@ -2,14 +2,15 @@
 //! coordinator, a worker restarted before COMMIT PREPARED): those with a commit
 //! record in `pg_dist_transaction` are committed, those without one are rolled
 //! back once they are older than the grace period, and records nobody needs any
-//! more are deleted.
+//! more are deleted. The prepared parts of worker transactions (`links`) are
+//! settled by their deciding transaction's outcome on its worker.
 
-use super::GID_PREFIX;
+use super::{links, GID_PREFIX};
 use crate::config::Config;
 use crate::connection::{quote_literal, Login, PgConnection};
 use crate::error::PgResult;
 use crate::metadata::Catalog;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 /// One pass over every active worker; returns how many prepared transactions
 /// it committed or rolled back.
@@ -19,7 +20,11 @@ pub async fn recover(config: &Config, catalog: &Catalog) -> PgResult<u64> {
     let mut settled = 0;
     let mut first_error = None;
     for node in catalog.active_nodes() {
-        match recover_node(&mut local, &login, node, config.transactions.grace_secs).await {
+        let recovered = match recover_node(&mut local, &login, node, config.transactions.grace_secs).await {
+            Ok(n) => recover_link_parts(&login, catalog, node).await.map(|m| n + m),
+            Err(e) => Err(e),
+        };
+        match recovered {
             Ok(n) => settled += n,
             Err(e) => {
                 tracing::warn!("prepared-transaction recovery on {}: {e}", node.addr);
@@ -81,5 +86,51 @@ async fn recover_node(local: &mut PgConnection, login: &Login, node: &crate::met
             .execute(&format!("DELETE FROM tessera.pg_dist_transaction WHERE groupid = {} AND gid IN ({})", node.group_id, finished.join(", ")))
             .await?;
     }
+    Ok(settled)
+}
+
+/// Settles the prepared parts of worker transactions on `node` whose deciding
+/// transaction has ended: committed with it, or rolled back.
+async fn recover_link_parts(login: &Login, catalog: &Catalog, node: &crate::metadata::Node) -> PgResult<u64> {
+    let mut conn = PgConnection::connect(&node.addr, login).await?;
+    let gids = conn
+        .query(&format!("SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND starts_with(gid, {})", quote_literal(links::LINK_GID_PREFIX)))
+        .await?;
+    let mut by_decider: HashMap<i32, Vec<(String, String)>> = HashMap::new();
+    for gid in gids.into_iter().filter_map(|r| r.into_iter().next().flatten()) {
+        if let Some((from, xid)) = links::parse_gid(&gid) {
+            by_decider.entry(from).or_default().push((gid, xid));
+        }
+    }
+    let mut settled = 0;
+    for (from, parts) in by_decider {
+        let Some(decider) = catalog.node_for_group(from) else { continue };
+        let decisions = match PgConnection::connect(&decider.addr, login).await {
+            Ok(mut d) => {
+                let decisions = links::decide(&mut d, parts.iter().map(|(_, xid)| xid.clone()).collect()).await;
+                d.terminate().await;
+                decisions
+            }
+            Err(e) => Err(e),
+        };
+        let decisions = match decisions {
+            Ok(decisions) => decisions,
+            Err(e) => {
+                tracing::warn!("recovery: the outcome of transactions on {} is unknown for now: {e}", decider.addr);
+                continue;
+            }
+        };
+        for ((gid, _), decision) in parts.iter().zip(decisions) {
+            let Some(command) = decision else { continue };
+            match links::finish_prepared(&mut conn, &links::finish_sql(command, gid)).await {
+                Ok(()) => {
+                    tracing::info!("recovery: {command} '{gid}' on {} (its deciding transaction on {} ended)", node.addr, decider.addr);
+                    settled += 1;
+                }
+                Err(e) => tracing::warn!("recovery: {command} '{gid}' on {}: {e}", node.addr),
+            }
+        }
+    }
+    conn.terminate().await;
     Ok(settled)
 }

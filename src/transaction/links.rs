@@ -1,0 +1,496 @@
+//! Worker links: the connections a worker's postgres_fdw opens to reach other
+//! nodes' shards (user code running on a worker — a delegated call, a
+//! trigger, a procedure — writing through the worker-side relations). They
+//! do not go to the other node directly but through this relay in the
+//! coordinator process, because postgres_fdw commits its remote transaction
+//! on its own, before the worker's local commit: a crash in between would
+//! leave one side committed.
+//!
+//! The relay passes a link's messages through unchanged until postgres_fdw
+//! sends COMMIT TRANSACTION for a remote transaction that wrote. That one
+//! it turns into PREPARE TRANSACTION, named after the worker transaction it
+//! belongs to (the *deciding* transaction: the writing backend's top-level
+//! transaction on the worker, whose xid a trigger on every foreign partition
+//! makes sure exists). The worker then commits one-phase, and its commit is
+//! the decision, last-agent style: the prepared part is committed once
+//! `pg_xact_status` says the deciding transaction committed, rolled back
+//! once it says it aborted. That settling happens before the client's
+//! session sends ReadyForQuery (so the client reads its own writes), when
+//! the link starts its next transaction, on an interval here, and in
+//! prepared-transaction recovery for whatever a crash left.
+
+use super::{inject_fault, Fault};
+use crate::connection::{quote_literal, Login, PgConnection, ServerAddr};
+use crate::error::{sqlstate, PgError, PgResult};
+use crate::metadata::CatalogHandle;
+use crate::protocol::backend::{self, TxStatus};
+use crate::protocol::frontend::{self, StartupPacket};
+use crate::server::client::ClientConn;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+
+/// Names of the prepared parts of worker transactions. Deliberately not
+/// under `GID_PREFIX`: recovery settles these by their deciding transaction,
+/// not by commit records.
+pub const LINK_GID_PREFIX: &str = "tessera.link_";
+
+/// The application_name a worker's foreign server for `to` gives its links:
+/// postgres_fdw replaces `%p` with the backend's pid, which tells the relay
+/// whose transaction a link belongs to.
+pub fn link_application_name(from: i32, to: i32) -> String {
+    format!("tessera_link_{from}_{to}_%p")
+}
+
+/// Where a link comes from and goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct LinkEnds {
+    /// Node group of the worker whose backend opened the link.
+    from: i32,
+    /// That backend's pid.
+    pid: i32,
+    /// Node group the link reaches.
+    to: i32,
+}
+
+impl LinkEnds {
+    fn parse(application_name: &str) -> Option<LinkEnds> {
+        let mut parts = application_name.strip_prefix("tessera_link_")?.split('_');
+        let ends = LinkEnds { from: parts.next()?.parse().ok()?, to: parts.next()?.parse().ok()?, pid: parts.next()?.parse().ok()? };
+        parts.next().is_none().then_some(ends)
+    }
+}
+
+/// A prepared part waiting for its deciding transaction's outcome.
+#[derive(Clone, Debug)]
+struct Prepared {
+    /// Node group holding the prepared transaction.
+    node: i32,
+    gid: String,
+    /// The deciding transaction on the worker (`LinkEnds::from`), as xid8.
+    xid: String,
+    since: Instant,
+}
+
+/// The relay's state, shared by its links and the client sessions.
+pub struct LinkRelay {
+    /// Where the workers' foreign servers point.
+    pub addr: ServerAddr,
+    catalog: Arc<CatalogHandle>,
+    service: Login,
+    /// Password for the roles the links log in as (the one the sessions use).
+    password: Option<String>,
+    fault: Option<(Fault, u32)>,
+    /// Prepared parts by (deciding node group, backend pid).
+    pending: Mutex<HashMap<(i32, i32), Vec<Prepared>>>,
+    /// Entries in `pending`: sessions look there only when it is not zero.
+    pending_count: AtomicUsize,
+    /// Backend keys of the links' node connections → the node, for
+    /// postgres_fdw's cancel requests.
+    cancel_keys: Mutex<HashMap<(i32, i32), ServerAddr>>,
+    /// Idle service connections by node group, for settling.
+    idle: Mutex<HashMap<i32, Vec<PgConnection>>>,
+    serial: AtomicU64,
+}
+
+impl std::fmt::Debug for LinkRelay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LinkRelay").field("addr", &self.addr).field("pending", &self.pending_count).finish_non_exhaustive()
+    }
+}
+
+/// Service connections kept idle per node.
+const IDLE_SERVICE_CONNECTIONS: usize = 4;
+
+/// Prepared parts older than this are settled by the relay's own pass, in
+/// case no session or link did it.
+const SETTLE_AFTER: Duration = Duration::from_millis(100);
+
+impl LinkRelay {
+    /// Binds `listen` and serves links from there on.
+    pub async fn start(listen: &str, catalog: Arc<CatalogHandle>, service: Login, password: Option<String>, fault: Option<(Fault, u32)>) -> anyhow::Result<Arc<LinkRelay>> {
+        let listener = TcpListener::bind(listen).await.map_err(|e| anyhow::anyhow!("could not listen for worker links on {listen}: {e}"))?;
+        let bound = listener.local_addr()?;
+        let relay = Arc::new(LinkRelay {
+            addr: ServerAddr { host: bound.ip().to_string(), port: bound.port() },
+            catalog,
+            service,
+            password,
+            fault,
+            pending: Mutex::new(HashMap::new()),
+            pending_count: AtomicUsize::new(0),
+            cancel_keys: Mutex::new(HashMap::new()),
+            idle: Mutex::new(HashMap::new()),
+            serial: AtomicU64::new(0),
+        });
+        tokio::spawn(relay.clone().accept(listener));
+        tokio::spawn(relay.clone().settle_periodically());
+        Ok(relay)
+    }
+
+    async fn accept(self: Arc<Self>, listener: TcpListener) {
+        loop {
+            let (stream, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    tracing::warn!("could not accept a worker link: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let relay = self.clone();
+            tokio::spawn(async move {
+                if let Err(e) = relay.serve_link(ClientConn::new(stream.into()), peer.ip()).await {
+                    tracing::debug!("worker link from {peer} ended: {e}");
+                }
+            });
+        }
+    }
+
+    /// Whether `peer` is one of the nodes (or this host): the relay logs in
+    /// to nodes as any role, so it serves only those the nodes trust.
+    async fn is_node(&self, peer: std::net::IpAddr) -> bool {
+        if peer.is_loopback() {
+            return true;
+        }
+        let catalog = self.catalog.snapshot();
+        for node in catalog.active_nodes() {
+            if let Ok(mut addrs) = tokio::net::lookup_host((node.addr.host.as_str(), node.addr.port)).await {
+                if addrs.any(|a| a.ip() == peer) {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    async fn serve_link(&self, mut link: ClientConn, peer: std::net::IpAddr) -> anyhow::Result<()> {
+        let params = loop {
+            let Some(packet) = link.recv_startup().await? else { return Ok(()) };
+            match frontend::decode_startup(&packet)? {
+                // Links stay on the nodes' own network, in the clear like
+                // the coordinator's connections to the nodes.
+                StartupPacket::SslRequest | StartupPacket::GssEncRequest => link.write_now(b"N").await?,
+                StartupPacket::Cancel { process_id, secret_key } => {
+                    let node = self.cancel_keys.lock().unwrap().get(&(process_id, secret_key)).cloned();
+                    if let Some(node) = node {
+                        crate::connection::send_cancel(&node, (process_id, secret_key)).await;
+                    }
+                    return Ok(());
+                }
+                StartupPacket::Startup { params } => break params,
+            }
+        };
+        let get = |name: &str| params.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+        let ends = get("application_name").as_deref().and_then(LinkEnds::parse);
+        let target = ends.and_then(|e| self.catalog.snapshot().node_for_group(e.to).map(|n| n.addr.clone()));
+        let (Some(ends), Some(target), Some(user), true) = (ends, target, get("user"), self.is_node(peer).await) else {
+            let refusal = PgError::new("28000", "this port relays the Tessera workers' links to other nodes; clients connect to the coordinator's own port");
+            backend::error_response(link.out(), &refusal);
+            link.flush().await?;
+            return Ok(());
+        };
+        let mut options: Vec<(String, String)> = vec![("application_name".into(), format!("tessera_link_{}_{}_{}", ends.from, ends.to, ends.pid))];
+        options.extend(params.iter().filter(|(k, _)| k == "client_encoding" || k == "options").cloned());
+        let login = Login { user, database: get("database").unwrap_or_default(), password: self.password.clone(), options };
+        let mut node = match PgConnection::connect(&target, &login).await {
+            Ok(node) => node,
+            Err(e) => {
+                backend::error_response(link.out(), &e);
+                link.flush().await?;
+                return Ok(());
+            }
+        };
+        link.authenticated();
+        backend::authentication_ok(link.out());
+        for (name, value) in node.server_params() {
+            backend::parameter_status(link.out(), name, value);
+        }
+        let key = node.backend_key();
+        backend::backend_key_data(link.out(), key.0, key.1);
+        backend::ready_for_query(link.out(), TxStatus::Idle);
+        link.flush().await?;
+        self.cancel_keys.lock().unwrap().insert(key, target.clone());
+        let result = self.relay(&mut link, &mut node, ends).await;
+        self.cancel_keys.lock().unwrap().remove(&key);
+        node.terminate().await;
+        result
+    }
+
+    /// Passes messages both ways, request by request: postgres_fdw waits
+    /// for each answer (ReadyForQuery) before it sends on.
+    async fn relay(&self, link: &mut ClientConn, node: &mut PgConnection, ends: LinkEnds) -> anyhow::Result<()> {
+        let mut wrote = false;
+        while let Some(msg) = link.recv().await? {
+            match msg.tag() {
+                b'X' => break,
+                b'Q' => {
+                    let command = leading_keyword(frontend::decode_query(&msg)?);
+                    if command == "COMMIT" && wrote {
+                        wrote = false;
+                        self.prepare_instead_of_commit(link, node, ends).await?;
+                        continue;
+                    }
+                    if command == "START" {
+                        // The backend's previous transaction has ended.
+                        self.settle(ends.from, ends.pid, |_| true).await;
+                    }
+                    wrote = !ends_transaction(frontend::decode_query(&msg)?) && (wrote || is_write(&command));
+                    node.out().extend_from_slice(msg.frame());
+                    relay_answer(node, link).await?;
+                }
+                b'P' => {
+                    wrote |= is_write(&leading_keyword(&frontend::decode_parse(&msg)?.sql));
+                    node.out().extend_from_slice(msg.frame());
+                }
+                b'S' => {
+                    node.out().extend_from_slice(msg.frame());
+                    relay_answer(node, link).await?;
+                }
+                _ => node.out().extend_from_slice(msg.frame()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Answers postgres_fdw's COMMIT of a remote transaction that wrote: the
+    /// transaction is prepared on the node, to be decided by its worker
+    /// transaction's commit. An error here makes the worker transaction
+    /// fail, and the node's part is rolled back with it.
+    async fn prepare_instead_of_commit(&self, link: &mut ClientConn, node: &mut PgConnection, ends: LinkEnds) -> anyhow::Result<()> {
+        let prepared = async {
+            let xid = self.deciding_xid(ends).await?;
+            let gid = format!("{LINK_GID_PREFIX}{}_{xid}_{}", ends.from, self.serial.fetch_add(1, Ordering::Relaxed));
+            node.execute(&format!("PREPARE TRANSACTION {}", quote_literal(&gid))).await?;
+            Ok::<_, PgError>(Prepared { node: ends.to, gid, xid, since: Instant::now() })
+        }
+        .await;
+        match prepared {
+            Ok(prepared) => {
+                self.pending.lock().unwrap().entry((ends.from, ends.pid)).or_default().push(prepared);
+                self.pending_count.fetch_add(1, Ordering::Relaxed);
+                inject_fault(self.fault, Fault::AfterLinkPrepare);
+                backend::command_complete(link.out(), "COMMIT");
+                backend::ready_for_query(link.out(), TxStatus::Idle);
+                link.flush().await?;
+                inject_fault(self.fault, Fault::AfterLinkReply);
+                return Ok(());
+            }
+            Err(e) => {
+                let status = if node.tx_status() == TxStatus::Idle { TxStatus::Idle } else { TxStatus::Failed };
+                backend::error_response(link.out(), &e.with_context(format!("while preparing the write of a worker transaction on node {}", node.label())));
+                backend::ready_for_query(link.out(), status);
+            }
+        }
+        link.flush().await?;
+        Ok(())
+    }
+
+    /// The worker transaction a link's writes belong to, as xid8: the
+    /// top-level transaction of the backend that opened the link.
+    async fn deciding_xid(&self, ends: LinkEnds) -> PgResult<String> {
+        // pg_stat_activity shows the 32-bit xid: it lies within 2^32 below
+        // the next full xid, which gives its epoch.
+        let sql = format!(
+            "SELECT ((n >> 32 << 32) + x - CASE WHEN x > (n & 4294967295) THEN 4294967296 ELSE 0 END)::text
+               FROM (SELECT backend_xid::text::bigint AS x, pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS n
+                       FROM pg_stat_activity WHERE pid = {}) s",
+            ends.pid
+        );
+        let xid = self.with_service(ends.from, |conn| Box::pin(async move { conn.query_value(&sql).await })).await?;
+        xid.ok_or_else(|| PgError::new(sqlstate::INTERNAL_ERROR, format!("backend {} on node group {} has no transaction id for its writes on other nodes", ends.pid, ends.from)))
+    }
+
+    /// Settles the prepared parts of backend `pid` on node group `from` that
+    /// `due` picks; parts whose deciding transaction is still running stay.
+    pub async fn settle(&self, from: i32, pid: i32, due: impl Fn(&Instant) -> bool) {
+        if self.pending_count.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let taken: Vec<Prepared> = {
+            let mut pending = self.pending.lock().unwrap();
+            let Some(parts) = pending.get_mut(&(from, pid)) else { return };
+            let (taken, kept): (Vec<_>, Vec<_>) = parts.drain(..).partition(|p| due(&p.since));
+            *parts = kept;
+            if parts.is_empty() {
+                pending.remove(&(from, pid));
+            }
+            taken
+        };
+        if taken.is_empty() {
+            return;
+        }
+        self.pending_count.fetch_sub(taken.len(), Ordering::Relaxed);
+        let xids: Vec<String> = taken.iter().map(|p| p.xid.clone()).collect();
+        let decisions = self.with_service(from, |conn| Box::pin(decide(conn, xids))).await.unwrap_or_else(|e| {
+            tracing::warn!("could not learn the outcome of transactions on node group {from}: {e}");
+            vec![None; taken.len()]
+        });
+        let mut unsettled = Vec::new();
+        for (part, decision) in taken.into_iter().zip(decisions) {
+            let settled = match decision {
+                Some(command) => {
+                    let sql = finish_sql(command, &part.gid);
+                    let result = self.with_service(part.node, |conn| Box::pin(async move { finish_prepared(conn, &sql).await })).await;
+                    result.map_err(|e| tracing::warn!("{command} '{}' on node group {}: {e}", part.gid, part.node)).is_ok()
+                }
+                None => false,
+            };
+            if !settled {
+                unsettled.push(part);
+            }
+        }
+        if !unsettled.is_empty() {
+            self.pending_count.fetch_add(unsettled.len(), Ordering::Relaxed);
+            self.pending.lock().unwrap().entry((from, pid)).or_default().extend(unsettled);
+        }
+    }
+
+    /// Whether any prepared part waits for a decision (cheap: sessions ask
+    /// after every statement).
+    pub fn has_pending(&self) -> bool {
+        self.pending_count.load(Ordering::Relaxed) > 0
+    }
+
+    async fn settle_periodically(self: Arc<Self>) {
+        loop {
+            tokio::time::sleep(SETTLE_AFTER).await;
+            if !self.has_pending() {
+                continue;
+            }
+            let backends: Vec<(i32, i32)> = self.pending.lock().unwrap().keys().copied().collect();
+            for (from, pid) in backends {
+                self.settle(from, pid, |since| since.elapsed() >= SETTLE_AFTER).await;
+            }
+        }
+    }
+
+    /// Runs `work` on an idle service connection to node group `group` (a
+    /// new one if none is idle), keeping the connection for later unless it
+    /// broke.
+    async fn with_service<T>(&self, group: i32, work: impl for<'c> FnOnce(&'c mut PgConnection) -> futures::future::BoxFuture<'c, PgResult<T>>) -> PgResult<T> {
+        let idle = self.idle.lock().unwrap().get_mut(&group).and_then(Vec::pop);
+        let mut conn = match idle {
+            Some(conn) => conn,
+            None => {
+                let catalog = self.catalog.snapshot();
+                let node = catalog.node_for_group(group).ok_or_else(|| PgError::new(sqlstate::CONNECTION_FAILURE, format!("node group {group} is not in the catalog")))?;
+                PgConnection::connect(&node.addr, &self.service).await?
+            }
+        };
+        let result = work(&mut conn).await;
+        if !conn.is_broken() {
+            let mut idle = self.idle.lock().unwrap();
+            let list = idle.entry(group).or_default();
+            if list.len() < IDLE_SERVICE_CONNECTIONS {
+                list.push(conn);
+            }
+        }
+        result
+    }
+}
+
+/// Relays a node's answer to the link, up to and including ReadyForQuery.
+async fn relay_answer(node: &mut PgConnection, link: &mut ClientConn) -> anyhow::Result<()> {
+    loop {
+        let msg = node.recv().await?;
+        link.out().extend_from_slice(msg.frame());
+        if msg.tag() == b'Z' {
+            link.flush().await?;
+            return Ok(());
+        }
+        link.flush_if_large().await?;
+    }
+}
+
+/// The first keyword of a statement, upper-cased.
+fn leading_keyword(sql: &str) -> String {
+    sql.trim_start_matches(|c: char| c.is_whitespace() || c == '(').split(|c: char| !c.is_ascii_alphabetic()).next().unwrap_or("").to_ascii_uppercase()
+}
+
+/// Whether a statement ends the link's remote transaction (a rollback to
+/// a savepoint does not).
+fn ends_transaction(sql: &str) -> bool {
+    let mut words = sql.split_whitespace().map(str::to_ascii_uppercase);
+    match words.next().as_deref() {
+        Some("COMMIT" | "ABORT" | "END") => true,
+        Some("ROLLBACK") => words.next().as_deref() != Some("TO"),
+        _ => false,
+    }
+}
+
+/// Whether a statement postgres_fdw sends changes rows.
+fn is_write(keyword: &str) -> bool {
+    matches!(keyword, "INSERT" | "UPDATE" | "DELETE" | "TRUNCATE" | "MERGE" | "COPY")
+}
+
+/// What to do with the prepared parts of deciding transactions `xids` (as
+/// xid8), in order: COMMIT PREPARED when it committed, ROLLBACK PREPARED when
+/// it aborted (a crash counts), None while it runs — or when it is too old
+/// for the node to know, which is left to an operator.
+pub async fn decide(conn: &mut PgConnection, xids: Vec<String>) -> PgResult<Vec<Option<&'static str>>> {
+    let list = xids.iter().map(|x| quote_literal(x)).collect::<Vec<_>>().join(", ");
+    let rows = conn.query(&format!("SELECT pg_xact_status(x::xid8) FROM unnest(ARRAY[{list}]::text[]) WITH ORDINALITY AS u(x, i) ORDER BY i")).await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| match row.into_iter().next().flatten().as_deref() {
+            Some("committed") => Some("COMMIT PREPARED"),
+            Some("aborted") => Some("ROLLBACK PREPARED"),
+            _ => None,
+        })
+        .collect())
+}
+
+/// The deciding transaction's node group and xid8 named in a link's gid.
+pub fn parse_gid(gid: &str) -> Option<(i32, String)> {
+    let mut parts = gid.strip_prefix(LINK_GID_PREFIX)?.split('_');
+    let from = parts.next()?.parse().ok()?;
+    let xid: u64 = parts.next()?.parse().ok()?;
+    Some((from, xid.to_string()))
+}
+
+pub fn finish_sql(command: &str, gid: &str) -> String {
+    format!("{command} {}", quote_literal(gid))
+}
+
+/// Runs COMMIT/ROLLBACK PREPARED; one already finished (by recovery, or by
+/// another pass) counts as done.
+pub async fn finish_prepared(conn: &mut PgConnection, sql: &str) -> PgResult<()> {
+    match conn.execute(sql).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.code() == "42704" => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_names_round_trip() {
+        let name = link_application_name(3, 7).replace("%p", "4242");
+        assert_eq!(LinkEnds::parse(&name), Some(LinkEnds { from: 3, pid: 4242, to: 7 }));
+        assert_eq!(LinkEnds::parse("tessera_link_3_7"), None);
+        assert_eq!(LinkEnds::parse("psql"), None);
+    }
+
+    #[test]
+    fn gids_name_their_deciding_transaction() {
+        assert_eq!(parse_gid("tessera.link_2_4294967311_9"), Some((2, "4294967311".into())));
+        assert_eq!(parse_gid("tessera_123_4_5"), None);
+        assert!(!LINK_GID_PREFIX.starts_with(super::super::GID_PREFIX));
+    }
+
+    #[test]
+    fn writes_are_told_from_reads() {
+        assert!(is_write(&leading_keyword("UPDATE public.t_102 SET a = $1 WHERE ctid = $2")));
+        assert!(is_write(&leading_keyword("  INSERT INTO s.t(a) VALUES ($1)")));
+        assert!(!is_write(&leading_keyword("DECLARE c1 CURSOR FOR SELECT a FROM s.t")));
+        assert!(!is_write(&leading_keyword("FETCH 100 FROM c1")));
+        assert!(ends_transaction("ABORT TRANSACTION") && ends_transaction("COMMIT TRANSACTION"));
+        assert!(!ends_transaction("ROLLBACK TO SAVEPOINT s2") && !ends_transaction("SAVEPOINT s2"));
+    }
+}
