@@ -188,14 +188,13 @@ async fn a_delegated_call_writing_on_two_nodes_commits_both_parts() {
     assert_eq!(cluster.prepared_on_workers().await, 0);
 }
 
-/// The coordinator dies right after the other node's part was prepared,
-/// before the worker heard back: the call's transaction aborts on its
-/// worker, and recovery rolls the prepared part back.
-#[tokio::test]
-async fn a_crash_before_the_worker_commits_rolls_back_both_parts() {
+/// Kills the coordinator at `fault` during a delegated transfer of 30 from
+/// one node's account to the other's; after a restart and recovery, nothing
+/// is left prepared and the balances are `expected`.
+async fn crash_during_transfer(fault: Fault, expected: (i32, i32)) {
     let cluster = TestCluster::start(2);
     let (c, a, b) = transfer_setup(&cluster).await;
-    cluster.restart_coordinator(|c| c.transactions.fault_injection = Some(Fault::AfterLinkPrepare));
+    cluster.restart_coordinator(|c| c.transactions.fault_injection = Some(fault));
     drop(c);
     let c = cluster.connect().await;
     assert!(c.batch_execute(&format!("SELECT dl_transfer({a}, {b}, 30)")).await.is_err(), "the coordinator died during the call");
@@ -205,7 +204,15 @@ async fn a_crash_before_the_worker_commits_rolls_back_both_parts() {
     let c = cluster.connect().await;
     c.batch_execute("SELECT recover_prepared_transactions()").await.unwrap();
     assert_eq!(cluster.prepared_on_workers().await, 0);
-    assert_eq!(balances(&c, a, b).await, (100, 100));
+    assert_eq!(balances(&c, a, b).await, expected);
+}
+
+/// The coordinator dies right after the other node's part was prepared,
+/// before the worker heard back: the call's transaction aborts on its
+/// worker, and recovery rolls the prepared part back.
+#[tokio::test]
+async fn a_crash_before_the_worker_commits_rolls_back_both_parts() {
+    crash_during_transfer(Fault::AfterLinkPrepare, (100, 100)).await;
 }
 
 /// The coordinator dies once the worker was told the other node's part is
@@ -213,17 +220,5 @@ async fn a_crash_before_the_worker_commits_rolls_back_both_parts() {
 /// part after it.
 #[tokio::test]
 async fn a_crash_after_the_worker_heard_back_commits_both_parts() {
-    let cluster = TestCluster::start(2);
-    let (c, a, b) = transfer_setup(&cluster).await;
-    cluster.restart_coordinator(|c| c.transactions.fault_injection = Some(Fault::AfterLinkReply));
-    drop(c);
-    let c = cluster.connect().await;
-    assert!(c.batch_execute(&format!("SELECT dl_transfer({a}, {b}, 30)")).await.is_err(), "the coordinator died during the call");
-    cluster.wait_for_coordinator_exit();
-    assert_eq!(cluster.prepared_on_workers().await, 1, "the other node's part is left prepared");
-    cluster.restart_coordinator(|c| c.transactions.fault_injection = None);
-    let c = cluster.connect().await;
-    c.batch_execute("SELECT recover_prepared_transactions()").await.unwrap();
-    assert_eq!(cluster.prepared_on_workers().await, 0);
-    assert_eq!(balances(&c, a, b).await, (70, 130));
+    crash_during_transfer(Fault::AfterLinkReply, (70, 130)).await;
 }
