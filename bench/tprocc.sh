@@ -87,11 +87,11 @@ load_tessera() {
 
 declare -A NOPM=() TPM=()
 
-# measure TARGET PORT MODE REMOTE: one warm-up and measured run, then the check.
+# measure TARGET PORT MODE: one warm-up and measured run, then the check.
 measure() {
     local target=$1 port=$2 out=$BENCH_LOG_DIR/$1-round$ROUND.log line
     "$DRIVER" run -url "postgres://postgres@127.0.0.1:$port/postgres?sslmode=disable" -warehouses "$WAREHOUSES" \
-        -vus "$VUS" -warmup "${WARMUP}s" -duration "${DURATION}s" -mode "$3" -remote "$4" >"$out" 2>&1 ||
+        -vus "$VUS" -warmup "${WARMUP}s" -duration "${DURATION}s" -mode "$3" >"$out" 2>&1 ||
         die "$target: the driver failed" "$out"
     line=$(grep '^nopm=' "$out") || die "$target: no result line" "$out"
     NOPM[$target:$ROUND]=$(sed 's/.*nopm=\([0-9]*\).*/\1/' <<<"$line")
@@ -164,9 +164,9 @@ fi
 
 TARGETS=(plain_call tessera_call tessera_sql)
 for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
-    measure plain_call "$PLAIN_PORT" call call
-    measure tessera_call "$TESSERA_PORT" call sql
-    measure tessera_sql "$TESSERA_PORT" sql sql
+    measure plain_call "$PLAIN_PORT" call
+    measure tessera_call "$TESSERA_PORT" call
+    measure tessera_sql "$TESSERA_PORT" sql
 done
 
 # ratio_stats A B: min/median/max over the rounds of NOPM[A]/NOPM[B].

@@ -170,9 +170,16 @@ async fn a_delegated_call_writing_on_two_nodes_commits_both_parts() {
     let cluster = TestCluster::start(2);
     let (c, a, b) = transfer_setup(&cluster).await;
     let app = connect_as(cluster.port, "dl_app").await;
+    // An older transaction still running on the call's worker: the call's
+    // xid is then above every snapshot's xmax there.
+    let ports = placement_ports(&c, "dl_acct").await;
+    let home = cluster.cluster.state.worker_ports.iter().position(|p| i32::from(*p) == ports[shard_of_int4(a, ports.len() as u32)]).unwrap();
+    let older = cluster.connect_worker(home).await;
+    older.batch_execute("BEGIN; SELECT pg_current_xact_id()").await.unwrap();
     app.batch_execute(&format!("SELECT dl_transfer({a}, {b}, 10)")).await.unwrap();
     assert_eq!(cluster.prepared_on_workers().await, 0, "settled before the answer");
     assert_eq!(balances(&c, a, b).await, (90, 110));
+    older.batch_execute("COMMIT").await.unwrap();
     let call = app.prepare("SELECT dl_transfer($1, $2, $3)").await.unwrap();
     for _ in 0..5 {
         app.query(&call, &[&a, &b, &1]).await.unwrap();
@@ -221,4 +228,53 @@ async fn a_crash_before_the_worker_commits_rolls_back_both_parts() {
 #[tokio::test]
 async fn a_crash_after_the_worker_heard_back_commits_both_parts() {
     crash_during_transfer(Fault::AfterLinkReply, (70, 130)).await;
+}
+
+/// A cycle through a link: a delegated call in one session's block waits,
+/// through its worker's link, for a row another session holds on the other
+/// node, while that session waits for the first one's row. The distributed
+/// detector sees the link as the first session and breaks the cycle.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deadlock_through_a_link_is_broken() {
+    let cluster = TestCluster::start(2);
+    let (c, a, b) = transfer_setup(&cluster).await;
+    let s1 = cluster.connect().await;
+    let s2 = cluster.connect().await;
+    s1.batch_execute(&format!("BEGIN; UPDATE dl_acct SET balance = balance + 1 WHERE id = {a}")).await.unwrap();
+    s2.batch_execute(&format!("BEGIN; UPDATE dl_acct SET balance = balance + 10 WHERE id = {b}")).await.unwrap();
+    let started = std::time::Instant::now();
+    let first = tokio::spawn(async move {
+        let r = s1.batch_execute(&format!("SELECT dl_transfer({a}, {b}, 1)")).await;
+        (s1, r)
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let r2 = s2.batch_execute(&format!("UPDATE dl_acct SET balance = balance + 10 WHERE id = {a}")).await;
+    let e = r2.expect_err("the later transaction is the victim");
+    assert_eq!(sqlstate(&e), "40P01", "{e}");
+    s2.batch_execute("ROLLBACK").await.unwrap();
+    let (s1, r1) = first.await.unwrap();
+    r1.unwrap();
+    assert!(started.elapsed() < std::time::Duration::from_secs(15), "the deadlock took {:?} to break", started.elapsed());
+    s1.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(balances(&c, a, b).await, (100, 101));
+    assert_eq!(cluster.prepared_on_workers().await, 0);
+}
+
+/// A block that writes on two nodes itself and runs a call writing through
+/// a link cannot be committed atomically yet (postgres_fdw cannot PREPARE):
+/// COMMIT says so, and nothing of the block stays anywhere.
+#[tokio::test]
+async fn a_block_writing_on_two_nodes_and_through_a_link_is_refused_at_commit() {
+    let cluster = TestCluster::start(2);
+    let (c, a, b) = transfer_setup(&cluster).await;
+    let ports = placement_ports(&c, "dl_acct").await;
+    let port_of = |id: i32| ports[shard_of_int4(id, ports.len() as u32)];
+    let other = (2..=40).find(|id| *id != b && port_of(*id) == port_of(b)).unwrap();
+    c.batch_execute(&format!("BEGIN; UPDATE dl_acct SET balance = 0 WHERE id = {other}; SELECT dl_transfer({a}, {b}, 5)")).await.unwrap();
+    let e = c.batch_execute("COMMIT").await.unwrap_err();
+    assert_eq!(sqlstate(&e), "0A000", "{e}");
+    assert!(common::error_text(&e).contains("user code"), "{}", common::error_text(&e));
+    assert_eq!(balances(&c, a, b).await, (100, 100));
+    assert_eq!(text_rows(&c, &format!("SELECT balance FROM dl_acct WHERE id = {other}")).await, vec![vec![Some("100".into())]]);
+    assert_eq!(cluster.prepared_on_workers().await, 0);
 }

@@ -2,15 +2,16 @@
 //! waits; a cycle that runs through two workers (A waits for B on one, B for A on
 //! the other) would hang forever. Every few seconds this gathers who waits for
 //! whom on every worker, maps worker backends to distributed transactions by the
-//! session name their connections carry as application_name, and cancels the
-//! youngest transaction of each cycle on the nodes where it waits.
+//! session name their connections carry as application_name (a worker's link to
+//! another node, `links`, by the session of the backend that opened it), and
+//! cancels the youngest transaction of each cycle on the nodes where it waits.
 
-use super::TRANSACTION_ID_PREFIX;
+use super::{links, TRANSACTION_ID_PREFIX};
 use crate::config::Config;
 use crate::connection::{quote_literal, PgConnection, ServerAddr};
 use crate::error::PgResult;
 use crate::metadata::Catalog;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// One wait: on `node`, backend `pid` of session `waiter` waits for a lock
 /// that session `holder` holds. Both sides' transaction start times on that
@@ -20,6 +21,9 @@ use std::collections::{BTreeMap, BTreeSet};
 pub struct Wait {
     pub node: ServerAddr,
     pub pid: i32,
+    /// The waiting backend's application_name (a link's own name, where
+    /// `waiter` is the session it acts for).
+    pub backend: String,
     pub waiter: String,
     pub waiter_started: i64,
     pub holder: String,
@@ -27,12 +31,12 @@ pub struct Wait {
 }
 
 /// The transaction chosen to break a cycle (by its session's name), the
-/// backends where it waits (node, pid, that backend's transaction start),
-/// and the cycle.
+/// backends where it waits (node, pid, that backend's transaction start and
+/// application_name), and the cycle.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Victim {
     pub session: String,
-    pub waits: Vec<(ServerAddr, i32, i64)>,
+    pub waits: Vec<(ServerAddr, i32, i64, String)>,
     pub cycle: Vec<String>,
 }
 
@@ -45,6 +49,7 @@ fn started_us(column: &str) -> String {
 pub async fn gather_waits(config: &Config, catalog: &Catalog) -> PgResult<Vec<Wait>> {
     let login = config.service_login();
     let mut waits = Vec::new();
+    let ours = |column: &str| format!("(starts_with({column}, {}) OR starts_with({column}, 'tessera_link_'))", quote_literal(TRANSACTION_ID_PREFIX));
     for node in catalog.active_nodes() {
         let mut conn = PgConnection::connect(&node.addr, &login).await?;
         let rows = conn
@@ -53,35 +58,65 @@ pub async fn gather_waits(config: &Config, catalog: &Catalog) -> PgResult<Vec<Wa
                  FROM pg_stat_activity w
                  CROSS JOIN LATERAL unnest(pg_blocking_pids(w.pid)) AS b(pid)
                  JOIN pg_stat_activity h ON h.pid = b.pid
-                 WHERE starts_with(w.application_name, {2}) AND starts_with(h.application_name, {2})
+                 WHERE {} AND {}
                    AND w.application_name <> h.application_name
                    AND w.xact_start IS NOT NULL AND h.xact_start IS NOT NULL",
                 started_us("w.xact_start"),
                 started_us("h.xact_start"),
-                quote_literal(TRANSACTION_ID_PREFIX)
+                ours("w.application_name"),
+                ours("h.application_name"),
             ))
             .await;
         conn.terminate().await;
         for r in rows? {
             let number = |i: usize| r[i].as_deref().and_then(|v| v.parse::<i64>().ok());
             if let (Some(pid), Some(waiter), Some(waiter_started), Some(holder), Some(holder_started)) = (number(0), r[1].clone(), number(2), r[3].clone(), number(4)) {
-                waits.push(Wait { node: node.addr.clone(), pid: pid as i32, waiter, waiter_started, holder, holder_started });
+                waits.push(Wait { node: node.addr.clone(), pid: pid as i32, backend: waiter.clone(), waiter, waiter_started, holder, holder_started });
             }
         }
     }
+    resolve_links(&mut waits, config, catalog).await;
     Ok(waits)
+}
+
+/// Puts the session a link acts for in place of the link's name: the
+/// session of the worker backend that opened it, as that worker shows it.
+/// A link opened by a backend of no coordinator session (a client on the
+/// worker) stays a transaction of its own.
+async fn resolve_links(waits: &mut [Wait], config: &Config, catalog: &Catalog) {
+    let mut sessions: HashMap<String, String> = HashMap::new();
+    for name in waits.iter().flat_map(|w| [w.waiter.clone(), w.holder.clone()]) {
+        let Some((from, pid)) = links::link_origin(&name) else { continue };
+        if sessions.contains_key(&name) {
+            continue;
+        }
+        let Some(node) = catalog.node_for_group(from) else { continue };
+        let Ok(mut conn) = PgConnection::connect(&node.addr, &config.service_login()).await else { continue };
+        let session = conn.query_value(&format!("SELECT application_name FROM pg_stat_activity WHERE pid = {pid}")).await;
+        conn.terminate().await;
+        if let Ok(Some(session)) = session.map(|s| s.filter(|s| s.starts_with(TRANSACTION_ID_PREFIX))) {
+            sessions.insert(name, session);
+        }
+    }
+    for w in waits {
+        for name in [&mut w.waiter, &mut w.holder] {
+            if let Some(session) = sessions.get(name.as_str()) {
+                *name = session.clone();
+            }
+        }
+    }
 }
 
 /// Cancels the victim's statements where it was seen waiting, provided the
 /// backend is still in that same transaction. Returns how many it cancelled.
 pub async fn cancel(config: &Config, victim: &Victim) -> PgResult<u64> {
     let mut cancelled = 0;
-    for (addr, pid, started) in &victim.waits {
+    for (addr, pid, started, backend) in &victim.waits {
         let mut conn = PgConnection::connect(addr, &config.service_login()).await?;
         let rows = conn
             .query(&format!(
                 "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE pid = {pid} AND application_name = {} AND {} = {started}",
-                quote_literal(&victim.session),
+                quote_literal(backend),
                 started_us("xact_start")
             ))
             .await;
@@ -111,7 +146,7 @@ pub fn choose_victims(waits: &[Wait]) -> Vec<Victim> {
         }
         if let Some(cycle) = find_cycle(&graph, start, &broken) {
             let youngest = cycle.iter().max_by_key(|t| (started.get(t.as_str()).copied().unwrap_or(0), t.to_string())).unwrap().clone();
-            let where_waiting = waits.iter().filter(|w| w.waiter == youngest).map(|w| (w.node.clone(), w.pid, w.waiter_started)).collect();
+            let where_waiting = waits.iter().filter(|w| w.waiter == youngest).map(|w| (w.node.clone(), w.pid, w.waiter_started, w.backend.clone())).collect();
             broken.insert(youngest.clone());
             victims.push(Victim { session: youngest, waits: where_waiting, cycle });
         }
@@ -150,7 +185,7 @@ mod tests {
     /// On node `port`, session `waiter` (its transaction there began at
     /// `waiter_started`; its pid is the port) waits for `holder`.
     fn wait(waiter: (&str, i64), holder: (&str, i64), port: u16) -> Wait {
-        Wait { node: ServerAddr { host: "127.0.0.1".into(), port }, pid: port as i32, waiter: waiter.0.into(), waiter_started: waiter.1, holder: holder.0.into(), holder_started: holder.1 }
+        Wait { node: ServerAddr { host: "127.0.0.1".into(), port }, pid: port as i32, backend: waiter.0.into(), waiter: waiter.0.into(), waiter_started: waiter.1, holder: holder.0.into(), holder_started: holder.1 }
     }
 
     #[test]
@@ -159,7 +194,7 @@ mod tests {
         let victims = choose_victims(&waits);
         assert_eq!(victims.len(), 1);
         assert_eq!(victims[0].session, "tessera:1:2");
-        assert_eq!(victims[0].waits, vec![(ServerAddr { host: "127.0.0.1".into(), port: 2 }, 2, 250)]);
+        assert_eq!(victims[0].waits, vec![(ServerAddr { host: "127.0.0.1".into(), port: 2 }, 2, 250, "tessera:1:2".to_string())]);
     }
 
     #[test]
@@ -168,6 +203,14 @@ mod tests {
         // on node 2 began after b's.
         let waits = vec![wait(("b", 200), ("a", 50), 1), wait(("a", 300), ("b", 200), 2)];
         assert_eq!(choose_victims(&waits)[0].session, "b");
+    }
+
+    #[test]
+    fn a_transaction_waiting_for_itself_is_cancelled() {
+        // Its link to node 2 waits for its own connection there.
+        let victims = choose_victims(&[wait(("a", 1), ("a", 1), 2)]);
+        assert_eq!(victims.len(), 1);
+        assert_eq!(victims[0].session, "a");
     }
 
     #[test]

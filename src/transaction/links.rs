@@ -63,6 +63,12 @@ impl LinkEnds {
     }
 }
 
+/// The node group and backend pid that opened the link named
+/// `application_name`, if it is a link's name.
+pub fn link_origin(application_name: &str) -> Option<(i32, i32)> {
+    LinkEnds::parse(application_name).map(|e| (e.from, e.pid))
+}
+
 /// A prepared part waiting for its deciding transaction's outcome.
 #[derive(Clone, Debug)]
 struct Prepared {
@@ -291,10 +297,12 @@ impl LinkRelay {
     /// The worker transaction a link's writes belong to, as xid8: the
     /// top-level transaction of the backend that opened the link.
     async fn deciding_xid(&self, ends: LinkEnds) -> PgResult<String> {
-        // pg_stat_activity shows the 32-bit xid: it lies within 2^32 below
-        // the next full xid, which gives its epoch.
+        // pg_stat_activity shows the 32-bit xid. A snapshot's xmax (one past
+        // the latest completed xid) is a full xid within 2^31 of it, either
+        // side (a running xid may be above it): that gives its epoch.
         let sql = format!(
-            "SELECT ((n >> 32 << 32) + x - CASE WHEN x > (n & 4294967295) THEN 4294967296 ELSE 0 END)::text
+            "SELECT ((n >> 32 << 32) + x + CASE WHEN x - (n & 4294967295) > 2147483648 THEN -4294967296
+                                              WHEN (n & 4294967295) - x > 2147483648 THEN 4294967296 ELSE 0 END)::text
                FROM (SELECT backend_xid::text::bigint AS x, pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS n
                        FROM pg_stat_activity WHERE pid = {}) s",
             ends.pid

@@ -120,6 +120,18 @@ impl TwoPhase {
     }
 }
 
+/// postgres_fdw refuses PREPARE in a worker transaction whose user code
+/// wrote through links (`links`): says what the block did, and what to do.
+fn explain_unpreparable(e: PgError) -> PgError {
+    if e.code() != sqlstate::FEATURE_NOT_SUPPORTED || !e.message().contains("postgres_fdw") {
+        return e;
+    }
+    PgError::not_supported(
+        "the transaction wrote on several nodes, and user code it ran on one of them wrote into other nodes' shards as well: it cannot commit atomically yet, and was rolled back",
+    )
+    .with_hint("Run the call that writes on other nodes in a transaction of its own, or keep the block's other writes on the call's node.")
+}
+
 /// Worker backends of client sessions carry an application_name with this
 /// prefix.
 pub const TRANSACTION_ID_PREFIX: &str = "tessera:";
@@ -1023,7 +1035,7 @@ impl Participants {
                 Ok(Some(p)) => prepared.push(p),
                 Ok(None) => {}
                 Err(e) => {
-                    failure.get_or_insert(e);
+                    failure.get_or_insert(explain_unpreparable(e));
                 }
             }
         }

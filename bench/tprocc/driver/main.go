@@ -8,10 +8,6 @@
 //	call  SELECT neword(…) etc.: the PL/pgSQL functions of procedures.sql,
 //	      one statement per transaction (delegated on Tessera).
 //	sql   the same statements sent one by one inside BEGIN … COMMIT.
-//
-// With -remote=sql, transactions that write to another warehouse (1% of
-// order lines, 15% of payments) are sent as `sql` even in `call` mode: see
-// bench/README.md.
 package main
 
 import (
@@ -48,7 +44,7 @@ func must(err error) {
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: tprocc gen -dir DIR -warehouses N | tprocc run -url URL -warehouses N [-vus 8] [-warmup 10s] [-duration 60s] [-mode call|sql] [-remote sql|call]")
+		fmt.Fprintln(os.Stderr, "usage: tprocc gen -dir DIR -warehouses N | tprocc run -url URL -warehouses N [-vus 8] [-warmup 10s] [-duration 60s] [-mode call|sql]")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
@@ -70,12 +66,11 @@ func main() {
 		warmup := fs.Duration("warmup", 10*time.Second, "time before measuring")
 		duration := fs.Duration("duration", 60*time.Second, "measured time")
 		mode := fs.String("mode", "call", "call or sql")
-		remote := fs.String("remote", "call", "in call mode, how transactions that write to another warehouse go: call or sql")
 		must(fs.Parse(os.Args[2:]))
-		if *mode != "call" && *mode != "sql" || *remote != "call" && *remote != "sql" {
-			must(errors.New("-mode and -remote take call or sql"))
+		if *mode != "call" && *mode != "sql" {
+			must(errors.New("-mode takes call or sql"))
 		}
-		run(*url, *warehouses, *vus, *warmup, *duration, *mode == "call", *remote == "call")
+		run(*url, *warehouses, *vus, *warmup, *duration, *mode == "call")
 	default:
 		must(fmt.Errorf("unknown command %q", os.Args[1]))
 	}
@@ -86,7 +81,7 @@ type counters struct {
 	newOrders, committed, rolledBack, failed atomic.Int64
 }
 
-func run(url string, warehouses, vus int, warmup, duration time.Duration, callMode, remoteCalls bool) {
+func run(url string, warehouses, vus int, warmup, duration time.Duration, callMode bool) {
 	ctx := context.Background()
 	var measuring atomic.Bool
 	var stop atomic.Bool
@@ -100,7 +95,7 @@ func run(url string, warehouses, vus int, warmup, duration time.Duration, callMo
 			conn: conn, ctx: ctx, warehouses: warehouses,
 			home:     vu%warehouses + 1,
 			r:        rand.New(rand.NewSource(int64(vu) + time.Now().UnixNano())),
-			callMode: callMode, remoteCalls: remoteCalls,
+			callMode: callMode,
 		}
 		wg.Add(1)
 		go func() {
@@ -151,11 +146,11 @@ func isInvalidItem(err error) bool {
 
 // terminal is one virtual user with its home warehouse.
 type terminal struct {
-	conn                  *pgx.Conn
-	ctx                   context.Context
-	warehouses, home      int
-	r                     *rand.Rand
-	callMode, remoteCalls bool
+	conn             *pgx.Conn
+	ctx              context.Context
+	warehouses, home int
+	r                *rand.Rand
+	callMode         bool
 }
 
 // next runs one transaction of the mix (2.4 to 2.8: 45/43/4/4/4) and says which.
@@ -221,7 +216,7 @@ func (t *terminal) newOrder() error {
 	for i, l := range lines {
 		itemIDs[i], supplies[i], quantities[i] = int32(l.item), int32(l.supply), int32(l.quantity)
 	}
-	if t.asCall(remote) {
+	if t.callMode {
 		var total float64
 		return t.conn.QueryRow(t.ctx, "SELECT neword($1, $2, $3, $4, $5, $6)", t.home, d, c, itemIDs, supplies, quantities).Scan(&total)
 	}
@@ -296,7 +291,7 @@ func (t *terminal) payment() error {
 	}
 	c, last := t.customer()
 	amount := fmt.Sprintf("%d.%02d", between(t.r, 1, 4999), between(t.r, 0, 99))
-	if t.asCall(cw != t.home) {
+	if t.callMode {
 		var balance float64
 		return t.conn.QueryRow(t.ctx, "SELECT payment($1, $2, $3, $4, $5, $6, $7::numeric)", t.home, d, cw, cd, c, last, amount).Scan(&balance)
 	}
@@ -436,11 +431,6 @@ func (t *terminal) stockLevel() error {
 			WHERE ol_w_id = $1 AND ol_d_id = $2 AND ol_o_id >= $3 - 20 AND ol_o_id < $3 AND s_quantity < $4`,
 			t.home, d, next, threshold).Scan(&low)
 	})
-}
-
-// asCall says whether a transaction goes as one function call.
-func (t *terminal) asCall(writesElsewhere bool) bool {
-	return t.callMode && (t.remoteCalls || !writesElsewhere)
 }
 
 // inTransaction runs body inside BEGIN … COMMIT, rolling back on its error.
