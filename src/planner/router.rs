@@ -791,23 +791,86 @@ fn find(parent: &mut [usize], i: usize) -> usize {
 
 fn plan_pinned(command: Command, node: &NodeEnum, scope: Vec<ScopeEntry>, conjuncts: &[Conjunct], template: ShardTemplate, catalog: &Catalog, replicated_preserved: bool) -> Plan {
     let hash_entries: Vec<usize> = scope.iter().enumerate().filter(|(_, e)| e.table.as_ref().is_some_and(|t| !t.is_reference())).map(|(i, _)| i).collect();
-    if hash_entries.is_empty() {
-        if count_hash_references(node, catalog) > 0 {
-            return not_supported("subqueries over distributed tables are not supported yet");
-        }
-        return router(command, ShardTarget::Reference, None, template);
-    }
+    // Subqueries naming distributed tables route with the statement when
+    // each reads one shard group by its own conditions.
+    let mut nested = (Vec::new(), Vec::new());
     if count_hash_references(node, catalog) != hash_entries.len() {
-        return not_supported("subqueries over distributed tables are not supported yet; a query must name its distributed tables in the top-level FROM clause");
+        match nested_pins(node, catalog) {
+            Some(found) if found.0.len() + hash_entries.len() == count_hash_references(node, catalog) => nested = found,
+            _ => return not_supported("subqueries over distributed tables are only supported when each reads one shard group, pinned by its own conditions on the distribution column; a query must otherwise name its distributed tables in the top-level FROM clause"),
+        }
     }
-    let anchor = scope[hash_entries[0]].table.clone().unwrap();
-    if hash_entries.iter().any(|&i| scope[i].table.as_ref().unwrap().colocation_id != anchor.colocation_id) {
+    let (nested_tables, nested_pins) = nested;
+    let anchor = match (hash_entries.first(), nested_tables.first()) {
+        (Some(&i), _) => scope[i].table.clone().unwrap(),
+        (None, Some(table)) => table.clone(),
+        (None, None) => return router(command, ShardTarget::Reference, None, template),
+    };
+    let tables = hash_entries.iter().map(|&i| scope[i].table.as_ref().unwrap()).chain(nested_tables.iter());
+    if tables.into_iter().any(|t| t.colocation_id != anchor.colocation_id) {
         return not_supported("joins between distributed tables that are not co-located are not supported yet");
     }
+    let groups = match pinning(&scope, conjuncts, &hash_entries) {
+        Pinning::NullKey => return router_for_null_key(command, anchor, template),
+        Pinning::Groups(groups) => groups,
+    };
+    // Every distributed table must be pinned, through its own group's key.
+    let mut target: Option<ShardTarget> = None;
+    let mut keys: Vec<KeyValue> = Vec::new();
+    let mut keys_differ = false;
+    for (i, pin) in groups.iter().map(|(i, pin)| (*i, pin.clone())).chain(nested_pins.into_iter().map(|pin| (usize::MAX, Some(pin)))) {
+        let (this, key) = match pin {
+            Some(pin) => pin,
+            None => {
+                let one_group = groups.len() == 1 && nested_tables.is_empty();
+                return match node {
+                    NodeEnum::SelectStmt(_) if replicated_preserved => {
+                        not_supported("outer joins that keep rows of reference tables or subqueries across shards are not supported yet")
+                    }
+                    NodeEnum::SelectStmt(select) if one_group => super::multi_shard::plan_select(select, anchor, template, catalog),
+                    NodeEnum::SelectStmt(_) if one_group || !nested_tables.is_empty() => {
+                        not_supported("a query whose subqueries read one shard group must read only that group at the top level too")
+                    }
+                    NodeEnum::SelectStmt(_) => not_supported("joins between distributed tables that are not on their distribution columns are not supported yet"),
+                    NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) | NodeEnum::MergeStmt(_) if one_group && !replicated_preserved => {
+                        super::multi_shard::plan_modify(command, anchor, template)
+                    }
+                    _ => not_supported(format!(
+                        "UPDATE and DELETE across several shards of distributed table \"{}\" are only supported when every distributed table they join is co-located and joined on its distribution column",
+                        scope[i].table.as_ref().unwrap().name
+                    )),
+                };
+            }
+        };
+        keys.push(key);
+        match &target {
+            None => target = Some(this),
+            Some(existing) if *existing == this => {}
+            Some(ShardTarget::Shard(_)) if matches!(this, ShardTarget::Shard(_)) => {
+                return not_supported("queries whose tables are pinned to different shards are not supported yet")
+            }
+            // Known per execution: the values may still meet in one group.
+            Some(_) => keys_differ = true,
+        }
+    }
+    let target = if keys_differ { ShardTarget::SameKeys(keys) } else { target.unwrap() };
+    router(command, target, Some(anchor), template)
+}
+
+/// How one query level's distributed tables are pinned.
+enum Pinning {
+    /// Per group of tables joined on their distribution columns: one of its
+    /// scope entries, and the first pin found for it (target, key value).
+    Groups(Vec<(usize, Option<(ShardTarget, KeyValue)>)>),
+    /// A distribution column is compared with NULL: no row qualifies.
+    NullKey,
+}
+
+fn pinning(scope: &[ScopeEntry], conjuncts: &[Conjunct], hash_entries: &[usize]) -> Pinning {
     let mut parent: Vec<usize> = (0..scope.len()).collect();
     let mut pins: Vec<(usize, ShardTarget, KeyValue)> = Vec::new();
     for c in conjuncts {
-        let (l, r) = (dist_column_owner(&c.left, &scope), dist_column_owner(&c.right, &scope));
+        let (l, r) = (dist_column_owner(&c.left, scope), dist_column_owner(&c.right, scope));
         match (l, r) {
             (Some(a), Some(b)) => {
                 let (ra, rb) = (find(&mut parent, a), find(&mut parent, b));
@@ -823,60 +886,62 @@ fn plan_pinned(command: Command, node: &NodeEnum, scope: Vec<ScopeEntry>, conjun
                             pins.push((owner, target, v));
                         }
                     }
-                    Some(Err(_)) => return router_for_null_key(command, anchor, template),
+                    Some(Err(_)) => return Pinning::NullKey,
                     None => {}
                 }
             }
             _ => {}
         }
     }
-    // Every distributed table must be pinned, through its own group's key.
-    let mut target: Option<ShardTarget> = None;
-    let mut keys: Vec<KeyValue> = Vec::new();
-    let mut keys_differ = false;
-    let mut groups_done: Vec<usize> = Vec::new();
-    for &i in &hash_entries {
+    let mut groups = Vec::new();
+    let mut roots_done: Vec<usize> = Vec::new();
+    for &i in hash_entries {
         let root = find(&mut parent, i);
-        if groups_done.contains(&root) {
+        if roots_done.contains(&root) {
             continue;
         }
-        groups_done.push(root);
-        let pin = pins.iter().find(|(owner, _, _)| find(&mut parent, *owner) == root);
-        let this = match pin {
-            None => {
-                let one_group = hash_entries.iter().all(|&j| find(&mut parent, j) == root);
-                return match node {
-                    NodeEnum::SelectStmt(_) if replicated_preserved => {
-                        not_supported("outer joins that keep rows of reference tables or subqueries across shards are not supported yet")
-                    }
-                    NodeEnum::SelectStmt(select) if one_group => super::multi_shard::plan_select(select, anchor, template, catalog),
-                    NodeEnum::SelectStmt(_) => not_supported("joins between distributed tables that are not on their distribution columns are not supported yet"),
-                    NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) | NodeEnum::MergeStmt(_) if one_group && !replicated_preserved => {
-                        super::multi_shard::plan_modify(command, anchor, template)
-                    }
-                    _ => not_supported(format!(
-                        "UPDATE and DELETE across several shards of distributed table \"{}\" are only supported when every distributed table they join is co-located and joined on its distribution column",
-                        scope[i].table.as_ref().unwrap().name
-                    )),
-                };
-            }
-            Some((_, target, key)) => {
-                keys.push(key.clone());
-                target.clone()
-            }
-        };
-        match &target {
-            None => target = Some(this),
-            Some(existing) if *existing == this => {}
-            Some(ShardTarget::Shard(_)) if matches!(this, ShardTarget::Shard(_)) => {
-                return not_supported("queries whose tables are pinned to different shards are not supported yet")
-            }
-            // Known per execution: the values may still meet in one group.
-            Some(_) => keys_differ = true,
-        }
+        roots_done.push(root);
+        let pin = pins.iter().find(|(owner, _, _)| find(&mut parent, *owner) == root).map(|(_, target, key)| (target.clone(), key.clone()));
+        groups.push((i, pin));
     }
-    let target = if keys_differ { ShardTarget::SameKeys(keys) } else { target.unwrap() };
-    router(command, target, Some(anchor), template)
+    Pinning::Groups(groups)
+}
+
+/// The distributed tables and pins of the SELECTs nested in a statement
+/// (subqueries in FROM, conditions and the target list; CTEs), each judged
+/// by its own FROM and WHERE: None unless every one of them pins all the
+/// distributed tables it names (so that it reads one shard group).
+/// Correlation with the outer query does not matter then: the subquery's
+/// rows all live in that group.
+fn nested_pins(node: &NodeEnum, catalog: &Catalog) -> Option<(Vec<Arc<DistributedTable>>, Vec<(ShardTarget, KeyValue)>)> {
+    let mut copy = node.clone();
+    let mut selects = Vec::new();
+    let mut root = true;
+    crate::walk::visit_mut(&mut copy, &mut |n| {
+        if std::mem::take(&mut root) {
+            return;
+        }
+        if let NodeEnum::SelectStmt(s) = n {
+            selects.push(s.as_ref().clone());
+        }
+    });
+    let mut tables = Vec::new();
+    let mut pins = Vec::new();
+    for select in &selects {
+        let mut scope = Vec::new();
+        let mut conjuncts = Vec::new();
+        collect_from(&select.from_clause, catalog, &mut scope, &mut conjuncts);
+        if let Some(w) = select.where_clause.as_deref() {
+            flatten_and(w, &mut conjuncts, true);
+        }
+        let hash_entries: Vec<usize> = scope.iter().enumerate().filter(|(_, e)| e.table.as_ref().is_some_and(|t| !t.is_reference())).map(|(i, _)| i).collect();
+        let Pinning::Groups(groups) = pinning(&scope, &conjuncts, &hash_entries) else { return None };
+        for (_, pin) in groups {
+            pins.push(pin?);
+        }
+        tables.extend(hash_entries.iter().filter_map(|&i| scope[i].table.clone()));
+    }
+    Some((tables, pins))
 }
 
 /// `dist_col = NULL` is never true, so any one shard gives the right (empty) answer.
