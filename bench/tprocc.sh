@@ -140,7 +140,7 @@ run_gotpc() { # run_gotpc TARGET PORT
         ! grep -q 'check failed' "$BENCH_LOG_DIR/$1-gotpc-check.log"; then
         GOTPC_CHECK[$1]=passed
     else
-        GOTPC_CHECK[$1]="FAILED ($(grep -m1 -o 'condition [0-9.]*' "$BENCH_LOG_DIR/$1-gotpc-check.log" | tail -n 1 || echo timeout); $1-gotpc-check.log)"
+        GOTPC_CHECK[$1]="FAILED ($(grep -m1 -o 'at condition [0-9.]* failed' "$BENCH_LOG_DIR/$1-gotpc-check.log" || echo "timeout after ${GOTPC_CHECK_TIMEOUT}s"); $1-gotpc-check.log)"
     fi
     log "$1: go-tpc tpmC ${GOTPC_TPMC[$1]}, check ${GOTPC_CHECK[$1]}"
 }

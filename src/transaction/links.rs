@@ -275,8 +275,7 @@ impl LinkRelay {
         .await;
         match prepared {
             Ok(prepared) => {
-                self.pending.lock().unwrap().entry((ends.from, ends.pid)).or_default().push(prepared);
-                self.pending_count.fetch_add(1, Ordering::Relaxed);
+                self.remember(ends.from, ends.pid, vec![prepared]);
                 inject_fault(self.fault, Fault::AfterLinkPrepare);
                 backend::command_complete(link.out(), "COMMIT");
                 backend::ready_for_query(link.out(), TxStatus::Idle);
@@ -314,7 +313,7 @@ impl LinkRelay {
     /// Settles the prepared parts of backend `pid` on node group `from` that
     /// `due` picks; parts whose deciding transaction is still running stay.
     pub async fn settle(&self, from: i32, pid: i32, due: impl Fn(&Instant) -> bool) {
-        if self.pending_count.load(Ordering::Relaxed) == 0 {
+        if !self.has_pending() {
             return;
         }
         let taken: Vec<Prepared> = {
@@ -325,12 +324,12 @@ impl LinkRelay {
             if parts.is_empty() {
                 pending.remove(&(from, pid));
             }
+            self.pending_count.fetch_sub(taken.len(), Ordering::SeqCst);
             taken
         };
         if taken.is_empty() {
             return;
         }
-        self.pending_count.fetch_sub(taken.len(), Ordering::Relaxed);
         let xids: Vec<String> = taken.iter().map(|p| p.xid.clone()).collect();
         let decisions = self.with_service(from, |conn| Box::pin(decide(conn, xids))).await.unwrap_or_else(|e| {
             tracing::warn!("could not learn the outcome of transactions on node group {from}: {e}");
@@ -351,15 +350,21 @@ impl LinkRelay {
             }
         }
         if !unsettled.is_empty() {
-            self.pending_count.fetch_add(unsettled.len(), Ordering::Relaxed);
-            self.pending.lock().unwrap().entry((from, pid)).or_default().extend(unsettled);
+            self.remember(from, pid, unsettled);
         }
+    }
+
+    /// Keeps prepared parts of backend `pid` on node group `from` until settled.
+    fn remember(&self, from: i32, pid: i32, parts: Vec<Prepared>) {
+        let mut pending = self.pending.lock().unwrap();
+        self.pending_count.fetch_add(parts.len(), Ordering::SeqCst);
+        pending.entry((from, pid)).or_default().extend(parts);
     }
 
     /// Whether any prepared part waits for a decision (cheap: sessions ask
     /// after every statement).
     pub fn has_pending(&self) -> bool {
-        self.pending_count.load(Ordering::Relaxed) > 0
+        self.pending_count.load(Ordering::SeqCst) > 0
     }
 
     async fn settle_periodically(self: Arc<Self>) {
