@@ -31,6 +31,17 @@ async fn calls_run_on_the_node_of_their_argument() {
         let bound: i32 = c.query_one(&call, &[&id]).await.unwrap().get(0);
         assert_eq!(bound.to_string(), node_of(id), "key {id}, bound");
     }
+    // By name too, and with an argument left to its default.
+    c.batch_execute(
+        "CREATE FUNCTION dl_where_named(k int, label text DEFAULT 'x') RETURNS int LANGUAGE sql AS $$ SELECT current_setting('port')::int $$;
+         SELECT create_distributed_function('dl_where_named(int,text)', 'k', colocate_with => 'dl_t');",
+    )
+    .await
+    .unwrap();
+    for id in [3, 8, 21] {
+        assert_eq!(answer(&c, &format!("SELECT dl_where_named(label => 'y', k => {id})")).await, node_of(id), "key {id}, by name");
+        assert_eq!(answer(&c, &format!("SELECT dl_where_named({id})")).await, node_of(id), "key {id}, default label");
+    }
     let plan: Vec<String> = text_rows(&c, "EXPLAIN SELECT dl_where(7)").await.into_iter().map(|r| r[0].clone().unwrap_or_default()).collect();
     assert!(plan[0].contains("Delegated Function Call") && plan.iter().any(|l| l.contains(&format!("port={}", node_of(7)))), "{plan:?}");
     // Not delegated: in a block (the function reaches no distributed
@@ -47,10 +58,10 @@ async fn calls_run_on_the_node_of_their_argument() {
     assert_eq!(answer(&c, "SELECT dl_where(7)").await, node_of(7));
     c.batch_execute("COMMIT").await.unwrap();
     assert_eq!(
-        text_rows(&c, "SELECT type, object_names::text, object_args::text, distribution_argument_index, force_delegation FROM pg_dist_object").await,
+        text_rows(&c, "SELECT type, object_names::text, object_args::text, distribution_argument_index, force_delegation FROM pg_dist_object WHERE object_names[2] = 'dl_where'").await,
         vec![vec![Some("function".into()), Some("{public,dl_where}".into()), Some("{integer}".into()), Some("0".into()), Some("t".into())]]
     );
-    c.batch_execute("DROP FUNCTION dl_where(int)").await.unwrap();
+    c.batch_execute("DROP FUNCTION dl_where(int); DROP FUNCTION dl_where_named(int, text)").await.unwrap();
     assert_eq!(answer(&c, "SELECT count(*) FROM pg_dist_object").await, "0");
 }
 

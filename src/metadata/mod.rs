@@ -240,14 +240,36 @@ impl DistributedTable {
 pub struct DistributedFunction {
     pub schema: String,
     pub name: String,
-    /// Its input arguments, which tell overloads apart.
-    pub arg_count: usize,
+    /// Its input arguments' names, in order ("" where unnamed): how many
+    /// tells overloads apart, the names place named arguments.
+    pub arg_names: Vec<String>,
+    /// How many of the last input arguments have defaults.
+    pub defaults: usize,
     /// The argument whose value picks the shard (from 0), with a table of the
     /// co-located group, whose shards and placements the function follows;
     /// None for a function that is only propagated.
     pub distribution: Option<(usize, Arc<DistributedTable>)>,
     /// Delegated inside transaction blocks too.
     pub force_delegation: bool,
+}
+
+impl DistributedFunction {
+    /// Whether a call with `positional` arguments, then `named` ones, fits:
+    /// every argument given once, those not given have defaults.
+    fn accepts(&self, positional: usize, named: &[&str]) -> bool {
+        let count = self.arg_names.len();
+        let mut given = vec![false; count];
+        for i in 0..positional.min(count) {
+            given[i] = true;
+        }
+        for name in named {
+            match self.arg_names.iter().position(|a| !a.is_empty() && a == name) {
+                Some(i) if !given[i] => given[i] = true,
+                _ => return false,
+            }
+        }
+        positional <= count && given.iter().enumerate().all(|(i, g)| *g || i >= count - self.defaults.min(count))
+    }
 }
 
 /// One consistent view of the catalog.
@@ -341,10 +363,16 @@ impl Catalog {
             None => self.tables.keys().any(|(_, n)| n == name),
         }
     }
-    /// The distributed function a call names with `arg_count` arguments, an
+    /// The one distributed function a call names with `positional`
+    /// arguments followed by arguments of the names `named`, the others
+    /// left to their defaults (None when none or several fit); an
     /// unqualified name looked up in schema public (as tables are).
-    pub fn function(&self, schema: Option<&str>, name: &str, arg_count: usize) -> Option<&Arc<DistributedFunction>> {
-        self.functions.get(&(schema.unwrap_or("public").to_string(), name.to_string()))?.iter().find(|f| f.arg_count == arg_count)
+    pub fn function(&self, schema: Option<&str>, name: &str, positional: usize, named: &[&str]) -> Option<&Arc<DistributedFunction>> {
+        let mut fitting = self.functions.get(&(schema.unwrap_or("public").to_string(), name.to_string()))?.iter().filter(|f| f.accepts(positional, named));
+        match (fitting.next(), fitting.next()) {
+            (Some(f), None) => Some(f),
+            _ => None,
+        }
     }
     pub fn has_functions(&self) -> bool {
         !self.functions.is_empty()
@@ -515,7 +543,12 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
     }
     let functions = conn
         .query(
-            "SELECT n.nspname, p.proname, p.pronargs, o.distribution_argument_index, o.colocationid, coalesce(o.force_delegation, false)
+            "SELECT n.nspname, p.proname,
+                    (SELECT coalesce(json_agg(coalesce(a.name, '') ORDER BY a.i), '[]')
+                       FROM unnest(coalesce(p.proargnames, array_fill(''::text, ARRAY[p.pronargs])),
+                                   coalesce(p.proargmodes, array_fill('i'::\"char\", ARRAY[p.pronargs]))) WITH ORDINALITY AS a(name, mode, i)
+                      WHERE a.mode IN ('i', 'b', 'v') OR (p.prokind = 'p' AND a.mode = 'o')),
+                    o.distribution_argument_index, o.colocationid, coalesce(o.force_delegation, false), p.pronargdefaults
              FROM pg_catalog.pg_dist_object o JOIN pg_proc p ON p.oid = o.objid JOIN pg_namespace n ON n.oid = p.pronamespace
              WHERE o.classid = 'pg_proc'::regclass",
         )
@@ -524,7 +557,14 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
         let colocation: i32 = int(&r[4]);
         let table = catalog.tables().filter(|t| t.colocation_id == colocation && !t.is_reference() && t.partition_of.is_none()).min_by_key(|t| t.oid).cloned();
         let distribution = r[3].as_deref().and_then(|i| i.parse::<usize>().ok()).zip(table);
-        let function = DistributedFunction { schema: r[0].clone().unwrap_or_default(), name: r[1].clone().unwrap_or_default(), arg_count: int(&r[2]), distribution, force_delegation: r[5].as_deref() == Some("t") };
+        let function = DistributedFunction {
+            schema: r[0].clone().unwrap_or_default(),
+            name: r[1].clone().unwrap_or_default(),
+            arg_names: parse_json_string_array(r[2].as_deref().unwrap_or("[]")),
+            defaults: int::<usize>(&r[6]),
+            distribution,
+            force_delegation: r[5].as_deref() == Some("t"),
+        };
         catalog.functions.entry((function.schema.clone(), function.name.clone())).or_default().push(Arc::new(function));
     }
     Ok(catalog)
@@ -560,5 +600,14 @@ mod tests {
     fn json_column_lists() {
         assert_eq!(parse_json_string_array(r#"["aid", "b\"x", "\u00e9t\u00e9"]"#), vec!["aid", "b\"x", "été"]);
         assert!(parse_json_string_array("[]").is_empty());
+    }
+
+    #[test]
+    fn calls_fit_by_position_name_and_default() {
+        let f = DistributedFunction { schema: "public".into(), name: "f".into(), arg_names: vec!["k".into(), "amount".into(), "note".into()], defaults: 1, distribution: None, force_delegation: false };
+        assert!(f.accepts(3, &[]) && f.accepts(2, &[]) && f.accepts(0, &["amount", "k"]) && f.accepts(1, &["note", "amount"]));
+        assert!(!f.accepts(1, &[]), "amount has no default");
+        assert!(!f.accepts(1, &["k", "amount"]), "k given twice");
+        assert!(!f.accepts(4, &[]) && !f.accepts(2, &["other"]));
     }
 }

@@ -42,7 +42,7 @@ pub(super) fn delegated_call(version: i32, raw: &protobuf::RawStmt, node: &NodeE
         NodeEnum::CallStmt(call) => call.funccall.as_ref()?,
         _ => return None,
     };
-    if call.args.iter().any(|a| matches!(a.node, Some(NodeEnum::NamedArgExpr(_)))) || call.agg_star || call.func_variadic {
+    if call.agg_star || call.func_variadic {
         return None;
     }
     let (schema, name) = match function_names(call).as_slice() {
@@ -50,11 +50,23 @@ pub(super) fn delegated_call(version: i32, raw: &protobuf::RawStmt, node: &NodeE
         [schema, name] => (Some(*schema), *name),
         _ => return None,
     };
-    let function = catalog.function(schema, name, call.args.len())?;
+    let positional = call.args.iter().take_while(|a| !matches!(a.node, Some(NodeEnum::NamedArgExpr(_)))).count();
+    let mut named: Vec<(&str, &protobuf::Node)> = Vec::new();
+    for arg in &call.args[positional..] {
+        let Some(NodeEnum::NamedArgExpr(n)) = arg.node.as_ref() else { return None };
+        named.push((n.name.as_str(), n.arg.as_deref()?));
+    }
+    let names: Vec<&str> = named.iter().map(|(name, _)| *name).collect();
+    let function = catalog.function(schema, name, positional, &names)?;
     let (index, table) = function.distribution.as_ref()?;
     let Distribution::Hash { key, .. } = &table.distribution else { return None };
+    // Left to its default, the argument is not known here: undelegated.
+    let argument = match call.args.get(*index).filter(|_| *index < positional) {
+        Some(arg) => arg,
+        None => named.iter().find(|(name, _)| function.arg_names.get(*index).is_some_and(|a| a == name)).map(|(_, arg)| *arg)?,
+    };
     // A NULL argument (Some(Err)) picks no shard: the call runs undelegated.
-    let value = key_value(call.args.get(*index)?, key)?.ok()?;
+    let value = key_value(argument, key)?.ok()?;
     match router(Command::UserCode, ShardTarget::Key(value), Some(table.clone()), ShardTemplate::unchanged(version, raw.clone())) {
         Plan::Router(call) => Some((call, function.force_delegation)),
         _ => None,
