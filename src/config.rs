@@ -31,7 +31,8 @@ pub struct Config {
     /// Where the coordinator relays the workers' postgres_fdw links to other
     /// nodes (`transaction::links`), e.g. "10.0.0.5:6433": an address of
     /// this host the workers reach. Absent: the host of `listen`, on a free
-    /// port chosen at each start.
+    /// port chosen at each start (told to the workers by this host's name
+    /// when `listen` names every interface).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker_links: Option<String>,
     /// Workers registered at start-up if the catalog does not know them yet.
@@ -222,15 +223,12 @@ impl Config {
     }
 
     /// The address to relay worker links on (`worker_links`).
-    pub fn worker_links_listen(&self) -> anyhow::Result<String> {
+    pub fn worker_links_listen(&self) -> String {
         if let Some(addr) = &self.worker_links {
-            return Ok(addr.clone());
+            return addr.clone();
         }
         let host = self.listen.rsplit_once(':').map_or(self.listen.as_str(), |(host, _)| host);
-        if matches!(host, "" | "0.0.0.0" | "::" | "[::]" | "*") {
-            anyhow::bail!("`listen` = \"{}\" names every interface: set `worker_links` to an address of this host (\"host:port\") that the workers can reach", self.listen);
-        }
-        Ok(format!("{host}:0"))
+        format!("{host}:0")
     }
 
     /// The identity the coordinator uses for its own catalog work.
@@ -249,6 +247,15 @@ mod tests {
     use super::*;
 
     const MINIMAL: &str = "listen = \"127.0.0.1:5432\"\n[coordinator_db]\nhost = \"127.0.0.1\"\nport = 5433\n";
+
+    #[test]
+    fn worker_links_default_to_the_listen_host() {
+        let mut config: Config = toml::from_str(MINIMAL).unwrap();
+        assert_eq!(config.worker_links_listen(), "127.0.0.1:0");
+        assert!(!toml::to_string(&config).unwrap().contains("worker_links"));
+        config.worker_links = Some("10.0.0.5:6433".into());
+        assert_eq!(config.worker_links_listen(), "10.0.0.5:6433");
+    }
 
     #[test]
     fn auth_defaults_to_trust_and_is_not_written_then() {

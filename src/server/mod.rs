@@ -77,7 +77,7 @@ impl Coordinator {
         let catalog = Arc::new(CatalogHandle::new(catalog));
         let transactions = &config.transactions;
         let fault = transactions.fault_injection.map(|f| (f, transactions.fault_after_commits));
-        let links = crate::transaction::links::LinkRelay::start(&config.worker_links_listen()?, catalog.clone(), config.service_login(), config.coordinator_db.password.clone(), fault).await?;
+        let links = crate::transaction::links::LinkRelay::start(&config.worker_links_listen(), catalog.clone(), config.service_login(), config.coordinator_db.password.clone(), fault).await?;
         Ok(Arc::new(Coordinator { config, catalog, sessions: Mutex::new(HashMap::new()), reload_lock: tokio::sync::Mutex::new(()), process_id: rand::random(),
             deadlock_victims: Mutex::new(HashMap::new()),
             fallback_ready: tokio::sync::Mutex::new((0, HashSet::new())),

@@ -119,8 +119,10 @@ impl LinkRelay {
     pub async fn start(listen: &str, catalog: Arc<CatalogHandle>, service: Login, password: Option<String>, fault: Option<(Fault, u32)>) -> anyhow::Result<Arc<LinkRelay>> {
         let listener = TcpListener::bind(listen).await.map_err(|e| anyhow::anyhow!("could not listen for worker links on {listen}: {e}"))?;
         let bound = listener.local_addr()?;
+        // Bound to every interface, the relay is reached by this host's name.
+        let host = if bound.ip().is_unspecified() { host_name()? } else { bound.ip().to_string() };
         let relay = Arc::new(LinkRelay {
-            addr: ServerAddr { host: bound.ip().to_string(), port: bound.port() },
+            addr: ServerAddr { host, port: bound.port() },
             catalog,
             service,
             password,
@@ -147,8 +149,10 @@ impl LinkRelay {
                 }
             };
             let relay = self.clone();
+            // A connection from this host to one of its own addresses.
+            let from_this_host = stream.local_addr().is_ok_and(|local| local.ip() == peer.ip());
             tokio::spawn(async move {
-                if let Err(e) = relay.serve_link(ClientConn::new(stream.into()), peer.ip()).await {
+                if let Err(e) = relay.serve_link(ClientConn::new(stream.into()), peer.ip(), from_this_host).await {
                     tracing::debug!("worker link from {peer} ended: {e}");
                 }
             });
@@ -157,8 +161,8 @@ impl LinkRelay {
 
     /// Whether `peer` is one of the nodes (or this host): the relay logs in
     /// to nodes as any role, so it serves only those the nodes trust.
-    async fn is_node(&self, peer: std::net::IpAddr) -> bool {
-        if peer.is_loopback() {
+    async fn is_node(&self, peer: std::net::IpAddr, from_this_host: bool) -> bool {
+        if peer.is_loopback() || from_this_host {
             return true;
         }
         let catalog = self.catalog.snapshot();
@@ -172,7 +176,7 @@ impl LinkRelay {
         false
     }
 
-    async fn serve_link(&self, mut link: ClientConn, peer: std::net::IpAddr) -> anyhow::Result<()> {
+    async fn serve_link(&self, mut link: ClientConn, peer: std::net::IpAddr, from_this_host: bool) -> anyhow::Result<()> {
         let params = loop {
             let Some(packet) = link.recv_startup().await? else { return Ok(()) };
             match frontend::decode_startup(&packet)? {
@@ -192,7 +196,7 @@ impl LinkRelay {
         let get = |name: &str| params.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
         let ends = get("application_name").as_deref().and_then(LinkEnds::parse);
         let target = ends.and_then(|e| self.catalog.snapshot().node_for_group(e.to).map(|n| n.addr.clone()));
-        let (Some(ends), Some(target), Some(user), true) = (ends, target, get("user"), self.is_node(peer).await) else {
+        let (Some(ends), Some(target), Some(user), true) = (ends, target, get("user"), self.is_node(peer, from_this_host).await) else {
             let refusal = PgError::new("28000", "this port relays the Tessera workers' links to other nodes; clients connect to the coordinator's own port");
             backend::error_response(link.out(), &refusal);
             link.flush().await?;
@@ -403,6 +407,17 @@ impl LinkRelay {
         }
         result
     }
+}
+
+/// This host's name, as gethostname(2) gives it.
+fn host_name() -> std::io::Result<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into buf.
+    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    Ok(String::from_utf8_lossy(&buf[..end]).into_owned())
 }
 
 /// Relays a node's answer to the link, up to and including ReadyForQuery.
