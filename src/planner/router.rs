@@ -794,9 +794,10 @@ fn plan_pinned(command: Command, node: &NodeEnum, scope: Vec<ScopeEntry>, conjun
     // Subqueries naming distributed tables route with the statement when
     // each reads one shard group by its own conditions.
     let mut nested = (Vec::new(), Vec::new());
-    if count_hash_references(node, catalog) != hash_entries.len() {
+    let references = count_hash_references(node, catalog);
+    if references != hash_entries.len() {
         match nested_pins(node, catalog) {
-            Some(found) if found.0.len() + hash_entries.len() == count_hash_references(node, catalog) => nested = found,
+            Some(found) if found.0.len() + hash_entries.len() == references => nested = found,
             _ => return not_supported("subqueries over distributed tables are only supported when each reads one shard group, pinned by its own conditions on the distribution column; a query must otherwise name its distributed tables in the top-level FROM clause"),
         }
     }
