@@ -3,8 +3,8 @@
 # driven by our own Go driver with no think time, on the same data:
 #   plain_call     plain PostgreSQL 15, each transaction one function call
 #   tessera_call   Tessera, the functions distributed by warehouse and delegated
-#                  (a call that writes to another warehouse goes as tessera_sql:
-#                  delegated calls may not write on another node, see README)
+#                  (a call's writes to another warehouse go through the link
+#                  relay and commit with it)
 #   tessera_sql    Tessera, the same statements sent one by one by the driver
 # The three alternate (plain, Tessera calls, Tessera statements, …) for
 # $ROUNDS rounds; each round warms up, then measures. After every run the

@@ -76,3 +76,35 @@ async fn fallback_refuses_after_writes_in_the_same_transaction() {
     c.batch_execute("UPDATE fw SET v = 100 WHERE k = 1").await.unwrap();
     assert_eq!(one(text_rows(&c, ranked).await), vec![Some("1".into())]);
 }
+
+/// A correlated scalar aggregate runs as a grouped outer join (one scan of
+/// each shard), not once per outer row; count, 0 over no rows, stays
+/// correlated. The answers match the correlated ones computed by hand.
+#[tokio::test]
+async fn correlated_aggregates_run_as_grouped_joins() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute(
+        "CREATE TABLE pay (k int, customer int, amount int);
+         INSERT INTO pay SELECT i, i % 10, i FROM generate_series(1, 200) i;
+         INSERT INTO pay VALUES (201, NULL, 5);
+         SELECT create_distributed_table('pay', 'k');",
+    )
+    .await
+    .unwrap();
+    let query = "SELECT p.k, (SELECT sum(q.amount) FROM pay q WHERE q.customer = p.customer AND q.k > 100) FROM pay p WHERE p.k IN (3, 150, 201) ORDER BY p.k";
+    let plan: Vec<String> = text_rows(&c, &format!("EXPLAIN {query}")).await.into_iter().filter_map(|r| r.into_iter().next().flatten()).collect();
+    let plan = plan.join("\n");
+    assert!(plan.contains("Tessera General Fallback"), "{plan}");
+    assert!(!plan.contains("SubPlan") && plan.contains("Left Join") && plan.contains("Group Key"), "{plan}");
+    // Customer 3: 103 + 113 + … + 193; customer 0: 110 + … + 200; NULL matches nothing.
+    let expected = [("3", Some((103..=193).step_by(10).sum::<i32>())), ("150", Some((110..=200).step_by(10).sum::<i32>())), ("201", None)];
+    let rows = text_rows(&c, query).await;
+    let got: Vec<(String, Option<i32>)> = rows.into_iter().map(|r| (r[0].clone().unwrap(), r[1].as_ref().map(|v| v.parse().unwrap()))).collect();
+    assert_eq!(got, expected.map(|(k, v)| (k.to_string(), v)).to_vec());
+
+    let counted = "SELECT p.k, (SELECT count(*) FROM pay q WHERE q.customer = p.customer AND q.k > 195) FROM pay p WHERE p.k IN (1, 7) ORDER BY p.k";
+    let plan: Vec<String> = text_rows(&c, &format!("EXPLAIN {counted}")).await.into_iter().filter_map(|r| r.into_iter().next().flatten()).collect();
+    assert!(plan.join("\n").contains("SubPlan"), "{plan:?}");
+    assert_eq!(text_rows(&c, counted).await, vec![vec![Some("1".into()), Some("0".into())], vec![Some("7".into()), Some("1".into())]]);
+}

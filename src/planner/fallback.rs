@@ -11,6 +11,7 @@
 //! Only reads of distributed tables go this way: writes to them would bypass the
 //! coordinator's transaction handling, so those stay refused.
 
+use super::decorrelate::decorrelate;
 use super::deparse::deparse_statement as deparse;
 use super::rewrite::unqualify_schema;
 use super::walk::{range_vars, references_mut, visit_mut, Reference};
@@ -82,6 +83,7 @@ pub(super) fn over_stand_ins(node: &NodeEnum, catalog: &Catalog) -> Option<NodeE
         return None;
     }
     let mut stmt = node.clone();
+    decorrelate(&mut stmt, catalog);
     references_mut(&mut stmt, |r| match r {
         Reference::Table(rv) => point_at_stand_in(rv, catalog),
         Reference::Column(c) => unqualify_schema(c, |schema, table| catalog.table(schema, table).is_some()),

@@ -7,7 +7,7 @@
 
 use super::deparse::{deparse_expression, deparse_statement};
 use super::rewrite::name_shard;
-use super::{column_ref_names, fallback, not_supported, res_target, string_node, Plan};
+use super::{column_ref_names, fallback, is_equals, not_supported, res_target, string_node, Plan};
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable, Distribution};
 use pg_query::protobuf::{self, Node};
@@ -171,10 +171,6 @@ fn key_equality<'a>(on: &'a Node, target: &str, column: &str) -> Option<&'a Node
         }
         _ => None,
     }
-}
-
-fn is_equals(name: &[Node]) -> bool {
-    matches!(name, [n] if matches!(n.node.as_ref(), Some(NodeEnum::String(s)) if s.sval == "="))
 }
 
 fn is_target_key(n: &NodeEnum, target: &str, column: &str) -> bool {

@@ -5,6 +5,7 @@
 mod cluster_views;
 mod copy;
 mod ddl;
+mod decorrelate;
 mod delegation;
 pub mod deparse;
 mod explain;
@@ -509,6 +510,25 @@ pub(crate) fn plain_select() -> protobuf::SelectStmt {
     protobuf::SelectStmt { op: protobuf::SetOperation::SetopNone as i32, limit_option: protobuf::LimitOption::Default as i32, ..Default::default() }
 }
 
+/// Whether a SELECT only reads a FROM list, filters its rows and computes
+/// its columns: no set operation, DISTINCT, grouping, window, ordering,
+/// limit, row lock, WITH, VALUES or INTO.
+pub(crate) fn only_filters(query: &protobuf::SelectStmt) -> bool {
+    query.op == protobuf::SetOperation::SetopNone as i32
+        && query.distinct_clause.is_empty()
+        && query.group_clause.is_empty()
+        && query.having_clause.is_none()
+        && query.window_clause.is_empty()
+        && query.sort_clause.is_empty()
+        && query.limit_count.is_none()
+        && query.limit_offset.is_none()
+        && query.locking_clause.is_empty()
+        && query.with_clause.is_none()
+        && query.values_lists.is_empty()
+        && query.into_clause.is_none()
+        && !query.from_clause.is_empty()
+}
+
 /// A target-list entry `val AS name` (no alias when `name` is empty).
 pub(crate) fn res_target(name: &str, val: protobuf::Node) -> protobuf::Node {
     protobuf::Node { node: Some(NodeEnum::ResTarget(Box::new(protobuf::ResTarget { name: name.to_string(), indirection: vec![], val: Some(Box::new(val)), location: -1 }))) }
@@ -534,6 +554,11 @@ pub(crate) fn qualified_name(parts: &[protobuf::Node]) -> Vec<&str> {
 pub(crate) fn cast_to_catalog_type(value: protobuf::Node, type_name: &str) -> protobuf::Node {
     let type_name = protobuf::TypeName { names: vec![string_node("pg_catalog"), string_node(type_name)], typemod: -1, location: -1, ..Default::default() };
     protobuf::Node { node: Some(NodeEnum::TypeCast(Box::new(protobuf::TypeCast { arg: Some(Box::new(value)), type_name: Some(type_name), location: -1 }))) }
+}
+
+/// Whether an operator's name is PostgreSQL's `=` (`a = b`, `OPERATOR(pg_catalog.=)`).
+pub(crate) fn is_equals(name: &[protobuf::Node]) -> bool {
+    matches!(qualified_name(name).as_slice(), ["="] | ["pg_catalog", "="])
 }
 
 /// A column reference node for `a.b.c`.

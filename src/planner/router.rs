@@ -6,7 +6,7 @@
 //! connection.
 
 use super::rewrite::ShardTemplate;
-use super::{count_hash_references, distributed_among, not_supported, resolve_range_var, Plan};
+use super::{count_hash_references, distributed_among, is_equals, not_supported, resolve_range_var, Plan};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::hash::{self, HashType};
 use crate::metadata::{Catalog, Coercion, Distribution, DistributedTable, KeyType};
@@ -663,10 +663,6 @@ fn flatten_and<'a>(node: &'a protobuf::Node, out: &mut Vec<Conjunct<'a>>, may_pi
         }
         _ => {}
     }
-}
-
-fn is_equals(name: &[protobuf::Node]) -> bool {
-    matches!(name.last().and_then(|n| n.node.as_ref()), Some(NodeEnum::String(s)) if s.sval == "=")
 }
 
 /// The scope entry whose distribution column a column reference names.

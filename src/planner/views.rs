@@ -115,20 +115,7 @@ struct SimpleView {
 impl SimpleView {
     /// None when the view does more than pick columns and filter rows.
     fn new(query: protobuf::SelectStmt, rv: &protobuf::RangeVar) -> Option<SimpleView> {
-        let plain = query.op == protobuf::SetOperation::SetopNone as i32
-            && query.distinct_clause.is_empty()
-            && query.group_clause.is_empty()
-            && query.having_clause.is_none()
-            && query.window_clause.is_empty()
-            && query.sort_clause.is_empty()
-            && query.limit_count.is_none()
-            && query.limit_offset.is_none()
-            && query.locking_clause.is_empty()
-            && query.with_clause.is_none()
-            && query.values_lists.is_empty()
-            && query.into_clause.is_none()
-            && !query.from_clause.is_empty();
-        if !plain {
+        if !super::only_filters(&query) {
             return None;
         }
         let columns = query

@@ -1,0 +1,417 @@
+//! Correlated scalar aggregate subqueries, rewritten as grouped outer joins
+//! for the statements the coordinator database runs over the shards.
+//!
+//! There a correlated subquery runs once per outer row, and every run is a
+//! remote scan of each shard its filters cannot prune: "each customer's
+//! balance equals the sum of its payments", with payments distributed by
+//! another column, costs a round trip per shard per customer. A subquery that
+//! aggregates the rows matched to the outer row by equalities alone,
+//!
+//! ```sql
+//! (SELECT sum(p.amount) FROM payments p WHERE p.customer = c.id AND p.kind = 'card')
+//! ```
+//!
+//! has the value of a column of a grouped outer join, which reads each shard
+//! once:
+//!
+//! ```sql
+//! … LEFT JOIN (SELECT p.customer, sum(p.amount) FROM payments p WHERE p.kind = 'card'
+//!              GROUP BY p.customer) g ON g.customer = c.id
+//! ```
+//!
+//! The two agree only when the aggregate is NULL over no rows, as a missing
+//! match leaves the joined column NULL; so only sum, avg, min and max of
+//! columns are rewritten, alone or in arithmetic with constants (count, being
+//! 0 there, stays correlated). Anything this module is unsure of is left as
+//! it was: the correlated form is slow, never wrong.
+
+use super::walk::visit_mut;
+use super::{column_ref, column_ref_names, function_names, is_equals, only_filters, plain_select, res_target, resolve_range_var};
+use crate::metadata::Catalog;
+use pg_query::protobuf::{self, Node};
+use pg_query::NodeEnum;
+
+/// The grouped subqueries' aliases: this prefix and a number unique in the statement.
+const ALIAS_PREFIX: &str = "tessera_grouped_";
+const KEY_PREFIX: &str = "tessera_key_";
+const VALUE_COLUMN: &str = "tessera_value";
+
+/// Rewrites every correlated scalar aggregate subquery of `stmt` that has
+/// a grouped form; returns how many it rewrote.
+pub(super) fn decorrelate(stmt: &mut NodeEnum, catalog: &Catalog) -> usize {
+    let mut rewritten = 0;
+    // Parents first: a level's new grouped subqueries are walked after it,
+    // and hold nothing correlated to rewrite.
+    visit_mut(stmt, &mut |n| {
+        if let NodeEnum::SelectStmt(select) = n {
+            rewritten += decorrelate_level(select, catalog, rewritten);
+        }
+    });
+    rewritten
+}
+
+/// Rewrites the subqueries in one SELECT's target list and WHERE clause that
+/// are correlated to its own FROM items; numbers their aliases after
+/// `numbered`.
+fn decorrelate_level(select: &mut protobuf::SelectStmt, catalog: &Catalog, numbered: usize) -> usize {
+    // Row locks would apply to the joined subqueries too, and a bare `*`
+    // would show their columns.
+    if select.op != protobuf::SetOperation::SetopNone as i32 || select.from_clause.is_empty() || !select.locking_clause.is_empty() || select.target_list.iter().any(is_bare_star) {
+        return 0;
+    }
+    // In a grouped query only WHERE sees rows before grouping.
+    let grouped = !select.group_clause.is_empty() || select.having_clause.is_some();
+    let mut outer_names = Vec::new();
+    for item in &select.from_clause {
+        from_item_names(item, &mut outer_names);
+    }
+    let mut joins: Vec<(Node, Node)> = Vec::new();
+    let mut replace = |n: &mut NodeEnum| {
+        let NodeEnum::SubLink(link) = n else { return };
+        let Some(grouped) = grouped_form(link, &outer_names, catalog) else { return };
+        let alias = format!("{ALIAS_PREFIX}{}", numbered + joins.len() + 1);
+        joins.push(grouped.join_parts(&alias));
+        if let Some(NodeEnum::ColumnRef(value)) = column_ref(&[&alias, VALUE_COLUMN]).node {
+            *n = NodeEnum::ColumnRef(value);
+        }
+    };
+    for target in select.target_list.iter_mut().filter(|_| !grouped) {
+        let Some(NodeEnum::ResTarget(target)) = target.node.as_mut() else { continue };
+        let Some(val) = target.val.as_deref_mut() else { continue };
+        let name = column_name_of_sublink(val);
+        subqueries_of_level(val, &mut replace);
+        // The column keeps the name PostgreSQL gives the subquery.
+        if target.name.is_empty() && is_grouped_value(val) {
+            target.name = name.unwrap_or_else(|| "?column?".to_string());
+        }
+    }
+    if let Some(filter) = select.where_clause.as_deref_mut() {
+        subqueries_of_level(filter, &mut replace);
+    }
+    if joins.is_empty() {
+        return 0;
+    }
+    let count = joins.len();
+    let mut items = std::mem::take(&mut select.from_clause).into_iter();
+    let first = items.next().expect("FROM checked not empty");
+    let crossed = items.fold(first, |left, right| join(protobuf::JoinType::JoinInner, left, right, None));
+    let joined = joins.into_iter().fold(crossed, |left, (grouped, on)| join(protobuf::JoinType::JoinLeft, left, grouped, Some(on)));
+    select.from_clause = vec![joined];
+    count
+}
+
+/// Calls `replace` on each subquery of an expression that belongs to this
+/// query level, not on those nested in another subquery: a subquery it keeps
+/// is set aside during the walk, so the walk does not enter it.
+fn subqueries_of_level(expr: &mut Node, replace: &mut dyn FnMut(&mut NodeEnum)) {
+    let Some(expr) = expr.node.as_mut() else { return };
+    let mut kept = Vec::new();
+    visit_mut(expr, &mut |n| {
+        replace(n);
+        if let NodeEnum::SubLink(link) = n {
+            kept.push(link.subselect.take());
+        }
+    });
+    let mut kept = kept.into_iter();
+    visit_mut(expr, &mut |n| {
+        if let NodeEnum::SubLink(link) = n {
+            if link.subselect.is_none() {
+                link.subselect = kept.next().flatten();
+            }
+        }
+    });
+}
+
+/// A subquery's grouped form: the subquery without its correlated equalities,
+/// grouped by their inner sides, and the outer sides they were equal to.
+struct Grouped {
+    select: protobuf::SelectStmt,
+    outer_keys: Vec<Node>,
+}
+
+impl Grouped {
+    /// The FROM item `(…) AS alias` and its join condition.
+    fn join_parts(self, alias: &str) -> (Node, Node) {
+        let on = self.outer_keys.into_iter().enumerate().map(|(i, outer)| equals(column_ref(&[alias, &format!("{KEY_PREFIX}{}", i + 1)]), outer)).collect();
+        let subquery = protobuf::RangeSubselect {
+            lateral: false,
+            subquery: Some(Box::new(Node { node: Some(NodeEnum::SelectStmt(Box::new(self.select))) })),
+            alias: Some(protobuf::Alias { aliasname: alias.to_string(), colnames: vec![] }),
+        };
+        (Node { node: Some(NodeEnum::RangeSubselect(Box::new(subquery))) }, and(on))
+    }
+}
+
+/// Where a column reference inside a subquery points.
+#[derive(PartialEq)]
+enum Side {
+    Inner,
+    /// A FROM item of the level the subquery is in.
+    Outer,
+    /// Further out, or not known: the subquery is left alone.
+    Unknown,
+}
+
+/// The subquery's tables: their names in it and all their columns.
+struct InnerScope {
+    names: Vec<String>,
+    columns: Vec<String>,
+}
+
+impl InnerScope {
+    fn side(&self, c: &protobuf::ColumnRef, outer_names: &[String]) -> Side {
+        match column_ref_names(c).as_deref() {
+            Some([column]) if self.columns.iter().any(|c| c == column) => Side::Inner,
+            Some([table, _]) if self.names.iter().any(|n| n == table) => Side::Inner,
+            Some([table, _]) if outer_names.iter().any(|n| n == table) => Side::Outer,
+            _ => Side::Unknown,
+        }
+    }
+
+    /// Whether every column an expression reads is the subquery's own.
+    fn only_inner(&self, expr: &Node, outer_names: &[String]) -> bool {
+        column_refs(expr).iter().all(|c| self.side(c, outer_names) == Side::Inner)
+    }
+}
+
+fn grouped_form(link: &protobuf::SubLink, outer_names: &[String], catalog: &Catalog) -> Option<Grouped> {
+    if link.sub_link_type != protobuf::SubLinkType::ExprSublink as i32 {
+        return None;
+    }
+    let Some(NodeEnum::SelectStmt(query)) = link.subselect.as_deref()?.node.as_ref() else { return None };
+    if !only_filters(query) || query.target_list.len() != 1 || has_nested_query(query) {
+        return None;
+    }
+    let mut scope = InnerScope { names: Vec::new(), columns: Vec::new() };
+    for item in &query.from_clause {
+        inner_tables(item, catalog, &mut scope)?;
+    }
+    let from_inner = query.from_clause.iter().all(|item| scope.only_inner(item, outer_names));
+    let Some(NodeEnum::ResTarget(target)) = query.target_list[0].node.as_ref() else { return None };
+    let value = target.val.as_deref()?;
+    if !from_inner || !scope.only_inner(value, outer_names) || null_over_no_rows(value) != Some(true) {
+        return None;
+    }
+    let mut filters = Vec::new();
+    let (mut inner_keys, mut outer_keys) = (Vec::new(), Vec::new());
+    let mut conjuncts = Vec::new();
+    if let Some(filter) = query.where_clause.as_deref() {
+        flatten_and(filter, &mut conjuncts);
+    }
+    for conjunct in conjuncts {
+        if scope.only_inner(conjunct, outer_names) {
+            filters.push(conjunct.clone());
+            continue;
+        }
+        let (inner, outer) = correlating_equality(conjunct, &scope, outer_names)?;
+        inner_keys.push(inner.clone());
+        outer_keys.push(outer.clone());
+    }
+    if outer_keys.is_empty() {
+        return None;
+    }
+    let mut targets: Vec<Node> = inner_keys.iter().enumerate().map(|(i, key)| res_target(&format!("{KEY_PREFIX}{}", i + 1), key.clone())).collect();
+    targets.push(res_target(VALUE_COLUMN, value.clone()));
+    let select = protobuf::SelectStmt {
+        target_list: targets,
+        from_clause: query.from_clause.clone(),
+        where_clause: (!filters.is_empty()).then(|| Box::new(and(filters))),
+        group_clause: inner_keys,
+        ..plain_select()
+    };
+    Some(Grouped { select, outer_keys })
+}
+
+/// `inner = outer` or `outer = inner`, each side a plain column.
+fn correlating_equality<'a>(conjunct: &'a Node, scope: &InnerScope, outer_names: &[String]) -> Option<(&'a Node, &'a Node)> {
+    let Some(NodeEnum::AExpr(e)) = conjunct.node.as_ref() else { return None };
+    if e.kind != protobuf::AExprKind::AexprOp as i32 || !is_equals(&e.name) {
+        return None;
+    }
+    let (left, right) = (e.lexpr.as_deref()?, e.rexpr.as_deref()?);
+    let side = |n: &Node| match n.node.as_ref() {
+        Some(NodeEnum::ColumnRef(c)) => scope.side(c, outer_names),
+        _ => Side::Unknown,
+    };
+    match (side(left), side(right)) {
+        (Side::Inner, Side::Outer) => Some((left, right)),
+        (Side::Outer, Side::Inner) => Some((right, left)),
+        _ => None,
+    }
+}
+
+/// Adds the tables of a subquery's FROM item to its scope; None for anything
+/// whose columns the catalog does not know.
+fn inner_tables(item: &Node, catalog: &Catalog, scope: &mut InnerScope) -> Option<()> {
+    match item.node.as_ref()? {
+        NodeEnum::RangeVar(rv) => {
+            if rv.alias.as_ref().is_some_and(|a| !a.colnames.is_empty()) {
+                return None;
+            }
+            let table = resolve_range_var(rv, catalog)?;
+            scope.names.push(rv.alias.as_ref().map_or_else(|| rv.relname.clone(), |a| a.aliasname.clone()));
+            scope.columns.extend(table.columns.iter().cloned());
+            Some(())
+        }
+        NodeEnum::JoinExpr(j) if j.alias.is_none() => {
+            inner_tables(j.larg.as_deref()?, catalog, scope)?;
+            inner_tables(j.rarg.as_deref()?, catalog, scope)
+        }
+        _ => None,
+    }
+}
+
+/// The names a FROM item makes visible to its level's expressions.
+fn from_item_names(item: &Node, names: &mut Vec<String>) {
+    match item.node.as_ref() {
+        Some(NodeEnum::RangeVar(rv)) => names.push(rv.alias.as_ref().map_or_else(|| rv.relname.clone(), |a| a.aliasname.clone())),
+        Some(NodeEnum::RangeSubselect(s)) => names.extend(s.alias.as_ref().map(|a| a.aliasname.clone())),
+        Some(NodeEnum::RangeFunction(f)) => names.extend(f.alias.as_ref().map(|a| a.aliasname.clone())),
+        Some(NodeEnum::JoinExpr(j)) => {
+            names.extend(j.alias.as_ref().map(|a| a.aliasname.clone()));
+            for side in [j.larg.as_deref(), j.rarg.as_deref()].into_iter().flatten() {
+                from_item_names(side, names);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Whether a value expression is NULL when its aggregates saw no rows
+/// (Some(true)), a constant (Some(false)), or neither (None).
+fn null_over_no_rows(expr: &Node) -> Option<bool> {
+    match expr.node.as_ref()? {
+        NodeEnum::FuncCall(call) => {
+            let name = match function_names(call).as_slice() {
+                [name] | ["pg_catalog", name] => *name,
+                _ => return None,
+            };
+            let plain = !call.agg_star && call.agg_filter.is_none() && call.agg_order.is_empty() && call.over.is_none() && !call.agg_within_group && !call.func_variadic;
+            let of_column = matches!(call.args.as_slice(), [arg] if matches!(arg.node, Some(NodeEnum::ColumnRef(_))));
+            (plain && of_column && matches!(name, "sum" | "avg" | "min" | "max")).then_some(true)
+        }
+        NodeEnum::AConst(c) => (!c.isnull && matches!(c.val, Some(protobuf::a_const::Val::Ival(_) | protobuf::a_const::Val::Fval(_)))).then_some(false),
+        NodeEnum::TypeCast(cast) => null_over_no_rows(cast.arg.as_deref()?),
+        NodeEnum::AExpr(e) if e.kind == protobuf::AExprKind::AexprOp as i32 => {
+            let operator = match e.name.as_slice() {
+                [n] => match n.node.as_ref() {
+                    Some(NodeEnum::String(s)) => s.sval.as_str(),
+                    _ => return None,
+                },
+                _ => return None,
+            };
+            let right = null_over_no_rows(e.rexpr.as_deref()?)?;
+            let left = match e.lexpr.as_deref() {
+                Some(l) => null_over_no_rows(l)?,
+                None if matches!(operator, "+" | "-") => false,
+                None => return None,
+            };
+            // Over groups no outer row asks for, a division by zero would
+            // fail where the correlated form never divides.
+            let divisor_safe = operator != "/" || (!right && !is_zero(e.rexpr.as_deref()?));
+            (matches!(operator, "+" | "-" | "*" | "/") && divisor_safe).then_some(left || right)
+        }
+        _ => None,
+    }
+}
+
+/// Whether a constant may be zero (anything not a plain number counts).
+fn is_zero(constant: &Node) -> bool {
+    match constant.node.as_ref() {
+        // Stored view definitions cast their constants: `(2)::numeric`.
+        Some(NodeEnum::TypeCast(cast)) => cast.arg.as_deref().is_none_or(is_zero),
+        Some(NodeEnum::AConst(c)) => match &c.val {
+            Some(protobuf::a_const::Val::Ival(i)) => i.ival == 0,
+            Some(protobuf::a_const::Val::Fval(f)) => f.fval.parse::<f64>().map_or(true, |v| v == 0.0),
+            _ => true,
+        },
+        _ => true,
+    }
+}
+
+/// The column name PostgreSQL gives an expression that is a scalar
+/// subquery: its one output column's, or None for `?column?`.
+fn column_name_of_sublink(expr: &Node) -> Option<String> {
+    let Some(NodeEnum::SubLink(link)) = expr.node.as_ref() else { return None };
+    let Some(NodeEnum::SelectStmt(query)) = link.subselect.as_deref()?.node.as_ref() else { return None };
+    let Some(NodeEnum::ResTarget(target)) = query.target_list.first()?.node.as_ref() else { return None };
+    if !target.name.is_empty() {
+        return Some(target.name.clone());
+    }
+    column_name(target.val.as_deref()?)
+}
+
+fn column_name(expr: &Node) -> Option<String> {
+    match expr.node.as_ref()? {
+        NodeEnum::FuncCall(call) => function_names(call).last().map(|n| n.to_string()),
+        NodeEnum::ColumnRef(c) => column_ref_names(c)?.last().map(|n| n.to_string()),
+        NodeEnum::TypeCast(cast) => column_name(cast.arg.as_deref()?).or_else(|| {
+            let type_name = cast.type_name.as_ref()?;
+            match type_name.names.last()?.node.as_ref()? {
+                NodeEnum::String(s) => Some(s.sval.clone()),
+                _ => None,
+            }
+        }),
+        _ => None,
+    }
+}
+
+fn is_grouped_value(expr: &Node) -> bool {
+    matches!(expr.node.as_ref(), Some(NodeEnum::ColumnRef(c)) if column_ref_names(c).is_some_and(|n| n.len() == 2 && n[0].starts_with(ALIAS_PREFIX) && n[1] == VALUE_COLUMN))
+}
+
+fn is_bare_star(target: &Node) -> bool {
+    let Some(NodeEnum::ResTarget(t)) = target.node.as_ref() else { return false };
+    matches!(t.val.as_deref().and_then(|v| v.node.as_ref()), Some(NodeEnum::ColumnRef(c)) if matches!(c.fields.as_slice(), [f] if matches!(f.node, Some(NodeEnum::AStar(_)))))
+}
+
+/// Whether a SELECT holds another query anywhere (a subquery, a derived table).
+fn has_nested_query(query: &protobuf::SelectStmt) -> bool {
+    let mut copy = NodeEnum::SelectStmt(Box::new(query.clone()));
+    let mut selects = 0;
+    visit_mut(&mut copy, &mut |n| selects += usize::from(matches!(n, NodeEnum::SelectStmt(_) | NodeEnum::SubLink(_) | NodeEnum::RangeSubselect(_) | NodeEnum::RangeFunction(_))));
+    selects > 1
+}
+
+fn column_refs(expr: &Node) -> Vec<protobuf::ColumnRef> {
+    let mut out = Vec::new();
+    if let Some(node) = expr.node.as_ref() {
+        visit_mut(&mut node.clone(), &mut |n| {
+            if let NodeEnum::ColumnRef(c) = n {
+                out.push(c.clone());
+            }
+        });
+    }
+    out
+}
+
+fn flatten_and<'a>(expr: &'a Node, out: &mut Vec<&'a Node>) {
+    match expr.node.as_ref() {
+        Some(NodeEnum::BoolExpr(b)) if b.boolop == protobuf::BoolExprType::AndExpr as i32 => b.args.iter().for_each(|a| flatten_and(a, out)),
+        _ => out.push(expr),
+    }
+}
+
+fn equals(left: Node, right: Node) -> Node {
+    let e = protobuf::AExpr {
+        kind: protobuf::AExprKind::AexprOp as i32,
+        name: vec![super::string_node("=")],
+        lexpr: Some(Box::new(left)),
+        rexpr: Some(Box::new(right)),
+        location: -1,
+    };
+    Node { node: Some(NodeEnum::AExpr(Box::new(e))) }
+}
+
+/// The conjunction of `conditions` (the one condition when there is one).
+fn and(mut conditions: Vec<Node>) -> Node {
+    if conditions.len() == 1 {
+        return conditions.remove(0);
+    }
+    Node { node: Some(NodeEnum::BoolExpr(Box::new(protobuf::BoolExpr { xpr: None, boolop: protobuf::BoolExprType::AndExpr as i32, args: conditions, location: -1 }))) }
+}
+
+fn join(kind: protobuf::JoinType, left: Node, right: Node, on: Option<Node>) -> Node {
+    let j = protobuf::JoinExpr { jointype: kind as i32, larg: Some(Box::new(left)), rarg: Some(Box::new(right)), quals: on.map(Box::new), ..Default::default() };
+    Node { node: Some(NodeEnum::JoinExpr(Box::new(j))) }
+}
