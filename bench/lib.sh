@@ -87,6 +87,29 @@ coord_ticks() {
     echo $((f[11] + f[12]))      # fields 14 (utime) and 15 (stime)
 }
 
+# CPU ticks (user + system) a target's server processes have used so far:
+# each postmaster of the target and its children (live backends; exited ones
+# count through the postmaster's reaped-children counters), plus Tessera's
+# coordinator process. Empty when the target is not running.
+server_ticks() { # server_ticks plain|tessera
+    local -a roots=()
+    local dir
+    local base=$PLAIN_DIR
+    [[ $1 == tessera ]] && base=$TESSERA_DIR
+    for dir in "$base"/*/; do
+        [[ -r $dir/postmaster.pid ]] && roots+=("$(head -n 1 "$dir/postmaster.pid")")
+    done
+    [[ $1 == tessera && -n $COORD_PID ]] && roots+=("$COORD_PID")
+    if [[ ${#roots[@]} -eq 0 ]]; then echo ""; return 0; fi
+    # A stat line is "pid (comm) state ppid …": after the comm, field 2 is the
+    # parent and fields 12–15 utime, stime, cutime, cstime.
+    # (a process may end between the listing and the read: not an error)
+    { cat /proc/[0-9]*/stat 2>/dev/null || true; } | awk -v roots=" ${roots[*]} " '{
+        pid = $1; rest = $0; sub(/^.*\) /, "", rest); split(rest, f, " ")
+        if (index(roots, " " pid " ") || index(roots, " " f[2] " ")) total += f[12] + f[13] + f[14] + f[15]
+    } END { print total + 0 }'
+}
+
 # µs of coordinator CPU per transaction, or empty.
 us_per_txn() { # us_per_txn TICKS_BEFORE TICKS_AFTER TXNS
     if [[ -z $1 || -z $2 || -z $3 || $3 -eq 0 ]]; then echo ""; return 0; fi

@@ -68,7 +68,7 @@ source "$SCRIPT_DIR/lib.sh"
 # A thousand clients need a thousand sockets in pgbench (and in the coordinator).
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
-declare -A TPS=() LAT=() COORD_US=() STATUS=()
+declare -A TPS=() LAT=() COORD_US=() SERVER_US=() STATUS=()
 
 # ---------------------------------------------------------------- checks
 
@@ -82,28 +82,30 @@ if command -v sysbench >/dev/null 2>&1; then HAVE_SYSBENCH=1; fi
 
 run_pgbench() {
     local target=$1 port=$2 name=$3; shift 3
-    local out=$BENCH_LOG_DIR/$target-$name-$ROUND.log t0 t1 tps lat txns key=$target:$name:$ROUND
+    local out=$BENCH_LOG_DIR/$target-$name-$ROUND.log t0 t1 s0 s1 tps lat txns key=$target:$name:$ROUND
     log "$target: $name (round $ROUND): pgbench ${*:+$* }-M prepared -c $CLIENTS -j $JOBS -T $DURATION -n"
-    t0=$(coord_ticks)
+    t0=$(coord_ticks) s0=$(server_ticks "$target")
     "$PG_BIN/pgbench" -h "${HOST:-127.0.0.1}" -p "$port" -U postgres "$@" -M prepared -c "$CLIENTS" -j "$JOBS" -T "$DURATION" -n postgres >"$out" 2>&1 ||
         die "$target: pgbench ($name) failed" "$out"
-    t1=$(coord_ticks)
+    t1=$(coord_ticks) s1=$(server_ticks "$target")
     tps=$(sed -n 's/^tps = \([0-9.]*\) (without initial connection time).*/\1/p' "$out" | head -n 1)
     lat=$(sed -n 's/^latency average = \([0-9.]*\) ms.*/\1/p' "$out" | head -n 1)
     txns=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$out" | head -n 1)
     [[ -n $tps && -n $lat && -n $txns ]] || die "$target: could not parse pgbench ($name) output" "$out"
     [[ $txns -gt 0 ]] || die "$target: pgbench ($name) processed no transactions" "$out"
-    record "$key" "$tps" "$lat" "$(us_per_txn "$t0" "$t1" "$txns")" "$txns"
+    record "$key" "$tps" "$lat" "$(us_per_txn "$t0" "$t1" "$txns")" "$txns" "$(us_per_txn "$s0" "$s1" "$txns")"
 }
 
-# record TARGET:WORKLOAD:ROUND TPS LATENCY COORD_US TXNS (coordinator CPU counts
-# for Tessera only: the coordinator idles while plain PostgreSQL is measured).
+# record TARGET:WORKLOAD:ROUND TPS LATENCY COORD_US TXNS [SERVER_US]
+# (coordinator CPU counts for Tessera only: the coordinator idles while plain
+# PostgreSQL is measured; SERVER_US is every server process of the target).
 record() {
     TPS[$1]=$2
     LAT[$1]=$3
     if [[ $1 == tessera:* ]]; then COORD_US[$1]=$4; fi
+    if [[ -n ${6:-} ]]; then SERVER_US[$1]=$6; fi
     STATUS[$1]=ok
-    log "$1: tps=$2 latency_ms=$3 txns=$5${COORD_US[$1]:+ coord_us_per_txn=${COORD_US[$1]}}"
+    log "$1: tps=$2 latency_ms=$3 txns=$5${COORD_US[$1]:+ coord_us_per_txn=${COORD_US[$1]}}${SERVER_US[$1]:+ server_us_per_txn=${SERVER_US[$1]}}"
 }
 
 # run_sysbench TARGET PORT: returns non-zero (with a message) on failure.
@@ -242,7 +244,7 @@ stop_plain
 
 fmt1() { awk -v x="$1" 'BEGIN { printf "%.1f", x }'; }
 
-# each KIND TARGET WORKLOAD: the value of every round that ran (tps, lat, coord).
+# each KIND TARGET WORKLOAD: the value of every round that ran (tps, lat, coord, server).
 each() {
     local r key
     for ((r = 1; r <= ROUNDS; r++)); do
@@ -252,6 +254,7 @@ each() {
             tps) echo "${TPS[$key]}" ;;
             lat) echo "${LAT[$key]}" ;;
             coord) if [[ -n ${COORD_US[$key]:-} ]]; then echo "${COORD_US[$key]}"; fi ;;
+            server) if [[ -n ${SERVER_US[$key]:-} ]]; then echo "${SERVER_US[$key]}"; fi ;;
         esac
     done
 }
@@ -299,19 +302,20 @@ spread() { # spread WORKLOAD: the ratio's min/median/max
 echo
 echo "Results (SCALE=$SCALE, DURATION=${DURATION}s, $CLIENTS clients unless the name says _c<clients>, $ROUNDS alternating rounds; medians over the rounds;"
 echo "latency = average ms; ratio = tessera TPS / plain TPS per round, min/median/max)"
-fmt='%-24s | %10s | %16s | %11s | %18s | %14s | %s\n'
+fmt='%-24s | %10s | %16s | %11s | %18s | %14s | %22s | %s\n'
 # shellcheck disable=SC2059
-printf "$fmt" workload "plain TPS" "plain latency ms" "tessera TPS" "tessera latency ms" "ratio" "coordinator CPU µs/txn"
+printf "$fmt" workload "plain TPS" "plain latency ms" "tessera TPS" "tessera latency ms" "ratio" "coordinator CPU µs/txn" "server CPU µs/txn plain/tessera"
 # shellcheck disable=SC2059
-printf "$fmt" "------------------------" "----------" "----------------" "-----------" "------------------" "--------------" "----------------------"
+printf "$fmt" "------------------------" "----------" "----------------" "-----------" "------------------" "--------------" "----------------------" "-------------------------------"
 for w in "${WORKLOADS[@]}"; do
     # shellcheck disable=SC2059
     printf "$fmt" "$w" "$(cell plain "$w" tps)" "$(cell plain "$w" lat)" \
-        "$(cell tessera "$w" tps)" "$(cell tessera "$w" lat)" "$(spread "$w")" "$(cell tessera "$w" coord)"
+        "$(cell tessera "$w" tps)" "$(cell tessera "$w" lat)" "$(spread "$w")" "$(cell tessera "$w" coord)" "$(cell plain "$w" server)/$(cell tessera "$w" server)"
 done
+echo "(server CPU: every server process of the target — Tessera's coordinator, coordinator database and workers — summed, per transaction)"
 echo
 for w in "${WORKLOADS[@]}"; do
-    echo "RESULT $w plain_tps=$(cell plain "$w" tps) tessera_tps=$(cell tessera "$w" tps) ratio_min_median_max=$(spread "$w") coord_us_per_txn=$(cell tessera "$w" coord)"
+    echo "RESULT $w plain_tps=$(cell plain "$w" tps) tessera_tps=$(cell tessera "$w" tps) ratio_min_median_max=$(spread "$w") coord_us_per_txn=$(cell tessera "$w" coord) server_us_per_txn_plain=$(cell plain "$w" server) server_us_per_txn_tessera=$(cell tessera "$w" server)"
 done
 echo
 log "raw outputs: $BENCH_LOG_DIR"
