@@ -106,7 +106,8 @@ pub struct TransactionConfig {
     #[serde(default = "default_deadlock_interval")]
     pub deadlock_check_interval_secs: f64,
     /// For fault-injection tests only: make the process die at this point of
-    /// two-phase commit ("after-prepare" or "after-commit-record") or of a
+    /// two-phase commit ("after-prepare" or "after-decision"; "stall-after-prepare"
+    /// only pauses the committing session for three grace periods) or of a
     /// worker link's commit ("after-link-prepare", "after-link-reply").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fault_injection: Option<crate::transaction::Fault>,

@@ -1,7 +1,7 @@
 //! Atomicity under faults (issue 4): concurrent transfers between accounts on
 //! different workers, each a two-phase commit, while the coordinator process is
 //! killed twice in the middle of committing (once before and once after the
-//! commit record is written) and a worker crashes and restarts. Afterwards no
+//! deciding worker's commit) and a worker crashes and restarts. Afterwards no
 //! money was created or lost, every transfer a client saw commit is there, every
 //! transfer that is there moved exactly its amount, a transfer that failed
 //! before COMMIT is not there, and nothing is left prepared.
@@ -241,8 +241,8 @@ async fn bank_transfers_stay_atomic_through_coordinator_and_worker_crashes() {
     });
     let clients: Vec<_> = (0..CLIENTS).map(|n| tokio::spawn(run_client(n, w.clone()))).collect();
 
-    crash_and_restart(&cluster, &w, Fault::AfterPrepare, Some(Fault::AfterCommitRecord)).await;
-    crash_and_restart(&cluster, &w, Fault::AfterCommitRecord, None).await;
+    crash_and_restart(&cluster, &w, Fault::AfterPrepare, Some(Fault::AfterDecision)).await;
+    crash_and_restart(&cluster, &w, Fault::AfterDecision, None).await;
     assert_eq!(w.coordinator.load(SeqCst), FINAL_COORDINATOR);
     wait_for_transfers(&w, TRANSFERS_BETWEEN_STEPS).await;
     // Keep the worker down until a client has seen what that does to its

@@ -280,21 +280,40 @@ async fn a_deadlock_through_a_link_is_broken() {
     assert_eq!(cluster.prepared_on_workers().await, 0);
 }
 
+/// Another account on the worker of account `id`.
+async fn neighbour(c: &tokio_postgres::Client, id: i32) -> i32 {
+    let ports = placement_ports(c, "dl_acct").await;
+    let port_of = |id: i32| ports[shard_of_int4(id, ports.len() as u32)];
+    (2..=40).find(|other| *other != id && port_of(*other) == port_of(id)).unwrap()
+}
+
 /// A block that writes on two nodes itself and runs a call writing through
-/// a link cannot be committed atomically yet (postgres_fdw cannot PREPARE):
-/// COMMIT says so, and nothing of the block stays anywhere.
+/// a link: the call's worker cannot PREPARE (postgres_fdw refuses), so it is
+/// the one whose commit decides; everything commits, atomically.
 #[tokio::test]
-async fn a_block_writing_on_two_nodes_and_through_a_link_is_refused_at_commit() {
+async fn a_block_writing_on_two_nodes_and_through_a_link_commits() {
     let cluster = TestCluster::start(2);
     let (c, a, b) = transfer_setup(&cluster).await;
-    let ports = placement_ports(&c, "dl_acct").await;
-    let port_of = |id: i32| ports[shard_of_int4(id, ports.len() as u32)];
-    let other = (2..=40).find(|id| *id != b && port_of(*id) == port_of(b)).unwrap();
-    c.batch_execute(&format!("BEGIN; UPDATE dl_acct SET balance = 0 WHERE id = {other}; SELECT dl_transfer({a}, {b}, 5)")).await.unwrap();
+    let other = neighbour(&c, b).await;
+    c.batch_execute(&format!("BEGIN; UPDATE dl_acct SET balance = 0 WHERE id = {other}; SELECT dl_transfer({a}, {b}, 5); COMMIT")).await.unwrap();
+    assert_eq!(balances(&c, a, b).await, (95, 105));
+    assert_eq!(text_rows(&c, &format!("SELECT balance FROM dl_acct WHERE id = {other}")).await, vec![vec![Some("0".into())]]);
+    assert_eq!(cluster.prepared_on_workers().await, 0);
+}
+
+/// Calls using links on two workers in one block: only one of them can
+/// decide, the other cannot PREPARE. COMMIT says so, and nothing of the
+/// block stays anywhere.
+#[tokio::test]
+async fn a_block_whose_calls_use_links_on_two_workers_is_refused_at_commit() {
+    let cluster = TestCluster::start(2);
+    let (c, a, b) = transfer_setup(&cluster).await;
+    let (near_a, near_b) = (neighbour(&c, a).await, neighbour(&c, b).await);
+    c.batch_execute(&format!("BEGIN; SELECT dl_transfer({a}, {b}, 5); SELECT dl_transfer({near_b}, {near_a}, 7)")).await.unwrap();
     let e = c.batch_execute("COMMIT").await.unwrap_err();
     assert_eq!(sqlstate(&e), "0A000", "{e}");
     assert!(common::error_text(&e).contains("user code"), "{}", common::error_text(&e));
     assert_eq!(balances(&c, a, b).await, (100, 100));
-    assert_eq!(text_rows(&c, &format!("SELECT balance FROM dl_acct WHERE id = {other}")).await, vec![vec![Some("100".into())]]);
+    assert_eq!(balances(&c, near_a, near_b).await, (100, 100));
     assert_eq!(cluster.prepared_on_workers().await, 0);
 }

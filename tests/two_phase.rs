@@ -34,39 +34,44 @@ async fn setup(cluster: &TestCluster) -> (tokio_postgres::Client, i32, i32) {
 #[tokio::test]
 async fn only_transactions_writing_on_several_nodes_prepare() {
     let cluster = TestCluster::start(2);
-    // Keep commit records around so each commit's prepares can be counted.
+    // Keep commit records around so that they can be counted.
     cluster.restart_coordinator(|c| c.transactions.recovery_interval_secs = 3600.0);
     let (c, a, b) = setup(&cluster).await;
     // Distributing the table wrote on both workers and the coordinator database
-    // in one block: that was two-phase too.
+    // in one block: the coordinator database decided, with a record per worker.
     let base = cluster.commit_records().await;
     assert_eq!(base, 2, "create_distributed_table commits atomically across nodes");
     c.batch_execute(&format!("BEGIN; SELECT * FROM bank WHERE id = {a}; SELECT * FROM bank WHERE id = {b}; COMMIT")).await.unwrap();
-    assert_eq!(cluster.commit_records().await, base, "read-only transactions never prepare");
     c.batch_execute(&format!("BEGIN; UPDATE bank SET balance = balance - 1 WHERE id = {a}; SELECT * FROM bank WHERE id = {b}; COMMIT")).await.unwrap();
-    assert_eq!(cluster.commit_records().await, base, "one writer and a read-only participant: plain COMMIT");
+    // Two writing workers: one prepares, the other decides by committing
+    // (how many prepare is shown by the crash tests below); no record.
     c.batch_execute(&format!("BEGIN; UPDATE bank SET balance = balance - 1 WHERE id = {a}; UPDATE bank SET balance = balance + 1 WHERE id = {b}; COMMIT")).await.unwrap();
-    assert_eq!(cluster.commit_records().await, base + 2, "two writers prepare, one record each");
+    assert_eq!(cluster.commit_records().await, base, "the coordinator database is off the write path");
     c.batch_execute(&format!("SET citus.multi_shard_commit_protocol = '1pc'; BEGIN; UPDATE bank SET balance = balance - 1 WHERE id = {a}; UPDATE bank SET balance = balance + 1 WHERE id = {b}; COMMIT; RESET citus.multi_shard_commit_protocol")).await.unwrap();
-    assert_eq!(cluster.commit_records().await, base + 2, "1pc chosen: no prepare");
+    // A block that wrote in the coordinator database too: it decides, with records.
+    c.batch_execute(&format!("CREATE TABLE audit (note text); BEGIN; INSERT INTO audit VALUES ('moved'); UPDATE bank SET balance = balance - 1 WHERE id = {a}; UPDATE bank SET balance = balance + 1 WHERE id = {b}; COMMIT")).await.unwrap();
+    assert_eq!(cluster.commit_records().await, base + 2, "two prepared workers, one record each");
     assert_eq!(cluster.prepared_on_workers().await, 0);
     // Recovery finds nothing in doubt and drops the finished records.
     assert_eq!(text_rows(&c, "SELECT recover_prepared_transactions()").await, vec![vec![Some("0".into())]]);
     assert_eq!(cluster.commit_records().await, 0);
-    assert_eq!(text_rows(&c, "SELECT sum(balance) FROM bank").await, vec![vec![Some("3999".into())]]);
+    assert_eq!(text_rows(&c, "SELECT sum(balance), (SELECT count(*) FROM audit) FROM bank").await, vec![vec![Some("3999".into()), Some("1".into())]]);
 }
 
-#[tokio::test]
-async fn a_crash_after_the_commit_record_is_committed_by_recovery() {
-    let cluster = TestCluster::start(2);
-    let (c, a, b) = setup(&cluster).await;
-    cluster.restart_coordinator(|c| c.transactions.fault_injection = Some(Fault::AfterCommitRecord));
+/// Moves 30 from `a` to `b` in a block (`before` runs first in it) while
+/// the coordinator is set to die after the decision; checks how many parts
+/// were left prepared, then that recovery commits them and forgets the
+/// records. Returns a connection to the restarted coordinator.
+async fn crash_after_decision(cluster: &TestCluster, before: &str, left_prepared: i64) -> tokio_postgres::Client {
+    let (c, a, b) = setup(cluster).await;
+    c.batch_execute("CREATE TABLE audit (note text)").await.unwrap();
+    cluster.restart_coordinator(|c| c.transactions.fault_injection = Some(Fault::AfterDecision));
     let c2 = cluster.connect().await;
     drop(c);
-    let result = c2.batch_execute(&format!("BEGIN; UPDATE bank SET balance = balance - 30 WHERE id = {a}; UPDATE bank SET balance = balance + 30 WHERE id = {b}; COMMIT")).await;
+    let result = c2.batch_execute(&format!("BEGIN; {before} UPDATE bank SET balance = balance - 30 WHERE id = {a}; UPDATE bank SET balance = balance + 30 WHERE id = {b}; COMMIT")).await;
     assert!(result.is_err(), "the coordinator died during COMMIT");
     cluster.wait_for_coordinator_exit();
-    assert_eq!(cluster.prepared_on_workers().await, 2, "both writers are left prepared");
+    assert_eq!(cluster.prepared_on_workers().await, left_prepared);
     cluster.restart_coordinator(|c| c.transactions.fault_injection = None);
     let c = cluster.connect().await;
     // Recovery runs at start-up; run it again on demand to be sure it is done.
@@ -75,10 +80,32 @@ async fn a_crash_after_the_commit_record_is_committed_by_recovery() {
     assert_eq!(text_rows(&c, &format!("SELECT balance FROM bank WHERE id = {a}")).await, vec![vec![Some("70".into())]]);
     assert_eq!(text_rows(&c, &format!("SELECT balance FROM bank WHERE id = {b}")).await, vec![vec![Some("130".into())]]);
     assert_eq!(cluster.commit_records().await, 0);
+    c
 }
 
+/// The coordinator dies once the deciding worker committed: the other
+/// writer, the only one prepared (two writers, one PREPARE), is committed
+/// by recovery.
 #[tokio::test]
-async fn a_crash_before_the_commit_record_is_rolled_back_by_recovery() {
+async fn a_crash_after_the_deciding_commit_is_committed_by_recovery() {
+    let cluster = TestCluster::start(2);
+    crash_after_decision(&cluster, "", 1).await;
+}
+
+/// The same when the coordinator database took part and decided with
+/// commit records: both workers were prepared.
+#[tokio::test]
+async fn a_crash_after_the_commit_records_is_committed_by_recovery() {
+    let cluster = TestCluster::start(2);
+    let c = crash_after_decision(&cluster, "INSERT INTO audit VALUES ('moved');", 2).await;
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM audit").await, vec![vec![Some("1".into())]]);
+}
+
+/// The coordinator dies between the PREPARE and the deciding commit: the
+/// deciding worker's transaction ends with its connection, and recovery
+/// rolls the prepared part back as soon as it sees that — no grace period.
+#[tokio::test]
+async fn a_crash_before_the_deciding_commit_is_rolled_back_by_recovery() {
     let cluster = TestCluster::start(2);
     let (c, a, b) = setup(&cluster).await;
     cluster.restart_coordinator(|c| c.transactions.fault_injection = Some(Fault::AfterPrepare));
@@ -87,19 +114,49 @@ async fn a_crash_before_the_commit_record_is_rolled_back_by_recovery() {
     let result = c2.batch_execute(&format!("BEGIN; UPDATE bank SET balance = 0 WHERE id = {a}; UPDATE bank SET balance = 0 WHERE id = {b}; COMMIT")).await;
     assert!(result.is_err());
     cluster.wait_for_coordinator_exit();
-    assert_eq!(cluster.prepared_on_workers().await, 2);
+    assert_eq!(cluster.prepared_on_workers().await, 1);
     cluster.restart_coordinator(|c| {
         c.transactions.fault_injection = None;
-        c.transactions.grace_secs = 0.5;
+        c.transactions.grace_secs = 3600.0;
         c.transactions.recovery_interval_secs = 0.5;
     });
     let start = std::time::Instant::now();
     while cluster.prepared_on_workers().await > 0 {
-        assert!(start.elapsed() < std::time::Duration::from_secs(20), "recovery did not roll back the orphans");
+        assert!(start.elapsed() < std::time::Duration::from_secs(20), "recovery did not roll back the orphan");
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
     let c = cluster.connect().await;
     assert_eq!(text_rows(&c, "SELECT sum(balance), count(*) FROM bank").await, vec![vec![Some("4000".into()), Some("40".into())]]);
+}
+
+/// A coordinator stalled between the PREPARE and its deciding commit for
+/// longer than the grace period, while recovery passes run: the prepared
+/// part is left alone (its deciding transaction is still running), and the
+/// transaction commits everywhere once the coordinator goes on.
+#[tokio::test]
+async fn a_stalled_commit_is_not_rolled_back_behind_its_back() {
+    let cluster = TestCluster::start(2);
+    let (c, a, b) = setup(&cluster).await;
+    cluster.restart_coordinator(|c| {
+        c.transactions.fault_injection = Some(Fault::StallAfterPrepare);
+        c.transactions.grace_secs = 1.0;
+        c.transactions.recovery_interval_secs = 0.3;
+    });
+    let c2 = cluster.connect().await;
+    drop(c);
+    let started = std::time::Instant::now();
+    let commit = tokio::spawn(async move {
+        let r = c2.batch_execute(&format!("BEGIN; UPDATE bank SET balance = balance - 30 WHERE id = {a}; UPDATE bank SET balance = balance + 30 WHERE id = {b}; COMMIT")).await;
+        (c2, r)
+    });
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert_eq!(cluster.prepared_on_workers().await, 1, "past the grace period and several recovery passes, the part is still prepared");
+    let (c2, r) = commit.await.unwrap();
+    r.unwrap();
+    assert!(started.elapsed() >= std::time::Duration::from_secs(3), "the commit stalled");
+    assert_eq!(cluster.prepared_on_workers().await, 0);
+    assert_eq!(text_rows(&c2, &format!("SELECT balance FROM bank WHERE id = {a}")).await, vec![vec![Some("70".into())]]);
+    assert_eq!(text_rows(&c2, &format!("SELECT balance FROM bank WHERE id = {b}")).await, vec![vec![Some("130".into())]]);
 }
 
 /// Two sessions update the same two rows, on different workers, in opposite

@@ -35,8 +35,6 @@ pub struct Coordinator {
     /// The catalog version the fallback tier's objects were last brought up to
     /// by this process, and the roles given user mappings since.
     fallback_ready: tokio::sync::Mutex<(i64, HashSet<String>)>,
-    /// Group commit of two-phase commit records, shared by the sessions.
-    pub commit_log: crate::transaction::commit_log::CommitLog,
     /// TLS for the clients that ask for it, when configured.
     pub tls: Option<tokio_rustls::TlsAcceptor>,
     /// The worker connections the sessions share.
@@ -70,7 +68,6 @@ impl Coordinator {
         }
         let catalog = metadata::load(&mut conn).await.map_err(|e| anyhow::anyhow!("could not load the catalog: {e}"))?;
         conn.terminate().await;
-        let commit_log = crate::transaction::commit_log::CommitLog::start(config.coordinator_db_addr(), config.service_login());
         let pool_wait = Duration::from_secs_f64(config.connections.pool_wait_secs.max(0.0));
         let worker_pools = crate::transaction::WorkerPools::new(config.connections.max_per_node, config.connections.active_per_node(), pool_wait);
         let local_pool = crate::connection::pool::NodePool::new(config.connections.max_coordinator_db);
@@ -81,7 +78,6 @@ impl Coordinator {
         Ok(Arc::new(Coordinator { config, catalog, sessions: Mutex::new(HashMap::new()), reload_lock: tokio::sync::Mutex::new(()), process_id: rand::random(),
             deadlock_victims: Mutex::new(HashMap::new()),
             fallback_ready: tokio::sync::Mutex::new((0, HashSet::new())),
-            commit_log,
             tls,
             worker_pools: Arc::new(worker_pools),
             local_pool: Arc::new(local_pool),

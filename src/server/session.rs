@@ -203,7 +203,7 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: Stream) -> anyhow::Resul
     let local_source = LocalSource { pool: coordinator.local_pool.clone(), addr: coordinator.config.coordinator_db_addr(), wait: coordinator.worker_pools.wait };
     let key = (rand::random::<i32>() & 0x7fff_ffff, rand::random::<i32>());
     let transactions = &coordinator.config.transactions;
-    let two_phase = TwoPhase::new(coordinator.process_id, key.0, Duration::from_secs_f64(transactions.grace_secs), transactions.fault_injection.map(|f| (f, transactions.fault_after_commits)), coordinator.commit_log.clone(), coordinator.links.clone());
+    let two_phase = TwoPhase::new(coordinator.process_id, key.0, Duration::from_secs_f64(transactions.grace_secs), transactions.fault_injection.map(|f| (f, transactions.fault_after_commits)), coordinator.links.clone());
     let mut worker_options: Vec<(String, String)> = options.into_iter().filter(|(k, _)| WORKER_PARAMETERS.iter().any(|p| p.eq_ignore_ascii_case(k))).collect();
     worker_options.push(("application_name".into(), two_phase.session_name().to_string()));
     let worker_login = Login { user, database: coordinator.config.coordinator_db.database.clone(), password: coordinator.config.coordinator_db.password.clone(), options: worker_options };

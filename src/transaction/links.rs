@@ -12,14 +12,14 @@
 //! belongs to (the *deciding* transaction: the writing backend's top-level
 //! transaction on the worker, whose xid a trigger on every foreign partition
 //! makes sure exists). The worker then commits one-phase, and its commit is
-//! the decision, last-agent style: the prepared part is committed once
-//! `pg_xact_status` says the deciding transaction committed, rolled back
+//! the decision, last-agent style (`decided`): the prepared part is committed
+//! once `pg_xact_status` says the deciding transaction committed, rolled back
 //! once it says it aborted. That settling happens before the client's
 //! session sends ReadyForQuery (so the client reads its own writes), when
 //! the link starts its next transaction, on an interval here, and in
 //! prepared-transaction recovery for whatever a crash left.
 
-use super::{inject_fault, Fault};
+use super::{decided, inject_fault, Fault};
 use crate::connection::{quote_literal, Login, PgConnection, ServerAddr};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::CatalogHandle;
@@ -31,11 +31,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
-
-/// Names of the prepared parts of worker transactions. Deliberately not
-/// under `GID_PREFIX`: recovery settles these by their deciding transaction,
-/// not by commit records.
-pub const LINK_GID_PREFIX: &str = "tessera.link_";
 
 /// The application_name a worker's foreign server for `to` gives its links:
 /// postgres_fdw replaces `%p` with the backend's pid, which tells the relay
@@ -99,6 +94,11 @@ pub struct LinkRelay {
     /// Idle service connections by node group, for settling.
     idle: Mutex<HashMap<i32, Vec<PgConnection>>>,
     serial: AtomicU64,
+    /// Worker backends (node group, pid) whose transaction has a link open:
+    /// postgres_fdw refuses PREPARE TRANSACTION there, so such a backend
+    /// must be the one a session's two-phase commit lets decide. Per backend,
+    /// how many of its links are inside a transaction.
+    linked: Mutex<HashMap<(i32, i32), usize>>,
 }
 
 impl std::fmt::Debug for LinkRelay {
@@ -132,6 +132,7 @@ impl LinkRelay {
             cancel_keys: Mutex::new(HashMap::new()),
             idle: Mutex::new(HashMap::new()),
             serial: AtomicU64::new(0),
+            linked: Mutex::default(),
         });
         tokio::spawn(relay.clone().accept(listener));
         tokio::spawn(relay.clone().settle_periodically());
@@ -232,6 +233,13 @@ impl LinkRelay {
     /// Passes messages both ways, request by request: postgres_fdw waits
     /// for each answer (ReadyForQuery) before it sends on.
     async fn relay(&self, link: &mut ClientConn, node: &mut PgConnection, ends: LinkEnds) -> anyhow::Result<()> {
+        let mut in_transaction = false;
+        let result = self.relay_transactions(link, node, ends, &mut in_transaction).await;
+        self.mark_linked(ends, &mut in_transaction, false);
+        result
+    }
+
+    async fn relay_transactions(&self, link: &mut ClientConn, node: &mut PgConnection, ends: LinkEnds, in_transaction: &mut bool) -> anyhow::Result<()> {
         let mut wrote = false;
         while let Some(msg) = link.recv().await? {
             match msg.tag() {
@@ -240,6 +248,7 @@ impl LinkRelay {
                     let command = leading_keyword(frontend::decode_query(&msg)?);
                     if command == "COMMIT" && wrote {
                         wrote = false;
+                        self.mark_linked(ends, in_transaction, false);
                         self.prepare_instead_of_commit(link, node, ends).await?;
                         continue;
                     }
@@ -247,7 +256,9 @@ impl LinkRelay {
                         // The backend's previous transaction has ended.
                         self.settle(ends.from, ends.pid, |_| true).await;
                     }
-                    wrote = !ends_transaction(frontend::decode_query(&msg)?) && (wrote || is_write(&command));
+                    let ends_transaction = ends_transaction(frontend::decode_query(&msg)?);
+                    self.mark_linked(ends, in_transaction, command == "START" || (*in_transaction && !ends_transaction));
+                    wrote = !ends_transaction && (wrote || is_write(&command));
                     node.out().extend_from_slice(msg.frame());
                     relay_answer(node, link).await?;
                 }
@@ -265,6 +276,30 @@ impl LinkRelay {
         Ok(())
     }
 
+    /// Whether worker backend `pid` of node group `from` is in a transaction
+    /// that opened links.
+    pub fn in_linked_transaction(&self, from: i32, pid: i32) -> bool {
+        self.linked.lock().unwrap().contains_key(&(from, pid))
+    }
+
+    /// Notes whether one of the backend's links is inside a transaction now.
+    fn mark_linked(&self, ends: LinkEnds, in_transaction: &mut bool, now: bool) {
+        if *in_transaction == now {
+            return;
+        }
+        *in_transaction = now;
+        let mut linked = self.linked.lock().unwrap();
+        let key = (ends.from, ends.pid);
+        if now {
+            *linked.entry(key).or_default() += 1;
+        } else if let Some(n) = linked.get_mut(&key) {
+            *n -= 1;
+            if *n == 0 {
+                linked.remove(&key);
+            }
+        }
+    }
+
     /// Answers postgres_fdw's COMMIT of a remote transaction that wrote: the
     /// transaction is prepared on the node, to be decided by its worker
     /// transaction's commit. An error here makes the worker transaction
@@ -272,7 +307,7 @@ impl LinkRelay {
     async fn prepare_instead_of_commit(&self, link: &mut ClientConn, node: &mut PgConnection, ends: LinkEnds) -> anyhow::Result<()> {
         let prepared = async {
             let xid = self.deciding_xid(ends).await?;
-            let gid = format!("{LINK_GID_PREFIX}{}_{xid}_{}", ends.from, self.serial.fetch_add(1, Ordering::Relaxed));
+            let gid = decided::gid(ends.from, &xid, &self.serial.fetch_add(1, Ordering::Relaxed).to_string());
             node.execute(&format!("PREPARE TRANSACTION {}", quote_literal(&gid))).await?;
             Ok::<_, PgError>(Prepared { node: ends.to, gid, xid, since: Instant::now() })
         }
@@ -335,7 +370,7 @@ impl LinkRelay {
             return;
         }
         let xids: Vec<String> = taken.iter().map(|p| p.xid.clone()).collect();
-        let decisions = self.with_service(from, |conn| Box::pin(decide(conn, xids))).await.unwrap_or_else(|e| {
+        let decisions = self.with_service(from, |conn| Box::pin(decided::decide(conn, xids))).await.unwrap_or_else(|e| {
             tracing::warn!("could not learn the outcome of transactions on node group {from}: {e}");
             vec![None; taken.len()]
         });
@@ -343,8 +378,8 @@ impl LinkRelay {
         for (part, decision) in taken.into_iter().zip(decisions) {
             let settled = match decision {
                 Some(command) => {
-                    let sql = finish_sql(command, &part.gid);
-                    let result = self.with_service(part.node, |conn| Box::pin(async move { finish_prepared(conn, &sql).await })).await;
+                    let sql = decided::finish_sql(command, &part.gid);
+                    let result = self.with_service(part.node, |conn| Box::pin(async move { decided::finish_prepared(conn, &sql).await })).await;
                     result.map_err(|e| tracing::warn!("{command} '{}' on node group {}: {e}", part.gid, part.node)).is_ok()
                 }
                 None => false,
@@ -454,45 +489,6 @@ fn is_write(keyword: &str) -> bool {
     matches!(keyword, "INSERT" | "UPDATE" | "DELETE" | "TRUNCATE" | "MERGE" | "COPY")
 }
 
-/// What to do with the prepared parts of deciding transactions `xids` (as
-/// xid8), in order: COMMIT PREPARED when it committed, ROLLBACK PREPARED when
-/// it aborted (a crash counts), None while it runs — or when it is too old
-/// for the node to know, which is left to an operator.
-pub async fn decide(conn: &mut PgConnection, xids: Vec<String>) -> PgResult<Vec<Option<&'static str>>> {
-    let list = xids.iter().map(|x| quote_literal(x)).collect::<Vec<_>>().join(", ");
-    let rows = conn.query(&format!("SELECT pg_xact_status(x::xid8) FROM unnest(ARRAY[{list}]::text[]) WITH ORDINALITY AS u(x, i) ORDER BY i")).await?;
-    Ok(rows
-        .into_iter()
-        .map(|row| match row.into_iter().next().flatten().as_deref() {
-            Some("committed") => Some("COMMIT PREPARED"),
-            Some("aborted") => Some("ROLLBACK PREPARED"),
-            _ => None,
-        })
-        .collect())
-}
-
-/// The deciding transaction's node group and xid8 named in a link's gid.
-pub fn parse_gid(gid: &str) -> Option<(i32, String)> {
-    let mut parts = gid.strip_prefix(LINK_GID_PREFIX)?.split('_');
-    let from = parts.next()?.parse().ok()?;
-    let xid: u64 = parts.next()?.parse().ok()?;
-    Some((from, xid.to_string()))
-}
-
-pub fn finish_sql(command: &str, gid: &str) -> String {
-    format!("{command} {}", quote_literal(gid))
-}
-
-/// Runs COMMIT/ROLLBACK PREPARED; one already finished (by recovery, or by
-/// another pass) counts as done.
-pub async fn finish_prepared(conn: &mut PgConnection, sql: &str) -> PgResult<()> {
-    match conn.execute(sql).await {
-        Ok(_) => Ok(()),
-        Err(e) if e.code() == "42704" => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -503,13 +499,6 @@ mod tests {
         assert_eq!(LinkEnds::parse(&name), Some(LinkEnds { from: 3, pid: 4242, to: 7 }));
         assert_eq!(LinkEnds::parse("tessera_link_3_7"), None);
         assert_eq!(LinkEnds::parse("psql"), None);
-    }
-
-    #[test]
-    fn gids_name_their_deciding_transaction() {
-        assert_eq!(parse_gid("tessera.link_2_4294967311_9"), Some((2, "4294967311".into())));
-        assert_eq!(parse_gid("tessera_123_4_5"), None);
-        assert!(!LINK_GID_PREFIX.starts_with(super::super::GID_PREFIX));
     }
 
     #[test]

@@ -6,13 +6,13 @@
 //! COMMIT/ROLLBACK go to exactly the nodes that were touched.
 
 pub mod commit_log;
+pub mod decided;
 pub mod coordinator_db;
 pub mod deadlock;
 pub mod links;
 pub mod recovery;
 
 use crate::connection::{Login, PgConnection, ServerAddr};
-use commit_log::{CommitLog, RecordOutcome};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Node, TypeOids, FIRST_USER_OID};
 use crate::protocol::backend::{self, TxStatus};
@@ -37,10 +37,16 @@ pub const WORKER_TIMEOUTS: [&str; 2] = ["statement_timeout", "lock_timeout"];
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Fault {
-    /// After every writer prepared, before the commit record is written.
+    /// After every writer but the deciding node prepared, before the
+    /// deciding commit.
     AfterPrepare,
-    /// After the commit record is committed, before COMMIT PREPARED.
-    AfterCommitRecord,
+    /// After the deciding commit (the deciding worker's, or the coordinator
+    /// database's with the commit records), before COMMIT PREPARED.
+    AfterDecision,
+    /// Not a crash: after the PREPAREs the committing session stalls for
+    /// three grace periods (as a coordinator might, swapped out or paused),
+    /// then goes on.
+    StallAfterPrepare,
     /// After a worker link's remote transaction is prepared, before
     /// postgres_fdw on the worker hears back (`links`).
     AfterLinkPrepare,
@@ -74,9 +80,6 @@ pub struct TwoPhase {
     /// Test-only: where the process dies, and how many commits (of all
     /// sessions) get past that point first.
     fault: Option<(Fault, u32)>,
-    /// Writes the decisions of transactions the coordinator database took no
-    /// part in.
-    commit_log: CommitLog,
     /// `tessera:<process>:<session>`: the application_name of the session's
     /// worker connections, set when they open. A session runs one transaction
     /// at a time, so the deadlock detector tells distributed transactions apart
@@ -94,13 +97,12 @@ pub struct TwoPhase {
 static FAULT_POINT_REACHED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 impl TwoPhase {
-    pub fn new(process_id: u32, session_id: i32, grace: std::time::Duration, fault: Option<(Fault, u32)>, commit_log: CommitLog, links: Arc<links::LinkRelay>) -> Self {
+    pub fn new(process_id: u32, session_id: i32, grace: std::time::Duration, fault: Option<(Fault, u32)>, links: Arc<links::LinkRelay>) -> Self {
         TwoPhase {
             prefix: Arc::from(format!("{GID_PREFIX}{process_id}_{session_id}_")),
             counter: Default::default(),
             grace,
             fault,
-            commit_log,
             session_name: Arc::from(format!("{TRANSACTION_ID_PREFIX}{process_id}:{session_id}")),
             links,
         }
@@ -118,18 +120,34 @@ impl TwoPhase {
     fn inject(&self, at: Fault) {
         inject_fault(self.fault, at);
     }
+
+    async fn stall(&self, at: Fault) {
+        if self.fault.is_some_and(|(fault, _)| fault == at) {
+            tokio::time::sleep(self.grace * 3).await;
+        }
+    }
+}
+
+/// How a two-phase commit's decision went, when it did not commit.
+enum Decision {
+    /// Certainly not committed: the prepared parts are rolled back.
+    RolledBack(PgError),
+    /// The connection broke while the decision was on its way: recovery
+    /// learns the outcome and settles the prepared parts.
+    InDoubt(PgError),
 }
 
 /// postgres_fdw refuses PREPARE in a worker transaction whose user code
-/// wrote through links (`links`): says what the block did, and what to do.
+/// used links (`links`), and only one worker can decide instead of
+/// preparing: says what the block did, and what to do.
 fn explain_unpreparable(e: PgError) -> PgError {
     if e.code() != sqlstate::FEATURE_NOT_SUPPORTED || !e.message().contains("postgres_fdw") {
         return e;
     }
     PgError::not_supported(
-        "the transaction wrote on several nodes, and user code it ran on one of them wrote into other nodes' shards as well: it cannot commit atomically yet, and was rolled back",
+        "the transaction wrote on several nodes, and user code it ran on more than one of them reached other nodes' shards: it cannot commit atomically yet, and was rolled back",
     )
-    .with_hint("Run the call that writes on other nodes in a transaction of its own, or keep the block's other writes on the call's node.")
+    .with_hint("Run such calls on one node per transaction, or each in a transaction of its own.")
 }
 
 /// Worker backends of client sessions carry an application_name with this
@@ -1005,18 +1023,90 @@ impl Participants {
         Ok(())
     }
 
-    /// PREPARE TRANSACTION on every writing worker; the commit record in
-    /// `pg_dist_transaction` decides (it commits with the coordinator database's
-    /// part of the block, if any); then COMMIT PREPARED. Read-only participants
-    /// just commit. After a failure past the decision, recovery finishes the job.
+    /// Commits a block that wrote on several nodes atomically. Last-agent
+    /// style: every writer but one — the deciding node — prepares, then the
+    /// deciding node commits its part one-phase, and that commit decides
+    /// the whole (see `decided`); then COMMIT PREPARED everywhere else.
+    /// When the coordinator database took part it is the deciding node, and
+    /// its commit carries commit records in `pg_dist_transaction` instead.
+    /// Read-only participants just commit. After a failure past the decision,
+    /// recovery finishes the job.
     async fn commit_two_phase(&mut self) -> PgResult<()> {
-        let started = std::time::Instant::now();
         let two_phase = self.two_phase.clone();
-        let mut gids: Vec<(i32, String)> = Vec::new();
-        for w in self.workers.values().filter(|w| w.in_block && w.wrote) {
-            gids.push((w.group_id, two_phase.next_gid()));
+        let decider = match self.local_in_block {
+            true => None,
+            false => self.deciding_worker(),
+        };
+        let names = match decider {
+            Some(group) => self.decided_names(group).await,
+            None => {
+                let session_gids = self.workers.values().filter(|w| w.in_block && w.wrote).map(|w| (w.group_id, two_phase.next_gid())).collect();
+                Ok(session_gids)
+            }
+        };
+        let started = std::time::Instant::now();
+        let (prepared, failure) = match names {
+            Ok(gids) => self.prepare_all_but(decider, &gids).await,
+            Err(e) => (Vec::new(), Some(e)),
+        };
+        two_phase.inject(Fault::AfterPrepare);
+        two_phase.stall(Fault::StallAfterPrepare).await;
+        let decided = match failure {
+            Some(e) => Err(Decision::RolledBack(e)),
+            None => match decider {
+                Some(group) => self.commit_deciding_worker(group).await,
+                None => self.commit_with_records(&prepared, started).await,
+            },
+        };
+        match decided {
+            Ok(()) => {}
+            Err(Decision::InDoubt(e)) => return Err(e.with_detail("The transaction's outcome will be settled by prepared-transaction recovery.")),
+            Err(Decision::RolledBack(e)) => {
+                self.resolve_prepared(&prepared, "ROLLBACK PREPARED").await;
+                let rest = self.touched_workers().into_iter().map(|w| {
+                    w.in_block = false;
+                    w.wrote = false;
+                    w.conn.execute("ROLLBACK")
+                });
+                futures::future::join_all(rest).await;
+                if self.local_in_block {
+                    self.local_in_block = false;
+                    self.held_local()?.execute("ROLLBACK").await.ok();
+                }
+                return Err(e);
+            }
         }
-        let prepares = futures::future::join_all(self.touched_workers().into_iter().map(|w| {
+        two_phase.inject(Fault::AfterDecision);
+        // Committed. A node that cannot confirm now is finished by recovery.
+        self.resolve_prepared(&prepared, "COMMIT PREPARED").await;
+        Ok(())
+    }
+
+    /// The writing worker that decides: one whose transaction used links,
+    /// since only it cannot prepare, or else the first by node group.
+    fn deciding_worker(&self) -> Option<i32> {
+        let links = &self.two_phase.links;
+        let mut writers: Vec<&WorkerConnection> = self.workers.values().filter(|w| w.in_block && w.wrote).collect();
+        writers.sort_by_key(|w| (!links.in_linked_transaction(w.group_id, w.conn.backend_key().0), w.group_id));
+        writers.first().map(|w| w.group_id)
+    }
+
+    /// Names for the parts of writers other than `decider`, carrying the
+    /// id of the deciding worker's transaction (which has one: it wrote).
+    async fn decided_names(&mut self, decider: i32) -> PgResult<Vec<(i32, String)>> {
+        let w = self.workers.get_mut(&decider).ok_or_else(|| PgError::internal(format!("no connection to node group {decider}")))?;
+        let rows = w.conn.query("SELECT pg_current_xact_id()::text").await?;
+        let xid = rows.into_iter().next().and_then(|r| r.into_iter().next().flatten()).ok_or_else(|| PgError::internal("pg_current_xact_id() gave no row"))?;
+        // One part per node; a link's parts there are numbered instead.
+        Ok(self.workers.values().filter(|w| w.in_block && w.wrote && w.group_id != decider).map(|w| (w.group_id, decided::gid(decider, &xid, "block"))).collect())
+    }
+
+    /// PREPARE TRANSACTION on each worker named in `gids`, COMMIT on the
+    /// read-only ones, in parallel; the deciding worker is left as it is.
+    /// Returns what was prepared and the first failure.
+    async fn prepare_all_but(&mut self, decider: Option<i32>, gids: &[(i32, String)]) -> (Vec<(i32, String)>, Option<PgError>) {
+        let others = self.touched_workers().into_iter().filter(|w| Some(w.group_id) != decider);
+        let prepares = futures::future::join_all(others.map(|w| {
             let gid = gids.iter().find(|(g, _)| *g == w.group_id).map(|(_, gid)| gid.clone());
             async move {
                 w.in_block = false;
@@ -1039,47 +1129,45 @@ impl Participants {
                 }
             }
         }
-        two_phase.inject(Fault::AfterPrepare);
+        (prepared, failure)
+    }
+
+    /// The deciding worker's one-phase COMMIT.
+    async fn commit_deciding_worker(&mut self, decider: i32) -> Result<(), Decision> {
+        let w = self.workers.get_mut(&decider).ok_or_else(|| Decision::RolledBack(PgError::internal(format!("no connection to node group {decider}"))))?;
+        w.in_block = false;
+        w.wrote = false;
+        match w.conn.execute("COMMIT").await {
+            Ok(_) => Ok(()),
+            // The COMMIT may or may not have reached the node: its
+            // transaction's status there decides, later.
+            Err(e) if w.conn.is_broken() => Err(Decision::InDoubt(e)),
+            Err(e) => Err(Decision::RolledBack(e)),
+        }
+    }
+
+    /// The coordinator database decides: the commit records of the prepared
+    /// parts commit with its own part of the block.
+    async fn commit_with_records(&mut self, prepared: &[(i32, String)], started: std::time::Instant) -> Result<(), Decision> {
         // Recovery rolls back prepared transactions without a record once they
         // are older than its grace period; never write a record that late.
-        if failure.is_none() && started.elapsed() > two_phase.grace / 2 {
-            failure = Some(PgError::new(sqlstate::CONNECTION_FAILURE, "two-phase commit took too long to prepare; the transaction was rolled back"));
+        if started.elapsed() > self.two_phase.grace / 2 {
+            return Err(Decision::RolledBack(PgError::new(sqlstate::CONNECTION_FAILURE, "two-phase commit took too long to prepare; the transaction was rolled back")));
         }
-        if let Some(e) = failure {
-            self.resolve_prepared(&prepared, "ROLLBACK PREPARED").await;
-            if self.local_in_block {
-                self.local_in_block = false;
-                self.held_local()?.execute("ROLLBACK").await.ok();
+        self.local_in_block = false;
+        let local = self.held_local().map_err(Decision::RolledBack)?;
+        let written = match local.execute(&commit_log::insert_records(prepared)).await {
+            Ok(_) => local.execute("COMMIT").await.map(|_| ()),
+            Err(e) => {
+                local.execute("ROLLBACK").await.ok();
+                Err(e)
             }
-            return Err(e);
-        }
-        let outcome = if self.local_in_block {
-            // The record commits with the coordinator database's own part.
-            self.local_in_block = false;
-            let local = self.held_local()?;
-            let written = match local.execute(&commit_log::insert_records(&prepared)).await {
-                Ok(_) => local.execute("COMMIT").await.map(|_| ()),
-                Err(e) => {
-                    local.execute("ROLLBACK").await.ok();
-                    Err(e)
-                }
-            };
-            RecordOutcome::of(written, local)
-        } else {
-            two_phase.commit_log.write(prepared.clone()).await
         };
-        match outcome {
-            RecordOutcome::Written => {}
-            RecordOutcome::Unknown(e) => return Err(e.with_detail("The transaction's outcome will be settled by prepared-transaction recovery.")),
-            RecordOutcome::NotWritten(e) => {
-                self.resolve_prepared(&prepared, "ROLLBACK PREPARED").await;
-                return Err(e);
-            }
+        match written {
+            Ok(()) => Ok(()),
+            Err(e) if local.is_broken() => Err(Decision::InDoubt(e)),
+            Err(e) => Err(Decision::RolledBack(e)),
         }
-        two_phase.inject(Fault::AfterCommitRecord);
-        // Committed. A node that cannot confirm now is finished by recovery.
-        self.resolve_prepared(&prepared, "COMMIT PREPARED").await;
-        Ok(())
     }
 
     /// Sends COMMIT PREPARED or ROLLBACK PREPARED for each prepared transaction,

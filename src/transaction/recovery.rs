@@ -2,10 +2,11 @@
 //! coordinator, a worker restarted before COMMIT PREPARED): those with a commit
 //! record in `pg_dist_transaction` are committed, those without one are rolled
 //! back once they are older than the grace period, and records nobody needs any
-//! more are deleted. The prepared parts of worker transactions (`links`) are
-//! settled by their deciding transaction's outcome on its worker.
+//! more are deleted. Parts decided by another node's transaction (`decided`:
+//! last-agent commits of blocks and of worker transactions' links) are
+//! settled by that transaction's outcome on its node.
 
-use super::{links, GID_PREFIX};
+use super::{decided, GID_PREFIX};
 use crate::config::Config;
 use crate::connection::{quote_literal, Login, PgConnection};
 use crate::error::PgResult;
@@ -21,7 +22,7 @@ pub async fn recover(config: &Config, catalog: &Catalog) -> PgResult<u64> {
     let mut first_error = None;
     for node in catalog.active_nodes() {
         let recovered = match recover_node(&mut local, &login, node, config.transactions.grace_secs).await {
-            Ok(n) => recover_link_parts(&login, catalog, node).await.map(|m| n + m),
+            Ok(n) => recover_decided_parts(&login, catalog, node).await.map(|m| n + m),
             Err(e) => Err(e),
         };
         match recovered {
@@ -89,16 +90,16 @@ async fn recover_node(local: &mut PgConnection, login: &Login, node: &crate::met
     Ok(settled)
 }
 
-/// Settles the prepared parts of worker transactions on `node` whose deciding
-/// transaction has ended: committed with it, or rolled back.
-async fn recover_link_parts(login: &Login, catalog: &Catalog, node: &crate::metadata::Node) -> PgResult<u64> {
+/// Settles the prepared parts on `node` whose deciding transaction (see
+/// `decided`) has ended: committed with it, or rolled back.
+async fn recover_decided_parts(login: &Login, catalog: &Catalog, node: &crate::metadata::Node) -> PgResult<u64> {
     let mut conn = PgConnection::connect(&node.addr, login).await?;
     let gids = conn
-        .query(&format!("SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND starts_with(gid, {})", quote_literal(links::LINK_GID_PREFIX)))
+        .query(&format!("SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND starts_with(gid, {})", quote_literal(decided::GID_PREFIX)))
         .await?;
     let mut by_decider: HashMap<i32, Vec<(String, String)>> = HashMap::new();
     for gid in gids.into_iter().filter_map(|r| r.into_iter().next().flatten()) {
-        if let Some((from, xid)) = links::parse_gid(&gid) {
+        if let Some((from, xid)) = decided::parse_gid(&gid) {
             by_decider.entry(from).or_default().push((gid, xid));
         }
     }
@@ -107,7 +108,7 @@ async fn recover_link_parts(login: &Login, catalog: &Catalog, node: &crate::meta
         let Some(decider) = catalog.node_for_group(from) else { continue };
         let decisions = match PgConnection::connect(&decider.addr, login).await {
             Ok(mut d) => {
-                let decisions = links::decide(&mut d, parts.iter().map(|(_, xid)| xid.clone()).collect()).await;
+                let decisions = decided::decide(&mut d, parts.iter().map(|(_, xid)| xid.clone()).collect()).await;
                 d.terminate().await;
                 decisions
             }
@@ -122,7 +123,7 @@ async fn recover_link_parts(login: &Login, catalog: &Catalog, node: &crate::meta
         };
         for ((gid, _), decision) in parts.iter().zip(decisions) {
             let Some(command) = decision else { continue };
-            match links::finish_prepared(&mut conn, &links::finish_sql(command, gid)).await {
+            match decided::finish_prepared(&mut conn, &decided::finish_sql(command, gid)).await {
                 Ok(()) => {
                     tracing::info!("recovery: {command} '{gid}' on {} (its deciding transaction on {} ended)", node.addr, decider.addr);
                     settled += 1;
