@@ -144,11 +144,16 @@ impl Coordinator {
     }
 
     /// One round of distributed deadlock detection: cancels the youngest
-    /// transaction of each cycle where it waits.
+    /// transaction of each cycle where it waits — when it is one of this
+    /// process's sessions. Every coordinator process sees the same cycles
+    /// and picks the same victims; leaving each victim to its own process
+    /// means the one that cancels it is the one that can tell its session
+    /// why (40P01 rather than a bare cancellation).
     pub async fn break_deadlocks(&self) -> PgResult<()> {
         let catalog = self.catalog.snapshot();
         let waits = crate::transaction::deadlock::gather_waits(&self.config, &catalog).await?;
-        for victim in crate::transaction::deadlock::choose_victims(&waits) {
+        let own = format!("{}{}:", crate::transaction::TRANSACTION_ID_PREFIX, self.process_id);
+        for victim in crate::transaction::deadlock::choose_victims(&waits).into_iter().filter(|v| v.session.starts_with(&own)) {
             let cycle = victim.cycle.join(" -> ");
             tracing::warn!("distributed deadlock {cycle}: cancelling the transaction of {}", victim.session);
             // Recorded first: the victim's session may see its cancellation
