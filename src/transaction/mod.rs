@@ -871,28 +871,34 @@ impl Participants {
             self.discard_broken();
             return result;
         }
-        let results = futures::future::join_all(self.touched_workers().into_iter().map(|w| async move {
-            w.in_block = false;
-            w.wrote = false;
-            w.conn.execute(command).await
-        }))
-        .await;
-        for r in results {
-            if let Err(e) = r {
-                first_error.get_or_insert(e);
-            }
-        }
-        if self.local_in_block {
-            self.local_in_block = false;
-            if let Err(e) = self.held_local()?.execute(command).await {
-                first_error.get_or_insert(e);
-            }
+        if let Some(e) = self.end_on_touched_nodes(command).await? {
+            first_error.get_or_insert(e);
         }
         self.discard_broken();
         match first_error {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+
+    /// Sends `command` (COMMIT or ROLLBACK) to every node still in the block,
+    /// workers in parallel, then the coordinator database; every node is
+    /// finished even if one fails. Returns the first failure.
+    async fn end_on_touched_nodes(&mut self, command: &str) -> PgResult<Option<PgError>> {
+        let results = futures::future::join_all(self.touched_workers().into_iter().map(|w| async move {
+            w.in_block = false;
+            w.wrote = false;
+            w.conn.execute(command).await
+        }))
+        .await;
+        let mut first_error = results.into_iter().find_map(Result::err);
+        if self.local_in_block {
+            self.local_in_block = false;
+            if let Err(e) = self.held_local()?.execute(command).await {
+                first_error.get_or_insert(e);
+            }
+        }
+        Ok(first_error)
     }
 
     /// Two-phase commit is needed when more than one node wrote (the coordinator
@@ -1063,16 +1069,9 @@ impl Participants {
             Err(Decision::InDoubt(e)) => return Err(e.with_detail("The transaction's outcome will be settled by prepared-transaction recovery.")),
             Err(Decision::RolledBack(e)) => {
                 self.resolve_prepared(&prepared, "ROLLBACK PREPARED").await;
-                let rest = self.touched_workers().into_iter().map(|w| {
-                    w.in_block = false;
-                    w.wrote = false;
-                    w.conn.execute("ROLLBACK")
-                });
-                futures::future::join_all(rest).await;
-                if self.local_in_block {
-                    self.local_in_block = false;
-                    self.held_local()?.execute("ROLLBACK").await.ok();
-                }
+                // Failures to roll back leave nothing behind worth reporting
+                // over the reason the commit failed.
+                self.end_on_touched_nodes("ROLLBACK").await?;
                 return Err(e);
             }
         }
