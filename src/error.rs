@@ -116,6 +116,11 @@ impl PgError {
     pub fn is_fatal(&self) -> bool {
         matches!(self.severity(), "FATAL" | "PANIC")
     }
+    /// The node could not be reached or would not take connections now
+    /// (down, shutting down, starting up): nothing was asked of it.
+    pub fn is_node_unreachable(&self) -> bool {
+        self.code().starts_with("08") || matches!(self.code(), "57P01" | "57P02" | "57P03")
+    }
     pub fn with_detail(self, detail: impl Into<String>) -> Self {
         self.set(b'D', detail.into())
     }

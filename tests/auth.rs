@@ -11,12 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_postgres::NoTls;
 
 async fn login(cluster: &TestCluster, user: &str, password: &str) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
-    let conn_str = format!("host=127.0.0.1 port={} user={user} password={password} dbname=postgres", cluster.port);
-    let (client, conn) = tokio_postgres::connect(&conn_str, NoTls).await?;
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    Ok(client)
+    common::try_login(cluster.port, user, password).await
 }
 
 fn assert_refused(result: Result<tokio_postgres::Client, tokio_postgres::Error>, user: &str) {

@@ -1,10 +1,13 @@
-//! Atomicity under faults (issue 4): concurrent transfers between accounts on
-//! different workers, each a two-phase commit, while the coordinator process is
-//! killed twice in the middle of committing (once before and once after the
-//! deciding worker's commit) and a worker crashes and restarts. Afterwards no
-//! money was created or lost, every transfer a client saw commit is there, every
-//! transfer that is there moved exactly its amount, a transfer that failed
-//! before COMMIT is not there, and nothing is left prepared.
+//! Atomicity under faults (issues 4 and 16): concurrent transfers between
+//! accounts on different workers, each a two-phase commit, while the
+//! coordinator process is killed twice in the middle of committing (once
+//! before and once after the deciding worker's commit), each worker crashes
+//! and restarts (the one that prepares, then the deciding one), and the
+//! coordinator database is stopped for a while (transfers must keep
+//! committing meanwhile). Afterwards no money was created or lost, every
+//! transfer a client saw commit is there, every transfer that is there moved
+//! exactly its amount, a transfer that failed before COMMIT is not there, and
+//! nothing is left prepared.
 
 mod common;
 
@@ -205,6 +208,26 @@ async fn crash_and_restart(cluster: &Arc<TestCluster>, w: &Workload, fault: Faul
     .unwrap();
 }
 
+/// Stops worker `i` as a crash would, keeps it down until a client has seen
+/// what that does to its transaction, then brings it back.
+async fn crash_worker(cluster: &Arc<TestCluster>, w: &Workload, i: usize) {
+    let errors = w.server_errors.load(SeqCst);
+    let killer = cluster.clone();
+    tokio::task::spawn_blocking(move || killer.kill_worker(i)).await.unwrap();
+    wait_for(&format!("a client to notice worker {i} is gone"), || w.server_errors.load(SeqCst) > errors).await;
+    let starter = cluster.clone();
+    tokio::task::spawn_blocking(move || starter.start_worker(i)).await.unwrap();
+    wait_for_transfers(w, TRANSFERS_BETWEEN_STEPS).await;
+}
+
+/// The index of the worker that decides the transfers' commits: the one of
+/// the lowest node group (both workers write in every transfer).
+async fn deciding_worker(cluster: &TestCluster) -> usize {
+    let c = cluster.connect().await;
+    let port: i32 = c.query_one("SELECT nodeport FROM pg_dist_node ORDER BY groupid LIMIT 1", &[]).await.unwrap().get(0);
+    cluster.cluster.state.worker_ports.iter().position(|&p| i32::from(p) == port).expect("the deciding worker is one of ours")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bank_transfers_stay_atomic_through_coordinator_and_worker_crashes() {
     let started = Instant::now();
@@ -245,13 +268,17 @@ async fn bank_transfers_stay_atomic_through_coordinator_and_worker_crashes() {
     crash_and_restart(&cluster, &w, Fault::AfterDecision, None).await;
     assert_eq!(w.coordinator.load(SeqCst), FINAL_COORDINATOR);
     wait_for_transfers(&w, TRANSFERS_BETWEEN_STEPS).await;
-    // Keep the worker down until a client has seen what that does to its
-    // transaction, then bring it back as after a crash.
-    let killer = cluster.clone();
-    tokio::task::spawn_blocking(move || killer.kill_worker(1)).await.unwrap();
-    wait_for("a client to notice the worker is gone", || w.server_errors.load(SeqCst) > 0).await;
-    let starter = cluster.clone();
-    tokio::task::spawn_blocking(move || starter.start_worker(1)).await.unwrap();
+    // The deciding worker is the writer of the lowest node group.
+    let decider = deciding_worker(&cluster).await;
+    crash_worker(&cluster, &w, 1 - decider).await;
+    crash_worker(&cluster, &w, decider).await;
+    let errors_before = w.server_errors.load(SeqCst);
+    let local = cluster.clone();
+    tokio::task::spawn_blocking(move || local.cluster.coordinator_db().stop().expect("stopping the coordinator database")).await.unwrap();
+    wait_for_transfers(&w, TRANSFERS_BETWEEN_STEPS).await;
+    assert_eq!(w.server_errors.load(SeqCst), errors_before, "transfers need nothing from the coordinator database");
+    let local = cluster.clone();
+    tokio::task::spawn_blocking(move || local.cluster.coordinator_db().start().expect("starting the coordinator database")).await.unwrap();
     wait_for_transfers(&w, TRANSFERS_BETWEEN_STEPS).await;
     w.stop.store(true, SeqCst);
     let mut logs = Vec::new();
@@ -296,15 +323,17 @@ async fn bank_transfers_stay_atomic_through_coordinator_and_worker_crashes() {
     // The clients caught in each crash were committing.
     assert!(count(Outcome::Unknown) >= 2, "both crashes hit a COMMIT");
 
-    // The worker restart: each error is a clean connection error, or the
+    // The worker restarts: each error is a clean connection error, or the
     // worker's own "still starting up" (57P03) refusal of a new login, naming
-    // the worker (and each session that got one committed again before its
-    // client stopped, or the client would still be running).
-    let node = format!("127.0.0.1:{}", worker_ports[1]);
+    // the restarted worker (and each session that got one committed again
+    // before its client stopped, or the client would still be running).
+    let nodes: Vec<String> = worker_ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
     let errors: Vec<&String> = logs.iter().flat_map(|l| &l.server_errors).collect();
-    assert!(!errors.is_empty());
+    for node in &nodes {
+        assert!(errors.iter().any(|e| e.contains(node.as_str())), "a client saw worker {node} go");
+    }
     for e in &errors {
-        assert!((e.starts_with("08") || e.starts_with("57P03")) && e.contains(&node), "a connection error naming the restarted worker {node}: {e}");
+        assert!((e.starts_with("08") || e.starts_with("57P03")) && nodes.iter().any(|n| e.contains(n.as_str())), "a connection error naming a restarted worker: {e}");
     }
 
     eprintln!(

@@ -253,3 +253,49 @@ impl Drop for StopOnDrop {
         self.0.wait().ok();
     }
 }
+
+/// With the coordinator database stopped, clients it let in before log in
+/// again (with SCRAM, against the remembered verifier), and statements on
+/// distributed tables that need nothing from it keep committing, two-phase
+/// blocks included. What needs it fails naming it, and the session goes on.
+#[tokio::test]
+async fn distributed_writes_commit_while_the_coordinator_database_is_down() {
+    let cluster = TestCluster::start(2);
+    let (c, a, b) = setup(&cluster).await;
+    c.batch_execute(
+        "CREATE ROLE teller LOGIN PASSWORD 'teller-secret';
+         GRANT SELECT, UPDATE ON bank TO teller;
+         ALTER ROLE postgres PASSWORD 'postgres-secret';",
+    )
+    .await
+    .unwrap();
+    drop(c);
+    cluster.restart_coordinator(|c| c.auth = tessera::config::AuthMethod::ScramSha256);
+    let port = cluster.port;
+    let admin = common::try_login(port, "postgres", "postgres-secret").await.unwrap();
+    drop(common::try_login(port, "teller", "teller-secret").await.unwrap());
+
+    cluster.cluster.coordinator_db().stop().unwrap();
+    let teller = common::try_login(port, "teller", "teller-secret").await.expect("a login seen before gets in");
+    let wrong = common::try_login(port, "teller", "wrong").await.err().expect("a wrong password is refused");
+    assert_eq!(common::sqlstate(&wrong), "28P01");
+    let unseen = common::try_login(port, "nobody", "secret").await.err().expect("a login never seen is refused");
+    assert!(common::sqlstate(&unseen).starts_with("08") && common::error_text(&unseen).contains("coordinator database"), "{}", common::error_text(&unseen));
+
+    teller.batch_execute(&format!("UPDATE bank SET balance = balance - 5 WHERE id = {a}")).await.unwrap();
+    teller.batch_execute(&format!("BEGIN; UPDATE bank SET balance = balance - 1 WHERE id = {a}; UPDATE bank SET balance = balance + 1 WHERE id = {b}; COMMIT")).await.unwrap();
+    teller.batch_execute("UPDATE bank SET balance = balance + 1").await.unwrap();
+    assert_eq!(text_rows(&teller, &format!("SELECT balance FROM bank WHERE id = {a}")).await, vec![vec![Some("95".into())]]);
+    assert_eq!(text_rows(&teller, "SELECT id, balance FROM bank WHERE balance > 0").await.len(), 40);
+    for (client, sql) in [(&teller, "SELECT now()"), (&teller, "SELECT sum(balance) FROM bank"), (&admin, "CREATE TABLE more (id int)")] {
+        let e = client.batch_execute(sql).await.err().unwrap_or_else(|| panic!("{sql} ran without the coordinator database"));
+        let text = common::error_text(&e);
+        assert!(common::sqlstate(&e).starts_with("08") && text.contains("coordinator database"), "{sql}: {text}");
+    }
+    teller.batch_execute(&format!("UPDATE bank SET balance = balance + 5 WHERE id = {a}")).await.unwrap();
+
+    cluster.cluster.coordinator_db().start().unwrap();
+    assert_eq!(text_rows(&teller, "SELECT sum(balance) FROM bank").await, vec![vec![Some("4040".into())]]);
+    admin.batch_execute("CREATE TABLE more (id int)").await.unwrap();
+    assert_eq!(cluster.prepared_on_workers().await, 0);
+}

@@ -3,6 +3,7 @@
 
 mod auth;
 pub mod client;
+mod login_memory;
 mod session;
 
 use crate::config::Config;
@@ -45,6 +46,8 @@ pub struct Coordinator {
     pub clients: std::sync::atomic::AtomicUsize,
     /// The relay of the workers' postgres_fdw links to other nodes.
     pub links: Arc<crate::transaction::links::LinkRelay>,
+    /// What logins learnt, for logging in while the coordinator database is down.
+    logins: login_memory::LoginMemory,
 }
 
 impl Coordinator {
@@ -83,6 +86,7 @@ impl Coordinator {
             local_pool: Arc::new(local_pool),
             clients: std::sync::atomic::AtomicUsize::new(0),
             links,
+            logins: Default::default(),
         }))
     }
 

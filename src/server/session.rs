@@ -206,28 +206,30 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: Stream) -> anyhow::Resul
     let two_phase = TwoPhase::new(coordinator.process_id, key.0, Duration::from_secs_f64(transactions.grace_secs), transactions.fault_injection.map(|f| (f, transactions.fault_after_commits)), coordinator.links.clone());
     let mut worker_options: Vec<(String, String)> = options.into_iter().filter(|(k, _)| WORKER_PARAMETERS.iter().any(|p| p.eq_ignore_ascii_case(k))).collect();
     worker_options.push(("application_name".into(), two_phase.session_name().to_string()));
+    let user_name = user.clone();
     let worker_login = Login { user, database: coordinator.config.coordinator_db.database.clone(), password: coordinator.config.coordinator_db.password.clone(), options: worker_options };
     let (cancel_targets, pinned) = coordinator.register_session(key, two_phase.session_name(), &worker_login.user);
     let mut parts = Participants::new(CoordinatorDb::new(local_source, local_login, pinned), worker_login, cancel_targets, two_phase, coordinator.worker_pools.clone());
-    // The coordinator database checks the login (role, database, CONNECT)
-    // and gives the parameters the client is told.
-    let server_params = match parts.local_outside_block().await {
-        Ok(local) => local.server_params().to_vec(),
-        Err(e) => {
-            coordinator.unregister_session(key);
-            return refuse(&mut client, e).await;
+    let facts = match parts.check_login().await {
+        Ok(facts) => {
+            coordinator.logins.remember_login(parts.login_key(), &facts);
+            facts
         }
-    };
-    let search_path_public = match parts.read_login_settings().await {
-        Ok(public) => public,
-        Err(e) => {
-            coordinator.unregister_session(key);
-            return refuse(&mut client, e).await;
-        }
+        Err(e) => match coordinator.logins.recall_login(parts.login_key()).filter(|_| e.is_node_unreachable()) {
+            Some(facts) => {
+                tracing::warn!("the coordinator database is unreachable ({}); a login of user \"{user_name}\" goes ahead as the last one did", e.message());
+                parts.assume_login(&facts);
+                facts
+            }
+            None => {
+                coordinator.unregister_session(key);
+                return refuse(&mut client, e).await;
+            }
+        },
     };
     client.authenticated();
     backend::authentication_ok(client.out());
-    for (k, v) in &server_params {
+    for (k, v) in &facts.server_params {
         backend::parameter_status(client.out(), k, v);
     }
     backend::backend_key_data(client.out(), key.0, key.1);
@@ -254,7 +256,7 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: Stream) -> anyhow::Resul
         skip_until_sync: false,
         release_work: false,
         abandoned: false,
-        search_path: SearchPath { stale: !search_path_public, ..SearchPath::default() },
+        search_path: SearchPath { stale: !facts.search_path_public, ..SearchPath::default() },
     };
     // A client that logs in and waits holds no connection meanwhile.
     session.parts.release_connections(true).await;
@@ -302,11 +304,20 @@ enum Authentication {
 /// as in PostgreSQL; the reason goes to the log.
 async fn scram_login(coordinator: &Coordinator, client: &mut ClientConn, user: &str) -> anyhow::Result<Authentication> {
     let stored = match stored_password(coordinator, user).await {
-        Ok(stored) => stored,
-        Err(e) => {
-            tracing::warn!("could not look up the password of user \"{user}\": {e}");
-            return Ok(Authentication::Refused(e));
+        Ok(stored) => {
+            coordinator.logins.remember_verifier(user, stored.clone());
+            stored
         }
+        Err(e) => match coordinator.logins.recall_verifier(user).filter(|_| e.is_node_unreachable()) {
+            Some(stored) => {
+                tracing::warn!("the coordinator database is unreachable ({}); user \"{user}\" is checked against the password it had last time", e.message());
+                stored
+            }
+            None => {
+                tracing::warn!("could not look up the password of user \"{user}\": {e}");
+                return Ok(Authentication::Refused(e));
+            }
+        },
     };
     let mut exchange = auth::ScramExchange::for_role(stored.as_deref(), user, auth::new_server_nonce());
     backend::authentication_sasl(client.out(), AUTH_SASL, &auth::mechanism_list());
@@ -346,7 +357,8 @@ fn password_failed(user: &str, why: auth::Rejected) -> Authentication {
 /// `pg_authid` (a superuser).
 async fn stored_password(coordinator: &Coordinator, user: &str) -> PgResult<Option<String>> {
     let config = &coordinator.config;
-    let mut conn = PgConnection::connect(&config.coordinator_db_addr(), &config.service_login()).await?;
+    let addr = config.coordinator_db_addr();
+    let mut conn = PgConnection::connect(&addr, &config.service_login()).await.map_err(|e| crate::transaction::coordinator_db::unavailable(&addr, e))?;
     let sql = format!(
         "SELECT rolpassword FROM pg_catalog.pg_authid WHERE rolname = {} AND (rolvaliduntil IS NULL OR rolvaliduntil > now())",
         quote_literal(user)

@@ -10,7 +10,8 @@
 
 use crate::connection::pool::{Checkout, NodePool};
 use crate::connection::{Login, PgConnection, ServerAddr};
-use crate::error::PgResult;
+use crate::error::{PgError, PgResult};
+use super::CitusSettings;
 use crate::protocol::backend::TxStatus;
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,6 +35,18 @@ pub struct LocalSource {
     pub pool: Arc<LocalPool>,
     pub addr: ServerAddr,
     pub wait: Duration,
+}
+
+/// What logging in learnt from the coordinator database.
+#[derive(Clone, Debug)]
+pub struct LoginFacts {
+    /// The ParameterStatus values the client is told.
+    pub server_params: Vec<(String, String)>,
+    /// The session's search_path leads to `public` alone.
+    pub search_path_public: bool,
+    /// The `citus.*` settings the role and database give.
+    pub citus: CitusSettings,
+    idle_in_transaction_default: Option<Duration>,
 }
 
 pub struct CoordinatorDb {
@@ -100,7 +113,7 @@ impl CoordinatorDb {
                     break local;
                 }
                 Checkout::Open(slot) => {
-                    let mut conn = PgConnection::connect(&self.source.addr, &self.login).await?;
+                    let mut conn = PgConnection::connect(&self.source.addr, &self.login).await.map_err(|e| unavailable(&self.source.addr, e))?;
                     conn.track_parameter_changes();
                     if !self.settings.is_empty() {
                         conn.queue_silent(&self.settings.join("; "));
@@ -158,15 +171,34 @@ impl CoordinatorDb {
         sql
     }
 
-    /// Reads the settings that the session began with and that the
-    /// coordinator acts on itself (on the held connection, at login), and
-    /// says whether its search_path leads to `public` alone.
-    pub async fn read_login_settings(&mut self) -> PgResult<bool> {
-        let Some(held) = self.held.as_mut() else { return Ok(false) };
-        let rows = held.conn.query(&format!("SELECT current_setting('{IDLE_IN_TRANSACTION}'), current_schemas(false) = ARRAY['public']::name[]")).await?;
+    /// Reads what a login learns from the coordinator database, on the held
+    /// connection (taken at login, which checked the role, the database and
+    /// CONNECT): the parameters the client is told, and the settings the
+    /// session began with that the coordinator acts on itself.
+    pub async fn read_login_facts(&mut self) -> PgResult<LoginFacts> {
+        let Some(held) = self.held.as_mut() else { return Err(PgError::internal("the login holds no coordinator database connection")) };
+        let rows = held.conn.query(&format!("SELECT current_setting('{IDLE_IN_TRANSACTION}'), current_schemas(false) = ARRAY['public']::name[], {}", CitusSettings::COLUMNS)).await?;
         let row = rows.into_iter().next().unwrap_or_default();
-        self.idle_in_transaction_default = row.first().cloned().flatten().as_deref().and_then(parse_duration);
-        Ok(row.get(1).cloned().flatten().as_deref() == Some("t"))
+        let facts = LoginFacts {
+            server_params: held.conn.server_params().to_vec(),
+            search_path_public: row.get(1).cloned().flatten().as_deref() == Some("t"),
+            idle_in_transaction_default: row.first().cloned().flatten().as_deref().and_then(parse_duration),
+            citus: CitusSettings::from_values(row.get(2..).unwrap_or_default()),
+        };
+        self.assume_login(&facts);
+        Ok(facts)
+    }
+
+    /// Takes the facts of an earlier login of the same kind, when the
+    /// coordinator database cannot be asked.
+    pub fn assume_login(&mut self, facts: &LoginFacts) {
+        self.idle_in_transaction_default = facts.idle_in_transaction_default;
+    }
+
+    /// Identifies logins that are interchangeable: same role, database and
+    /// startup options.
+    pub fn login_key(&self) -> &str {
+        &self.key
     }
 
     /// How long the client may leave a transaction block idle before the
@@ -218,6 +250,18 @@ impl CoordinatorDb {
             held.conn.terminate().await;
         }
     }
+}
+
+/// Says that it is the coordinator database (at `addr`) that cannot be
+/// reached, and what still works meanwhile; other errors stay as they are.
+pub fn unavailable(addr: &ServerAddr, e: PgError) -> PgError {
+    if !e.is_node_unreachable() {
+        return e;
+    }
+    PgError::new(e.code(), format!("the coordinator database ({addr}) is unavailable: {}", e.message())).with_hint(
+        "This needs the coordinator database (logins it has not seen, local tables, catalog changes, combining results across shards, SQL PREPARE); \
+         statements routed to workers and multi-shard reads and writes that need no combining keep working. Retry once it is back.",
+    )
 }
 
 const IDLE_IN_TRANSACTION: &str = "idle_in_transaction_session_timeout";

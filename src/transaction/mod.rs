@@ -372,6 +372,19 @@ pub struct CitusSettings {
     pub function_delegation: bool,
 }
 
+impl CitusSettings {
+    /// The select list that reads them.
+    pub const COLUMNS: &'static str =
+        "current_setting('citus.multi_shard_commit_protocol', true), current_setting('citus.multi_shard_modify_mode', true), current_setting('citus.enable_function_delegation', true)";
+
+    /// From the values `COLUMNS` gives, in order.
+    pub fn from_values(values: &[Option<String>]) -> Self {
+        let value = |i: usize| values.get(i).cloned().flatten();
+        let off = |v: Option<String>| v.is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "off" | "false" | "0" | "no"));
+        CitusSettings { two_phase: value(0).as_deref() != Some("1pc"), sequential_modify: value(1).as_deref() == Some("sequential"), function_delegation: !off(value(2)) }
+    }
+}
+
 impl Participants {
     pub fn new(local: coordinator_db::CoordinatorDb, login: Login, cancel_targets: CancelTargets, two_phase: TwoPhase, pools: Arc<WorkerPools>) -> Self {
         let mut startup: Vec<String> =
@@ -470,10 +483,23 @@ impl Participants {
         self.local.held()
     }
 
-    /// Reads, at login, the settings the coordinator acts on itself; true
-    /// when the search_path leads to `public` alone.
-    pub async fn read_login_settings(&mut self) -> PgResult<bool> {
-        self.local.read_login_settings().await
+    /// Logs in to the coordinator database as the client, which checks the
+    /// role, the database and CONNECT, and reads what the session needs.
+    pub async fn check_login(&mut self) -> PgResult<coordinator_db::LoginFacts> {
+        self.local_outside_block().await?;
+        let facts = self.local.read_login_facts().await?;
+        self.settings = Some(facts.citus);
+        Ok(facts)
+    }
+
+    /// Takes an earlier login's facts when the coordinator database is down.
+    pub fn assume_login(&mut self, facts: &coordinator_db::LoginFacts) {
+        self.local.assume_login(facts);
+        self.settings = Some(facts.citus);
+    }
+
+    pub fn login_key(&self) -> &str {
+        self.local.login_key()
     }
 
     /// How long the client may leave its transaction block idle (None: no limit).
@@ -916,14 +942,8 @@ impl Participants {
         if let Some(settings) = self.settings {
             return Ok(settings);
         }
-        let rows = self
-            .local_outside_block()
-            .await?
-            .query("SELECT current_setting('citus.multi_shard_commit_protocol', true), current_setting('citus.multi_shard_modify_mode', true), current_setting('citus.enable_function_delegation', true)")
-            .await?;
-        let value = |i: usize| rows.first().and_then(|r| r.get(i).cloned().flatten());
-        let off = |v: Option<String>| v.is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "off" | "false" | "0" | "no"));
-        let settings = CitusSettings { two_phase: value(0).as_deref() != Some("1pc"), sequential_modify: value(1).as_deref() == Some("sequential"), function_delegation: !off(value(2)) };
+        let rows = self.local_outside_block().await?.query(&format!("SELECT {}", CitusSettings::COLUMNS)).await?;
+        let settings = CitusSettings::from_values(rows.first().map_or(&[][..], |r| r.as_slice()));
         self.settings = Some(settings);
         Ok(settings)
     }

@@ -17,23 +17,36 @@ use std::collections::{HashMap, HashSet};
 /// it committed or rolled back.
 pub async fn recover(config: &Config, catalog: &Catalog) -> PgResult<u64> {
     let login = config.service_login();
-    let mut local = PgConnection::connect(&config.coordinator_db_addr(), &login).await?;
     let mut settled = 0;
     let mut first_error = None;
+    // Without the coordinator database only the parts it decides must wait.
+    let mut local = match PgConnection::connect(&config.coordinator_db_addr(), &login).await {
+        Ok(local) => Some(local),
+        Err(e) => {
+            tracing::warn!("prepared-transaction recovery: the coordinator database ({}) is unavailable, its records wait: {e}", config.coordinator_db_addr());
+            first_error = Some(e);
+            None
+        }
+    };
     for node in catalog.active_nodes() {
-        let recovered = match recover_node(&mut local, &login, node, config.transactions.grace_secs).await {
-            Ok(n) => recover_decided_parts(&login, catalog, node).await.map(|m| n + m),
-            Err(e) => Err(e),
+        let by_record = match local.as_mut() {
+            Some(local) => recover_node(local, &login, node, config.transactions.grace_secs).await,
+            None => Ok(0),
         };
-        match recovered {
-            Ok(n) => settled += n,
-            Err(e) => {
-                tracing::warn!("prepared-transaction recovery on {}: {e}", node.addr);
-                first_error.get_or_insert(e);
+        let by_decision = recover_decided_parts(&login, catalog, node).await;
+        for recovered in [by_record, by_decision] {
+            match recovered {
+                Ok(n) => settled += n,
+                Err(e) => {
+                    tracing::warn!("prepared-transaction recovery on {}: {e}", node.addr);
+                    first_error.get_or_insert(e);
+                }
             }
         }
     }
-    local.terminate().await;
+    if let Some(local) = local {
+        local.terminate().await;
+    }
     match first_error {
         Some(e) if settled == 0 => Err(e),
         _ => Ok(settled),

@@ -212,7 +212,16 @@ pub async fn try_connect(port: u16) -> Result<Client, tokio_postgres::Error> {
 }
 
 async fn try_connect_as(port: u16, user: &str) -> Result<Client, tokio_postgres::Error> {
-    let (client, conn) = tokio_postgres::connect(&format!("host=127.0.0.1 port={port} user={user} dbname=postgres"), NoTls).await?;
+    connect_with(&format!("host=127.0.0.1 port={port} user={user} dbname=postgres")).await
+}
+
+/// A connection to `port` as `user` with `password`, or the error.
+pub async fn try_login(port: u16, user: &str, password: &str) -> Result<Client, tokio_postgres::Error> {
+    connect_with(&format!("host=127.0.0.1 port={port} user={user} password={password} dbname=postgres")).await
+}
+
+async fn connect_with(conn_str: &str) -> Result<Client, tokio_postgres::Error> {
+    let (client, conn) = tokio_postgres::connect(conn_str, NoTls).await?;
     tokio::spawn(async move {
         let _ = conn.await;
     });
