@@ -12,6 +12,7 @@ pub mod executor;
 pub mod hash;
 pub mod load;
 pub mod metadata;
+pub mod operations;
 pub mod planner;
 pub mod protocol;
 pub mod server;

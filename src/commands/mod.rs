@@ -91,6 +91,19 @@ pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'
             let settled = ctx.coordinator.recover_prepared_transactions().await?;
             (vec![FieldDescription::computed(&call.column_name, INT4_OID, 4)], vec![vec![Some(settled.to_string())]])
         }
+        ClusterFunction::MoveShardPlacement => {
+            let shard_id = arg(0).ok_or_else(|| null_argument("shard_id"))?.parse::<i64>().map_err(|_| invalid("shard_id must be a bigint"))?;
+            let source = (arg(1).ok_or_else(|| null_argument("source_node_name"))?, parse_port(arg(2))?);
+            let target = (arg(3).ok_or_else(|| null_argument("target_node_name"))?, parse_port(arg(4))?);
+            let mode = crate::operations::shard_move::TransferMode::parse(arg(5).as_deref())?;
+            crate::operations::shard_move::move_shard_placement(ctx, shard_id, (&source.0, source.1), (&target.0, target.1), mode).await?;
+            (vec![FieldDescription::computed(&call.column_name, VOID_OID, 4)], vec![vec![Some(String::new())]])
+        }
+        ClusterFunction::CleanupOrphanedResources => {
+            let removed = crate::operations::cleanup::run(&ctx.coordinator.config, &ctx.catalog).await?;
+            ctx.notice(format!("cleaned up {removed} orphaned resources")).await;
+            (vec![FieldDescription::computed(&call.column_name, VOID_OID, 4)], vec![vec![Some(String::new())]])
+        }
         ClusterFunction::RemoveNode => {
             let name = arg(0).ok_or_else(|| null_argument("nodename"))?;
             let port = parse_port(arg(1))?;
@@ -577,7 +590,7 @@ fn labeled_shard_statements(table: &DistributedTable, template: &ShardTemplate, 
 
 /// Runs each node's statements as one batch on the session's connection to it
 /// (inside the current block), naming the node in any error.
-async fn run_per_node(ctx: &mut CommandContext<'_>, per_node: BTreeMap<i32, Vec<String>>) -> PgResult<()> {
+pub(crate) async fn run_per_node(ctx: &mut CommandContext<'_>, per_node: BTreeMap<i32, Vec<String>>) -> PgResult<()> {
     for (group, statements) in per_node {
         let node = ctx.catalog.node_for_group(group).ok_or_else(|| PgError::internal(format!("no node for group {group}")))?.clone();
         let worker = ctx.parts.worker(&node, Access::Write).await?;

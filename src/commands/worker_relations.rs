@@ -88,29 +88,75 @@ fn create_sql(table: &DistributedTable, shape: &Shape, group: i32) -> Vec<String
         }
         Shape::Parent { columns, owner } => {
             let Distribution::Hash { column: key, .. } = &table.distribution else { return Vec::new() };
-            let modulus = table.shard_count();
             let mut out = vec![
                 format!("CREATE TABLE {name} ({}) PARTITION BY HASH ({})", columns.join(", "), quote_ident(key)),
                 format!("ALTER TABLE {name} OWNER TO {}", quote_ident(owner)),
             ];
             for shard in &table.shards {
-                let bound = format!("FOR VALUES WITH (MODULUS {modulus}, REMAINDER {})", shard.index);
-                if shard.placements.contains(&group) {
-                    out.push(format!("ALTER TABLE {name} ATTACH PARTITION {} {bound}", table.qualified_shard_name(shard)));
-                } else if let Some(g) = shard.placements.first() {
-                    let foreign = foreign_table_name(table, shard);
-                    out.push(format!(
-                        "CREATE FOREIGN TABLE {foreign} PARTITION OF {name} {bound} SERVER {} OPTIONS (schema_name {}, table_name {})",
-                        server_name(*g),
-                        quote_literal(&table.schema),
-                        quote_literal(&table.shard_relname(shard))
-                    ));
-                    out.push(remote_write_trigger_sql(&foreign));
-                }
+                out.extend(partition_sql(table, shard, &shard.placements, group));
             }
             out
         }
     }
+}
+
+/// Statements on node `group` making shard `shard`, placed on `placements`,
+/// a partition of `table`'s parent there: the shard itself where it is
+/// local, else a foreign table over its placement.
+fn partition_sql(table: &DistributedTable, shard: &Shard, placements: &[i32], group: i32) -> Vec<String> {
+    let name = table.qualified_name();
+    let bound = format!("FOR VALUES WITH (MODULUS {}, REMAINDER {})", table.shard_count(), shard.index);
+    if placements.contains(&group) {
+        return vec![format!("ALTER TABLE {name} ATTACH PARTITION {} {bound}", table.qualified_shard_name(shard))];
+    }
+    let Some(g) = placements.first() else { return Vec::new() };
+    let foreign = foreign_table_name(table, shard);
+    vec![
+        format!(
+            "CREATE FOREIGN TABLE {foreign} PARTITION OF {name} {bound} SERVER {} OPTIONS (schema_name {}, table_name {})",
+            server_name(*g),
+            quote_literal(&table.schema),
+            quote_literal(&table.shard_relname(shard))
+        ),
+        remote_write_trigger_sql(&foreign),
+    ]
+}
+
+/// Statements on node `group` pointing the partition of `table`'s parent
+/// for `shard` at its placement on node group `to` instead of `from` (after
+/// a shard move). They may run again after a partial run: each step checks
+/// whether it is still needed.
+pub fn repoint_sql(table: &DistributedTable, shard: &Shard, from: i32, to: i32, group: i32) -> Vec<String> {
+    if !table.has_worker_parent() {
+        return Vec::new();
+    }
+    let parent = table.qualified_name();
+    let local = table.qualified_shard_name(shard);
+    let attached = |shard_table: &str| format!("EXISTS (SELECT FROM pg_catalog.pg_inherits WHERE inhrelid = pg_catalog.to_regclass({}))", quote_literal(shard_table));
+    let mut out = Vec::new();
+    if group == from {
+        out.push(format!("DO $tessera$ BEGIN IF {} THEN ALTER TABLE {parent} DETACH PARTITION {local}; END IF; END $tessera$", attached(&local)));
+    }
+    out.push(format!("DROP FOREIGN TABLE IF EXISTS {}", foreign_table_name(table, shard)));
+    if group == to {
+        let attach = partition_sql(table, shard, &[to], group).join("; ");
+        out.push(format!("DO $tessera$ BEGIN IF NOT {} THEN {attach}; END IF; END $tessera$", attached(&local)));
+    } else {
+        out.extend(partition_sql(table, shard, &[to], group));
+    }
+    out
+}
+
+/// A trigger making a shard's old placement refuse writes once the catalog
+/// names its new one: statements that were already on their way to it (from
+/// other coordinator processes, or user code on its node) fail rather than
+/// write where nobody reads.
+pub fn refuse_writes_sql(table: &DistributedTable, shard: &Shard) -> String {
+    format!(
+        "CREATE TRIGGER tessera_moved BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON {} FOR EACH STATEMENT EXECUTE FUNCTION {REMOTE_SCHEMA}.refuse_moved_write({})",
+        table.qualified_shard_name(shard),
+        quote_literal(&table.qualified_name())
+    )
 }
 
 /// Creates the relation of table `oid` on every active node (only on node
@@ -222,6 +268,11 @@ fn setup_sql(node: &Node, nodes: &[Node], relay: &ServerAddr) -> String {
              END LOOP;
              DROP FUNCTION {REMOTE_SCHEMA}.refuse_write();
            END IF;
+         END $tessera$;
+         CREATE OR REPLACE FUNCTION {REMOTE_SCHEMA}.refuse_moved_write() RETURNS trigger LANGUAGE plpgsql AS $tessera$
+         BEGIN
+           RAISE EXCEPTION 'this shard of % moved to another node while the statement waited for it', TG_ARGV[0]
+             USING ERRCODE = '40001', HINT = 'Retry the transaction: the coordinator now routes it to the new node.';
          END $tessera$;
          CREATE OR REPLACE FUNCTION {REMOTE_SCHEMA}.refuse_reference_write() RETURNS trigger LANGUAGE plpgsql AS $tessera$
          BEGIN

@@ -144,6 +144,22 @@ CREATE OR REPLACE FUNCTION tessera.record_commits(groups int[], gids text[]) RET
 SECURITY DEFINER SET search_path = pg_catalog, tessera
 AS 'INSERT INTO tessera.pg_dist_transaction (groupid, gid) SELECT * FROM unnest(groups, gids)';
 
+-- What an operation (a shard move) made on the nodes and must remove when it
+-- ends (policy_type 2, "always") or only when it did not finish (1, "on
+-- failure"), as Citus records it. object_type: 1 a shard table, 2 a
+-- subscription, 3 a replication slot, 4 a publication. A running operation
+-- holds the advisory lock (OPERATION_LOCK_CLASS, operation_id) in the
+-- coordinator database; records of operations nobody holds are cleaned up.
+CREATE SEQUENCE IF NOT EXISTS tessera.pg_dist_operationid_seq;
+CREATE TABLE IF NOT EXISTS tessera.pg_dist_cleanup (
+    record_id bigserial PRIMARY KEY,
+    operation_id bigint NOT NULL,
+    object_type int NOT NULL,
+    object_name text NOT NULL,
+    node_group_id int NOT NULL,
+    policy_type int NOT NULL
+);
+
 -- Bumped by trigger on every catalog change; coordinator processes LISTEN for it
 -- and reload their in-memory snapshot.
 CREATE TABLE IF NOT EXISTS tessera.catalog_version (version bigint NOT NULL);
@@ -219,6 +235,7 @@ CREATE OR REPLACE VIEW pg_catalog.pg_dist_shard AS SELECT * FROM tessera.pg_dist
 CREATE OR REPLACE VIEW pg_catalog.pg_dist_placement AS SELECT * FROM tessera.pg_dist_placement;
 CREATE OR REPLACE VIEW pg_catalog.pg_dist_transaction AS SELECT * FROM tessera.pg_dist_transaction;
 CREATE OR REPLACE VIEW pg_catalog.pg_dist_object AS SELECT * FROM tessera.pg_dist_object;
+CREATE OR REPLACE VIEW pg_catalog.pg_dist_cleanup AS SELECT * FROM tessera.pg_dist_cleanup;
 
 CREATE OR REPLACE VIEW pg_catalog.citus_shards AS
 SELECT p.logicalrelid AS table_name,
@@ -336,6 +353,10 @@ CREATE OR REPLACE FUNCTION pg_catalog.master_remove_node(nodename text, nodeport
     RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
 CREATE OR REPLACE FUNCTION pg_catalog.recover_prepared_transactions()
     RETURNS int LANGUAGE sql AS 'SELECT tessera.coordinator_only(); SELECT 0';
+CREATE OR REPLACE FUNCTION pg_catalog.citus_move_shard_placement(shard_id bigint, source_node_name text, source_node_port int, target_node_name text, target_node_port int, shard_transfer_mode text DEFAULT 'auto')
+    RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
+CREATE OR REPLACE FUNCTION pg_catalog.citus_cleanup_orphaned_resources()
+    RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
 
 -- Read-only catalog functions are ordinary SQL functions: they work anywhere in
 -- a query, including in FROM.

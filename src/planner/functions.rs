@@ -14,6 +14,8 @@ pub enum ClusterFunction {
     AddNode,
     RemoveNode,
     RecoverPreparedTransactions,
+    MoveShardPlacement,
+    CleanupOrphanedResources,
 }
 
 impl ClusterFunction {
@@ -24,7 +26,7 @@ impl ClusterFunction {
 
     /// Whether the call adds or removes nodes.
     pub fn manages_nodes(self) -> bool {
-        matches!(self, Self::AddNode | Self::RemoveNode)
+        matches!(self, Self::AddNode | Self::RemoveNode | Self::MoveShardPlacement | Self::CleanupOrphanedResources)
     }
 
     fn by_name(name: &str) -> Option<Self> {
@@ -35,6 +37,8 @@ impl ClusterFunction {
             "citus_add_node" | "master_add_node" => Self::AddNode,
             "citus_remove_node" | "master_remove_node" => Self::RemoveNode,
             "recover_prepared_transactions" => Self::RecoverPreparedTransactions,
+            "citus_move_shard_placement" | "master_move_shard_placement" => Self::MoveShardPlacement,
+            "citus_cleanup_orphaned_resources" => Self::CleanupOrphanedResources,
             _ => return None,
         })
     }
@@ -47,7 +51,8 @@ impl ClusterFunction {
             Self::UndistributeTable => &["table_name", "cascade_via_foreign_keys"],
             Self::AddNode => &["nodename", "nodeport", "groupid", "noderole", "nodecluster"],
             Self::RemoveNode => &["nodename", "nodeport"],
-            Self::RecoverPreparedTransactions => &[],
+            Self::RecoverPreparedTransactions | Self::CleanupOrphanedResources => &[],
+            Self::MoveShardPlacement => &["shard_id", "source_node_name", "source_node_port", "target_node_name", "target_node_port", "shard_transfer_mode"],
         }
     }
 }

@@ -130,6 +130,24 @@ pub enum Plan {
     Unsupported(PgError),
 }
 
+impl Plan {
+    /// Whether the statement may write to shards of co-location group
+    /// `colocation` (held back while such a shard group is cut over to
+    /// another node). Plans whose tables are not at hand count as writing.
+    pub fn may_write_colocation(&self, colocation: i32) -> bool {
+        let anchored = |table: &Option<Arc<DistributedTable>>| table.as_ref().is_some_and(|t| t.colocation_id == colocation);
+        match self {
+            Plan::Empty | Plan::Local | Plan::LocalWithClusterData(_) | Plan::LocalOverShards(_) | Plan::Transaction(_) | Plan::Explain(_) | Plan::SqlPrepare(_) | Plan::SqlDeallocate(_) | Plan::Unsupported(_) => false,
+            Plan::Router(router) => router.is_write() && anchored(&router.anchor),
+            Plan::MultiShard(multi) => multi.is_write() && multi.anchor.colocation_id == colocation,
+            Plan::Copy(copy) => copy.from_client && copy.table.colocation_id == colocation,
+            Plan::KeysMeet(meet) => meet.route.is_write() && anchored(&meet.route.anchor) || meet.otherwise.may_write_colocation(colocation),
+            Plan::ClusterFunction(call) => call.function.changes_tables(),
+            Plan::Delegated(_) | Plan::Fallback(_) | Plan::InsertSelect(_) | Plan::MergeThroughCoordinator(_) | Plan::Ddl(_) | Plan::SqlExecute(_) => true,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TransactionCommand {
     /// BEGIN or START TRANSACTION, with the text to replay on each node it reaches.

@@ -48,6 +48,8 @@ pub struct Coordinator {
     pub links: Arc<crate::transaction::links::LinkRelay>,
     /// What logins learnt, for logging in while the coordinator database is down.
     logins: login_memory::LoginMemory,
+    /// Writes held back while this process cuts shard groups over to other nodes.
+    pub fences: crate::operations::fence::Fences,
 }
 
 impl Coordinator {
@@ -87,6 +89,7 @@ impl Coordinator {
             clients: std::sync::atomic::AtomicUsize::new(0),
             links,
             logins: Default::default(),
+            fences: Default::default(),
         }))
     }
 
@@ -260,12 +263,16 @@ async fn follow_catalog(coordinator: Arc<Coordinator>) {
     }
 }
 
-/// Runs recovery at start-up and then at the configured interval.
+/// Runs recovery, and the cleanup of what unfinished operations left, at
+/// start-up and then at the configured interval.
 async fn recover_periodically(coordinator: Arc<Coordinator>) {
     let interval = Duration::from_secs_f64(coordinator.config.transactions.recovery_interval_secs.max(0.1));
     loop {
         if let Err(e) = coordinator.recover_prepared_transactions().await {
             tracing::warn!("prepared-transaction recovery: {e}");
+        }
+        if let Err(e) = crate::operations::cleanup::run(&coordinator.config, &coordinator.catalog.snapshot()).await {
+            tracing::debug!("cleanup of unfinished operations: {e}");
         }
         tokio::time::sleep(interval).await;
     }

@@ -700,6 +700,10 @@ impl Session {
             let mut planned = planned;
             let mut i = 0;
             while let Some(stmt) = planned.statements.get(i) {
+                if self.hold_for_fences(&stmt.plan).await {
+                    planned = self.plan(&sql);
+                    continue;
+                }
                 let result = self.execute_simple(stmt).await;
                 // Outside a block, distributed DDL has reloaded the catalog already.
                 if stmt.changes_user_code && (self.parts.in_block() || !matches!(stmt.plan, Plan::Ddl(_))) {
@@ -734,6 +738,18 @@ impl Session {
         self.client.flush().await?;
         self.parts.release_connections(true).await;
         Ok(())
+    }
+
+    /// Waits while a shard group the statement may write to is being cut
+    /// over to another node (see `operations::fence`). True when it waited:
+    /// the catalog changed, and the statement must be planned again.
+    async fn hold_for_fences(&mut self, plan: &Plan) -> bool {
+        let parts = &self.parts;
+        let wrote_on = |group: i32| parts.wrote_on(group);
+        let block = parts.block_started().map(|started| (started, &wrote_on as &dyn Fn(i32) -> bool));
+        let Some(mut lifted) = self.coordinator.fences.holding(plan, block) else { return false };
+        let _ = lifted.wait_for(|lifted| *lifted).await;
+        true
     }
 
     async fn release_deadlocked_work(&mut self) {
@@ -1440,6 +1456,9 @@ impl Session {
     /// as PostgreSQL does for a prepared statement, it fails if its result
     /// columns changed under it.
     async fn current_plan(&mut self, statement: &DistributedStatement) -> Result<Arc<CachedPlan>, Failure> {
+        if let Some(planned) = statement.plan.statements.first() {
+            self.hold_for_fences(&planned.plan).await;
+        }
         self.follow_search_path().await?;
         if statement.plan.version == self.catalog().version && statement.plan.search_path == self.search_path.generation {
             return Ok(statement.plan.clone());

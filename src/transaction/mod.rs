@@ -420,6 +420,11 @@ impl Participants {
         self.block.is_some()
     }
 
+    /// Whether the current block wrote on node group `group`.
+    pub fn wrote_on(&self, group: i32) -> bool {
+        self.workers.get(&group).is_some_and(|w| w.in_block && w.wrote)
+    }
+
     /// True inside a client's transaction block that an error has aborted.
     pub fn is_failed(&self) -> bool {
         self.block.as_ref().is_some_and(|b| b.failed)

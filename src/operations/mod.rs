@@ -1,0 +1,6 @@
+//! Operations that reshape a running cluster: moving shard groups between
+//! nodes, rebalancing, and cleaning up after operations that did not finish.
+
+pub mod cleanup;
+pub mod fence;
+pub mod shard_move;

@@ -1,0 +1,189 @@
+//! Shard moves while clients write (issue 17): `citus_move_shard_placement`
+//! moves a shard group with logical replication or under a write block;
+//! the clients see no failure, nothing is lost, the worker-side relations
+//! follow, and nothing of the move stays behind on any node.
+
+mod common;
+
+use common::{text_rows, TestCluster};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::Duration;
+
+const SHARDS: u32 = 4;
+const ACCOUNTS: i32 = 100;
+
+/// Moves transfers between accounts (a two-phase commit when they sit on
+/// different workers) and logs each in `events` (no primary key, bytea and
+/// jsonb columns) until told to stop; returns the ids it logged. Any error
+/// fails the test: a move must not make a client's transaction fail.
+async fn write_until(port: u16, client_no: i64, stop: Arc<AtomicBool>, done: Arc<AtomicU64>) -> Vec<i64> {
+    let c = common::connect(port).await;
+    let update = c.prepare("UPDATE accounts SET balance = balance + $2 WHERE id = $1").await.unwrap();
+    let log = c.prepare("INSERT INTO events (k, id, payload, doc) VALUES ($1, $2, decode(md5($2::bigint::text), 'hex'), jsonb_build_object('id', $2::bigint))").await.unwrap();
+    let mut ids = Vec::new();
+    for seq in 0.. {
+        if stop.load(SeqCst) {
+            break;
+        }
+        let id = client_no * 1_000_000 + seq;
+        let (from, to) = ((id * 7 % i64::from(ACCOUNTS)) as i32 + 1, (id * 13 % i64::from(ACCOUNTS)) as i32 + 1);
+        let result = async {
+            c.batch_execute("BEGIN").await?;
+            // In account order, so that transfers never deadlock each other.
+            let mut changes = [(from, -1i64), (to, 1i64)];
+            changes.sort();
+            for (account, delta) in changes {
+                c.execute(&update, &[&account, &delta]).await?;
+            }
+            c.execute(&log, &[&from, &id]).await?;
+            c.batch_execute("COMMIT").await
+        }
+        .await;
+        if let Err(e) = result {
+            panic!("client {client_no}: transfer {id} failed during a move: {} {}", common::sqlstate(&e), common::error_text(&e));
+        }
+        ids.push(id);
+        done.fetch_add(1, SeqCst);
+    }
+    ids
+}
+
+async fn wait_for_more(done: &AtomicU64, n: u64) {
+    let target = done.load(SeqCst) + n;
+    let start = std::time::Instant::now();
+    while done.load(SeqCst) < target {
+        assert!(start.elapsed() < Duration::from_secs(60), "the clients stopped making progress");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shard_groups_move_while_clients_write() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute(&format!(
+        "CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL);
+         INSERT INTO accounts SELECT g, 1000 FROM generate_series(1, {ACCOUNTS}) g;
+         SELECT create_distributed_table('accounts', 'id', shard_count => {SHARDS});
+         CREATE TABLE kinds (kind int PRIMARY KEY, name text);
+         INSERT INTO kinds VALUES (1, 'transfer');
+         SELECT create_reference_table('kinds');
+         CREATE TABLE events (k int, id bigint, payload bytea, doc jsonb, kind int NOT NULL DEFAULT 1 REFERENCES kinds (kind), stamped bool);
+         CREATE FUNCTION stamp() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN NEW.stamped := true; RETURN NEW; END $$;
+         CREATE TRIGGER stamp BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION stamp();
+         SELECT create_distributed_table('events', 'k', colocate_with => 'accounts');"
+    ))
+    .await
+    .unwrap();
+    let ports = cluster.cluster.state.worker_ports.clone();
+    let (first, second) = (i32::from(ports[0]), i32::from(ports[1]));
+    assert!(common::placement_ports(&c, "accounts").await.contains(&first));
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let writers: Vec<_> = (0..4).map(|n| tokio::spawn(write_until(cluster.port, n, stop.clone(), done.clone()))).collect();
+    wait_for_more(&done, 50).await;
+
+    // Every shard group on the first worker moves to the second, alternating
+    // the two transfer modes, with the clients busy throughout.
+    let shards: Vec<(i64, i32)> = c
+        .query("SELECT s.shardid, n.nodeport FROM pg_dist_shard s JOIN pg_dist_placement p USING (shardid) JOIN pg_dist_node n USING (groupid) WHERE s.logicalrelid = 'accounts'::regclass ORDER BY s.shardindex", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let moving: Vec<i64> = shards.iter().filter(|(_, port)| *port == first).map(|(id, _)| *id).collect();
+    assert!(!moving.is_empty());
+    for (i, shard) in moving.iter().enumerate() {
+        let mode = if i % 2 == 0 { "force_logical" } else { "block_writes" };
+        c.batch_execute(&format!("SELECT citus_move_shard_placement({shard}, '127.0.0.1', {first}, '127.0.0.1', {second}, shard_transfer_mode => '{mode}')"))
+            .await
+            .unwrap_or_else(|e| panic!("moving shard {shard} ({mode}): {}", common::error_text(&e)));
+        wait_for_more(&done, 30).await;
+    }
+    stop.store(true, SeqCst);
+    let mut logged = Vec::new();
+    for w in writers {
+        logged.extend(w.await.unwrap());
+    }
+
+    // Everything is on the second worker now, with nothing lost.
+    assert!(common::placement_ports(&c, "accounts").await.iter().all(|p| *p == second));
+    assert!(common::placement_ports(&c, "events").await.iter().all(|p| *p == second));
+    assert_eq!(text_rows(&c, "SELECT sum(balance), count(*) FROM accounts").await, vec![vec![Some((1000 * ACCOUNTS).to_string()), Some(ACCOUNTS.to_string())]]);
+    let mut stored: Vec<i64> = c.query("SELECT id FROM events", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    stored.sort();
+    logged.sort();
+    assert_eq!(stored, logged, "every acknowledged transfer is logged exactly once");
+    let intact = text_rows(&c, "SELECT count(*) FROM events WHERE payload = decode(md5(id::text), 'hex') AND doc = jsonb_build_object('id', id) AND k = (id * 7 % 100) + 1").await;
+    assert_eq!(intact, vec![vec![Some(logged.len().to_string())]], "bytea and jsonb values arrive intact");
+    // The moved shards keep their trigger and foreign key (validated).
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM events WHERE stamped IS NOT TRUE").await, vec![vec![Some("0".into())]]);
+    let w = cluster.connect_worker(1).await;
+    let keys = text_rows(&w, "SELECT count(*) FILTER (WHERE convalidated), count(*) FROM pg_constraint WHERE contype = 'f' AND conrelid::regclass::text ~ '^events_[0-9]+$'").await;
+    assert_eq!(keys, vec![vec![Some(SHARDS.to_string()), Some(SHARDS.to_string())]], "every events shard on the second worker references kinds");
+    let e = c.batch_execute("INSERT INTO events (k, id, kind) VALUES (1, -1, 99)").await.unwrap_err();
+    assert_eq!(common::sqlstate(&e), "23503", "{}", common::error_text(&e));
+    // Joins across the moved group and to the reference table still work,
+    // through the coordinator and on each worker (its partitions follow).
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM events e JOIN accounts a ON a.id = e.k JOIN kinds ON kinds.kind = 1").await, vec![vec![Some(logged.len().to_string())]]);
+    for i in 0..2 {
+        let w = cluster.connect_worker(i).await;
+        assert_eq!(text_rows(&w, "SELECT count(*), sum(balance) FROM accounts").await, vec![vec![Some(ACCOUNTS.to_string()), Some((1000 * ACCOUNTS).to_string())]]);
+        let leftovers = text_rows(
+            &w,
+            "SELECT (SELECT count(*) FROM pg_publication) + (SELECT count(*) FROM pg_subscription) + (SELECT count(*) FROM pg_replication_slots)
+                  + (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'public' AND c.relkind = 'r' AND c.relname ~ '^(accounts|events)_[0-9]+$'
+                     AND NOT EXISTS (SELECT FROM pg_inherits WHERE inhrelid = c.oid))",
+        )
+        .await;
+        assert_eq!(leftovers, vec![vec![Some("0".into())]], "no publication, subscription, slot or detached shard left on worker {i}");
+    }
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM pg_dist_cleanup").await, vec![vec![Some("0".into())]]);
+    // The moved shards take writes on their new node, and old names are gone.
+    c.batch_execute("UPDATE accounts SET balance = balance + 1; UPDATE accounts SET balance = balance - 1").await.unwrap();
+    eprintln!("{} transfers during {} moves", logged.len(), moving.len());
+}
+
+#[tokio::test]
+async fn bad_moves_are_refused_clearly() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute(
+        "CREATE TABLE items (id int PRIMARY KEY);
+         SELECT create_distributed_table('items', 'id', shard_count => 2);
+         CREATE TABLE kinds (kind int PRIMARY KEY);
+         SELECT create_reference_table('kinds');
+         CREATE ROLE mover LOGIN;",
+    )
+    .await
+    .unwrap();
+    let ports = cluster.cluster.state.worker_ports.clone();
+    let rows = c.query("SELECT shardid, nodeport FROM citus_shards WHERE table_name = 'items'::regclass ORDER BY shardid", &[]).await.unwrap();
+    let (shard, port): (i64, i32) = (rows[0].get(0), rows[0].get(1));
+    let other = if port == i32::from(ports[0]) { ports[1] } else { ports[0] };
+    let reference: i64 = c.query_one("SELECT shardid FROM citus_shards WHERE table_name = 'kinds'::regclass LIMIT 1", &[]).await.unwrap().get(0);
+    let refused = |sql: String, code: &'static str, words: &'static str| {
+        let c = &c;
+        async move {
+            let e = c.batch_execute(&sql).await.err().unwrap_or_else(|| panic!("{sql} was accepted"));
+            assert_eq!(common::sqlstate(&e), code, "{sql}: {}", common::error_text(&e));
+            assert!(common::error_text(&e).contains(words), "{sql}: {}", common::error_text(&e));
+        }
+    };
+    refused(format!("SELECT citus_move_shard_placement({shard}, '127.0.0.1', {other}, '127.0.0.1', {port})"), "22023", "is not placed on").await;
+    refused(format!("SELECT citus_move_shard_placement({shard}, '127.0.0.1', {port}, '127.0.0.1', 1)"), "42704", "is not an active node").await;
+    refused(format!("SELECT citus_move_shard_placement(1, '127.0.0.1', {port}, '127.0.0.1', {other})"), "42704", "does not exist").await;
+    refused(format!("SELECT citus_move_shard_placement({reference}, '127.0.0.1', {port}, '127.0.0.1', {other})"), "0A000", "reference table").await;
+    refused(format!("SELECT citus_move_shard_placement({shard}, '127.0.0.1', {port}, '127.0.0.1', {other}, 'sometimes')"), "22023", "shard_transfer_mode").await;
+    refused(format!("BEGIN; SELECT citus_move_shard_placement({shard}, '127.0.0.1', {port}, '127.0.0.1', {other})"), "25001", "transaction block").await;
+    c.batch_execute("ROLLBACK").await.unwrap();
+    let mover = common::connect_as(cluster.port, "mover").await;
+    let e = mover.batch_execute(&format!("SELECT citus_move_shard_placement({shard}, '127.0.0.1', {port}, '127.0.0.1', {other})")).await.unwrap_err();
+    assert_eq!(common::sqlstate(&e), "42501", "{}", common::error_text(&e));
+    // Nothing moved, and the session goes on.
+    assert_eq!(common::placement_ports(&c, "items").await[0], port);
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM items").await, vec![vec![Some("0".into())]]);
+}
