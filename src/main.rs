@@ -10,7 +10,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Create (first time) or start a local cluster: coordinator database, workers and coordinator.
+    /// Create (first time) or start a local cluster: coordinator database, workers and coordinator;
+    /// with more --workers than a running cluster has, add workers to it.
     Up {
         #[arg(long, default_value = "./tessera-data")]
         data_dir: PathBuf,
@@ -22,6 +23,12 @@ enum Command {
     },
     /// Stop the local cluster.
     Down {
+        #[arg(long, default_value = "./tessera-data")]
+        data_dir: PathBuf,
+    },
+    /// Move shards so that every worker holds its share (after `up --workers N`
+    /// added some), with progress: moves, megabytes, time left.
+    Rebalance {
         #[arg(long, default_value = "./tessera-data")]
         data_dir: PathBuf,
     },
@@ -101,6 +108,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Down { data_dir } => tessera::cluster::down(&data_dir),
+        Command::Rebalance { data_dir } => runtime()?.block_on(tessera::cluster::rebalance(&data_dir)),
         Command::Status { data_dir, format } => runtime()?.block_on(tessera::cluster::status(&data_dir, format == "env")),
         Command::Serve { config } => {
             let config = tessera::config::Config::load(&config)?;

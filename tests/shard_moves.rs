@@ -58,21 +58,41 @@ async fn wait_for_more(done: &AtomicU64, n: u64) {
     }
 }
 
+/// Statements making the `accounts` table, distributed over `shards` shards.
+fn accounts_sql(shards: u32) -> String {
+    format!(
+        "CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL);
+         INSERT INTO accounts SELECT g, 1000 FROM generate_series(1, {ACCOUNTS}) g;
+         SELECT create_distributed_table('accounts', 'id', shard_count => {shards});"
+    )
+}
+
+/// Publications, subscriptions, replication slots and shards of distributed
+/// tables outside any parent (old or half-made placements) on a worker.
+async fn leftovers(w: &tokio_postgres::Client) -> Vec<Vec<Option<String>>> {
+    text_rows(
+        w,
+        "SELECT (SELECT count(*) FROM pg_publication) + (SELECT count(*) FROM pg_subscription) + (SELECT count(*) FROM pg_replication_slots)
+              + (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'public' AND c.relkind = 'r'
+                 AND c.relname ~ '^(accounts|events|notes)_[0-9]+$' AND NOT EXISTS (SELECT FROM pg_inherits WHERE inhrelid = c.oid))",
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shard_groups_move_while_clients_write() {
     let cluster = TestCluster::start(2);
     let c = cluster.connect().await;
     c.batch_execute(&format!(
-        "CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL);
-         INSERT INTO accounts SELECT g, 1000 FROM generate_series(1, {ACCOUNTS}) g;
-         SELECT create_distributed_table('accounts', 'id', shard_count => {SHARDS});
+        "{}
          CREATE TABLE kinds (kind int PRIMARY KEY, name text);
          INSERT INTO kinds VALUES (1, 'transfer');
          SELECT create_reference_table('kinds');
          CREATE TABLE events (k int, id bigint, payload bytea, doc jsonb, kind int NOT NULL DEFAULT 1 REFERENCES kinds (kind), stamped bool);
          CREATE FUNCTION stamp() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN NEW.stamped := true; RETURN NEW; END $$;
          CREATE TRIGGER stamp BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION stamp();
-         SELECT create_distributed_table('events', 'k', colocate_with => 'accounts');"
+         SELECT create_distributed_table('events', 'k', colocate_with => 'accounts');",
+        accounts_sql(SHARDS)
     ))
     .await
     .unwrap();
@@ -132,14 +152,7 @@ async fn shard_groups_move_while_clients_write() {
     for i in 0..2 {
         let w = cluster.connect_worker(i).await;
         assert_eq!(text_rows(&w, "SELECT count(*), sum(balance) FROM accounts").await, vec![vec![Some(ACCOUNTS.to_string()), Some((1000 * ACCOUNTS).to_string())]]);
-        let leftovers = text_rows(
-            &w,
-            "SELECT (SELECT count(*) FROM pg_publication) + (SELECT count(*) FROM pg_subscription) + (SELECT count(*) FROM pg_replication_slots)
-                  + (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'public' AND c.relkind = 'r' AND c.relname ~ '^(accounts|events)_[0-9]+$'
-                     AND NOT EXISTS (SELECT FROM pg_inherits WHERE inhrelid = c.oid))",
-        )
-        .await;
-        assert_eq!(leftovers, vec![vec![Some("0".into())]], "no publication, subscription, slot or detached shard left on worker {i}");
+        assert_eq!(leftovers(&w).await, vec![vec![Some("0".into())]], "no publication, subscription, slot or detached shard left on worker {i}");
     }
     assert_eq!(text_rows(&c, "SELECT count(*) FROM pg_dist_cleanup").await, vec![vec![Some("0".into())]]);
     // The moved shards take writes on their new node, and old names are gone.
@@ -186,4 +199,132 @@ async fn bad_moves_are_refused_clearly() {
     // Nothing moved, and the session goes on.
     assert_eq!(common::placement_ports(&c, "items").await[0], port);
     assert_eq!(text_rows(&c, "SELECT count(*) FROM items").await, vec![vec![Some("0".into())]]);
+}
+
+/// Growing the cluster while clients write: `tessera up --workers 3` adds
+/// a worker, `rebalance_table_shards()` spreads the shard groups over all
+/// three, then `citus_drain_node` empties the new one again and
+/// `citus_remove_node` takes it out (refused while it still held shards).
+/// No client transaction fails, and nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_grows_rebalances_and_drains_while_clients_write() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute(&format!(
+        "CREATE TABLE kinds (kind int PRIMARY KEY, name text);
+         INSERT INTO kinds VALUES (1, 'transfer');
+         SELECT create_reference_table('kinds');
+         {}
+         CREATE TABLE events (k int, id bigint, payload bytea, doc jsonb, kind int NOT NULL DEFAULT 1 REFERENCES kinds (kind), stamped bool);
+         SELECT create_distributed_table('events', 'k', colocate_with => 'accounts');",
+        accounts_sql(6)
+    ))
+    .await
+    .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let writers: Vec<_> = (0..4).map(|n| tokio::spawn(write_until(cluster.port, n, stop.clone(), done.clone()))).collect();
+    wait_for_more(&done, 30).await;
+
+    let dir = cluster.data_dir().to_path_buf();
+    let port = cluster.port;
+    let grown = tokio::task::spawn_blocking(move || tessera::cluster::up(&dir, port, 3, &common::tessera_bin()).expect("tessera up --workers 3")).await.unwrap();
+    let third = i32::from(grown.state.worker_ports[2]);
+    // The new worker has the reference table before any shard lands there.
+    let w3 = common::connect(grown.state.worker_ports[2]).await;
+    assert_eq!(text_rows(&w3, "SELECT name FROM kinds").await, vec![vec![Some("transfer".into())]]);
+    let plan = text_rows(&c, "SELECT * FROM get_rebalance_table_shards_plan()").await;
+    assert_eq!(plan.len(), 2, "two of six shard groups go to the new worker: {plan:?}");
+    assert!(plan.iter().all(|row| row[6].as_deref() == Some(third.to_string().as_str())));
+    c.batch_execute("SELECT rebalance_table_shards()").await.unwrap();
+    wait_for_more(&done, 30).await;
+    let placed = common::placement_ports(&c, "accounts").await;
+    assert_eq!(placed.iter().filter(|p| **p == third).count(), 2, "{placed:?}");
+    assert!(text_rows(&c, "SELECT * FROM get_rebalance_table_shards_plan()").await.is_empty(), "balanced");
+    // The new worker serves its shards, through its own relations too.
+    assert_eq!(text_rows(&w3, "SELECT count(*) FROM accounts").await, vec![vec![Some(ACCOUNTS.to_string())]]);
+
+    let e = c.batch_execute(&format!("SELECT citus_remove_node('127.0.0.1', {third})")).await.unwrap_err();
+    assert_eq!(common::sqlstate(&e), "55006", "{}", common::error_text(&e));
+    c.batch_execute(&format!("SELECT citus_drain_node('127.0.0.1', {third})")).await.unwrap();
+    assert!(!common::placement_ports(&c, "accounts").await.contains(&third));
+    // New tables stay off a drained node.
+    c.batch_execute("CREATE TABLE later (id int); SELECT create_distributed_table('later', 'id', shard_count => 4)").await.unwrap();
+    assert!(!common::placement_ports(&c, "later").await.contains(&third));
+    wait_for_more(&done, 30).await;
+    stop.store(true, SeqCst);
+    let mut logged = Vec::new();
+    for w in writers {
+        logged.extend(w.await.unwrap());
+    }
+    c.batch_execute(&format!("SELECT citus_remove_node('127.0.0.1', {third})")).await.unwrap();
+
+    assert_eq!(text_rows(&c, "SELECT sum(balance), count(*) FROM accounts").await, vec![vec![Some((1000 * ACCOUNTS).to_string()), Some(ACCOUNTS.to_string())]]);
+    let mut stored: Vec<i64> = c.query("SELECT id FROM events", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    stored.sort();
+    logged.sort();
+    assert_eq!(stored, logged, "every acknowledged transfer is logged exactly once");
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM pg_dist_node").await, vec![vec![Some("2".into())]]);
+    eprintln!("{} transfers while growing, rebalancing and draining", logged.len());
+}
+
+/// A move interrupted by a crash of the coordinator at each of its steps:
+/// after the restart and a cleanup pass every shard has one placement, the
+/// data is whole, no publication, subscription, slot or stray shard is left
+/// on any node, and the move can be made again.
+#[tokio::test]
+async fn a_move_interrupted_by_a_crash_leaves_one_placement_and_no_leftovers() {
+    use tessera::transaction::Fault;
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute(&format!(
+        "{}
+         CREATE TABLE notes (k int, body text);
+         INSERT INTO notes SELECT g, repeat('x', g) FROM generate_series(1, {ACCOUNTS}) g;
+         SELECT create_distributed_table('notes', 'k', colocate_with => 'accounts');",
+        accounts_sql(2)
+    ))
+    .await
+    .unwrap();
+    drop(c);
+    let ports = cluster.cluster.state.worker_ports.clone();
+    for fault in [Fault::MoveAfterSubscribe, Fault::MoveBeforeSwitch, Fault::MoveAfterSwitch] {
+        cluster.restart_coordinator(|config| config.transactions.fault_injection = Some(fault));
+        let c = cluster.connect().await;
+        let (shard, from): (i64, i32) = {
+            let row = c.query_one("SELECT shardid, nodeport FROM citus_shards WHERE table_name = 'accounts'::regclass ORDER BY shardid LIMIT 1", &[]).await.unwrap();
+            (row.get(0), row.get(1))
+        };
+        let to = if from == i32::from(ports[0]) { ports[1] } else { ports[0] };
+        let moved = c.batch_execute(&format!("SELECT citus_move_shard_placement({shard}, '127.0.0.1', {from}, '127.0.0.1', {to})")).await;
+        assert!(moved.is_err(), "the coordinator died at {fault:?}");
+        cluster.wait_for_coordinator_exit();
+        assert!(cluster.coordinator_log().contains(&format!("stopping at {fault:?}")), "{}", cluster.coordinator_log_tail());
+        cluster.restart_coordinator(|config| config.transactions.fault_injection = None);
+        let c = cluster.connect().await;
+        c.batch_execute("SELECT citus_cleanup_orphaned_resources()").await.unwrap();
+
+        let placements = text_rows(&c, "SELECT shardid, count(*) FROM pg_dist_placement GROUP BY shardid HAVING count(*) <> 1").await;
+        assert!(placements.is_empty(), "after {fault:?}: one placement per shard: {placements:?}");
+        let expected = vec![vec![Some(ACCOUNTS.to_string()), Some((1000 * ACCOUNTS).to_string()), Some(ACCOUNTS.to_string()), Some((ACCOUNTS * (ACCOUNTS + 1) / 2).to_string())]];
+        let whole = "SELECT (SELECT count(*) FROM accounts), (SELECT sum(balance) FROM accounts), (SELECT count(*) FROM notes), (SELECT sum(length(body)) FROM notes)";
+        assert_eq!(text_rows(&c, whole).await, expected, "after {fault:?}");
+        assert_eq!(text_rows(&c, "SELECT count(*) FROM pg_dist_cleanup").await, vec![vec![Some("0".into())]], "after {fault:?}: {}", cluster.coordinator_log_tail());
+        for i in 0..2 {
+            let w = cluster.connect_worker(i).await;
+            assert_eq!(leftovers(&w).await, vec![vec![Some("0".into())]], "after {fault:?}: nothing left on worker {i}");
+            // The worker's own relations see every row too.
+            assert_eq!(text_rows(&w, "SELECT count(*) FROM accounts").await, vec![vec![Some(ACCOUNTS.to_string())]], "after {fault:?}: worker {i}");
+        }
+        c.batch_execute("UPDATE accounts SET balance = balance + 1; UPDATE accounts SET balance = balance - 1").await.unwrap();
+    }
+    // And the move goes through once nothing interrupts it.
+    let c = cluster.connect().await;
+    let (shard, from): (i64, i32) = {
+        let row = c.query_one("SELECT shardid, nodeport FROM citus_shards WHERE table_name = 'accounts'::regclass ORDER BY shardid LIMIT 1", &[]).await.unwrap();
+        (row.get(0), row.get(1))
+    };
+    let to = if from == i32::from(ports[0]) { ports[1] } else { ports[0] };
+    c.batch_execute(&format!("SELECT citus_move_shard_placement({shard}, '127.0.0.1', {from}, '127.0.0.1', {to})")).await.unwrap();
+    assert_eq!(text_rows(&c, "SELECT count(*), sum(balance) FROM accounts").await, vec![vec![Some(ACCOUNTS.to_string()), Some((1000 * ACCOUNTS).to_string())]]);
 }

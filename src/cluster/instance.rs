@@ -9,13 +9,15 @@ use std::process::{Command, Output};
 
 /// Settings every node gets: loopback only, room for many client and coordinator
 /// connections, prepared transactions for two-phase commit, logical WAL for
-/// online shard moves.
+/// online shard moves (whose subscriptions' workers PostgreSQL otherwise
+/// starts at most one per 5 s).
 const NODE_SETTINGS: &str = "\
 listen_addresses = '127.0.0.1'
 max_connections = 300
 shared_buffers = 256MB
 max_prepared_transactions = 200
 wal_level = logical
+wal_retrieve_retry_interval = 100ms
 max_wal_size = 4GB
 checkpoint_timeout = 30min
 log_line_prefix = '%m [%p] %q%u@%d '

@@ -89,11 +89,18 @@ fn absolute(dir: &Path) -> Result<PathBuf> {
 /// Creates (first time) or restarts the embedded cluster and returns once the
 /// coordinator accepts connections. `exe` is the tessera binary that runs the
 /// coordinator process.
+/// A running cluster with fewer workers than asked for gets new ones,
+/// added with `citus_add_node` (shards stay where they are until
+/// `tessera rebalance`).
 pub fn up(dir: &Path, port: u16, workers: usize, exe: &Path) -> Result<LocalCluster> {
-    let cluster = match LocalCluster::open(dir)? {
+    let mut cluster = match LocalCluster::open(dir)? {
         Some(c) => {
-            if c.state.worker_ports.len() != workers {
-                eprintln!("note: {} already holds a cluster with {} workers; reusing it", c.dir.display(), c.state.worker_ports.len());
+            if c.state.worker_ports.len() > workers {
+                eprintln!(
+                    "note: {} holds a cluster with {} workers; keeping them all (empty one with citus_drain_node, then citus_remove_node)",
+                    c.dir.display(),
+                    c.state.worker_ports.len()
+                );
             }
             c
         }
@@ -107,7 +114,88 @@ pub fn up(dir: &Path, port: u16, workers: usize, exe: &Path) -> Result<LocalClus
         start_coordinator(&cluster, exe)?;
     }
     cluster.wait_for_coordinator(Duration::from_secs(60)).with_context(|| format!("see {}", cluster.dir.join(LOG_FILE).display()))?;
+    while cluster.state.worker_ports.len() < workers {
+        add_worker(&mut cluster)?;
+    }
     Ok(cluster)
+}
+
+/// Initializes and starts one more worker, and adds it to the running cluster.
+fn add_worker(cluster: &mut LocalCluster) -> Result<()> {
+    let port = free_port()?;
+    let n = cluster.state.worker_ports.len() + 1;
+    let worker = Instance::new(cluster.dir.join(format!("worker-{n}")), port);
+    eprintln!("initializing {} (new worker {n})", worker.data_dir.display());
+    worker.init()?;
+    worker.start()?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime
+        .block_on(async {
+            let mut conn = PgConnection::connect(&ServerAddr { host: "127.0.0.1".into(), port: cluster.state.coordinator_port }, &admin_login("tessera up")).await?;
+            let added = conn.execute(&format!("SELECT citus_add_node('127.0.0.1', {port})")).await;
+            conn.terminate().await;
+            added
+        })
+        .map_err(|e| anyhow::anyhow!("adding worker 127.0.0.1:{port}: {e}"))?;
+    // Remembered only once it is part of the cluster; a restart registers
+    // configured workers, which now finds it there.
+    cluster.state.worker_ports.push(port);
+    std::fs::write(cluster.dir.join(STATE_FILE), toml::to_string(&cluster.state)?)?;
+    let mut config = Config::load(&cluster.config_path())?;
+    config.workers.push(NodeConfig { host: "127.0.0.1".into(), port });
+    config.node_socket_directories.push(worker.data_dir.display().to_string());
+    std::fs::write(cluster.config_path(), toml::to_string(&config)?)?;
+    eprintln!("added worker 127.0.0.1:{port}; run `tessera rebalance` to move shards onto it");
+    Ok(())
+}
+
+fn admin_login(application: &str) -> Login {
+    Login { user: "postgres".into(), database: "postgres".into(), password: None, options: vec![("application_name".into(), application.into())] }
+}
+
+/// Runs the rebalancer through the coordinator one move at a time, printing
+/// progress: moves, megabytes, time left.
+pub async fn rebalance(dir: &Path) -> Result<()> {
+    let Some(cluster) = LocalCluster::open(dir)? else {
+        bail!("no Tessera cluster in {}", dir.display());
+    };
+    let mut conn = PgConnection::connect(&ServerAddr { host: "127.0.0.1".into(), port: cluster.state.coordinator_port }, &admin_login("tessera rebalance")).await?;
+    // table_name, shardid, shard_size, sourcename, sourceport, targetname, targetport
+    let plan = conn.query("SELECT * FROM get_rebalance_table_shards_plan()").await?;
+    if plan.is_empty() {
+        println!("the shards are balanced; nothing to move");
+        return Ok(());
+    }
+    let text = |row: &Vec<Option<String>>, i: usize| row.get(i).cloned().flatten().unwrap_or_default();
+    let megabytes = |row: &Vec<Option<String>>| text(row, 2).parse::<f64>().unwrap_or(0.0) / 1_048_576.0;
+    let total: f64 = plan.iter().map(megabytes).sum();
+    let started = Instant::now();
+    let mut moved = 0.0;
+    for (i, row) in plan.iter().enumerate() {
+        let size = megabytes(row);
+        let (source, target) = (format!("{}:{}", text(row, 3), text(row, 4)), format!("{}:{}", text(row, 5), text(row, 6)));
+        print!("[{}/{}] shard {} of {} ({size:.1} MB) {source} -> {target} ... ", i + 1, plan.len(), text(row, 1), text(row, 0));
+        use std::io::Write;
+        std::io::stdout().flush()?;
+        let step = Instant::now();
+        conn.execute(&format!(
+            "SELECT citus_move_shard_placement({}, {}, {}, {}, {})",
+            text(row, 1),
+            crate::connection::quote_literal(&text(row, 3)),
+            text(row, 4),
+            crate::connection::quote_literal(&text(row, 5)),
+            text(row, 6)
+        ))
+        .await
+        .map_err(|e| anyhow::anyhow!("moving shard {} from {source} to {target}: {e}", text(row, 1)))?;
+        moved += size;
+        let elapsed = started.elapsed().as_secs_f64();
+        let left = if moved > 0.0 { elapsed * (total - moved) / moved } else { elapsed / (i + 1) as f64 * (plan.len() - i - 1) as f64 };
+        println!("{:.1} s; {moved:.1} of {total:.1} MB moved, about {left:.0} s left", step.elapsed().as_secs_f64());
+    }
+    conn.terminate().await;
+    println!("rebalanced: {} shard groups moved in {:.1} s", plan.len(), started.elapsed().as_secs_f64());
+    Ok(())
 }
 
 fn create(dir: &Path, port: u16, workers: usize) -> Result<LocalCluster> {
@@ -247,9 +335,14 @@ pub async fn status(dir: &Path, env: bool) -> Result<()> {
     println!("coordinator      127.0.0.1:{:<5}  {}", cluster.state.coordinator_port, pid.map(|p| format!("up (pid {p})")).unwrap_or_else(|| "down".into()));
     let db = cluster.coordinator_db();
     println!("coordinator db   127.0.0.1:{:<5}  {}", db.port, up(db.is_running()));
-    let counts = shard_counts(&cluster).await.unwrap_or_default();
+    let placements = shard_placements(&cluster).await.unwrap_or_default();
     for w in cluster.workers() {
-        let shards = counts.iter().find(|(p, _)| *p == w.port).map(|(_, n)| format!("{n} shard placements")).unwrap_or_default();
+        let names: Vec<&String> = placements.iter().filter(|(p, _)| *p == w.port).map(|(_, name)| name).collect();
+        let bytes = if names.is_empty() || !w.is_running() { None } else { worker_bytes(w.port, &names).await.ok() };
+        let shards = match bytes {
+            Some(bytes) => format!("{} shard placements, {:.1} MB", names.len(), bytes as f64 / 1_048_576.0),
+            None => format!("{} shard placements", names.len()),
+        };
         println!("worker           127.0.0.1:{:<5}  {:<5} {}", w.port, up(w.is_running()), shards);
     }
     if pid.is_some() {
@@ -264,8 +357,7 @@ pub async fn status(dir: &Path, env: bool) -> Result<()> {
 /// The running coordinator's clients (how many, which pinned and why) and
 /// its connection pools, one line each.
 async fn coordinator_report(cluster: &LocalCluster) -> Result<Vec<String>> {
-    let login = Login { user: "postgres".into(), database: "postgres".into(), password: None, options: vec![("application_name".into(), "tessera status".into())] };
-    let mut conn = PgConnection::connect(&ServerAddr { host: "127.0.0.1".into(), port: cluster.state.coordinator_port }, &login).await?;
+    let mut conn = PgConnection::connect(&ServerAddr { host: "127.0.0.1".into(), port: cluster.state.coordinator_port }, &admin_login("tessera status")).await?;
     let clients = conn
         .query(
             "SELECT count(*) - 1, count(pinned_by), coalesce(string_agg(session_name || ' (' || user_name || ', ' || pinned_by || ')', ', ' ORDER BY session_name), '')
@@ -290,11 +382,25 @@ async fn coordinator_report(cluster: &LocalCluster) -> Result<Vec<String>> {
     Ok(lines)
 }
 
-async fn shard_counts(cluster: &LocalCluster) -> Result<Vec<(u16, i64)>> {
-    let login = Login { user: "postgres".into(), database: "postgres".into(), password: None, options: vec![] };
-    let mut conn = PgConnection::connect(&ServerAddr { host: "127.0.0.1".into(), port: cluster.state.coordinator_db_port }, &login).await?;
+/// Every shard placement: its worker's port and the shard's qualified name.
+async fn shard_placements(cluster: &LocalCluster) -> Result<Vec<(u16, String)>> {
+    let mut conn = PgConnection::connect(&ServerAddr { host: "127.0.0.1".into(), port: cluster.state.coordinator_db_port }, &admin_login("tessera status")).await?;
     let rows = conn
-        .query("SELECT n.nodeport, count(p.placementid) FROM tessera.pg_dist_node n LEFT JOIN tessera.pg_dist_placement p ON p.groupid = n.groupid GROUP BY n.nodeport")
+        .query(
+            "SELECT n.nodeport, format('%I.%I', ns.nspname, c.relname || '_' || s.shardid) FROM tessera.pg_dist_placement p
+               JOIN tessera.pg_dist_node n ON n.groupid = p.groupid JOIN tessera.pg_dist_shard s ON s.shardid = p.shardid
+               JOIN pg_class c ON c.oid = s.logicalrelid JOIN pg_namespace ns ON ns.oid = c.relnamespace",
+        )
         .await?;
-    Ok(rows.into_iter().map(|r| (r[0].as_deref().unwrap_or("0").parse().unwrap_or(0), r[1].as_deref().unwrap_or("0").parse().unwrap_or(0))).collect())
+    conn.terminate().await;
+    Ok(rows.into_iter().map(|r| (r[0].as_deref().unwrap_or("0").parse().unwrap_or(0), r[1].clone().unwrap_or_default())).collect())
+}
+
+/// The bytes the shards `names` take on the worker at `port`, indexes included.
+async fn worker_bytes(port: u16, names: &[&String]) -> Result<i64> {
+    let mut conn = PgConnection::connect(&ServerAddr { host: "127.0.0.1".into(), port }, &admin_login("tessera status")).await?;
+    let list: Vec<String> = names.iter().map(|n| crate::connection::quote_literal(n)).collect();
+    let bytes = conn.query_value(&format!("SELECT coalesce(sum(pg_total_relation_size(to_regclass(n))), 0)::bigint FROM unnest(ARRAY[{}]::text[]) n", list.join(", "))).await?;
+    conn.terminate().await;
+    Ok(bytes.and_then(|b| b.parse().ok()).unwrap_or(0))
 }

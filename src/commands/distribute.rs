@@ -102,10 +102,13 @@ async fn partition_tree(conn: &mut PgConnection, oid: u32) -> PgResult<Vec<(Loca
     Ok(tree)
 }
 
-fn active_nodes(ctx: &CommandContext<'_>) -> PgResult<Vec<Node>> {
-    let nodes: Vec<Node> = ctx.catalog.active_nodes().cloned().collect();
+/// The nodes new shard groups are spread over (`for_shards`), or that hold
+/// reference tables: every active one.
+fn active_nodes(ctx: &CommandContext<'_>, for_shards: bool) -> PgResult<Vec<Node>> {
+    let nodes: Vec<Node> = ctx.catalog.active_nodes().filter(|n| n.should_have_shards || !for_shards).cloned().collect();
     if nodes.is_empty() {
-        return Err(PgError::new("55000", "there are no active worker nodes").with_hint("Add workers with SELECT citus_add_node('host', port)."));
+        return Err(PgError::new("55000", "there are no active worker nodes that should have shards")
+            .with_hint("Add workers with SELECT citus_add_node('host', port), or let one have shards with citus_set_node_property(host, port, 'shouldhaveshards', true)."));
     }
     Ok(nodes)
 }
@@ -275,7 +278,7 @@ pub async fn create_distributed_table(ctx: &mut CommandContext<'_>, table_name: 
     for (partition, _) in &partitions {
         check_distributable(ctx, partition).await?;
     }
-    let nodes = active_nodes(ctx)?;
+    let nodes = active_nodes(ctx, true)?;
 
     // Co-location: an existing group's shard count and placements, or a new group.
     let mut colocated: Option<Arc<DistributedTable>> = None;
@@ -428,7 +431,7 @@ pub async fn create_reference_table(ctx: &mut CommandContext<'_>, table_name: &s
             .with_hint("Distribute it with create_distributed_table instead."));
     }
     check_distributable(ctx, &table).await?;
-    let nodes = active_nodes(ctx)?;
+    let nodes = active_nodes(ctx, false)?;
     let implicit = ctx.parts.begin_implicit();
     let result = async {
         let local = ctx.parts.local().await?;

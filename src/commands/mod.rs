@@ -37,6 +37,8 @@ impl CommandContext<'_> {
 
 const VOID_OID: u32 = 2278;
 const INT4_OID: u32 = 23;
+const INT8_OID: u32 = 20;
+const TEXT_OID: u32 = 25;
 
 /// Runs a cluster function and writes its result set (the RowDescription only
 /// when `describe` is set, as the extended protocol has described it already).
@@ -104,6 +106,61 @@ pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'
             ctx.notice(format!("cleaned up {removed} orphaned resources")).await;
             (vec![FieldDescription::computed(&call.column_name, VOID_OID, 4)], vec![vec![Some(String::new())]])
         }
+        ClusterFunction::GetRebalancePlan | ClusterFunction::RebalanceTableShards => {
+            let rebalancing = call.function == ClusterFunction::RebalanceTableShards;
+            // Arguments by position: relation, threshold, max_shard_moves,
+            // excluded_shard_list, then (rebalance_table_shards only)
+            // shard_transfer_mode; then drain_only, rebalance_strategy.
+            let tail = if rebalancing { 5 } else { 4 };
+            let moves = planned_moves(ctx, arg(0), arg(2), arg(3), arg(tail).as_deref() == Some("t"), arg(tail + 1)).await?;
+            if rebalancing {
+                let mode = crate::operations::shard_move::TransferMode::parse(arg(4).as_deref())?;
+                crate::operations::rebalance::run(ctx, &moves, mode).await?;
+                (vec![FieldDescription::computed(&call.column_name, VOID_OID, 4)], vec![vec![Some(String::new())]])
+            } else {
+                let sizes = crate::operations::rebalance::sizes(ctx, &moves).await;
+                let fields = vec![
+                    FieldDescription::computed("table_name", TEXT_OID, -1),
+                    FieldDescription::computed("shardid", INT8_OID, 8),
+                    FieldDescription::computed("shard_size", INT8_OID, 8),
+                    FieldDescription::computed("sourcename", TEXT_OID, -1),
+                    FieldDescription::computed("sourceport", INT4_OID, 4),
+                    FieldDescription::computed("targetname", TEXT_OID, -1),
+                    FieldDescription::computed("targetport", INT4_OID, 4),
+                ];
+                let rows = moves
+                    .iter()
+                    .zip(sizes)
+                    .map(|(m, size)| {
+                        [m.table.clone(), m.shard_id.to_string(), size.to_string(), m.source.addr.host.clone(), m.source.addr.port.to_string(), m.target.addr.host.clone(), m.target.addr.port.to_string()]
+                            .into_iter()
+                            .map(Some)
+                            .collect()
+                    })
+                    .collect();
+                (fields, rows)
+            }
+        }
+        ClusterFunction::DrainNode => {
+            let name = arg(0).ok_or_else(|| null_argument("nodename"))?;
+            let port = parse_port(arg(1))?;
+            let mode = crate::operations::shard_move::TransferMode::parse(arg(2).as_deref())?;
+            nodes::set_should_have_shards(ctx, &name, port, false).await?;
+            let moves = planned_moves(ctx, None, None, None, true, arg(3)).await?;
+            crate::operations::rebalance::run(ctx, &moves, mode).await?;
+            (vec![FieldDescription::computed(&call.column_name, VOID_OID, 4)], vec![vec![Some(String::new())]])
+        }
+        ClusterFunction::SetNodeProperty => {
+            let name = arg(0).ok_or_else(|| null_argument("nodename"))?;
+            let port = parse_port(arg(1))?;
+            let property = arg(2).ok_or_else(|| null_argument("property"))?;
+            if property != "shouldhaveshards" {
+                return Err(invalid(&format!("unsupported node property \"{property}\"; the one property is \"shouldhaveshards\"")));
+            }
+            let value = arg(3).ok_or_else(|| null_argument("value"))?;
+            nodes::set_should_have_shards(ctx, &name, port, value == "t").await?;
+            (vec![FieldDescription::computed(&call.column_name, VOID_OID, 4)], vec![vec![Some(String::new())]])
+        }
         ClusterFunction::RemoveNode => {
             let name = arg(0).ok_or_else(|| null_argument("nodename"))?;
             let port = parse_port(arg(1))?;
@@ -124,6 +181,43 @@ pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'
     Ok(())
 }
 
+/// The rebalancer's plan for the arguments Citus's functions take: only the
+/// co-location group of `relation` (when given), at most `max_moves`,
+/// leaving out the shard groups of `excluded` shards.
+async fn planned_moves(
+    ctx: &mut CommandContext<'_>,
+    relation: Option<String>,
+    max_moves: Option<String>,
+    excluded: Option<String>,
+    drain_only: bool,
+    strategy: Option<String>,
+) -> PgResult<Vec<crate::operations::rebalance::PlannedMove>> {
+    if let Some(strategy) = strategy.filter(|s| s != "by_shard_count") {
+        return Err(PgError::not_supported(format!("rebalance strategy \"{strategy}\" is not supported")).with_hint("Tessera balances by shard count (\"by_shard_count\")."));
+    }
+    let colocation = match relation {
+        Some(relation) => {
+            let oid = ctx.parts.local().await?.query_value(&format!("SELECT {}::regclass::oid", crate::connection::quote_literal(&relation))).await?;
+            let table = oid.and_then(|o| o.parse().ok()).and_then(|o| ctx.catalog.table_by_oid(o).cloned());
+            Some(table.ok_or_else(|| invalid(&format!("\"{relation}\" is not a distributed table")))?.colocation_id)
+        }
+        None => None,
+    };
+    let scope = crate::operations::rebalance::Scope { colocation, drain_only };
+    let mut moves = crate::operations::rebalance::plan(&ctx.catalog, scope)?;
+    if let Some(excluded) = excluded {
+        let excluded: Vec<i64> = excluded.trim_matches(|c| c == '{' || c == '}').split(',').filter_map(|v| v.trim().parse().ok()).collect();
+        let catalog = ctx.catalog.clone();
+        let group_of = |shard: i64| catalog.tables().find_map(|t| t.shards.iter().find(|s| s.id == shard).map(|s| (t.colocation_id, s.index)));
+        let excluded_groups: Vec<_> = excluded.iter().filter_map(|s| group_of(*s)).collect();
+        moves.retain(|m| group_of(m.shard_id).map_or(true, |g| !excluded_groups.contains(&g)));
+    }
+    if let Some(max) = max_moves.and_then(|v| v.parse::<usize>().ok()) {
+        moves.truncate(max);
+    }
+    Ok(moves)
+}
+
 /// The format code the client asked for column `i` (protocol rules: none, one
 /// for all, or one per column).
 fn column_format(formats: &[i16], i: usize) -> i16 {
@@ -142,6 +236,8 @@ fn encode_value(text: Option<&str>, type_oid: u32, format: i16) -> Option<Vec<u8
     }
     Some(match type_oid {
         INT4_OID => text.parse::<i32>().unwrap_or_default().to_be_bytes().to_vec(),
+        INT8_OID => text.parse::<i64>().unwrap_or_default().to_be_bytes().to_vec(),
+        TEXT_OID => text.as_bytes().to_vec(),
         _ => Vec::new(), // void's binary form is empty
     })
 }

@@ -1,4 +1,4 @@
-//! citus_add_node and citus_remove_node.
+//! citus_add_node, citus_remove_node and citus_set_node_property.
 
 use super::table_ddl::TableDefinition;
 use super::{finish_block, read_shard_rows, CommandContext};
@@ -27,7 +27,7 @@ pub async fn add_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) -> Pg
             .await?;
         let id: i32 = row[0][0].as_deref().unwrap_or("0").parse().unwrap_or(0);
         let group: i32 = row[0][1].as_deref().unwrap_or("0").parse().unwrap_or(0);
-        let node = Node { id, group_id: group, addr: addr.clone(), active: true, type_oids: Default::default() };
+        let node = Node { id, group_id: group, addr: addr.clone(), active: true, should_have_shards: true, type_oids: Default::default() };
         // Roles and shared objects first: the tables' copies use them, and
         // each role gets its user mappings below.
         let objects = super::objects::read(ctx.parts.local().await?, true).await?;
@@ -100,4 +100,16 @@ pub async fn remove_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) ->
     }
     .await;
     finish_block(ctx, implicit, result).await
+}
+
+/// `citus_set_node_property(…, 'shouldhaveshards', value)`: whether new
+/// shard groups land on the node and the rebalancer leaves shards there.
+pub async fn set_should_have_shards(ctx: &mut CommandContext<'_>, host: &str, port: u16, value: bool) -> PgResult<()> {
+    let Some(node) = ctx.catalog.nodes.iter().find(|n| n.addr.host == host && n.addr.port == port).cloned() else {
+        return Err(PgError::new(sqlstate::UNDEFINED_OBJECT, format!("node at \"{host}:{port}\" does not exist")));
+    };
+    ctx.parts.local().await?.execute(&format!("UPDATE tessera.pg_dist_node SET shouldhaveshards = {value} WHERE nodeid = {}", node.id)).await?;
+    ctx.coordinator.reload_catalog().await?;
+    ctx.catalog = ctx.coordinator.catalog.snapshot();
+    Ok(())
 }

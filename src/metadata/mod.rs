@@ -65,6 +65,9 @@ pub struct Node {
     pub group_id: i32,
     pub addr: ServerAddr,
     pub active: bool,
+    /// New shard groups may be placed on it (`citus_set_node_property(…,
+    /// 'shouldhaveshards', …)`); the rebalancer empties it otherwise.
+    pub should_have_shards: bool,
     /// The node's oids of user-defined types, for its results.
     pub type_oids: Arc<TypeOids>,
 }
@@ -380,6 +383,18 @@ impl Catalog {
     pub fn is_aggregate(&self, name: &str) -> bool {
         self.aggregates.contains(name)
     }
+    /// A catalog of just these nodes and tables, for unit tests of what is
+    /// planned from it.
+    #[cfg(test)]
+    pub fn for_tests(nodes: Vec<Node>, tables: Vec<Arc<DistributedTable>>) -> Catalog {
+        let mut catalog = Catalog { nodes, ..Default::default() };
+        for table in tables {
+            catalog.tables.insert((table.schema.clone(), table.name.clone()), table.clone());
+            catalog.by_oid.insert(table.oid, table);
+        }
+        catalog
+    }
+
     pub fn node_for_group(&self, group_id: i32) -> Option<&Node> {
         self.nodes.iter().find(|n| n.group_id == group_id)
     }
@@ -433,7 +448,7 @@ fn int<T: std::str::FromStr + Default>(v: &Option<String>) -> T {
 async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<Catalog> {
     let mut catalog = Catalog { version, ..Default::default() };
     for r in conn
-        .query("SELECT nodeid, groupid, nodename, nodeport, isactive FROM pg_catalog.pg_dist_node WHERE noderole = 'primary' ORDER BY nodeid")
+        .query("SELECT nodeid, groupid, nodename, nodeport, isactive, shouldhaveshards FROM pg_catalog.pg_dist_node WHERE noderole = 'primary' ORDER BY nodeid")
         .await?
     {
         catalog.nodes.push(Node {
@@ -441,6 +456,7 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
             group_id: int(&r[1]),
             addr: ServerAddr { host: r[2].clone().unwrap_or_default(), port: int(&r[3]) },
             active: r[4].as_deref() == Some("t"),
+            should_have_shards: r[5].as_deref() == Some("t"),
             type_oids: Arc::default(),
         });
     }

@@ -357,6 +357,14 @@ CREATE OR REPLACE FUNCTION pg_catalog.citus_move_shard_placement(shard_id bigint
     RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
 CREATE OR REPLACE FUNCTION pg_catalog.citus_cleanup_orphaned_resources()
     RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
+CREATE OR REPLACE FUNCTION pg_catalog.get_rebalance_table_shards_plan(relation regclass DEFAULT NULL, threshold float4 DEFAULT 0, max_shard_moves int DEFAULT 1000000, excluded_shard_list bigint[] DEFAULT '{}', drain_only boolean DEFAULT false, rebalance_strategy name DEFAULT NULL, improvement_threshold float4 DEFAULT NULL)
+    RETURNS TABLE (table_name text, shardid bigint, shard_size bigint, sourcename text, sourceport int, targetname text, targetport int) LANGUAGE sql AS 'SELECT tessera.coordinator_only(); SELECT NULL::text, 0::bigint, 0::bigint, NULL::text, 0, NULL::text, 0 WHERE false';
+CREATE OR REPLACE FUNCTION pg_catalog.rebalance_table_shards(relation regclass DEFAULT NULL, threshold float4 DEFAULT NULL, max_shard_moves int DEFAULT 1000000, excluded_shard_list bigint[] DEFAULT '{}', shard_transfer_mode text DEFAULT 'auto', drain_only boolean DEFAULT false, rebalance_strategy name DEFAULT NULL)
+    RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
+CREATE OR REPLACE FUNCTION pg_catalog.citus_drain_node(nodename text, nodeport int, shard_transfer_mode text DEFAULT 'auto', rebalance_strategy name DEFAULT NULL)
+    RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
+CREATE OR REPLACE FUNCTION pg_catalog.citus_set_node_property(nodename text, nodeport int, property text, value boolean)
+    RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
 
 -- Read-only catalog functions are ordinary SQL functions: they work anywhere in
 -- a query, including in FROM.

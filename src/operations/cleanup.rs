@@ -13,6 +13,8 @@ use crate::metadata::Catalog;
 
 /// The advisory-lock class (first key) that operations hold their id under.
 const OPERATION_LOCK_CLASS: i32 = 0x7e55;
+/// The second key a cleanup pass holds (operation ids start at 1).
+const CLEANUP_PASS: i32 = 0;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Object {
@@ -82,9 +84,10 @@ pub async fn run(config: &Config, catalog: &Catalog) -> PgResult<u64> {
 }
 
 async fn run_on(local: &mut PgConnection, config: &Config, catalog: &Catalog) -> PgResult<u64> {
-    // A lock this session can take belongs to no running operation; it is
-    // held (session-level) until the connection closes, keeping a second
-    // cleanup pass from working on the same records.
+    // One pass at a time (a pass asked for waits for one under way, so
+    // that it finds its work done); then an operation lock this session can
+    // take belongs to no running operation.
+    local.execute(&format!("SELECT pg_advisory_lock({OPERATION_LOCK_CLASS}, {CLEANUP_PASS})")).await?;
     let records = local
         .query(&format!(
             "SELECT record_id, object_type, object_name, node_group_id FROM tessera.pg_dist_cleanup

@@ -3,4 +3,5 @@
 
 pub mod cleanup;
 pub mod fence;
+pub mod rebalance;
 pub mod shard_move;

@@ -29,7 +29,7 @@ use crate::config::Config;
 use crate::connection::{quote_ident, quote_literal, PgConnection};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable, Node, Shard};
-use crate::transaction::Access;
+use crate::transaction::{Access, Fault};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -194,6 +194,7 @@ async fn transfer(ctx: &mut CommandContext<'_>, op: &mut Operation, group: &Grou
             ))
             .await
             .map_err(|e| on_node(e, target, &names))?;
+        fault(ctx, Fault::MoveAfterSubscribe);
         wait_for_initial_copy(ctx, &mut target_conn, &names, group, target).await?;
     }
     if !after_data.is_empty() {
@@ -219,6 +220,7 @@ async fn transfer(ctx: &mut CommandContext<'_>, op: &mut Operation, group: &Grou
     }
     target_conn.terminate().await;
     result?;
+    fault(ctx, Fault::MoveAfterSwitch);
     // The workers' partitions follow outside the fence: the statements that
     // waited there may hold locks on the parents. Until then, user code on
     // the workers reads the old placement and its writes there fail; a
@@ -317,6 +319,7 @@ async fn cut_over(
         ];
         catalog_sql.extend(group.names().iter().map(|name| cleanup::record_sql(op.id, Object::Shard, name, source.group_id, Policy::Always)));
         local.execute(&catalog_sql.join(";\n")).await?;
+        fault(ctx, Fault::MoveBeforeSwitch);
         Ok(())
     }
     .await;
@@ -409,6 +412,12 @@ fn bound_check_sql(table: &DistributedTable, shard: &Shard, parent: &str) -> Str
         table.shard_count(),
         shard.index
     )
+}
+
+/// Test-only: dies here when the configuration says so (see `Fault`).
+fn fault(ctx: &CommandContext<'_>, at: Fault) {
+    let transactions = &ctx.coordinator.config.transactions;
+    crate::transaction::inject_fault(transactions.fault_injection.map(|f| (f, transactions.fault_after_commits)), at);
 }
 
 /// Names the node and object an error came from.

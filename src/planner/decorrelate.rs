@@ -360,7 +360,8 @@ fn is_grouped_value(expr: &Node) -> bool {
     matches!(expr.node.as_ref(), Some(NodeEnum::ColumnRef(c)) if column_ref_names(c).is_some_and(|n| n.len() == 2 && n[0].starts_with(ALIAS_PREFIX) && n[1] == VALUE_COLUMN))
 }
 
-fn is_bare_star(target: &Node) -> bool {
+/// `*` alone as a select-list entry.
+pub(super) fn is_bare_star(target: &Node) -> bool {
     let Some(NodeEnum::ResTarget(t)) = target.node.as_ref() else { return false };
     matches!(t.val.as_deref().and_then(|v| v.node.as_ref()), Some(NodeEnum::ColumnRef(c)) if matches!(c.fields.as_slice(), [f] if matches!(f.node, Some(NodeEnum::AStar(_)))))
 }

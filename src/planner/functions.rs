@@ -16,6 +16,10 @@ pub enum ClusterFunction {
     RecoverPreparedTransactions,
     MoveShardPlacement,
     CleanupOrphanedResources,
+    GetRebalancePlan,
+    RebalanceTableShards,
+    DrainNode,
+    SetNodeProperty,
 }
 
 impl ClusterFunction {
@@ -26,7 +30,7 @@ impl ClusterFunction {
 
     /// Whether the call adds or removes nodes.
     pub fn manages_nodes(self) -> bool {
-        matches!(self, Self::AddNode | Self::RemoveNode | Self::MoveShardPlacement | Self::CleanupOrphanedResources)
+        !matches!(self, Self::CreateDistributedTable | Self::CreateReferenceTable | Self::UndistributeTable | Self::RecoverPreparedTransactions)
     }
 
     fn by_name(name: &str) -> Option<Self> {
@@ -39,6 +43,10 @@ impl ClusterFunction {
             "recover_prepared_transactions" => Self::RecoverPreparedTransactions,
             "citus_move_shard_placement" | "master_move_shard_placement" => Self::MoveShardPlacement,
             "citus_cleanup_orphaned_resources" => Self::CleanupOrphanedResources,
+            "get_rebalance_table_shards_plan" => Self::GetRebalancePlan,
+            "rebalance_table_shards" => Self::RebalanceTableShards,
+            "citus_drain_node" | "master_drain_node" => Self::DrainNode,
+            "citus_set_node_property" => Self::SetNodeProperty,
             _ => return None,
         })
     }
@@ -53,6 +61,10 @@ impl ClusterFunction {
             Self::RemoveNode => &["nodename", "nodeport"],
             Self::RecoverPreparedTransactions | Self::CleanupOrphanedResources => &[],
             Self::MoveShardPlacement => &["shard_id", "source_node_name", "source_node_port", "target_node_name", "target_node_port", "shard_transfer_mode"],
+            Self::GetRebalancePlan => &["relation", "threshold", "max_shard_moves", "excluded_shard_list", "drain_only", "rebalance_strategy", "improvement_threshold"],
+            Self::RebalanceTableShards => &["relation", "threshold", "max_shard_moves", "excluded_shard_list", "shard_transfer_mode", "drain_only", "rebalance_strategy"],
+            Self::DrainNode => &["nodename", "nodeport", "shard_transfer_mode", "rebalance_strategy"],
+            Self::SetNodeProperty => &["nodename", "nodeport", "property", "value"],
         }
     }
 }
@@ -67,12 +79,25 @@ pub struct ClusterCall {
     pub arguments_sql: String,
 }
 
+/// `SELECT f(…)`, or `SELECT * FROM f(…)` (how set-returning ones such as
+/// get_rebalance_table_shards_plan are called), and nothing more.
 pub(super) fn cluster_call(select: &SelectStmt) -> Option<Plan> {
-    if select.op != SetOperation::SetopNone as i32 || !select.from_clause.is_empty() || select.where_clause.is_some() || select.target_list.len() != 1 {
+    if select.op != SetOperation::SetopNone as i32 || select.where_clause.is_some() || select.target_list.len() != 1 {
         return None;
     }
     let Some(NodeEnum::ResTarget(target)) = select.target_list[0].node.as_ref() else { return None };
-    let Some(NodeEnum::FuncCall(call)) = target.val.as_deref().and_then(|v| v.node.as_ref()) else { return None };
+    let called = match select.from_clause.as_slice() {
+        [] => target.val.as_deref(),
+        [from] if super::decorrelate::is_bare_star(&select.target_list[0]) => match from.node.as_ref() {
+            Some(NodeEnum::RangeFunction(f)) if f.functions.len() == 1 && !f.ordinality && !f.is_rowsfrom => match f.functions[0].node.as_ref() {
+                Some(NodeEnum::List(list)) => list.items.first(),
+                _ => None,
+            },
+            _ => None,
+        },
+        _ => None,
+    };
+    let Some(NodeEnum::FuncCall(call)) = called.and_then(|v| v.node.as_ref()) else { return None };
     let names = super::function_names(call);
     let (name, schema_ok) = match names.as_slice() {
         [name] => (*name, true),

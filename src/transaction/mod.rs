@@ -31,8 +31,8 @@ pub const WORKER_PARAMETERS: &[&str] = &["DateStyle", "TimeZone", "IntervalStyle
 /// statements, so the limits have to hold there.
 pub const WORKER_TIMEOUTS: [&str; 2] = ["statement_timeout", "lock_timeout"];
 
-/// Points in two-phase commit where a test can make the coordinator process die,
-/// as it might crash in production. Test-only: set by
+/// Points in two-phase commit and in shard moves where a test can make the
+/// coordinator process die, as it might crash in production. Test-only: set by
 /// `[transactions] fault_injection` (and `fault_after_commits`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -53,6 +53,14 @@ pub enum Fault {
     /// After postgres_fdw on the worker heard that commit went through (the
     /// part prepared), before the part is settled.
     AfterLinkReply,
+    /// A shard move: the subscription copying the shard group is made.
+    MoveAfterSubscribe,
+    /// A shard move: writes to the old shards are locked and the new ones
+    /// complete, before the catalog switch commits.
+    MoveBeforeSwitch,
+    /// A shard move: the catalog names the new placement; the workers'
+    /// partitions and the old shards are not dealt with yet.
+    MoveAfterSwitch,
 }
 
 /// Test-only: dies like a `kill -9` at `at` when `configured` names it and
