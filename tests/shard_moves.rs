@@ -246,6 +246,7 @@ async fn the_cluster_grows_rebalances_and_drains_while_clients_write() {
 
     let e = c.batch_execute(&format!("SELECT citus_remove_node('127.0.0.1', {third})")).await.unwrap_err();
     assert_eq!(common::sqlstate(&e), "55006", "{}", common::error_text(&e));
+    assert!(common::error_text(&e).contains("accounts (shards ") && common::error_text(&e).contains("citus_drain_node"), "{}", common::error_text(&e));
     c.batch_execute(&format!("SELECT citus_drain_node('127.0.0.1', {third})")).await.unwrap();
     assert!(!common::placement_ports(&c, "accounts").await.contains(&third));
     // New tables stay off a drained node.

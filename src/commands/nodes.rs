@@ -79,12 +79,15 @@ pub async fn remove_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) ->
     let holding: Vec<String> = ctx
         .catalog
         .tables()
-        .filter(|t| !t.is_reference() && t.shards.iter().any(|s| s.placements.contains(&node.group_id)))
-        .map(|t| t.name.clone())
+        .filter(|t| !t.is_reference())
+        .filter_map(|t| {
+            let shards: Vec<String> = t.shards.iter().filter(|s| s.placements.contains(&node.group_id)).map(|s| s.id.to_string()).collect();
+            (!shards.is_empty()).then(|| format!("{} (shards {})", t.name, shards.join(", ")))
+        })
         .collect();
     if !holding.is_empty() {
-        return Err(PgError::new(sqlstate::OBJECT_IN_USE, format!("cannot remove node {host}:{port}: it holds shards of {}", holding.join(", ")))
-            .with_hint("Move the shards to other nodes or undistribute the tables first."));
+        return Err(PgError::new(sqlstate::OBJECT_IN_USE, format!("cannot remove node {host}:{port}: it holds shards of {}", holding.join("; ")))
+            .with_hint(format!("Move them to other nodes first: SELECT citus_drain_node('{host}', {port}).")));
     }
     let implicit = ctx.parts.begin_implicit();
     let result = async {
