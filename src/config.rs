@@ -107,8 +107,9 @@ pub struct TransactionConfig {
     pub deadlock_check_interval_secs: f64,
     /// For fault-injection tests only: make the process die at this point of
     /// two-phase commit ("after-prepare" or "after-decision"; "stall-after-prepare"
-    /// only pauses the committing session for three grace periods) or of a
-    /// worker link's commit ("after-link-prepare", "after-link-reply").
+    /// only pauses the committing session for three grace periods), of a
+    /// worker link's commit ("after-link-prepare", "after-link-reply") or of a
+    /// shard move ("move-after-subscribe", "move-before-switch", "move-after-switch").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fault_injection: Option<crate::transaction::Fault>,
     /// For fault-injection tests only: how many commits get past the fault point
@@ -119,6 +120,13 @@ pub struct TransactionConfig {
 
 fn is_zero(n: &u32) -> bool {
     *n == 0
+}
+
+impl TransactionConfig {
+    /// The fault to inject, with the commits to let past it first.
+    pub fn fault(&self) -> Option<(crate::transaction::Fault, u32)> {
+        self.fault_injection.map(|f| (f, self.fault_after_commits))
+    }
 }
 
 impl Default for TransactionConfig {

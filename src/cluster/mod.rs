@@ -337,8 +337,9 @@ pub async fn status(dir: &Path, env: bool) -> Result<()> {
     println!("coordinator db   127.0.0.1:{:<5}  {}", db.port, up(db.is_running()));
     let placements = shard_placements(&cluster).await.unwrap_or_default();
     for w in cluster.workers() {
-        let names: Vec<&String> = placements.iter().filter(|(p, _)| *p == w.port).map(|(_, name)| name).collect();
-        let bytes = if names.is_empty() || !w.is_running() { None } else { worker_bytes(w.port, &names).await.ok() };
+        let names: Vec<String> = placements.iter().filter(|(p, _)| *p == w.port).map(|(_, name)| name.clone()).collect();
+        let addr = ServerAddr { host: "127.0.0.1".into(), port: w.port };
+        let bytes = if names.is_empty() || !w.is_running() { None } else { crate::operations::rebalance::shard_bytes(&addr, &admin_login("tessera status"), &names).await.ok() };
         let shards = match bytes {
             Some(bytes) => format!("{} shard placements, {:.1} MB", names.len(), bytes as f64 / 1_048_576.0),
             None => format!("{} shard placements", names.len()),
@@ -394,13 +395,4 @@ async fn shard_placements(cluster: &LocalCluster) -> Result<Vec<(u16, String)>> 
         .await?;
     conn.terminate().await;
     Ok(rows.into_iter().map(|r| (r[0].as_deref().unwrap_or("0").parse().unwrap_or(0), r[1].clone().unwrap_or_default())).collect())
-}
-
-/// The bytes the shards `names` take on the worker at `port`, indexes included.
-async fn worker_bytes(port: u16, names: &[&String]) -> Result<i64> {
-    let mut conn = PgConnection::connect(&ServerAddr { host: "127.0.0.1".into(), port }, &admin_login("tessera status")).await?;
-    let list: Vec<String> = names.iter().map(|n| crate::connection::quote_literal(n)).collect();
-    let bytes = conn.query_value(&format!("SELECT coalesce(sum(pg_total_relation_size(to_regclass(n))), 0)::bigint FROM unnest(ARRAY[{}]::text[]) n", list.join(", "))).await?;
-    conn.terminate().await;
-    Ok(bytes.and_then(|b| b.parse().ok()).unwrap_or(0))
 }

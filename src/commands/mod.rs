@@ -208,7 +208,7 @@ async fn planned_moves(
     if let Some(excluded) = excluded {
         let excluded: Vec<i64> = excluded.trim_matches(|c| c == '{' || c == '}').split(',').filter_map(|v| v.trim().parse().ok()).collect();
         let catalog = ctx.catalog.clone();
-        let group_of = |shard: i64| catalog.tables().find_map(|t| t.shards.iter().find(|s| s.id == shard).map(|s| (t.colocation_id, s.index)));
+        let group_of = |shard: i64| catalog.shard(shard).map(|(t, s)| (t.colocation_id, s.index));
         let excluded_groups: Vec<_> = excluded.iter().filter_map(|s| group_of(*s)).collect();
         moves.retain(|m| group_of(m.shard_id).map_or(true, |g| !excluded_groups.contains(&g)));
     }

@@ -10,7 +10,7 @@ use crate::metadata::Node;
 /// Registers a worker (idempotent) and copies every reference table to it.
 /// Returns its node id.
 pub async fn add_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) -> PgResult<i32> {
-    if let Some(n) = ctx.catalog.nodes.iter().find(|n| n.addr.host == host && n.addr.port == port) {
+    if let Some(n) = ctx.catalog.node_at(host, port) {
         return Ok(n.id);
     }
     let addr = ServerAddr { host: host.to_string(), port };
@@ -73,9 +73,7 @@ pub async fn add_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) -> Pg
 /// Unregisters a worker that holds no shards of distributed tables; its copies
 /// of reference tables are forgotten.
 pub async fn remove_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) -> PgResult<()> {
-    let Some(node) = ctx.catalog.nodes.iter().find(|n| n.addr.host == host && n.addr.port == port).cloned() else {
-        return Err(PgError::new(sqlstate::UNDEFINED_OBJECT, format!("node at \"{host}:{port}\" does not exist")));
-    };
+    let node = registered_node(ctx, host, port)?;
     let holding: Vec<String> = ctx
         .catalog
         .tables()
@@ -108,11 +106,14 @@ pub async fn remove_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) ->
 /// `citus_set_node_property(…, 'shouldhaveshards', value)`: whether new
 /// shard groups land on the node and the rebalancer leaves shards there.
 pub async fn set_should_have_shards(ctx: &mut CommandContext<'_>, host: &str, port: u16, value: bool) -> PgResult<()> {
-    let Some(node) = ctx.catalog.nodes.iter().find(|n| n.addr.host == host && n.addr.port == port).cloned() else {
-        return Err(PgError::new(sqlstate::UNDEFINED_OBJECT, format!("node at \"{host}:{port}\" does not exist")));
-    };
+    let node = registered_node(ctx, host, port)?;
     ctx.parts.local().await?.execute(&format!("UPDATE tessera.pg_dist_node SET shouldhaveshards = {value} WHERE nodeid = {}", node.id)).await?;
     ctx.coordinator.reload_catalog().await?;
     ctx.catalog = ctx.coordinator.catalog.snapshot();
     Ok(())
+}
+
+/// The node registered at `host`:`port`, or the error saying there is none.
+fn registered_node(ctx: &CommandContext<'_>, host: &str, port: u16) -> PgResult<Node> {
+    ctx.catalog.node_at(host, port).cloned().ok_or_else(|| PgError::new(sqlstate::UNDEFINED_OBJECT, format!("node at \"{host}:{port}\" does not exist")))
 }

@@ -395,6 +395,16 @@ impl Catalog {
         catalog
     }
 
+    /// The node registered at `host`:`port`, active or not.
+    pub fn node_at(&self, host: &str, port: u16) -> Option<&Node> {
+        self.nodes.iter().find(|n| n.addr.host == host && n.addr.port == port)
+    }
+
+    /// The shard with id `shard_id`, and its table.
+    pub fn shard(&self, shard_id: i64) -> Option<(&Arc<DistributedTable>, &Shard)> {
+        self.tables().find_map(|t| t.shards.iter().find(|s| s.id == shard_id).map(|s| (t, s)))
+    }
+
     pub fn node_for_group(&self, group_id: i32) -> Option<&Node> {
         self.nodes.iter().find(|n| n.group_id == group_id)
     }

@@ -116,7 +116,7 @@ async fn run_on(local: &mut PgConnection, config: &Config, catalog: &Catalog) ->
                 }
                 // A move that ended before the workers' partitions followed
                 // it left the old placement attached: they follow first.
-                if let Some((table, shard)) = catalog.tables().find_map(|t| t.shards.iter().find(|s| s.id == shard_id).map(|s| (t, s))) {
+                if let Some((table, shard)) = catalog.shard(shard_id) {
                     if let Some(&to) = shard.placements.first() {
                         if let Err(e) = super::shard_move::repoint_partitions(config, catalog, table, shard, group, to).await {
                             tracing::warn!("cleanup: the workers' partitions of {name} do not follow its move yet: {}", e.message());

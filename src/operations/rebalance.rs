@@ -6,7 +6,7 @@
 
 use super::shard_move::{self, TransferMode};
 use crate::commands::CommandContext;
-use crate::connection::{quote_literal, PgConnection};
+use crate::connection::{quote_literal, Login, PgConnection, ServerAddr};
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, Node};
 use std::collections::BTreeMap;
@@ -90,7 +90,7 @@ pub fn plan(catalog: &Catalog, scope: Scope) -> PgResult<Vec<PlannedMove>> {
 pub async fn sizes(ctx: &CommandContext<'_>, moves: &[PlannedMove]) -> Vec<i64> {
     let mut out = Vec::new();
     for m in moves {
-        let Some((anchor, index)) = ctx.catalog.tables().find_map(|t| t.shards.iter().position(|s| s.id == m.shard_id).map(|i| (t, i))) else {
+        let Some((anchor, shard)) = ctx.catalog.shard(m.shard_id) else {
             out.push(0);
             continue;
         };
@@ -98,17 +98,21 @@ pub async fn sizes(ctx: &CommandContext<'_>, moves: &[PlannedMove]) -> Vec<i64> 
             .catalog
             .tables()
             .filter(|t| t.colocation_id == anchor.colocation_id && !t.is_reference())
-            .filter_map(|t| t.shards.get(index).map(|s| quote_literal(&t.qualified_shard_name(s))))
+            .filter_map(|t| t.shards.get(shard.index as usize).map(|s| t.qualified_shard_name(s)))
             .collect();
-        let size = async {
-            let mut conn = PgConnection::connect(&m.source.addr, &ctx.coordinator.config.service_login()).await?;
-            let size = conn.query_value(&format!("SELECT coalesce(sum(pg_total_relation_size(to_regclass(n))), 0)::bigint FROM unnest(ARRAY[{}]::text[]) n", names.join(", "))).await;
-            conn.terminate().await;
-            size
-        };
-        out.push(size.await.ok().flatten().and_then(|v| v.parse().ok()).unwrap_or(0));
+        out.push(shard_bytes(&m.source.addr, &ctx.coordinator.config.service_login(), &names).await.unwrap_or(0));
     }
     out
+}
+
+/// The bytes the shard tables `names` (qualified) take on the node at
+/// `addr`, indexes and TOAST included; names it lacks count nothing.
+pub async fn shard_bytes(addr: &ServerAddr, login: &Login, names: &[String]) -> PgResult<i64> {
+    let list: Vec<String> = names.iter().map(|n| quote_literal(n)).collect();
+    let mut conn = PgConnection::connect(addr, login).await?;
+    let bytes = conn.query_value(&format!("SELECT coalesce(sum(pg_total_relation_size(to_regclass(n))), 0)::bigint FROM unnest(ARRAY[{}]::text[]) n", list.join(", "))).await;
+    conn.terminate().await;
+    Ok(bytes?.and_then(|b| b.parse().ok()).unwrap_or(0))
 }
 
 /// Carries out a plan, one move after another, telling the client how far

@@ -77,8 +77,8 @@ impl Group {
 
 fn find_node(ctx: &CommandContext<'_>, host: &str, port: u16) -> PgResult<Node> {
     ctx.catalog
-        .active_nodes()
-        .find(|n| n.addr.host == host && n.addr.port == port)
+        .node_at(host, port)
+        .filter(|n| n.active)
         .cloned()
         .ok_or_else(|| PgError::new(sqlstate::UNDEFINED_OBJECT, format!("node {host}:{port} is not an active node of the cluster")))
 }
@@ -87,8 +87,8 @@ fn find_node(ctx: &CommandContext<'_>, host: &str, port: u16) -> PgResult<Node> 
 fn shard_group(ctx: &CommandContext<'_>, shard_id: i64, source: &Node, target: &Node) -> PgResult<Group> {
     let (table, shard) = ctx
         .catalog
-        .tables()
-        .find_map(|t| t.shards.iter().find(|s| s.id == shard_id).map(|s| (t.clone(), s.clone())))
+        .shard(shard_id)
+        .map(|(t, s)| (t.clone(), s.clone()))
         .ok_or_else(|| PgError::new(sqlstate::UNDEFINED_OBJECT, format!("shard {shard_id} does not exist")))?;
     if table.is_reference() {
         return Err(PgError::not_supported(format!("shard {shard_id} belongs to reference table {}, which every node holds a copy of", table.name))
@@ -416,8 +416,7 @@ fn bound_check_sql(table: &DistributedTable, shard: &Shard, parent: &str) -> Str
 
 /// Test-only: dies here when the configuration says so (see `Fault`).
 fn fault(ctx: &CommandContext<'_>, at: Fault) {
-    let transactions = &ctx.coordinator.config.transactions;
-    crate::transaction::inject_fault(transactions.fault_injection.map(|f| (f, transactions.fault_after_commits)), at);
+    crate::transaction::inject_fault(ctx.coordinator.config.transactions.fault(), at);
 }
 
 /// Names the node and object an error came from.

@@ -78,7 +78,7 @@ impl Coordinator {
         let local_pool = crate::connection::pool::NodePool::new(config.connections.max_coordinator_db);
         let catalog = Arc::new(CatalogHandle::new(catalog));
         let transactions = &config.transactions;
-        let fault = transactions.fault_injection.map(|f| (f, transactions.fault_after_commits));
+        let fault = transactions.fault();
         let links = crate::transaction::links::LinkRelay::start(&config.worker_links_listen(), catalog.clone(), config.service_login(), config.coordinator_db.password.clone(), fault).await?;
         Ok(Arc::new(Coordinator { config, catalog, sessions: Mutex::new(HashMap::new()), reload_lock: tokio::sync::Mutex::new(()), process_id: rand::random(),
             deadlock_victims: Mutex::new(HashMap::new()),

@@ -203,10 +203,9 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: Stream) -> anyhow::Resul
     let local_source = LocalSource { pool: coordinator.local_pool.clone(), addr: coordinator.config.coordinator_db_addr(), wait: coordinator.worker_pools.wait };
     let key = (rand::random::<i32>() & 0x7fff_ffff, rand::random::<i32>());
     let transactions = &coordinator.config.transactions;
-    let two_phase = TwoPhase::new(coordinator.process_id, key.0, Duration::from_secs_f64(transactions.grace_secs), transactions.fault_injection.map(|f| (f, transactions.fault_after_commits)), coordinator.links.clone());
+    let two_phase = TwoPhase::new(coordinator.process_id, key.0, Duration::from_secs_f64(transactions.grace_secs), transactions.fault(), coordinator.links.clone());
     let mut worker_options: Vec<(String, String)> = options.into_iter().filter(|(k, _)| WORKER_PARAMETERS.iter().any(|p| p.eq_ignore_ascii_case(k))).collect();
     worker_options.push(("application_name".into(), two_phase.session_name().to_string()));
-    let user_name = user.clone();
     let worker_login = Login { user, database: coordinator.config.coordinator_db.database.clone(), password: coordinator.config.coordinator_db.password.clone(), options: worker_options };
     let (cancel_targets, pinned) = coordinator.register_session(key, two_phase.session_name(), &worker_login.user);
     let mut parts = Participants::new(CoordinatorDb::new(local_source, local_login, pinned), worker_login, cancel_targets, two_phase, coordinator.worker_pools.clone());
@@ -217,7 +216,7 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: Stream) -> anyhow::Resul
         }
         Err(e) => match coordinator.logins.recall_login(parts.login_key()).filter(|_| e.is_node_unreachable()) {
             Some(facts) => {
-                tracing::warn!("the coordinator database is unreachable ({}); a login of user \"{user_name}\" goes ahead as the last one did", e.message());
+                tracing::warn!("the coordinator database is unreachable ({}); a login of user \"{}\" goes ahead as the last one did", e.message(), parts.login().user);
                 parts.assume_login(&facts);
                 facts
             }
