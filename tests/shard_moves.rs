@@ -269,6 +269,25 @@ async fn the_cluster_grows_rebalances_and_drains_while_clients_write() {
     eprintln!("{} transfers while growing, rebalancing and draining", logged.len());
 }
 
+/// `accounts` with `shards` shards and co-located `notes`, through the
+/// coordinator.
+async fn accounts_and_notes(cluster: &TestCluster, shards: u32) -> tokio_postgres::Client {
+    let c = cluster.connect().await;
+    c.batch_execute(&format!(
+        "{}
+         CREATE TABLE notes (k int, body text);
+         INSERT INTO notes SELECT g, repeat('x', g) FROM generate_series(1, {ACCOUNTS}) g;
+         SELECT create_distributed_table('notes', 'k', colocate_with => 'accounts');",
+        accounts_sql(shards)
+    ))
+    .await
+    .unwrap();
+    c
+}
+
+/// Counts and sums of both tables of `accounts_and_notes`.
+const WHOLE: &str = "SELECT (SELECT count(*) FROM accounts), (SELECT sum(balance) FROM accounts), (SELECT count(*) FROM notes), (SELECT sum(length(body)) FROM notes)";
+
 /// A move interrupted by a crash of the coordinator at each of its steps:
 /// after the restart and a cleanup pass every shard has one placement, the
 /// data is whole, no publication, subscription, slot or stray shard is left
@@ -277,16 +296,7 @@ async fn the_cluster_grows_rebalances_and_drains_while_clients_write() {
 async fn a_move_interrupted_by_a_crash_leaves_one_placement_and_no_leftovers() {
     use tessera::transaction::Fault;
     let cluster = TestCluster::start(2);
-    let c = cluster.connect().await;
-    c.batch_execute(&format!(
-        "{}
-         CREATE TABLE notes (k int, body text);
-         INSERT INTO notes SELECT g, repeat('x', g) FROM generate_series(1, {ACCOUNTS}) g;
-         SELECT create_distributed_table('notes', 'k', colocate_with => 'accounts');",
-        accounts_sql(2)
-    ))
-    .await
-    .unwrap();
+    let c = accounts_and_notes(&cluster, 2).await;
     drop(c);
     let ports = cluster.cluster.state.worker_ports.clone();
     for fault in [Fault::MoveAfterSubscribe, Fault::MoveBeforeSwitch, Fault::MoveAfterSwitch] {
@@ -308,8 +318,7 @@ async fn a_move_interrupted_by_a_crash_leaves_one_placement_and_no_leftovers() {
         let placements = text_rows(&c, "SELECT shardid, count(*) FROM pg_dist_placement GROUP BY shardid HAVING count(*) <> 1").await;
         assert!(placements.is_empty(), "after {fault:?}: one placement per shard: {placements:?}");
         let expected = vec![vec![Some(ACCOUNTS.to_string()), Some((1000 * ACCOUNTS).to_string()), Some(ACCOUNTS.to_string()), Some((ACCOUNTS * (ACCOUNTS + 1) / 2).to_string())]];
-        let whole = "SELECT (SELECT count(*) FROM accounts), (SELECT sum(balance) FROM accounts), (SELECT count(*) FROM notes), (SELECT sum(length(body)) FROM notes)";
-        assert_eq!(text_rows(&c, whole).await, expected, "after {fault:?}");
+        assert_eq!(text_rows(&c, WHOLE).await, expected, "after {fault:?}");
         assert_eq!(text_rows(&c, "SELECT count(*) FROM pg_dist_cleanup").await, vec![vec![Some("0".into())]], "after {fault:?}: {}", cluster.coordinator_log_tail());
         for i in 0..2 {
             let w = cluster.connect_worker(i).await;
@@ -328,4 +337,133 @@ async fn a_move_interrupted_by_a_crash_leaves_one_placement_and_no_leftovers() {
     let to = if from == i32::from(ports[0]) { ports[1] } else { ports[0] };
     c.batch_execute(&format!("SELECT citus_move_shard_placement({shard}, '127.0.0.1', {from}, '127.0.0.1', {to})")).await.unwrap();
     assert_eq!(text_rows(&c, "SELECT count(*), sum(balance) FROM accounts").await, vec![vec![Some(ACCOUNTS.to_string()), Some((1000 * ACCOUNTS).to_string())]]);
+}
+
+/// `citus_rebalance_start` in the background: the job outlives a crash of
+/// the coordinator in the middle of its second move (the restarted process
+/// resumes it, and `citus_rebalance_wait` sees it finish), one rebalance at
+/// a time, and `citus_rebalance_stop` ends a job at its next safe point
+/// with every shard in one place and nothing left behind.
+#[tokio::test]
+async fn a_background_rebalance_survives_a_crash_and_stops_when_told() {
+    use tessera::transaction::Fault;
+    let cluster = TestCluster::start(2);
+    let c = accounts_and_notes(&cluster, 6).await;
+    let expected = text_rows(&c, WHOLE).await;
+    drop(c);
+    let dir = cluster.data_dir().to_path_buf();
+    let port = cluster.port;
+    let grown = tokio::task::spawn_blocking(move || tessera::cluster::up(&dir, port, 3, &common::tessera_bin()).expect("tessera up --workers 3")).await.unwrap();
+    let third = i32::from(grown.state.worker_ports[2]);
+
+    // The first move goes through; the second kills the coordinator.
+    cluster.restart_coordinator(|config| {
+        config.transactions.fault_injection = Some(Fault::MoveAfterSubscribe);
+        config.transactions.fault_after_commits = 1;
+    });
+    let c = cluster.connect().await;
+    let job = text_rows(&c, "SELECT citus_rebalance_start()").await;
+    assert!(job[0][0].is_some(), "a job id: {job:?}");
+    cluster.wait_for_coordinator_exit();
+    assert!(cluster.coordinator_log().contains("stopping at MoveAfterSubscribe"), "{}", cluster.coordinator_log_tail());
+    cluster.restart_coordinator(|config| config.transactions.fault_injection = None);
+    let c = cluster.connect().await;
+    // A job nobody resumes would make the wait endless.
+    c.batch_execute("SET statement_timeout = '120s'; SELECT citus_rebalance_wait()").await.unwrap();
+    let status = text_rows(&c, "SELECT job_id, state, details->'task_state_counts'->>'done' FROM citus_rebalance_status()").await;
+    assert_eq!(status, vec![vec![job[0][0].clone(), Some("finished".into()), Some("2".into())]], "{}", cluster.coordinator_log_tail());
+    assert_eq!(common::placement_ports(&c, "accounts").await.iter().filter(|p| **p == third).count(), 2);
+    assert_eq!(text_rows(&c, WHOLE).await, expected);
+    assert!(text_rows(&c, "SELECT citus_rebalance_start()").await[0][0].is_none(), "balanced: nothing to schedule");
+
+    // Draining the new worker, stopped right away: the job ends at its
+    // next safe point, every shard has one placement and the data is whole.
+    c.batch_execute(&format!("SELECT citus_set_node_property('127.0.0.1', {third}, 'shouldhaveshards', false)")).await.unwrap();
+    let drain = text_rows(&c, "SELECT citus_rebalance_start(drain_only => true)").await;
+    let again = c.batch_execute("SELECT citus_rebalance_start()").await.unwrap_err();
+    assert_eq!(common::sqlstate(&again), "55006", "{}", common::error_text(&again));
+    assert!(common::error_text(&again).contains(&format!("job {}", drain[0][0].clone().unwrap())), "{}", common::error_text(&again));
+    c.batch_execute("SELECT citus_rebalance_stop()").await.unwrap();
+    c.batch_execute("SELECT citus_rebalance_wait()").await.unwrap();
+    let status = text_rows(&c, "SELECT state, details->'task_state_counts'->>'cancelled' IS NOT NULL FROM citus_rebalance_status()").await;
+    assert_eq!(status, vec![vec![Some("cancelled".into()), Some("t".into())]], "{}", cluster.coordinator_log_tail());
+    c.batch_execute("SELECT citus_cleanup_orphaned_resources()").await.unwrap();
+    assert!(text_rows(&c, "SELECT shardid FROM pg_dist_placement GROUP BY shardid HAVING count(*) <> 1").await.is_empty());
+    assert_eq!(text_rows(&c, WHOLE).await, expected);
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM pg_dist_cleanup").await, vec![vec![Some("0".into())]]);
+    for i in 0..3 {
+        let w = common::connect(grown.state.worker_ports[i]).await;
+        assert_eq!(leftovers(&w).await, vec![vec![Some("0".into())]], "nothing left on worker {i}");
+    }
+    // Started again, it empties the node.
+    c.batch_execute("SELECT citus_rebalance_start(drain_only => true); SELECT citus_rebalance_wait()").await.unwrap();
+    assert!(!common::placement_ports(&c, "accounts").await.contains(&third));
+    assert_eq!(text_rows(&c, WHOLE).await, expected);
+    assert_eq!(text_rows(&c, "SELECT state FROM citus_rebalance_status()").await, vec![vec![Some("finished".into())]]);
+    // Anyone may watch; only a superuser may start one.
+    c.batch_execute("CREATE ROLE watcher LOGIN").await.unwrap();
+    let watcher = common::connect_as(cluster.port, "watcher").await;
+    assert_eq!(text_rows(&watcher, "SELECT state FROM citus_rebalance_status()").await, vec![vec![Some("finished".into())]]);
+    let refused = watcher.batch_execute("SELECT citus_rebalance_start()").await.unwrap_err();
+    assert_eq!(common::sqlstate(&refused), "42501", "{}", common::error_text(&refused));
+}
+
+/// `citus_copy_shard_placement` repairs a node's missing copy of a
+/// reference table (rows, the node's view, later writes), and
+/// `replicate_reference_tables` does it for every table and node; shards
+/// of distributed tables are not copied.
+#[tokio::test]
+async fn a_missing_reference_copy_is_repaired() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute(
+        "CREATE TABLE kinds (kind int PRIMARY KEY, name text);
+         INSERT INTO kinds SELECT g, 'kind ' || g FROM generate_series(1, 50) g;
+         SELECT create_reference_table('kinds');
+         CREATE TABLE items (id int);
+         SELECT create_distributed_table('items', 'id', shard_count => 2);",
+    )
+    .await
+    .unwrap();
+    let ports = cluster.cluster.state.worker_ports.clone();
+    let shard: i64 = c.query_one("SELECT shardid FROM pg_dist_shard WHERE logicalrelid = 'kinds'::regclass", &[]).await.unwrap().get(0);
+    lose_second_copy(&cluster, shard).await;
+    c.batch_execute(&format!("SELECT citus_copy_shard_placement({shard}, '127.0.0.1', {}, '127.0.0.1', {})", ports[0], ports[1])).await.unwrap();
+    second_copy_serves(&cluster, 50).await;
+    c.batch_execute("INSERT INTO kinds VALUES (51, 'kind 51')").await.unwrap();
+    second_copy_serves(&cluster, 51).await;
+    assert_eq!(text_rows(&c, &format!("SELECT count(*) FROM pg_dist_placement WHERE shardid = {shard}")).await, vec![vec![Some("2".into())]]);
+
+    let twice = c.batch_execute(&format!("SELECT citus_copy_shard_placement({shard}, '127.0.0.1', {}, '127.0.0.1', {})", ports[0], ports[1])).await.unwrap_err();
+    assert_eq!(common::sqlstate(&twice), "22023", "{}", common::error_text(&twice));
+    let items_shard: i64 = c.query_one("SELECT shardid FROM citus_shards WHERE table_name = 'items'::regclass ORDER BY shardid LIMIT 1", &[]).await.unwrap().get(0);
+    let from: i32 = c.query_one(&format!("SELECT nodeport FROM citus_shards WHERE shardid = {items_shard}"), &[]).await.unwrap().get(0);
+    let to = if from == i32::from(ports[0]) { ports[1] } else { ports[0] };
+    let distributed = c.batch_execute(&format!("SELECT citus_copy_shard_placement({items_shard}, '127.0.0.1', {from}, '127.0.0.1', {to})")).await.unwrap_err();
+    assert_eq!(common::sqlstate(&distributed), "0A000", "{}", common::error_text(&distributed));
+    assert!(common::error_text(&distributed).contains("citus_move_shard_placement"), "{}", common::error_text(&distributed));
+
+    lose_second_copy(&cluster, shard).await;
+    c.batch_execute("SELECT replicate_reference_tables()").await.unwrap();
+    second_copy_serves(&cluster, 51).await;
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM kinds").await, vec![vec![Some("51".into())]]);
+}
+
+/// Takes the second worker's copy of reference shard `shard` away, as if
+/// it had never been made.
+async fn lose_second_copy(cluster: &TestCluster, shard: i64) {
+    let w = cluster.connect_worker(1).await;
+    w.batch_execute(&format!("DROP VIEW kinds; DROP TABLE kinds_{shard}")).await.unwrap();
+    let db = cluster.connect_coordinator_db().await;
+    let port = cluster.cluster.state.worker_ports[1];
+    db.batch_execute(&format!("DELETE FROM tessera.pg_dist_placement WHERE shardid = {shard} AND groupid = (SELECT groupid FROM tessera.pg_dist_node WHERE nodeport = {port})"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await; // the coordinator reloads its catalog
+}
+
+async fn second_copy_serves(cluster: &TestCluster, expected: i64) {
+    let w = cluster.connect_worker(1).await;
+    let count: i64 = w.query_one("SELECT count(*) FROM kinds", &[]).await.unwrap().get(0);
+    assert_eq!(count, expected, "the second worker's view reads its own copy");
 }

@@ -2,7 +2,7 @@
 //! coordinator carries out itself, across the coordinator database and workers.
 
 pub(crate) mod distribute;
-mod nodes;
+pub(crate) mod nodes;
 mod objects;
 pub mod table_ddl;
 pub mod worker_relations;
@@ -23,15 +23,44 @@ use std::sync::Arc;
 pub struct CommandContext<'a> {
     pub coordinator: &'a Coordinator,
     pub parts: &'a mut Participants,
-    pub client: &'a mut ClientConn,
+    pub caller: Caller<'a>,
     pub catalog: Arc<Catalog>,
 }
 
+/// Who a command works for: a client, which gets its results and progress
+/// NOTICEs, or a background job, whose progress goes into its task's row.
+pub enum Caller<'a> {
+    Client(&'a mut ClientConn),
+    Job(&'a mut crate::operations::background::TaskProgress),
+}
+
 impl CommandContext<'_> {
-    /// Sends a NOTICE to the client right away (progress of long operations).
+    /// Tells the caller how a long operation is getting on, right away.
     pub async fn notice(&mut self, message: String) {
-        backend::notice_response(self.client.out(), &PgError::notice(message));
-        let _ = self.client.flush().await;
+        match &mut self.caller {
+            Caller::Client(client) => {
+                backend::notice_response(client.out(), &PgError::notice(message));
+                let _ = client.flush().await;
+            }
+            Caller::Job(task) => task.report(message).await,
+        }
+    }
+
+    /// The error that ends a background job's operation at a safe point once
+    /// the job has been stopped (clients cancel through their workers).
+    pub fn check_stopped(&self) -> PgResult<()> {
+        match &self.caller {
+            Caller::Job(task) if task.stop_requested() => Err(PgError::new(sqlstate::QUERY_CANCELED, "the background job was stopped (citus_rebalance_stop)")),
+            _ => Ok(()),
+        }
+    }
+
+    /// The client's connection, for the results of a statement it sent.
+    fn client(&mut self) -> PgResult<&mut ClientConn> {
+        match &mut self.caller {
+            Caller::Client(client) => Ok(client),
+            Caller::Job(_) => Err(PgError::internal("a background job has no client to answer")),
+        }
     }
 }
 
@@ -161,6 +190,36 @@ pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'
             nodes::set_should_have_shards(ctx, &name, port, value == "t").await?;
             (vec![FieldDescription::computed(&call.column_name, VOID_OID, 4)], vec![vec![Some(String::new())]])
         }
+        ClusterFunction::CopyShardPlacement => {
+            let shard_id = arg(0).ok_or_else(|| null_argument("shard_id"))?.parse::<i64>().map_err(|_| invalid("shard_id must be a bigint"))?;
+            let source = (arg(1).ok_or_else(|| null_argument("source_node_name"))?, parse_port(arg(2))?);
+            let target = (arg(3).ok_or_else(|| null_argument("target_node_name"))?, parse_port(arg(4))?);
+            crate::operations::shard_move::TransferMode::parse(arg(5).as_deref())?;
+            nodes::copy_shard_placement(ctx, shard_id, (&source.0, source.1), (&target.0, target.1)).await?;
+            (vec![FieldDescription::computed(&call.column_name, VOID_OID, 4)], vec![vec![Some(String::new())]])
+        }
+        ClusterFunction::ReplicateReferenceTables => {
+            crate::operations::shard_move::TransferMode::parse(arg(0).as_deref())?;
+            let copies = nodes::replicate_reference_tables(ctx).await?;
+            ctx.notice(format!("made {copies} copies of reference tables")).await;
+            (vec![FieldDescription::computed(&call.column_name, VOID_OID, 4)], vec![vec![Some(String::new())]])
+        }
+        ClusterFunction::RebalanceStart => {
+            let mode = crate::operations::shard_move::TransferMode::parse(arg(2).as_deref())?;
+            let drain_only = arg(1).as_deref() == Some("t");
+            let moves = planned_moves(ctx, None, None, None, drain_only, arg(0)).await?;
+            let job = if moves.is_empty() {
+                ctx.notice("No moves available for rebalancing".into()).await;
+                None
+            } else {
+                let description = if drain_only { "Drain the nodes that should have no shards" } else { "Rebalance all colocation groups" };
+                let job = crate::operations::background::schedule_rebalance(&ctx.coordinator.config, &moves, mode, description).await?;
+                ctx.coordinator.jobs_scheduled.notify_one();
+                ctx.notice(format!("Scheduled {} moves as job {job}; to follow it, run SELECT * FROM citus_rebalance_status()", moves.len())).await;
+                Some(job.to_string())
+            };
+            (vec![FieldDescription::computed(&call.column_name, INT8_OID, 8)], vec![vec![job]])
+        }
         ClusterFunction::RemoveNode => {
             let name = arg(0).ok_or_else(|| null_argument("nodename"))?;
             let port = parse_port(arg(1))?;
@@ -168,16 +227,17 @@ pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'
             (vec![FieldDescription::computed(&call.column_name, VOID_OID, 4)], vec![vec![Some(String::new())]])
         }
     };
+    let client = ctx.client()?;
     if bound.is_none() {
         // The extended protocol described the result already.
-        backend::row_description(ctx.client.out(), &fields);
+        backend::row_description(client.out(), &fields);
     }
     let formats = bound.map(|(bind, _)| bind.result_formats.as_slice()).unwrap_or(&[]);
     for row in &rows {
         let values: Vec<Option<Vec<u8>>> = row.iter().zip(&fields).enumerate().map(|(i, (v, f))| encode_value(v.as_deref(), f.type_oid, column_format(formats, i))).collect();
-        backend::data_row(ctx.client.out(), values.iter().map(|v| v.as_deref()));
+        backend::data_row(client.out(), values.iter().map(|v| v.as_deref()));
     }
-    backend::command_complete(ctx.client.out(), &format!("SELECT {}", rows.len()));
+    backend::command_complete(client.out(), &format!("SELECT {}", rows.len()));
     Ok(())
 }
 
@@ -343,7 +403,7 @@ pub async fn run_ddl(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_>) ->
             finish_block(ctx, implicit, result).await?
         }
     };
-    backend::command_complete(ctx.client.out(), &tag);
+    backend::command_complete(ctx.client()?.out(), &tag);
     Ok(())
 }
 

@@ -5,7 +5,8 @@ use super::{finish_block, read_shard_rows, CommandContext};
 use crate::transaction::Access;
 use crate::connection::{quote_literal, PgConnection, ServerAddr};
 use crate::error::{sqlstate, PgError, PgResult};
-use crate::metadata::Node;
+use crate::metadata::{DistributedTable, Node, Shard};
+use std::sync::Arc;
 
 /// Registers a worker (idempotent) and copies every reference table to it.
 /// Returns its node id.
@@ -41,17 +42,7 @@ pub async fn add_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) -> Pg
         for table in references {
             let Some(shard) = table.shards.first() else { continue };
             let Some(source) = shard.placements.first().and_then(|g| ctx.catalog.node_for_group(*g)).cloned() else { continue };
-            let definition = TableDefinition::read(ctx.parts.local().await?, table.oid).await?;
-            let ddl = definition.shard_ddl(&table.shard_relname(shard), shard.id, None)?.join(";\n");
-            let rows = read_shard_rows(ctx, &source, &table, shard).await?;
-            let target = ctx.parts.worker(&node, Access::Write).await?;
-            target.conn.execute(&ddl).await?;
-            target.conn.copy_in(&format!("COPY {} FROM STDIN", table.qualified_shard_name(shard)), rows).await?;
-            ctx.parts
-                .local()
-                .await?
-                .execute(&format!("INSERT INTO tessera.pg_dist_placement (shardid, groupid) VALUES ({}, {group})", shard.id))
-                .await?;
+            copy_reference_shard(ctx, &table, shard, &source, &node).await?;
         }
         // Partitions' views read their roots' parents: roots first.
         let mut tables: Vec<_> = ctx.catalog.tables().map(|t| (t.partition_of.is_some(), t.oid, t.qualified_name())).collect();
@@ -65,6 +56,86 @@ pub async fn add_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) -> Pg
             super::distribute::follow_shell_onto_shards(ctx, *oid, name, Some(group)).await?;
         }
         Ok(id)
+    }
+    .await;
+    finish_block(ctx, implicit, result).await
+}
+
+/// Makes `node` hold a copy of reference table `table` (shard `shard`), read
+/// from `source` under a lock that holds writes back until the block ends,
+/// and records the placement, in the caller's block.
+async fn copy_reference_shard(ctx: &mut CommandContext<'_>, table: &DistributedTable, shard: &Shard, source: &Node, node: &Node) -> PgResult<()> {
+    let definition = TableDefinition::read(ctx.parts.local().await?, table.oid).await?;
+    let ddl = definition.shard_ddl(&table.shard_relname(shard), shard.id, None)?.join(";\n");
+    let name = table.qualified_shard_name(shard);
+    ctx.parts.worker(source, Access::Write).await?.conn.execute(&format!("LOCK TABLE {name} IN EXCLUSIVE MODE")).await?;
+    let rows = read_shard_rows(ctx, source, table, shard).await?;
+    let target = ctx.parts.worker(node, Access::Write).await?;
+    target.conn.execute(&ddl).await?;
+    target.conn.copy_in(&format!("COPY {name} FROM STDIN"), rows).await?;
+    ctx.parts
+        .local()
+        .await?
+        .execute(&format!("INSERT INTO tessera.pg_dist_placement (shardid, groupid) VALUES ({}, {})", shard.id, node.group_id))
+        .await?;
+    Ok(())
+}
+
+/// `citus_copy_shard_placement`: gives `target` the missing copy of a
+/// reference table's shard (distributed tables keep one placement per
+/// shard, so theirs move instead). The copy is made under a write block
+/// whatever the transfer mode.
+pub async fn copy_shard_placement(ctx: &mut CommandContext<'_>, shard_id: i64, source: (&str, u16), target: (&str, u16)) -> PgResult<()> {
+    let (table, shard) = ctx
+        .catalog
+        .shard(shard_id)
+        .map(|(t, s)| (t.clone(), s.clone()))
+        .ok_or_else(|| PgError::new(sqlstate::UNDEFINED_OBJECT, format!("shard {shard_id} does not exist")))?;
+    if !table.is_reference() {
+        return Err(PgError::not_supported(format!("shard {shard_id} belongs to distributed table {}, which keeps one placement per shard", table.name))
+            .with_hint("Copies are made of reference tables only; to move the shard, use citus_move_shard_placement."));
+    }
+    let source = active_node(ctx, source.0, source.1)?;
+    let target = active_node(ctx, target.0, target.1)?;
+    if !shard.placements.contains(&source.group_id) {
+        return Err(PgError::new(sqlstate::INVALID_PARAMETER_VALUE, format!("shard {shard_id} is not placed on {}", source.addr)));
+    }
+    if shard.placements.contains(&target.group_id) {
+        return Err(PgError::new(sqlstate::INVALID_PARAMETER_VALUE, format!("shard {shard_id} is already placed on {}", target.addr)));
+    }
+    copy_reference_placements(ctx, &[(table, shard, source, target)]).await
+}
+
+/// `replicate_reference_tables`: copies every reference table to each
+/// active node that lacks it. Returns how many copies were made.
+pub async fn replicate_reference_tables(ctx: &mut CommandContext<'_>) -> PgResult<usize> {
+    let mut copies = Vec::new();
+    for table in ctx.catalog.tables().filter(|t| t.is_reference()) {
+        let Some(shard) = table.shards.first() else { continue };
+        let Some(source) = shard.placements.first().and_then(|g| ctx.catalog.node_for_group(*g)) else { continue };
+        for node in ctx.catalog.active_nodes().filter(|n| !shard.placements.contains(&n.group_id)) {
+            copies.push((table.clone(), shard.clone(), source.clone(), node.clone()));
+        }
+    }
+    copy_reference_placements(ctx, &copies).await?;
+    Ok(copies.len())
+}
+
+/// Makes each copy in one distributed transaction, with the node's view of
+/// the table and the table's constraints, triggers and grants there.
+async fn copy_reference_placements(ctx: &mut CommandContext<'_>, copies: &[(Arc<DistributedTable>, Shard, Node, Node)]) -> PgResult<()> {
+    if copies.is_empty() {
+        return Ok(());
+    }
+    let implicit = ctx.parts.begin_implicit();
+    let result = async {
+        for (table, shard, source, target) in copies {
+            ctx.notice(format!("copying {} (shard {}) from {} to {}", table.name, shard.id, source.addr, target.addr)).await;
+            copy_reference_shard(ctx, table, shard, source, target).await?;
+            super::worker_relations::create(ctx, table.oid, Some(target.group_id)).await?;
+            super::distribute::follow_shell_onto_shards(ctx, table.oid, &table.qualified_name(), Some(target.group_id)).await?;
+        }
+        Ok(())
     }
     .await;
     finish_block(ctx, implicit, result).await
@@ -111,6 +182,15 @@ pub async fn set_should_have_shards(ctx: &mut CommandContext<'_>, host: &str, po
     ctx.coordinator.reload_catalog().await?;
     ctx.catalog = ctx.coordinator.catalog.snapshot();
     Ok(())
+}
+
+/// The active node at `host`:`port`, or the error saying there is none.
+pub(crate) fn active_node(ctx: &CommandContext<'_>, host: &str, port: u16) -> PgResult<Node> {
+    ctx.catalog
+        .node_at(host, port)
+        .filter(|n| n.active)
+        .cloned()
+        .ok_or_else(|| PgError::new(sqlstate::UNDEFINED_OBJECT, format!("node {host}:{port} is not an active node of the cluster")))
 }
 
 /// The node registered at `host`:`port`, or the error saying there is none.

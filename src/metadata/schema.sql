@@ -160,6 +160,35 @@ CREATE TABLE IF NOT EXISTS tessera.pg_dist_cleanup (
     policy_type int NOT NULL
 );
 
+-- Background jobs (citus_rebalance_start): a job is a list of tasks, each one
+-- shard-group move, run in task order by whichever coordinator process holds
+-- the advisory lock (JOB_LOCK_CLASS, job_id) of operations/background.rs, so
+-- a job outlives the process that started it. Job states: scheduled, running,
+-- cancelling, finished, cancelled, failed; task states: runnable, running,
+-- done, error, cancelled (Citus's names).
+CREATE TABLE IF NOT EXISTS tessera.pg_dist_background_job (
+    job_id bigserial PRIMARY KEY,
+    state text NOT NULL DEFAULT 'scheduled',
+    job_type name NOT NULL,
+    description text NOT NULL,
+    started_at timestamptz,
+    finished_at timestamptz
+);
+-- One rebalance at a time.
+CREATE UNIQUE INDEX IF NOT EXISTS pg_dist_background_job_one_active ON tessera.pg_dist_background_job (job_type)
+    WHERE state IN ('scheduled', 'running', 'cancelling');
+CREATE TABLE IF NOT EXISTS tessera.pg_dist_background_task (
+    job_id bigint NOT NULL REFERENCES tessera.pg_dist_background_job ON DELETE CASCADE,
+    task_id bigserial PRIMARY KEY,
+    status text NOT NULL DEFAULT 'runnable',
+    command text NOT NULL,
+    message text,
+    shardid bigint NOT NULL,
+    source_groupid int NOT NULL,
+    target_groupid int NOT NULL,
+    shard_transfer_mode text NOT NULL
+);
+
 -- Bumped by trigger on every catalog change; coordinator processes LISTEN for it
 -- and reload their in-memory snapshot.
 CREATE TABLE IF NOT EXISTS tessera.catalog_version (version bigint NOT NULL);
@@ -236,6 +265,8 @@ CREATE OR REPLACE VIEW pg_catalog.pg_dist_placement AS SELECT * FROM tessera.pg_
 CREATE OR REPLACE VIEW pg_catalog.pg_dist_transaction AS SELECT * FROM tessera.pg_dist_transaction;
 CREATE OR REPLACE VIEW pg_catalog.pg_dist_object AS SELECT * FROM tessera.pg_dist_object;
 CREATE OR REPLACE VIEW pg_catalog.pg_dist_cleanup AS SELECT * FROM tessera.pg_dist_cleanup;
+CREATE OR REPLACE VIEW pg_catalog.pg_dist_background_job AS SELECT * FROM tessera.pg_dist_background_job;
+CREATE OR REPLACE VIEW pg_catalog.pg_dist_background_task AS SELECT * FROM tessera.pg_dist_background_task;
 
 CREATE OR REPLACE VIEW pg_catalog.citus_shards AS
 SELECT p.logicalrelid AS table_name,
@@ -262,7 +293,8 @@ FROM tessera.pg_dist_partition p
 JOIN pg_class c ON c.oid = p.logicalrelid;
 RESET allow_system_table_mods;
 GRANT SELECT ON pg_catalog.pg_dist_node, pg_catalog.pg_dist_colocation, pg_catalog.pg_dist_partition, pg_catalog.pg_dist_shard,
-    pg_catalog.pg_dist_placement, pg_catalog.pg_dist_object, pg_catalog.citus_shards, pg_catalog.citus_tables TO PUBLIC;
+    pg_catalog.pg_dist_placement, pg_catalog.pg_dist_object, pg_catalog.citus_shards, pg_catalog.citus_tables,
+    pg_catalog.pg_dist_background_job, pg_catalog.pg_dist_background_task TO PUBLIC;
 
 -- Makes a function or procedure distributed, as Citus's does: calls whose
 -- distribution argument is a constant or a parameter then run on the node
@@ -365,6 +397,56 @@ CREATE OR REPLACE FUNCTION pg_catalog.citus_drain_node(nodename text, nodeport i
     RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
 CREATE OR REPLACE FUNCTION pg_catalog.citus_set_node_property(nodename text, nodeport int, property text, value boolean)
     RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
+CREATE OR REPLACE FUNCTION pg_catalog.citus_copy_shard_placement(shard_id bigint, source_node_name text, source_node_port int, target_node_name text, target_node_port int, transfer_mode text DEFAULT 'auto')
+    RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
+CREATE OR REPLACE FUNCTION pg_catalog.replicate_reference_tables(shard_transfer_mode text DEFAULT 'auto')
+    RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
+CREATE OR REPLACE FUNCTION pg_catalog.citus_rebalance_start(rebalance_strategy name DEFAULT NULL, drain_only boolean DEFAULT false, shard_transfer_mode text DEFAULT 'auto')
+    RETURNS bigint LANGUAGE sql AS 'SELECT tessera.coordinator_only(); SELECT 0::bigint';
+
+-- The background rebalance's own functions only read and mark the job
+-- tables, so the coordinator database runs them like any query; the
+-- coordinator process that runs the job notices a stop at its next safe point.
+CREATE OR REPLACE FUNCTION pg_catalog.citus_rebalance_status(raw boolean DEFAULT false)
+    RETURNS TABLE (job_id bigint, state text, job_type name, description text, started_at timestamptz, finished_at timestamptz, details jsonb)
+    LANGUAGE sql STABLE AS $$
+    SELECT j.job_id, j.state, j.job_type, j.description, j.started_at, j.finished_at,
+           jsonb_build_object(
+               'task_state_counts', (SELECT jsonb_object_agg(c.status, c.n) FROM (SELECT t.status, count(*) AS n FROM pg_catalog.pg_dist_background_task t WHERE t.job_id = j.job_id GROUP BY t.status) c),
+               'tasks', (SELECT coalesce(jsonb_agg(jsonb_build_object('task_id', t.task_id, 'state', t.status, 'command', t.command, 'message', t.message) ORDER BY t.task_id), '[]')
+                           FROM pg_catalog.pg_dist_background_task t WHERE t.job_id = j.job_id AND t.status IN ('running', 'error')))
+      FROM pg_catalog.pg_dist_background_job j WHERE j.job_type = 'rebalance' ORDER BY j.job_id DESC LIMIT 1 $$;
+CREATE OR REPLACE FUNCTION pg_catalog.citus_rebalance_wait() RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    job bigint;
+    job_state text;
+    failure text;
+BEGIN
+    SELECT j.job_id INTO job FROM pg_catalog.pg_dist_background_job j WHERE j.job_type = 'rebalance' ORDER BY j.job_id DESC LIMIT 1;
+    IF job IS NULL THEN
+        RAISE NOTICE 'no ongoing rebalance that can be waited on';
+        RETURN;
+    END IF;
+    LOOP
+        SELECT j.state INTO job_state FROM pg_catalog.pg_dist_background_job j WHERE j.job_id = job;
+        EXIT WHEN job_state IN ('finished', 'cancelled', 'failed');
+        PERFORM pg_sleep(0.1);
+    END LOOP;
+    IF job_state = 'failed' THEN
+        SELECT t.message INTO failure FROM pg_catalog.pg_dist_background_task t WHERE t.job_id = job AND t.status = 'error' ORDER BY t.task_id LIMIT 1;
+        RAISE EXCEPTION 'rebalance job % failed: %', job, coalesce(failure, 'see the coordinator log')
+            USING ERRCODE = '55000', HINT = 'Run SELECT * FROM citus_rebalance_status() for details; citus_rebalance_start() starts a new rebalance.';
+    ELSIF job_state = 'cancelled' THEN
+        RAISE NOTICE 'rebalance job % was stopped', job;
+    END IF;
+END $$;
+CREATE OR REPLACE FUNCTION pg_catalog.citus_rebalance_stop() RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE tessera.pg_dist_background_job SET state = 'cancelling' WHERE job_type = 'rebalance' AND state IN ('scheduled', 'running');
+    IF NOT FOUND THEN
+        RAISE NOTICE 'no ongoing rebalance that can be stopped';
+    END IF;
+END $$;
 
 -- Read-only catalog functions are ordinary SQL functions: they work anywhere in
 -- a query, including in FROM.

@@ -24,6 +24,7 @@
 
 use super::cleanup::{self, Object, Operation, Policy};
 use crate::commands::worker_relations::{refuse_writes_sql, repoint_sql};
+use crate::commands::nodes::active_node;
 use crate::commands::{finish_block, CommandContext};
 use crate::config::Config;
 use crate::connection::{quote_ident, quote_literal, PgConnection};
@@ -50,6 +51,14 @@ impl TransferMode {
                 .with_hint("Use 'auto', 'force_logical' or 'block_writes'.")),
         }
     }
+
+    /// The mode as `shard_transfer_mode` names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            TransferMode::Logical => "auto",
+            TransferMode::BlockWrites => "block_writes",
+        }
+    }
 }
 
 /// How long blocks that wrote on the source before the fence may take to
@@ -73,14 +82,6 @@ impl Group {
     fn shard_ids(&self) -> String {
         self.members.iter().map(|(_, s)| s.id.to_string()).collect::<Vec<_>>().join(", ")
     }
-}
-
-fn find_node(ctx: &CommandContext<'_>, host: &str, port: u16) -> PgResult<Node> {
-    ctx.catalog
-        .node_at(host, port)
-        .filter(|n| n.active)
-        .cloned()
-        .ok_or_else(|| PgError::new(sqlstate::UNDEFINED_OBJECT, format!("node {host}:{port} is not an active node of the cluster")))
 }
 
 /// The shard `shard_id` and its co-located shards, on `source` now.
@@ -115,8 +116,8 @@ fn shard_group(ctx: &CommandContext<'_>, shard_id: i64, source: &Node, target: &
 }
 
 pub async fn move_shard_placement(ctx: &mut CommandContext<'_>, shard_id: i64, source: (&str, u16), target: (&str, u16), mode: TransferMode) -> PgResult<()> {
-    let source = find_node(ctx, source.0, source.1)?;
-    let target = find_node(ctx, target.0, target.1)?;
+    let source = active_node(ctx, source.0, source.1)?;
+    let target = active_node(ctx, target.0, target.1)?;
     let group = shard_group(ctx, shard_id, &source, &target)?;
     let config = &ctx.coordinator.config;
     // Leftovers of earlier moves first: they may hold the names this one uses.
@@ -207,6 +208,7 @@ async fn transfer(ctx: &mut CommandContext<'_>, op: &mut Operation, group: &Grou
         target_conn.execute(&bound_check_sql(table, shard, &parent)).await.map_err(|e| on_node(e, target, &table.qualified_shard_name(shard)))?;
     }
     source_conn.terminate().await;
+    ctx.check_stopped()?;
 
     let raised = ctx.coordinator.fences.raise(group.colocation, source.group_id);
     // The cut-over's commit reloads this process's catalog before the
@@ -372,6 +374,7 @@ async fn wait_for_initial_copy(ctx: &mut CommandContext<'_>, target_conn: &mut P
         if total == group.members.len() && ready == total {
             return Ok(());
         }
+        ctx.check_stopped()?;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

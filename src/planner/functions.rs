@@ -20,6 +20,9 @@ pub enum ClusterFunction {
     RebalanceTableShards,
     DrainNode,
     SetNodeProperty,
+    CopyShardPlacement,
+    ReplicateReferenceTables,
+    RebalanceStart,
 }
 
 impl ClusterFunction {
@@ -47,6 +50,9 @@ impl ClusterFunction {
             "rebalance_table_shards" => Self::RebalanceTableShards,
             "citus_drain_node" | "master_drain_node" => Self::DrainNode,
             "citus_set_node_property" => Self::SetNodeProperty,
+            "citus_copy_shard_placement" | "master_copy_shard_placement" => Self::CopyShardPlacement,
+            "replicate_reference_tables" => Self::ReplicateReferenceTables,
+            "citus_rebalance_start" => Self::RebalanceStart,
             _ => return None,
         })
     }
@@ -65,6 +71,9 @@ impl ClusterFunction {
             Self::RebalanceTableShards => &["relation", "threshold", "max_shard_moves", "excluded_shard_list", "shard_transfer_mode", "drain_only", "rebalance_strategy"],
             Self::DrainNode => &["nodename", "nodeport", "shard_transfer_mode", "rebalance_strategy"],
             Self::SetNodeProperty => &["nodename", "nodeport", "property", "value"],
+            Self::CopyShardPlacement => &["shard_id", "source_node_name", "source_node_port", "target_node_name", "target_node_port", "transfer_mode"],
+            Self::ReplicateReferenceTables => &["shard_transfer_mode"],
+            Self::RebalanceStart => &["rebalance_strategy", "drain_only", "shard_transfer_mode"],
         }
     }
 }

@@ -11,8 +11,9 @@ use crate::connection::{send_cancel, PgConnection};
 use crate::error::PgResult;
 use crate::metadata::{self, CatalogHandle};
 use crate::executor::cluster_views::{ClientSession, PoolUsage, ProcessReport};
-use crate::transaction::coordinator_db::PinReason;
-use crate::transaction::CancelTargets;
+use crate::connection::Login;
+use crate::transaction::coordinator_db::{CoordinatorDb, LocalSource, PinReason};
+use crate::transaction::{CancelTargets, Participants, TwoPhase};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -50,6 +51,8 @@ pub struct Coordinator {
     logins: login_memory::LoginMemory,
     /// Writes held back while this process cuts shard groups over to other nodes.
     pub fences: crate::operations::fence::Fences,
+    /// Woken when a session schedules a background job, so it starts now.
+    pub jobs_scheduled: tokio::sync::Notify,
 }
 
 impl Coordinator {
@@ -90,6 +93,7 @@ impl Coordinator {
             links,
             logins: Default::default(),
             fences: Default::default(),
+            jobs_scheduled: Default::default(),
         }))
     }
 
@@ -132,6 +136,31 @@ impl Coordinator {
         }
         ready.1.insert(role.to_string());
         Ok(())
+    }
+
+    /// The participants of a session of this process, registered under
+    /// `key` (for cancellation and the process report); its workers learn
+    /// the session's two-phase name as their application_name.
+    fn participants(&self, key: (i32, i32), local_login: Login, mut worker_login: Login) -> Participants {
+        let local_source = LocalSource { pool: self.local_pool.clone(), addr: self.config.coordinator_db_addr(), wait: self.worker_pools.wait };
+        let transactions = &self.config.transactions;
+        let two_phase = TwoPhase::new(self.process_id, key.0, Duration::from_secs_f64(transactions.grace_secs), transactions.fault(), self.links.clone());
+        worker_login.options.push(("application_name".into(), two_phase.session_name().to_string()));
+        let (cancel_targets, pinned) = self.register_session(key, two_phase.session_name(), &worker_login.user);
+        Participants::new(CoordinatorDb::new(local_source, local_login, pinned), worker_login, cancel_targets, two_phase, self.worker_pools.clone())
+    }
+
+    /// A session of the service role for work no client asked for (a
+    /// background job); `end_service_session(key)` forgets it.
+    pub fn service_session(&self) -> ((i32, i32), Participants) {
+        let key = new_session_key();
+        let login = self.config.service_login();
+        let worker_login = Login { options: Vec::new(), ..login.clone() };
+        (key, self.participants(key, login, worker_login))
+    }
+
+    pub fn end_service_session(&self, key: (i32, i32)) {
+        self.unregister_session(key);
     }
 
     fn register_session(&self, key: (i32, i32), name: &str, user: &str) -> (CancelTargets, PinReason) {
@@ -226,6 +255,11 @@ impl Coordinator {
     }
 }
 
+/// A new session's key: its BackendKeyData (process id, secret).
+fn new_session_key() -> (i32, i32) {
+    (rand::random::<i32>() & 0x7fff_ffff, rand::random::<i32>())
+}
+
 async fn connect_with_retry(config: &Config, patience: Duration) -> anyhow::Result<PgConnection> {
     let deadline = tokio::time::Instant::now() + patience;
     loop {
@@ -309,6 +343,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     tokio::spawn(follow_catalog(coordinator.clone()));
     tokio::spawn(recover_periodically(coordinator.clone()));
     tokio::spawn(detect_deadlocks_periodically(coordinator.clone()));
+    tokio::spawn(crate::operations::background::run_jobs(coordinator.clone()));
     tracing::info!("tessera coordinator listening on {}{}", coordinator.config.listen, sockets.iter().map(|s| format!(" and {}", s.path.display())).collect::<String>());
     use tokio::signal::unix::{signal, SignalKind};
     let (mut terminate, mut interrupt) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);

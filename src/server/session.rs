@@ -6,7 +6,7 @@
 use super::auth;
 use super::client::{client_lost, ClientConn};
 use super::Coordinator;
-use crate::commands::{self, CommandContext};
+use crate::commands::{self, Caller, CommandContext};
 use crate::config::{AuthMethod, TlsMode};
 use crate::connection::{quote_literal, Login, PgConnection};
 use crate::error::{sqlstate, PgError, PgResult};
@@ -17,8 +17,7 @@ use crate::planner::{self, Plan, PlannedStatement, RouterPlan, SqlExecute, Trans
 use crate::protocol::backend::{self, FieldDescription};
 use crate::protocol::frontend::{self, Bind, StartupPacket, Target};
 use crate::protocol::Message;
-use crate::transaction::coordinator_db::{CoordinatorDb, LocalSource};
-use crate::transaction::{Participants, TwoPhase, WORKER_PARAMETERS};
+use crate::transaction::{Participants, WORKER_PARAMETERS};
 use futures::FutureExt;
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
@@ -200,15 +199,10 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: Stream) -> anyhow::Resul
     }
     let options: Vec<(String, String)> = params.iter().filter(|(k, _)| k != "user" && k != "database").cloned().collect();
     let local_login = Login { user: user.clone(), database: database.clone(), password: coordinator.config.coordinator_db.password.clone(), options: options.clone() };
-    let local_source = LocalSource { pool: coordinator.local_pool.clone(), addr: coordinator.config.coordinator_db_addr(), wait: coordinator.worker_pools.wait };
-    let key = (rand::random::<i32>() & 0x7fff_ffff, rand::random::<i32>());
-    let transactions = &coordinator.config.transactions;
-    let two_phase = TwoPhase::new(coordinator.process_id, key.0, Duration::from_secs_f64(transactions.grace_secs), transactions.fault(), coordinator.links.clone());
-    let mut worker_options: Vec<(String, String)> = options.into_iter().filter(|(k, _)| WORKER_PARAMETERS.iter().any(|p| p.eq_ignore_ascii_case(k))).collect();
-    worker_options.push(("application_name".into(), two_phase.session_name().to_string()));
+    let key = super::new_session_key();
+    let worker_options: Vec<(String, String)> = options.into_iter().filter(|(k, _)| WORKER_PARAMETERS.iter().any(|p| p.eq_ignore_ascii_case(k))).collect();
     let worker_login = Login { user, database: coordinator.config.coordinator_db.database.clone(), password: coordinator.config.coordinator_db.password.clone(), options: worker_options };
-    let (cancel_targets, pinned) = coordinator.register_session(key, two_phase.session_name(), &worker_login.user);
-    let mut parts = Participants::new(CoordinatorDb::new(local_source, local_login, pinned), worker_login, cancel_targets, two_phase, coordinator.worker_pools.clone());
+    let mut parts = coordinator.participants(key, local_login, worker_login);
     let facts = match parts.check_login().await {
         Ok(facts) => {
             coordinator.logins.remember_login(parts.login_key(), &facts);
@@ -895,7 +889,7 @@ impl Session {
                 return Err(refusal.into());
             }
             Plan::ClusterFunction(call) => {
-                let mut ctx = CommandContext { coordinator: &self.coordinator, parts: &mut self.parts, client: &mut self.client, catalog };
+                let mut ctx = CommandContext { coordinator: &self.coordinator, parts: &mut self.parts, caller: Caller::Client(&mut self.client), catalog };
                 let bound = extended.map(|(bind, shape)| (bind, shape.param_types.as_slice()));
                 commands::run_cluster_function(call, &mut ctx, bound).await?;
                 if call.function.changes_tables() && self.parts.in_block() {
@@ -903,7 +897,7 @@ impl Session {
                 }
             }
             Plan::Ddl(ddl) => {
-                let mut ctx = CommandContext { coordinator: &self.coordinator, parts: &mut self.parts, client: &mut self.client, catalog };
+                let mut ctx = CommandContext { coordinator: &self.coordinator, parts: &mut self.parts, caller: Caller::Client(&mut self.client), catalog };
                 commands::run_ddl(ddl, sql, &mut ctx).await?;
                 if ddl.changes_catalog() && self.parts.in_block() {
                     self.load_block_catalog().await?;
