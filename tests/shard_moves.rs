@@ -467,3 +467,81 @@ async fn second_copy_serves(cluster: &TestCluster, expected: i64) {
     let count: i64 = w.query_one("SELECT count(*) FROM kinds", &[]).await.unwrap().get(0);
     assert_eq!(count, expected, "the second worker's view reads its own copy");
 }
+
+/// A co-location group with a table partitioned by range moves whole: the
+/// partitioned shard, its partitions' shards attached to it on the target
+/// (keys and indexes inherited there), both transfer modes, while a client
+/// keeps inserting into both partitions; the workers' own relations see
+/// every row afterwards. Tables partitioned by hash are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_table_moves_with_its_partitions() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute(
+        "CREATE TABLE tenants (tenant int PRIMARY KEY, name text);
+         SELECT create_distributed_table('tenants', 'tenant', shard_count => 2);
+         CREATE TABLE events (tenant int, at date, id bigint, body text, PRIMARY KEY (tenant, at, id)) PARTITION BY RANGE (at);
+         CREATE TABLE events_2025 PARTITION OF events FOR VALUES FROM ('2025-01-01') TO ('2026-01-01');
+         CREATE TABLE events_2026 PARTITION OF events FOR VALUES FROM ('2026-01-01') TO ('2027-01-01');
+         CREATE INDEX events_body ON events (body);
+         SELECT create_distributed_table('events', 'tenant', colocate_with => 'tenants');
+         INSERT INTO tenants SELECT g, 'tenant ' || g FROM generate_series(1, 20) g;
+         INSERT INTO events SELECT g % 20 + 1, date '2025-06-01' + (g % 400), g, 'event ' || g FROM generate_series(1, 400) g;",
+    )
+    .await
+    .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (stop, port) = (stop.clone(), cluster.port);
+        tokio::spawn(async move {
+            let c = common::connect(port).await;
+            let mut id = 1000;
+            while !stop.load(SeqCst) {
+                id += 1;
+                c.execute("INSERT INTO events VALUES ($1, date '2025-12-30' + ($2 % 4)::int, $2, 'late')", &[&((id % 20 + 1) as i32), &id]).await.expect("an insert during the move");
+            }
+            id - 1000
+        })
+    };
+    let ports = cluster.cluster.state.worker_ports.clone();
+    for mode in ["auto", "block_writes"] {
+        let row = c.query_one("SELECT shardid, nodeport FROM citus_shards WHERE table_name = 'events'::regclass ORDER BY shardid LIMIT 1", &[]).await.unwrap();
+        let (shard, from): (i64, i32) = (row.get(0), row.get(1));
+        let to = if from == i32::from(ports[0]) { ports[1] } else { ports[0] };
+        c.batch_execute(&format!("SELECT citus_move_shard_placement({shard}, '127.0.0.1', {from}, '127.0.0.1', {to}, '{mode}')")).await.unwrap();
+        let w = common::connect(to as u16).await;
+        let attached = text_rows(&w, &format!("SELECT count(*) FROM pg_inherits WHERE inhparent = 'events_{shard}'::regclass")).await;
+        assert_eq!(attached, vec![vec![Some("2".into())]], "{mode}: both partitions attached on the target");
+        let indexes = text_rows(&w, &format!("SELECT count(*) FROM pg_index i JOIN pg_inherits x ON x.inhrelid = i.indrelid WHERE x.inhparent = 'events_{shard}'::regclass")).await;
+        assert_eq!(indexes, vec![vec![Some("4".into())]], "{mode}: key and index on both partition shards there");
+    }
+    stop.store(true, SeqCst);
+    let inserted = writer.await.unwrap();
+    c.batch_execute("SELECT citus_cleanup_orphaned_resources(); UPDATE events SET body = body || '!' WHERE tenant = 3").await.unwrap();
+    let total = (400 + inserted).to_string();
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM events").await, vec![vec![Some(total.clone())]]);
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM events WHERE at >= '2026-01-01'").await, text_rows(&c, "SELECT count(*) FROM events_2026").await);
+    for i in 0..2 {
+        let w = cluster.connect_worker(i).await;
+        assert_eq!(text_rows(&w, "SELECT count(*) FROM events").await, vec![vec![Some(total.clone())]], "worker {i}'s relation");
+        assert_eq!(leftovers(&w).await, vec![vec![Some("0".into())]], "nothing left on worker {i}");
+    }
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM pg_dist_cleanup").await, vec![vec![Some("0".into())]]);
+
+    c.batch_execute(
+        "CREATE TABLE spread (k int, v int) PARTITION BY HASH (v);
+         CREATE TABLE spread_0 PARTITION OF spread FOR VALUES WITH (MODULUS 2, REMAINDER 0);
+         CREATE TABLE spread_1 PARTITION OF spread FOR VALUES WITH (MODULUS 2, REMAINDER 1);
+         SELECT create_distributed_table('spread', 'k', shard_count => 2, colocate_with => 'none');",
+    )
+    .await
+    .unwrap();
+    let row = c.query_one("SELECT shardid, nodeport FROM citus_shards WHERE table_name = 'spread'::regclass ORDER BY shardid LIMIT 1", &[]).await.unwrap();
+    let (shard, from): (i64, i32) = (row.get(0), row.get(1));
+    let to = if from == i32::from(ports[0]) { ports[1] } else { ports[0] };
+    let e = c.batch_execute(&format!("SELECT citus_move_shard_placement({shard}, '127.0.0.1', {from}, '127.0.0.1', {to})")).await.unwrap_err();
+    assert_eq!(common::sqlstate(&e), "0A000", "{}", common::error_text(&e));
+    assert!(common::error_text(&e).contains("partitioned by hash"), "{}", common::error_text(&e));
+    c.batch_execute("SELECT citus_cleanup_orphaned_resources()").await.unwrap();
+    assert_eq!(common::placement_ports(&c, "spread").await[0], from);
+}

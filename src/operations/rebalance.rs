@@ -51,9 +51,6 @@ pub fn plan(catalog: &Catalog, scope: Scope) -> PgResult<Vec<PlannedMove>> {
     }
     let mut moves = Vec::new();
     for (_, mut tables) in groups {
-        if tables.iter().any(|t| !catalog.partitions_under(t.oid).is_empty()) {
-            continue; // shard_move refuses partitioned groups
-        }
         tables.sort_by_key(|t| t.qualified_name());
         let anchor = tables[0];
         // Shard indexes by node group.

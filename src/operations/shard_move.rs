@@ -2,8 +2,9 @@
 //! of its group, from one node to another while the cluster runs.
 //!
 //! 1. The shard tables are made on the target as the source has them
-//!    (columns, constraints, indexes, replica identity), recorded for
-//!    cleanup first so that an interrupted move leaves nothing behind.
+//!    (columns, constraints, indexes, replica identity; partitions attached
+//!    to their partitioned shard), recorded for cleanup first so that an
+//!    interrupted move leaves nothing behind.
 //! 2. Logical (the default): a publication on the source and a subscription
 //!    on the target copy the rows and then follow every write. Tables
 //!    without a primary key get `REPLICA IDENTITY FULL` on the source so
@@ -103,15 +104,13 @@ fn shard_group(ctx: &CommandContext<'_>, shard_id: i64, source: &Node, target: &
     }
     let mut members = Vec::new();
     for t in ctx.catalog.tables().filter(|t| t.colocation_id == table.colocation_id && !t.is_reference()) {
-        if t.partition_of.is_some() || !ctx.catalog.partitions_under(t.oid).is_empty() {
-            return Err(PgError::not_supported(format!("moving shards of partitioned table {} is not supported yet", t.name))
-                .with_hint("Shard groups of co-location groups without partitioned tables can move."));
-        }
         if let Some(s) = t.shards.get(shard.index as usize) {
             members.push((t.clone(), s.clone()));
         }
     }
-    members.sort_by(|a, b| a.0.qualified_name().cmp(&b.0.qualified_name()));
+    // Partitioned tables before their partitions, which are attached to them.
+    let depth = |t: &DistributedTable| std::iter::successors(t.partition_of, |p| ctx.catalog.table_by_oid(*p).and_then(|t| t.partition_of)).count();
+    members.sort_by_cached_key(|(t, _)| (depth(t), t.qualified_name()));
     Ok(Group { colocation: table.colocation_id, index: shard.index, members })
 }
 
@@ -153,15 +152,20 @@ async fn transfer(ctx: &mut CommandContext<'_>, op: &mut Operation, group: &Grou
     source_conn.execute("SET search_path = pg_catalog").await?;
     let mut after_data = Vec::new();
     let mut validate = Vec::new();
+    // The tables that hold rows (not the partitioned ones), with their columns.
     let mut copy_columns = Vec::new();
-    for name in group.names() {
+    for (table, shard) in &group.members {
+        let name = table.qualified_shard_name(shard);
+        let definition = read_definition(&mut source_conn, &name, table.partition_of.is_some()).await.map_err(|e| on_node(e, source, &name))?;
         op.record(Object::Shard, &name, target.group_id, Policy::OnFailure).await?;
-        let definition = read_definition(&mut source_conn, &name).await?;
         target_conn.execute(&format!("BEGIN; {}; COMMIT", definition.schema.join(";\n"))).await.map_err(|e| on_node(e, target, &name))?;
         after_data.extend(definition.after_data);
         validate.extend(definition.validate);
-        copy_columns.push((name, definition.copy_columns));
+        if !definition.copy_columns.is_empty() {
+            copy_columns.push((name, definition.copy_columns));
+        }
     }
+    let leaves: Vec<&str> = copy_columns.iter().map(|(name, _)| name.as_str()).collect();
     let names = format!("tessera_move_{}", op.id);
     if mode == TransferMode::Logical {
         for (object, group_id) in [(Object::Subscription, target.group_id), (Object::ReplicationSlot, source.group_id), (Object::Publication, source.group_id)] {
@@ -171,13 +175,13 @@ async fn transfer(ctx: &mut CommandContext<'_>, op: &mut Operation, group: &Grou
             .query(&format!(
                 "SELECT c.oid::regclass FROM pg_class c WHERE c.oid = ANY (ARRAY[{}]::regclass[]) AND c.relreplident = 'd'
                    AND NOT EXISTS (SELECT FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)",
-                group.names().iter().map(|n| quote_literal(n)).collect::<Vec<_>>().join(", ")
+                leaves.iter().map(|n| quote_literal(n)).collect::<Vec<_>>().join(", ")
             ))
             .await?;
         for row in unidentified {
             source_conn.execute(&format!("ALTER TABLE {} REPLICA IDENTITY FULL", row[0].clone().unwrap_or_default())).await?;
         }
-        source_conn.execute(&format!("CREATE PUBLICATION {} FOR TABLE {}", quote_ident(&names), group.names().join(", "))).await.map_err(|e| on_node(e, source, &names))?;
+        source_conn.execute(&format!("CREATE PUBLICATION {} FOR TABLE {}", quote_ident(&names), leaves.join(", "))).await.map_err(|e| on_node(e, source, &names))?;
         let password = login.password.as_deref().map(|p| format!(" password={}", conninfo_value(p))).unwrap_or_default();
         let conninfo = format!(
             "host={} port={} user={} dbname={}{password}",
@@ -196,7 +200,7 @@ async fn transfer(ctx: &mut CommandContext<'_>, op: &mut Operation, group: &Grou
             .await
             .map_err(|e| on_node(e, target, &names))?;
         fault(ctx, Fault::MoveAfterSubscribe);
-        wait_for_initial_copy(ctx, &mut target_conn, &names, group, target).await?;
+        wait_for_initial_copy(ctx, &mut target_conn, &names, group, leaves.len(), target).await?;
     }
     if !after_data.is_empty() {
         target_conn.execute(&after_data.join(";\n")).await.map_err(|e| on_node(e, target, "the shards' keys, triggers and grants"))?;
@@ -351,7 +355,7 @@ async fn drain_writers(ctx: &CommandContext<'_>, source: &Node) -> PgResult<()> 
 
 /// Waits until the subscription has copied every table, telling the client
 /// how far it got.
-async fn wait_for_initial_copy(ctx: &mut CommandContext<'_>, target_conn: &mut PgConnection, subscription: &str, group: &Group, target: &Node) -> PgResult<()> {
+async fn wait_for_initial_copy(ctx: &mut CommandContext<'_>, target_conn: &mut PgConnection, subscription: &str, group: &Group, tables: usize, target: &Node) -> PgResult<()> {
     let sql = format!(
         "SELECT count(*) FILTER (WHERE r.srsubstate IN ('r', 's')), count(*),
                 (SELECT coalesce(sum(sync_error_count + apply_error_count), 0) FROM pg_stat_subscription_stats WHERE subname = {name})
@@ -368,10 +372,10 @@ async fn wait_for_initial_copy(ctx: &mut CommandContext<'_>, target_conn: &mut P
                 .with_hint(format!("See the server log of {}; the move can be started again.", target.addr)));
         }
         if reported != Some(ready) {
-            ctx.notice(format!("copying shard group {}: {ready} of {} tables copied", group.index, group.members.len())).await;
+            ctx.notice(format!("copying shard group {}: {ready} of {tables} tables copied", group.index)).await;
             reported = Some(ready);
         }
-        if total == group.members.len() && ready == total {
+        if total == tables && ready == total {
             return Ok(());
         }
         ctx.check_stopped()?;
@@ -445,18 +449,22 @@ struct Definition {
 }
 
 /// Reads `name`'s definition on a connection whose search_path is
-/// pg_catalog alone (so every name comes out qualified).
-async fn read_definition(conn: &mut PgConnection, name: &str) -> PgResult<Definition> {
+/// pg_catalog alone (so every name comes out qualified). A partition
+/// (`partition`) is attached to its parent's shard, which then gives it
+/// the keys, indexes and triggers it inherits; a partitioned table holds
+/// no rows to copy.
+async fn read_definition(conn: &mut PgConnection, name: &str, partition: bool) -> PgResult<Definition> {
     let rel = format!("{}::regclass", quote_literal(name));
     // Inside format() string literals below.
     let name = name.replace('\'', "''").replace('%', "%%");
     let rows = conn
         .query(&format!(
-            "SELECT 0, 0, format('CREATE TABLE {name} (%s)', string_agg(format('%I %s%s%s%s', a.attname, format_type(a.atttypid, a.atttypmod),
+            "SELECT 0, 0, format('CREATE TABLE {name} (%s)%s', string_agg(format('%I %s%s%s%s', a.attname, format_type(a.atttypid, a.atttypmod),
                         CASE WHEN a.attcollation <> 0 AND a.attcollation <> t.typcollation THEN ' COLLATE ' || a.attcollation::regcollation::text ELSE '' END,
                         CASE WHEN a.attgenerated = 's' THEN format(' GENERATED ALWAYS AS (%s) STORED', pg_get_expr(d.adbin, d.adrelid))
                              WHEN d.adbin IS NOT NULL THEN ' DEFAULT ' || pg_get_expr(d.adbin, d.adrelid) ELSE '' END,
-                        CASE WHEN a.attnotnull THEN ' NOT NULL' ELSE '' END), ', ' ORDER BY a.attnum))
+                        CASE WHEN a.attnotnull THEN ' NOT NULL' ELSE '' END), ', ' ORDER BY a.attnum),
+                        (SELECT CASE WHEN c.relkind = 'p' THEN ' PARTITION BY ' || pg_get_partkeydef(c.oid) ELSE '' END FROM pg_class c WHERE c.oid = {rel}))
                FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
               WHERE a.attrelid = {rel} AND a.attnum > 0 AND NOT a.attisdropped
              UNION ALL
@@ -465,24 +473,28 @@ async fn read_definition(conn: &mut PgConnection, name: &str) -> PgResult<Defini
              SELECT 0, 2, format('ALTER TABLE {name} SET (%s)', array_to_string(c.reloptions, ', ')) FROM pg_class c WHERE c.oid = {rel} AND c.reloptions IS NOT NULL
              UNION ALL
              SELECT 0, 3, format('ALTER TABLE {name} ADD CONSTRAINT %I %s', conname, pg_get_constraintdef(oid)) FROM pg_constraint
-              WHERE conrelid = {rel} AND contype IN ('p', 'u', 'x', 'c')
+              WHERE conrelid = {rel} AND contype IN ('p', 'u', 'x', 'c') AND conparentid = 0
              UNION ALL
              SELECT 0, 4, pg_get_indexdef(i.indexrelid) FROM pg_index i
               WHERE i.indrelid = {rel} AND NOT EXISTS (SELECT FROM pg_constraint k WHERE k.conindid = i.indexrelid AND k.conrelid = {rel})
+                AND NOT EXISTS (SELECT FROM pg_inherits x WHERE x.inhrelid = i.indexrelid)
              UNION ALL
              SELECT 0, 5, CASE c.relreplident WHEN 'f' THEN 'ALTER TABLE {name} REPLICA IDENTITY FULL' WHEN 'n' THEN 'ALTER TABLE {name} REPLICA IDENTITY NOTHING'
                           ELSE format('ALTER TABLE {name} REPLICA IDENTITY USING INDEX %I', (SELECT ic.relname FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid WHERE i.indrelid = c.oid AND i.indisreplident)) END
                FROM pg_class c WHERE c.oid = {rel} AND c.relreplident <> 'd'
              UNION ALL
+             SELECT 0, 6, format('ALTER TABLE %s ATTACH PARTITION {name} %s', x.inhparent::regclass, pg_get_expr(c.relpartbound, c.oid))
+               FROM pg_class c JOIN pg_inherits x ON x.inhrelid = c.oid WHERE c.oid = {rel} AND {partition}
+             UNION ALL
              SELECT 1, 0, format('ALTER TABLE {name} ADD CONSTRAINT %I %s%s', conname, pg_get_constraintdef(oid), CASE WHEN convalidated THEN ' NOT VALID' ELSE '' END)
-               FROM pg_constraint WHERE conrelid = {rel} AND contype = 'f'
+               FROM pg_constraint WHERE conrelid = {rel} AND contype = 'f' AND conparentid = 0
              UNION ALL
-             SELECT 3, 0, format('ALTER TABLE {name} VALIDATE CONSTRAINT %I', conname) FROM pg_constraint WHERE conrelid = {rel} AND contype = 'f' AND convalidated
+             SELECT 3, 0, format('ALTER TABLE {name} VALIDATE CONSTRAINT %I', conname) FROM pg_constraint WHERE conrelid = {rel} AND contype = 'f' AND convalidated AND conparentid = 0
              UNION ALL
-             SELECT 1, 1, pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = {rel} AND NOT tgisinternal
+             SELECT 1, 1, pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = {rel} AND NOT tgisinternal AND tgparentid = 0
              UNION ALL
              SELECT 1, 2, format('ALTER TABLE {name} %s TRIGGER %I', CASE tgenabled WHEN 'D' THEN 'DISABLE' WHEN 'R' THEN 'ENABLE REPLICA' ELSE 'ENABLE ALWAYS' END, tgname)
-               FROM pg_trigger WHERE tgrelid = {rel} AND NOT tgisinternal AND tgenabled <> 'O'
+               FROM pg_trigger WHERE tgrelid = {rel} AND NOT tgisinternal AND tgenabled <> 'O' AND tgparentid = 0
              UNION ALL
              SELECT 1, 3, 'ALTER TABLE {name} ENABLE ROW LEVEL SECURITY' FROM pg_class WHERE oid = {rel} AND relrowsecurity
              UNION ALL
@@ -501,6 +513,7 @@ async fn read_definition(conn: &mut PgConnection, name: &str) -> PgResult<Defini
                      SELECT a.privilege_type, att.attname, a.grantee, a.is_grantable FROM pg_attribute att, aclexplode(att.attacl) a WHERE att.attrelid = {rel} AND att.attnum > 0 AND NOT att.attisdropped) g
              UNION ALL
              SELECT 2, 0, string_agg(quote_ident(attname), ', ' ORDER BY attnum) FROM pg_attribute WHERE attrelid = {rel} AND attnum > 0 AND NOT attisdropped AND attgenerated = ''
+                AND (SELECT relkind FROM pg_class WHERE oid = {rel}) = 'r'
              ORDER BY 1, 2"
         ))
         .await?;
@@ -516,6 +529,11 @@ async fn read_definition(conn: &mut PgConnection, name: &str) -> PgResult<Defini
     }
     if definition.schema.is_empty() {
         return Err(PgError::internal(format!("shard {name} has no definition on its node")));
+    }
+    if definition.schema[0].contains(" PARTITION BY HASH") {
+        // The workers' views of its partitions name its shards.
+        return Err(PgError::not_supported(format!("moving shard {name}, which is partitioned by hash, is not supported"))
+            .with_hint("Shard groups whose tables are unpartitioned or partitioned by range or list can move."));
     }
     Ok(definition)
 }
