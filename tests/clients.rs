@@ -32,6 +32,12 @@ fn run_matrix(port: u16, database: &str, tessera: bool, restore_port: u16) {
         .env("PGDATABASE", database)
         .env("TESSERA", if tessera { "1" } else { "0" })
         .env("RESTORE_PGPORT", restore_port.to_string())
+        // The nine programs create their schemas at once, and distributed DDL
+        // takes its turn cluster-wide: on a slow machine the last program's
+        // schema check waits about a minute for the other eight (each about
+        // 4 s alone), beyond run.sh's default 60 s per check.
+        .env("CHECK_TIMEOUT", "180")
+        .env("PROGRAM_TIMEOUT", "300")
         .env("MATRIX_OUT", out.path())
         .output()
         .expect("run tests/clients/run.sh");
