@@ -86,23 +86,14 @@ async fn copy_reference_shard(ctx: &mut CommandContext<'_>, table: &DistributedT
 /// shard, so theirs move instead). The copy is made under a write block
 /// whatever the transfer mode.
 pub async fn copy_shard_placement(ctx: &mut CommandContext<'_>, shard_id: i64, source: (&str, u16), target: (&str, u16)) -> PgResult<()> {
-    let (table, shard) = ctx
-        .catalog
-        .shard(shard_id)
-        .map(|(t, s)| (t.clone(), s.clone()))
-        .ok_or_else(|| PgError::new(sqlstate::UNDEFINED_OBJECT, format!("shard {shard_id} does not exist")))?;
+    let (table, shard) = catalog_shard(ctx, shard_id)?;
     if !table.is_reference() {
         return Err(PgError::not_supported(format!("shard {shard_id} belongs to distributed table {}, which keeps one placement per shard", table.name))
             .with_hint("Copies are made of reference tables only; to move the shard, use citus_move_shard_placement."));
     }
     let source = active_node(ctx, source.0, source.1)?;
     let target = active_node(ctx, target.0, target.1)?;
-    if !shard.placements.contains(&source.group_id) {
-        return Err(PgError::new(sqlstate::INVALID_PARAMETER_VALUE, format!("shard {shard_id} is not placed on {}", source.addr)));
-    }
-    if shard.placements.contains(&target.group_id) {
-        return Err(PgError::new(sqlstate::INVALID_PARAMETER_VALUE, format!("shard {shard_id} is already placed on {}", target.addr)));
-    }
+    check_placements(shard_id, &shard, &source, &target)?;
     copy_reference_placements(ctx, &[(table, shard, source, target)]).await
 }
 
@@ -191,6 +182,26 @@ pub(crate) fn active_node(ctx: &CommandContext<'_>, host: &str, port: u16) -> Pg
         .filter(|n| n.active)
         .cloned()
         .ok_or_else(|| PgError::new(sqlstate::UNDEFINED_OBJECT, format!("node {host}:{port} is not an active node of the cluster")))
+}
+
+/// Shard `shard_id` and its table, or the error saying there is none.
+pub(crate) fn catalog_shard(ctx: &CommandContext<'_>, shard_id: i64) -> PgResult<(Arc<DistributedTable>, Shard)> {
+    ctx.catalog
+        .shard(shard_id)
+        .map(|(t, s)| (t.clone(), s.clone()))
+        .ok_or_else(|| PgError::new(sqlstate::UNDEFINED_OBJECT, format!("shard {shard_id} does not exist")))
+}
+
+/// Refuses to move or copy shard `shard_id` unless it is placed on `source`
+/// and not yet on `target`.
+pub(crate) fn check_placements(shard_id: i64, shard: &Shard, source: &Node, target: &Node) -> PgResult<()> {
+    if !shard.placements.contains(&source.group_id) {
+        return Err(PgError::new(sqlstate::INVALID_PARAMETER_VALUE, format!("shard {shard_id} is not placed on {}", source.addr)));
+    }
+    if shard.placements.contains(&target.group_id) {
+        return Err(PgError::new(sqlstate::INVALID_PARAMETER_VALUE, format!("shard {shard_id} is already placed on {}", target.addr)));
+    }
+    Ok(())
 }
 
 /// The node registered at `host`:`port`, or the error saying there is none.

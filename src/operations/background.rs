@@ -162,8 +162,10 @@ async fn run_job(coordinator: &Coordinator, progress: &mut TaskProgress) -> PgRe
     tracing::info!("running rebalance job {job_id}: {} moves left", tasks.len());
     let mut outcome = if state.as_deref() == Some("cancelling") { Outcome::Cancelled } else { Outcome::Finished };
     for row in tasks {
-        if outcome != Outcome::Finished || progress.stop_requested() {
-            outcome = if outcome == Outcome::Failed { outcome } else { Outcome::Cancelled };
+        // A failed or stopped task ends the loop below; this is a stop
+        // asked for between tasks, or before the job began.
+        if outcome == Outcome::Cancelled || progress.stop_requested() {
+            outcome = Outcome::Cancelled;
             break;
         }
         let number = |i: usize| row[i].as_deref().and_then(|v| v.parse::<i64>().ok()).unwrap_or_default();
@@ -186,6 +188,9 @@ async fn run_job(coordinator: &Coordinator, progress: &mut TaskProgress) -> PgRe
             .conn
             .execute(&format!("UPDATE tessera.pg_dist_background_task SET status = '{status}', message = {} WHERE task_id = {}", quote_literal(&message), progress.task_id))
             .await?;
+        if outcome != Outcome::Finished {
+            break;
+        }
     }
     let (job_state, left) = match outcome {
         Outcome::Finished => ("finished", "done"),

@@ -25,7 +25,7 @@
 
 use super::cleanup::{self, Object, Operation, Policy};
 use crate::commands::worker_relations::{refuse_writes_sql, repoint_sql};
-use crate::commands::nodes::active_node;
+use crate::commands::nodes::{active_node, catalog_shard, check_placements};
 use crate::commands::{finish_block, CommandContext};
 use crate::config::Config;
 use crate::connection::{quote_ident, quote_literal, PgConnection};
@@ -87,21 +87,12 @@ impl Group {
 
 /// The shard `shard_id` and its co-located shards, on `source` now.
 fn shard_group(ctx: &CommandContext<'_>, shard_id: i64, source: &Node, target: &Node) -> PgResult<Group> {
-    let (table, shard) = ctx
-        .catalog
-        .shard(shard_id)
-        .map(|(t, s)| (t.clone(), s.clone()))
-        .ok_or_else(|| PgError::new(sqlstate::UNDEFINED_OBJECT, format!("shard {shard_id} does not exist")))?;
+    let (table, shard) = catalog_shard(ctx, shard_id)?;
     if table.is_reference() {
         return Err(PgError::not_supported(format!("shard {shard_id} belongs to reference table {}, which every node holds a copy of", table.name))
             .with_hint("Reference tables are copied to nodes when they are added; they do not move."));
     }
-    if !shard.placements.contains(&source.group_id) {
-        return Err(PgError::new(sqlstate::INVALID_PARAMETER_VALUE, format!("shard {shard_id} is not placed on {}", source.addr)));
-    }
-    if shard.placements.contains(&target.group_id) {
-        return Err(PgError::new(sqlstate::INVALID_PARAMETER_VALUE, format!("shard {shard_id} is already placed on {}", target.addr)));
-    }
+    check_placements(shard_id, &shard, source, target)?;
     let mut members = Vec::new();
     for t in ctx.catalog.tables().filter(|t| t.colocation_id == table.colocation_id && !t.is_reference()) {
         if let Some(s) = t.shards.get(shard.index as usize) {
