@@ -179,9 +179,6 @@ pub struct WorkerConnection {
     /// The current block wrote through this connection, so committing it needs
     /// the same atomicity as the other writers'.
     wrote: bool,
-    /// The id of the block's transaction here, when the worker told it
-    /// ahead of the commit (taken from the connection at the commit).
-    xid: Option<String>,
     /// Shard statement text → per parameter-type list it was parsed with, the
     /// name of the statement prepared on this connection, for the catalog
     /// version the session last ran under. The types are part of the key: a
@@ -567,12 +564,6 @@ impl Participants {
             self.cancel_targets.lock().unwrap().push((node.addr.clone(), worker.conn.backend_key()));
             self.workers.insert(node.group_id, worker);
         }
-        // A second writer makes the block two-phase, and its first writing
-        // worker a candidate to decide it (see `deciding_worker`): that
-        // worker's transaction id names the others' parts, learnt now in
-        // the same flight as its first write rather than asked for at COMMIT
-        // (assigning it early costs nothing, as the write is about to).
-        let second_writer = self.block.is_some() && access == Access::Write && self.workers.values().filter(|w| w.wrote).count() == 1;
         let worker = self.workers.get_mut(&node.group_id).unwrap();
         worker.last_used = std::time::Instant::now();
         if !Arc::ptr_eq(&worker.type_oids, &node.type_oids) {
@@ -586,16 +577,8 @@ impl Participants {
                 }
                 worker.conn.queue_silent(&replay_sql(block));
                 worker.in_block = true;
-                // Nothing an earlier block's transaction told may name this one's.
-                worker.conn.take_captured();
-                worker.xid = None;
             }
-            if access == Access::Write && !worker.wrote {
-                worker.wrote = true;
-                if second_writer {
-                    worker.conn.queue_capture("SELECT pg_catalog.pg_current_xact_id()::text");
-                }
-            }
+            worker.wrote |= access == Access::Write;
         }
         Ok(worker)
     }
@@ -649,7 +632,6 @@ impl Participants {
             type_oids: node.type_oids.clone(),
             in_block: false,
             wrote: false,
-            xid: None,
             prepared: HashMap::new(),
             statements_made: 0,
             needs_sync: false,
@@ -1133,15 +1115,11 @@ impl Participants {
     }
 
     /// The writing worker that decides: one whose transaction used links,
-    /// since only it cannot prepare, or else the one that already told its
-    /// transaction id (`worker`), or else the first by node group.
-    fn deciding_worker(&mut self) -> Option<i32> {
+    /// since only it cannot prepare, or else the first by node group.
+    fn deciding_worker(&self) -> Option<i32> {
         let links = &self.two_phase.links;
-        let mut writers: Vec<&mut WorkerConnection> = self.workers.values_mut().filter(|w| w.in_block && w.wrote).collect();
-        for w in writers.iter_mut() {
-            w.xid = w.conn.take_captured();
-        }
-        writers.sort_by_key(|w| (!links.in_linked_transaction(w.group_id, w.conn.backend_key().0), w.xid.is_none(), w.group_id));
+        let mut writers: Vec<&WorkerConnection> = self.workers.values().filter(|w| w.in_block && w.wrote).collect();
+        writers.sort_by_key(|w| (!links.in_linked_transaction(w.group_id, w.conn.backend_key().0), w.group_id));
         writers.first().map(|w| w.group_id)
     }
 
@@ -1149,13 +1127,8 @@ impl Participants {
     /// id of the deciding worker's transaction (which has one: it wrote).
     async fn decided_names(&mut self, decider: i32) -> PgResult<Vec<(i32, String)>> {
         let w = self.workers.get_mut(&decider).ok_or_else(|| PgError::internal(format!("no connection to node group {decider}")))?;
-        let xid = match w.xid.take() {
-            Some(xid) => xid,
-            None => {
-                let rows = w.conn.query("SELECT pg_current_xact_id()::text").await?;
-                rows.into_iter().next().and_then(|r| r.into_iter().next().flatten()).ok_or_else(|| PgError::internal("pg_current_xact_id() gave no row"))?
-            }
-        };
+        let rows = w.conn.query("SELECT pg_current_xact_id()::text").await?;
+        let xid = rows.into_iter().next().and_then(|r| r.into_iter().next().flatten()).ok_or_else(|| PgError::internal("pg_current_xact_id() gave no row"))?;
         // One part per node; a link's parts there are numbered instead.
         Ok(self.workers.values().filter(|w| w.in_block && w.wrote && w.group_id != decider).map(|w| (w.group_id, decided::gid(decider, &xid, "block"))).collect())
     }
