@@ -159,6 +159,61 @@ async fn a_stalled_commit_is_not_rolled_back_behind_its_back() {
     assert_eq!(text_rows(&c2, &format!("SELECT balance FROM bank WHERE id = {b}")).await, vec![vec![Some("130".into())]]);
 }
 
+/// Recovery decides a part by its deciding transaction's commit record, not
+/// by the transaction id alone: a worker restarted after a crash hands out
+/// ids again whose WAL never reached disk, so the id in a part's name may
+/// belong to another transaction by then. Parts are made by hand on one
+/// worker, named after transactions on the other.
+#[tokio::test]
+async fn recovery_decides_by_the_commit_record_not_the_transaction_id() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    let decider_port = cluster.workers()[0].port;
+    let group: i32 = c.query_one(&format!("SELECT groupid FROM pg_dist_node WHERE nodeport = {decider_port}"), &[]).await.unwrap().get(0);
+    let decider = cluster.connect_worker(0).await;
+    let other = cluster.connect_worker(1).await;
+    other.batch_execute("CREATE TABLE parts (name text)").await.unwrap();
+    let prepare = |name: &str, xid: &str, started: &str| {
+        format!("BEGIN; INSERT INTO parts VALUES ('{name}'); PREPARE TRANSACTION 'tessera.decided_{group}_{xid}_{started}_{name}'")
+    };
+    let record = "SELECT xid::text, backend_started::text FROM tessera_commit.record_commit()";
+    let one_row = |rows: Vec<Vec<Option<String>>>| (rows[0][0].clone().unwrap(), rows[0][1].clone().unwrap());
+
+    // Committed with its record: committed.
+    decider.batch_execute("BEGIN").await.unwrap();
+    let (xid, started) = one_row(text_rows(&decider, record).await);
+    decider.batch_execute("COMMIT").await.unwrap();
+    other.batch_execute(&prepare("recorded", &xid, &started)).await.unwrap();
+    // The same id, but from a backend that started earlier: the transaction
+    // a crash ended before its id was handed out again. Rolled back.
+    let earlier = (started.parse::<i64>().unwrap() - 1).to_string();
+    other.batch_execute(&prepare("reused", &xid, &earlier)).await.unwrap();
+    // An id not handed out yet (the node forgot it in a crash): rolled back.
+    let future = (xid.parse::<u64>().unwrap() + 1_000_000).to_string();
+    other.batch_execute(&prepare("future", &future, &started)).await.unwrap();
+    // Committed without a record: rolled back.
+    let bare = text_rows(&decider, "SELECT pg_current_xact_id()::text").await[0][0].clone().unwrap();
+    other.batch_execute(&prepare("unrecorded", &bare, &started)).await.unwrap();
+    // Still running with its record: waits for it.
+    decider.batch_execute("BEGIN").await.unwrap();
+    let (running, running_started) = one_row(text_rows(&decider, record).await);
+    other.batch_execute(&prepare("running", &running, &running_started)).await.unwrap();
+
+    let prepared = || async { text_rows(&other, "SELECT gid FROM pg_prepared_xacts ORDER BY gid").await };
+    let parts = || async { text_rows(&other, "SELECT name FROM parts ORDER BY name").await };
+    c.batch_execute("SELECT recover_prepared_transactions()").await.unwrap();
+    assert_eq!(prepared().await, vec![vec![Some(format!("tessera.decided_{group}_{running}_{running_started}_running"))]]);
+    assert_eq!(parts().await, vec![vec![Some("recorded".into())]]);
+    decider.batch_execute("COMMIT").await.unwrap();
+    c.batch_execute("SELECT recover_prepared_transactions()").await.unwrap();
+    assert!(prepared().await.is_empty());
+    assert_eq!(parts().await, vec![vec![Some("recorded".into())], vec![Some("running".into())]]);
+    // The records go once no prepared part names them (a pass after the
+    // one that committed the last part).
+    c.batch_execute("SELECT recover_prepared_transactions()").await.unwrap();
+    assert_eq!(text_rows(&decider, "SELECT count(*) FROM tessera_commit.commit_records").await, vec![vec![Some("0".into())]]);
+}
+
 /// Two sessions update the same two rows, on different workers, in opposite
 /// order: each worker sees only one wait, so only the distributed detector can
 /// break the cycle. Exactly one session gets 40P01; the other commits.

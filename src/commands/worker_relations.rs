@@ -236,8 +236,9 @@ pub fn rename_foreign_sql(table: &DistributedTable, new_name: &str, group: i32) 
 }
 
 /// The trigger that gives a worker transaction writing through foreign
-/// table `foreign` an xid, even when it writes nothing locally: the link
-/// relay names the remote part after it.
+/// table `foreign` an xid and a commit record (`transaction::decided`),
+/// even when it writes nothing locally: the link relay names the remote
+/// part after it, and the record decides that part.
 fn remote_write_trigger_sql(foreign: &str) -> String {
     format!("CREATE TRIGGER tessera_remote_write BEFORE INSERT OR UPDATE OR DELETE ON {foreign} FOR EACH ROW EXECUTE FUNCTION {REMOTE_SCHEMA}.remote_write()")
 }
@@ -249,12 +250,13 @@ fn remote_write_trigger_sql(foreign: &str) -> String {
 /// its privileges, as the coordinator's own connections do). Idempotent.
 fn setup_sql(node: &Node, nodes: &[Node], relay: &ServerAddr) -> String {
     let mut sql = format!(
-        "CREATE EXTENSION IF NOT EXISTS postgres_fdw;
+        "{decisions}
+         CREATE EXTENSION IF NOT EXISTS postgres_fdw;
          CREATE SCHEMA IF NOT EXISTS {REMOTE_SCHEMA};
          GRANT USAGE, CREATE ON SCHEMA {REMOTE_SCHEMA} TO PUBLIC;
          CREATE OR REPLACE FUNCTION {REMOTE_SCHEMA}.remote_write() RETURNS trigger LANGUAGE plpgsql AS $tessera$
          BEGIN
-           PERFORM pg_current_xact_id();
+           PERFORM tessera_commit.record_commit_once();
            IF TG_OP = 'DELETE' THEN RETURN OLD; END IF;
            RETURN NEW;
          END $tessera$;
@@ -298,7 +300,8 @@ fn setup_sql(node: &Node, nodes: &[Node], relay: &ServerAddr) -> String {
              END IF;
            END LOOP;
          END $tessera$;",
-        forget_roles = crate::metadata::forget_roles_function(REMOTE_SCHEMA)
+        forget_roles = crate::metadata::forget_roles_function(REMOTE_SCHEMA),
+        decisions = crate::transaction::decided::worker_objects_sql(),
     );
     for other in nodes.iter().filter(|n| n.group_id != node.group_id) {
         let server = server_name(other.group_id);

@@ -1,45 +1,135 @@
 //! Prepared transactions decided by another node's local transaction: the
 //! last-agent form of two-phase commit. One participant, the *deciding*
 //! node, commits its own part one-phase; every other part was prepared
-//! before, under a name that carries the deciding node's group and its
-//! transaction's id (xid8). The deciding commit is the decision, recorded
-//! nowhere else: a prepared part is committed once `pg_xact_status` on the
-//! deciding node says its transaction committed, rolled back once it says
-//! it aborted (a crash counts), and left alone while it runs — however long
-//! that takes, so no age-based rollback applies to these names.
+//! before, under a name that identifies the deciding transaction. That
+//! transaction writes a commit record on its own node (`record_commit`),
+//! so the record exists exactly when it committed: the decision is the
+//! deciding node's commit, with no extra round trip or fsync anywhere else.
+//!
+//! A transaction id alone cannot name the deciding transaction: a node
+//! restarted after a crash hands out again ids whose WAL never reached
+//! disk. The name adds when the deciding backend started, which no backend
+//! after the crash shares. A prepared part is committed once the record is
+//! there; rolled back once the id's transaction on the deciding node has
+//! ended (or the id is not handed out yet) and there is no record; and left
+//! alone while the id's transaction runs, however long that takes, so no
+//! age-based rollback applies to these names. Records are deleted by
+//! prepared-transaction recovery once no prepared part names them.
 //!
 //! Two kinds of transaction commit this way: a session's block that wrote
-//! on several workers (`Participants::commit_last_agent`), and a worker's
+//! on several workers (`Participants::commit_two_phase`), and a worker's
 //! transaction whose user code wrote on other nodes through links (`links`).
 
 use crate::connection::{quote_literal, PgConnection};
-use crate::error::PgResult;
+use crate::error::{PgError, PgResult};
 
 /// Names of parts decided by another node's transaction. Deliberately not
-/// under `GID_PREFIX`, whose transactions recovery settles by commit records.
+/// under `GID_PREFIX`, whose transactions recovery settles by commit records
+/// in the coordinator database.
 pub const GID_PREFIX: &str = "tessera.decided_";
 
-/// The name of a part decided by transaction `xid` on node group `decider`;
-/// `part` tells the parts of that transaction apart on one node.
-pub fn gid(decider: i32, xid: &str, part: &str) -> String {
-    format!("{GID_PREFIX}{decider}_{xid}_{part}")
+/// The transaction on the deciding node that decides a part.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct DecidingTransaction {
+    /// Its id, as xid8.
+    pub xid: u64,
+    /// When its backend started, in microseconds since the Unix epoch.
+    pub backend_started: i64,
 }
 
-/// The deciding node group and xid8 a part's name carries.
-pub fn parse_gid(gid: &str) -> Option<(i32, String)> {
-    let mut parts = gid.strip_prefix(GID_PREFIX)?.split('_');
-    let decider = parts.next()?.parse().ok()?;
-    let xid: u64 = parts.next()?.parse().ok()?;
-    Some((decider, xid.to_string()))
+/// The name of a part decided by transaction `decider` on node group
+/// `group`; `part` tells the parts of that transaction apart on one node.
+pub fn gid(group: i32, decider: &DecidingTransaction, part: &str) -> String {
+    format!("{GID_PREFIX}{group}_{}_{}_{part}", decider.xid, decider.backend_started)
 }
 
-/// What to do with the parts of deciding transactions `xids` (as xid8), in
-/// order: COMMIT PREPARED when it committed, ROLLBACK PREPARED when it
-/// aborted, None while it runs — or when it is too old for the node to
-/// know, which is left to an operator.
-pub async fn decide(conn: &mut PgConnection, xids: Vec<String>) -> PgResult<Vec<Option<&'static str>>> {
-    let list = xids.iter().map(|x| quote_literal(x)).collect::<Vec<_>>().join(", ");
-    let rows = conn.query(&format!("SELECT pg_xact_status(x::xid8) FROM unnest(ARRAY[{list}]::text[]) WITH ORDINALITY AS u(x, i) ORDER BY i")).await?;
+/// The deciding node group and transaction a part's name carries.
+pub fn parse_gid(gid: &str) -> Option<(i32, DecidingTransaction)> {
+    let mut fields = gid.strip_prefix(GID_PREFIX)?.split('_');
+    let group = fields.next()?.parse().ok()?;
+    let xid = fields.next()?.parse().ok()?;
+    let backend_started = fields.next()?.parse().ok()?;
+    fields.next()?;
+    Some((group, DecidingTransaction { xid, backend_started }))
+}
+
+/// The schema on every worker that holds the commit records, made with the
+/// node's other Tessera objects (`commands::worker_relations`). Roles may
+/// use it but not create in it, so nobody else can make its table first.
+const SCHEMA: &str = "tessera_commit";
+
+/// What a worker needs to decide transactions, made by the service role
+/// (a superuser); idempotent. Any role may record its own transaction's
+/// commit, and only that: the function takes no arguments.
+pub fn worker_objects_sql() -> String {
+    format!(
+        "CREATE SCHEMA IF NOT EXISTS {SCHEMA};
+         REVOKE CREATE ON SCHEMA {SCHEMA} FROM PUBLIC;
+         GRANT USAGE ON SCHEMA {SCHEMA} TO PUBLIC;
+         CREATE TABLE IF NOT EXISTS {SCHEMA}.commit_records (xid xid8 PRIMARY KEY, backend_started bigint NOT NULL);
+         REVOKE ALL ON {SCHEMA}.commit_records FROM PUBLIC;
+         CREATE OR REPLACE FUNCTION {SCHEMA}.record_commit(OUT xid xid8, OUT backend_started bigint)
+           LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $tessera$
+         BEGIN
+           xid := pg_current_xact_id();
+           SELECT (extract(epoch FROM a.backend_start) * 1000000)::bigint INTO backend_started FROM pg_stat_get_activity(pg_backend_pid()) a;
+           INSERT INTO {SCHEMA}.commit_records VALUES (xid, backend_started) ON CONFLICT DO NOTHING;
+         END $tessera$;
+         -- Once per transaction, for the trigger on foreign tables (`links`).
+         -- Kept in a transaction-local setting, which a rolled-back
+         -- subtransaction takes back together with the record.
+         -- (No SET clause: it would take the setting back at the return.)
+         CREATE OR REPLACE FUNCTION {SCHEMA}.record_commit_once() RETURNS void LANGUAGE plpgsql AS $tessera$
+         BEGIN
+           IF pg_catalog.current_setting('tessera_commit.recorded', true) IS DISTINCT FROM pg_catalog.pg_current_xact_id()::text THEN
+             PERFORM {SCHEMA}.record_commit();
+             PERFORM pg_catalog.set_config('tessera_commit.recorded', pg_catalog.pg_current_xact_id()::text, true);
+           END IF;
+         END $tessera$;
+         CREATE OR REPLACE FUNCTION {SCHEMA}.commit_outcome(x xid8, started bigint) RETURNS text
+           LANGUAGE plpgsql SET search_path = pg_catalog AS $tessera$
+         DECLARE status text;
+         BEGIN
+           -- The record is read after the status, in a snapshot of its own:
+           -- a commit the status saw shows its record there.
+           IF current_setting('transaction_isolation') <> 'read committed' THEN
+             RAISE EXCEPTION 'the outcome of a transaction can only be read under READ COMMITTED';
+           END IF;
+           BEGIN
+             status := pg_xact_status(x);
+           EXCEPTION WHEN invalid_parameter_value THEN
+             status := NULL; -- not handed out since a crash ended its transaction
+           END;
+           IF status = 'in progress' THEN
+             RETURN NULL;
+           ELSIF EXISTS (SELECT FROM {SCHEMA}.commit_records r WHERE r.xid = x AND r.backend_started = started) THEN
+             RETURN 'committed';
+           END IF;
+           RETURN 'aborted';
+         END $tessera$;"
+    )
+}
+
+/// Records the current transaction's commit on its node, to take effect
+/// with it; returns the deciding transaction it names.
+pub async fn record_commit(conn: &mut PgConnection) -> PgResult<DecidingTransaction> {
+    let rows = conn.query(&format!("SELECT xid::text, backend_started::text FROM {SCHEMA}.record_commit()")).await?;
+    let row = rows.into_iter().next().ok_or_else(|| PgError::internal("record_commit() gave no row"))?;
+    let field = |i: usize| row.get(i).cloned().flatten().and_then(|v| v.parse::<i64>().ok()).ok_or_else(|| PgError::internal("record_commit() gave no transaction"));
+    Ok(DecidingTransaction { xid: field(0)? as u64, backend_started: field(1)? })
+}
+
+/// What to do with the parts of deciding transactions `deciders`, in
+/// order: COMMIT PREPARED when one committed, ROLLBACK PREPARED when it
+/// ended without committing, None while it runs.
+pub async fn decide(conn: &mut PgConnection, deciders: &[DecidingTransaction]) -> PgResult<Vec<Option<&'static str>>> {
+    let xids = deciders.iter().map(|d| d.xid.to_string()).collect::<Vec<_>>().join(",");
+    let started = deciders.iter().map(|d| d.backend_started.to_string()).collect::<Vec<_>>().join(",");
+    let rows = conn
+        .query(&format!(
+            "SELECT {SCHEMA}.commit_outcome(x, s) FROM unnest('{{{xids}}}'::xid8[], '{{{started}}}'::bigint[]) WITH ORDINALITY AS u(x, s, i) ORDER BY i"
+        ))
+        .await?;
     Ok(rows
         .into_iter()
         .map(|row| match row.into_iter().next().flatten().as_deref() {
@@ -48,6 +138,21 @@ pub async fn decide(conn: &mut PgConnection, xids: Vec<String>) -> PgResult<Vec<
             _ => None,
         })
         .collect())
+}
+
+/// The commit records on a node, by transaction id.
+pub async fn commit_records(conn: &mut PgConnection) -> PgResult<Vec<u64>> {
+    let rows = conn.query(&format!("SELECT xid::text FROM {SCHEMA}.commit_records")).await?;
+    Ok(rows.into_iter().filter_map(|r| r.into_iter().next().flatten()?.parse().ok()).collect())
+}
+
+/// Deletes the commit records of transactions `xids` on a node.
+pub async fn forget_commit_records(conn: &mut PgConnection, xids: &[u64]) -> PgResult<()> {
+    for batch in xids.chunks(10_000) {
+        let list = batch.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+        conn.execute(&format!("DELETE FROM {SCHEMA}.commit_records WHERE xid = ANY ('{{{list}}}'::xid8[])")).await?;
+    }
+    Ok(())
 }
 
 pub fn finish_sql(command: &str, gid: &str) -> String {
@@ -70,8 +175,11 @@ mod tests {
 
     #[test]
     fn names_carry_their_deciding_transaction() {
-        assert_eq!(parse_gid(&gid(2, "4294967311", "9")), Some((2, "4294967311".into())));
-        assert_eq!(parse_gid("tessera.decided_2_4294967311_s3"), Some((2, "4294967311".into())));
+        let decider = DecidingTransaction { xid: 4294967311, backend_started: 1_795_000_000_123_456 };
+        assert_eq!(parse_gid(&gid(2, &decider, "9")), Some((2, decider.clone())));
+        assert_eq!(parse_gid(&gid(2, &decider, "block")), Some((2, decider)));
+        // Names from before the backend's start was part of them.
+        assert_eq!(parse_gid("tessera.decided_2_4294967311_s3"), None);
         assert_eq!(parse_gid("tessera_123_4_5"), None);
         assert!(!GID_PREFIX.starts_with(super::super::GID_PREFIX));
     }

@@ -10,16 +10,17 @@
 //! sends COMMIT TRANSACTION for a remote transaction that wrote. That one
 //! it turns into PREPARE TRANSACTION, named after the worker transaction it
 //! belongs to (the *deciding* transaction: the writing backend's top-level
-//! transaction on the worker, whose xid a trigger on every foreign partition
-//! makes sure exists). The worker then commits one-phase, and its commit is
-//! the decision, last-agent style (`decided`): the prepared part is committed
-//! once `pg_xact_status` says the deciding transaction committed, rolled back
-//! once it says it aborted. That settling happens before the client's
+//! transaction on the worker, which a trigger on every foreign partition
+//! gives an xid and a commit record). The worker then commits one-phase, and
+//! its commit is the decision, last-agent style (`decided`): the prepared
+//! part is committed once the record is there, rolled back once the
+//! deciding transaction ended without it. That settling happens before the client's
 //! session sends ReadyForQuery (so the client reads its own writes), when
 //! the link starts its next transaction, on an interval here, and in
 //! prepared-transaction recovery for whatever a crash left.
 
-use super::{decided, inject_fault, Fault};
+use super::decided::{self, DecidingTransaction};
+use super::{inject_fault, Fault};
 use crate::connection::{quote_literal, Login, PgConnection, ServerAddr};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::CatalogHandle;
@@ -70,8 +71,8 @@ struct Prepared {
     /// Node group holding the prepared transaction.
     node: i32,
     gid: String,
-    /// The deciding transaction on the worker (`LinkEnds::from`), as xid8.
-    xid: String,
+    /// The deciding transaction on the worker (`LinkEnds::from`).
+    decider: DecidingTransaction,
     since: Instant,
 }
 
@@ -306,10 +307,10 @@ impl LinkRelay {
     /// fail, and the node's part is rolled back with it.
     async fn prepare_instead_of_commit(&self, link: &mut ClientConn, node: &mut PgConnection, ends: LinkEnds) -> anyhow::Result<()> {
         let prepared = async {
-            let xid = self.deciding_xid(ends).await?;
-            let gid = decided::gid(ends.from, &xid, &self.serial.fetch_add(1, Ordering::Relaxed).to_string());
+            let decider = self.deciding_transaction(ends).await?;
+            let gid = decided::gid(ends.from, &decider, &self.serial.fetch_add(1, Ordering::Relaxed).to_string());
             node.execute(&format!("PREPARE TRANSACTION {}", quote_literal(&gid))).await?;
-            Ok::<_, PgError>(Prepared { node: ends.to, gid, xid, since: Instant::now() })
+            Ok::<_, PgError>(Prepared { node: ends.to, gid, decider, since: Instant::now() })
         }
         .await;
         match prepared {
@@ -332,21 +333,26 @@ impl LinkRelay {
         Ok(())
     }
 
-    /// The worker transaction a link's writes belong to, as xid8: the
-    /// top-level transaction of the backend that opened the link.
-    async fn deciding_xid(&self, ends: LinkEnds) -> PgResult<String> {
+    /// The worker transaction a link's writes belong to: the top-level
+    /// transaction of the backend that opened the link.
+    async fn deciding_transaction(&self, ends: LinkEnds) -> PgResult<DecidingTransaction> {
         // pg_stat_activity shows the 32-bit xid. A snapshot's xmax (one past
         // the latest completed xid) is a full xid within 2^31 of it, either
         // side (a running xid may be above it): that gives its epoch.
         let sql = format!(
             "SELECT ((n >> 32 << 32) + x + CASE WHEN x - (n & 4294967295) > 2147483648 THEN -4294967296
-                                              WHEN (n & 4294967295) - x > 2147483648 THEN 4294967296 ELSE 0 END)::text
-               FROM (SELECT backend_xid::text::bigint AS x, pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS n
+                                              WHEN (n & 4294967295) - x > 2147483648 THEN 4294967296 ELSE 0 END)::text,
+                    (extract(epoch FROM backend_start) * 1000000)::bigint::text
+               FROM (SELECT backend_xid::text::bigint AS x, pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS n, backend_start
                        FROM pg_stat_activity WHERE pid = {}) s",
             ends.pid
         );
-        let xid = self.with_service(ends.from, |conn| Box::pin(async move { conn.query_value(&sql).await })).await?;
-        xid.ok_or_else(|| PgError::new(sqlstate::INTERNAL_ERROR, format!("backend {} on node group {} has no transaction id for its writes on other nodes", ends.pid, ends.from)))
+        let rows = self.with_service(ends.from, |conn| Box::pin(async move { conn.query(&sql).await })).await?;
+        let field = |i: usize| rows.first().and_then(|r| r.get(i).cloned().flatten());
+        match (field(0).and_then(|x| x.parse().ok()), field(1).and_then(|s| s.parse().ok())) {
+            (Some(xid), Some(backend_started)) => Ok(DecidingTransaction { xid, backend_started }),
+            _ => Err(PgError::new(sqlstate::INTERNAL_ERROR, format!("backend {} on node group {} has no transaction id for its writes on other nodes", ends.pid, ends.from))),
+        }
     }
 
     /// Settles the prepared parts of backend `pid` on node group `from` that
@@ -369,8 +375,8 @@ impl LinkRelay {
         if taken.is_empty() {
             return;
         }
-        let xids: Vec<String> = taken.iter().map(|p| p.xid.clone()).collect();
-        let decisions = self.with_service(from, |conn| Box::pin(decided::decide(conn, xids))).await.unwrap_or_else(|e| {
+        let deciders: Vec<DecidingTransaction> = taken.iter().map(|p| p.decider.clone()).collect();
+        let decisions = self.with_service(from, |conn| Box::pin(async move { decided::decide(conn, &deciders).await })).await.unwrap_or_else(|e| {
             tracing::warn!("could not learn the outcome of transactions on node group {from}: {e}");
             vec![None; taken.len()]
         });

@@ -1123,14 +1123,13 @@ impl Participants {
         writers.first().map(|w| w.group_id)
     }
 
-    /// Names for the parts of writers other than `decider`, carrying the
-    /// id of the deciding worker's transaction (which has one: it wrote).
+    /// Writes the deciding worker's commit record into its transaction and
+    /// names the parts of the other writers after that transaction.
     async fn decided_names(&mut self, decider: i32) -> PgResult<Vec<(i32, String)>> {
         let w = self.workers.get_mut(&decider).ok_or_else(|| PgError::internal(format!("no connection to node group {decider}")))?;
-        let rows = w.conn.query("SELECT pg_current_xact_id()::text").await?;
-        let xid = rows.into_iter().next().and_then(|r| r.into_iter().next().flatten()).ok_or_else(|| PgError::internal("pg_current_xact_id() gave no row"))?;
+        let deciding = decided::record_commit(&mut w.conn).await?;
         // One part per node; a link's parts there are numbered instead.
-        Ok(self.workers.values().filter(|w| w.in_block && w.wrote && w.group_id != decider).map(|w| (w.group_id, decided::gid(decider, &xid, "block"))).collect())
+        Ok(self.workers.values().filter(|w| w.in_block && w.wrote && w.group_id != decider).map(|w| (w.group_id, decided::gid(decider, &deciding, "block"))).collect())
     }
 
     /// PREPARE TRANSACTION on each worker named in `gids`, COMMIT on the

@@ -4,9 +4,11 @@
 //! back once they are older than the grace period, and records nobody needs any
 //! more are deleted. Parts decided by another node's transaction (`decided`:
 //! last-agent commits of blocks and of worker transactions' links) are
-//! settled by that transaction's outcome on its node.
+//! settled by that transaction's outcome on its node, and the commit records
+//! there are deleted once no prepared part names them.
 
-use super::{decided, GID_PREFIX};
+use super::decided::{self, DecidingTransaction};
+use super::GID_PREFIX;
 use crate::config::Config;
 use crate::connection::{quote_literal, Login, PgConnection};
 use crate::error::PgResult;
@@ -28,12 +30,20 @@ pub async fn recover(config: &Config, catalog: &Catalog) -> PgResult<u64> {
             None
         }
     };
+    // Read before any prepared part is listed: a record read then whose
+    // transaction has parts left shows them in the lists.
+    let mut records = commit_records(&login, catalog).await;
+    let mut named = HashSet::new();
     for node in catalog.active_nodes() {
         let by_record = match local.as_mut() {
             Some(local) => recover_node(local, &login, node, config.transactions.grace_secs).await,
             None => Ok(0),
         };
-        let by_decision = recover_decided_parts(&login, catalog, node).await;
+        let by_decision = recover_decided_parts(&login, catalog, node, &mut named).await;
+        if by_decision.is_err() {
+            // Its parts are unknown, so every record stays.
+            records.clear();
+        }
         for recovered in [by_record, by_decision] {
             match recovered {
                 Ok(n) => settled += n,
@@ -44,6 +54,7 @@ pub async fn recover(config: &Config, catalog: &Catalog) -> PgResult<u64> {
             }
         }
     }
+    forget_commit_records(&login, catalog, records, &named).await;
     if let Some(local) = local {
         local.terminate().await;
     }
@@ -103,17 +114,62 @@ async fn recover_node(local: &mut PgConnection, login: &Login, node: &crate::met
     Ok(settled)
 }
 
+/// The commit records of deciding transactions (`decided`) on every active
+/// node that answers, by node group.
+async fn commit_records(login: &Login, catalog: &Catalog) -> HashMap<i32, Vec<u64>> {
+    let mut records = HashMap::new();
+    for node in catalog.active_nodes() {
+        let read = async {
+            let mut conn = PgConnection::connect(&node.addr, login).await?;
+            let read = decided::commit_records(&mut conn).await;
+            conn.terminate().await;
+            read
+        };
+        match read.await {
+            Ok(xids) if !xids.is_empty() => {
+                records.insert(node.group_id, xids);
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("recovery: could not read the commit records on {}: {e}", node.addr),
+        }
+    }
+    records
+}
+
+/// Deletes the commit records no prepared part `named` (node group, xid):
+/// their transactions' parts are all finished.
+async fn forget_commit_records(login: &Login, catalog: &Catalog, records: HashMap<i32, Vec<u64>>, named: &HashSet<(i32, u64)>) {
+    for (group, xids) in records {
+        let finished: Vec<u64> = xids.into_iter().filter(|xid| !named.contains(&(group, *xid))).collect();
+        let Some(node) = catalog.node_for_group(group) else { continue };
+        if finished.is_empty() {
+            continue;
+        }
+        let forgotten = async {
+            let mut conn = PgConnection::connect(&node.addr, login).await?;
+            let result = decided::forget_commit_records(&mut conn, &finished).await;
+            conn.terminate().await;
+            result
+        };
+        if let Err(e) = forgotten.await {
+            tracing::warn!("recovery: could not delete finished commit records on {}: {e}", node.addr);
+        }
+    }
+}
+
 /// Settles the prepared parts on `node` whose deciding transaction (see
-/// `decided`) has ended: committed with it, or rolled back.
-async fn recover_decided_parts(login: &Login, catalog: &Catalog, node: &crate::metadata::Node) -> PgResult<u64> {
+/// `decided`) has ended: committed with it, or rolled back. Adds every
+/// deciding transaction its parts name to `named`.
+async fn recover_decided_parts(login: &Login, catalog: &Catalog, node: &crate::metadata::Node, named: &mut HashSet<(i32, u64)>) -> PgResult<u64> {
     let mut conn = PgConnection::connect(&node.addr, login).await?;
     let gids = conn
         .query(&format!("SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND starts_with(gid, {})", quote_literal(decided::GID_PREFIX)))
         .await?;
-    let mut by_decider: HashMap<i32, Vec<(String, String)>> = HashMap::new();
+    let mut by_decider: HashMap<i32, Vec<(String, DecidingTransaction)>> = HashMap::new();
     for gid in gids.into_iter().filter_map(|r| r.into_iter().next().flatten()) {
-        if let Some((from, xid)) = decided::parse_gid(&gid) {
-            by_decider.entry(from).or_default().push((gid, xid));
+        if let Some((from, decider)) = decided::parse_gid(&gid) {
+            named.insert((from, decider.xid));
+            by_decider.entry(from).or_default().push((gid, decider));
         }
     }
     let mut settled = 0;
@@ -121,7 +177,8 @@ async fn recover_decided_parts(login: &Login, catalog: &Catalog, node: &crate::m
         let Some(decider) = catalog.node_for_group(from) else { continue };
         let decisions = match PgConnection::connect(&decider.addr, login).await {
             Ok(mut d) => {
-                let decisions = decided::decide(&mut d, parts.iter().map(|(_, xid)| xid.clone()).collect()).await;
+                let deciders: Vec<DecidingTransaction> = parts.iter().map(|(_, decider)| decider.clone()).collect();
+                let decisions = decided::decide(&mut d, &deciders).await;
                 d.terminate().await;
                 decisions
             }
