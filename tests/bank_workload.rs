@@ -287,11 +287,12 @@ async fn bank_transfers_stay_atomic_through_coordinator_and_worker_crashes() {
     }
 
     // Recovery settles everything the crashes left in doubt, then drops the
-    // records: a transaction prepared just now may wait out the grace period
-    // and one more pass, plus slack for a busy machine.
+    // records (in the coordinator database and on the deciding workers): a
+    // transaction prepared just now may wait out the grace period and one
+    // more pass, plus slack for a busy machine.
     let recovery = Instant::now();
     let deadline = Duration::from_secs_f64(GRACE_SECS + RECOVERY_INTERVAL_SECS + 5.0);
-    while cluster.prepared_on_workers().await + cluster.commit_records().await > 0 {
+    while cluster.prepared_on_workers().await + cluster.commit_records().await + cluster.worker_commit_records().await > 0 {
         assert!(recovery.elapsed() < deadline, "prepared transactions or commit records remain after {deadline:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

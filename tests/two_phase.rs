@@ -92,6 +92,15 @@ async fn a_crash_after_the_deciding_commit_is_committed_by_recovery() {
     crash_after_decision(&cluster, "", 1).await;
 }
 
+/// The same when the block's first writes on both workers were rolled back
+/// to a savepoint: the deciding worker's record is written at the commit,
+/// not with the writes, so the savepoint could not take it along.
+#[tokio::test]
+async fn a_crash_after_the_deciding_commit_past_a_rolled_back_savepoint_is_committed_by_recovery() {
+    let cluster = TestCluster::start(2);
+    crash_after_decision(&cluster, "SAVEPOINT s; UPDATE bank SET balance = balance + 1000; ROLLBACK TO SAVEPOINT s;", 1).await;
+}
+
 /// The same when the coordinator database took part and decided with
 /// commit records: both workers were prepared.
 #[tokio::test]
@@ -176,8 +185,9 @@ async fn recovery_decides_by_the_commit_record_not_the_transaction_id() {
     let prepare = |name: &str, xid: &str, started: &str| {
         format!("BEGIN; INSERT INTO parts VALUES ('{name}'); PREPARE TRANSACTION 'tessera.decided_{group}_{xid}_{started}_{name}'")
     };
-    let record = "SELECT xid::text, backend_started::text FROM tessera_commit.record_commit()";
-    let one_row = |rows: Vec<Vec<Option<String>>>| (rows[0][0].clone().unwrap(), rows[0][1].clone().unwrap());
+    let record = "SELECT tessera_commit.record_commit();
+                  SELECT pg_current_xact_id()::text, (extract(epoch FROM backend_start) * 1000000)::bigint::text FROM pg_stat_activity WHERE pid = pg_backend_pid()";
+    let one_row = |rows: Vec<Vec<Option<String>>>| (rows[1][0].clone().unwrap(), rows[1][1].clone().unwrap());
 
     // Committed with its record: committed.
     decider.batch_execute("BEGIN").await.unwrap();

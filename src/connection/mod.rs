@@ -48,8 +48,11 @@ pub struct PgConnection {
     /// The FATAL error a server sent before closing the connection, reported in
     /// place of the bare EOF that follows it.
     farewell: Option<PgError>,
-    /// Statements queued with `queue_silent` whose responses are still to be skipped.
-    silent: u32,
+    /// Statements queued with `queue_silent` or `queue_capture` whose
+    /// responses are still to be skipped; true for one whose first value is kept.
+    silent: std::collections::VecDeque<bool>,
+    /// The first value of the last `queue_capture`d statement's answer.
+    captured: Option<String>,
     /// ParameterStatus changes reported since the last `take_changed_params`,
     /// collected only once `track_parameter_changes` asked for them.
     changed_params: Option<Vec<(String, String)>>,
@@ -74,7 +77,8 @@ impl PgConnection {
             tx_status: TxStatus::Idle,
             broken: false,
             farewell: None,
-            silent: 0,
+            silent: Default::default(),
+            captured: None,
             changed_params: None,
         };
         let mut params: Vec<(&str, &str)> = vec![("user", &login.user), ("database", &login.database)];
@@ -236,7 +240,20 @@ impl PgConnection {
     /// unusable for the transaction and is reported broken.
     pub fn queue_silent(&mut self, sql: &str) {
         frontend::query(&mut self.wbuf, sql);
-        self.silent += 1;
+        self.silent.push_back(false);
+    }
+
+    /// `queue_silent` for a query of one value, kept for `take_captured`
+    /// once its answer has been read (with whatever follows it).
+    pub fn queue_capture(&mut self, sql: &str) {
+        self.captured = None;
+        frontend::query(&mut self.wbuf, sql);
+        self.silent.push_back(true);
+    }
+
+    /// The value the last `queue_capture`d query gave, if it has come.
+    pub fn take_captured(&mut self) -> Option<String> {
+        self.captured.take()
     }
 
     /// Receives the next message, flushing anything queued first.
@@ -284,17 +301,21 @@ impl PgConnection {
     /// Skips the responses to statements queued with `queue_silent`; None
     /// while `msg` is one of them.
     fn past_silent(&mut self, msg: Message) -> PgResult<Option<Message>> {
-        if self.silent == 0 {
+        let Some(&capture) = self.silent.front() else {
             return Ok(Some(msg));
-        }
+        };
         match msg.tag() {
             b'E' => {
                 let e = self.server_error(&msg);
                 self.broken = true;
                 Err(e)
             }
+            b'D' if capture => {
+                self.captured = backend::decode_text_row(&msg)?.into_iter().next().flatten();
+                Ok(None)
+            }
             b'Z' => {
-                self.silent -= 1;
+                self.silent.pop_front();
                 Ok(None)
             }
             _ => Ok(None),

@@ -37,6 +37,20 @@ pub struct DecidingTransaction {
     pub backend_started: i64,
 }
 
+impl DecidingTransaction {
+    /// Reads `<xid>_<backend start>`, as `IDENTITY_SQL` gives it.
+    pub fn parse(text: &str) -> Option<DecidingTransaction> {
+        let (xid, started) = text.split_once('_')?;
+        Some(DecidingTransaction { xid: xid.parse().ok()?, backend_started: started.parse().ok()? })
+    }
+}
+
+/// The current transaction as a deciding transaction, `<xid>_<backend
+/// start>`; gives the transaction an id if it has none. Reading the start
+/// costs a copy of the node's backend table, once per transaction.
+pub const IDENTITY_SQL: &str = "SELECT pg_catalog.pg_current_xact_id()::text || '_' || (extract(epoch FROM a.backend_start) * 1000000)::bigint
+   FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a";
+
 /// The name of a part decided by transaction `decider` on node group
 /// `group`; `part` tells the parts of that transaction apart on one node.
 pub fn gid(group: i32, decider: &DecidingTransaction, part: &str) -> String {
@@ -45,13 +59,16 @@ pub fn gid(group: i32, decider: &DecidingTransaction, part: &str) -> String {
 
 /// The deciding node group and transaction a part's name carries.
 pub fn parse_gid(gid: &str) -> Option<(i32, DecidingTransaction)> {
-    let mut fields = gid.strip_prefix(GID_PREFIX)?.split('_');
-    let group = fields.next()?.parse().ok()?;
-    let xid = fields.next()?.parse().ok()?;
-    let backend_started = fields.next()?.parse().ok()?;
-    fields.next()?;
-    Some((group, DecidingTransaction { xid, backend_started }))
+    let (group, rest) = gid.strip_prefix(GID_PREFIX)?.split_once('_')?;
+    let (xid, rest) = rest.split_once('_')?;
+    let (started, _part) = rest.split_once('_')?;
+    Some((group.parse().ok()?, DecidingTransaction { xid: xid.parse().ok()?, backend_started: started.parse().ok()? }))
 }
+
+/// Sent with the deciding node's COMMIT, in the same flight: its commit
+/// record, then the commit. Recorded here and not earlier, since a
+/// savepoint rolled back after an earlier record would take it along.
+pub const RECORD_AND_COMMIT_SQL: &str = "SELECT tessera_commit.record_commit(); COMMIT";
 
 /// The schema on every worker that holds the commit records, made with the
 /// node's other Tessera objects (`commands::worker_relations`). Roles may
@@ -60,7 +77,7 @@ const SCHEMA: &str = "tessera_commit";
 
 /// What a worker needs to decide transactions, made by the service role
 /// (a superuser); idempotent. Any role may record its own transaction's
-/// commit, and only that: the function takes no arguments.
+/// commit, and only that: `record_commit` takes no arguments.
 pub fn worker_objects_sql() -> String {
     format!(
         "CREATE SCHEMA IF NOT EXISTS {SCHEMA};
@@ -68,12 +85,12 @@ pub fn worker_objects_sql() -> String {
          GRANT USAGE ON SCHEMA {SCHEMA} TO PUBLIC;
          CREATE TABLE IF NOT EXISTS {SCHEMA}.commit_records (xid xid8 PRIMARY KEY, backend_started bigint NOT NULL);
          REVOKE ALL ON {SCHEMA}.commit_records FROM PUBLIC;
-         CREATE OR REPLACE FUNCTION {SCHEMA}.record_commit(OUT xid xid8, OUT backend_started bigint)
+         DROP FUNCTION IF EXISTS {SCHEMA}.record_commit(OUT xid8, OUT bigint);
+         CREATE OR REPLACE FUNCTION {SCHEMA}.record_commit() RETURNS void
            LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $tessera$
+         DECLARE decider text := ({IDENTITY_SQL});
          BEGIN
-           xid := pg_current_xact_id();
-           SELECT (extract(epoch FROM a.backend_start) * 1000000)::bigint INTO backend_started FROM pg_stat_get_activity(pg_backend_pid()) a;
-           INSERT INTO {SCHEMA}.commit_records VALUES (xid, backend_started) ON CONFLICT DO NOTHING;
+           INSERT INTO {SCHEMA}.commit_records VALUES (split_part(decider, '_', 1)::xid8, split_part(decider, '_', 2)::bigint) ON CONFLICT DO NOTHING;
          END $tessera$;
          -- Once per transaction, for the trigger on foreign tables (`links`).
          -- Kept in a transaction-local setting, which a rolled-back
@@ -110,13 +127,10 @@ pub fn worker_objects_sql() -> String {
     )
 }
 
-/// Records the current transaction's commit on its node, to take effect
-/// with it; returns the deciding transaction it names.
-pub async fn record_commit(conn: &mut PgConnection) -> PgResult<DecidingTransaction> {
-    let rows = conn.query(&format!("SELECT xid::text, backend_started::text FROM {SCHEMA}.record_commit()")).await?;
-    let row = rows.into_iter().next().ok_or_else(|| PgError::internal("record_commit() gave no row"))?;
-    let field = |i: usize| row.get(i).cloned().flatten().and_then(|v| v.parse::<i64>().ok()).ok_or_else(|| PgError::internal("record_commit() gave no transaction"));
-    Ok(DecidingTransaction { xid: field(0)? as u64, backend_started: field(1)? })
+/// The connection's current transaction as a deciding transaction.
+pub async fn identify(conn: &mut PgConnection) -> PgResult<DecidingTransaction> {
+    let text = conn.query_value(IDENTITY_SQL).await?;
+    text.as_deref().and_then(DecidingTransaction::parse).ok_or_else(|| PgError::internal(format!("the deciding transaction could not be read on {}", conn.label())))
 }
 
 /// What to do with the parts of deciding transactions `deciders`, in
@@ -177,7 +191,8 @@ mod tests {
     fn names_carry_their_deciding_transaction() {
         let decider = DecidingTransaction { xid: 4294967311, backend_started: 1_795_000_000_123_456 };
         assert_eq!(parse_gid(&gid(2, &decider, "9")), Some((2, decider.clone())));
-        assert_eq!(parse_gid(&gid(2, &decider, "block")), Some((2, decider)));
+        assert_eq!(parse_gid(&gid(2, &decider, "block")), Some((2, decider.clone())));
+        assert_eq!(DecidingTransaction::parse("4294967311_1795000000123456"), Some(decider));
         // Names from before the backend's start was part of them.
         assert_eq!(parse_gid("tessera.decided_2_4294967311_s3"), None);
         assert_eq!(parse_gid("tessera_123_4_5"), None);

@@ -12,6 +12,7 @@ pub mod deadlock;
 pub mod links;
 pub mod recovery;
 
+use decided::DecidingTransaction;
 use crate::connection::{Login, PgConnection, ServerAddr};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Node, TypeOids, FIRST_USER_OID};
@@ -179,6 +180,9 @@ pub struct WorkerConnection {
     /// The current block wrote through this connection, so committing it needs
     /// the same atomicity as the other writers'.
     wrote: bool,
+    /// The block's transaction here as a deciding transaction, when the
+    /// worker told it ahead of the commit (taken from the connection then).
+    decider: Option<DecidingTransaction>,
     /// Shard statement text → per parameter-type list it was parsed with, the
     /// name of the statement prepared on this connection, for the catalog
     /// version the session last ran under. The types are part of the key: a
@@ -564,6 +568,13 @@ impl Participants {
             self.cancel_targets.lock().unwrap().push((node.addr.clone(), worker.conn.backend_key()));
             self.workers.insert(node.group_id, worker);
         }
+        // A second writer makes the block two-phase, and its first writing
+        // worker a candidate to decide it (see `deciding_worker`): that
+        // worker's transaction (`decided::IDENTITY_SQL`) names the others'
+        // parts, learnt now in the same flight as its first write rather
+        // than asked for at COMMIT (assigning its id early costs nothing, as
+        // the write is about to).
+        let second_writer = self.block.is_some() && access == Access::Write && self.workers.values().filter(|w| w.wrote).count() == 1;
         let worker = self.workers.get_mut(&node.group_id).unwrap();
         worker.last_used = std::time::Instant::now();
         if !Arc::ptr_eq(&worker.type_oids, &node.type_oids) {
@@ -577,8 +588,16 @@ impl Participants {
                 }
                 worker.conn.queue_silent(&replay_sql(block));
                 worker.in_block = true;
+                // Nothing an earlier block's transaction told may name this one's.
+                worker.conn.take_captured();
+                worker.decider = None;
             }
-            worker.wrote |= access == Access::Write;
+            if access == Access::Write && !worker.wrote {
+                worker.wrote = true;
+                if second_writer {
+                    worker.conn.queue_capture(decided::IDENTITY_SQL);
+                }
+            }
         }
         Ok(worker)
     }
@@ -632,6 +651,7 @@ impl Participants {
             type_oids: node.type_oids.clone(),
             in_block: false,
             wrote: false,
+            decider: None,
             prepared: HashMap::new(),
             statements_made: 0,
             needs_sync: false,
@@ -1115,19 +1135,27 @@ impl Participants {
     }
 
     /// The writing worker that decides: one whose transaction used links,
-    /// since only it cannot prepare, or else the first by node group.
-    fn deciding_worker(&self) -> Option<i32> {
+    /// since only it cannot prepare, or else the one that already told its
+    /// transaction (see `worker`), or else the first by node group.
+    fn deciding_worker(&mut self) -> Option<i32> {
         let links = &self.two_phase.links;
-        let mut writers: Vec<&WorkerConnection> = self.workers.values().filter(|w| w.in_block && w.wrote).collect();
-        writers.sort_by_key(|w| (!links.in_linked_transaction(w.group_id, w.conn.backend_key().0), w.group_id));
+        let mut writers: Vec<&mut WorkerConnection> = self.workers.values_mut().filter(|w| w.in_block && w.wrote).collect();
+        for w in writers.iter_mut() {
+            w.decider = w.conn.take_captured().as_deref().and_then(DecidingTransaction::parse);
+        }
+        writers.sort_by_key(|w| (!links.in_linked_transaction(w.group_id, w.conn.backend_key().0), w.decider.is_none(), w.group_id));
         writers.first().map(|w| w.group_id)
     }
 
-    /// Writes the deciding worker's commit record into its transaction and
-    /// names the parts of the other writers after that transaction.
+    /// Names the parts of the writers other than `decider` after its
+    /// transaction (which has an id: it wrote), asking for it unless the
+    /// worker told it ahead.
     async fn decided_names(&mut self, decider: i32) -> PgResult<Vec<(i32, String)>> {
         let w = self.workers.get_mut(&decider).ok_or_else(|| PgError::internal(format!("no connection to node group {decider}")))?;
-        let deciding = decided::record_commit(&mut w.conn).await?;
+        let deciding = match w.decider.take() {
+            Some(deciding) => deciding,
+            None => decided::identify(&mut w.conn).await?,
+        };
         // One part per node; a link's parts there are numbered instead.
         Ok(self.workers.values().filter(|w| w.in_block && w.wrote && w.group_id != decider).map(|w| (w.group_id, decided::gid(decider, &deciding, "block"))).collect())
     }
@@ -1168,12 +1196,18 @@ impl Participants {
         let w = self.workers.get_mut(&decider).ok_or_else(|| Decision::RolledBack(PgError::internal(format!("no connection to node group {decider}"))))?;
         w.in_block = false;
         w.wrote = false;
-        match w.conn.execute("COMMIT").await {
+        match w.conn.execute(decided::RECORD_AND_COMMIT_SQL).await {
             Ok(_) => Ok(()),
             // The COMMIT may or may not have reached the node: its
-            // transaction's status there decides, later.
+            // transaction's record there decides, later.
             Err(e) if w.conn.is_broken() => Err(Decision::InDoubt(e)),
-            Err(e) => Err(Decision::RolledBack(e)),
+            Err(e) => {
+                // A failed record leaves the block open there, failed.
+                if w.conn.tx_status() != TxStatus::Idle {
+                    w.conn.execute("ROLLBACK").await.ok();
+                }
+                Err(Decision::RolledBack(e))
+            }
         }
     }
 

@@ -148,6 +148,17 @@ impl TestCluster {
         n
     }
 
+    /// Deciding transactions' commit records on all workers together
+    /// (`transaction::decided`) that recovery has not deleted yet.
+    pub async fn worker_commit_records(&self) -> i64 {
+        let mut n = 0;
+        for i in 0..self.cluster.state.worker_ports.len() {
+            let w = self.connect_worker(i).await;
+            n += w.query_one("SELECT count(*) FROM tessera_commit.commit_records", &[]).await.unwrap().get::<_, i64>(0);
+        }
+        n
+    }
+
     /// Commit records in `pg_dist_transaction` that recovery has not cleaned up yet.
     pub async fn commit_records(&self) -> i64 {
         let local = self.connect_coordinator_db().await;
