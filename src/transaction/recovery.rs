@@ -54,6 +54,20 @@ pub async fn recover(config: &Config, catalog: &Catalog) -> PgResult<u64> {
             }
         }
     }
+    // A node out of service may still hold parts: their records stay until
+    // its list can be read.
+    for node in catalog.nodes.iter().filter(|n| !n.active) {
+        let listed = async {
+            let mut conn = PgConnection::connect(&node.addr, &login).await?;
+            let parts = decided_parts(&mut conn).await;
+            conn.terminate().await;
+            parts
+        };
+        match listed.await {
+            Ok(parts) => named.extend(parts.into_iter().map(|(_, group, decider)| (group, decider.xid))),
+            Err(_) => records.clear(),
+        }
+    }
     forget_commit_records(&login, catalog, records, &named).await;
     if let Some(local) = local {
         local.terminate().await;
@@ -157,20 +171,28 @@ async fn forget_commit_records(login: &Login, catalog: &Catalog, records: HashMa
     }
 }
 
+/// The prepared parts on a node decided by another node's transaction:
+/// name, deciding node group, deciding transaction.
+async fn decided_parts(conn: &mut PgConnection) -> PgResult<Vec<(String, i32, DecidingTransaction)>> {
+    let gids = conn
+        .query(&format!("SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND starts_with(gid, {})", quote_literal(decided::GID_PREFIX)))
+        .await?;
+    Ok(gids
+        .into_iter()
+        .filter_map(|r| r.into_iter().next().flatten())
+        .filter_map(|gid| decided::parse_gid(&gid).map(|(group, decider)| (gid, group, decider)))
+        .collect())
+}
+
 /// Settles the prepared parts on `node` whose deciding transaction (see
 /// `decided`) has ended: committed with it, or rolled back. Adds every
 /// deciding transaction its parts name to `named`.
 async fn recover_decided_parts(login: &Login, catalog: &Catalog, node: &crate::metadata::Node, named: &mut HashSet<(i32, u64)>) -> PgResult<u64> {
     let mut conn = PgConnection::connect(&node.addr, login).await?;
-    let gids = conn
-        .query(&format!("SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND starts_with(gid, {})", quote_literal(decided::GID_PREFIX)))
-        .await?;
     let mut by_decider: HashMap<i32, Vec<(String, DecidingTransaction)>> = HashMap::new();
-    for gid in gids.into_iter().filter_map(|r| r.into_iter().next().flatten()) {
-        if let Some((from, decider)) = decided::parse_gid(&gid) {
-            named.insert((from, decider.xid));
-            by_decider.entry(from).or_default().push((gid, decider));
-        }
+    for (gid, from, decider) in decided_parts(&mut conn).await? {
+        named.insert((from, decider.xid));
+        by_decider.entry(from).or_default().push((gid, decider));
     }
     let mut settled = 0;
     for (from, parts) in by_decider {
