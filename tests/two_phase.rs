@@ -182,6 +182,8 @@ async fn recovery_decides_by_the_commit_record_not_the_transaction_id() {
     let decider = cluster.connect_worker(0).await;
     let other = cluster.connect_worker(1).await;
     other.batch_execute("CREATE TABLE parts (name text)").await.unwrap();
+    // Recovery reads outcomes under READ COMMITTED whatever a node's default.
+    decider.batch_execute("ALTER DATABASE postgres SET default_transaction_isolation TO 'repeatable read'").await.unwrap();
     let prepare = |name: &str, xid: &str, started: &str| {
         format!("BEGIN; INSERT INTO parts VALUES ('{name}'); PREPARE TRANSACTION 'tessera.decided_{group}_{xid}_{started}_{name}'")
     };

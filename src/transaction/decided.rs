@@ -22,6 +22,7 @@
 
 use crate::connection::{quote_literal, PgConnection};
 use crate::error::{PgError, PgResult};
+use crate::protocol::backend::TxStatus;
 
 /// Names of parts decided by another node's transaction. Deliberately not
 /// under `GID_PREFIX`, whose transactions recovery settles by commit records
@@ -139,11 +140,22 @@ pub async fn identify(conn: &mut PgConnection) -> PgResult<DecidingTransaction> 
 pub async fn decide(conn: &mut PgConnection, deciders: &[DecidingTransaction]) -> PgResult<Vec<Option<&'static str>>> {
     let xids = deciders.iter().map(|d| d.xid.to_string()).collect::<Vec<_>>().join(",");
     let started = deciders.iter().map(|d| d.backend_started.to_string()).collect::<Vec<_>>().join(",");
-    let rows = conn
-        .query(&format!(
-            "SELECT {SCHEMA}.commit_outcome(x, s) FROM unnest('{{{xids}}}'::xid8[], '{{{started}}}'::bigint[]) WITH ORDINALITY AS u(x, s, i) ORDER BY i"
-        ))
-        .await?;
+    // READ COMMITTED whatever the node's default: the outcome function
+    // needs a snapshot of its own for the record.
+    let sql = format!(
+        "BEGIN ISOLATION LEVEL READ COMMITTED;
+         SELECT {SCHEMA}.commit_outcome(x, s) FROM unnest('{{{xids}}}'::xid8[], '{{{started}}}'::bigint[]) WITH ORDINALITY AS u(x, s, i) ORDER BY i;
+         COMMIT"
+    );
+    let rows = match conn.query(&sql).await {
+        Ok(rows) => rows,
+        Err(e) => {
+            if !conn.is_broken() && conn.tx_status() != TxStatus::Idle {
+                conn.execute("ROLLBACK").await.ok();
+            }
+            return Err(e);
+        }
+    };
     Ok(rows
         .into_iter()
         .map(|row| match row.into_iter().next().flatten().as_deref() {
