@@ -110,6 +110,44 @@ server_ticks() { # server_ticks plain|tessera
     } END { print total + 0 }'
 }
 
+# CPU ticks per server of a target so far, one "name=ticks" per line: each
+# postgres data directory under the target's (its postmaster and children)
+# by directory name, and Tessera's coordinator process as "coordinator".
+node_ticks() { # node_ticks plain|tessera
+    node_ticks_input "$1" | awk '
+    $1 == "END" { listed = 1; next }
+    !listed { name[$2] = $1; order[++n] = $2; next }
+    { pid = $1; rest = $0; sub(/^.*\) /, "", rest); split(rest, f, " ")
+      if (pid in name) t[pid] += f[12] + f[13] + f[14] + f[15]
+      else if (f[2] in name && name[f[2]] != "coordinator") t[f[2]] += f[12] + f[13] + f[14] + f[15] }
+    END { for (i = 1; i <= n; i++) print name[order[i]] "=" t[order[i]] + 0 }'
+}
+
+# The servers of a target ("name pid" per line), END, then every process's
+# /proc stat line: what node_ticks adds up.
+node_ticks_input() { # node_ticks_input plain|tessera
+    local dir base=$PLAIN_DIR
+    [[ $1 == tessera ]] && base=$TESSERA_DIR
+    for dir in "$base"/*/; do
+        [[ -r $dir/postmaster.pid ]] || continue
+        echo "$(basename "$dir") $(head -n 1 "$dir/postmaster.pid")"
+    done
+    if [[ $1 == tessera && -n $COORD_PID ]]; then echo "coordinator $COORD_PID"; fi
+    echo END
+    cat /proc/[0-9]*/stat 2>/dev/null || true
+}
+
+# "name=µs" per server per transaction, space-separated, from two node_ticks
+# listings and a transaction count.
+node_us_per_txn() { # node_us_per_txn BEFORE AFTER TXNS
+    [[ -n $1 && -n $2 && -n $3 && $3 -gt 0 ]] || return 0
+    awk -v n="$3" -v hz="$CLK_TCK" -v before="$1" -v after="$2" 'BEGIN {
+        split(before, b, "\n"); for (i in b) { split(b[i], kv, "="); t0[kv[1]] = kv[2] }
+        k = split(after, a, "\n"); out = ""
+        for (i = 1; i <= k; i++) { split(a[i], kv, "="); if (kv[1] in t0) out = out sprintf("%s%s=%.0f", out == "" ? "" : " ", kv[1], (kv[2] - t0[kv[1]]) * 1e6 / hz / n) }
+        print out }'
+}
+
 # µs of coordinator CPU per transaction, or empty.
 us_per_txn() { # us_per_txn TICKS_BEFORE TICKS_AFTER TXNS
     if [[ -z $1 || -z $2 || -z $3 || $3 -eq 0 ]]; then echo ""; return 0; fi

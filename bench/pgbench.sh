@@ -68,7 +68,7 @@ source "$SCRIPT_DIR/lib.sh"
 # A thousand clients need a thousand sockets in pgbench (and in the coordinator).
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
-declare -A TPS=() LAT=() COORD_US=() SERVER_US=() STATUS=()
+declare -A TPS=() LAT=() COORD_US=() SERVER_US=() NODE_US=() STATUS=()
 
 # ---------------------------------------------------------------- checks
 
@@ -82,30 +82,32 @@ if command -v sysbench >/dev/null 2>&1; then HAVE_SYSBENCH=1; fi
 
 run_pgbench() {
     local target=$1 port=$2 name=$3; shift 3
-    local out=$BENCH_LOG_DIR/$target-$name-$ROUND.log t0 t1 s0 s1 tps lat txns key=$target:$name:$ROUND
+    local out=$BENCH_LOG_DIR/$target-$name-$ROUND.log t0 t1 s0 s1 n0 n1 tps lat txns key=$target:$name:$ROUND
     log "$target: $name (round $ROUND): pgbench ${*:+$* }-M prepared -c $CLIENTS -j $JOBS -T $DURATION -n"
-    t0=$(coord_ticks) s0=$(server_ticks "$target")
+    t0=$(coord_ticks) s0=$(server_ticks "$target") n0=$(node_ticks "$target")
     "$PG_BIN/pgbench" -h "${HOST:-127.0.0.1}" -p "$port" -U postgres "$@" -M prepared -c "$CLIENTS" -j "$JOBS" -T "$DURATION" -n postgres >"$out" 2>&1 ||
         die "$target: pgbench ($name) failed" "$out"
-    t1=$(coord_ticks) s1=$(server_ticks "$target")
+    t1=$(coord_ticks) s1=$(server_ticks "$target") n1=$(node_ticks "$target")
     tps=$(sed -n 's/^tps = \([0-9.]*\) (without initial connection time).*/\1/p' "$out" | head -n 1)
     lat=$(sed -n 's/^latency average = \([0-9.]*\) ms.*/\1/p' "$out" | head -n 1)
     txns=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$out" | head -n 1)
     [[ -n $tps && -n $lat && -n $txns ]] || die "$target: could not parse pgbench ($name) output" "$out"
     [[ $txns -gt 0 ]] || die "$target: pgbench ($name) processed no transactions" "$out"
-    record "$key" "$tps" "$lat" "$(us_per_txn "$t0" "$t1" "$txns")" "$txns" "$(us_per_txn "$s0" "$s1" "$txns")"
+    record "$key" "$tps" "$lat" "$(us_per_txn "$t0" "$t1" "$txns")" "$txns" "$(us_per_txn "$s0" "$s1" "$txns")" "$(node_us_per_txn "$n0" "$n1" "$txns")"
 }
 
-# record TARGET:WORKLOAD:ROUND TPS LATENCY COORD_US TXNS [SERVER_US]
+# record TARGET:WORKLOAD:ROUND TPS LATENCY COORD_US TXNS [SERVER_US [NODE_US]]
 # (coordinator CPU counts for Tessera only: the coordinator idles while plain
-# PostgreSQL is measured; SERVER_US is every server process of the target).
+# PostgreSQL is measured; SERVER_US is every server process of the target,
+# NODE_US the same per server, "name=µs …").
 record() {
     TPS[$1]=$2
     LAT[$1]=$3
     if [[ $1 == tessera:* ]]; then COORD_US[$1]=$4; fi
     if [[ -n ${6:-} ]]; then SERVER_US[$1]=$6; fi
+    if [[ -n ${7:-} ]]; then NODE_US[$1]=$7; fi
     STATUS[$1]=ok
-    log "$1: tps=$2 latency_ms=$3 txns=$5${COORD_US[$1]:+ coord_us_per_txn=${COORD_US[$1]}}${SERVER_US[$1]:+ server_us_per_txn=${SERVER_US[$1]}}"
+    log "$1: tps=$2 latency_ms=$3 txns=$5${COORD_US[$1]:+ coord_us_per_txn=${COORD_US[$1]}}${SERVER_US[$1]:+ server_us_per_txn=${SERVER_US[$1]}}${NODE_US[$1]:+ by_server_us_per_txn=\"${NODE_US[$1]}\"}"
 }
 
 # run_sysbench TARGET PORT: returns non-zero (with a message) on failure.
@@ -292,6 +294,25 @@ cell() {
     if [[ -z $v ]]; then echo NA; elif [[ $3 == tps ]]; then fmt1 "$v"; else echo "$v"; fi
 }
 
+# by_server TARGET WORKLOAD: "name=µs …", each server's median over the rounds.
+by_server() {
+    local r key pair name names="" out=""
+    local -A values=()
+    for ((r = 1; r <= ROUNDS; r++)); do
+        key=$1:$2:$r
+        [[ ${STATUS[$key]:-} == ok ]] || continue
+        for pair in ${NODE_US[$key]:-}; do
+            name=${pair%%=*}
+            values[$name]+="${pair#*=}"$'\n'
+            [[ " $names " == *" $name "* ]] || names+=" $name"
+        done
+    done
+    for name in $names; do
+        out+="${out:+ }$name=$(printf '%s' "${values[$name]}" | median)"
+    done
+    echo "${out:-NA}"
+}
+
 spread() { # spread WORKLOAD: the ratio's min/median/max
     local values
     values=$(ratios "$1")
@@ -314,8 +335,13 @@ for w in "${WORKLOADS[@]}"; do
 done
 echo "(server CPU: every server process of the target — Tessera's coordinator, coordinator database and workers — summed, per transaction)"
 echo
+echo "Tessera's CPU µs/txn by server (median over the rounds):"
 for w in "${WORKLOADS[@]}"; do
-    echo "RESULT $w plain_tps=$(cell plain "$w" tps) tessera_tps=$(cell tessera "$w" tps) ratio_min_median_max=$(spread "$w") coord_us_per_txn=$(cell tessera "$w" coord) server_us_per_txn_plain=$(cell plain "$w" server) server_us_per_txn_tessera=$(cell tessera "$w" server)"
+    echo "  $w: $(by_server tessera "$w")"
+done
+echo
+for w in "${WORKLOADS[@]}"; do
+    echo "RESULT $w plain_tps=$(cell plain "$w" tps) tessera_tps=$(cell tessera "$w" tps) ratio_min_median_max=$(spread "$w") coord_us_per_txn=$(cell tessera "$w" coord) server_us_per_txn_plain=$(cell plain "$w" server) server_us_per_txn_tessera=$(cell tessera "$w" server) tessera_us_per_txn_by_server=\"$(by_server tessera "$w")\""
 done
 echo
 log "raw outputs: $BENCH_LOG_DIR"
