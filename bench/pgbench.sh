@@ -87,6 +87,10 @@ run_pgbench() {
     t0=$(coord_ticks) s0=$(server_ticks "$target") n0=$(node_ticks "$target")
     "$PG_BIN/pgbench" -h "${HOST:-127.0.0.1}" -p "$port" -U postgres "$@" -M prepared -c "$CLIENTS" -j "$JOBS" -T "$DURATION" -n postgres >"$out" 2>&1 ||
         die "$target: pgbench ($name) failed" "$out"
+    # pgbench's backends are still exiting: a backend read in /proc that the
+    # postmaster reaps before its own line is read counts twice (or, the
+    # other way round, not at all), seconds of CPU either way.
+    sleep 1
     t1=$(coord_ticks) s1=$(server_ticks "$target") n1=$(node_ticks "$target")
     tps=$(sed -n 's/^tps = \([0-9.]*\) (without initial connection time).*/\1/p' "$out" | head -n 1)
     lat=$(sed -n 's/^latency average = \([0-9.]*\) ms.*/\1/p' "$out" | head -n 1)
