@@ -256,7 +256,7 @@ fn setup_sql(node: &Node, nodes: &[Node], relay: &ServerAddr) -> String {
          GRANT USAGE, CREATE ON SCHEMA {REMOTE_SCHEMA} TO PUBLIC;
          CREATE OR REPLACE FUNCTION {REMOTE_SCHEMA}.remote_write() RETURNS trigger LANGUAGE plpgsql AS $tessera$
          BEGIN
-           PERFORM tessera_commit.record_commit_once();
+           {record_once};
            IF TG_OP = 'DELETE' THEN RETURN OLD; END IF;
            RETURN NEW;
          END $tessera$;
@@ -302,6 +302,7 @@ fn setup_sql(node: &Node, nodes: &[Node], relay: &ServerAddr) -> String {
          END $tessera$;",
         forget_roles = crate::metadata::forget_roles_function(REMOTE_SCHEMA),
         decisions = crate::transaction::decided::worker_objects_sql(),
+        record_once = crate::transaction::decided::RECORD_ONCE_SQL,
     );
     for other in nodes.iter().filter(|n| n.group_id != node.group_id) {
         let server = server_name(other.group_id);

@@ -38,43 +38,73 @@ pub struct DecidingTransaction {
     pub backend_started: i64,
 }
 
+/// `<xid>_<backend start>`: how part names and `IDENTITY_SQL` write it.
+impl std::fmt::Display for DecidingTransaction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}_{}", self.xid, self.backend_started)
+    }
+}
+
 impl DecidingTransaction {
-    /// Reads `<xid>_<backend start>`, as `IDENTITY_SQL` gives it.
+    /// Reads what `Display` writes.
     pub fn parse(text: &str) -> Option<DecidingTransaction> {
         let (xid, started) = text.split_once('_')?;
         Some(DecidingTransaction { xid: xid.parse().ok()?, backend_started: started.parse().ok()? })
     }
 }
 
-/// The current transaction as a deciding transaction, `<xid>_<backend
-/// start>`; gives the transaction an id if it has none. Reading the start
-/// costs a copy of the node's backend table, once per transaction.
-pub const IDENTITY_SQL: &str = "SELECT pg_catalog.pg_current_xact_id()::text || '_' || (extract(epoch FROM a.backend_start) * 1000000)::bigint
-   FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a";
+/// The schema on every worker that holds the commit records, made with the
+/// node's other Tessera objects (`commands::worker_relations`). Roles may
+/// use it but not create in it, so nobody else can make its table first.
+/// (A macro, so that the statements below can be built from it at compile
+/// time.)
+macro_rules! schema {
+    () => {
+        "tessera_commit"
+    };
+}
+const SCHEMA: &str = schema!();
+
+/// A backend's start in `pg_stat_activity`'s `backend_start` column, in
+/// microseconds since the Unix epoch: the second half of a deciding
+/// transaction, wherever it is read.
+macro_rules! backend_start_us {
+    () => {
+        "(extract(epoch FROM backend_start) * 1000000)::bigint"
+    };
+}
+pub const BACKEND_START_US: &str = backend_start_us!();
+
+/// The current transaction as a deciding transaction (`Display`'s form);
+/// gives the transaction an id if it has none. Reading the start costs a
+/// copy of the node's backend table, once per transaction.
+pub const IDENTITY_SQL: &str = concat!(
+    "SELECT pg_catalog.pg_current_xact_id()::text || '_' || ",
+    backend_start_us!(),
+    " FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid())"
+);
 
 /// The name of a part decided by transaction `decider` on node group
 /// `group`; `part` tells the parts of that transaction apart on one node.
 pub fn gid(group: i32, decider: &DecidingTransaction, part: &str) -> String {
-    format!("{GID_PREFIX}{group}_{}_{}_{part}", decider.xid, decider.backend_started)
+    format!("{GID_PREFIX}{group}_{decider}_{part}")
 }
 
 /// The deciding node group and transaction a part's name carries.
 pub fn parse_gid(gid: &str) -> Option<(i32, DecidingTransaction)> {
     let (group, rest) = gid.strip_prefix(GID_PREFIX)?.split_once('_')?;
-    let (xid, rest) = rest.split_once('_')?;
-    let (started, _part) = rest.split_once('_')?;
-    Some((group.parse().ok()?, DecidingTransaction { xid: xid.parse().ok()?, backend_started: started.parse().ok()? }))
+    let (decider, _part) = rest.rsplit_once('_')?;
+    Some((group.parse().ok()?, DecidingTransaction::parse(decider)?))
 }
 
 /// Sent with the deciding node's COMMIT, in the same flight: its commit
 /// record, then the commit. Recorded here and not earlier, since a
 /// savepoint rolled back after an earlier record would take it along.
-pub const RECORD_AND_COMMIT_SQL: &str = "SELECT tessera_commit.record_commit(); COMMIT";
+pub const RECORD_AND_COMMIT_SQL: &str = concat!("SELECT ", schema!(), ".record_commit(); COMMIT");
 
-/// The schema on every worker that holds the commit records, made with the
-/// node's other Tessera objects (`commands::worker_relations`). Roles may
-/// use it but not create in it, so nobody else can make its table first.
-const SCHEMA: &str = "tessera_commit";
+/// What the trigger on foreign tables runs for every row it sees written
+/// (`commands::worker_relations`): the transaction's record, once.
+pub const RECORD_ONCE_SQL: &str = concat!("PERFORM ", schema!(), ".record_commit_once()");
 
 /// What a worker needs to decide transactions, made by the service role
 /// (a superuser); idempotent. Any role may record its own transaction's

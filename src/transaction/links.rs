@@ -342,9 +342,10 @@ impl LinkRelay {
         let sql = format!(
             "SELECT ((n >> 32 << 32) + x + CASE WHEN x - (n & 4294967295) > 2147483648 THEN -4294967296
                                               WHEN (n & 4294967295) - x > 2147483648 THEN 4294967296 ELSE 0 END)::text,
-                    (extract(epoch FROM backend_start) * 1000000)::bigint::text
+                    {}::text
                FROM (SELECT backend_xid::text::bigint AS x, pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS n, backend_start
                        FROM pg_stat_activity WHERE pid = {}) s",
+            decided::BACKEND_START_US,
             ends.pid
         );
         let rows = self.with_service(ends.from, |conn| Box::pin(async move { conn.query(&sql).await })).await?;

@@ -57,13 +57,7 @@ pub async fn recover(config: &Config, catalog: &Catalog) -> PgResult<u64> {
     // A node out of service may still hold parts: their records stay until
     // its list can be read.
     for node in catalog.nodes.iter().filter(|n| !n.active) {
-        let listed = async {
-            let mut conn = PgConnection::connect(&node.addr, &login).await?;
-            let parts = decided_parts(&mut conn).await;
-            conn.terminate().await;
-            parts
-        };
-        match listed.await {
+        match with_new_connection(node, &login, |conn| Box::pin(decided_parts(conn))).await {
             Ok(parts) => named.extend(parts.into_iter().map(|(_, group, decider)| (group, decider.xid))),
             Err(_) => records.clear(),
         }
@@ -133,13 +127,7 @@ async fn recover_node(local: &mut PgConnection, login: &Login, node: &crate::met
 async fn commit_records(login: &Login, catalog: &Catalog) -> HashMap<i32, Vec<u64>> {
     let mut records = HashMap::new();
     for node in catalog.active_nodes() {
-        let read = async {
-            let mut conn = PgConnection::connect(&node.addr, login).await?;
-            let read = decided::commit_records(&mut conn).await;
-            conn.terminate().await;
-            read
-        };
-        match read.await {
+        match with_new_connection(node, login, |conn| Box::pin(decided::commit_records(conn))).await {
             Ok(xids) if !xids.is_empty() => {
                 records.insert(node.group_id, xids);
             }
@@ -159,16 +147,23 @@ async fn forget_commit_records(login: &Login, catalog: &Catalog, records: HashMa
         if finished.is_empty() {
             continue;
         }
-        let forgotten = async {
-            let mut conn = PgConnection::connect(&node.addr, login).await?;
-            let result = decided::forget_commit_records(&mut conn, &finished).await;
-            conn.terminate().await;
-            result
-        };
-        if let Err(e) = forgotten.await {
+        let forgotten = with_new_connection(node, login, |conn| Box::pin(async move { decided::forget_commit_records(conn, &finished).await })).await;
+        if let Err(e) = forgotten {
             tracing::warn!("recovery: could not delete finished commit records on {}: {e}", node.addr);
         }
     }
+}
+
+/// Runs `work` on a connection of its own to `node`, closed after.
+async fn with_new_connection<T>(
+    node: &crate::metadata::Node,
+    login: &Login,
+    work: impl for<'c> FnOnce(&'c mut PgConnection) -> futures::future::BoxFuture<'c, PgResult<T>>,
+) -> PgResult<T> {
+    let mut conn = PgConnection::connect(&node.addr, login).await?;
+    let result = work(&mut conn).await;
+    conn.terminate().await;
+    result
 }
 
 /// The prepared parts on a node decided by another node's transaction:
@@ -197,15 +192,8 @@ async fn recover_decided_parts(login: &Login, catalog: &Catalog, node: &crate::m
     let mut settled = 0;
     for (from, parts) in by_decider {
         let Some(decider) = catalog.node_for_group(from) else { continue };
-        let decisions = match PgConnection::connect(&decider.addr, login).await {
-            Ok(mut d) => {
-                let deciders: Vec<DecidingTransaction> = parts.iter().map(|(_, decider)| decider.clone()).collect();
-                let decisions = decided::decide(&mut d, &deciders).await;
-                d.terminate().await;
-                decisions
-            }
-            Err(e) => Err(e),
-        };
+        let deciders: Vec<DecidingTransaction> = parts.iter().map(|(_, decider)| decider.clone()).collect();
+        let decisions = with_new_connection(decider, login, |d| Box::pin(async move { decided::decide(d, &deciders).await })).await;
         let decisions = match decisions {
             Ok(decisions) => decisions,
             Err(e) => {

@@ -140,21 +140,21 @@ impl TestCluster {
 
     /// Prepared transactions on all workers together.
     pub async fn prepared_on_workers(&self) -> i64 {
-        let mut n = 0;
-        for i in 0..self.cluster.state.worker_ports.len() {
-            let w = self.connect_worker(i).await;
-            n += w.query_one("SELECT count(*) FROM pg_prepared_xacts", &[]).await.unwrap().get::<_, i64>(0);
-        }
-        n
+        self.count_on_workers("SELECT count(*) FROM pg_prepared_xacts").await
     }
 
     /// Deciding transactions' commit records on all workers together
     /// (`transaction::decided`) that recovery has not deleted yet.
     pub async fn worker_commit_records(&self) -> i64 {
+        self.count_on_workers("SELECT count(*) FROM tessera_commit.commit_records").await
+    }
+
+    /// The sum over all workers of the count `sql` gives on each.
+    async fn count_on_workers(&self, sql: &str) -> i64 {
         let mut n = 0;
         for i in 0..self.cluster.state.worker_ports.len() {
             let w = self.connect_worker(i).await;
-            n += w.query_one("SELECT count(*) FROM tessera_commit.commit_records", &[]).await.unwrap().get::<_, i64>(0);
+            n += w.query_one(sql, &[]).await.unwrap().get::<_, i64>(0);
         }
         n
     }
