@@ -87,29 +87,6 @@ coord_ticks() {
     echo $((f[11] + f[12]))      # fields 14 (utime) and 15 (stime)
 }
 
-# CPU ticks (user + system) a target's server processes have used so far:
-# each postmaster of the target and its children (live backends; exited ones
-# count through the postmaster's reaped-children counters), plus Tessera's
-# coordinator process. Empty when the target is not running.
-server_ticks() { # server_ticks plain|tessera
-    local -a roots=()
-    local dir
-    local base=$PLAIN_DIR
-    [[ $1 == tessera ]] && base=$TESSERA_DIR
-    for dir in "$base"/*/; do
-        [[ -r $dir/postmaster.pid ]] && roots+=("$(head -n 1 "$dir/postmaster.pid")")
-    done
-    [[ $1 == tessera && -n $COORD_PID ]] && roots+=("$COORD_PID")
-    if [[ ${#roots[@]} -eq 0 ]]; then echo ""; return 0; fi
-    # A stat line is "pid (comm) state ppid …": after the comm, field 2 is the
-    # parent and fields 12–15 utime, stime, cutime, cstime.
-    # (a process may end between the listing and the read: not an error)
-    { cat /proc/[0-9]*/stat 2>/dev/null || true; } | awk -v roots=" ${roots[*]} " '{
-        pid = $1; rest = $0; sub(/^.*\) /, "", rest); split(rest, f, " ")
-        if (index(roots, " " pid " ") || index(roots, " " f[2] " ")) total += f[12] + f[13] + f[14] + f[15]
-    } END { print total + 0 }'
-}
-
 # CPU ticks per server of a target so far, one "name=ticks" per line: each
 # postgres data directory under the target's (its postmaster and children)
 # by directory name, and Tessera's coordinator process as "coordinator".
@@ -146,6 +123,13 @@ node_us_per_txn() { # node_us_per_txn BEFORE AFTER TXNS
         k = split(after, a, "\n"); out = ""
         for (i = 1; i <= k; i++) { split(a[i], kv, "="); if (kv[1] in t0) out = out sprintf("%s%s=%.0f", out == "" ? "" : " ", kv[1], (kv[2] - t0[kv[1]]) * 1e6 / hz / n) }
         print out }'
+}
+
+# The sum of a node_ticks listing: every server process of the target
+# (exited ones count through their postmaster's reaped-children counters);
+# empty when the target is not running.
+sum_ticks() { # sum_ticks "$(node_ticks TARGET)"
+    awk -F= '{ total += $2 } END { if (NR) print total + 0 }' <<<"$1"
 }
 
 # µs of coordinator CPU per transaction, or empty.

@@ -84,14 +84,14 @@ run_pgbench() {
     local target=$1 port=$2 name=$3; shift 3
     local out=$BENCH_LOG_DIR/$target-$name-$ROUND.log t0 t1 s0 s1 n0 n1 tps lat txns key=$target:$name:$ROUND
     log "$target: $name (round $ROUND): pgbench ${*:+$* }-M prepared -c $CLIENTS -j $JOBS -T $DURATION -n"
-    t0=$(coord_ticks) s0=$(server_ticks "$target") n0=$(node_ticks "$target")
+    t0=$(coord_ticks) n0=$(node_ticks "$target") s0=$(sum_ticks "$n0")
     "$PG_BIN/pgbench" -h "${HOST:-127.0.0.1}" -p "$port" -U postgres "$@" -M prepared -c "$CLIENTS" -j "$JOBS" -T "$DURATION" -n postgres >"$out" 2>&1 ||
         die "$target: pgbench ($name) failed" "$out"
     # pgbench's backends are still exiting: a backend read in /proc that the
     # postmaster reaps before its own line is read counts twice (or, the
     # other way round, not at all), seconds of CPU either way.
     sleep 1
-    t1=$(coord_ticks) s1=$(server_ticks "$target") n1=$(node_ticks "$target")
+    t1=$(coord_ticks) n1=$(node_ticks "$target") s1=$(sum_ticks "$n1")
     tps=$(sed -n 's/^tps = \([0-9.]*\) (without initial connection time).*/\1/p' "$out" | head -n 1)
     lat=$(sed -n 's/^latency average = \([0-9.]*\) ms.*/\1/p' "$out" | head -n 1)
     txns=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$out" | head -n 1)
