@@ -96,6 +96,10 @@ impl ClientConn {
         if !self.wbuf.is_empty() {
             self.stream.write_all(&self.wbuf).await?;
             self.wbuf.clear();
+            // TLS may still hold the tail of what it accepted (the socket was
+            // full): pushed out now, or the client could wait for it while
+            // the session waits for the client.
+            self.stream.flush().await?;
         }
         Ok(())
     }
@@ -116,7 +120,8 @@ impl ClientConn {
     /// Writes raw bytes now (the SSL refusal byte before start-up).
     pub async fn write_now(&mut self, bytes: &[u8]) -> std::io::Result<()> {
         self.flush().await?;
-        self.stream.write_all(bytes).await
+        self.stream.write_all(bytes).await?;
+        self.stream.flush().await
     }
 }
 
