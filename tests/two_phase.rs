@@ -226,6 +226,54 @@ async fn recovery_decides_by_the_commit_record_not_the_transaction_id() {
     assert_eq!(text_rows(&decider, "SELECT count(*) FROM tessera_commit.commit_records").await, vec![vec![Some("0".into())]]);
 }
 
+/// A deciding transaction's backend start is read from the backend table
+/// once per session and cached in a setting; a role that sets that setting
+/// itself (made up, or copied from another backend) does not change what
+/// its transactions record, and cannot read the key that tells them apart.
+#[tokio::test]
+async fn the_cached_backend_start_cannot_be_forged() {
+    let cluster = TestCluster::start(2);
+    let worker_port = cluster.workers()[0].port;
+    cluster.connect_worker(0).await.batch_execute("CREATE ROLE tp_app LOGIN").await.unwrap();
+    let app = common::connect_as(worker_port, "tp_app").await;
+    let other = common::connect_as(worker_port, "tp_app").await;
+    let truth = "SELECT (extract(epoch FROM backend_start) * 1000000)::bigint::text FROM pg_stat_activity WHERE pid = pg_backend_pid()";
+    async fn started(c: &tokio_postgres::Client) -> String {
+        text_rows(c, "SELECT tessera_commit.backend_started()::text").await[0][0].clone().unwrap()
+    }
+    let real = text_rows(&app, truth).await[0][0].clone().unwrap();
+    assert_eq!(started(&app).await, real);
+    let cached = text_rows(&app, "SELECT current_setting('tessera_commit.backend')").await[0][0].clone().unwrap();
+    let (cached_start, mac) = cached.split_once(':').unwrap();
+    assert_eq!(cached_start, real, "the setting caches the start");
+    assert_eq!(started(&app).await, real, "read from the cache");
+
+    // Another start with this backend's MAC, and another backend's value as
+    // it stands: both ignored.
+    let forged = real.parse::<i64>().unwrap() - 1;
+    app.batch_execute(&format!("SET tessera_commit.backend = '{forged}:{mac}'")).await.unwrap();
+    assert_eq!(started(&app).await, real);
+    let other_real = text_rows(&other, truth).await[0][0].clone().unwrap();
+    started(&other).await;
+    let other_cached = text_rows(&other, "SELECT current_setting('tessera_commit.backend')").await[0][0].clone().unwrap();
+    app.batch_execute(&format!("SET tessera_commit.backend = '{other_cached}'")).await.unwrap();
+    assert_ne!(other_real, real);
+    assert_eq!(started(&app).await, real);
+    app.batch_execute("SET tessera_commit.backend = 'nonsense'").await.unwrap();
+    assert_eq!(started(&app).await, real);
+    // What a transaction records is its own start.
+    app.batch_execute("SET tessera_commit.backend = '1:x'").await.unwrap();
+    let rows = text_rows(&app, "BEGIN; SELECT tessera_commit.record_commit(); SELECT pg_current_xact_id()::text").await;
+    app.batch_execute("COMMIT").await.unwrap();
+    let xid = rows[1][0].clone().unwrap();
+    let worker = cluster.connect_worker(0).await;
+    let recorded = text_rows(&worker, &format!("SELECT backend_started::text FROM tessera_commit.commit_records WHERE xid = '{xid}'")).await;
+    assert_eq!(recorded, vec![vec![Some(real)]]);
+
+    let e = app.batch_execute("SELECT * FROM tessera_commit.mac_key").await.unwrap_err();
+    assert_eq!(common::sqlstate(&e), "42501", "{e}");
+}
+
 /// Two sessions update the same two rows, on different workers, in opposite
 /// order: each worker sees only one wait, so only the distributed detector can
 /// break the cycle. Exactly one session gets 40P01; the other commits.

@@ -76,13 +76,8 @@ macro_rules! backend_start_us {
 pub const BACKEND_START_US: &str = backend_start_us!();
 
 /// The current transaction as a deciding transaction (`Display`'s form);
-/// gives the transaction an id if it has none. Reading the start costs a
-/// copy of the node's backend table, once per transaction.
-pub const IDENTITY_SQL: &str = concat!(
-    "SELECT pg_catalog.pg_current_xact_id()::text || '_' || ",
-    backend_start_us!(),
-    " FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid())"
-);
+/// gives the transaction an id if it has none.
+pub const IDENTITY_SQL: &str = concat!("SELECT pg_catalog.pg_current_xact_id()::text || '_' || ", schema!(), ".backend_started()");
 
 /// The name of a part decided by transaction `decider` on node group
 /// `group`; `part` tells the parts of that transaction apart on one node.
@@ -116,6 +111,31 @@ pub fn worker_objects_sql() -> String {
          GRANT USAGE ON SCHEMA {SCHEMA} TO PUBLIC;
          CREATE TABLE IF NOT EXISTS {SCHEMA}.commit_records (xid xid8 PRIMARY KEY, backend_started bigint NOT NULL);
          REVOKE ALL ON {SCHEMA}.commit_records FROM PUBLIC;
+         -- The backend's start, read from the backend table once per
+         -- session: a copy of that whole table (hundreds of kilobytes at a
+         -- few hundred connections, fresh pages each time) cost more than
+         -- the rest of a commit record. The cache is a setting, which any
+         -- role can set, so it carries a MAC under a key only this
+         -- schema's owner reads, bound to the backend's pid: a value the
+         -- function did not make for this backend is ignored.
+         CREATE TABLE IF NOT EXISTS {SCHEMA}.mac_key (one boolean PRIMARY KEY DEFAULT true CHECK (one), key text NOT NULL);
+         REVOKE ALL ON {SCHEMA}.mac_key FROM PUBLIC;
+         INSERT INTO {SCHEMA}.mac_key (key) SELECT gen_random_uuid()::text || gen_random_uuid()::text ON CONFLICT DO NOTHING;
+         CREATE OR REPLACE FUNCTION {SCHEMA}.backend_started() RETURNS bigint
+           LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $tessera$
+         DECLARE
+           cached text := current_setting('tessera_commit.backend', true);
+           started text := split_part(cached, ':', 1);
+           mac_key text := (SELECT k.key FROM {SCHEMA}.mac_key k);
+         BEGIN
+           IF split_part(cached, ':', 2) = encode(sha256(convert_to(mac_key || ':' || pg_backend_pid() || ':' || started, 'UTF8')), 'hex') THEN
+             RETURN started::bigint;
+           END IF;
+           started := (SELECT {BACKEND_START_US} FROM pg_stat_get_activity(pg_backend_pid()));
+           PERFORM set_config('tessera_commit.backend',
+             started || ':' || encode(sha256(convert_to(mac_key || ':' || pg_backend_pid() || ':' || started, 'UTF8')), 'hex'), false);
+           RETURN started::bigint;
+         END $tessera$;
          DROP FUNCTION IF EXISTS {SCHEMA}.record_commit(OUT xid8, OUT bigint);
          CREATE OR REPLACE FUNCTION {SCHEMA}.record_commit() RETURNS void
            LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $tessera$
