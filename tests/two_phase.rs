@@ -274,6 +274,45 @@ async fn the_cached_backend_start_cannot_be_forged() {
     assert_eq!(common::sqlstate(&e), "42501", "{e}");
 }
 
+/// Workers that were down when the coordinator started, and so missed what
+/// this version makes on them (here the function that reads the backend
+/// start), are made ready once they answer again: blocks writing on both
+/// commit without another restart.
+#[tokio::test]
+async fn workers_down_at_coordinator_start_are_prepared_once_back() {
+    let cluster = TestCluster::start(2);
+    let (c, a, b) = setup(&cluster).await;
+    drop(c);
+    for i in 0..2 {
+        cluster.connect_worker(i).await.batch_execute("DROP FUNCTION tessera_commit.backend_started()").await.unwrap();
+        cluster.kill_worker(i);
+    }
+    cluster.restart_coordinator(|config| config.transactions.recovery_interval_secs = 0.5);
+    assert!(cluster.coordinator_log().contains("trying again every recovery interval"), "{}", cluster.coordinator_log_tail());
+    for i in 0..2 {
+        cluster.start_worker(i);
+    }
+    let c = cluster.connect().await;
+    let transfer = format!("BEGIN; UPDATE bank SET balance = balance - 1 WHERE id = {a}; UPDATE bank SET balance = balance + 1 WHERE id = {b}; COMMIT");
+    let started = std::time::Instant::now();
+    loop {
+        match c.batch_execute(&transfer).await {
+            Ok(()) => break,
+            Err(e) => {
+                c.batch_execute("ROLLBACK").await.ok();
+                assert!(started.elapsed() < std::time::Duration::from_secs(30), "still failing after 30 s: {}", common::error_text(&e));
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+        }
+    }
+    for i in 0..2 {
+        let w = cluster.connect_worker(i).await;
+        assert_eq!(text_rows(&w, "SELECT count(*) FROM pg_proc WHERE proname = 'backend_started'").await, vec![vec![Some("1".into())]]);
+    }
+    assert_eq!(text_rows(&c, "SELECT sum(balance) FROM bank").await, vec![vec![Some("4000".into())]]);
+    assert!(cluster.coordinator_log().contains("answers again"), "{}", cluster.coordinator_log_tail());
+}
+
 /// Two sessions update the same two rows, on different workers, in opposite
 /// order: each worker sees only one wait, so only the distributed detector can
 /// break the cycle. Exactly one session gets 40P01; the other commits.

@@ -312,6 +312,29 @@ async fn recover_periodically(coordinator: Arc<Coordinator>) {
     }
 }
 
+/// Prepares the nodes (by group) that were down when this process started,
+/// each as soon as it answers, until none is left or they left the cluster.
+async fn prepare_when_back(coordinator: Arc<Coordinator>, mut groups: Vec<i32>) {
+    let interval = Duration::from_secs_f64(coordinator.config.transactions.recovery_interval_secs.max(0.1));
+    while !groups.is_empty() {
+        tokio::time::sleep(interval).await;
+        let nodes: Vec<_> = coordinator.catalog.snapshot().active_nodes().cloned().collect();
+        groups.retain(|group| nodes.iter().any(|n| n.group_id == *group));
+        let mut still_down = Vec::new();
+        for group in groups {
+            let Some(node) = nodes.iter().find(|n| n.group_id == group) else { continue };
+            match crate::commands::worker_relations::prepare_nodes(&coordinator.config, &coordinator.links.addr, std::slice::from_ref(node), &nodes).await {
+                Ok(()) => tracing::info!("node {} answers again: prepared for worker-side relations and two-phase commits", node.addr),
+                Err(e) => {
+                    tracing::debug!("{e}");
+                    still_down.push(group);
+                }
+            }
+        }
+        groups = still_down;
+    }
+}
+
 async fn detect_deadlocks_periodically(coordinator: Arc<Coordinator>) {
     let interval = Duration::from_secs_f64(coordinator.config.transactions.deadlock_check_interval_secs.max(0.1));
     loop {
@@ -328,13 +351,19 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     crate::transport::use_node_socket_directories(config.node_socket_directories.iter().map(std::path::PathBuf::from).collect());
     let coordinator = Coordinator::start(config).await?;
     // Before clients come: their first distributed table needs every node
-    // ready for its worker-side relations. A node that is down now is made
-    // ready when it is added again or at the next start.
+    // ready for its worker-side relations, and its two-phase commits need
+    // the node's `tessera_commit` objects. A node that is down now is made
+    // ready once it answers again.
     let nodes: Vec<_> = coordinator.catalog.snapshot().active_nodes().cloned().collect();
+    let mut unprepared = Vec::new();
     for node in &nodes {
         if let Err(e) = crate::commands::worker_relations::prepare_nodes(&coordinator.config, &coordinator.links.addr, std::slice::from_ref(node), &nodes).await {
-            tracing::warn!("{e}");
+            tracing::warn!("{e}; trying again every recovery interval");
+            unprepared.push(node.group_id);
         }
+    }
+    if !unprepared.is_empty() {
+        tokio::spawn(prepare_when_back(coordinator.clone(), unprepared));
     }
     let listen = &coordinator.config.listen;
     let listener = TcpListener::bind(listen).await.map_err(|e| anyhow::anyhow!("could not listen on {listen}: {e}"))?;
