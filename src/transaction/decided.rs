@@ -68,12 +68,7 @@ const SCHEMA: &str = schema!();
 /// A backend's start in `pg_stat_activity`'s `backend_start` column, in
 /// microseconds since the Unix epoch: the second half of a deciding
 /// transaction, wherever it is read.
-macro_rules! backend_start_us {
-    () => {
-        "(extract(epoch FROM backend_start) * 1000000)::bigint"
-    };
-}
-pub const BACKEND_START_US: &str = backend_start_us!();
+pub const BACKEND_START_US: &str = "(extract(epoch FROM backend_start) * 1000000)::bigint";
 
 /// The current transaction as a deciding transaction (`Display`'s form);
 /// gives the transaction an id if it has none.
@@ -126,14 +121,12 @@ pub fn worker_objects_sql() -> String {
          DECLARE
            cached text := current_setting('tessera_commit.backend', true);
            started text := split_part(cached, ':', 1);
-           mac_key text := (SELECT k.key FROM {SCHEMA}.mac_key k);
+           signed_by text := (SELECT k.key FROM {SCHEMA}.mac_key k) || ':' || pg_backend_pid() || ':';
          BEGIN
-           IF split_part(cached, ':', 2) = encode(sha256(convert_to(mac_key || ':' || pg_backend_pid() || ':' || started, 'UTF8')), 'hex') THEN
-             RETURN started::bigint;
+           IF cached IS NULL OR split_part(cached, ':', 2) <> encode(sha256(convert_to(signed_by || started, 'UTF8')), 'hex') THEN
+             started := (SELECT {BACKEND_START_US} FROM pg_stat_get_activity(pg_backend_pid()));
+             PERFORM set_config('tessera_commit.backend', started || ':' || encode(sha256(convert_to(signed_by || started, 'UTF8')), 'hex'), false);
            END IF;
-           started := (SELECT {BACKEND_START_US} FROM pg_stat_get_activity(pg_backend_pid()));
-           PERFORM set_config('tessera_commit.backend',
-             started || ':' || encode(sha256(convert_to(mac_key || ':' || pg_backend_pid() || ':' || started, 'UTF8')), 'hex'), false);
            RETURN started::bigint;
          END $tessera$;
          DROP FUNCTION IF EXISTS {SCHEMA}.record_commit(OUT xid8, OUT bigint);
