@@ -5,6 +5,8 @@
 mod common;
 use common::{sqlstate, text_rows, TestCluster};
 use std::process::Command;
+use bytes::BytesMut;
+use tessera::protocol::{backend, frontend};
 use tokio_postgres::NoTls;
 
 /// psql's outcome for `sql` with `conninfo`: success, stdout, stderr.
@@ -136,36 +138,30 @@ async fn a_tls_client_gets_the_whole_result_however_full_its_socket() {
     assert!(stuck.is_empty(), "results whose end never came: {stuck:?}");
 }
 
-/// Logs in as postgres over TLS.
+/// Logs in as postgres over TLS, message by message with Tessera's codec.
 async fn tls_login(port: u16, config: std::sync::Arc<rustls::ClientConfig>) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-    // SSLRequest: length 8, request code 80877103.
-    tcp.write_all(&[0, 0, 0, 8, 4, 210, 22, 47]).await.unwrap();
+    let mut out = BytesMut::new();
+    frontend::ssl_request(&mut out);
+    tcp.write_all(&out).await.unwrap();
     let mut answer = [0u8; 1];
     tcp.read_exact(&mut answer).await.unwrap();
     assert_eq!(answer[0], b'S');
     let connector = tokio_rustls::TlsConnector::from(config);
     let mut tls = connector.connect(rustls::pki_types::ServerName::try_from("localhost").unwrap(), tcp).await.unwrap();
-    let mut startup = 196608i32.to_be_bytes().to_vec();
-    for part in ["user", "postgres", "database", "postgres", ""] {
-        startup.extend_from_slice(part.as_bytes());
-        startup.push(0);
-    }
-    let mut packet = ((startup.len() + 4) as i32).to_be_bytes().to_vec();
-    packet.extend_from_slice(&startup);
-    tls.write_all(&packet).await.unwrap();
+    out.clear();
+    frontend::startup(&mut out, &[("user", "postgres"), ("database", "postgres")]);
+    tls.write_all(&out).await.unwrap();
     read_until_ready(&mut tls, std::time::Duration::from_secs(10)).await.expect("logged in");
     tls
 }
 
 async fn send_query(stream: &mut (impl tokio::io::AsyncWrite + Unpin), sql: &str) {
     use tokio::io::AsyncWriteExt;
-    let mut query = vec![b'Q'];
-    query.extend_from_slice(&((sql.len() + 5) as i32).to_be_bytes());
-    query.extend_from_slice(sql.as_bytes());
-    query.push(0);
-    stream.write_all(&query).await.unwrap();
+    let mut out = BytesMut::new();
+    frontend::query(&mut out, sql);
+    stream.write_all(&out).await.unwrap();
 }
 
 /// The certificates in a PEM file.
@@ -179,27 +175,20 @@ fn pem_certificates(pem: &[u8]) -> Vec<rustls::pki_types::CertificateDer<'static
 /// came for `patience`.
 async fn read_until_ready(stream: &mut (impl tokio::io::AsyncRead + Unpin), patience: std::time::Duration) -> Result<(usize, String), usize> {
     use tokio::io::AsyncReadExt;
-    let (mut buf, mut data_rows, mut tag, mut received) = (Vec::new(), 0, String::new(), 0usize);
-    let mut scratch = vec![0u8; 64 * 1024];
+    let (mut buf, mut data_rows, mut tag, mut received) = (BytesMut::new(), 0, String::new(), 0usize);
     loop {
-        while buf.len() >= 5 {
-            let len = u32::from_be_bytes(buf[1..5].try_into().unwrap()) as usize;
-            if buf.len() < len + 1 {
-                break;
-            }
-            let message: Vec<u8> = buf.drain(..len + 1).collect();
-            match message[0] {
+        while let Some(message) = tessera::protocol::take_message(&mut buf).unwrap() {
+            match message.tag() {
                 b'D' => data_rows += 1,
-                b'C' => tag = String::from_utf8_lossy(&message[5..]).trim_end_matches('\0').to_string(),
-                b'E' => panic!("error: {}", String::from_utf8_lossy(&message[5..])),
+                b'C' => tag = backend::decode_command_complete(&message).unwrap().to_string(),
+                b'E' => panic!("error: {}", backend::decode_error_fields(&message).unwrap()),
                 b'Z' => return Ok((data_rows, tag)),
                 _ => {}
             }
         }
-        let Ok(read) = tokio::time::timeout(patience, stream.read(&mut scratch)).await else { return Err(received) };
+        let Ok(read) = tokio::time::timeout(patience, stream.read_buf(&mut buf)).await else { return Err(received) };
         let n = read.unwrap();
         assert!(n > 0, "the coordinator closed the connection");
         received += n;
-        buf.extend_from_slice(&scratch[..n]);
     }
 }
