@@ -132,9 +132,8 @@ pub fn worker_objects_sql() -> String {
          DROP FUNCTION IF EXISTS {SCHEMA}.record_commit(OUT xid8, OUT bigint);
          CREATE OR REPLACE FUNCTION {SCHEMA}.record_commit() RETURNS void
            LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $tessera$
-         DECLARE decider text := ({IDENTITY_SQL});
          BEGIN
-           INSERT INTO {SCHEMA}.commit_records VALUES (split_part(decider, '_', 1)::xid8, split_part(decider, '_', 2)::bigint) ON CONFLICT DO NOTHING;
+           INSERT INTO {SCHEMA}.commit_records VALUES (pg_current_xact_id(), {SCHEMA}.backend_started()) ON CONFLICT DO NOTHING;
          END $tessera$;
          -- Once per transaction, for the trigger on foreign tables (`links`).
          -- Kept in a transaction-local setting, which a rolled-back
