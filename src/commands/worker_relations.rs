@@ -350,16 +350,12 @@ pub(super) async fn prepare_in_block(ctx: &mut CommandContext<'_>, nodes: &[Node
     Ok(())
 }
 
-/// Makes `nodes` ready for worker-side relations among `all` (`setup_sql`),
-/// on service connections of their own, when the coordinator starts. A node
-/// that fails is named in the error.
-pub async fn prepare_nodes(config: &Config, relay: &ServerAddr, nodes: &[Node], all: &[Node]) -> PgResult<()> {
-    let login = config.service_login();
-    for node in nodes {
-        let mut conn = PgConnection::connect(&node.addr, &login).await?;
-        let result = conn.execute(&setup_sql(node, all, relay)).await;
-        conn.terminate().await;
-        result.map_err(|e| e.with_context(format!("while preparing node {} for worker-side relations", node.addr)))?;
-    }
-    Ok(())
+/// Makes `node` ready for worker-side relations among `all` (`setup_sql`),
+/// on a service connection of its own, when the coordinator starts or the
+/// node answers again. The error names the node.
+pub async fn prepare_node(config: &Config, relay: &ServerAddr, node: &Node, all: &[Node]) -> PgResult<()> {
+    let mut conn = PgConnection::connect(&node.addr, &config.service_login()).await?;
+    let result = conn.execute(&setup_sql(node, all, relay)).await;
+    conn.terminate().await;
+    result.map(|_| ()).map_err(|e| e.with_context(format!("while preparing node {} for worker-side relations", node.addr)))
 }

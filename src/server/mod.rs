@@ -312,26 +312,38 @@ async fn recover_periodically(coordinator: Arc<Coordinator>) {
     }
 }
 
+/// Prepares the active nodes among `groups` for worker-side relations and
+/// two-phase commits (`worker_relations::prepare_node`), each with its outcome.
+async fn prepare_nodes(coordinator: &Coordinator, groups: &[i32]) -> Vec<(metadata::Node, PgResult<()>)> {
+    let nodes: Vec<_> = coordinator.catalog.snapshot().active_nodes().cloned().collect();
+    let mut outcomes = Vec::new();
+    for node in nodes.iter().filter(|n| groups.contains(&n.group_id)) {
+        let outcome = crate::commands::worker_relations::prepare_node(&coordinator.config, &coordinator.links.addr, node, &nodes).await;
+        outcomes.push((node.clone(), outcome));
+    }
+    outcomes
+}
+
 /// Prepares the nodes (by group) that were down when this process started,
 /// each as soon as it answers, until none is left or they left the cluster.
 async fn prepare_when_back(coordinator: Arc<Coordinator>, mut groups: Vec<i32>) {
     let interval = Duration::from_secs_f64(coordinator.config.transactions.recovery_interval_secs.max(0.1));
     while !groups.is_empty() {
         tokio::time::sleep(interval).await;
-        let nodes: Vec<_> = coordinator.catalog.snapshot().active_nodes().cloned().collect();
-        groups.retain(|group| nodes.iter().any(|n| n.group_id == *group));
-        let mut still_down = Vec::new();
-        for group in groups {
-            let Some(node) = nodes.iter().find(|n| n.group_id == group) else { continue };
-            match crate::commands::worker_relations::prepare_nodes(&coordinator.config, &coordinator.links.addr, std::slice::from_ref(node), &nodes).await {
-                Ok(()) => tracing::info!("node {} answers again: prepared for worker-side relations and two-phase commits", node.addr),
+        groups = prepare_nodes(&coordinator, &groups)
+            .await
+            .into_iter()
+            .filter_map(|(node, outcome)| match outcome {
+                Ok(()) => {
+                    tracing::info!("node {} answers again: prepared for worker-side relations and two-phase commits", node.addr);
+                    None
+                }
                 Err(e) => {
                     tracing::debug!("{e}");
-                    still_down.push(group);
+                    Some(node.group_id)
                 }
-            }
-        }
-        groups = still_down;
+            })
+            .collect();
     }
 }
 
@@ -354,10 +366,10 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     // ready for its worker-side relations, and its two-phase commits need
     // the node's `tessera_commit` objects. A node that is down now is made
     // ready once it answers again.
-    let nodes: Vec<_> = coordinator.catalog.snapshot().active_nodes().cloned().collect();
+    let groups: Vec<i32> = coordinator.catalog.snapshot().active_nodes().map(|n| n.group_id).collect();
     let mut unprepared = Vec::new();
-    for node in &nodes {
-        if let Err(e) = crate::commands::worker_relations::prepare_nodes(&coordinator.config, &coordinator.links.addr, std::slice::from_ref(node), &nodes).await {
+    for (node, outcome) in prepare_nodes(&coordinator, &groups).await {
+        if let Err(e) = outcome {
             tracing::warn!("{e}; trying again every recovery interval");
             unprepared.push(node.group_id);
         }
