@@ -313,6 +313,56 @@ async fn workers_down_at_coordinator_start_are_prepared_once_back() {
     assert!(cluster.coordinator_log().contains("answers again"), "{}", cluster.coordinator_log_tail());
 }
 
+/// Recovery and deadlock detection keep one connection per node from one
+/// round to the next, also through rounds that commit, roll back and delete
+/// records: rounds every 100 ms are served by the same two backends on each
+/// worker, and after a worker restarts they connect again.
+#[tokio::test]
+async fn background_rounds_keep_their_node_connections() {
+    let cluster = TestCluster::start(2);
+    let (c, a, b) = setup(&cluster).await;
+    cluster.restart_coordinator(|config| {
+        config.transactions.recovery_interval_secs = 0.1;
+        config.transactions.deadlock_check_interval_secs = 0.1;
+        config.transactions.grace_secs = 0.5;
+    });
+    let c2 = cluster.connect().await;
+    drop(c);
+    let background = "SELECT application_name, pid FROM pg_stat_activity
+                       WHERE application_name IN ('tessera recovery', 'tessera deadlock detection') ORDER BY 1";
+    let served_by = |w: tokio_postgres::Client| async move {
+        let started = std::time::Instant::now();
+        loop {
+            let rows = text_rows(&w, background).await;
+            if rows.len() == 2 {
+                return (w, rows);
+            }
+            assert!(started.elapsed() < std::time::Duration::from_secs(10), "the background connections never stayed: {rows:?}");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    };
+    let (w, first) = served_by(cluster.connect_worker(0).await).await;
+    // Work for the rounds: commit records on the deciding worker to read
+    // and delete, and a prepared part without a record, which recovery rolls
+    // back once past the grace period.
+    let transfer = format!("BEGIN; UPDATE bank SET balance = balance - 1 WHERE id = {a}; UPDATE bank SET balance = balance + 1 WHERE id = {b}; COMMIT");
+    for _ in 0..20 {
+        c2.batch_execute(&transfer).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    w.batch_execute("CREATE TABLE orphan (x int); BEGIN; INSERT INTO orphan VALUES (1); PREPARE TRANSACTION 'tessera_orphan'").await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert_eq!(text_rows(&w, background).await, first, "the same backends served every round");
+    assert_eq!(cluster.prepared_on_workers().await, 0, "the orphan was rolled back");
+    assert_eq!(cluster.worker_commit_records().await, 0, "the rounds deleted the finished records");
+    drop(w);
+    cluster.kill_worker(0);
+    cluster.start_worker(0);
+    let (_, again) = served_by(cluster.connect_worker(0).await).await;
+    assert_ne!(again, first, "new backends after the restart");
+    assert_eq!(text_rows(&c2, "SELECT sum(balance) FROM bank").await, vec![vec![Some("4000".into())]]);
+}
+
 /// Two sessions update the same two rows, on different workers, in opposite
 /// order: each worker sees only one wait, so only the distributed detector can
 /// break the cycle. Exactly one session gets 40P01; the other commits.

@@ -7,6 +7,7 @@ mod login_memory;
 mod session;
 
 use crate::config::Config;
+use crate::connection::kept::KeptConnections;
 use crate::connection::{send_cancel, PgConnection};
 use crate::error::PgResult;
 use crate::metadata::{self, CatalogHandle};
@@ -174,9 +175,18 @@ impl Coordinator {
         self.sessions.lock().unwrap().remove(&key);
     }
 
-    /// One pass of prepared-transaction recovery over every worker.
+    /// One pass of prepared-transaction recovery over every worker, on
+    /// connections of its own (`recover_prepared_transactions()`).
     pub async fn recover_prepared_transactions(&self) -> PgResult<u64> {
-        crate::transaction::recovery::recover(&self.config, &self.catalog.snapshot()).await
+        let mut nodes = self.service_connections("tessera recovery");
+        let settled = crate::transaction::recovery::recover(&self.config, &self.catalog.snapshot(), &mut nodes).await;
+        nodes.close().await;
+        settled
+    }
+
+    /// Service connections for a background task, named `name` on the nodes.
+    fn service_connections(&self, name: &str) -> KeptConnections {
+        KeptConnections::new(self.config.service_login(), name)
     }
 
     /// One round of distributed deadlock detection: cancels the youngest
@@ -185,9 +195,11 @@ impl Coordinator {
     /// and picks the same victims; leaving each victim to its own process
     /// means the one that cancels it is the one that can tell its session
     /// why (40P01 rather than a bare cancellation).
-    pub async fn break_deadlocks(&self) -> PgResult<()> {
+    pub async fn break_deadlocks(&self, nodes: &mut KeptConnections) -> PgResult<()> {
         let catalog = self.catalog.snapshot();
-        let waits = crate::transaction::deadlock::gather_waits(&self.config, &catalog).await?;
+        let waits = crate::transaction::deadlock::gather_waits(&catalog, nodes).await;
+        nodes.end_round().await;
+        let waits = waits?;
         let own = format!("{}{}:", crate::transaction::TRANSACTION_ID_PREFIX, self.process_id);
         for victim in crate::transaction::deadlock::choose_victims(&waits).into_iter().filter(|v| v.session.starts_with(&own)) {
             let cycle = victim.cycle.join(" -> ");
@@ -195,7 +207,7 @@ impl Coordinator {
             // Recorded first: the victim's session may see its cancellation
             // before this loop does.
             self.deadlock_victims.lock().unwrap().insert(victim.session.clone(), (cycle, std::time::Instant::now()));
-            let cancelled = crate::transaction::deadlock::cancel(&self.config, &victim).await;
+            let cancelled = crate::transaction::deadlock::cancel(&victim, nodes).await;
             if !matches!(cancelled, Ok(n) if n > 0) {
                 // The transaction had moved on; nothing of it was cancelled.
                 self.deadlock_victims.lock().unwrap().remove(&victim.session);
@@ -301,8 +313,9 @@ async fn follow_catalog(coordinator: Arc<Coordinator>) {
 /// start-up and then at the configured interval.
 async fn recover_periodically(coordinator: Arc<Coordinator>) {
     let interval = Duration::from_secs_f64(coordinator.config.transactions.recovery_interval_secs.max(0.1));
+    let mut nodes = coordinator.service_connections("tessera recovery");
     loop {
-        if let Err(e) = coordinator.recover_prepared_transactions().await {
+        if let Err(e) = crate::transaction::recovery::recover(&coordinator.config, &coordinator.catalog.snapshot(), &mut nodes).await {
             tracing::warn!("prepared-transaction recovery: {e}");
         }
         if let Err(e) = crate::operations::cleanup::run(&coordinator.config, &coordinator.catalog.snapshot()).await {
@@ -349,9 +362,10 @@ async fn prepare_when_back(coordinator: Arc<Coordinator>, mut groups: Vec<i32>) 
 
 async fn detect_deadlocks_periodically(coordinator: Arc<Coordinator>) {
     let interval = Duration::from_secs_f64(coordinator.config.transactions.deadlock_check_interval_secs.max(0.1));
+    let mut nodes = coordinator.service_connections("tessera deadlock detection");
     loop {
         tokio::time::sleep(interval).await;
-        if let Err(e) = coordinator.break_deadlocks().await {
+        if let Err(e) = coordinator.break_deadlocks(&mut nodes).await {
             tracing::warn!("distributed deadlock detection: {e}");
         }
     }

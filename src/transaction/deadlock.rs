@@ -7,8 +7,8 @@
 //! cancels the youngest transaction of each cycle on the nodes where it waits.
 
 use super::{links, TRANSACTION_ID_PREFIX};
-use crate::config::Config;
-use crate::connection::{quote_literal, PgConnection, ServerAddr};
+use crate::connection::kept::KeptConnections;
+use crate::connection::{quote_literal, ServerAddr};
 use crate::error::PgResult;
 use crate::metadata::Catalog;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -45,15 +45,13 @@ fn started_us(column: &str) -> String {
     format!("(extract(epoch FROM {column}) * 1000000)::int8")
 }
 
-/// Reads the waits between distributed transactions on every active worker.
-pub async fn gather_waits(config: &Config, catalog: &Catalog) -> PgResult<Vec<Wait>> {
-    let login = config.service_login();
+/// Reads the waits between distributed transactions on every active worker,
+/// over the connections `nodes` keeps.
+pub async fn gather_waits(catalog: &Catalog, nodes: &mut KeptConnections) -> PgResult<Vec<Wait>> {
     let mut waits = Vec::new();
     let ours = |column: &str| format!("(starts_with({column}, {}) OR starts_with({column}, 'tessera_link_'))", quote_literal(TRANSACTION_ID_PREFIX));
     for node in catalog.active_nodes() {
-        let mut conn = PgConnection::connect(&node.addr, &login).await?;
-        let rows = conn
-            .query(&format!(
+        let sql = format!(
                 "SELECT w.pid, w.application_name, {}, h.application_name, {}
                  FROM pg_stat_activity w
                  CROSS JOIN LATERAL unnest(pg_blocking_pids(w.pid)) AS b(pid)
@@ -65,17 +63,15 @@ pub async fn gather_waits(config: &Config, catalog: &Catalog) -> PgResult<Vec<Wa
                 started_us("h.xact_start"),
                 ours("w.application_name"),
                 ours("h.application_name"),
-            ))
-            .await;
-        conn.terminate().await;
-        for r in rows? {
+        );
+        for r in nodes.on(&node.addr, |conn| Box::pin(async move { conn.query(&sql).await })).await? {
             let number = |i: usize| r[i].as_deref().and_then(|v| v.parse::<i64>().ok());
             if let (Some(pid), Some(waiter), Some(waiter_started), Some(holder), Some(holder_started)) = (number(0), r[1].clone(), number(2), r[3].clone(), number(4)) {
                 waits.push(Wait { node: node.addr.clone(), pid: pid as i32, backend: waiter.clone(), waiter, waiter_started, holder, holder_started });
             }
         }
     }
-    resolve_links(&mut waits, config, catalog).await;
+    resolve_links(&mut waits, catalog, nodes).await;
     Ok(waits)
 }
 
@@ -83,7 +79,7 @@ pub async fn gather_waits(config: &Config, catalog: &Catalog) -> PgResult<Vec<Wa
 /// session of the worker backend that opened it, as that worker shows it.
 /// A link opened by a backend of no coordinator session (a client on the
 /// worker) stays a transaction of its own.
-async fn resolve_links(waits: &mut [Wait], config: &Config, catalog: &Catalog) {
+async fn resolve_links(waits: &mut [Wait], catalog: &Catalog, nodes: &mut KeptConnections) {
     let mut sessions: HashMap<String, String> = HashMap::new();
     for name in waits.iter().flat_map(|w| [w.waiter.clone(), w.holder.clone()]) {
         let Some((from, pid)) = links::link_origin(&name) else { continue };
@@ -91,9 +87,8 @@ async fn resolve_links(waits: &mut [Wait], config: &Config, catalog: &Catalog) {
             continue;
         }
         let Some(node) = catalog.node_for_group(from) else { continue };
-        let Ok(mut conn) = PgConnection::connect(&node.addr, &config.service_login()).await else { continue };
-        let session = conn.query_value(&format!("SELECT application_name FROM pg_stat_activity WHERE pid = {pid}")).await;
-        conn.terminate().await;
+        let sql = format!("SELECT application_name FROM pg_stat_activity WHERE pid = {pid}");
+        let session = nodes.on(&node.addr, |conn| Box::pin(async move { conn.query_value(&sql).await })).await;
         if let Ok(Some(session)) = session.map(|s| s.filter(|s| s.starts_with(TRANSACTION_ID_PREFIX))) {
             sessions.insert(name, session);
         }
@@ -109,18 +104,15 @@ async fn resolve_links(waits: &mut [Wait], config: &Config, catalog: &Catalog) {
 
 /// Cancels the victim's statements where it was seen waiting, provided the
 /// backend is still in that same transaction. Returns how many it cancelled.
-pub async fn cancel(config: &Config, victim: &Victim) -> PgResult<u64> {
+pub async fn cancel(victim: &Victim, nodes: &mut KeptConnections) -> PgResult<u64> {
     let mut cancelled = 0;
     for (addr, pid, started, backend) in &victim.waits {
-        let mut conn = PgConnection::connect(addr, &config.service_login()).await?;
-        let rows = conn
-            .query(&format!(
-                "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE pid = {pid} AND application_name = {} AND {} = {started}",
-                quote_literal(backend),
-                started_us("xact_start")
-            ))
-            .await;
-        conn.terminate().await;
+        let sql = format!(
+            "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE pid = {pid} AND application_name = {} AND {} = {started}",
+            quote_literal(backend),
+            started_us("xact_start")
+        );
+        let rows = nodes.on(addr, |conn| Box::pin(async move { conn.query(&sql).await })).await;
         cancelled += rows?.iter().filter(|r| r[0].as_deref() == Some("t")).count() as u64;
     }
     Ok(cancelled)

@@ -10,19 +10,21 @@
 use super::decided::{self, DecidingTransaction};
 use super::GID_PREFIX;
 use crate::config::Config;
-use crate::connection::{quote_literal, Login, PgConnection};
+use crate::connection::kept::KeptConnections;
+use crate::connection::{quote_literal, PgConnection};
 use crate::error::PgResult;
-use crate::metadata::Catalog;
+use crate::metadata::{Catalog, Node};
 use std::collections::{HashMap, HashSet};
 
-/// One pass over every active worker; returns how many prepared transactions
-/// it committed or rolled back.
-pub async fn recover(config: &Config, catalog: &Catalog) -> PgResult<u64> {
-    let login = config.service_login();
+/// One pass over every active worker, over the connections `nodes` keeps
+/// (one per node); returns how many prepared transactions it committed or
+/// rolled back.
+pub async fn recover(config: &Config, catalog: &Catalog, nodes: &mut KeptConnections) -> PgResult<u64> {
     let mut settled = 0;
     let mut first_error = None;
     // Without the coordinator database only the parts it decides must wait.
-    let mut local = match PgConnection::connect(&config.coordinator_db_addr(), &login).await {
+    let local_addr = config.coordinator_db_addr();
+    let mut local = match nodes.take(&local_addr).await {
         Ok(local) => Some(local),
         Err(e) => {
             tracing::warn!("prepared-transaction recovery: the coordinator database ({}) is unavailable, its records wait: {e}", config.coordinator_db_addr());
@@ -32,14 +34,14 @@ pub async fn recover(config: &Config, catalog: &Catalog) -> PgResult<u64> {
     };
     // Read before any prepared part is listed: a record read then whose
     // transaction has parts left shows them in the lists.
-    let mut records = commit_records(&login, catalog).await;
+    let mut records = commit_records(nodes, catalog).await;
     let mut named = HashSet::new();
     for node in catalog.active_nodes() {
         let by_record = match local.as_mut() {
-            Some(local) => recover_node(local, &login, node, config.transactions.grace_secs).await,
+            Some(local) => recover_node(local, nodes, node, config.transactions.grace_secs).await,
             None => Ok(0),
         };
-        let by_decision = recover_decided_parts(&login, catalog, node, &mut named).await;
+        let by_decision = recover_decided_parts(nodes, catalog, node, &mut named).await;
         if by_decision.is_err() {
             // Its parts are unknown, so every record stays.
             records.clear();
@@ -57,22 +59,23 @@ pub async fn recover(config: &Config, catalog: &Catalog) -> PgResult<u64> {
     // A node out of service may still hold parts: their records stay until
     // its list can be read.
     for node in catalog.nodes.iter().filter(|n| !n.active) {
-        match with_new_connection(node, &login, |conn| Box::pin(decided_parts(conn))).await {
+        match nodes.on(&node.addr, |conn| Box::pin(decided_parts(conn))).await {
             Ok(parts) => named.extend(parts.into_iter().map(|(_, group, decider)| (group, decider.xid))),
             Err(_) => records.clear(),
         }
     }
-    forget_commit_records(&login, catalog, records, &named).await;
+    forget_commit_records(nodes, catalog, records, &named).await;
     if let Some(local) = local {
-        local.terminate().await;
+        nodes.give_back(&local_addr, local).await;
     }
+    nodes.end_round().await;
     match first_error {
         Some(e) if settled == 0 => Err(e),
         _ => Ok(settled),
     }
 }
 
-async fn recover_node(local: &mut PgConnection, login: &Login, node: &crate::metadata::Node, grace_secs: f64) -> PgResult<u64> {
+async fn recover_node(local: &mut PgConnection, nodes: &mut KeptConnections, node: &Node, grace_secs: f64) -> PgResult<u64> {
     // Records first: one read before the prepared list belongs to a transaction
     // whose decision was already taken, so absence from the list means finished.
     let records: HashSet<String> = local
@@ -81,14 +84,12 @@ async fn recover_node(local: &mut PgConnection, login: &Login, node: &crate::met
         .into_iter()
         .filter_map(|r| r.into_iter().next().flatten())
         .collect();
-    let mut worker = PgConnection::connect(&node.addr, login).await?;
-    let prepared = worker
-        .query(&format!(
-            "SELECT gid, now() - prepared > make_interval(secs => {grace_secs}) FROM pg_prepared_xacts
-             WHERE database = current_database() AND starts_with(gid, {})",
-            quote_literal(GID_PREFIX)
-        ))
-        .await?;
+    let list = format!(
+        "SELECT gid, now() - prepared > make_interval(secs => {grace_secs}) FROM pg_prepared_xacts
+         WHERE database = current_database() AND starts_with(gid, {})",
+        quote_literal(GID_PREFIX)
+    );
+    let prepared = nodes.on(&node.addr, |worker| Box::pin(async move { worker.query(&list).await })).await?;
     let mut settled = 0;
     let mut still_prepared = HashSet::new();
     for row in prepared {
@@ -101,7 +102,8 @@ async fn recover_node(local: &mut PgConnection, login: &Login, node: &crate::met
             still_prepared.insert(gid);
             continue;
         };
-        match worker.execute(&format!("{command} {}", quote_literal(&gid))).await {
+        let sql = format!("{command} {}", quote_literal(&gid));
+        match nodes.on(&node.addr, |worker| Box::pin(async move { worker.execute(&sql).await })).await {
             Ok(_) => {
                 tracing::info!("recovery: {command} '{gid}' on {}", node.addr);
                 settled += 1;
@@ -112,7 +114,6 @@ async fn recover_node(local: &mut PgConnection, login: &Login, node: &crate::met
             }
         }
     }
-    worker.terminate().await;
     let finished: Vec<String> = records.iter().filter(|g| !still_prepared.contains(*g)).map(|g| quote_literal(g)).collect();
     if !finished.is_empty() {
         local
@@ -124,10 +125,10 @@ async fn recover_node(local: &mut PgConnection, login: &Login, node: &crate::met
 
 /// The commit records of deciding transactions (`decided`) on every active
 /// node that answers, by node group.
-async fn commit_records(login: &Login, catalog: &Catalog) -> HashMap<i32, Vec<u64>> {
+async fn commit_records(nodes: &mut KeptConnections, catalog: &Catalog) -> HashMap<i32, Vec<u64>> {
     let mut records = HashMap::new();
     for node in catalog.active_nodes() {
-        match with_new_connection(node, login, |conn| Box::pin(decided::commit_records(conn))).await {
+        match nodes.on(&node.addr, |conn| Box::pin(decided::commit_records(conn))).await {
             Ok(xids) if !xids.is_empty() => {
                 records.insert(node.group_id, xids);
             }
@@ -140,30 +141,18 @@ async fn commit_records(login: &Login, catalog: &Catalog) -> HashMap<i32, Vec<u6
 
 /// Deletes the commit records no prepared part `named` (node group, xid):
 /// their transactions' parts are all finished.
-async fn forget_commit_records(login: &Login, catalog: &Catalog, records: HashMap<i32, Vec<u64>>, named: &HashSet<(i32, u64)>) {
+async fn forget_commit_records(nodes: &mut KeptConnections, catalog: &Catalog, records: HashMap<i32, Vec<u64>>, named: &HashSet<(i32, u64)>) {
     for (group, xids) in records {
         let finished: Vec<u64> = xids.into_iter().filter(|xid| !named.contains(&(group, *xid))).collect();
         let Some(node) = catalog.node_for_group(group) else { continue };
         if finished.is_empty() {
             continue;
         }
-        let forgotten = with_new_connection(node, login, |conn| Box::pin(async move { decided::forget_commit_records(conn, &finished).await })).await;
+        let forgotten = nodes.on(&node.addr, |conn| Box::pin(async move { decided::forget_commit_records(conn, &finished).await })).await;
         if let Err(e) = forgotten {
             tracing::warn!("recovery: could not delete finished commit records on {}: {e}", node.addr);
         }
     }
-}
-
-/// Runs `work` on a connection of its own to `node`, closed after.
-async fn with_new_connection<T>(
-    node: &crate::metadata::Node,
-    login: &Login,
-    work: impl for<'c> FnOnce(&'c mut PgConnection) -> futures::future::BoxFuture<'c, PgResult<T>>,
-) -> PgResult<T> {
-    let mut conn = PgConnection::connect(&node.addr, login).await?;
-    let result = work(&mut conn).await;
-    conn.terminate().await;
-    result
 }
 
 /// The prepared parts on a node decided by another node's transaction:
@@ -182,10 +171,10 @@ async fn decided_parts(conn: &mut PgConnection) -> PgResult<Vec<(String, i32, De
 /// Settles the prepared parts on `node` whose deciding transaction (see
 /// `decided`) has ended: committed with it, or rolled back. Adds every
 /// deciding transaction its parts name to `named`.
-async fn recover_decided_parts(login: &Login, catalog: &Catalog, node: &crate::metadata::Node, named: &mut HashSet<(i32, u64)>) -> PgResult<u64> {
-    let mut conn = PgConnection::connect(&node.addr, login).await?;
+async fn recover_decided_parts(nodes: &mut KeptConnections, catalog: &Catalog, node: &Node, named: &mut HashSet<(i32, u64)>) -> PgResult<u64> {
+    let parts = nodes.on(&node.addr, |conn| Box::pin(decided_parts(conn))).await?;
     let mut by_decider: HashMap<i32, Vec<(String, DecidingTransaction)>> = HashMap::new();
-    for (gid, from, decider) in decided_parts(&mut conn).await? {
+    for (gid, from, decider) in parts {
         named.insert((from, decider.xid));
         by_decider.entry(from).or_default().push((gid, decider));
     }
@@ -193,7 +182,7 @@ async fn recover_decided_parts(login: &Login, catalog: &Catalog, node: &crate::m
     for (from, parts) in by_decider {
         let Some(decider) = catalog.node_for_group(from) else { continue };
         let deciders: Vec<DecidingTransaction> = parts.iter().map(|(_, decider)| decider.clone()).collect();
-        let decisions = with_new_connection(decider, login, |d| Box::pin(async move { decided::decide(d, &deciders).await })).await;
+        let decisions = nodes.on(&decider.addr, |d| Box::pin(async move { decided::decide(d, &deciders).await })).await;
         let decisions = match decisions {
             Ok(decisions) => decisions,
             Err(e) => {
@@ -203,7 +192,8 @@ async fn recover_decided_parts(login: &Login, catalog: &Catalog, node: &crate::m
         };
         for ((gid, _), decision) in parts.iter().zip(decisions) {
             let Some(command) = decision else { continue };
-            match decided::finish_prepared(&mut conn, &decided::finish_sql(command, gid)).await {
+            let sql = decided::finish_sql(command, gid);
+            match nodes.on(&node.addr, |conn| Box::pin(async move { decided::finish_prepared(conn, &sql).await })).await {
                 Ok(()) => {
                     tracing::info!("recovery: {command} '{gid}' on {} (its deciding transaction on {} ended)", node.addr, decider.addr);
                     settled += 1;
@@ -212,6 +202,5 @@ async fn recover_decided_parts(login: &Login, catalog: &Catalog, node: &crate::m
             }
         }
     }
-    conn.terminate().await;
     Ok(settled)
 }
