@@ -131,10 +131,8 @@ fn add_worker(cluster: &mut LocalCluster) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime
         .block_on(async {
-            let mut conn = PgConnection::connect(&ServerAddr { host: "127.0.0.1".into(), port: cluster.state.coordinator_port }, &admin_login("tessera up")).await?;
-            let added = conn.execute(&format!("SELECT citus_add_node('127.0.0.1', {port})")).await;
-            conn.terminate().await;
-            added
+            let coordinator = ServerAddr { host: "127.0.0.1".into(), port: cluster.state.coordinator_port };
+            PgConnection::query_once(&coordinator, &admin_login("tessera up"), &format!("SELECT citus_add_node('127.0.0.1', {port})")).await
         })
         .map_err(|e| anyhow::anyhow!("adding worker 127.0.0.1:{port}: {e}"))?;
     // Remembered only once it is part of the cluster; a restart registers

@@ -354,8 +354,7 @@ pub(super) async fn prepare_in_block(ctx: &mut CommandContext<'_>, nodes: &[Node
 /// on a service connection of its own, when the coordinator starts or the
 /// node answers again. The error names the node.
 pub async fn prepare_node(config: &Config, relay: &ServerAddr, node: &Node, all: &[Node]) -> PgResult<()> {
-    let mut conn = PgConnection::connect(&node.addr, &config.service_login()).await?;
-    let result = conn.execute(&setup_sql(node, all, relay)).await;
-    conn.terminate().await;
-    result.map(|_| ()).map_err(|e| e.with_context(format!("while preparing node {} for worker-side relations", node.addr)))
+    PgConnection::query_once(&node.addr, &config.service_login(), &setup_sql(node, all, relay))
+        .await
+        .map(|_| ()).map_err(|e| e.with_context(format!("while preparing node {} for worker-side relations", node.addr)))
 }

@@ -459,8 +459,17 @@ impl PgConnection {
 
     /// Runs a single-row query and returns its first column.
     pub async fn query_value(&mut self, sql: &str) -> PgResult<Option<String>> {
-        let rows = self.query(sql).await?;
-        Ok(rows.into_iter().next().and_then(|r| r.into_iter().next().flatten()))
+        Ok(first_value(self.query(sql).await?))
+    }
+
+    /// Runs `sql` on a connection of its own, closed after: the rows of its
+    /// last statement. For the occasional statement where no connection is
+    /// held (start-up, operations, reading a node's type oids).
+    pub async fn query_once(addr: &ServerAddr, login: &Login, sql: &str) -> PgResult<TextRows> {
+        let mut conn = Self::connect(addr, login).await?;
+        let rows = conn.query(sql).await;
+        conn.terminate().await;
+        rows
     }
 
     /// Runs `COPY … FROM STDIN` and streams `chunks` (already in the COPY format the
@@ -509,6 +518,11 @@ impl PgConnection {
         frontend::terminate(&mut self.wbuf);
         let _ = self.flush().await;
     }
+}
+
+/// The first column of the first row, if any.
+pub fn first_value(rows: TextRows) -> Option<String> {
+    rows.into_iter().next().and_then(|r| r.into_iter().next().flatten())
 }
 
 /// Asks a server to cancel the query running on the backend with this key.

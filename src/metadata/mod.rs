@@ -121,15 +121,7 @@ pub async fn load_type_oids(catalog: &mut Catalog, coordinator_db: &mut PgConnec
             node.type_oids = known.type_oids.clone();
             continue;
         }
-        let rows = match PgConnection::connect(&node.addr, login).await {
-            Ok(mut conn) => {
-                let rows = conn.query(USER_TYPES_SQL).await;
-                conn.terminate().await;
-                rows
-            }
-            Err(e) => Err(e),
-        };
-        match rows {
+        match PgConnection::query_once(&node.addr, login, USER_TYPES_SQL).await {
             Ok(rows) => {
                 let map = rows.into_iter().filter_map(|r| Some((int(&r[0]), *by_name.get(r[1].as_deref()?)?))).collect();
                 node.type_oids = Arc::new(TypeOids(map));

@@ -149,14 +149,7 @@ async fn run_on(local: &mut PgConnection, config: &Config, catalog: &Catalog) ->
                 continue;
             }
         };
-        let dropped = match PgConnection::connect(&node.addr, &config.service_login()).await {
-            Ok(mut conn) => {
-                let result = conn.execute(&sql).await;
-                conn.terminate().await;
-                result
-            }
-            Err(e) => Err(e),
-        };
+        let dropped = PgConnection::query_once(&node.addr, &config.service_login(), &sql).await;
         match dropped {
             Ok(_) => {
                 local.execute(&format!("DELETE FROM tessera.pg_dist_cleanup WHERE record_id = {record}")).await?;

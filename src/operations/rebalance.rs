@@ -106,10 +106,9 @@ pub async fn sizes(ctx: &CommandContext<'_>, moves: &[PlannedMove]) -> Vec<i64> 
 /// `addr`, indexes and TOAST included; names it lacks count nothing.
 pub async fn shard_bytes(addr: &ServerAddr, login: &Login, names: &[String]) -> PgResult<i64> {
     let list: Vec<String> = names.iter().map(|n| quote_literal(n)).collect();
-    let mut conn = PgConnection::connect(addr, login).await?;
-    let bytes = conn.query_value(&format!("SELECT coalesce(sum(pg_total_relation_size(to_regclass(n))), 0)::bigint FROM unnest(ARRAY[{}]::text[]) n", list.join(", "))).await;
-    conn.terminate().await;
-    Ok(bytes?.and_then(|b| b.parse().ok()).unwrap_or(0))
+    let sql = format!("SELECT coalesce(sum(pg_total_relation_size(to_regclass(n))), 0)::bigint FROM unnest(ARRAY[{}]::text[]) n", list.join(", "));
+    let rows = PgConnection::query_once(addr, login, &sql).await?;
+    Ok(crate::connection::first_value(rows).and_then(|b| b.parse().ok()).unwrap_or(0))
 }
 
 /// Carries out a plan, one move after another, telling the client how far

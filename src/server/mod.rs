@@ -128,10 +128,8 @@ impl Coordinator {
             Some(p) => crate::connection::quote_literal(p),
             None => "NULL".into(),
         };
-        let mut conn = PgConnection::connect(&self.config.coordinator_db_addr(), &self.config.service_login()).await?;
-        let result = conn.execute(&format!("SELECT tessera.prepare_fallback({}, {password})", crate::connection::quote_literal(role))).await;
-        conn.terminate().await;
-        result?;
+        let sql = format!("SELECT tessera.prepare_fallback({}, {password})", crate::connection::quote_literal(role));
+        PgConnection::query_once(&self.config.coordinator_db_addr(), &self.config.service_login(), &sql).await?;
         if ready.0 < version {
             *ready = (version, HashSet::new());
         }
