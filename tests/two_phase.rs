@@ -358,9 +358,29 @@ async fn background_rounds_keep_their_node_connections() {
     drop(w);
     cluster.kill_worker(0);
     cluster.start_worker(0);
-    let (_, again) = served_by(cluster.connect_worker(0).await).await;
+    let (w, again) = served_by(cluster.connect_worker(0).await).await;
     assert_ne!(again, first, "new backends after the restart");
     assert_eq!(text_rows(&c2, "SELECT sum(balance) FROM bank").await, vec![vec![Some("4000".into())]]);
+
+    // A backend that stops answering (as a host gone without closing its
+    // connections would) is given up after ten rounds, and the next round
+    // connects again instead of waiting for it for ever.
+    let stuck = again.iter().find(|r| r[0].as_deref() == Some("tessera deadlock detection")).unwrap()[1].clone().unwrap();
+    let signal = |sig: &str| assert!(std::process::Command::new("kill").args([sig, &stuck]).status().unwrap().success());
+    signal("-STOP");
+    let started = std::time::Instant::now();
+    loop {
+        let now = text_rows(&w, "SELECT pid::text FROM pg_stat_activity WHERE application_name = 'tessera deadlock detection'").await;
+        if now.iter().any(|r| r[0].as_deref() != Some(stuck.as_str())) {
+            break;
+        }
+        if started.elapsed() > std::time::Duration::from_secs(10) {
+            signal("-CONT");
+            panic!("deadlock detection still waits for the stopped backend {stuck}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    signal("-CONT");
 }
 
 /// Two sessions update the same two rows, on different workers, in opposite

@@ -5,13 +5,18 @@
 //! process.
 
 use super::{Login, PgConnection, ServerAddr};
-use crate::error::PgResult;
+use crate::error::{sqlstate, PgError, PgResult};
 use crate::protocol::backend::TxStatus;
 use futures::future::BoxFuture;
 use std::collections::{HashMap, HashSet};
+use std::time::Duration;
 
 pub struct KeptConnections {
     login: Login,
+    /// How long `on` waits for a node's answer. A host gone without closing
+    /// its connections would otherwise hold every later round for TCP's
+    /// retransmission timeout, many minutes.
+    patience: Duration,
     open: HashMap<ServerAddr, PgConnection>,
     /// The servers asked since the last `end_round`.
     asked: HashSet<ServerAddr>,
@@ -19,11 +24,12 @@ pub struct KeptConnections {
 
 impl KeptConnections {
     /// Connections that log in as `login` under the application_name
-    /// `name`, which tells them apart in the nodes' `pg_stat_activity`.
-    pub fn new(mut login: Login, name: &str) -> Self {
+    /// `name`, which tells them apart in the nodes' `pg_stat_activity`, and
+    /// give up on a node that takes longer than `patience` to answer.
+    pub fn new(mut login: Login, name: &str, patience: Duration) -> Self {
         login.options.retain(|(option, _)| option != "application_name");
         login.options.push(("application_name".into(), name.into()));
-        KeptConnections { login, open: HashMap::new(), asked: HashSet::new() }
+        KeptConnections { login, patience, open: HashMap::new(), asked: HashSet::new() }
     }
 
     /// The kept connection to `addr` (a new one if there is none, or if the
@@ -48,12 +54,22 @@ impl KeptConnections {
         }
     }
 
-    /// Runs `work` on the kept connection to `addr`.
+    /// Runs `work` on the kept connection to `addr`; past the patience, the
+    /// connection is dropped, whatever state it is in, and `work` fails.
     pub async fn on<T>(&mut self, addr: &ServerAddr, work: impl for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, PgResult<T>>) -> PgResult<T> {
-        let mut conn = self.take(addr).await?;
-        let result = work(&mut conn).await;
-        self.give_back(addr, conn).await;
-        result
+        let patience = self.patience;
+        let silent = || PgError::new(sqlstate::CONNECTION_FAILURE, format!("node {addr} did not answer within {} s", patience.as_secs_f64()));
+        let mut conn = match tokio::time::timeout(patience, self.take(addr)).await {
+            Ok(conn) => conn?,
+            Err(_) => return Err(silent()),
+        };
+        match tokio::time::timeout(patience, work(&mut conn)).await {
+            Ok(result) => {
+                self.give_back(addr, conn).await;
+                result
+            }
+            Err(_) => Err(silent()),
+        }
     }
 
     /// Closes the connections the round that just ended did not use: to

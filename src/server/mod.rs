@@ -176,15 +176,23 @@ impl Coordinator {
     /// One pass of prepared-transaction recovery over every worker, on
     /// connections of its own (`recover_prepared_transactions()`).
     pub async fn recover_prepared_transactions(&self) -> PgResult<u64> {
-        let mut nodes = self.service_connections("tessera recovery");
+        let mut nodes = self.recovery_connections();
         let settled = crate::transaction::recovery::recover(&self.config, &self.catalog.snapshot(), &mut nodes).await;
         nodes.close().await;
         settled
     }
 
-    /// Service connections for a background task, named `name` on the nodes.
-    fn service_connections(&self, name: &str) -> KeptConnections {
-        KeptConnections::new(self.config.service_login(), name)
+    /// Service connections for recovery. A question a node leaves
+    /// unanswered for ten rounds is given up (see `KeptConnections`).
+    fn recovery_connections(&self) -> KeptConnections {
+        let patience = Duration::from_secs_f64(self.config.transactions.recovery_interval_secs.max(0.1) * 10.0);
+        KeptConnections::new(self.config.service_login(), "tessera recovery", patience)
+    }
+
+    /// Service connections for deadlock detection, as patient as recovery's.
+    fn deadlock_connections(&self) -> KeptConnections {
+        let patience = Duration::from_secs_f64(self.config.transactions.deadlock_check_interval_secs.max(0.1) * 10.0);
+        KeptConnections::new(self.config.service_login(), "tessera deadlock detection", patience)
     }
 
     /// One round of distributed deadlock detection: cancels the youngest
@@ -311,7 +319,7 @@ async fn follow_catalog(coordinator: Arc<Coordinator>) {
 /// start-up and then at the configured interval.
 async fn recover_periodically(coordinator: Arc<Coordinator>) {
     let interval = Duration::from_secs_f64(coordinator.config.transactions.recovery_interval_secs.max(0.1));
-    let mut nodes = coordinator.service_connections("tessera recovery");
+    let mut nodes = coordinator.recovery_connections();
     loop {
         if let Err(e) = crate::transaction::recovery::recover(&coordinator.config, &coordinator.catalog.snapshot(), &mut nodes).await {
             tracing::warn!("prepared-transaction recovery: {e}");
@@ -360,7 +368,7 @@ async fn prepare_when_back(coordinator: Arc<Coordinator>, mut groups: Vec<i32>) 
 
 async fn detect_deadlocks_periodically(coordinator: Arc<Coordinator>) {
     let interval = Duration::from_secs_f64(coordinator.config.transactions.deadlock_check_interval_secs.max(0.1));
-    let mut nodes = coordinator.service_connections("tessera deadlock detection");
+    let mut nodes = coordinator.deadlock_connections();
     loop {
         tokio::time::sleep(interval).await;
         if let Err(e) = coordinator.break_deadlocks(&mut nodes).await {
