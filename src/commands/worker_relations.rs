@@ -356,5 +356,6 @@ pub(super) async fn prepare_in_block(ctx: &mut CommandContext<'_>, nodes: &[Node
 pub async fn prepare_node(config: &Config, relay: &ServerAddr, node: &Node, all: &[Node]) -> PgResult<()> {
     PgConnection::query_once(&node.addr, &config.service_login(), &setup_sql(node, all, relay))
         .await
-        .map(|_| ()).map_err(|e| e.with_context(format!("while preparing node {} for worker-side relations", node.addr)))
+        .map(|_| ())
+        .map_err(|e| e.with_context(format!("while preparing node {} for worker-side relations", node.addr)))
 }

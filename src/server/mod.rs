@@ -182,17 +182,15 @@ impl Coordinator {
         settled
     }
 
-    /// Service connections for recovery. A question a node leaves
-    /// unanswered for ten rounds is given up (see `KeptConnections`).
     fn recovery_connections(&self) -> KeptConnections {
-        let patience = Duration::from_secs_f64(self.config.transactions.recovery_interval_secs.max(0.1) * 10.0);
-        KeptConnections::new(self.config.service_login(), "tessera recovery", patience)
+        self.service_connections("tessera recovery", self.config.transactions.recovery_interval_secs)
     }
 
-    /// Service connections for deadlock detection, as patient as recovery's.
-    fn deadlock_connections(&self) -> KeptConnections {
-        let patience = Duration::from_secs_f64(self.config.transactions.deadlock_check_interval_secs.max(0.1) * 10.0);
-        KeptConnections::new(self.config.service_login(), "tessera deadlock detection", patience)
+    /// Service connections for a background task named `name` that runs a
+    /// round every `interval_secs`. A question a node leaves unanswered for
+    /// ten rounds is given up (see `KeptConnections`).
+    fn service_connections(&self, name: &str, interval_secs: f64) -> KeptConnections {
+        KeptConnections::new(self.config.service_login(), name, Duration::from_secs_f64(interval_secs.max(0.1) * 10.0))
     }
 
     /// One round of distributed deadlock detection: cancels the youngest
@@ -368,7 +366,7 @@ async fn prepare_when_back(coordinator: Arc<Coordinator>, mut groups: Vec<i32>) 
 
 async fn detect_deadlocks_periodically(coordinator: Arc<Coordinator>) {
     let interval = Duration::from_secs_f64(coordinator.config.transactions.deadlock_check_interval_secs.max(0.1));
-    let mut nodes = coordinator.deadlock_connections();
+    let mut nodes = coordinator.service_connections("tessera deadlock detection", coordinator.config.transactions.deadlock_check_interval_secs);
     loop {
         tokio::time::sleep(interval).await;
         if let Err(e) = coordinator.break_deadlocks(&mut nodes).await {

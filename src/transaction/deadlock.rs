@@ -50,20 +50,21 @@ fn started_us(column: &str) -> String {
 pub async fn gather_waits(catalog: &Catalog, nodes: &mut KeptConnections) -> PgResult<Vec<Wait>> {
     let mut waits = Vec::new();
     let ours = |column: &str| format!("(starts_with({column}, {}) OR starts_with({column}, 'tessera_link_'))", quote_literal(TRANSACTION_ID_PREFIX));
+    let sql = format!(
+        "SELECT w.pid, w.application_name, {}, h.application_name, {}
+         FROM pg_stat_activity w
+         CROSS JOIN LATERAL unnest(pg_blocking_pids(w.pid)) AS b(pid)
+         JOIN pg_stat_activity h ON h.pid = b.pid
+         WHERE {} AND {}
+           AND w.application_name <> h.application_name
+           AND w.xact_start IS NOT NULL AND h.xact_start IS NOT NULL",
+        started_us("w.xact_start"),
+        started_us("h.xact_start"),
+        ours("w.application_name"),
+        ours("h.application_name"),
+    );
     for node in catalog.active_nodes() {
-        let sql = format!(
-                "SELECT w.pid, w.application_name, {}, h.application_name, {}
-                 FROM pg_stat_activity w
-                 CROSS JOIN LATERAL unnest(pg_blocking_pids(w.pid)) AS b(pid)
-                 JOIN pg_stat_activity h ON h.pid = b.pid
-                 WHERE {} AND {}
-                   AND w.application_name <> h.application_name
-                   AND w.xact_start IS NOT NULL AND h.xact_start IS NOT NULL",
-                started_us("w.xact_start"),
-                started_us("h.xact_start"),
-                ours("w.application_name"),
-                ours("h.application_name"),
-        );
+        let sql = sql.clone();
         for r in nodes.on(&node.addr, |conn| Box::pin(async move { conn.query(&sql).await })).await? {
             let number = |i: usize| r[i].as_deref().and_then(|v| v.parse::<i64>().ok());
             if let (Some(pid), Some(waiter), Some(waiter_started), Some(holder), Some(holder_started)) = (number(0), r[1].clone(), number(2), r[3].clone(), number(4)) {
