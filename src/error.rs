@@ -136,6 +136,15 @@ impl PgError {
         };
         self.set(b'W', context)
     }
+    /// Rewrites every text the error shows (message, detail, hint, context).
+    pub fn map_texts(mut self, f: impl Fn(&str) -> String) -> Self {
+        for (code, value) in self.fields.iter_mut() {
+            if matches!(*code, b'M' | b'D' | b'H' | b'W') {
+                *value = f(value);
+            }
+        }
+        self
+    }
     /// Rewrites the context, e.g. to name what the client sees instead of a shard.
     pub fn map_context(self, f: impl FnOnce(&str) -> String) -> Self {
         match self.field(b'W').map(f) {

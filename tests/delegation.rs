@@ -317,3 +317,114 @@ async fn a_block_whose_calls_use_links_on_two_workers_is_refused_at_commit() {
     assert_eq!(balances(&c, near_a, near_b).await, (100, 100));
     assert_eq!(cluster.prepared_on_workers().await, 0);
 }
+
+/// The copy schemas (planner/function_copy.rs) on each worker, with the
+/// routines in them.
+async fn copies_on_workers(cluster: &TestCluster) -> Vec<Vec<String>> {
+    let mut all = Vec::new();
+    for i in 0..cluster.workers().len() {
+        let w = cluster.connect_worker(i).await;
+        let rows = text_rows(&w, "SELECT n.nspname || '.' || p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname LIKE 'tessera\\_shard\\_%' ORDER BY 1").await;
+        all.push(rows.into_iter().map(|r| r[0].clone().unwrap_or_default()).collect());
+    }
+    all
+}
+
+/// Calls outside blocks run per-shard copies of a PL/pgSQL function, made
+/// on demand with its owner and privileges; errors and notices name the
+/// function and its lines as the function itself does; a changed function,
+/// a REVOKE, a dropped owner and a moved shard are followed.
+#[tokio::test]
+async fn calls_run_on_per_shard_copies_that_follow_the_function() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute(
+        "CREATE TABLE dl_c (id int PRIMARY KEY, v int NOT NULL); SELECT create_distributed_table('dl_c', 'id', shard_count => 4);
+         INSERT INTO dl_c SELECT g, 0 FROM generate_series(1, 40) g;
+         CREATE ROLE dl_owner; CREATE ROLE dl_user LOGIN; CREATE ROLE dl_other LOGIN;
+         GRANT SELECT, UPDATE ON dl_c TO dl_owner;
+         CREATE FUNCTION dl_add(k int, amount int) RETURNS int LANGUAGE plpgsql SECURITY DEFINER AS $$
+         DECLARE
+             now_v int;
+         BEGIN
+             UPDATE dl_c SET v = v + amount WHERE id = k RETURNING v INTO now_v;
+             RAISE NOTICE 'now %', now_v;
+             IF now_v > 100 THEN
+                 UPDATE dl_c SET v = 1 / 0 WHERE id = k;
+             END IF;
+             RETURN now_v;
+         END $$;
+         ALTER FUNCTION dl_add(int, int) OWNER TO dl_owner;
+         REVOKE ALL ON FUNCTION dl_add(int, int) FROM PUBLIC; GRANT EXECUTE ON FUNCTION dl_add(int, int) TO dl_user;
+         SELECT create_distributed_function('dl_add(int,int)', 'k', colocate_with => 'dl_c');",
+    )
+    .await
+    .unwrap();
+    let user = connect_as(cluster.port, "dl_user").await;
+    let call = user.prepare("SELECT dl_add($1, $2)").await.unwrap();
+    for k in 1..=40 {
+        assert_eq!(user.query_one(&call, &[&k, &k]).await.unwrap().get::<_, i32>(0), k, "key {k}");
+    }
+    let copies = copies_on_workers(&cluster).await;
+    assert_eq!(copies.iter().map(Vec::len).sum::<usize>(), 4, "one copy per shard: {copies:?}");
+    assert!(copies.iter().flatten().all(|c| c.ends_with(".dl_add")), "{copies:?}");
+    let w = cluster.connect_worker(copies.iter().position(|c| !c.is_empty()).unwrap()).await;
+    assert_eq!(
+        text_rows(&w, "SELECT DISTINCT proowner::regrole::text, proacl::text, prosecdef FROM pg_proc WHERE proname = 'dl_add'").await,
+        vec![vec![Some("dl_owner".into()), Some("{dl_owner=X/dl_owner,dl_user=X/dl_owner}".into()), Some("t".into())]],
+        "the copies have the function's owner, privileges and SECURITY DEFINER"
+    );
+    // Errors and notices: the same text as from the function itself, which
+    // a call in a transaction block runs.
+    let failure = |e: tokio_postgres::Error| {
+        let db = e.as_db_error().unwrap().clone();
+        (db.code().code().to_string(), db.message().to_string(), db.where_().unwrap_or_default().to_string())
+    };
+    let from_copy = failure(user.query_one(&call, &[&5, &200]).await.unwrap_err());
+    user.batch_execute("BEGIN").await.unwrap();
+    let from_function = failure(user.query_one(&call, &[&5, &200]).await.unwrap_err());
+    user.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(from_copy, from_function);
+    assert!(from_copy.2.starts_with("SQL statement \"UPDATE dl_c SET v = 1 / 0 WHERE id = k\"\nPL/pgSQL function dl_add(integer,integer) line 8 at SQL statement"), "{}", from_copy.2);
+    let psql = std::process::Command::new("psql")
+        .args(["-h", "127.0.0.1", "-p", &cluster.port.to_string(), "-U", "dl_user", "-d", "postgres", "-X", "-v", "SHOW_CONTEXT=always", "-c", "SELECT dl_add(6, 1)"])
+        .output()
+        .unwrap();
+    let (ok, stderr) = (psql.status.success(), String::from_utf8_lossy(&psql.stderr));
+    assert!(ok && stderr.contains("NOTICE:  now 7") && stderr.contains("PL/pgSQL function dl_add(integer,integer) line 6 at RAISE"), "{stderr}");
+    // Another role may not call it; once granted, it may.
+    let other = connect_as(cluster.port, "dl_other").await;
+    let e = other.batch_execute("SELECT dl_add(1, 1)").await.unwrap_err();
+    assert_eq!((sqlstate(&e), e.as_db_error().unwrap().message().to_string()), ("42501".to_string(), "permission denied for function dl_add".to_string()));
+    c.batch_execute("GRANT EXECUTE ON FUNCTION dl_add(int, int) TO dl_other").await.unwrap();
+    assert_eq!(answer(&other, "SELECT dl_add(1, 1)").await, "2");
+    c.batch_execute("REVOKE EXECUTE ON FUNCTION dl_add(int, int) FROM dl_user").await.unwrap();
+    assert_eq!(sqlstate(&user.query_one(&call, &[&1, &1]).await.unwrap_err()), "42501");
+    // A new body takes effect at once.
+    c.batch_execute(
+        "CREATE OR REPLACE FUNCTION dl_add(k int, amount int) RETURNS int LANGUAGE plpgsql SECURITY DEFINER AS $$
+         BEGIN
+             UPDATE dl_c SET v = v - amount WHERE id = k;
+             RETURN -1;
+         END $$",
+    )
+    .await
+    .unwrap();
+    assert_eq!(answer(&other, "SELECT dl_add(1, 1)").await, "-1");
+    assert_eq!(answer(&c, "SELECT v FROM dl_c WHERE id = 1").await, "1");
+    // A moved shard: the call follows it and gets a copy on its new node.
+    let (shard, from, to): (i64, i32, i32) = {
+        let rows = text_rows(&c, "SELECT s.shardid, p.nodeport FROM pg_dist_shard s JOIN pg_dist_placement pl USING (shardid) JOIN pg_dist_node p USING (groupid) WHERE s.logicalrelid = 'dl_c'::regclass AND p.nodeport IS NOT NULL ORDER BY 1 LIMIT 1").await;
+        let from: i32 = rows[0][1].clone().unwrap().parse().unwrap();
+        let to = cluster.cluster.state.worker_ports.iter().map(|p| i32::from(*p)).find(|p| *p != from).unwrap();
+        (rows[0][0].clone().unwrap().parse().unwrap(), from, to)
+    };
+    c.batch_execute(&format!("SELECT citus_move_shard_placement({shard}, '127.0.0.1', {from}, '127.0.0.1', {to})")).await.unwrap();
+    for k in 1..=40 {
+        answer(&other, &format!("SELECT dl_add({k}, 0)")).await;
+    }
+    assert_eq!(answer(&c, "SELECT sum(v) FROM dl_c").await, ((1..=40).sum::<i32>() + 1).to_string(), "key 6 got one more");
+    // Dropping the function drops its copies, so its owner can go.
+    c.batch_execute("DROP FUNCTION dl_add(int, int); REVOKE ALL ON dl_c FROM dl_owner; DROP ROLE dl_owner").await.unwrap();
+    assert_eq!(copies_on_workers(&cluster).await.iter().map(Vec::len).sum::<usize>(), 0);
+}

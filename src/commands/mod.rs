@@ -668,7 +668,8 @@ async fn run_everywhere(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_>)
     let tag = local.execute(sql).await?;
     let mut per_node = BTreeMap::new();
     for node in ctx.catalog.active_nodes() {
-        let mut statements = Vec::new();
+        // Function copies may follow what changes; they are made again on demand.
+        let mut statements = vec![crate::planner::function_copy::drop_all_sql()];
         if let RoleChange::Dropped(names) = roles {
             statements.push(worker_relations::forget_roles_sql(names));
         }

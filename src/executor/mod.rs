@@ -17,6 +17,7 @@ pub mod cluster_views;
 pub mod copy;
 pub mod explain;
 pub mod fallback;
+pub mod function_copies;
 pub mod insert_select;
 pub mod materialized_views;
 pub mod merge;
@@ -424,7 +425,7 @@ async fn run_task(w: &mut WorkerConnection, sql: &Arc<str>, mode: &Mode<'_>, cli
                     break;
                 }
             }
-            b'N' => client.out().extend_from_slice(msg.frame()),
+            b'N' => function_copies::relay_notice(&msg, client),
             b'E' => {
                 if parse_pending {
                     // A failed Parse leaves no statement behind; parse again next time.

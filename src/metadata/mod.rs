@@ -246,6 +246,13 @@ pub struct DistributedFunction {
     pub distribution: Option<(usize, Arc<DistributedTable>)>,
     /// Delegated inside transaction blocks too.
     pub force_delegation: bool,
+    /// Its schema-qualified signature, as `regprocedure` reads it on any node.
+    pub signature: String,
+    /// Written in PL/pgSQL, and the only routine of its name in its schema
+    /// (a copy, alone in its schema, could not tell overloads apart):
+    /// delegated calls outside transaction blocks go to its per-shard copies
+    /// (planner/function_copy.rs).
+    pub copied_per_shard: bool,
 }
 
 impl DistributedFunction {
@@ -566,7 +573,10 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
                        FROM unnest(coalesce(p.proargnames, array_fill(''::text, ARRAY[p.pronargs])),
                                    coalesce(p.proargmodes, array_fill('i'::\"char\", ARRAY[p.pronargs]))) WITH ORDINALITY AS a(name, mode, i)
                       WHERE a.mode IN ('i', 'b', 'v') OR (p.prokind = 'p' AND a.mode = 'o')),
-                    o.distribution_argument_index, o.colocationid, coalesce(o.force_delegation, false), p.pronargdefaults
+                    o.distribution_argument_index, o.colocationid, coalesce(o.force_delegation, false), p.pronargdefaults,
+                    format('%I.%I(%s)', n.nspname, p.proname, oidvectortypes(p.proargtypes)),
+                    p.prolang = (SELECT oid FROM pg_language WHERE lanname = 'plpgsql')
+                      AND NOT EXISTS (SELECT FROM pg_proc q WHERE q.proname = p.proname AND q.pronamespace = p.pronamespace AND q.oid <> p.oid)
              FROM pg_catalog.pg_dist_object o JOIN pg_proc p ON p.oid = o.objid JOIN pg_namespace n ON n.oid = p.pronamespace
              WHERE o.classid = 'pg_proc'::regclass",
         )
@@ -582,6 +592,8 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
             defaults: int::<usize>(&r[6]),
             distribution,
             force_delegation: r[5].as_deref() == Some("t"),
+            signature: r[7].clone().unwrap_or_default(),
+            copied_per_shard: r[8].as_deref() == Some("t"),
         };
         catalog.functions.entry((function.schema.clone(), function.name.clone())).or_default().push(Arc::new(function));
     }
@@ -622,7 +634,7 @@ mod tests {
 
     #[test]
     fn calls_fit_by_position_name_and_default() {
-        let f = DistributedFunction { schema: "public".into(), name: "f".into(), arg_names: vec!["k".into(), "amount".into(), "note".into()], defaults: 1, distribution: None, force_delegation: false };
+        let f = DistributedFunction { schema: "public".into(), name: "f".into(), arg_names: vec!["k".into(), "amount".into(), "note".into()], defaults: 1, distribution: None, force_delegation: false, signature: String::new(), copied_per_shard: false };
         assert!(f.accepts(3, &[]) && f.accepts(2, &[]) && f.accepts(0, &["amount", "k"]) && f.accepts(1, &["note", "amount"]));
         assert!(!f.accepts(1, &[]), "amount has no default");
         assert!(!f.accepts(1, &["k", "amount"]), "k given twice");

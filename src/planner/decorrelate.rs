@@ -386,7 +386,7 @@ fn column_refs(expr: &Node) -> Vec<protobuf::ColumnRef> {
     out
 }
 
-fn flatten_and<'a>(expr: &'a Node, out: &mut Vec<&'a Node>) {
+pub(super) fn flatten_and<'a>(expr: &'a Node, out: &mut Vec<&'a Node>) {
     match expr.node.as_ref() {
         Some(NodeEnum::BoolExpr(b)) if b.boolop == protobuf::BoolExprType::AndExpr as i32 => b.args.iter().for_each(|a| flatten_and(a, out)),
         _ => out.push(expr),

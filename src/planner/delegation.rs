@@ -12,7 +12,7 @@
 //! when its function reaches distributed tables (it would run on some worker
 //! anyway), and the block goes on as any distributed block.
 
-use super::rewrite::ShardTemplate;
+use super::rewrite::{CopiedCall, ShardTemplate};
 use super::router::{key_value, router, Command, RouterPlan, ShardTarget};
 use super::{function_names, Plan};
 use crate::metadata::{Catalog, Distribution};
@@ -25,15 +25,21 @@ use std::sync::Arc;
 pub struct Delegation {
     /// The call, routed by its distribution argument.
     pub call: Arc<RouterPlan>,
+    /// The same call to the per-shard copy of a PL/pgSQL function
+    /// (planner/function_copy.rs), for calls outside transaction blocks.
+    pub copy: Option<Arc<RouterPlan>>,
+    /// Set once a copy could not be made: this plan calls the function.
+    pub copy_failed: std::sync::atomic::AtomicBool,
     /// Delegated inside transaction blocks too.
     pub force_delegation: bool,
     pub otherwise: Plan,
 }
 
 /// The delegated form of the statement, when it is a call of a distributed
-/// function with a distribution argument that picks one shard; and whether
-/// the function is to be delegated inside transaction blocks too.
-pub(super) fn delegated_call(version: i32, raw: &protobuf::RawStmt, node: &NodeEnum, catalog: &Catalog) -> Option<(Arc<RouterPlan>, bool)> {
+/// function with a distribution argument that picks one shard (to the
+/// function and to its per-shard copy); and whether the function is to be
+/// delegated inside transaction blocks too.
+pub(super) fn delegated_call(version: i32, raw: &protobuf::RawStmt, node: &NodeEnum, catalog: &Catalog) -> Option<(Arc<RouterPlan>, Option<Arc<RouterPlan>>, bool)> {
     if !catalog.has_functions() {
         return None;
     }
@@ -67,10 +73,16 @@ pub(super) fn delegated_call(version: i32, raw: &protobuf::RawStmt, node: &NodeE
     };
     // A NULL argument (Some(Err)) picks no shard: the call runs undelegated.
     let value = key_value(argument, key)?.ok()?;
-    match router(Command::UserCode, ShardTarget::Key(value), Some(table.clone()), ShardTemplate::unchanged(version, raw.clone())) {
-        Plan::Router(call) => Some((call, function.force_delegation)),
+    let routed = |template| match router(Command::UserCode, ShardTarget::Key(value.clone()), Some(table.clone()), template) {
+        Plan::Router(call) => Some(call),
         _ => None,
-    }
+    };
+    let call = routed(ShardTemplate::unchanged(version, raw.clone()))?;
+    let copy = function
+        .copied_per_shard
+        .then(|| routed(ShardTemplate::calling_copy(version, raw.clone(), CopiedCall { anchor: table.clone(), catalog_version: catalog.version, signature: function.signature.clone() })))
+        .flatten();
+    Some((call, copy, function.force_delegation))
 }
 
 /// `f(…)` of `SELECT f(…)`, with nothing else in the statement.

@@ -10,6 +10,7 @@ mod delegation;
 pub mod deparse;
 mod explain;
 mod fallback;
+pub mod function_copy;
 mod functions;
 mod inline;
 mod insert_select;
@@ -26,6 +27,7 @@ use crate::walk;
 
 pub use ddl::{placement_groups, ChosenNames, DdlPlan, DropIndex, RelationChanges, RoleChange};
 pub use delegation::Delegation;
+pub use rewrite::CopiedCall;
 pub use explain::ExplainPlan;
 pub use fallback::FallbackPlan;
 pub use functions::{ClusterCall, ClusterFunction};
@@ -296,7 +298,7 @@ fn plan_statement(version: i32, raw: protobuf::RawStmt, text: &str, catalog: &Ca
     let delegated = delegation::delegated_call(version, &raw, node, catalog);
     let plan = plan_undelegated(version, &raw, node, text, catalog);
     match delegated {
-        Some((call, force_delegation)) => Plan::Delegated(Arc::new(Delegation { call, force_delegation, otherwise: plan })),
+        Some((call, copy, force_delegation)) => Plan::Delegated(Arc::new(Delegation { call, copy, copy_failed: Default::default(), force_delegation, otherwise: plan })),
         None => plan,
     }
 }

@@ -2,7 +2,7 @@
 //! distributed or reference table is pointed at the shard that lives on the
 //! target node, then the tree is deparsed back to SQL for the worker.
 
-use crate::error::PgResult;
+use crate::error::{PgError, PgResult};
 use super::deparse::deparse_tree;
 use crate::metadata::{DistributedTable, Shard};
 use pg_query::protobuf::{self, Alias};
@@ -21,24 +21,50 @@ pub struct ShardTemplate {
     /// Queries keep the table's name as an alias of the shard so that column
     /// references qualified with it still resolve; DDL takes no alias.
     alias_tables: bool,
+    /// For a delegated call: its function's per-shard copies, whose schema
+    /// names the shard group.
+    copied_call: Option<CopiedCall>,
+}
+
+/// A delegated call pointed at the per-shard copy of its function
+/// (planner/function_copy.rs).
+#[derive(Debug)]
+pub struct CopiedCall {
+    /// The co-location group's table whose shard ids name the copy schemas.
+    pub anchor: Arc<DistributedTable>,
+    /// The catalog version the copies are made under.
+    pub catalog_version: i64,
+    /// The function's schema-qualified signature.
+    pub signature: String,
 }
 
 impl ShardTemplate {
     /// A template for a query (SELECT/INSERT/UPDATE/DELETE).
     pub fn for_query(version: i32, mut stmt: protobuf::RawStmt, tables: Vec<Arc<DistributedTable>>) -> Self {
         let values_rows = insert_values(&mut stmt).map(std::mem::take).unwrap_or_default();
-        ShardTemplate { tree: protobuf::ParseResult { version, stmts: vec![stmt] }, values_rows, tables, alias_tables: true }
+        ShardTemplate { tree: protobuf::ParseResult { version, stmts: vec![stmt] }, values_rows, tables, alias_tables: true, copied_call: None }
     }
 
     /// A template for a utility statement (CREATE INDEX, ALTER TABLE, …).
     pub fn for_utility(version: i32, stmt: protobuf::RawStmt, tables: Vec<Arc<DistributedTable>>) -> Self {
-        ShardTemplate { tree: protobuf::ParseResult { version, stmts: vec![stmt] }, values_rows: Vec::new(), tables, alias_tables: false }
+        ShardTemplate { tree: protobuf::ParseResult { version, stmts: vec![stmt] }, values_rows: Vec::new(), tables, alias_tables: false, copied_call: None }
     }
 
     /// A statement that runs as it is, on a node whose worker-side relations
     /// carry the tables' own names (user code).
     pub fn unchanged(version: i32, stmt: protobuf::RawStmt) -> Self {
         Self::for_utility(version, stmt, Vec::new())
+    }
+
+    /// A call (`SELECT f(…)` or `CALL p(…)`) that goes to the per-shard copy
+    /// of its function.
+    pub fn calling_copy(version: i32, stmt: protobuf::RawStmt, copied_call: CopiedCall) -> Self {
+        ShardTemplate { copied_call: Some(copied_call), ..Self::unchanged(version, stmt) }
+    }
+
+    /// Where a delegated call's copies are, for a call to them.
+    pub fn copied_call(&self) -> Option<&CopiedCall> {
+        self.copied_call.as_ref()
     }
 
     /// The statement, as the client gave it.
@@ -98,6 +124,23 @@ impl ShardTemplate {
 
     fn deparse_for_shard(&self, mut tree: protobuf::ParseResult, index: u32) -> PgResult<String> {
         if let Some(stmt) = tree.stmts[0].stmt.as_deref_mut().and_then(|n| n.node.as_mut()) {
+            if let Some(copy) = &self.copied_call {
+                let shard = copy.anchor.shards.get(index as usize).ok_or_else(|| PgError::internal(format!("shard index {index} out of range")))?;
+                let call = match stmt {
+                    NodeEnum::CallStmt(call) => call.funccall.as_deref_mut(),
+                    NodeEnum::SelectStmt(select) => match select.target_list.first_mut().and_then(|t| t.node.as_mut()) {
+                        Some(NodeEnum::ResTarget(target)) => match target.val.as_deref_mut().and_then(|v| v.node.as_mut()) {
+                            Some(NodeEnum::FuncCall(call)) => Some(&mut **call),
+                            _ => None,
+                        },
+                        _ => None,
+                    },
+                    _ => None,
+                };
+                let call = call.ok_or_else(|| PgError::internal("a delegated call without its function call"))?;
+                let name = call.funcname.pop().ok_or_else(|| PgError::internal("a function call without a name"))?;
+                call.funcname = vec![super::string_node(&super::function_copy::copy_schema(shard.id, copy.catalog_version)), name];
+            }
             if let NodeEnum::InsertStmt(insert) = stmt {
                 self.name_conflict_constraint(insert, index);
             }

@@ -813,7 +813,12 @@ impl Session {
             Plan::Router(router) => self.run_router(router, &catalog, extended).await?,
             Plan::Delegated(delegation) => {
                 if executor::delegates(delegation, &mut self.parts).await? {
-                    self.run_router(&delegation.call, &catalog, extended).await?;
+                    let mode = execution_mode(extended, self.client.peek_tag() == Some(b'S'));
+                    let result = executor::function_copies::run_delegated(delegation, &mut self.parts, &catalog, &mode, &mut self.client, &self.coordinator.config).await;
+                    if result.is_err() {
+                        self.parts.discard_broken();
+                    }
+                    result?;
                 } else if matches!(delegation.otherwise, Plan::Local) {
                     executor::run_on_coordinator_db(&mut self.parts, sql, &execution_mode(extended, false), &mut self.client).await?;
                 } else {

@@ -428,6 +428,13 @@ impl Participants {
         self.block.as_ref().map(|b| b.started)
     }
 
+    /// Outside any block, holding no node's connection (nor the
+    /// coordinator database's): the next statement is its nodes' whole
+    /// transaction.
+    pub fn holds_no_connection(&self) -> bool {
+        self.block.is_none() && self.workers.is_empty() && !self.local.is_held()
+    }
+
     pub fn in_block(&self) -> bool {
         self.block.is_some()
     }
@@ -614,7 +621,7 @@ impl Participants {
         // multi-shard statement or a pipeline before its Sync, the
         // coordinator database's for a statement it describes) does not wait
         // for this one to run: a session running here might wait for that.
-        let holds_nothing = self.block.is_none() && self.workers.is_empty() && !self.local.is_held();
+        let holds_nothing = self.holds_no_connection();
         let running = if holds_nothing { pool.run_outside_block(self.pools.wait, &label).await? } else { None };
         let slot = loop {
             let mut worker = match pool.checkout(&self.pool_key, &|w: &WorkerConnection| Some(w.conn.backend_key()) == last, self.pools.wait, holds_block_connections, &label).await? {

@@ -1,0 +1,741 @@
+//! Per-shard copies of distributed PL/pgSQL functions and procedures.
+//!
+//! A delegated call runs its statements on the worker over the worker-side
+//! parents (commands/worker_relations.rs). Correct, but slow: over a parent
+//! PL/pgSQL's generic plan looks as costly as every partition together, so
+//! `plan_cache_mode = auto` plans each statement anew at every execution,
+//! and a call runs at a third of plain PostgreSQL's speed (docs/benchmarks.md,
+//! "Where a delegated call's time goes on the worker").
+//!
+//! So a call delegated outside a transaction block goes to a copy of the
+//! function made for its shard group, in a schema of its own on the node
+//! holding that group (`copy_schema`). In the copy, each SQL statement that
+//! reaches the group's tables only through values the function holds (its
+//! arguments and variables, `WHERE s_w_id = p_supply_w_ids[i]`) runs on the
+//! group's shards directly when a guard finds those values in this shard
+//! group, and as written otherwise:
+//!
+//! ```text
+//! IF <values in this group> THEN <statement on the shards> INTO …; ELSE <statement as written> END IF;
+//! ```
+//!
+//! The shard statement's plan is as cheap as plain PostgreSQL's, so `auto`
+//! keeps its generic plan. The whole IF sits on the statement's first line,
+//! with the original text after ELSE, so error positions (`line N at SQL
+//! statement`) stay those of the function as written.
+//!
+//! Copies are a cache: made on a node the first time a call needs one
+//! (executor/function_copies.rs), named after the catalog version they were
+//! made under (a moved shard or a renamed table makes a new version), and
+//! dropped on every node by any statement that changes functions, roles or
+//! other cluster-wide objects (`DROP_ALL_SQL`).
+
+use super::deparse::deparse_expression;
+use crate::connection::{quote_ident, quote_literal};
+use crate::error::{PgError, PgResult};
+use crate::metadata::{Catalog, DistributedTable, Distribution};
+use super::{is_equals, qualified_name, string_node};
+use pg_query::protobuf;
+use pg_query::NodeEnum;
+use serde_json::Value;
+use std::collections::HashSet;
+use std::sync::Arc;
+
+/// How every copy schema's name begins.
+pub const COPY_SCHEMA_PREFIX: &str = "tessera_shard_";
+
+/// The advisory lock (on each node) that making copies and dropping them
+/// take, so that no copy is made from a definition a concurrent statement
+/// is changing.
+pub const COPY_LOCK: i64 = 7_482_912;
+
+/// Drops every copy on a node whose name is LIKE `pattern` but not
+/// `keep` (an escaped `tessera\_shard\_…`).
+pub fn drop_copies_sql(pattern: &str, keep: &str) -> String {
+    format!(
+        "DO $tessera$ DECLARE s text; BEGIN
+           FOR s IN SELECT nspname FROM pg_catalog.pg_namespace WHERE nspname LIKE {} AND nspname <> {} LOOP
+             EXECUTE format('DROP SCHEMA %I CASCADE', s);
+           END LOOP;
+         END $tessera$",
+        quote_literal(pattern),
+        quote_literal(keep)
+    )
+}
+
+/// Drops every copy on a node, in the transaction of a statement that
+/// changes functions, roles or other objects copies depend on.
+pub fn drop_all_sql() -> String {
+    format!("SELECT pg_advisory_xact_lock({COPY_LOCK}); {}", drop_copies_sql(&format!("{}%", like_escaped(COPY_SCHEMA_PREFIX)), ""))
+}
+
+/// `text` with LIKE's wildcard `_` taken literally.
+pub fn like_escaped(text: &str) -> String {
+    text.replace('_', "\\_")
+}
+
+/// The schema of the copies for the shard group whose anchor shard (of the
+/// group's first table) is `shard_id`, made under catalog version `version`.
+pub fn copy_schema(shard_id: i64, version: i64) -> String {
+    format!("{COPY_SCHEMA_PREFIX}{shard_id}_v{version}")
+}
+
+/// The anchor shard id a copy schema's name carries, found in an error
+/// message that names it (a copy or its schema that does not exist).
+pub fn shard_id_named_in(message: &str) -> Option<i64> {
+    let at = message.find(COPY_SCHEMA_PREFIX)? + COPY_SCHEMA_PREFIX.len();
+    let digits: String = message[at..].chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+/// `text` with the copy schemas' names taken out of qualified function
+/// names (`tessera_shard_102008_v7.f(integer)` → `f(integer)`), so that
+/// errors and notices name the function the client called.
+pub fn without_copy_schemas(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(COPY_SCHEMA_PREFIX) {
+        let tail = &rest[at + COPY_SCHEMA_PREFIX.len()..];
+        let name_len = tail.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(tail.len());
+        out.push_str(&rest[..at]);
+        if tail[name_len..].starts_with('.') {
+            rest = &tail[name_len + 1..];
+        } else {
+            out.push_str(&rest[at..at + COPY_SCHEMA_PREFIX.len() + name_len]);
+            rest = &tail[name_len..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The statement creating (or replacing) the copy, in `schema`, of the
+/// function `definition` creates (`pg_get_functiondef`'s text), for shard
+/// group `index` of `anchor`'s co-location group.
+pub fn copy_sql(definition: &str, schema: &str, anchor: &DistributedTable, index: u32, catalog: &Catalog) -> PgResult<String> {
+    let parsed = pg_query::parse(definition).map_err(|e| PgError::internal(format!("cannot parse the definition of a distributed function: {e}")))?;
+    let mut tree = parsed.protobuf;
+    let Some(NodeEnum::CreateFunctionStmt(function)) = tree.stmts.first_mut().and_then(|s| s.stmt.as_deref_mut()).and_then(|s| s.node.as_mut()) else {
+        return Err(PgError::internal("a distributed function's definition is not CREATE FUNCTION"));
+    };
+    let name = match function.funcname.last().and_then(|n| n.node.as_ref()) {
+        Some(NodeEnum::String(s)) => s.sval.clone(),
+        _ => return Err(PgError::internal("a distributed function's definition has no name")),
+    };
+    function.funcname = vec![string_node(schema), string_node(&name)];
+    function.replace = true;
+    if let Some(body) = body_mut(function) {
+        let group = Group { colocation_id: anchor.colocation_id, index };
+        if let Some(rewritten) = rewrite_body(definition, body, &group, catalog) {
+            *body = rewritten;
+        }
+    }
+    super::deparse::deparse_faithfully(&tree)
+}
+
+/// The body of `AS '…'`, for PL/pgSQL functions only.
+fn body_mut(function: &mut protobuf::CreateFunctionStmt) -> Option<&mut String> {
+    let option = |name: &str, options: &[protobuf::Node]| {
+        options.iter().position(|o| matches!(o.node.as_ref(), Some(NodeEnum::DefElem(d)) if d.defname == name))
+    };
+    let language = option("language", &function.options)?;
+    let Some(NodeEnum::DefElem(lang)) = function.options[language].node.as_ref() else { return None };
+    let is_plpgsql = matches!(lang.arg.as_deref().and_then(|a| a.node.as_ref()), Some(NodeEnum::String(s)) if s.sval.eq_ignore_ascii_case("plpgsql"));
+    if !is_plpgsql {
+        return None;
+    }
+    let at = option("as", &function.options)?;
+    let Some(NodeEnum::DefElem(def)) = function.options[at].node.as_mut() else { return None };
+    let Some(NodeEnum::List(list)) = def.arg.as_deref_mut().and_then(|a| a.node.as_mut()) else { return None };
+    match list.items.first_mut().and_then(|i| i.node.as_mut()) {
+        Some(NodeEnum::String(s)) => Some(&mut s.sval),
+        _ => None,
+    }
+}
+
+/// The co-location group and shard group a copy is for.
+struct Group {
+    colocation_id: i32,
+    index: u32,
+}
+
+/// One SQL statement of the body, as PL/pgSQL parsed it.
+struct BodyStatement {
+    line: usize,
+    /// Its text from the body, the INTO clause blanked out (or cut off, at
+    /// the end) as PL/pgSQL does.
+    query: String,
+}
+
+/// Where a statement sits in the body.
+struct Span {
+    start: usize,
+    /// Just past its semicolon.
+    end: usize,
+}
+
+/// The body with every statement that can run on this shard group's shards
+/// written twice behind a guard; None when there is none.
+fn rewrite_body(definition: &str, body: &str, group: &Group, catalog: &Catalog) -> Option<String> {
+    // Under `#variable_conflict use_column` a name may mean a column where
+    // the rewrite would take it for a variable.
+    if body.contains("variable_conflict") {
+        return None;
+    }
+    let json = pg_query::parse_plpgsql(definition).ok()?;
+    let mut variables = HashSet::new();
+    let mut statements = Vec::new();
+    collect(&json, &mut variables, &mut statements);
+    statements.sort_by_key(|s| s.line);
+    let line_starts: Vec<usize> = std::iter::once(0).chain(body.match_indices('\n').map(|(i, _)| i + 1)).collect();
+    let mut edits: Vec<(Span, String)> = Vec::new();
+    for statement in &statements {
+        let Some(&from) = line_starts.get(statement.line.saturating_sub(1)) else { continue };
+        let Some(span) = locate(body, &statement.query, from, &edits) else { continue };
+        if let Some(guarded) = guarded_statement(&statement.query, &span, body, &variables, group, catalog) {
+            edits.push((span, guarded));
+        }
+    }
+    if edits.is_empty() {
+        return None;
+    }
+    edits.sort_by_key(|(span, _)| std::cmp::Reverse(span.start));
+    let mut out = body.to_string();
+    for (span, text) in edits {
+        out.replace_range(span.start..span.end, &text);
+    }
+    Some(out)
+}
+
+/// Variable names (every block's) and SQL statements of a parsed function.
+fn collect(value: &Value, variables: &mut HashSet<String>, statements: &mut Vec<BodyStatement>) {
+    match value {
+        Value::Array(items) => items.iter().for_each(|v| collect(v, variables, statements)),
+        Value::Object(map) => {
+            for (key, inner) in map {
+                match key.as_str() {
+                    "PLpgSQL_var" | "PLpgSQL_rec" | "PLpgSQL_row" => {
+                        if let Some(name) = inner.get("refname").and_then(Value::as_str) {
+                            variables.insert(name.to_string());
+                        }
+                    }
+                    "PLpgSQL_stmt_execsql" => {
+                        let line = inner.get("lineno").and_then(Value::as_u64);
+                        let query = inner.pointer("/sqlstmt/PLpgSQL_expr/query").and_then(Value::as_str);
+                        if let (Some(line), Some(query)) = (line, query) {
+                            statements.push(BodyStatement { line: line as usize, query: query.to_string() });
+                        }
+                    }
+                    _ => {}
+                }
+                collect(inner, variables, statements);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Finds `query` in `body` at or after `from`, outside spans already
+/// taken: the body's text matches it except where PL/pgSQL blanked the
+/// INTO clause out, and a semicolon follows (after an INTO clause PL/pgSQL
+/// cut off the end, if so).
+fn locate(body: &str, query: &str, from: usize, taken: &[(Span, String)]) -> Option<Span> {
+    let (b, q) = (body.as_bytes(), query.as_bytes());
+    let first = *q.first()?;
+    let mut p = from;
+    while p + q.len() <= b.len() {
+        let fits = b[p] == first && !taken.iter().any(|(s, _)| (s.start..s.end).contains(&p)) && q.iter().zip(&b[p..]).all(|(qc, bc)| qc == bc || *qc == b' ');
+        if !fits {
+            p += 1;
+            continue;
+        }
+        let after = p + q.len();
+        let semicolon = after + body[after..].find(';')?;
+        let tail = body[after..semicolon].trim();
+        let differing: Vec<usize> = q.iter().zip(&b[p..]).enumerate().filter(|(_, (qc, bc))| qc != bc).map(|(i, _)| i).collect();
+        let into = match (differing.first(), differing.last(), tail.is_empty()) {
+            (None, None, true) => None,
+            (None, None, false) => Some(tail),
+            // PL/pgSQL blanks the line breaks after the clause too.
+            (Some(&a), Some(&z), true) => Some(body[p + a..=p + z].trim_end()),
+            _ => return None,
+        };
+        if into.is_some_and(|i: &str| !i.get(..4).is_some_and(|w| w.eq_ignore_ascii_case("into")) || i.contains("--") || i.contains("/*") || i.contains('\n')) {
+            return None;
+        }
+        return Some(Span { start: p, end: semicolon + 1 });
+    }
+    None
+}
+
+/// What a table reference in a statement means.
+enum Relation {
+    /// A table of the copy's co-location group, with a worker-side parent.
+    InGroup(Arc<DistributedTable>),
+    /// A reference table (read from the node's own copy either way).
+    Reference(Arc<DistributedTable>),
+    /// Another distributed table, or a name that cannot be pinned down.
+    Other,
+}
+
+fn relation(rv: &protobuf::RangeVar, group: &Group, catalog: &Catalog) -> Relation {
+    let table = if rv.schemaname.is_empty() {
+        // On a worker only distributed tables have relations of their own
+        // name, so a name that one table alone carries is that table.
+        let mut named = catalog.tables().filter(|t| t.name == rv.relname);
+        match (named.next(), named.next()) {
+            (Some(t), None) => t.clone(),
+            _ => return Relation::Other,
+        }
+    } else {
+        match catalog.table(&rv.schemaname, &rv.relname) {
+            Some(t) => t.clone(),
+            None => return Relation::Other,
+        }
+    };
+    if table.is_reference() {
+        Relation::Reference(table)
+    } else if table.colocation_id == group.colocation_id && table.has_worker_parent() {
+        Relation::InGroup(table)
+    } else {
+        Relation::Other
+    }
+}
+
+/// The IF that runs the statement on the shards when its values are in
+/// this shard group, None when the statement does not qualify.
+fn guarded_statement(query: &str, span: &Span, body: &str, variables: &HashSet<String>, group: &Group, catalog: &Catalog) -> Option<String> {
+    // The statement is written once more on one line (below): no comment
+    // or literal may span lines.
+    if query.contains("--") || query.contains("/*") || pg_query::scan(query).ok()?.tokens.iter().any(|t| query.get(t.start as usize..t.end as usize).is_none_or(|s| s.contains('\n'))) {
+        return None;
+    }
+    let parsed = pg_query::parse(query).ok()?;
+    let [raw] = parsed.protobuf.stmts.as_slice() else { return None };
+    let node = raw.stmt.as_ref()?.node.as_ref()?;
+    // Every table the statement names, wherever (subqueries included).
+    let mut in_group = Vec::new();
+    let mut columns: HashSet<&str> = HashSet::new();
+    let all = crate::walk::range_vars(node);
+    let mut tables = Vec::new();
+    for rv in &all {
+        match relation(rv, group, catalog) {
+            Relation::InGroup(t) => {
+                in_group.push(t.clone());
+                tables.push(t);
+            }
+            Relation::Reference(t) => tables.push(t),
+            Relation::Other => return None,
+        }
+    }
+    for t in &tables {
+        columns.extend(t.columns.iter().map(String::as_str));
+    }
+    if in_group.is_empty() {
+        return None;
+    }
+    let context = Context { variables, columns: &columns };
+    let top = top_level(node)?;
+    let placed: Vec<Placed> = top.tables.iter().map(|rv| match relation(rv, group, catalog) {
+        Relation::InGroup(t) | Relation::Reference(t) => Some(Placed { rv, table: t }),
+        Relation::Other => None,
+    }).collect::<Option<_>>()?;
+    let conditions = match &top.pins {
+        Pins::Where(conditions) => conditions.clone(),
+        Pins::Row(_) => Vec::new(),
+    };
+    // Each group table once, at the top level, with a pinning value: its
+    // own, or that of a group table it is joined to on the key.
+    let mut guards = Vec::new();
+    let mut renames = Vec::new();
+    for (i, table) in in_group.iter().enumerate() {
+        if in_group[..i].iter().any(|t| t.oid == table.oid) {
+            return None;
+        }
+        let at = placed.iter().position(|p| p.table.oid == table.oid && table.has_worker_parent())?;
+        let Distribution::Hash { column, key, .. } = &table.distribution else { return None };
+        if variables.contains(column) || top.assigned.contains(&column.as_str()) {
+            return None;
+        }
+        let pin = match &top.pins {
+            Pins::Where(_) => pin_in_conditions(&conditions, at, &placed, &context).or_else(|| {
+                (0..placed.len()).filter(|other| *other != at && joined_on_keys(&conditions, at, *other, &placed)).find_map(|other| pin_in_conditions(&conditions, other, &placed, &context))
+            })?,
+            Pins::Row(insert) => pin_in_row(insert, table, column, &context)?,
+        };
+        let pin = deparse_expression(pin.node.as_ref()?).ok()?;
+        renames.push(shard_rename(placed[at].rv, table, group.index, matches!(top.pins, Pins::Row(_)), query)?);
+        guards.push(format!(
+            "(CASE WHEN pg_catalog.pg_typeof({pin}) = {}::pg_catalog.regtype THEN pg_catalog.satisfies_hash_partition({}::pg_catalog.regclass, {}, {}, {pin}) ELSE false END)",
+            quote_literal(&key.base_sql),
+            quote_literal(&table.qualified_name()),
+            table.shard_count(),
+            group.index
+        ));
+    }
+    // The statement on the shards keeps the text (and lines) of the one
+    // written, but for the table names, so that an error's CONTEXT quotes
+    // it as PostgreSQL would once the coordinator names the tables again
+    // (`tables_named_again`); the one over the parents goes on one line
+    // before it, so that both start on the statement's line.
+    let written = &body[span.start..span.end];
+    let mut on_shards = written.to_string();
+    renames.sort_by_key(|(at, _, _)| std::cmp::Reverse(*at));
+    for (at, len, name) in renames {
+        on_shards.replace_range(at..at + len, &name);
+    }
+    let one_line: String = written.chars().map(|c| if c == '\n' || c == '\r' { ' ' } else { c }).collect();
+    Some(format!("IF NOT ({}) THEN {one_line} ELSE {on_shards} END IF;", guards.join(" AND ")))
+}
+
+/// Where the statement names `rv` (by its bare name), and the text that
+/// names its shard of group `index` there instead, under the name written
+/// unless the statement gave it an alias.
+fn shard_rename(rv: &protobuf::RangeVar, table: &DistributedTable, index: u32, insert: bool, query: &str) -> Option<(usize, usize, String)> {
+    let at = usize::try_from(rv.location).ok()?;
+    let written = query.get(at..at + rv.relname.len())?;
+    let bare = rv.schemaname.is_empty()
+        && written.eq_ignore_ascii_case(&rv.relname)
+        && !query[at + written.len()..].starts_with(|c: char| c.is_alphanumeric() || matches!(c, '_' | '$' | '.' | '"'));
+    if !bare {
+        return None;
+    }
+    let shard = table.qualified_shard_name(table.shards.get(index as usize)?);
+    let name = match (&rv.alias, insert) {
+        (Some(_), _) => shard,
+        (None, true) => format!("{shard} AS {written}"),
+        (None, false) => format!("{shard} {written}"),
+    };
+    Some((at, written.len(), name))
+}
+
+/// `text` (an error's, from a copy of a function co-located with `anchor`)
+/// with the group's shard tables named as the function names them.
+pub fn tables_named_again(text: &str, anchor: &DistributedTable, catalog: &Catalog) -> String {
+    let mut out = text.to_string();
+    for table in catalog.tables().filter(|t| t.colocation_id == anchor.colocation_id && t.has_worker_parent()) {
+        let prefix = format!("{}.", quote_ident(&table.schema));
+        if !out.contains(&prefix) {
+            continue;
+        }
+        for shard in &table.shards {
+            let qualified = table.qualified_shard_name(shard);
+            if out.contains(&qualified) {
+                let name = quote_ident(&table.name);
+                out = out.replace(&format!("{qualified} AS {name}"), &name).replace(&format!("{qualified} {name}"), &name).replace(&qualified, &name);
+            }
+        }
+    }
+    out
+}
+
+/// Names a guard may read: the function's variables, unless a column of a
+/// table in the statement has the name too.
+struct Context<'a> {
+    variables: &'a HashSet<String>,
+    columns: &'a HashSet<&'a str>,
+}
+
+/// The statement's top-level tables and where their values are pinned.
+struct TopLevel<'a> {
+    tables: Vec<&'a protobuf::RangeVar>,
+    pins: Pins<'a>,
+    /// Columns an UPDATE sets: one that moves a row to another shard must
+    /// go through the parent.
+    assigned: Vec<&'a str>,
+}
+
+enum Pins<'a> {
+    /// The conjuncts of the WHERE clause and of the inner joins' ON clauses.
+    Where(Vec<&'a protobuf::Node>),
+    Row(&'a protobuf::InsertStmt),
+}
+
+/// A top-level table reference and the table it names.
+struct Placed<'a> {
+    rv: &'a protobuf::RangeVar,
+    table: Arc<DistributedTable>,
+}
+
+impl Placed<'_> {
+    fn shown(&self) -> &str {
+        self.rv.alias.as_ref().map_or(self.rv.relname.as_str(), |a| a.aliasname.as_str())
+    }
+}
+
+/// The tables of a FROM or USING list of tables and inner joins of tables,
+/// with the joins' ON conjuncts; None when it holds anything else.
+fn from_list<'a>(items: &'a [protobuf::Node], tables: &mut Vec<&'a protobuf::RangeVar>, conditions: &mut Vec<&'a protobuf::Node>) -> Option<()> {
+    for item in items {
+        match item.node.as_ref()? {
+            NodeEnum::RangeVar(rv) => tables.push(rv),
+            NodeEnum::JoinExpr(j) if j.jointype == protobuf::JoinType::JoinInner as i32 && j.using_clause.is_empty() && !j.is_natural && j.alias.is_none() => {
+                from_list(std::slice::from_ref(j.larg.as_deref()?), tables, conditions)?;
+                from_list(std::slice::from_ref(j.rarg.as_deref()?), tables, conditions)?;
+                if let Some(on) = j.quals.as_deref() {
+                    super::decorrelate::flatten_and(on, conditions);
+                }
+            }
+            _ => return None,
+        }
+    }
+    Some(())
+}
+
+fn top_level(node: &NodeEnum) -> Option<TopLevel<'_>> {
+    let (first, from, condition, assigned) = match node {
+        NodeEnum::SelectStmt(s) if s.with_clause.is_none() && s.larg.is_none() && s.values_lists.is_empty() => (None, &s.from_clause, s.where_clause.as_deref(), vec![]),
+        NodeEnum::UpdateStmt(u) if u.with_clause.is_none() => {
+            let assigned = u.target_list.iter().filter_map(|t| match t.node.as_ref() {
+                Some(NodeEnum::ResTarget(r)) => Some(r.name.as_str()),
+                _ => None,
+            }).collect();
+            (Some(u.relation.as_ref()?), &u.from_clause, u.where_clause.as_deref(), assigned)
+        }
+        NodeEnum::DeleteStmt(d) if d.with_clause.is_none() => (Some(d.relation.as_ref()?), &d.using_clause, d.where_clause.as_deref(), vec![]),
+        NodeEnum::InsertStmt(i) if i.with_clause.is_none() && i.on_conflict_clause.is_none() => {
+            return Some(TopLevel { tables: vec![i.relation.as_ref()?], pins: Pins::Row(i), assigned: vec![] })
+        }
+        _ => return None,
+    };
+    let mut tables: Vec<&protobuf::RangeVar> = first.into_iter().collect();
+    let mut conditions = Vec::new();
+    from_list(from, &mut tables, &mut conditions)?;
+    if let Some(condition) = condition {
+        super::decorrelate::flatten_and(condition, &mut conditions);
+    }
+    Some(TopLevel { tables, pins: Pins::Where(conditions), assigned })
+}
+
+/// The value the conditions pin the distribution column of `placed[at]`
+/// to: one of its `column = value` conjuncts.
+fn pin_in_conditions<'a>(conditions: &[&'a protobuf::Node], at: usize, placed: &[Placed], context: &Context) -> Option<&'a protobuf::Node> {
+    conditions.iter().find_map(|c| {
+        let (l, r) = equality(c)?;
+        if names_key(l, at, placed) && is_pin(r, context) {
+            Some(r)
+        } else if names_key(r, at, placed) && is_pin(l, context) {
+            Some(l)
+        } else {
+            None
+        }
+    })
+}
+
+/// Whether a conjunct equates the distribution columns of `placed[a]` and
+/// `placed[b]` (co-located, so their rows share shard groups).
+fn joined_on_keys(conditions: &[&protobuf::Node], a: usize, b: usize, placed: &[Placed]) -> bool {
+    placed[b].table.colocation_id == placed[a].table.colocation_id
+        && placed[b].table.has_worker_parent()
+        && conditions.iter().any(|c| equality(c).is_some_and(|(l, r)| (names_key(l, a, placed) && names_key(r, b, placed)) || (names_key(l, b, placed) && names_key(r, a, placed))))
+}
+
+fn equality(condition: &protobuf::Node) -> Option<(&protobuf::Node, &protobuf::Node)> {
+    match condition.node.as_ref()? {
+        NodeEnum::AExpr(e) if e.kind == protobuf::AExprKind::AexprOp as i32 && is_equals(&e.name) => Some((e.lexpr.as_deref()?, e.rexpr.as_deref()?)),
+        _ => None,
+    }
+}
+
+/// Whether `node` names the distribution column of `placed[at]`: qualified
+/// by the name it shows, or bare when no other table of the statement has
+/// a column of that name.
+fn names_key(node: &protobuf::Node, at: usize, placed: &[Placed]) -> bool {
+    let Distribution::Hash { column, .. } = &placed[at].table.distribution else { return false };
+    let Some(NodeEnum::ColumnRef(c)) = node.node.as_ref() else { return false };
+    match qualified_name(&c.fields).as_slice() {
+        [c] => c == column && placed.iter().enumerate().all(|(i, p)| i == at || !p.table.columns.iter().any(|other| other == c)),
+        [t, c] => *t == placed[at].shown() && c == column,
+        _ => false,
+    }
+}
+
+/// The value a one-row INSERT gives `column`.
+fn pin_in_row<'a>(insert: &'a protobuf::InsertStmt, table: &DistributedTable, column: &str, context: &Context) -> Option<&'a protobuf::Node> {
+    let position = if insert.cols.is_empty() {
+        table.columns.iter().position(|c| c == column)?
+    } else {
+        insert.cols.iter().position(|c| matches!(c.node.as_ref(), Some(NodeEnum::ResTarget(r)) if r.name == column))?
+    };
+    let Some(NodeEnum::SelectStmt(select)) = insert.select_stmt.as_deref()?.node.as_ref() else { return None };
+    let [row] = select.values_lists.as_slice() else { return None };
+    let Some(NodeEnum::List(values)) = row.node.as_ref() else { return None };
+    values.items.get(position).filter(|v| is_pin(v, context))
+}
+
+/// A value the guard can compute before the statement runs, to the same
+/// result: the function's variables and arguments, constants, casts and
+/// array elements of those.
+fn is_pin(node: &protobuf::Node, context: &Context) -> bool {
+    match node.node.as_ref() {
+        Some(NodeEnum::ColumnRef(c)) => match c.fields.as_slice() {
+            [f] => matches!(f.node.as_ref(), Some(NodeEnum::String(s)) if context.variables.contains(&s.sval) && !context.columns.contains(s.sval.as_str())),
+            _ => false,
+        },
+        Some(NodeEnum::ParamRef(_)) => true,
+        Some(NodeEnum::AConst(a)) => !a.isnull,
+        Some(NodeEnum::TypeCast(t)) => t.arg.as_deref().is_some_and(|a| is_pin(a, context)),
+        Some(NodeEnum::AIndirection(i)) => {
+            i.arg.as_deref().is_some_and(|a| is_pin(a, context))
+                && i.indirection.iter().all(|x| matches!(x.node.as_ref(), Some(NodeEnum::AIndices(ix)) if !ix.is_slice && ix.lidx.is_none() && ix.uidx.as_deref().is_some_and(|u| is_pin(u, context))))
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metadata::{Coercion, KeyType, Shard};
+
+    fn table(oid: u32, name: &str, key: &str, columns: &[&str], colocation_id: i32, first_shard: i64) -> Arc<DistributedTable> {
+        let distribution = if key.is_empty() {
+            Distribution::Reference
+        } else {
+            Distribution::Hash {
+                column: key.into(),
+                column_index: columns.iter().position(|c| *c == key).unwrap(),
+                column_type: crate::hash::HashType::Int4,
+                key: KeyType { sql: "integer".into(), base_sql: "integer".into(), oid: 23, coercion: Coercion::None },
+            }
+        };
+        let count = if key.is_empty() { 1 } else { 4 };
+        Arc::new(DistributedTable {
+            oid,
+            schema: "public".into(),
+            name: name.into(),
+            distribution,
+            colocation_id,
+            columns: columns.iter().map(|c| c.to_string()).collect(),
+            copy_columns: columns.iter().map(|c| c.to_string()).collect(),
+            key_default: None,
+            sequence_columns: vec![],
+            always_identity: vec![],
+            shards: (0..count).map(|i| Shard { id: first_shard + i as i64, index: i, placements: vec![1] }).collect(),
+            partition_of: None,
+        })
+    }
+
+    fn catalog() -> Catalog {
+        Catalog::for_tests(
+            vec![],
+            vec![
+                table(1, "stock", "s_w_id", &["s_w_id", "s_i_id", "s_quantity"], 1, 100),
+                table(2, "orders", "o_w_id", &["o_w_id", "o_id", "o_c_id"], 1, 200),
+                table(3, "item", "", &["i_id", "i_price"], 2, 300),
+                table(4, "other", "x_id", &["x_id", "x"], 3, 400),
+            ],
+        )
+    }
+
+    const FUNCTION: &str = "CREATE OR REPLACE FUNCTION public.f(p_w_id integer, p_ids integer[])
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+  v int; n int;
+BEGIN
+  SELECT s_quantity INTO v FROM stock WHERE s_w_id = p_w_id AND s_i_id = 1;
+  FOR i IN 1 .. 2 LOOP
+    UPDATE stock SET s_quantity = s_quantity - 1
+     WHERE s_i_id = i AND s_w_id = p_ids[i] RETURNING s_quantity INTO STRICT n;
+  END LOOP;
+  INSERT INTO orders (o_w_id, o_id, o_c_id) VALUES (p_w_id, v, n);
+  SELECT i_price INTO v FROM item WHERE i_id = 1;
+  SELECT count(*) INTO n FROM stock WHERE s_w_id = s_i_id;
+  SELECT count(*) INTO n FROM other WHERE x_id = p_w_id;
+  UPDATE stock SET s_w_id = 5 WHERE s_w_id = p_w_id;
+  SELECT count(*) INTO n FROM orders o JOIN stock ON s_w_id = o.o_w_id WHERE o_w_id = p_w_id;
+  SELECT count(*) INTO n FROM orders o LEFT JOIN stock ON s_w_id = o.o_w_id WHERE o_w_id = p_w_id;
+  RETURN v;
+END
+$function$
+";
+
+    fn copy() -> String {
+        let catalog = catalog();
+        let anchor = catalog.table("public", "stock").unwrap().clone();
+        copy_sql(FUNCTION, "tessera_shard_102_v9", &anchor, 2, &catalog).unwrap()
+    }
+
+    fn statement_lines(sql: &str) -> Vec<(u64, String)> {
+        let json = pg_query::parse_plpgsql(sql).unwrap();
+        let mut found = Vec::new();
+        fn walk(v: &Value, found: &mut Vec<(u64, String)>) {
+            match v {
+                Value::Array(items) => items.iter().for_each(|i| walk(i, found)),
+                Value::Object(map) => {
+                    for (k, inner) in map {
+                        if k.starts_with("PLpgSQL_stmt_") {
+                            if let Some(line) = inner.get("lineno").and_then(Value::as_u64) {
+                                found.push((line, k.clone()));
+                            }
+                        }
+                        walk(inner, found);
+                    }
+                }
+                _ => {}
+            }
+        }
+        walk(&json, &mut found);
+        found.sort();
+        found
+    }
+
+    #[test]
+    fn pinned_statements_run_on_the_groups_shards_behind_a_guard() {
+        let sql = copy();
+        assert!(sql.contains("FUNCTION tessera_shard_102_v9.f("), "{sql}");
+        let guard = |table: &str, pin: &str| {
+            format!("IF NOT ((CASE WHEN pg_catalog.pg_typeof({pin}) = 'integer'::pg_catalog.regtype THEN pg_catalog.satisfies_hash_partition('public.{table}'::pg_catalog.regclass, 4, 2, {pin}) ELSE false END)) THEN ")
+        };
+        // By the argument, and by an array element of it: the statement as
+        // written on one line, then on the shards with its own lines.
+        let by_argument = format!("{}SELECT s_quantity INTO v FROM stock WHERE s_w_id = p_w_id AND s_i_id = 1; ELSE SELECT s_quantity INTO v FROM public.stock_102 stock WHERE s_w_id = p_w_id AND s_i_id = 1; END IF;", guard("stock", "p_w_id"));
+        assert!(sql.contains(&by_argument), "{sql}");
+        let by_element = format!("{}UPDATE stock SET s_quantity = s_quantity - 1      WHERE s_i_id = i AND s_w_id = p_ids[i] RETURNING s_quantity INTO STRICT n; ELSE UPDATE public.stock_102 stock SET s_quantity = s_quantity - 1\n     WHERE", guard("stock", "p_ids[i]"));
+        assert!(sql.contains(&by_element), "{sql}");
+        assert!(sql.contains(&format!("{}INSERT INTO orders (o_w_id, o_id, o_c_id) VALUES (p_w_id, v, n); ELSE INSERT INTO public.orders_202 AS orders (o_w_id", guard("orders", "p_w_id"))), "{sql}");
+        // A reference table, a column for a value, another group's table and
+        // a moved key stay as written.
+        // Joined on the key to a pinned table: pinned too (inner joins only).
+        assert!(sql.contains("ELSE SELECT count(*) INTO n FROM public.orders_202 o JOIN public.stock_102 stock ON s_w_id = o.o_w_id WHERE o_w_id = p_w_id; END IF;"), "{sql}");
+        assert_eq!(sql.matches("IF NOT ((CASE").count(), 4, "{sql}");
+        assert!(!sql.contains("item_") && !sql.contains("other_"), "{sql}");
+    }
+
+    #[test]
+    fn shard_tables_are_named_again_in_errors() {
+        let catalog = catalog();
+        let anchor = catalog.table("public", "stock").unwrap();
+        let context = "SQL statement \"UPDATE public.stock_102 stock SET s_quantity = 1 / 0 FROM public.orders_202 o\"\nPL/pgSQL function f(integer) line 4";
+        assert_eq!(tables_named_again(context, anchor, &catalog), "SQL statement \"UPDATE stock SET s_quantity = 1 / 0 FROM orders o\"\nPL/pgSQL function f(integer) line 4");
+    }
+
+    #[test]
+    fn every_statement_keeps_its_line() {
+        let original: Vec<u64> = statement_lines(FUNCTION).into_iter().filter(|(_, k)| k != "PLpgSQL_stmt_if").map(|(l, _)| l).collect();
+        let copied = statement_lines(&copy());
+        let kept: Vec<u64> = copied.iter().filter(|(_, k)| k != "PLpgSQL_stmt_if").map(|(l, _)| *l).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+        assert_eq!(original.iter().copied().collect::<std::collections::BTreeSet<_>>().into_iter().collect::<Vec<_>>(), kept);
+    }
+
+    #[test]
+    fn a_name_that_may_be_a_column_is_no_value() {
+        let catalog = catalog();
+        let anchor = catalog.table("public", "stock").unwrap().clone();
+        let ambiguous = FUNCTION.replace("v int; n int;", "v int; n int; s_i_id int;");
+        let sql = copy_sql(&ambiguous, "s", &anchor, 2, &catalog).unwrap();
+        assert_eq!(sql.matches("IF NOT ((CASE").count(), 4, "{sql}");
+        assert!(sql.contains("INTO n FROM stock WHERE s_w_id = s_i_id;\n"), "{sql}");
+        let conflict = FUNCTION.replace("DECLARE", "#variable_conflict use_column\nDECLARE");
+        assert!(!copy_sql(&conflict, "s", &anchor, 2, &catalog).unwrap().contains("IF NOT"));
+    }
+
+    #[test]
+    fn copy_schemas_leave_the_names_the_client_called() {
+        assert_eq!(without_copy_schemas("PL/pgSQL function tessera_shard_102_v9.f(integer) line 4 at SQL statement"), "PL/pgSQL function f(integer) line 4 at SQL statement");
+        assert_eq!(without_copy_schemas("schema \"tessera_shard_102_v9\" does not exist"), "schema \"tessera_shard_102_v9\" does not exist");
+        assert_eq!(shard_id_named_in("function tessera_shard_102_v9.f(integer) does not exist"), Some(102));
+    }
+}
