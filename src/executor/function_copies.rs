@@ -72,7 +72,8 @@ async fn make_copy(missing: &PgError, copied: &CopiedCall, catalog: &Catalog, lo
     let shard = shard_id_named_in(missing.message())
         .and_then(|id| anchor.shards.iter().find(|s| s.id == id))
         .ok_or_else(|| PgError::internal(format!("no shard of {} for {}", anchor.name, missing.message())))?;
-    let node = shard.placements.first().and_then(|g| catalog.node_for_group(*g)).ok_or_else(|| PgError::internal(format!("shard {} has no node", shard.id)))?;
+    let group = *shard.placements.first().ok_or_else(|| PgError::internal(format!("shard {} has no placement", shard.id)))?;
+    let node = super::node_of_group(catalog, group)?;
     let schema = copy_schema(shard.id, copied.catalog_version);
     let mut conn = PgConnection::connect(&node.addr, login).await?;
     let result = async {

@@ -16,19 +16,20 @@
 //! group, and as written otherwise:
 //!
 //! ```text
-//! IF <values in this group> THEN <statement on the shards> INTO …; ELSE <statement as written> END IF;
+//! IF NOT (<values in this group>) THEN <statement as written, on one line> ELSE <statement on the shards> END IF;
 //! ```
 //!
 //! The shard statement's plan is as cheap as plain PostgreSQL's, so `auto`
-//! keeps its generic plan. The whole IF sits on the statement's first line,
-//! with the original text after ELSE, so error positions (`line N at SQL
-//! statement`) stay those of the function as written.
+//! keeps its generic plan. Both branches start on the statement's first
+//! line, and the shard statement keeps the written text and line breaks
+//! but for the table names, so error positions (`line N at SQL statement`)
+//! and the quoted statement stay those of the function as written.
 //!
 //! Copies are a cache: made on a node the first time a call needs one
 //! (executor/function_copies.rs), named after the catalog version they were
 //! made under (a moved shard or a renamed table makes a new version), and
 //! dropped on every node by any statement that changes functions, roles or
-//! other cluster-wide objects (`DROP_ALL_SQL`).
+//! other cluster-wide objects (`drop_all_sql`).
 
 use super::deparse::deparse_expression;
 use crate::connection::{quote_ident, quote_literal};
@@ -352,7 +353,7 @@ fn guarded_statement(query: &str, span: &Span, body: &str, variables: &HashSet<S
         if in_group[..i].iter().any(|t| t.oid == table.oid) {
             return None;
         }
-        let at = placed.iter().position(|p| p.table.oid == table.oid && table.has_worker_parent())?;
+        let at = placed.iter().position(|p| p.table.oid == table.oid)?;
         let Distribution::Hash { column, key, .. } = &table.distribution else { return None };
         if variables.contains(column) || top.assigned.contains(&column.as_str()) {
             return None;
