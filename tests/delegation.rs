@@ -330,6 +330,58 @@ async fn copies_on_workers(cluster: &TestCluster) -> Vec<Vec<String>> {
     all
 }
 
+/// A distributed SQL helper called from a PL/pgSQL function's copy runs on
+/// its own copy (on the shards) when the value is in the call's shard group
+/// and as itself otherwise, with its owner and privileges either way.
+#[tokio::test]
+async fn helpers_called_from_a_copy_run_on_their_own_copies() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute(
+        "CREATE TABLE dl_h (id int PRIMARY KEY, v int NOT NULL); SELECT create_distributed_table('dl_h', 'id', shard_count => 4);
+         INSERT INTO dl_h SELECT g, 0 FROM generate_series(1, 20) g;
+         CREATE ROLE dl_hown LOGIN; CREATE ROLE dl_huser LOGIN;
+         GRANT SELECT ON dl_h TO dl_hown; GRANT SELECT, UPDATE ON dl_h TO dl_huser;
+         CREATE FUNCTION dl_peek(k int) RETURNS int LANGUAGE sql STABLE SECURITY DEFINER AS 'SELECT v FROM dl_h WHERE id = k';
+         ALTER FUNCTION dl_peek(int) OWNER TO dl_hown;
+         REVOKE ALL ON FUNCTION dl_peek(int) FROM PUBLIC; GRANT EXECUTE ON FUNCTION dl_peek(int) TO dl_huser;
+         SELECT create_distributed_function('dl_peek(int)', 'k', colocate_with => 'dl_h');
+         CREATE FUNCTION dl_bump(k int, other int) RETURNS int LANGUAGE plpgsql AS $$
+         BEGIN
+             UPDATE dl_h SET v = v + 1 WHERE id = k;
+             RETURN dl_peek(k) * 1000 + coalesce(dl_peek(other), -1);
+         END $$;
+         SELECT create_distributed_function('dl_bump(int,int)', 'k', colocate_with => 'dl_h');",
+    )
+    .await
+    .unwrap();
+    let user = connect_as(cluster.port, "dl_huser").await;
+    let call = user.prepare("SELECT dl_bump($1, $2)").await.unwrap();
+    let mut v = [0; 21];
+    for round in 0..2 {
+        for k in 1..=20i32 {
+            let other = (k * 7 + round) % 21;
+            v[k as usize] += 1;
+            let expected = v[k as usize] * 1000 + if other == 0 { -1 } else { v[other as usize] };
+            assert_eq!(user.query_one(&call, &[&k, &other]).await.unwrap().get::<_, i32>(0), expected, "dl_bump({k}, {other})");
+        }
+    }
+    let copies = copies_on_workers(&cluster).await;
+    let all: Vec<&String> = copies.iter().flatten().collect();
+    assert_eq!((all.iter().filter(|c| c.ends_with(".dl_bump")).count(), all.iter().filter(|c| c.ends_with(".dl_peek")).count()), (4, 4), "{copies:?}");
+    let w = cluster.connect_worker(copies.iter().position(|c| !c.is_empty()).unwrap()).await;
+    assert_eq!(
+        text_rows(&w, "SELECT DISTINCT proowner::regrole::text, proacl::text, prosecdef, prosrc ~ 'dl_h_[0-9]+' FROM pg_proc WHERE proname = 'dl_peek' AND pronamespace <> 'public'::regnamespace").await,
+        vec![vec![Some("dl_hown".into()), Some("{dl_hown=X/dl_hown,dl_huser=X/dl_hown}".into()), Some("t".into()), Some("t".into())]],
+        "the helper's copies read its shard, with its owner, privileges and SECURITY DEFINER"
+    );
+    // Without EXECUTE on the helper, the caller fails as the function itself does.
+    c.batch_execute("REVOKE EXECUTE ON FUNCTION dl_peek(int) FROM dl_huser").await.unwrap();
+    let e = user.query_one(&call, &[&3, &4]).await.unwrap_err();
+    assert_eq!((sqlstate(&e), e.as_db_error().unwrap().message().to_string()), ("42501".to_string(), "permission denied for function dl_peek".to_string()));
+    assert_eq!(answer(&c, "SELECT sum(v) FROM dl_h").await, "40", "the refused call wrote nothing");
+}
+
 /// Calls outside blocks run per-shard copies of a PL/pgSQL function, made
 /// on demand with its owner and privileges; errors and notices name the
 /// function and its lines as the function itself does; a changed function,

@@ -65,8 +65,9 @@ fn as_called(e: PgError, copied: &CopiedCall, catalog: &Catalog) -> PgError {
 }
 
 /// Makes the copy the error found missing, on the node holding its shard
-/// group, with the function's owner and privileges; copies of the group
-/// made under older catalog versions go.
+/// group, with the function's owner and privileges, and the copies of the
+/// SQL functions it calls through theirs; copies of the group made under
+/// older catalog versions go.
 async fn make_copy(missing: &PgError, copied: &CopiedCall, catalog: &Catalog, login: &Login) -> PgResult<()> {
     let anchor = &copied.anchor;
     let shard = shard_id_named_in(missing.message())
@@ -78,22 +79,28 @@ async fn make_copy(missing: &PgError, copied: &CopiedCall, catalog: &Catalog, lo
     let mut conn = PgConnection::connect(&node.addr, login).await?;
     let result = async {
         conn.execute(&format!("BEGIN; SELECT pg_advisory_xact_lock({COPY_LOCK})")).await?;
-        let definition = conn
-            .query_value(&format!("SELECT pg_catalog.pg_get_functiondef({}::pg_catalog.regprocedure)", quote_literal(&copied.signature)))
-            .await?
-            .ok_or_else(|| PgError::internal(format!("no definition of {}", copied.signature)))?;
-        let create = copy_sql(&definition, &schema, anchor, shard.index, catalog)?;
-        conn.execute(&format!(
-            "{}; CREATE SCHEMA IF NOT EXISTS {schema}; GRANT USAGE ON SCHEMA {schema} TO PUBLIC; {create}; {}; COMMIT",
-            drop_older_sql(shard.id, &schema),
-            owner_and_privileges_sql(&copied.signature, &schema)
-        ))
-        .await
+        let copy = copy_sql(&definition_of(&mut conn, &copied.signature).await?, &schema, anchor, shard.index, copied.argument, catalog)?;
+        let mut script = format!("{}; CREATE SCHEMA IF NOT EXISTS {schema}; GRANT USAGE ON SCHEMA {schema} TO PUBLIC", drop_older_sql(shard.id, &schema));
+        // The SQL functions the copy calls through their copies.
+        for function in &copy.calls {
+            let Some((argument, _)) = function.distribution else { continue };
+            let called = copy_sql(&definition_of(&mut conn, &function.signature).await?, &schema, anchor, shard.index, argument, catalog)?;
+            script += &format!("; {}; {}", called.create, owner_and_privileges_sql(&function.signature, &schema));
+        }
+        script += &format!("; {}; {}; COMMIT", copy.create, owner_and_privileges_sql(&copied.signature, &schema));
+        conn.execute(&script).await
     }
     .await
     .map_err(|e| e.with_context(format!("while making the copy of {} for shard {} on node {}", copied.signature, shard.id, node.addr)));
     conn.terminate().await;
     result.map(|_| ())
+}
+
+/// The text of the routine `signature` on the node.
+async fn definition_of(conn: &mut PgConnection, signature: &str) -> PgResult<String> {
+    conn.query_value(&format!("SELECT pg_catalog.pg_get_functiondef({}::pg_catalog.regprocedure)", quote_literal(signature)))
+        .await?
+        .ok_or_else(|| PgError::internal(format!("no definition of {signature}")))
 }
 
 /// Drops the copy schemas of shard `shard_id` other than `schema`.

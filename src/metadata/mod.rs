@@ -248,11 +248,20 @@ pub struct DistributedFunction {
     pub force_delegation: bool,
     /// Its schema-qualified signature, as `regprocedure` reads it on any node.
     pub signature: String,
-    /// Written in PL/pgSQL, and the only routine of its name in its schema
-    /// (a copy, alone in its schema, could not tell overloads apart):
-    /// delegated calls outside transaction blocks go to its per-shard copies
-    /// (planner/function_copy.rs).
-    pub copied_per_shard: bool,
+    /// Set when delegated calls outside transaction blocks go to its
+    /// per-shard copies (planner/function_copy.rs): the only routine of its
+    /// name in its schema (a copy, alone in its schema, could not tell
+    /// overloads apart), written in PL/pgSQL, or a SQL function whose
+    /// distribution argument has the distribution column's type.
+    pub copied_per_shard: Option<CopiedLanguage>,
+}
+
+/// The language of a function with per-shard copies, which decides how its
+/// copies are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopiedLanguage {
+    PlPgSql,
+    Sql,
 }
 
 impl DistributedFunction {
@@ -381,6 +390,10 @@ impl Catalog {
     }
     pub fn is_aggregate(&self, name: &str) -> bool {
         self.aggregates.contains(name)
+    }
+    #[cfg(test)]
+    pub fn add_function_for_tests(&mut self, function: Arc<DistributedFunction>) {
+        self.functions.entry((function.schema.clone(), function.name.clone())).or_default().push(function);
     }
     /// A catalog of just these nodes and tables, for unit tests of what is
     /// planned from it.
@@ -575,8 +588,9 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
                       WHERE a.mode IN ('i', 'b', 'v') OR (p.prokind = 'p' AND a.mode = 'o')),
                     o.distribution_argument_index, o.colocationid, coalesce(o.force_delegation, false), p.pronargdefaults,
                     format('%I.%I(%s)', n.nspname, p.proname, oidvectortypes(p.proargtypes)),
-                    p.prolang = (SELECT oid FROM pg_language WHERE lanname = 'plpgsql')
-                      AND NOT EXISTS (SELECT FROM pg_proc q WHERE q.proname = p.proname AND q.pronamespace = p.pronamespace AND q.oid <> p.oid)
+                    NOT EXISTS (SELECT FROM pg_proc q WHERE q.proname = p.proname AND q.pronamespace = p.pronamespace AND q.oid <> p.oid),
+                    (SELECT lanname FROM pg_language WHERE oid = p.prolang), p.prokind,
+                    p.proargtypes[o.distribution_argument_index]
              FROM pg_catalog.pg_dist_object o JOIN pg_proc p ON p.oid = o.objid JOIN pg_namespace n ON n.oid = p.pronamespace
              WHERE o.classid = 'pg_proc'::regclass",
         )
@@ -585,6 +599,15 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
         let colocation: i32 = int(&r[4]);
         let table = catalog.tables().filter(|t| t.colocation_id == colocation && !t.is_reference() && t.partition_of.is_none()).min_by_key(|t| t.oid).cloned();
         let distribution = r[3].as_deref().and_then(|i| i.parse::<usize>().ok()).zip(table);
+        let key_oid = distribution.as_ref().and_then(|(_, t)| match &t.distribution {
+            Distribution::Hash { key, .. } => Some(key.oid),
+            _ => None,
+        });
+        let copied_per_shard = match (r[8].as_deref(), r[9].as_deref(), r[10].as_deref()) {
+            (Some("t"), Some("plpgsql"), _) => Some(CopiedLanguage::PlPgSql),
+            (Some("t"), Some("sql"), Some("f")) if key_oid.is_some() && r[11].as_deref().and_then(|o| o.parse().ok()) == key_oid => Some(CopiedLanguage::Sql),
+            _ => None,
+        };
         let function = DistributedFunction {
             schema: r[0].clone().unwrap_or_default(),
             name: r[1].clone().unwrap_or_default(),
@@ -593,7 +616,7 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
             distribution,
             force_delegation: r[5].as_deref() == Some("t"),
             signature: r[7].clone().unwrap_or_default(),
-            copied_per_shard: r[8].as_deref() == Some("t"),
+            copied_per_shard,
         };
         catalog.functions.entry((function.schema.clone(), function.name.clone())).or_default().push(Arc::new(function));
     }
@@ -634,7 +657,7 @@ mod tests {
 
     #[test]
     fn calls_fit_by_position_name_and_default() {
-        let f = DistributedFunction { schema: "public".into(), name: "f".into(), arg_names: vec!["k".into(), "amount".into(), "note".into()], defaults: 1, distribution: None, force_delegation: false, signature: String::new(), copied_per_shard: false };
+        let f = DistributedFunction { schema: "public".into(), name: "f".into(), arg_names: vec!["k".into(), "amount".into(), "note".into()], defaults: 1, distribution: None, force_delegation: false, signature: String::new(), copied_per_shard: None };
         assert!(f.accepts(3, &[]) && f.accepts(2, &[]) && f.accepts(0, &["amount", "k"]) && f.accepts(1, &["note", "amount"]));
         assert!(!f.accepts(1, &[]), "amount has no default");
         assert!(!f.accepts(1, &["k", "amount"]), "k given twice");

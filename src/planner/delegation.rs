@@ -80,7 +80,8 @@ pub(super) fn delegated_call(version: i32, raw: &protobuf::RawStmt, node: &NodeE
     let call = routed(ShardTemplate::unchanged(version, raw.clone()))?;
     let copy = function
         .copied_per_shard
-        .then(|| routed(ShardTemplate::calling_copy(version, raw.clone(), CopiedCall { anchor: table.clone(), catalog_version: catalog.version, signature: function.signature.clone() })))
+        .is_some()
+        .then(|| routed(ShardTemplate::calling_copy(version, raw.clone(), CopiedCall { anchor: table.clone(), catalog_version: catalog.version, signature: function.signature.clone(), argument: *index })))
         .flatten();
     Some((call, copy, function.force_delegation))
 }

@@ -1,4 +1,4 @@
-//! Per-shard copies of distributed PL/pgSQL functions and procedures.
+//! Per-shard copies of distributed PL/pgSQL and SQL functions and procedures.
 //!
 //! A delegated call runs its statements on the worker over the worker-side
 //! parents (commands/worker_relations.rs). Correct, but slow: over a parent
@@ -25,6 +25,11 @@
 //! but for the table names, so error positions (`line N at SQL statement`)
 //! and the quoted statement stay those of the function as written.
 //!
+//! A SQL function's copy runs only for a distribution argument in its shard
+//! group, so its statements pinned to that argument name the shards with no
+//! guard (`rewrite_sql_body`); a PL/pgSQL copy calls it behind a guard
+//! (`guarded_calls`), and the two are made together.
+//!
 //! Copies are a cache: made on a node the first time a call needs one
 //! (executor/function_copies.rs), named after the catalog version they were
 //! made under (a moved shard or a renamed table makes a new version), and
@@ -34,7 +39,7 @@
 use super::deparse::deparse_expression;
 use crate::connection::{quote_ident, quote_literal};
 use crate::error::{PgError, PgResult};
-use crate::metadata::{Catalog, DistributedTable, Distribution};
+use crate::metadata::{Catalog, CopiedLanguage, DistributedFunction, DistributedTable, Distribution};
 use super::{is_equals, qualified_name, string_node};
 use pg_query::protobuf;
 use pg_query::NodeEnum;
@@ -110,10 +115,19 @@ pub fn without_copy_schemas(text: &str) -> String {
     out
 }
 
-/// The statement creating (or replacing) the copy, in `schema`, of the
-/// function `definition` creates (`pg_get_functiondef`'s text), for shard
-/// group `index` of `anchor`'s co-location group.
-pub fn copy_sql(definition: &str, schema: &str, anchor: &DistributedTable, index: u32, catalog: &Catalog) -> PgResult<String> {
+/// What making a copy takes.
+pub struct Copy {
+    /// The statement creating (or replacing) it.
+    pub create: String,
+    /// The distributed SQL functions its body calls through their copies in
+    /// the same schema, which are made with it.
+    pub calls: Vec<Arc<DistributedFunction>>,
+}
+
+/// The copy, in `schema`, of the function `definition` creates
+/// (`pg_get_functiondef`'s text), for shard group `index` of `anchor`'s
+/// co-location group; `argument` is its distribution argument (from 0).
+pub fn copy_sql(definition: &str, schema: &str, anchor: &DistributedTable, index: u32, argument: usize, catalog: &Catalog) -> PgResult<Copy> {
     let parsed = pg_query::parse(definition).map_err(|e| PgError::internal(format!("cannot parse the definition of a distributed function: {e}")))?;
     let mut tree = parsed.protobuf;
     let Some(NodeEnum::CreateFunctionStmt(function)) = tree.stmts.first_mut().and_then(|s| s.stmt.as_deref_mut()).and_then(|s| s.node.as_mut()) else {
@@ -125,31 +139,57 @@ pub fn copy_sql(definition: &str, schema: &str, anchor: &DistributedTable, index
     };
     function.funcname = vec![string_node(schema), string_node(&name)];
     function.replace = true;
-    if let Some(body) = body_mut(function) {
-        let group = Group { colocation_id: anchor.colocation_id, index };
-        if let Some(rewritten) = rewrite_body(definition, body, &group, catalog) {
-            *body = rewritten;
+    let argument = Argument { name: input_parameter_name(&function.parameters, argument).unwrap_or_default(), number: argument as i32 + 1 };
+    let group = Group { colocation_id: anchor.colocation_id, index };
+    let mut calls = Vec::new();
+    match body_mut(function) {
+        Some((CopiedLanguage::PlPgSql, body)) => {
+            if let Some((rewritten, called)) = rewrite_body(definition, body, schema, &group, catalog) {
+                *body = rewritten;
+                calls = called;
+            }
         }
+        Some((CopiedLanguage::Sql, body)) => {
+            if let Some(rewritten) = rewrite_sql_body(body, &argument, &group, catalog) {
+                *body = rewritten;
+            }
+        }
+        None => {}
     }
-    super::deparse::deparse_faithfully(&tree)
+    Ok(Copy { create: super::deparse::deparse_faithfully(&tree)?, calls })
 }
 
-/// The body of `AS '…'`, for PL/pgSQL functions only.
-fn body_mut(function: &mut protobuf::CreateFunctionStmt) -> Option<&mut String> {
+/// The name of input parameter `index` (from 0), None when unnamed.
+fn input_parameter_name(parameters: &[protobuf::Node], index: usize) -> Option<String> {
+    use protobuf::FunctionParameterMode as M;
+    parameters
+        .iter()
+        .filter_map(|p| match p.node.as_ref() {
+            Some(NodeEnum::FunctionParameter(p)) if p.mode != M::FuncParamOut as i32 && p.mode != M::FuncParamTable as i32 => Some(&p.name),
+            _ => None,
+        })
+        .nth(index)
+        .filter(|name| !name.is_empty())
+        .cloned()
+}
+
+/// The language and body (of `AS '…'`) of a PL/pgSQL or SQL function.
+fn body_mut(function: &mut protobuf::CreateFunctionStmt) -> Option<(CopiedLanguage, &mut String)> {
     let option = |name: &str, options: &[protobuf::Node]| {
         options.iter().position(|o| matches!(o.node.as_ref(), Some(NodeEnum::DefElem(d)) if d.defname == name))
     };
     let language = option("language", &function.options)?;
     let Some(NodeEnum::DefElem(lang)) = function.options[language].node.as_ref() else { return None };
-    let is_plpgsql = matches!(lang.arg.as_deref().and_then(|a| a.node.as_ref()), Some(NodeEnum::String(s)) if s.sval.eq_ignore_ascii_case("plpgsql"));
-    if !is_plpgsql {
-        return None;
-    }
+    let language = match lang.arg.as_deref().and_then(|a| a.node.as_ref()) {
+        Some(NodeEnum::String(s)) if s.sval.eq_ignore_ascii_case("plpgsql") => CopiedLanguage::PlPgSql,
+        Some(NodeEnum::String(s)) if s.sval.eq_ignore_ascii_case("sql") => CopiedLanguage::Sql,
+        _ => return None,
+    };
     let at = option("as", &function.options)?;
     let Some(NodeEnum::DefElem(def)) = function.options[at].node.as_mut() else { return None };
     let Some(NodeEnum::List(list)) = def.arg.as_deref_mut().and_then(|a| a.node.as_mut()) else { return None };
     match list.items.first_mut().and_then(|i| i.node.as_mut()) {
-        Some(NodeEnum::String(s)) => Some(&mut s.sval),
+        Some(NodeEnum::String(s)) => Some((language, &mut s.sval)),
         _ => None,
     }
 }
@@ -176,8 +216,10 @@ struct Span {
 }
 
 /// The body with every statement that can run on this shard group's shards
-/// written twice behind a guard; None when there is none.
-fn rewrite_body(definition: &str, body: &str, group: &Group, catalog: &Catalog) -> Option<String> {
+/// written twice behind a guard, and every call of a distributed SQL
+/// function of the group likewise (`guarded_calls`), with the functions so
+/// called; None when there is nothing to rewrite.
+fn rewrite_body(definition: &str, body: &str, schema: &str, group: &Group, catalog: &Catalog) -> Option<(String, Vec<Arc<DistributedFunction>>)> {
     // Under `#variable_conflict use_column` a name may mean a column where
     // the rewrite would take it for a variable.
     if body.contains("variable_conflict") {
@@ -197,6 +239,13 @@ fn rewrite_body(definition: &str, body: &str, group: &Group, catalog: &Catalog) 
             edits.push((span, guarded));
         }
     }
+    let mut called: Vec<Arc<DistributedFunction>> = Vec::new();
+    for (span, text, function) in guarded_calls(body, schema, &edits, &variables, group, catalog) {
+        if !called.iter().any(|f| Arc::ptr_eq(f, &function)) {
+            called.push(function);
+        }
+        edits.push((span, text));
+    }
     if edits.is_empty() {
         return None;
     }
@@ -205,7 +254,78 @@ fn rewrite_body(definition: &str, body: &str, group: &Group, catalog: &Catalog) 
     for (span, text) in edits {
         out.replace_range(span.start..span.end, &text);
     }
-    Some(out)
+    Some((out, called))
+}
+
+/// The calls, outside the statements rewritten already (`taken`), of
+/// distributed SQL functions of this co-location group whose distribution
+/// argument is a value the function holds, each with the CASE that calls
+/// the function's copy in `schema` when that value is in this shard group:
+/// such a copy reads the group's shards, where the function itself, planned
+/// anew at every call, would plan a scan of every partition of the parents.
+fn guarded_calls(body: &str, schema: &str, taken: &[(Span, String)], variables: &HashSet<String>, group: &Group, catalog: &Catalog) -> Vec<(Span, String, Arc<DistributedFunction>)> {
+    use protobuf::Token;
+    let Ok(scanned) = pg_query::scan(body) else { return Vec::new() };
+    let tokens = &scanned.tokens;
+    // A name any table has may be a column here rather than a variable.
+    let columns: HashSet<&str> = catalog.tables().flat_map(|t| t.columns.iter().map(String::as_str)).collect();
+    let context = Context { values: Values::Variables(variables), columns: &columns };
+    let mut out: Vec<(Span, String, Arc<DistributedFunction>)> = Vec::new();
+    for (i, name) in tokens.iter().enumerate() {
+        let opens = tokens.get(i + 1).is_some_and(|t| t.token == Token::Ascii40 as i32);
+        let qualified = i > 0 && tokens[i - 1].token == Token::Ascii46 as i32;
+        if !opens || qualified {
+            continue;
+        }
+        let mut depth = 0;
+        let close = tokens[i + 1..].iter().find(|t| {
+            if t.token == Token::Ascii40 as i32 {
+                depth += 1;
+            } else if t.token == Token::Ascii41 as i32 {
+                depth -= 1;
+            }
+            depth == 0
+        });
+        let Some(close) = close else { continue };
+        let span = Span { start: name.start as usize, end: close.end as usize };
+        let overlaps = |s: &Span| s.start < span.end && span.start < s.end;
+        if taken.iter().any(|(s, _)| overlaps(s)) || out.iter().any(|(s, _, _)| overlaps(s)) {
+            continue;
+        }
+        if let Some((text, function)) = guarded_call(&body[span.start..span.end], schema, &context, group, catalog) {
+            out.push((span, text, function));
+        }
+    }
+    out
+}
+
+/// `written` (a call, on one line) as a CASE calling the copy in `schema`
+/// when its distribution argument is in this shard group; None when it is
+/// no call of a distributed SQL function of the group by such a value.
+fn guarded_call(written: &str, schema: &str, context: &Context, group: &Group, catalog: &Catalog) -> Option<(String, Arc<DistributedFunction>)> {
+    if written.contains('\n') {
+        return None;
+    }
+    let parsed = pg_query::parse(&format!("SELECT {written}")).ok()?;
+    let [raw] = parsed.protobuf.stmts.as_slice() else { return None };
+    let Some(NodeEnum::SelectStmt(select)) = raw.stmt.as_ref()?.node.as_ref() else { return None };
+    let [target] = select.target_list.as_slice() else { return None };
+    let Some(NodeEnum::ResTarget(target)) = target.node.as_ref() else { return None };
+    let Some(NodeEnum::FuncCall(call)) = target.val.as_deref()?.node.as_ref() else { return None };
+    let plain = !call.agg_star && !call.agg_distinct && !call.func_variadic && call.over.is_none() && call.agg_order.is_empty() && call.agg_filter.is_none();
+    let [name] = call.funcname.as_slice() else { return None };
+    let Some(NodeEnum::String(name)) = name.node.as_ref() else { return None };
+    if !plain || call.args.iter().any(|a| matches!(a.node.as_ref(), Some(NodeEnum::NamedArgExpr(_)))) {
+        return None;
+    }
+    let function = catalog.function(None, &name.sval, call.args.len(), &[])?;
+    let (index, table) = function.distribution.as_ref()?;
+    if function.copied_per_shard != Some(CopiedLanguage::Sql) || table.colocation_id != group.colocation_id {
+        return None;
+    }
+    let argument = call.args.get(*index).filter(|a| is_pin(a, context))?;
+    let guard = in_group_guard(&deparse_expression(argument.node.as_ref()?).ok()?, table, group)?;
+    Some((format!("(CASE WHEN {guard} THEN {}.{written} ELSE {written} END)", quote_ident(schema)), function.clone()))
 }
 
 /// Variable names (every block's) and SQL statements of a parsed function.
@@ -335,16 +455,10 @@ fn guarded_statement(query: &str, span: &Span, body: &str, variables: &HashSet<S
     if in_group.is_empty() {
         return None;
     }
-    let context = Context { variables, columns: &columns };
+    let context = Context { values: Values::Variables(variables), columns: &columns };
     let top = top_level(node)?;
-    let placed: Vec<Placed> = top.tables.iter().map(|rv| match relation(rv, group, catalog) {
-        Relation::InGroup(t) | Relation::Reference(t) => Some(Placed { rv, table: t }),
-        Relation::Other => None,
-    }).collect::<Option<_>>()?;
-    let conditions = match &top.pins {
-        Pins::Where(conditions) => conditions.clone(),
-        Pins::Row(_) => Vec::new(),
-    };
+    let placed = top.placed(group, catalog)?;
+    let conditions = top.conditions();
     // Each group table once, at the top level, with a pinning value: its
     // own, or that of a group table it is joined to on the key.
     let mut guards = Vec::new();
@@ -354,7 +468,7 @@ fn guarded_statement(query: &str, span: &Span, body: &str, variables: &HashSet<S
             return None;
         }
         let at = placed.iter().position(|p| p.table.oid == table.oid)?;
-        let Distribution::Hash { column, key, .. } = &table.distribution else { return None };
+        let Distribution::Hash { column, .. } = &table.distribution else { return None };
         if variables.contains(column) || top.assigned.contains(&column.as_str()) {
             return None;
         }
@@ -366,13 +480,7 @@ fn guarded_statement(query: &str, span: &Span, body: &str, variables: &HashSet<S
         };
         let pin = deparse_expression(pin.node.as_ref()?).ok()?;
         renames.push(shard_rename(placed[at].rv, table, group.index, matches!(top.pins, Pins::Row(_)), query)?);
-        guards.push(format!(
-            "(CASE WHEN pg_catalog.pg_typeof({pin}) = {}::pg_catalog.regtype THEN pg_catalog.satisfies_hash_partition({}::pg_catalog.regclass, {}, {}, {pin}) ELSE false END)",
-            quote_literal(&key.base_sql),
-            quote_literal(&table.qualified_name()),
-            table.shard_count(),
-            group.index
-        ));
+        guards.push(in_group_guard(&pin, table, group)?);
     }
     // The statement on the shards keeps the text (and lines) of the one
     // written, but for the table names, so that an error's CONTEXT quotes
@@ -387,6 +495,102 @@ fn guarded_statement(query: &str, span: &Span, body: &str, variables: &HashSet<S
     }
     let one_line: String = written.chars().map(|c| if c == '\n' || c == '\r' { ' ' } else { c }).collect();
     Some(format!("IF NOT ({}) THEN {one_line} ELSE {on_shards} END IF;", guards.join(" AND ")))
+}
+
+/// Whether `pin` (SQL) is a value of the distribution column's type whose
+/// rows lie in this shard group of `table`'s co-location group.
+fn in_group_guard(pin: &str, table: &DistributedTable, group: &Group) -> Option<String> {
+    let Distribution::Hash { key, .. } = &table.distribution else { return None };
+    Some(format!(
+        "(CASE WHEN pg_catalog.pg_typeof({pin}) = {}::pg_catalog.regtype THEN pg_catalog.satisfies_hash_partition({}::pg_catalog.regclass, {}, {}, {pin}) ELSE false END)",
+        quote_literal(&key.base_sql),
+        quote_literal(&table.qualified_name()),
+        table.shard_count(),
+        group.index
+    ))
+}
+
+/// The body of a SQL function's copy. The copy runs only for a value of
+/// the distribution argument in this shard group (a delegated call is
+/// routed by it, a PL/pgSQL copy calls it behind `guarded_call`'s guard),
+/// so a statement whose every reference to a group table is pinned to that
+/// argument (`key = argument` at the reference's own query level,
+/// subqueries included, or joined on the key to such a reference) names
+/// the group's shards; others stay as written. None when none qualifies.
+fn rewrite_sql_body(body: &str, argument: &Argument, group: &Group, catalog: &Catalog) -> Option<String> {
+    let parsed = pg_query::parse(body).ok()?;
+    let mut renames = Vec::new();
+    for raw in &parsed.protobuf.stmts {
+        if let Some(node) = raw.stmt.as_ref().and_then(|s| s.node.as_ref()) {
+            renames.extend(pinned_to_argument(node, body, argument, group, catalog).unwrap_or_default());
+        }
+    }
+    if renames.is_empty() {
+        return None;
+    }
+    renames.sort_by_key(|(at, _, _)| std::cmp::Reverse(*at));
+    let mut out = body.to_string();
+    for (at, len, name) in renames {
+        out.replace_range(at..at + len, &name);
+    }
+    Some(out)
+}
+
+/// The renames putting the shards in place of every group table `node`
+/// reads or writes, when each reference is pinned to the argument.
+fn pinned_to_argument(node: &NodeEnum, body: &str, argument: &Argument, group: &Group, catalog: &Catalog) -> Option<Vec<(usize, usize, String)>> {
+    let mut tables = Vec::new();
+    let mut in_group = 0;
+    for rv in &crate::walk::range_vars(node) {
+        match relation(rv, group, catalog) {
+            Relation::InGroup(t) => {
+                in_group += 1;
+                tables.push(t);
+            }
+            Relation::Reference(t) => tables.push(t),
+            Relation::Other => return None,
+        }
+    }
+    let columns: HashSet<&str> = tables.iter().flat_map(|t| t.columns.iter().map(String::as_str)).collect();
+    let context = Context { values: Values::Argument(argument), columns: &columns };
+    let mut renames = Vec::new();
+    let mut whole = in_group > 0;
+    let mut tree = node.clone();
+    crate::walk::visit_mut(&mut tree, &mut |n| {
+        let level = matches!(n, NodeEnum::SelectStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) | NodeEnum::InsertStmt(_));
+        if !whole || !level {
+            return;
+        }
+        // A level of another shape (a set operation, VALUES) has no tables
+        // of its own; one with tables that cannot be placed leaves them
+        // out of the renames, which the count below catches.
+        let Some(top) = top_level(n) else { return };
+        match pinned_level(&top, body, &context, group, catalog) {
+            Some(found) => renames.extend(found),
+            None => whole = false,
+        }
+    });
+    (whole && renames.len() == in_group).then_some(renames)
+}
+
+/// The renames of one query level's group tables, when each is pinned.
+fn pinned_level(top: &TopLevel, body: &str, context: &Context, group: &Group, catalog: &Catalog) -> Option<Vec<(usize, usize, String)>> {
+    let placed = top.placed(group, catalog)?;
+    let conditions = top.conditions();
+    let mut renames = Vec::new();
+    for (at, p) in placed.iter().enumerate().filter(|(_, p)| !p.table.is_reference()) {
+        let Distribution::Hash { column, .. } = &p.table.distribution else { return None };
+        let pinned = !top.assigned.contains(&column.as_str())
+            && match &top.pins {
+                Pins::Where(_) => (0..placed.len()).any(|other| (other == at || joined_on_keys(&conditions, at, other, &placed)) && pin_in_conditions(&conditions, other, &placed, context).is_some()),
+                Pins::Row(insert) => pin_in_row(insert, &p.table, column, context).is_some(),
+            };
+        if !pinned {
+            return None;
+        }
+        renames.push(shard_rename(p.rv, &p.table, group.index, matches!(top.pins, Pins::Row(_)), body)?);
+    }
+    Some(renames)
 }
 
 /// Where the statement names `rv` (by its bare name), and the text that
@@ -430,11 +634,26 @@ pub fn tables_named_again(text: &str, anchor: &DistributedTable, catalog: &Catal
     out
 }
 
-/// Names a guard may read: the function's variables, unless a column of a
-/// table in the statement has the name too.
+/// Names a guard may read, unless a column of a table in the statement has
+/// the name too.
 struct Context<'a> {
-    variables: &'a HashSet<String>,
+    values: Values<'a>,
     columns: &'a HashSet<&'a str>,
+}
+
+enum Values<'a> {
+    /// A PL/pgSQL function's variables (and arguments), constants, casts and
+    /// array elements of these.
+    Variables(&'a HashSet<String>),
+    /// A SQL function's distribution argument alone.
+    Argument(&'a Argument),
+}
+
+/// A SQL function's distribution argument: its name ("" when unnamed) and
+/// its `$n`.
+struct Argument {
+    name: String,
+    number: i32,
 }
 
 /// The statement's top-level tables and where their values are pinned.
@@ -444,6 +663,25 @@ struct TopLevel<'a> {
     /// Columns an UPDATE sets: one that moves a row to another shard must
     /// go through the parent.
     assigned: Vec<&'a str>,
+}
+
+impl<'a> TopLevel<'a> {
+    /// Its tables with the tables they name; None when one is neither the
+    /// group's nor a reference table.
+    fn placed(&self, group: &Group, catalog: &Catalog) -> Option<Vec<Placed<'a>>> {
+        self.tables.iter().map(|rv| match relation(rv, group, catalog) {
+            Relation::InGroup(table) | Relation::Reference(table) => Some(Placed { rv, table }),
+            Relation::Other => None,
+        }).collect()
+    }
+
+    /// The conjuncts that may pin its tables (none for an INSERT's row).
+    fn conditions(&self) -> Vec<&'a protobuf::Node> {
+        match &self.pins {
+            Pins::Where(conditions) => conditions.clone(),
+            Pins::Row(_) => Vec::new(),
+        }
+    }
 }
 
 enum Pins<'a> {
@@ -568,9 +806,20 @@ fn pin_in_row<'a>(insert: &'a protobuf::InsertStmt, table: &DistributedTable, co
 /// result: the function's variables and arguments, constants, casts and
 /// array elements of those.
 fn is_pin(node: &protobuf::Node, context: &Context) -> bool {
+    let names_value = |s: &str| !context.columns.contains(s) && match context.values {
+        Values::Variables(variables) => variables.contains(s),
+        Values::Argument(argument) => argument.name == s,
+    };
+    if let Values::Argument(argument) = context.values {
+        return match node.node.as_ref() {
+            Some(NodeEnum::ColumnRef(c)) => matches!(c.fields.as_slice(), [f] if matches!(f.node.as_ref(), Some(NodeEnum::String(s)) if names_value(&s.sval))),
+            Some(NodeEnum::ParamRef(p)) => p.number == argument.number,
+            _ => false,
+        };
+    }
     match node.node.as_ref() {
         Some(NodeEnum::ColumnRef(c)) => match c.fields.as_slice() {
-            [f] => matches!(f.node.as_ref(), Some(NodeEnum::String(s)) if context.variables.contains(&s.sval) && !context.columns.contains(s.sval.as_str())),
+            [f] => matches!(f.node.as_ref(), Some(NodeEnum::String(s)) if names_value(&s.sval)),
             _ => false,
         },
         Some(NodeEnum::ParamRef(_)) => true,
@@ -656,7 +905,7 @@ $function$
     fn copy() -> String {
         let catalog = catalog();
         let anchor = catalog.table("public", "stock").unwrap().clone();
-        copy_sql(FUNCTION, "tessera_shard_102_v9", &anchor, 2, &catalog).unwrap()
+        copy_sql(FUNCTION, "tessera_shard_102_v9", &anchor, 2, 0, &catalog).unwrap().create
     }
 
     fn statement_lines(sql: &str) -> Vec<(u64, String)> {
@@ -726,11 +975,72 @@ $function$
         let catalog = catalog();
         let anchor = catalog.table("public", "stock").unwrap().clone();
         let ambiguous = FUNCTION.replace("v int; n int;", "v int; n int; s_i_id int;");
-        let sql = copy_sql(&ambiguous, "s", &anchor, 2, &catalog).unwrap();
+        let sql = copy_sql(&ambiguous, "s", &anchor, 2, 0, &catalog).unwrap().create;
         assert_eq!(sql.matches("IF NOT ((CASE").count(), 4, "{sql}");
         assert!(sql.contains("INTO n FROM stock WHERE s_w_id = s_i_id;\n"), "{sql}");
         let conflict = FUNCTION.replace("DECLARE", "#variable_conflict use_column\nDECLARE");
-        assert!(!copy_sql(&conflict, "s", &anchor, 2, &catalog).unwrap().contains("IF NOT"));
+        assert!(!copy_sql(&conflict, "s", &anchor, 2, 0, &catalog).unwrap().create.contains("IF NOT"));
+    }
+
+    const BY_NAME: &str = "CREATE OR REPLACE FUNCTION public.by_name(p_w_id integer, p_c integer)
+ RETURNS integer
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT o_id FROM orders WHERE o_w_id = p_w_id AND o_c_id = p_c
+    OFFSET (SELECT count(*) / 2 FROM orders WHERE o_w_id = $1) LIMIT 1;
+    SELECT count(*) FROM orders o JOIN stock ON s_w_id = o_w_id WHERE o_w_id = p_w_id;
+    SELECT count(*) FROM orders WHERE o_w_id = 3;
+    SELECT count(*) FROM orders WHERE o_w_id = p_w_id AND o_id IN (SELECT s_quantity FROM stock);
+    UPDATE stock SET s_w_id = p_w_id WHERE s_w_id = p_w_id
+$function$
+";
+
+    #[test]
+    fn sql_functions_read_the_shards_where_pinned_to_the_distribution_argument() {
+        let catalog = catalog();
+        let anchor = catalog.table("public", "stock").unwrap().clone();
+        let copy = copy_sql(BY_NAME, "s", &anchor, 2, 0, &catalog).unwrap();
+        let sql = copy.create;
+        assert!(sql.contains("FUNCTION s.by_name("), "{sql}");
+        // By name and by `$1`, in the statement and in its subquery.
+        assert!(sql.contains("SELECT o_id FROM public.orders_202 orders WHERE o_w_id = p_w_id AND o_c_id = p_c\n    OFFSET (SELECT count(*) / 2 FROM public.orders_202 orders WHERE o_w_id = $1) LIMIT 1;"), "{sql}");
+        assert!(sql.contains("FROM public.orders_202 o JOIN public.stock_102 stock ON s_w_id = o_w_id WHERE"), "{sql}");
+        // A constant, a subquery that is not pinned and a moved key: as written.
+        assert!(sql.contains("SELECT count(*) FROM orders WHERE o_w_id = 3;"), "{sql}");
+        assert!(sql.contains("FROM orders WHERE o_w_id = p_w_id AND o_id IN (SELECT s_quantity FROM stock);"), "{sql}");
+        assert!(sql.contains("UPDATE stock SET s_w_id = p_w_id"), "{sql}");
+        assert!(copy.calls.is_empty());
+        // Pinned to another argument: as written.
+        let other = copy_sql(BY_NAME, "s", &anchor, 2, 1, &catalog).unwrap().create;
+        assert!(!other.contains("orders_202"), "{other}");
+    }
+
+    #[test]
+    fn calls_of_the_groups_sql_functions_go_to_their_copies_behind_a_guard() {
+        let mut catalog = catalog();
+        let orders = catalog.table("public", "orders").unwrap().clone();
+        let by_name = Arc::new(DistributedFunction {
+            schema: "public".into(),
+            name: "by_name".into(),
+            arg_names: vec!["p_w_id".into(), "p_c".into()],
+            defaults: 0,
+            distribution: Some((0, orders.clone())),
+            force_delegation: false,
+            signature: "public.by_name(integer, integer)".into(),
+            copied_per_shard: Some(CopiedLanguage::Sql),
+        });
+        catalog.add_function_for_tests(by_name.clone());
+        let caller = FUNCTION.replace("RETURN v;", "v := by_name(p_ids[1], v) + By_Name(s_i_id, 1) + public.by_name(p_w_id, 1);\n  IF by_name(p_w_id,\n 2) > 0 THEN RETURN v; END IF;");
+        let copy = copy_sql(&caller, "tessera_shard_102_v9", &orders, 2, 0, &catalog).unwrap();
+        let guard = "(CASE WHEN pg_catalog.pg_typeof(p_ids[1]) = 'integer'::pg_catalog.regtype THEN pg_catalog.satisfies_hash_partition('public.orders'::pg_catalog.regclass, 4, 2, p_ids[1]) ELSE false END)";
+        assert!(copy.create.contains(&format!("v := (CASE WHEN {guard} THEN tessera_shard_102_v9.by_name(p_ids[1], v) ELSE by_name(p_ids[1], v) END) + By_Name(s_i_id, 1)")), "{}", copy.create);
+        // A column for the argument, a qualified name, a call over lines: as written.
+        assert_eq!(copy.create.matches("tessera_shard_102_v9.by_name").count(), 1, "{}", copy.create);
+        assert!(copy.calls.len() == 1 && Arc::ptr_eq(&copy.calls[0], &by_name));
+        let original: Vec<u64> = statement_lines(&caller).into_iter().filter(|(_, k)| k != "PLpgSQL_stmt_if").map(|(l, _)| l).collect();
+        let copied: Vec<u64> = statement_lines(&copy.create).into_iter().filter(|(_, k)| k != "PLpgSQL_stmt_if").map(|(l, _)| l).collect();
+        assert!(original.iter().all(|l| copied.contains(l)), "{original:?} {copied:?}");
     }
 
     #[test]

@@ -36,6 +36,8 @@ pub struct CopiedCall {
     pub catalog_version: i64,
     /// The function's schema-qualified signature.
     pub signature: String,
+    /// Its distribution argument (from 0).
+    pub argument: usize,
 }
 
 impl ShardTemplate {
