@@ -332,7 +332,8 @@ async fn copies_on_workers(cluster: &TestCluster) -> Vec<Vec<String>> {
 
 /// A distributed SQL helper called from a PL/pgSQL function's copy runs on
 /// its own copy (on the shards) when the value is in the call's shard group
-/// and as itself otherwise, with its owner and privileges either way.
+/// and as itself otherwise, with its owner and privileges either way; a
+/// name another function has too is called as written.
 #[tokio::test]
 async fn helpers_called_from_a_copy_run_on_their_own_copies() {
     let cluster = TestCluster::start(2);
@@ -369,6 +370,18 @@ async fn helpers_called_from_a_copy_run_on_their_own_copies() {
     let copies = copies_on_workers(&cluster).await;
     let all: Vec<&String> = copies.iter().flatten().collect();
     assert_eq!((all.iter().filter(|c| c.ends_with(".dl_bump")).count(), all.iter().filter(|c| c.ends_with(".dl_peek")).count()), (4, 4), "{copies:?}");
+    // Each copy of dl_bump calls the helper's copies.
+    let copies_calling_copies = || async {
+        let mut found = (0, 0);
+        for i in 0..cluster.workers().len() {
+            let w = cluster.connect_worker(i).await;
+            let rows = text_rows(&w, "SELECT count(*), count(*) FILTER (WHERE prosrc LIKE '%tessera\\_shard\\_%.dl_peek(%') FROM pg_proc WHERE proname = 'dl_bump' AND pronamespace <> 'public'::regnamespace").await;
+            found.0 += rows[0][0].as_deref().unwrap().parse::<i32>().unwrap();
+            found.1 += rows[0][1].as_deref().unwrap().parse::<i32>().unwrap();
+        }
+        found
+    };
+    assert_eq!(copies_calling_copies().await, (4, 4));
     let w = cluster.connect_worker(copies.iter().position(|c| !c.is_empty()).unwrap()).await;
     assert_eq!(
         text_rows(&w, "SELECT DISTINCT proowner::regrole::text, proacl::text, prosecdef, prosrc ~ 'dl_h_[0-9]+' FROM pg_proc WHERE proname = 'dl_peek' AND pronamespace <> 'public'::regnamespace").await,
@@ -376,10 +389,21 @@ async fn helpers_called_from_a_copy_run_on_their_own_copies() {
         "the helper's copies read its shard, with its owner, privileges and SECURITY DEFINER"
     );
     // Without EXECUTE on the helper, the caller fails as the function itself does.
+    // (Prepared again: the first run of a statement prepared before a
+    // catalog change describes it again and calls the function itself.)
     c.batch_execute("REVOKE EXECUTE ON FUNCTION dl_peek(int) FROM dl_huser").await.unwrap();
+    let call = user.prepare("SELECT dl_bump($1, $2)").await.unwrap();
     let e = user.query_one(&call, &[&3, &4]).await.unwrap_err();
     assert_eq!((sqlstate(&e), e.as_db_error().unwrap().message().to_string()), ("42501".to_string(), "permission denied for function dl_peek".to_string()));
     assert_eq!(answer(&c, "SELECT sum(v) FROM dl_h").await, "40", "the refused call wrote nothing");
+    assert_eq!(copies_calling_copies().await, (1, 1), "the refused call ran on the copies");
+    // Once another function has the name, a bare call of it may mean that
+    // one (by the caller's search_path): copies call the name as written.
+    c.batch_execute("GRANT EXECUTE ON FUNCTION dl_peek(int) TO dl_huser; CREATE SCHEMA dl_app; CREATE FUNCTION dl_app.dl_peek(k int) RETURNS int LANGUAGE sql AS 'SELECT -k'").await.unwrap();
+    v[3] += 1;
+    let call = user.prepare("SELECT dl_bump($1, $2)").await.unwrap();
+    assert_eq!(user.query_one(&call, &[&3, &4]).await.unwrap().get::<_, i32>(0), v[3] * 1000 + v[4]);
+    assert_eq!(copies_calling_copies().await, (1, 0));
 }
 
 /// Calls outside blocks run per-shard copies of a PL/pgSQL function, made

@@ -11,11 +11,12 @@ use crate::config::Config;
 use crate::connection::{quote_literal, Login, PgConnection};
 use crate::error::{PgError, PgResult};
 use crate::metadata::Catalog;
-use crate::planner::function_copy::{copy_schema, copy_sql, drop_copies_sql, like_escaped, shard_id_named_in, tables_named_again, without_copy_schemas, COPY_LOCK, COPY_SCHEMA_PREFIX};
+use crate::planner::function_copy::{copy_schema, copy_sql, CopyTarget, drop_copies_sql, like_escaped, shard_id_named_in, tables_named_again, without_copy_schemas, COPY_LOCK, COPY_SCHEMA_PREFIX};
 use crate::planner::{CopiedCall, Delegation};
 use crate::protocol::{backend, Message};
 use crate::server::client::ClientConn;
 use crate::transaction::Participants;
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
 /// Runs a delegated call: on the per-shard copy of its function when it has
@@ -79,12 +80,23 @@ async fn make_copy(missing: &PgError, copied: &CopiedCall, catalog: &Catalog, lo
     let mut conn = PgConnection::connect(&node.addr, login).await?;
     let result = async {
         conn.execute(&format!("BEGIN; SELECT pg_advisory_xact_lock({COPY_LOCK})")).await?;
-        let copy = copy_sql(&definition_of(&mut conn, &copied.signature).await?, &schema, anchor, shard.index, copied.argument, catalog)?;
+        let overloaded: HashSet<String> = conn
+            .query(&format!(
+                "SELECT p.proname FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+                  WHERE n.nspname NOT LIKE {} GROUP BY p.proname HAVING count(*) > 1",
+                quote_literal(&format!("{}%", like_escaped(COPY_SCHEMA_PREFIX)))
+            ))
+            .await?
+            .into_iter()
+            .filter_map(|row| row.into_iter().next().flatten())
+            .collect();
+        let target = CopyTarget { schema: &schema, anchor, index: shard.index, overloaded: &overloaded };
+        let copy = copy_sql(&definition_of(&mut conn, &copied.signature).await?, &target, copied.argument, catalog)?;
         let mut script = format!("{}; CREATE SCHEMA IF NOT EXISTS {schema}; GRANT USAGE ON SCHEMA {schema} TO PUBLIC", drop_older_sql(shard.id, &schema));
         // The SQL functions the copy calls through their copies.
         for function in &copy.calls {
             let Some((argument, _)) = function.distribution else { continue };
-            let called = copy_sql(&definition_of(&mut conn, &function.signature).await?, &schema, anchor, shard.index, argument, catalog)?;
+            let called = copy_sql(&definition_of(&mut conn, &function.signature).await?, &target, argument, catalog)?;
             script += &format!("; {}; {}", called.create, owner_and_privileges_sql(&function.signature, &schema));
         }
         script += &format!("; {}; {}; COMMIT", copy.create, owner_and_privileges_sql(&copied.signature, &schema));

@@ -124,10 +124,24 @@ pub struct Copy {
     pub calls: Vec<Arc<DistributedFunction>>,
 }
 
-/// The copy, in `schema`, of the function `definition` creates
-/// (`pg_get_functiondef`'s text), for shard group `index` of `anchor`'s
-/// co-location group; `argument` is its distribution argument (from 0).
-pub fn copy_sql(definition: &str, schema: &str, anchor: &DistributedTable, index: u32, argument: usize, catalog: &Catalog) -> PgResult<Copy> {
+/// Where a copy goes.
+pub struct CopyTarget<'a> {
+    /// Its schema.
+    pub schema: &'a str,
+    /// A table of the co-location group, and the index of the shard group.
+    pub anchor: &'a DistributedTable,
+    pub index: u32,
+    /// The names more than one function carries on the node (copy schemas
+    /// aside): a bare call of one may mean another than the distributed
+    /// one, so it is left as written.
+    pub overloaded: &'a HashSet<String>,
+}
+
+/// The copy at `target` of the function `definition` creates
+/// (`pg_get_functiondef`'s text); `argument` is its distribution argument
+/// (from 0).
+pub fn copy_sql(definition: &str, target: &CopyTarget, argument: usize, catalog: &Catalog) -> PgResult<Copy> {
+    let CopyTarget { schema, anchor, index, .. } = *target;
     let parsed = pg_query::parse(definition).map_err(|e| PgError::internal(format!("cannot parse the definition of a distributed function: {e}")))?;
     let mut tree = parsed.protobuf;
     let Some(NodeEnum::CreateFunctionStmt(function)) = tree.stmts.first_mut().and_then(|s| s.stmt.as_deref_mut()).and_then(|s| s.node.as_mut()) else {
@@ -144,7 +158,7 @@ pub fn copy_sql(definition: &str, schema: &str, anchor: &DistributedTable, index
     let mut calls = Vec::new();
     match body_mut(function) {
         Some((CopiedLanguage::PlPgSql, body)) => {
-            if let Some((rewritten, called)) = rewrite_body(definition, body, schema, &group, catalog) {
+            if let Some((rewritten, called)) = rewrite_body(definition, body, target, &group, catalog) {
                 *body = rewritten;
                 calls = called;
             }
@@ -219,7 +233,7 @@ struct Span {
 /// written twice behind a guard, and every call of a distributed SQL
 /// function of the group likewise (`guarded_calls`), with the functions so
 /// called; None when there is nothing to rewrite.
-fn rewrite_body(definition: &str, body: &str, schema: &str, group: &Group, catalog: &Catalog) -> Option<(String, Vec<Arc<DistributedFunction>>)> {
+fn rewrite_body(definition: &str, body: &str, target: &CopyTarget, group: &Group, catalog: &Catalog) -> Option<(String, Vec<Arc<DistributedFunction>>)> {
     // Under `#variable_conflict use_column` a name may mean a column where
     // the rewrite would take it for a variable.
     if body.contains("variable_conflict") {
@@ -240,7 +254,7 @@ fn rewrite_body(definition: &str, body: &str, schema: &str, group: &Group, catal
         }
     }
     let mut called: Vec<Arc<DistributedFunction>> = Vec::new();
-    for (span, text, function) in guarded_calls(body, schema, &edits, &variables, group, catalog) {
+    for (span, text, function) in guarded_calls(body, target, &edits, &variables, group, catalog) {
         if !called.iter().any(|f| Arc::ptr_eq(f, &function)) {
             called.push(function);
         }
@@ -260,10 +274,10 @@ fn rewrite_body(definition: &str, body: &str, schema: &str, group: &Group, catal
 /// The calls, outside the statements rewritten already (`taken`), of
 /// distributed SQL functions of this co-location group whose distribution
 /// argument is a value the function holds, each with the CASE that calls
-/// the function's copy in `schema` when that value is in this shard group:
+/// the function's copy when that value is in this shard group:
 /// such a copy reads the group's shards, where the function itself, planned
 /// anew at every call, would plan a scan of every partition of the parents.
-fn guarded_calls(body: &str, schema: &str, taken: &[(Span, String)], variables: &HashSet<String>, group: &Group, catalog: &Catalog) -> Vec<(Span, String, Arc<DistributedFunction>)> {
+fn guarded_calls(body: &str, target: &CopyTarget, taken: &[(Span, String)], variables: &HashSet<String>, group: &Group, catalog: &Catalog) -> Vec<(Span, String, Arc<DistributedFunction>)> {
     use protobuf::Token;
     let Ok(scanned) = pg_query::scan(body) else { return Vec::new() };
     let tokens = &scanned.tokens;
@@ -292,30 +306,31 @@ fn guarded_calls(body: &str, schema: &str, taken: &[(Span, String)], variables: 
         if taken.iter().any(|(s, _)| overlaps(s)) || out.iter().any(|(s, _, _)| overlaps(s)) {
             continue;
         }
-        if let Some((text, function)) = guarded_call(&body[span.start..span.end], schema, &context, group, catalog) {
+        if let Some((text, function)) = guarded_call(&body[span.start..span.end], target, &context, group, catalog) {
             out.push((span, text, function));
         }
     }
     out
 }
 
-/// `written` (a call, on one line) as a CASE calling the copy in `schema`
-/// when its distribution argument is in this shard group; None when it is
-/// no call of a distributed SQL function of the group by such a value.
-fn guarded_call(written: &str, schema: &str, context: &Context, group: &Group, catalog: &Catalog) -> Option<(String, Arc<DistributedFunction>)> {
+/// `written` (a call, on one line) as a CASE calling the copy when its
+/// distribution argument is in this shard group; None when it is no call
+/// of a distributed SQL function of the group by such a value, or the name
+/// may mean another function.
+fn guarded_call(written: &str, target: &CopyTarget, context: &Context, group: &Group, catalog: &Catalog) -> Option<(String, Arc<DistributedFunction>)> {
     if written.contains('\n') {
         return None;
     }
     let parsed = pg_query::parse(&format!("SELECT {written}")).ok()?;
     let [raw] = parsed.protobuf.stmts.as_slice() else { return None };
     let Some(NodeEnum::SelectStmt(select)) = raw.stmt.as_ref()?.node.as_ref() else { return None };
-    let [target] = select.target_list.as_slice() else { return None };
-    let Some(NodeEnum::ResTarget(target)) = target.node.as_ref() else { return None };
-    let Some(NodeEnum::FuncCall(call)) = target.val.as_deref()?.node.as_ref() else { return None };
+    let [item] = select.target_list.as_slice() else { return None };
+    let Some(NodeEnum::ResTarget(item)) = item.node.as_ref() else { return None };
+    let Some(NodeEnum::FuncCall(call)) = item.val.as_deref()?.node.as_ref() else { return None };
     let plain = !call.agg_star && !call.agg_distinct && !call.func_variadic && call.over.is_none() && call.agg_order.is_empty() && call.agg_filter.is_none();
     let [name] = call.funcname.as_slice() else { return None };
     let Some(NodeEnum::String(name)) = name.node.as_ref() else { return None };
-    if !plain || call.args.iter().any(|a| matches!(a.node.as_ref(), Some(NodeEnum::NamedArgExpr(_)))) {
+    if !plain || target.overloaded.contains(&name.sval) || call.args.iter().any(|a| matches!(a.node.as_ref(), Some(NodeEnum::NamedArgExpr(_)))) {
         return None;
     }
     let function = catalog.function(None, &name.sval, call.args.len(), &[])?;
@@ -325,7 +340,7 @@ fn guarded_call(written: &str, schema: &str, context: &Context, group: &Group, c
     }
     let argument = call.args.get(*index).filter(|a| is_pin(a, context))?;
     let guard = in_group_guard(&deparse_expression(argument.node.as_ref()?).ok()?, table, group)?;
-    Some((format!("(CASE WHEN {guard} THEN {}.{written} ELSE {written} END)", quote_ident(schema)), function.clone()))
+    Some((format!("(CASE WHEN {guard} THEN {}.{written} ELSE {written} END)", quote_ident(target.schema)), function.clone()))
 }
 
 /// Variable names (every block's) and SQL statements of a parsed function.
@@ -902,10 +917,14 @@ END
 $function$
 ";
 
+    fn target<'a>(schema: &'a str, anchor: &'a DistributedTable, overloaded: &'a HashSet<String>) -> CopyTarget<'a> {
+        CopyTarget { schema, anchor, index: 2, overloaded }
+    }
+
     fn copy() -> String {
         let catalog = catalog();
         let anchor = catalog.table("public", "stock").unwrap().clone();
-        copy_sql(FUNCTION, "tessera_shard_102_v9", &anchor, 2, 0, &catalog).unwrap().create
+        copy_sql(FUNCTION, &target("tessera_shard_102_v9", &anchor, &HashSet::new()), 0, &catalog).unwrap().create
     }
 
     fn statement_lines(sql: &str) -> Vec<(u64, String)> {
@@ -975,11 +994,11 @@ $function$
         let catalog = catalog();
         let anchor = catalog.table("public", "stock").unwrap().clone();
         let ambiguous = FUNCTION.replace("v int; n int;", "v int; n int; s_i_id int;");
-        let sql = copy_sql(&ambiguous, "s", &anchor, 2, 0, &catalog).unwrap().create;
+        let sql = copy_sql(&ambiguous, &target("s", &anchor, &HashSet::new()), 0, &catalog).unwrap().create;
         assert_eq!(sql.matches("IF NOT ((CASE").count(), 4, "{sql}");
         assert!(sql.contains("INTO n FROM stock WHERE s_w_id = s_i_id;\n"), "{sql}");
         let conflict = FUNCTION.replace("DECLARE", "#variable_conflict use_column\nDECLARE");
-        assert!(!copy_sql(&conflict, "s", &anchor, 2, 0, &catalog).unwrap().create.contains("IF NOT"));
+        assert!(!copy_sql(&conflict, &target("s", &anchor, &HashSet::new()), 0, &catalog).unwrap().create.contains("IF NOT"));
     }
 
     const BY_NAME: &str = "CREATE OR REPLACE FUNCTION public.by_name(p_w_id integer, p_c integer)
@@ -1000,7 +1019,7 @@ $function$
     fn sql_functions_read_the_shards_where_pinned_to_the_distribution_argument() {
         let catalog = catalog();
         let anchor = catalog.table("public", "stock").unwrap().clone();
-        let copy = copy_sql(BY_NAME, "s", &anchor, 2, 0, &catalog).unwrap();
+        let copy = copy_sql(BY_NAME, &target("s", &anchor, &HashSet::new()), 0, &catalog).unwrap();
         let sql = copy.create;
         assert!(sql.contains("FUNCTION s.by_name("), "{sql}");
         // By name and by `$1`, in the statement and in its subquery.
@@ -1012,7 +1031,7 @@ $function$
         assert!(sql.contains("UPDATE stock SET s_w_id = p_w_id"), "{sql}");
         assert!(copy.calls.is_empty());
         // Pinned to another argument: as written.
-        let other = copy_sql(BY_NAME, "s", &anchor, 2, 1, &catalog).unwrap().create;
+        let other = copy_sql(BY_NAME, &target("s", &anchor, &HashSet::new()), 1, &catalog).unwrap().create;
         assert!(!other.contains("orders_202"), "{other}");
     }
 
@@ -1032,12 +1051,16 @@ $function$
         });
         catalog.add_function_for_tests(by_name.clone());
         let caller = FUNCTION.replace("RETURN v;", "v := by_name(p_ids[1], v) + By_Name(s_i_id, 1) + public.by_name(p_w_id, 1);\n  IF by_name(p_w_id,\n 2) > 0 THEN RETURN v; END IF;");
-        let copy = copy_sql(&caller, "tessera_shard_102_v9", &orders, 2, 0, &catalog).unwrap();
+        let copy = copy_sql(&caller, &target("tessera_shard_102_v9", &orders, &HashSet::new()), 0, &catalog).unwrap();
         let guard = "(CASE WHEN pg_catalog.pg_typeof(p_ids[1]) = 'integer'::pg_catalog.regtype THEN pg_catalog.satisfies_hash_partition('public.orders'::pg_catalog.regclass, 4, 2, p_ids[1]) ELSE false END)";
         assert!(copy.create.contains(&format!("v := (CASE WHEN {guard} THEN tessera_shard_102_v9.by_name(p_ids[1], v) ELSE by_name(p_ids[1], v) END) + By_Name(s_i_id, 1)")), "{}", copy.create);
         // A column for the argument, a qualified name, a call over lines: as written.
         assert_eq!(copy.create.matches("tessera_shard_102_v9.by_name").count(), 1, "{}", copy.create);
         assert!(copy.calls.len() == 1 && Arc::ptr_eq(&copy.calls[0], &by_name));
+        // A name another function on the node has too: as written.
+        let overloaded = HashSet::from(["by_name".to_string()]);
+        let copy = copy_sql(&caller, &target("tessera_shard_102_v9", &orders, &overloaded), 0, &catalog).unwrap();
+        assert!(!copy.create.contains("tessera_shard_102_v9.by_name") && copy.calls.is_empty(), "{}", copy.create);
         let original: Vec<u64> = statement_lines(&caller).into_iter().filter(|(_, k)| k != "PLpgSQL_stmt_if").map(|(l, _)| l).collect();
         let copied: Vec<u64> = statement_lines(&copy.create).into_iter().filter(|(_, k)| k != "PLpgSQL_stmt_if").map(|(l, _)| l).collect();
         assert!(original.iter().all(|l| copied.contains(l)), "{original:?} {copied:?}");
