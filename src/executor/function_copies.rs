@@ -11,7 +11,7 @@ use crate::config::Config;
 use crate::connection::{quote_literal, Login, PgConnection};
 use crate::error::{PgError, PgResult};
 use crate::metadata::Catalog;
-use crate::planner::function_copy::{copy_schema, copy_sql, CopyTarget, drop_copies_sql, like_escaped, shard_id_named_in, tables_named_again, without_copy_schemas, COPY_LOCK, COPY_SCHEMA_PREFIX};
+use crate::planner::function_copy::{copy_schema, copy_sql, helper_names, CopyTarget, drop_copies_sql, like_escaped, shard_id_named_in, tables_named_again, without_copy_schemas, COPY_LOCK, COPY_SCHEMA_PREFIX};
 use crate::planner::{CopiedCall, Delegation};
 use crate::protocol::{backend, Message};
 use crate::server::client::ClientConn;
@@ -80,16 +80,7 @@ async fn make_copy(missing: &PgError, copied: &CopiedCall, catalog: &Catalog, lo
     let mut conn = PgConnection::connect(&node.addr, login).await?;
     let result = async {
         conn.execute(&format!("BEGIN; SELECT pg_advisory_xact_lock({COPY_LOCK})")).await?;
-        let overloaded: HashSet<String> = conn
-            .query(&format!(
-                "SELECT p.proname FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-                  WHERE n.nspname NOT LIKE {} GROUP BY p.proname HAVING count(*) > 1",
-                quote_literal(&format!("{}%", like_escaped(COPY_SCHEMA_PREFIX)))
-            ))
-            .await?
-            .into_iter()
-            .filter_map(|row| row.into_iter().next().flatten())
-            .collect();
+        let overloaded = overloaded_helpers(&mut conn, &helper_names(catalog, anchor.colocation_id)).await?;
         let target = CopyTarget { schema: &schema, anchor, index: shard.index, overloaded: &overloaded };
         let copy = copy_sql(&definition_of(&mut conn, &copied.signature).await?, &target, copied.argument, catalog)?;
         let mut script = format!("{}; CREATE SCHEMA IF NOT EXISTS {schema}; GRANT USAGE ON SCHEMA {schema} TO PUBLIC", drop_older_sql(shard.id, &schema));
@@ -106,6 +97,24 @@ async fn make_copy(missing: &PgError, copied: &CopiedCall, catalog: &Catalog, lo
     .map_err(|e| e.with_context(format!("while making the copy of {} for shard {} on node {}", copied.signature, shard.id, node.addr)));
     conn.terminate().await;
     result.map(|_| ())
+}
+
+/// Which of `names` more than one function carries on the node (copy
+/// schemas aside).
+async fn overloaded_helpers(conn: &mut PgConnection, names: &[&str]) -> PgResult<HashSet<String>> {
+    if names.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let names: Vec<String> = names.iter().map(|n| quote_literal(n)).collect();
+    let rows = conn
+        .query(&format!(
+            "SELECT p.proname FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+              WHERE p.proname IN ({}) AND n.nspname NOT LIKE {} GROUP BY p.proname HAVING count(*) > 1",
+            names.join(", "),
+            quote_literal(&format!("{}%", like_escaped(COPY_SCHEMA_PREFIX)))
+        ))
+        .await?;
+    Ok(rows.into_iter().filter_map(|row| row.into_iter().next().flatten()).collect())
 }
 
 /// The text of the routine `signature` on the node.

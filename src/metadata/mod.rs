@@ -385,6 +385,9 @@ impl Catalog {
             _ => None,
         }
     }
+    pub fn functions(&self) -> impl Iterator<Item = &Arc<DistributedFunction>> {
+        self.functions.values().flatten()
+    }
     pub fn has_functions(&self) -> bool {
         !self.functions.is_empty()
     }

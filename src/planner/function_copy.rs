@@ -131,9 +131,9 @@ pub struct CopyTarget<'a> {
     /// A table of the co-location group, and the index of the shard group.
     pub anchor: &'a DistributedTable,
     pub index: u32,
-    /// The names more than one function carries on the node (copy schemas
-    /// aside): a bare call of one may mean another than the distributed
-    /// one, so it is left as written.
+    /// Of `helper_names`, those more than one function carries on the node
+    /// (copy schemas aside): a bare call of one may mean another than the
+    /// distributed one, so it is left as written.
     pub overloaded: &'a HashSet<String>,
 }
 
@@ -333,14 +333,24 @@ fn guarded_call(written: &str, target: &CopyTarget, context: &Context, group: &G
     if !plain || target.overloaded.contains(&name.sval) || call.args.iter().any(|a| matches!(a.node.as_ref(), Some(NodeEnum::NamedArgExpr(_)))) {
         return None;
     }
-    let function = catalog.function(None, &name.sval, call.args.len(), &[])?;
+    let function = catalog.function(None, &name.sval, call.args.len(), &[]).filter(|f| is_helper_of(f, group.colocation_id))?;
     let (index, table) = function.distribution.as_ref()?;
-    if function.copied_per_shard != Some(CopiedLanguage::Sql) || table.colocation_id != group.colocation_id {
-        return None;
-    }
     let argument = call.args.get(*index).filter(|a| is_pin(a, context))?;
     let guard = in_group_guard(&deparse_expression(argument.node.as_ref()?).ok()?, table, group)?;
     Some((format!("(CASE WHEN {guard} THEN {}.{written} ELSE {written} END)", quote_ident(target.schema)), function.clone()))
+}
+
+/// Whether PL/pgSQL copies in co-location group `colocation_id` call
+/// `function`'s copies: a distributed SQL function with copies, of that group.
+fn is_helper_of(function: &DistributedFunction, colocation_id: i32) -> bool {
+    function.copied_per_shard == Some(CopiedLanguage::Sql) && function.distribution.as_ref().is_some_and(|(_, t)| t.colocation_id == colocation_id)
+}
+
+/// The names of the functions whose copies the copies of co-location group
+/// `colocation_id` may call (`guarded_call`): only those can be overloaded
+/// in a way that matters to them.
+pub fn helper_names(catalog: &Catalog, colocation_id: i32) -> Vec<&str> {
+    catalog.functions().filter(|f| is_helper_of(f, colocation_id)).map(|f| f.name.as_str()).collect()
 }
 
 /// Variable names (every block's) and SQL statements of a parsed function.
@@ -503,11 +513,7 @@ fn guarded_statement(query: &str, span: &Span, body: &str, variables: &HashSet<S
     // (`tables_named_again`); the one over the parents goes on one line
     // before it, so that both start on the statement's line.
     let written = &body[span.start..span.end];
-    let mut on_shards = written.to_string();
-    renames.sort_by_key(|(at, _, _)| std::cmp::Reverse(*at));
-    for (at, len, name) in renames {
-        on_shards.replace_range(at..at + len, &name);
-    }
+    let on_shards = renamed(written, renames);
     let one_line: String = written.chars().map(|c| if c == '\n' || c == '\r' { ' ' } else { c }).collect();
     Some(format!("IF NOT ({}) THEN {one_line} ELSE {on_shards} END IF;", guards.join(" AND ")))
 }
@@ -540,15 +546,18 @@ fn rewrite_sql_body(body: &str, argument: &Argument, group: &Group, catalog: &Ca
             renames.extend(pinned_to_argument(node, body, argument, group, catalog).unwrap_or_default());
         }
     }
-    if renames.is_empty() {
-        return None;
-    }
+    (!renames.is_empty()).then(|| renamed(body, renames))
+}
+
+/// `text` with each `(at, len, name)` of `renames` (`shard_rename`'s) put
+/// in place.
+fn renamed(text: &str, mut renames: Vec<(usize, usize, String)>) -> String {
     renames.sort_by_key(|(at, _, _)| std::cmp::Reverse(*at));
-    let mut out = body.to_string();
+    let mut out = text.to_string();
     for (at, len, name) in renames {
         out.replace_range(at..at + len, &name);
     }
-    Some(out)
+    out
 }
 
 /// The renames putting the shards in place of every group table `node`
@@ -825,19 +834,17 @@ fn is_pin(node: &protobuf::Node, context: &Context) -> bool {
         Values::Variables(variables) => variables.contains(s),
         Values::Argument(argument) => argument.name == s,
     };
-    if let Values::Argument(argument) = context.values {
-        return match node.node.as_ref() {
-            Some(NodeEnum::ColumnRef(c)) => matches!(c.fields.as_slice(), [f] if matches!(f.node.as_ref(), Some(NodeEnum::String(s)) if names_value(&s.sval))),
-            Some(NodeEnum::ParamRef(p)) => p.number == argument.number,
-            _ => false,
-        };
-    }
     match node.node.as_ref() {
         Some(NodeEnum::ColumnRef(c)) => match c.fields.as_slice() {
             [f] => matches!(f.node.as_ref(), Some(NodeEnum::String(s)) if names_value(&s.sval)),
             _ => false,
         },
-        Some(NodeEnum::ParamRef(_)) => true,
+        Some(NodeEnum::ParamRef(p)) => match context.values {
+            Values::Variables(_) => true,
+            Values::Argument(argument) => p.number == argument.number,
+        },
+        // A SQL function's copy may rely on its argument alone.
+        _ if matches!(context.values, Values::Argument(_)) => false,
         Some(NodeEnum::AConst(a)) => !a.isnull,
         Some(NodeEnum::TypeCast(t)) => t.arg.as_deref().is_some_and(|a| is_pin(a, context)),
         Some(NodeEnum::AIndirection(i)) => {
