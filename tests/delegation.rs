@@ -3,7 +3,7 @@
 //! a prepared call decides anew from its bound value.
 
 mod common;
-use common::{connect_as, placement_ports, shard_of_int4, sqlstate, text_rows, TestCluster};
+use common::{connect_as, connect_with, placement_ports, shard_of_int4, sqlstate, text_rows, TestCluster};
 use tessera::transaction::Fault;
 
 async fn answer(c: &tokio_postgres::Client, sql: &str) -> String {
@@ -204,6 +204,51 @@ async fn a_delegated_call_writing_on_two_nodes_commits_both_parts() {
     assert_eq!(sqlstate(&e), "23514", "{e}");
     assert_eq!(balances(&c, a, b).await, (95, 105));
     assert_eq!(cluster.prepared_on_workers().await, 0);
+}
+
+/// The link relay answers postgres_fdw's bookkeeping statements (opening
+/// the remote transaction, closing a cursor) at once and sends them to the
+/// node with the link's next request, one round trip each fewer; they still
+/// run in order, and one that fails makes that next request fail with its
+/// error. The test speaks to the relay as a worker's link would.
+#[tokio::test]
+async fn the_link_relay_sends_bookkeeping_with_the_next_request() {
+    let cluster = TestCluster::start(2);
+    let worker = cluster.connect_worker(0).await;
+    let row = worker
+        .query_one(
+            "SELECT max(option_value) FILTER (WHERE option_name = 'host'), max(option_value) FILTER (WHERE option_name = 'port'),
+                    max(option_value) FILTER (WHERE option_name = 'application_name')
+               FROM pg_foreign_server, pg_options_to_table(srvoptions) WHERE srvname LIKE 'tessera_node_%'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (host, port, name): (String, String, String) = (row.get(0), row.get(1), row.get(2));
+    let link = connect_with(&format!("host={host} port={port} user=postgres dbname=postgres application_name={}", name.replace("%p", "4242"))).await.unwrap();
+    let node = cluster.connect_worker(1).await;
+    let last_statement = |pid: i32| {
+        let node = &node;
+        async move { node.query_one("SELECT query FROM pg_stat_activity WHERE pid = $1", &[&pid]).await.unwrap().get::<_, String>(0) }
+    };
+
+    link.batch_execute("START TRANSACTION ISOLATION LEVEL REPEATABLE READ").await.unwrap();
+    let row = link.query_one("SELECT current_setting('transaction_isolation'), pg_backend_pid()", &[]).await.unwrap();
+    assert_eq!(row.get::<_, String>(0), "repeatable read", "the first query runs in the transaction opened ahead of it");
+    let pid: i32 = row.get(1);
+    link.batch_execute("DECLARE c1 CURSOR FOR SELECT 1").await.unwrap();
+    link.batch_execute("CLOSE c1").await.unwrap();
+    assert!(last_statement(pid).await.starts_with("DECLARE"), "the CLOSE waits for the next request");
+    let e = link.batch_execute("FETCH 1 FROM c1").await.unwrap_err();
+    assert_eq!(sqlstate(&e), "34000", "the cursor was closed before the FETCH ran: {e}");
+    link.batch_execute("ROLLBACK").await.unwrap();
+
+    link.batch_execute("START TRANSACTION ISOLATION LEVEL REPEATABLE READ").await.unwrap();
+    link.batch_execute("CLOSE no_such_cursor").await.unwrap();
+    let e = link.batch_execute("SELECT 1").await.unwrap_err();
+    assert_eq!(sqlstate(&e), "34000", "{e}");
+    assert!(e.as_db_error().unwrap().message().contains("no_such_cursor"), "{e}");
+    assert!(link.batch_execute("SELECT 1").await.is_err(), "the relay dropped the link whose node connection failed");
 }
 
 /// Kills the coordinator at `fault` during a delegated transfer of 30 from

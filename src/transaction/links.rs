@@ -242,26 +242,45 @@ impl LinkRelay {
 
     async fn relay_transactions(&self, link: &mut ClientConn, node: &mut PgConnection, ends: LinkEnds, in_transaction: &mut bool) -> anyhow::Result<()> {
         let mut wrote = false;
+        // The node's transaction status once the statements queued for it
+        // have run: what an answer given ahead reports.
+        let mut status = node.tx_status();
         while let Some(msg) = link.recv().await? {
             match msg.tag() {
                 b'X' => break,
                 b'Q' => {
-                    let command = leading_keyword(frontend::decode_query(&msg)?);
+                    let sql = frontend::decode_query(&msg)?;
+                    let command = leading_keyword(sql);
                     if command == "COMMIT" && wrote {
                         wrote = false;
                         self.mark_linked(ends, in_transaction, false);
                         self.prepare_instead_of_commit(link, node, ends).await?;
+                        status = node.tx_status();
                         continue;
                     }
                     if command == "START" {
                         // The backend's previous transaction has ended.
                         self.settle(ends.from, ends.pid, |_| true).await;
                     }
-                    let ends_transaction = ends_transaction(frontend::decode_query(&msg)?);
+                    let ends_transaction = ends_transaction(sql);
                     self.mark_linked(ends, in_transaction, command == "START" || (*in_transaction && !ends_transaction));
                     wrote = !ends_transaction && (wrote || is_write(&command));
+                    if let Some((tag, after)) = answer_ahead(sql, status) {
+                        // Sent with the link's next request instead of on its
+                        // own: postgres_fdw waits for each answer, and these
+                        // bookkeeping statements cannot fail in a healthy
+                        // transaction. If one does, the node connection breaks
+                        // and the link's next request fails with its error.
+                        node.queue_silent(sql);
+                        status = after;
+                        backend::command_complete(link.out(), tag);
+                        backend::ready_for_query(link.out(), status);
+                        link.flush().await?;
+                        continue;
+                    }
                     node.out().extend_from_slice(msg.frame());
                     relay_answer(node, link).await?;
+                    status = node.tx_status();
                 }
                 b'P' => {
                     wrote |= is_write(&leading_keyword(&frontend::decode_parse(&msg)?.sql));
@@ -270,6 +289,7 @@ impl LinkRelay {
                 b'S' => {
                     node.out().extend_from_slice(msg.frame());
                     relay_answer(node, link).await?;
+                    status = node.tx_status();
                 }
                 _ => node.out().extend_from_slice(msg.frame()),
             }
@@ -465,9 +485,19 @@ fn host_name() -> std::io::Result<String> {
 }
 
 /// Relays a node's answer to the link, up to and including ReadyForQuery.
+/// When the node connection fails instead (a statement answered ahead
+/// failed, or the node went away), the link gets the error before the
+/// relay drops it.
 async fn relay_answer(node: &mut PgConnection, link: &mut ClientConn) -> anyhow::Result<()> {
     loop {
-        let msg = node.recv().await?;
+        let msg = match node.recv().await {
+            Ok(msg) => msg,
+            Err(e) => {
+                backend::error_response(link.out(), &e.clone().with_context(format!("on node {}, reached through the link relay", node.label())));
+                link.flush().await?;
+                return Err(e.into());
+            }
+        };
         link.out().extend_from_slice(msg.frame());
         if msg.tag() == b'Z' {
             link.flush().await?;
@@ -490,6 +520,26 @@ fn ends_transaction(sql: &str) -> bool {
         Some("COMMIT" | "ABORT" | "END") => true,
         Some("ROLLBACK") => words.next().as_deref() != Some("TO"),
         _ => false,
+    }
+}
+
+/// The command tag and the transaction status to answer `sql` with at
+/// once, when it is one of the bookkeeping statements postgres_fdw sends
+/// around its queries (opening the remote transaction, closing a cursor,
+/// dropping a prepared statement, a savepoint) and the transaction is in a
+/// state where it succeeds.
+fn answer_ahead(sql: &str, status: TxStatus) -> Option<(&'static str, TxStatus)> {
+    if sql.trim_end().trim_end_matches(';').contains(';') {
+        return None;
+    }
+    let mut words = sql.split_whitespace().map(str::to_ascii_uppercase);
+    match (status, words.next()?.as_str()) {
+        (TxStatus::Idle, "START") if words.next().as_deref() == Some("TRANSACTION") => Some(("START TRANSACTION", TxStatus::InBlock)),
+        (TxStatus::InBlock, "CLOSE") if words.next().is_some_and(|w| w != "ALL") => Some(("CLOSE CURSOR", TxStatus::InBlock)),
+        (TxStatus::InBlock, "DEALLOCATE") if words.next().is_some_and(|w| w != "ALL") => Some(("DEALLOCATE", TxStatus::InBlock)),
+        (TxStatus::InBlock, "SAVEPOINT") => Some(("SAVEPOINT", TxStatus::InBlock)),
+        (TxStatus::InBlock, "RELEASE") => Some(("RELEASE", TxStatus::InBlock)),
+        _ => None,
     }
 }
 
@@ -518,5 +568,21 @@ mod tests {
         assert!(!is_write(&leading_keyword("FETCH 100 FROM c1")));
         assert!(ends_transaction("ABORT TRANSACTION") && ends_transaction("COMMIT TRANSACTION"));
         assert!(!ends_transaction("ROLLBACK TO SAVEPOINT s2") && !ends_transaction("SAVEPOINT s2"));
+    }
+
+    #[test]
+    fn only_bookkeeping_in_a_healthy_transaction_is_answered_ahead() {
+        use TxStatus::*;
+        assert_eq!(answer_ahead("START TRANSACTION ISOLATION LEVEL REPEATABLE READ", Idle), Some(("START TRANSACTION", InBlock)));
+        assert_eq!(answer_ahead("START TRANSACTION ISOLATION LEVEL REPEATABLE READ", InBlock), None);
+        assert_eq!(answer_ahead("CLOSE c3", InBlock), Some(("CLOSE CURSOR", InBlock)));
+        assert_eq!(answer_ahead("DEALLOCATE pgsql_fdw_prep_7", InBlock), Some(("DEALLOCATE", InBlock)));
+        assert_eq!(answer_ahead("RELEASE SAVEPOINT s2", InBlock), Some(("RELEASE", InBlock)));
+        assert_eq!(answer_ahead("CLOSE c3", Failed), None, "fails in an aborted transaction");
+        assert_eq!(answer_ahead("CLOSE c3", Idle), None, "no cursor outside a transaction");
+        assert_eq!(answer_ahead("CLOSE ALL", InBlock), None);
+        assert_eq!(answer_ahead("SAVEPOINT s2; SELECT 1", InBlock), None, "one answer per statement");
+        assert_eq!(answer_ahead("FETCH 100 FROM c3", InBlock), None);
+        assert_eq!(answer_ahead("ROLLBACK TO SAVEPOINT s2; RELEASE SAVEPOINT s2", InBlock), None);
     }
 }

@@ -231,7 +231,8 @@ pub async fn try_login(port: u16, user: &str, password: &str) -> Result<Client, 
     connect_with(&format!("host=127.0.0.1 port={port} user={user} password={password} dbname=postgres")).await
 }
 
-async fn connect_with(conn_str: &str) -> Result<Client, tokio_postgres::Error> {
+/// A connection made from a libpq-style connection string, or the error.
+pub async fn connect_with(conn_str: &str) -> Result<Client, tokio_postgres::Error> {
     let (client, conn) = tokio_postgres::connect(conn_str, NoTls).await?;
     tokio::spawn(async move {
         let _ = conn.await;
