@@ -251,6 +251,47 @@ async fn the_link_relay_sends_bookkeeping_with_the_next_request() {
     assert!(link.batch_execute("SELECT 1").await.is_err(), "the relay dropped the link whose node connection failed");
 }
 
+/// A SECURITY DEFINER function owned by a role that may not log in writes
+/// through a link as that role: the relay takes on the role's identity on
+/// the other node, whose privileges then decide, and both parts commit.
+#[tokio::test]
+async fn a_definer_that_cannot_log_in_writes_through_a_link() {
+    let cluster = TestCluster::start(2);
+    let (c, a, b) = transfer_setup(&cluster).await;
+    c.batch_execute(
+        "CREATE ROLE dl_keeper NOLOGIN; GRANT SELECT, UPDATE ON dl_acct TO dl_keeper;
+         CREATE FUNCTION dl_kept_transfer(src int, dst int, amount int) RETURNS text LANGUAGE plpgsql SECURITY DEFINER AS $$
+         BEGIN
+             UPDATE dl_acct SET balance = balance - amount WHERE id = src;
+             UPDATE dl_acct SET balance = balance + amount WHERE id = dst;
+             RETURN current_user;
+         END $$;
+         ALTER FUNCTION dl_kept_transfer(int, int, int) OWNER TO dl_keeper;
+         SELECT create_distributed_function('dl_kept_transfer(int,int,int)', 'src', colocate_with => 'dl_acct');
+         CREATE ROLE dl_clerk LOGIN;",
+    )
+    .await
+    .unwrap();
+    let clerk = connect_as(cluster.port, "dl_clerk").await;
+    let e = clerk.batch_execute(&format!("UPDATE dl_acct SET balance = 0 WHERE id = {a}")).await.unwrap_err();
+    assert_eq!(sqlstate(&e), "42501", "the clerk may not update the table itself: {e}");
+    assert_eq!(answer(&clerk, &format!("SELECT dl_kept_transfer({a}, {b}, 7)")).await, "dl_keeper");
+    assert_eq!(balances(&c, a, b).await, (93, 107));
+    assert_eq!(cluster.prepared_on_workers().await, 0);
+    // The other node checks the role's own privileges: without UPDATE on
+    // the shard there (revoked on that node alone), the write through the
+    // link is refused and nothing stays.
+    let ports = placement_ports(&c, "dl_acct").await;
+    let other = cluster.cluster.state.worker_ports.iter().position(|p| i32::from(*p) == ports[shard_of_int4(b, ports.len() as u32)]).unwrap();
+    let other = cluster.connect_worker(other).await;
+    let shard = answer(&other, &format!("SELECT tableoid::regclass::text FROM dl_acct WHERE id = {b}")).await;
+    other.batch_execute(&format!("REVOKE UPDATE ON {shard} FROM dl_keeper")).await.unwrap();
+    let e = clerk.batch_execute(&format!("SELECT dl_kept_transfer({a}, {b}, 5)")).await.unwrap_err();
+    assert_eq!(sqlstate(&e), "42501", "{e}");
+    assert_eq!(balances(&c, a, b).await, (93, 107));
+    assert_eq!(cluster.prepared_on_workers().await, 0);
+}
+
 /// Kills the coordinator at `fault` during a delegated transfer of 30 from
 /// one node's account to the other's; after a restart and recovery, nothing
 /// is left prepared and the balances are `expected`.

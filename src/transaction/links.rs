@@ -21,7 +21,7 @@
 
 use super::decided::{self, DecidingTransaction};
 use super::{inject_fault, Fault};
-use crate::connection::{quote_literal, Login, PgConnection, ServerAddr};
+use crate::connection::{quote_ident, quote_literal, Login, PgConnection, ServerAddr};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::CatalogHandle;
 use crate::protocol::backend::{self, TxStatus};
@@ -199,7 +199,7 @@ impl LinkRelay {
         let ends = get("application_name").as_deref().and_then(LinkEnds::parse);
         let target = ends.and_then(|e| self.catalog.snapshot().node_for_group(e.to).map(|n| n.addr.clone()));
         let (Some(ends), Some(target), Some(user), true) = (ends, target, get("user"), self.is_node(peer, from_this_host).await) else {
-            let refusal = PgError::new("28000", "this port relays the Tessera workers' links to other nodes; clients connect to the coordinator's own port");
+            let refusal = PgError::new(sqlstate::INVALID_AUTHORIZATION, "this port relays the Tessera workers' links to other nodes; clients connect to the coordinator's own port");
             backend::error_response(link.out(), &refusal);
             link.flush().await?;
             return Ok(());
@@ -207,8 +207,8 @@ impl LinkRelay {
         let mut options: Vec<(String, String)> = vec![("application_name".into(), format!("tessera_link_{}_{}_{}", ends.from, ends.to, ends.pid))];
         options.extend(params.iter().filter(|(k, _)| k == "client_encoding" || k == "options").cloned());
         let login = Login { user, database: get("database").unwrap_or_default(), password: self.password.clone(), options };
-        let mut node = match PgConnection::connect(&target, &login).await {
-            Ok(node) => node,
+        let (mut node, changed_params) = match self.connect_as(&target, &login).await {
+            Ok(connected) => connected,
             Err(e) => {
                 backend::error_response(link.out(), &e);
                 link.flush().await?;
@@ -217,7 +217,7 @@ impl LinkRelay {
         };
         link.authenticated();
         backend::authentication_ok(link.out());
-        for (name, value) in node.server_params() {
+        for (name, value) in node.server_params().iter().chain(&changed_params) {
             backend::parameter_status(link.out(), name, value);
         }
         let key = node.backend_key();
@@ -229,6 +229,30 @@ impl LinkRelay {
         self.cancel_keys.lock().unwrap().remove(&key);
         node.terminate().await;
         result
+    }
+
+    /// A connection to `target` for a link logging in as `login`, and the
+    /// settings that changed after its start-up. A role that may not log in
+    /// (the owner of a SECURITY DEFINER function is often one) gets a service
+    /// connection that takes on its identity with SET SESSION AUTHORIZATION,
+    /// so the node checks that role's privileges as it would for a login.
+    async fn connect_as(&self, target: &ServerAddr, login: &Login) -> PgResult<(PgConnection, Vec<(String, String)>)> {
+        let refusal = match PgConnection::connect(target, login).await {
+            Ok(node) => return Ok((node, Vec::new())),
+            Err(e) if e.code() == sqlstate::INVALID_AUTHORIZATION => e,
+            Err(e) => return Err(e),
+        };
+        let service = Login { database: login.database.clone(), options: login.options.clone(), ..self.service.clone() };
+        let mut node = PgConnection::connect(target, &service).await?;
+        let role = quote_literal(&login.user);
+        if node.query_value(&format!("SELECT NOT rolcanlogin FROM pg_catalog.pg_roles WHERE rolname = {role}")).await?.as_deref() != Some("t") {
+            node.terminate().await;
+            return Err(refusal);
+        }
+        node.track_parameter_changes();
+        node.execute(&format!("SET SESSION AUTHORIZATION {}", quote_ident(&login.user))).await?;
+        let changed = node.take_changed_params();
+        Ok((node, changed))
     }
 
     /// Passes messages both ways, request by request: postgres_fdw waits
