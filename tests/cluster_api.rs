@@ -73,6 +73,64 @@ async fn rows_move_into_the_shards_the_hash_assigns() {
     assert_eq!(text_rows(&local, "SELECT count(*) FROM items").await, vec![vec![Some("0".into())]]);
 }
 
+/// `get_shard_id_for_distribution_column` names the shard that holds each
+/// value, for keys of several types, given as typed values, as literals of
+/// unknown type, as bind parameters and row by row in a query, to a role that
+/// is not a superuser; a reference table has its one shard.
+#[tokio::test]
+async fn shard_ids_of_values_are_where_the_rows_live() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute(
+        "CREATE TABLE by_int (k int); CREATE TABLE by_text (k text); CREATE TABLE by_uuid (k uuid); CREATE TABLE by_day (k date);
+         CREATE TABLE by_name (k varchar(20)); CREATE TABLE lookup (k int);
+         SELECT create_distributed_table('by_int', 'k', shard_count => 6); SELECT create_distributed_table('by_text', 'k');
+         SELECT create_distributed_table('by_uuid', 'k'); SELECT create_distributed_table('by_day', 'k', shard_count => 5);
+         SELECT create_distributed_table('by_name', 'k'); SELECT create_reference_table('lookup');
+         INSERT INTO by_int SELECT g - 20 FROM generate_series(1, 40) g;
+         INSERT INTO by_text SELECT 'tenant-' || g || repeat('ż', g % 3) FROM generate_series(1, 40) g;
+         INSERT INTO by_uuid SELECT md5(g::text)::uuid FROM generate_series(1, 40) g;
+         INSERT INTO by_day SELECT date '2024-02-20' + g FROM generate_series(1, 40) g;
+         INSERT INTO by_name SELECT 'n' || g FROM generate_series(1, 40) g;
+         CREATE ROLE shard_reader LOGIN;",
+    )
+    .await
+    .unwrap();
+    let reader = common::connect_as(cluster.port, "shard_reader").await;
+    let worker = cluster.connect_worker(0).await;
+    for table in ["by_int", "by_text", "by_uuid", "by_day", "by_name"] {
+        // The worker's view of the table: every row with the shard it is in.
+        let placed = text_rows(&worker, &format!("SELECT k::text, substring(tableoid::regclass::text FROM '_([0-9]+)$') FROM {table}")).await;
+        assert_eq!(placed.len(), 40);
+        let statement = reader.prepare(&format!("SELECT get_shard_id_for_distribution_column('{table}', $1::text)")).await.unwrap();
+        for row in &placed {
+            let (value, shard) = (row[0].clone().unwrap(), row[1].clone().unwrap());
+            let bound: i64 = reader.query_one(&statement, &[&value]).await.unwrap().get(0);
+            assert_eq!(bound.to_string(), shard, "{table}: value {value}");
+            let literal = text_rows(&reader, &format!("SELECT get_shard_id_for_distribution_column('{table}', '{value}')")).await;
+            assert_eq!(literal[0][0].as_deref(), Some(shard.as_str()), "{table}: literal '{value}'");
+        }
+    }
+    // Typed values, and one call per row of a query.
+    let by_query = text_rows(&reader, "SELECT g, get_shard_id_for_distribution_column('by_int', g) FROM generate_series(-19, 20) g ORDER BY g").await;
+    let placed = text_rows(&worker, "SELECT k::text, substring(tableoid::regclass::text FROM '_([0-9]+)$') FROM by_int ORDER BY by_int.k").await;
+    assert_eq!(by_query, placed);
+    let typed = text_rows(&reader, "SELECT get_shard_id_for_distribution_column('by_day', date '2024-02-21'), get_shard_id_for_distribution_column('by_day', '2024-02-21')").await;
+    assert_eq!(typed[0][0], typed[0][1]);
+    let reference = text_rows(&reader, "SELECT get_shard_id_for_distribution_column('lookup'), (SELECT shardid FROM pg_dist_shard WHERE logicalrelid = 'lookup'::regclass)").await;
+    assert_eq!(reference[0][0], reference[0][1]);
+    assert!(reference[0][0].is_some());
+    // Errors.
+    c.batch_execute("CREATE TABLE local_only (k int)").await.unwrap();
+    let e = reader.batch_execute("SELECT get_shard_id_for_distribution_column('local_only', 1)").await.unwrap_err();
+    assert_eq!(sqlstate(&e), "42809", "{}", error_text(&e));
+    let e = reader.batch_execute("SELECT get_shard_id_for_distribution_column('by_int')").await.unwrap_err();
+    assert_eq!(sqlstate(&e), "22004", "{}", error_text(&e));
+    let e = reader.batch_execute("SELECT get_shard_id_for_distribution_column('by_int', 'x')").await.unwrap_err();
+    assert_eq!(sqlstate(&e), "22P02", "{}", error_text(&e));
+    assert_eq!(text_rows(&reader, "SELECT 1").await, vec![vec![Some("1".into())]], "the session goes on");
+}
+
 #[tokio::test]
 async fn create_distributed_table_errors_are_clear_and_harmless() {
     let cluster = TestCluster::start(2);

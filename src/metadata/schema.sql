@@ -455,6 +455,60 @@ CREATE OR REPLACE FUNCTION pg_catalog.master_get_active_worker_nodes(OUT node_na
     AS 'SELECT nodename, nodeport::bigint FROM pg_catalog.pg_dist_node WHERE isactive AND noderole = ''primary'' ORDER BY nodeid';
 CREATE OR REPLACE FUNCTION pg_catalog.citus_get_active_worker_nodes(OUT node_name text, OUT node_port bigint)
     RETURNS SETOF record LANGUAGE sql STABLE AS 'SELECT * FROM pg_catalog.master_get_active_worker_nodes()';
+-- The shard of a table that holds a distribution value, found by PostgreSQL's
+-- own hash partitioning: satisfies_hash_partition over an empty table
+-- partitioned by a key of the column's type (one per type a table can be
+-- distributed by) tells which remainder the value has. The value arrives as
+-- text (a literal of unknown type picks this signature) and is cast to the
+-- column's type here.
+DO $$
+DECLARE
+    key_type text;
+BEGIN
+    FOREACH key_type IN ARRAY ARRAY['int2', 'int4', 'int8', 'text', 'bpchar', 'uuid', 'numeric', 'date', 'timestamp',
+                                    'timestamptz', 'bool', 'bytea', 'oid', 'char'] LOOP
+        EXECUTE format('CREATE TABLE IF NOT EXISTS tessera.%I (key pg_catalog.%I) PARTITION BY HASH (key)', 'hash_probe_' || key_type, key_type);
+    END LOOP;
+END $$;
+CREATE OR REPLACE FUNCTION pg_catalog.get_shard_id_for_distribution_column(table_name regclass, distribution_value text DEFAULT NULL)
+    RETURNS bigint LANGUAGE plpgsql STABLE SET search_path = pg_catalog AS $$
+DECLARE
+    dist record;
+    probe regclass;
+    remainder int;
+BEGIN
+    SELECT p.partmethod, a.atttypid AS key_type,
+           (SELECT count(*) FROM pg_catalog.pg_dist_shard s WHERE s.logicalrelid = p.logicalrelid) AS shard_count
+      INTO dist
+      FROM pg_catalog.pg_dist_partition p
+      LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = p.logicalrelid AND a.attname = p.partkey AND NOT a.attisdropped
+     WHERE p.logicalrelid = table_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'relation % is not distributed', table_name
+            USING ERRCODE = 'wrong_object_type', HINT = 'Distribute it with create_distributed_table or create_reference_table first.';
+    END IF;
+    IF dist.partmethod = 'n' THEN
+        RETURN (SELECT shardid FROM pg_catalog.pg_dist_shard WHERE logicalrelid = table_name);
+    END IF;
+    IF distribution_value IS NULL THEN
+        RAISE EXCEPTION 'distribution value cannot be NULL for the hash-distributed table %', table_name
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    SELECT c.oid INTO probe
+      FROM pg_catalog.pg_type t JOIN pg_catalog.pg_class c
+        ON c.relnamespace = 'tessera'::regnamespace AND c.relname = 'hash_probe_' || t.typname
+     WHERE t.oid = dist.key_type
+        OR t.oid IN (SELECT casttarget FROM pg_catalog.pg_cast WHERE castsource = dist.key_type AND castmethod = 'b')
+     ORDER BY t.oid <> dist.key_type
+     LIMIT 1;
+    EXECUTE format('SELECT r FROM pg_catalog.generate_series(0, $2 - 1) r WHERE pg_catalog.satisfies_hash_partition($1, $2, r, $3::%s)',
+                   pg_catalog.format_type(dist.key_type, NULL))
+       INTO remainder USING probe, dist.shard_count::int, distribution_value;
+    RETURN (SELECT shardid FROM pg_catalog.pg_dist_shard WHERE logicalrelid = table_name AND shardindex = remainder);
+END $$;
+CREATE OR REPLACE FUNCTION pg_catalog.get_shard_id_for_distribution_column(table_name regclass, distribution_value anyelement)
+    RETURNS bigint LANGUAGE sql STABLE
+    AS 'SELECT pg_catalog.get_shard_id_for_distribution_column(table_name, distribution_value::text)';
 CREATE OR REPLACE FUNCTION pg_catalog.citus_version() RETURNS text LANGUAGE sql STABLE
     AS $$SELECT format('Tessera %s (Citus 12.1 API) on %s', '@TESSERA_VERSION@', substring(pg_catalog.version() from ' on (.*)$'))$$;
 
