@@ -69,11 +69,22 @@ pub struct ConnectionConfig {
     /// Clients connected at once at most; more are turned away with 53300.
     #[serde(default = "default_max_clients")]
     pub max_clients: usize,
+    /// How long making a connection to a node (and logging in) may take
+    /// before the statement that needed it fails with 08001.
+    #[serde(default = "default_node_connect_timeout")]
+    pub node_connect_timeout_secs: f64,
 }
 
 impl Default for ConnectionConfig {
     fn default() -> Self {
-        ConnectionConfig { max_per_node: None, max_coordinator_db: None, active_per_node: None, pool_wait_secs: default_pool_wait(), max_clients: default_max_clients() }
+        ConnectionConfig {
+            max_per_node: None,
+            max_coordinator_db: None,
+            active_per_node: None,
+            pool_wait_secs: default_pool_wait(),
+            max_clients: default_max_clients(),
+            node_connect_timeout_secs: default_node_connect_timeout(),
+        }
     }
 }
 
@@ -90,6 +101,10 @@ fn default_pool_wait() -> f64 {
 
 fn default_max_clients() -> usize {
     10_000
+}
+
+fn default_node_connect_timeout() -> f64 {
+    10.0
 }
 
 /// Two-phase commit and its recovery (`[transactions]`).

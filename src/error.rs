@@ -14,6 +14,7 @@ pub mod sqlstate {
     pub const PROTOCOL_VIOLATION: &str = "08P01";
     pub const CONNECTION_FAILURE: &str = "08006";
     pub const CONNECTION_EXCEPTION: &str = "08000";
+    pub const UNABLE_TO_CONNECT: &str = "08001";
     pub const INVALID_AUTHORIZATION: &str = "28000";
     pub const INVALID_PASSWORD: &str = "28P01";
     pub const UNDEFINED_TABLE: &str = "42P01";

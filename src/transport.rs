@@ -176,8 +176,20 @@ pub async fn connect_node(host: &str, port: u16) -> io::Result<Stream> {
             Err(_) => {}
         }
     }
-    Ok(Stream::tcp(TcpStream::connect((host, port)).await?))
+    let stream = TcpStream::connect((host, port)).await?;
+    // A node that vanishes without closing the connection (power loss, a
+    // network partition) is noticed in about a minute instead of the
+    // system's default of two hours.
+    let keepalive = socket2::TcpKeepalive::new().with_time(NODE_KEEPALIVE_IDLE).with_interval(NODE_KEEPALIVE_INTERVAL).with_retries(NODE_KEEPALIVE_PROBES);
+    socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive)?;
+    Ok(Stream::tcp(stream))
 }
+
+/// TCP keepalive of node connections: idle time before the first probe,
+/// time between probes, probes unanswered before the connection is dropped.
+const NODE_KEEPALIVE_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
+const NODE_KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+const NODE_KEEPALIVE_PROBES: u32 = 3;
 
 /// A Unix socket the coordinator listens on, removed when dropped.
 pub struct UnixSocket {
@@ -209,5 +221,22 @@ impl UnixSocket {
 impl Drop for UnixSocket {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn node_connections_probe_a_silent_peer() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let Stream::Tcp(stream) = connect_node("127.0.0.1", port).await.unwrap() else { panic!("a TCP connection was asked for") };
+        let socket = socket2::SockRef::from(&stream);
+        assert!(socket.keepalive().unwrap());
+        assert_eq!(socket.tcp_keepalive_time().unwrap(), NODE_KEEPALIVE_IDLE);
+        assert_eq!(socket.tcp_keepalive_interval().unwrap(), NODE_KEEPALIVE_INTERVAL);
+        assert_eq!(socket.tcp_keepalive_retries().unwrap(), NODE_KEEPALIVE_PROBES);
     }
 }

@@ -465,3 +465,32 @@ async fn five_thousand_clients_connected_at_once() {
     }
     assert!(still_connected.iter().all(|c| !c.is_closed()));
 }
+
+/// A node that accepts the TCP connection but never answers (a hung server,
+/// a half-open network path) fails the statement that needed it once
+/// `[connections] node_connect_timeout_secs` has passed, with 08001 naming
+/// the node, instead of holding the session for good; the session goes on.
+#[tokio::test]
+async fn a_node_that_never_answers_fails_in_time() {
+    let cluster = TestCluster::start(1);
+    cluster.restart_coordinator(|c| c.connections.node_connect_timeout_secs = 1.5);
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    // Accepts and keeps every connection, reading nothing.
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in silent.incoming() {
+            held.push(stream);
+        }
+    });
+    let c = cluster.connect().await;
+    let started = std::time::Instant::now();
+    let add = format!("SELECT citus_add_node('127.0.0.1', {port})");
+    let adding = c.batch_execute(&add);
+    let e = tokio::time::timeout(Duration::from_secs(30), adding).await.expect("the call still waits for the silent node").unwrap_err();
+    let waited = started.elapsed();
+    assert_eq!(sqlstate(&e), "08001", "{}", error_text(&e));
+    assert!(error_text(&e).contains(&format!("127.0.0.1:{port}")) && error_text(&e).contains("no answer within 1.5 s"), "{}", error_text(&e));
+    assert!(waited >= Duration::from_millis(1400) && waited < Duration::from_secs(10), "failed after {waited:?}");
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM pg_dist_node").await, vec![vec![Some("1".into())]], "the node was not added");
+}

@@ -10,7 +10,9 @@ use crate::error::{sqlstate, PgError, PgResult};
 use crate::protocol::backend::{self, TxStatus};
 use crate::protocol::{frontend, take_message, Message};
 use bytes::{Bytes, BytesMut};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 use crate::transport::{connect_node, Stream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -64,8 +66,32 @@ pub type TextRow = Vec<Option<String>>;
 /// Rows of a query in text form.
 pub type TextRows = Vec<TextRow>;
 
+/// How long making a node connection (TCP or socket, then the login) may
+/// take, in milliseconds: `[connections] node_connect_timeout_secs`, set once
+/// at start-up.
+static CONNECT_TIMEOUT_MS: AtomicU64 = AtomicU64::new(10_000);
+
+/// Sets how long a node connection may take to be made.
+pub fn set_connect_timeout(timeout: Duration) {
+    CONNECT_TIMEOUT_MS.store(timeout.as_millis().clamp(1, u128::from(u64::MAX)) as u64, Ordering::Relaxed);
+}
+
 impl PgConnection {
+    /// A connection to `addr`, logged in as `login`; a node that does not
+    /// answer within the connect timeout fails with 08001.
     pub async fn connect(addr: &ServerAddr, login: &Login) -> PgResult<Self> {
+        let timeout = Duration::from_millis(CONNECT_TIMEOUT_MS.load(Ordering::Relaxed));
+        match tokio::time::timeout(timeout, Self::connect_unbounded(addr, login)).await {
+            Ok(connected) => connected,
+            Err(_) => Err(PgError::new(
+                sqlstate::UNABLE_TO_CONNECT,
+                format!("could not connect to node {}:{}: no answer within {:.1} s", addr.host, addr.port, timeout.as_secs_f64()),
+            )
+            .with_hint("Check that the node is up and reachable from the coordinator; [connections] node_connect_timeout_secs sets how long to wait.")),
+        }
+    }
+
+    async fn connect_unbounded(addr: &ServerAddr, login: &Login) -> PgResult<Self> {
         let label: Arc<str> = Arc::from(format!("{}:{}", addr.host, addr.port));
         let stream = connect_node(&addr.host, addr.port).await.map_err(|e| PgError::new(sqlstate::CONNECTION_FAILURE, format!("could not connect to node {label}: {e}")))?;
         let mut conn = PgConnection {

@@ -60,6 +60,7 @@ impl Coordinator {
     /// Connects to the coordinator database (waiting for it to come up), installs
     /// or upgrades the catalog, registers configured workers and loads the catalog.
     pub async fn start(config: Config) -> anyhow::Result<Arc<Coordinator>> {
+        crate::connection::set_connect_timeout(Duration::from_secs_f64(config.connections.node_connect_timeout_secs.max(0.001)));
         let tls = match &config.tls {
             Some(tls) => Some(crate::transport::tls_acceptor(std::path::Path::new(&tls.cert_file), std::path::Path::new(&tls.key_file))?),
             None => None,
