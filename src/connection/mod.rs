@@ -85,14 +85,14 @@ impl PgConnection {
             Ok(connected) => connected,
             Err(_) => Err(PgError::new(
                 sqlstate::UNABLE_TO_CONNECT,
-                format!("could not connect to node {}:{}: no answer within {:.1} s", addr.host, addr.port, timeout.as_secs_f64()),
+                format!("could not connect to node {addr}: no answer within {:.1} s", timeout.as_secs_f64()),
             )
             .with_hint("Check that the node is up and reachable from the coordinator; [connections] node_connect_timeout_secs sets how long to wait.")),
         }
     }
 
     async fn connect_unbounded(addr: &ServerAddr, login: &Login) -> PgResult<Self> {
-        let label: Arc<str> = Arc::from(format!("{}:{}", addr.host, addr.port));
+        let label: Arc<str> = Arc::from(addr.to_string());
         let stream = connect_node(&addr.host, addr.port).await.map_err(|e| PgError::new(sqlstate::CONNECTION_FAILURE, format!("could not connect to node {label}: {e}")))?;
         let mut conn = PgConnection {
             stream,

@@ -58,26 +58,31 @@ pub enum HashType {
     Char,
 }
 
+/// The types a table can be distributed by, by oid, with their hash type:
+/// the one list of them (the coordinator database's shard lookup makes its
+/// probe tables from it too, see metadata::install).
+pub const DISTRIBUTABLE_TYPES: [(u32, HashType); 15] = [
+    (16, HashType::Bool),
+    (17, HashType::Bytea),
+    (18, HashType::Char),
+    (20, HashType::Int8),
+    (21, HashType::Int2),
+    (23, HashType::Int4),
+    (25, HashType::Text),
+    (1043, HashType::Text),
+    (26, HashType::Oid),
+    (1042, HashType::Bpchar),
+    (1082, HashType::Date),
+    (1114, HashType::Timestamp),
+    (1184, HashType::TimestampTz),
+    (1700, HashType::Numeric),
+    (2950, HashType::Uuid),
+];
+
 impl HashType {
     /// Maps a PostgreSQL type oid to its hash type; `None` when unsupported.
     pub fn from_type_oid(oid: u32) -> Option<HashType> {
-        Some(match oid {
-            16 => HashType::Bool,
-            17 => HashType::Bytea,
-            18 => HashType::Char,
-            20 => HashType::Int8,
-            21 => HashType::Int2,
-            23 => HashType::Int4,
-            25 | 1043 => HashType::Text,
-            26 => HashType::Oid,
-            1042 => HashType::Bpchar,
-            1082 => HashType::Date,
-            1114 => HashType::Timestamp,
-            1184 => HashType::TimestampTz,
-            1700 => HashType::Numeric,
-            2950 => HashType::Uuid,
-            _ => return None,
-        })
+        DISTRIBUTABLE_TYPES.iter().find(|(o, _)| *o == oid).map(|(_, ty)| *ty)
     }
 
     /// The PostgreSQL type name, as used in error messages.

@@ -24,7 +24,8 @@ pub const SYSTEM_SCHEMAS: &str = "('pg_catalog', 'information_schema', 'tessera'
 pub async fn install(conn: &mut PgConnection) -> PgResult<()> {
     // Concurrent first starts of several coordinator processes must not race.
     conn.execute("SELECT pg_advisory_lock(7482910)").await?;
-    let schema = SCHEMA_SQL.replace("@TESSERA_VERSION@", env!("CARGO_PKG_VERSION"));
+    let type_oids: Vec<String> = crate::hash::DISTRIBUTABLE_TYPES.iter().map(|(oid, _)| oid.to_string()).collect();
+    let schema = SCHEMA_SQL.replace("@TESSERA_VERSION@", env!("CARGO_PKG_VERSION")).replace("@DISTRIBUTABLE_TYPE_OIDS@", &type_oids.join(", "));
     let result = conn.execute(&format!("{schema}\n{}\nGRANT EXECUTE ON FUNCTION tessera.forget_roles(text[]) TO PUBLIC;", forget_roles_function("tessera"))).await;
     conn.execute("SELECT pg_advisory_unlock(7482910)").await?;
     result.map(|_| ())

@@ -458,15 +458,14 @@ CREATE OR REPLACE FUNCTION pg_catalog.citus_get_active_worker_nodes(OUT node_nam
 -- The shard of a table that holds a distribution value, found by PostgreSQL's
 -- own hash partitioning: satisfies_hash_partition over an empty table
 -- partitioned by a key of the column's type (one per type a table can be
--- distributed by) tells which remainder the value has. The value arrives as
--- text (a literal of unknown type picks this signature) and is cast to the
--- column's type here.
+-- distributed by: hash::DISTRIBUTABLE_TYPES fills in their oids) tells which
+-- remainder the value has. The value arrives as text (a literal of unknown
+-- type picks this signature) and is cast to the column's type here.
 DO $$
 DECLARE
-    key_type text;
+    key_type name;
 BEGIN
-    FOREACH key_type IN ARRAY ARRAY['int2', 'int4', 'int8', 'text', 'bpchar', 'uuid', 'numeric', 'date', 'timestamp',
-                                    'timestamptz', 'bool', 'bytea', 'oid', 'char'] LOOP
+    FOR key_type IN SELECT typname FROM pg_catalog.pg_type WHERE oid IN (@DISTRIBUTABLE_TYPE_OIDS@) LOOP
         EXECUTE format('CREATE TABLE IF NOT EXISTS tessera.%I (key pg_catalog.%I) PARTITION BY HASH (key)', 'hash_probe_' || key_type, key_type);
     END LOOP;
 END $$;
