@@ -113,16 +113,12 @@ pub struct TransactionConfig {
     /// How often recovery looks for prepared transactions left behind.
     #[serde(default = "default_recovery_interval")]
     pub recovery_interval_secs: f64,
-    /// Prepared transactions without a commit record are rolled back once they
-    /// are this old (a committing coordinator may still be writing its record).
-    #[serde(default = "default_grace")]
-    pub grace_secs: f64,
     /// How often waits across workers are checked for distributed deadlocks.
     #[serde(default = "default_deadlock_interval")]
     pub deadlock_check_interval_secs: f64,
     /// For fault-injection tests only: make the process die at this point of
     /// two-phase commit ("after-prepare" or "after-decision"; "stall-after-prepare"
-    /// only pauses the committing session for three grace periods), of a
+    /// only pauses the committing session for ten recovery intervals), of a
     /// worker link's commit ("after-link-prepare", "after-link-reply") or of a
     /// shard move ("move-after-subscribe", "move-before-switch", "move-after-switch").
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -148,7 +144,6 @@ impl Default for TransactionConfig {
     fn default() -> Self {
         TransactionConfig {
             recovery_interval_secs: default_recovery_interval(),
-            grace_secs: default_grace(),
             deadlock_check_interval_secs: default_deadlock_interval(),
             fault_injection: None,
             fault_after_commits: 0,
@@ -162,10 +157,6 @@ fn default_recovery_interval() -> f64 {
 
 fn default_deadlock_interval() -> f64 {
     2.0
-}
-
-fn default_grace() -> f64 {
-    10.0
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

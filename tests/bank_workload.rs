@@ -32,10 +32,8 @@ const COMMITS_BEFORE_CRASH: u32 = 40;
 const TRANSFERS_BETWEEN_STEPS: u64 = 40;
 /// The coordinator processes are numbered from 0; the last one runs without a fault.
 const FINAL_COORDINATOR: u32 = 2;
-/// Recovery runs often and rolls back orphans soon, so the run stays short;
-/// the grace period still leaves committing sessions ample time.
+/// Recovery runs often, so the run stays short.
 const RECOVERY_INTERVAL_SECS: f64 = 0.5;
-const GRACE_SECS: f64 = 4.0;
 /// Longer than anything here should take; beyond it a statement or step hangs.
 const PATIENCE: Duration = Duration::from_secs(30);
 
@@ -258,7 +256,6 @@ async fn bank_transfers_stay_atomic_through_coordinator_and_worker_crashes() {
 
     cluster.restart_coordinator(|c| {
         c.transactions.recovery_interval_secs = RECOVERY_INTERVAL_SECS;
-        c.transactions.grace_secs = GRACE_SECS;
         c.transactions.fault_injection = Some(Fault::AfterPrepare);
         c.transactions.fault_after_commits = COMMITS_BEFORE_CRASH;
     });
@@ -288,10 +285,10 @@ async fn bank_transfers_stay_atomic_through_coordinator_and_worker_crashes() {
 
     // Recovery settles everything the crashes left in doubt, then drops the
     // records (in the coordinator database and on the deciding workers): a
-    // transaction prepared just now may wait out the grace period and one
-    // more pass, plus slack for a busy machine.
+    // part is settled by the first pass after its deciding transaction
+    // ended, its record deleted by the next, plus slack for a busy machine.
     let recovery = Instant::now();
-    let deadline = Duration::from_secs_f64(GRACE_SECS + RECOVERY_INTERVAL_SECS + 5.0);
+    let deadline = Duration::from_secs_f64(2.0 * RECOVERY_INTERVAL_SECS + 5.0);
     while cluster.prepared_on_workers().await + cluster.commit_records().await + cluster.worker_commit_records().await > 0 {
         assert!(recovery.elapsed() < deadline, "prepared transactions or commit records remain after {deadline:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -38,23 +38,28 @@ async fn only_transactions_writing_on_several_nodes_prepare() {
     cluster.restart_coordinator(|c| c.transactions.recovery_interval_secs = 3600.0);
     let (c, a, b) = setup(&cluster).await;
     // Distributing the table wrote on both workers and the coordinator database
-    // in one block: the coordinator database decided, with a record per worker.
+    // in one block: the coordinator database's transaction decided, with
+    // one commit record there.
     let base = cluster.commit_records().await;
-    assert_eq!(base, 2, "create_distributed_table commits atomically across nodes");
+    assert_eq!(base, 1, "create_distributed_table commits atomically across nodes");
+    assert_eq!(cluster.worker_commit_records().await, 0);
     c.batch_execute(&format!("BEGIN; SELECT * FROM bank WHERE id = {a}; SELECT * FROM bank WHERE id = {b}; COMMIT")).await.unwrap();
     c.batch_execute(&format!("BEGIN; UPDATE bank SET balance = balance - 1 WHERE id = {a}; SELECT * FROM bank WHERE id = {b}; COMMIT")).await.unwrap();
     // Two writing workers: one prepares, the other decides by committing
     // (how many prepare is shown by the crash tests below); no record.
     c.batch_execute(&format!("BEGIN; UPDATE bank SET balance = balance - 1 WHERE id = {a}; UPDATE bank SET balance = balance + 1 WHERE id = {b}; COMMIT")).await.unwrap();
     assert_eq!(cluster.commit_records().await, base, "the coordinator database is off the write path");
+    assert_eq!(cluster.worker_commit_records().await, 1, "the deciding worker recorded its commit");
     c.batch_execute(&format!("SET citus.multi_shard_commit_protocol = '1pc'; BEGIN; UPDATE bank SET balance = balance - 1 WHERE id = {a}; UPDATE bank SET balance = balance + 1 WHERE id = {b}; COMMIT; RESET citus.multi_shard_commit_protocol")).await.unwrap();
-    // A block that wrote in the coordinator database too: it decides, with records.
+    // A block that wrote in the coordinator database too: its transaction
+    // there decides, with one record for both prepared workers.
     c.batch_execute(&format!("CREATE TABLE audit (note text); BEGIN; INSERT INTO audit VALUES ('moved'); UPDATE bank SET balance = balance - 1 WHERE id = {a}; UPDATE bank SET balance = balance + 1 WHERE id = {b}; COMMIT")).await.unwrap();
-    assert_eq!(cluster.commit_records().await, base + 2, "two prepared workers, one record each");
+    assert_eq!(cluster.commit_records().await, base + 1, "one record for the block");
     assert_eq!(cluster.prepared_on_workers().await, 0);
     // Recovery finds nothing in doubt and drops the finished records.
     assert_eq!(text_rows(&c, "SELECT recover_prepared_transactions()").await, vec![vec![Some("0".into())]]);
     assert_eq!(cluster.commit_records().await, 0);
+    assert_eq!(cluster.worker_commit_records().await, 0);
     assert_eq!(text_rows(&c, "SELECT sum(balance), (SELECT count(*) FROM audit) FROM bank").await, vec![vec![Some("3999".into()), Some("1".into())]]);
 }
 
@@ -101,8 +106,8 @@ async fn a_crash_after_the_deciding_commit_past_a_rolled_back_savepoint_is_commi
     crash_after_decision(&cluster, "SAVEPOINT s; UPDATE bank SET balance = balance + 1000; ROLLBACK TO SAVEPOINT s;", 1).await;
 }
 
-/// The same when the coordinator database took part and decided with
-/// commit records: both workers were prepared.
+/// The same when the coordinator database took part and its transaction
+/// decided: both workers were prepared.
 #[tokio::test]
 async fn a_crash_after_the_commit_records_is_committed_by_recovery() {
     let cluster = TestCluster::start(2);
@@ -126,7 +131,6 @@ async fn a_crash_before_the_deciding_commit_is_rolled_back_by_recovery() {
     assert_eq!(cluster.prepared_on_workers().await, 1);
     cluster.restart_coordinator(|c| {
         c.transactions.fault_injection = None;
-        c.transactions.grace_secs = 3600.0;
         c.transactions.recovery_interval_secs = 0.5;
     });
     let start = std::time::Instant::now();
@@ -138,34 +142,51 @@ async fn a_crash_before_the_deciding_commit_is_rolled_back_by_recovery() {
     assert_eq!(text_rows(&c, "SELECT sum(balance), count(*) FROM bank").await, vec![vec![Some("4000".into()), Some("40".into())]]);
 }
 
-/// A coordinator stalled between the PREPARE and its deciding commit for
-/// longer than the grace period, while recovery passes run: the prepared
-/// part is left alone (its deciding transaction is still running), and the
-/// transaction commits everywhere once the coordinator goes on.
-#[tokio::test]
-async fn a_stalled_commit_is_not_rolled_back_behind_its_back() {
+/// Moves 30 from `a` to `b` in a block (`before` runs first in it) while
+/// the coordinator stalls between the PREPAREs and its deciding commit for
+/// ten recovery intervals, with recovery passes running: the `prepared`
+/// parts are left alone (their deciding transaction is still running), and
+/// the transaction commits everywhere once the coordinator goes on.
+async fn stalled_commit(before: &str, prepared: i64) {
     let cluster = TestCluster::start(2);
     let (c, a, b) = setup(&cluster).await;
+    c.batch_execute("CREATE TABLE audit (note text)").await.unwrap();
     cluster.restart_coordinator(|c| {
         c.transactions.fault_injection = Some(Fault::StallAfterPrepare);
-        c.transactions.grace_secs = 1.0;
         c.transactions.recovery_interval_secs = 0.3;
     });
     let c2 = cluster.connect().await;
     drop(c);
     let started = std::time::Instant::now();
+    let block = format!("BEGIN; {before} UPDATE bank SET balance = balance - 30 WHERE id = {a}; UPDATE bank SET balance = balance + 30 WHERE id = {b}; COMMIT");
     let commit = tokio::spawn(async move {
-        let r = c2.batch_execute(&format!("BEGIN; UPDATE bank SET balance = balance - 30 WHERE id = {a}; UPDATE bank SET balance = balance + 30 WHERE id = {b}; COMMIT")).await;
+        let r = c2.batch_execute(&block).await;
         (c2, r)
     });
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-    assert_eq!(cluster.prepared_on_workers().await, 1, "past the grace period and several recovery passes, the part is still prepared");
+    assert_eq!(cluster.prepared_on_workers().await, prepared, "several recovery passes later, the parts are still prepared");
     let (c2, r) = commit.await.unwrap();
     r.unwrap();
     assert!(started.elapsed() >= std::time::Duration::from_secs(3), "the commit stalled");
     assert_eq!(cluster.prepared_on_workers().await, 0);
     assert_eq!(text_rows(&c2, &format!("SELECT balance FROM bank WHERE id = {a}")).await, vec![vec![Some("70".into())]]);
     assert_eq!(text_rows(&c2, &format!("SELECT balance FROM bank WHERE id = {b}")).await, vec![vec![Some("130".into())]]);
+    let audited = if before.is_empty() { "0" } else { "1" };
+    assert_eq!(text_rows(&c2, "SELECT count(*) FROM audit").await, vec![vec![Some(audited.into())]]);
+}
+
+#[tokio::test]
+async fn a_stalled_commit_is_not_rolled_back_behind_its_back() {
+    stalled_commit("", 1).await;
+}
+
+/// The same when the coordinator database took part and decides: both
+/// workers wait prepared. (Versions that decided such blocks by rows in
+/// `pg_dist_transaction` rolled the parts back after a grace period, and
+/// refused to commit this late.)
+#[tokio::test]
+async fn a_stalled_commit_decided_by_the_coordinator_database_is_not_rolled_back() {
+    stalled_commit("INSERT INTO audit VALUES ('moved');", 2).await;
 }
 
 /// Recovery decides a part by its deciding transaction's commit record, not
@@ -324,7 +345,6 @@ async fn background_rounds_keep_their_node_connections() {
     cluster.restart_coordinator(|config| {
         config.transactions.recovery_interval_secs = 0.1;
         config.transactions.deadlock_check_interval_secs = 0.1;
-        config.transactions.grace_secs = 0.5;
     });
     let c2 = cluster.connect().await;
     drop(c);
@@ -343,14 +363,15 @@ async fn background_rounds_keep_their_node_connections() {
     };
     let (w, first) = served_by(cluster.connect_worker(0).await).await;
     // Work for the rounds: commit records on the deciding worker to read
-    // and delete, and a prepared part without a record, which recovery rolls
-    // back once past the grace period.
+    // and delete, and a prepared part named after a transaction of the
+    // coordinator database that ended long ago without a record, which
+    // recovery rolls back.
     let transfer = format!("BEGIN; UPDATE bank SET balance = balance - 1 WHERE id = {a}; UPDATE bank SET balance = balance + 1 WHERE id = {b}; COMMIT");
     for _ in 0..20 {
         c2.batch_execute(&transfer).await.unwrap();
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    w.batch_execute("CREATE TABLE orphan (x int); BEGIN; INSERT INTO orphan VALUES (1); PREPARE TRANSACTION 'tessera_orphan'").await.unwrap();
+    w.batch_execute("CREATE TABLE orphan (x int); BEGIN; INSERT INTO orphan VALUES (1); PREPARE TRANSACTION 'tessera.decided_0_3_1_orphan'").await.unwrap();
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     assert_eq!(text_rows(&w, background).await, first, "the same backends served every round");
     assert_eq!(cluster.prepared_on_workers().await, 0, "the orphan was rolled back");

@@ -301,7 +301,7 @@ fn setup_sql(node: &Node, nodes: &[Node], relay: &ServerAddr) -> String {
            END LOOP;
          END $tessera$;",
         forget_roles = crate::metadata::forget_roles_function(REMOTE_SCHEMA),
-        decisions = crate::transaction::decided::worker_objects_sql(),
+        decisions = crate::transaction::decided::deciding_objects_sql(),
         record_once = crate::transaction::decided::RECORD_ONCE_SQL,
     );
     for other in nodes.iter().filter(|n| n.group_id != node.group_id) {

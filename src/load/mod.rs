@@ -196,7 +196,7 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<Summary> {
         return Err(e);
     }
     let bytes_sent = connections.iter().map(|w| w.bytes_sent).sum();
-    let rows = writer::commit(connections, &mut coordinator).await?;
+    let rows = writer::commit(connections).await?;
     coordinator.terminate().await;
     if std::io::stderr().is_terminal() {
         eprintln!();

@@ -5,7 +5,9 @@
 use crate::connection::{quote_literal, Login, PgConnection, ServerAddr};
 use crate::copy::MAX_IN_FLIGHT;
 use crate::error::PgError;
+use crate::protocol::backend::TxStatus;
 use crate::protocol::{backend, frontend};
+use crate::transaction::decided;
 use bytes::{Bytes, BytesMut};
 use std::collections::VecDeque;
 use std::io::Write;
@@ -219,22 +221,34 @@ fn locate(e: PgError, batch: &Batch, node: &str) -> anyhow::Error {
     }
 }
 
-/// Makes every placement's rows visible at once: with several placements,
-/// PREPARE TRANSACTION on each, commit records in the coordinator's catalog
-/// (so that its recovery finishes the job after a crash), COMMIT PREPARED.
+/// Makes every placement's rows visible at once. With several placements,
+/// last-agent style (`transaction::decided`): every placement but the
+/// first prepares, under a name that carries the first one's transaction,
+/// which then commits one-phase together with its commit record. That
+/// commit decides; COMMIT PREPARED follows on the others, and after a crash
+/// the coordinator's prepared-transaction recovery finishes the job.
 /// Returns the rows written (over all placements).
-pub async fn commit(written: Vec<Written>, coordinator: &mut PgConnection) -> anyhow::Result<u64> {
+pub async fn commit(written: Vec<Written>) -> anyhow::Result<u64> {
     let rows = written.iter().map(|w| w.rows).sum();
-    if let [only] = written.as_slice() {
-        let node = format!("{}:{}", only.placement.addr.host, only.placement.addr.port);
-        let mut written = written;
-        written[0].conn.execute("COMMIT").await.map_err(|e| anyhow::anyhow!("commit on {node}: {e}"))?;
+    let mut written = written.into_iter();
+    let Some(mut decider) = written.next() else { return Ok(rows) };
+    let others: Vec<Written> = written.collect();
+    if others.is_empty() {
+        decider.conn.execute("COMMIT").await.map_err(|e| anyhow::anyhow!("commit on {}: {e}", decider.placement.addr))?;
+        decider.conn.terminate().await;
         return Ok(rows);
     }
-    let prefix = format!("{}load_{}_", crate::transaction::GID_PREFIX, rand::random::<u32>());
-    let started = std::time::Instant::now();
-    let prepares = futures::future::join_all(written.into_iter().enumerate().map(|(i, mut w)| {
-        let gid = format!("{prefix}{i}");
+    let deciding = match decided::identify(&mut decider.conn).await {
+        Ok(deciding) => deciding,
+        Err(e) => {
+            let error = anyhow::anyhow!("reading the deciding transaction on {}: {e}", decider.placement.addr);
+            roll_back(std::iter::once(decider).chain(others).collect()).await;
+            return Err(error);
+        }
+    };
+    let group = decider.placement.group_id;
+    let prepares = futures::future::join_all(others.into_iter().enumerate().map(|(i, mut w)| {
+        let gid = decided::gid(group, &deciding, &format!("load{i}"));
         async move {
             let result = w.conn.execute(&format!("PREPARE TRANSACTION {}", quote_literal(&gid))).await;
             (w, gid, result)
@@ -247,21 +261,23 @@ pub async fn commit(written: Vec<Written>, coordinator: &mut PgConnection) -> an
         match result {
             Ok(_) => prepared.push((w, gid)),
             Err(e) => {
-                failure.get_or_insert(anyhow::anyhow!("prepare on {}:{}: {e}", w.placement.addr.host, w.placement.addr.port));
+                failure.get_or_insert(anyhow::anyhow!("prepare on {}: {e}", w.placement.addr));
             }
         }
     }
-    // Recovery rolls back prepared transactions without a record after its
-    // grace period (10 s by default); never write a record that late.
-    if failure.is_none() && started.elapsed() > std::time::Duration::from_secs(5) {
-        failure = Some(anyhow::anyhow!("preparing the shards took too long; the load was rolled back"));
-    }
     if failure.is_none() {
-        let records: Vec<(i32, String)> = prepared.iter().map(|(w, gid)| (w.placement.group_id, gid.clone())).collect();
-        if let Err(e) = coordinator.execute(&crate::transaction::commit_log::insert_records(&records)).await {
-            failure = Some(anyhow::anyhow!("writing the commit record: {e}"));
+        if let Err(e) = decider.conn.execute(decided::RECORD_AND_COMMIT_SQL).await {
+            if decider.conn.is_broken() {
+                // The commit may have happened: recovery reads its record.
+                return Err(anyhow::anyhow!("commit on {}: {e}; the coordinator's prepared-transaction recovery settles the load's outcome", decider.placement.addr));
+            }
+            failure = Some(anyhow::anyhow!("commit on {}: {e}", decider.placement.addr));
         }
     }
+    if failure.is_some() && decider.conn.tx_status() != TxStatus::Idle {
+        decider.conn.execute("ROLLBACK").await.ok();
+    }
+    decider.conn.terminate().await;
     let command = if failure.is_none() { "COMMIT PREPARED" } else { "ROLLBACK PREPARED" };
     futures::future::join_all(prepared.into_iter().map(|(mut w, gid)| async move {
         // A node that cannot answer now is settled by the coordinator's recovery.

@@ -17,7 +17,7 @@ pub const SCHEMA_SQL: &str = include_str!("schema.sql");
 
 /// Schemas that hold no user objects, or only Tessera's own (schema.sql),
 /// as an SQL list; names starting `pg_` are PostgreSQL's too.
-pub const SYSTEM_SCHEMAS: &str = "('pg_catalog', 'information_schema', 'tessera', 'tessera_fallback', 'tessera_lent')";
+pub const SYSTEM_SCHEMAS: &str = "('pg_catalog', 'information_schema', 'tessera', 'tessera_fallback', 'tessera_lent', 'tessera_commit')";
 
 /// Creates or upgrades the catalog, with its user-facing names (`pg_dist_node`,
 /// `citus_shards`, the cluster functions) in pg_catalog as Citus has them.
@@ -26,7 +26,15 @@ pub async fn install(conn: &mut PgConnection) -> PgResult<()> {
     conn.execute("SELECT pg_advisory_lock(7482910)").await?;
     let type_oids: Vec<String> = crate::hash::DISTRIBUTABLE_TYPES.iter().map(|(oid, _)| oid.to_string()).collect();
     let schema = SCHEMA_SQL.replace("@TESSERA_VERSION@", env!("CARGO_PKG_VERSION")).replace("@DISTRIBUTABLE_TYPE_OIDS@", &type_oids.join(", "));
-    let result = conn.execute(&format!("{schema}\n{}\nGRANT EXECUTE ON FUNCTION tessera.forget_roles(text[]) TO PUBLIC;", forget_roles_function("tessera"))).await;
+    // The commit records of the transactions this database decides
+    // (`transaction::decided`) live in a schema of their own, as on workers.
+    let result = conn
+        .execute(&format!(
+            "{schema}\n{}\nGRANT EXECUTE ON FUNCTION tessera.forget_roles(text[]) TO PUBLIC;\n{}",
+            forget_roles_function("tessera"),
+            crate::transaction::decided::deciding_objects_sql()
+        ))
+        .await;
     conn.execute("SELECT pg_advisory_unlock(7482910)").await?;
     result.map(|_| ())
 }

@@ -65,6 +65,8 @@ CREATE TABLE IF NOT EXISTS tessera.pg_dist_placement (
 );
 CREATE INDEX IF NOT EXISTS pg_dist_placement_shardid_index ON tessera.pg_dist_placement (shardid);
 
+-- Citus's name, kept for tools that read it; always empty (see
+-- the DROP FUNCTION of record_commits below).
 CREATE TABLE IF NOT EXISTS tessera.pg_dist_transaction (
     groupid int NOT NULL,
     gid text NOT NULL,
@@ -138,11 +140,10 @@ BEGIN
     UPDATE tessera.pg_dist_partition SET partkey = name WHERE logicalrelid = rel;
 END $$;
 
--- Two-phase commit decisions, written in the transaction that decides (see
--- transaction/commit_log.rs), whichever role runs it.
-CREATE OR REPLACE FUNCTION tessera.record_commits(groups int[], gids text[]) RETURNS void LANGUAGE sql
-SECURITY DEFINER SET search_path = pg_catalog, tessera
-AS 'INSERT INTO tessera.pg_dist_transaction (groupid, gid) SELECT * FROM unnest(groups, gids)';
+-- Two-phase commits are decided by commit records on the deciding node
+-- (tessera_commit.commit_records, in this database too); versions before
+-- wrote them here.
+DROP FUNCTION IF EXISTS tessera.record_commits(int[], text[]);
 
 -- What an operation (a shard move) made on the nodes and must remove when it
 -- ends (policy_type 2, "always") or only when it did not finish (1, "on
@@ -603,7 +604,7 @@ RESET allow_system_table_mods;
 -- in the schema: its tables stay unreadable.
 GRANT USAGE ON SCHEMA tessera TO PUBLIC;
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA tessera FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION tessera.check_owner(regclass), tessera.catalog_changed(), tessera.user_code_changed(), tessera.record_commits(int[], text[]), tessera.new_colocation(int, int, oid, oid),
+GRANT EXECUTE ON FUNCTION tessera.check_owner(regclass), tessera.catalog_changed(), tessera.user_code_changed(), tessera.new_colocation(int, int, oid, oid),
     tessera.record_distribution(regclass, "char", text, int, int[]), tessera.forget_distribution(regclass), tessera.rename_distribution_column(regclass, text),
     tessera.coordinator_only(), tessera.gathered_activity(), tessera.gathered_size(regclass, text), tessera.size_of(regclass, text), tessera.process_rows(anyelement, text),
     tessera.distribute_function(regprocedure, text, regclass, bool) TO PUBLIC;

@@ -144,7 +144,7 @@ impl Coordinator {
     fn participants(&self, key: (i32, i32), local_login: Login, mut worker_login: Login) -> Participants {
         let local_source = LocalSource { pool: self.local_pool.clone(), addr: self.config.coordinator_db_addr(), wait: self.worker_pools.wait };
         let transactions = &self.config.transactions;
-        let two_phase = TwoPhase::new(self.process_id, key.0, Duration::from_secs_f64(transactions.grace_secs), transactions.fault(), self.links.clone());
+        let two_phase = TwoPhase::new(self.process_id, key.0, Duration::from_secs_f64(transactions.recovery_interval_secs), transactions.fault(), self.links.clone());
         worker_login.options.push(("application_name".into(), two_phase.session_name().to_string()));
         let (cancel_targets, pinned) = self.register_session(key, two_phase.session_name(), &worker_login.user);
         Participants::new(CoordinatorDb::new(local_source, local_login, pinned), worker_login, cancel_targets, two_phase, self.worker_pools.clone())

@@ -16,18 +16,23 @@
 //! age-based rollback applies to these names. Records are deleted by
 //! prepared-transaction recovery once no prepared part names them.
 //!
-//! Two kinds of transaction commit this way: a session's block that wrote
-//! on several workers (`Participants::commit_two_phase`), and a worker's
-//! transaction whose user code wrote on other nodes through links (`links`).
+//! Three kinds of transaction commit this way: a session's block that wrote
+//! on several nodes (`Participants::commit_two_phase`; the coordinator
+//! database decides when it took part, as `COORDINATOR_GROUP`), a parallel
+//! load (`load::writer`), and a worker's transaction whose user code wrote
+//! on other nodes through links (`links`).
 
 use crate::connection::{quote_literal, PgConnection};
 use crate::error::{PgError, PgResult};
 use crate::protocol::backend::TxStatus;
 
-/// Names of parts decided by another node's transaction. Deliberately not
-/// under `GID_PREFIX`, whose transactions recovery settles by commit records
-/// in the coordinator database.
+/// Names of parts decided by another node's transaction.
 pub const GID_PREFIX: &str = "tessera.decided_";
+
+/// The node group that stands for the coordinator database in part names,
+/// when its transaction decides: workers' groups are numbered from 1, and
+/// Citus numbers its coordinator 0.
+pub const COORDINATOR_GROUP: i32 = 0;
 
 /// The transaction on the deciding node that decides a part.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -53,8 +58,9 @@ impl DecidingTransaction {
     }
 }
 
-/// The schema on every worker that holds the commit records, made with the
-/// node's other Tessera objects (`commands::worker_relations`). Roles may
+/// The schema on every worker and in the coordinator database that holds the
+/// commit records, made with the node's other Tessera objects
+/// (`commands::worker_relations`, `metadata::install`). Roles may
 /// use it but not create in it, so nobody else can make its table first.
 /// (A macro, so that the statements below can be built from it at compile
 /// time.)
@@ -96,10 +102,10 @@ pub const RECORD_AND_COMMIT_SQL: &str = concat!("SELECT ", schema!(), ".record_c
 /// (`commands::worker_relations`): the transaction's record, once.
 pub const RECORD_ONCE_SQL: &str = concat!("PERFORM ", schema!(), ".record_commit_once()");
 
-/// What a worker needs to decide transactions, made by the service role
-/// (a superuser); idempotent. Any role may record its own transaction's
+/// What a node (a worker, or the coordinator database) needs to decide
+/// transactions, made by the service role (a superuser); idempotent. Any role may record its own transaction's
 /// commit, and only that: `record_commit` takes no arguments.
-pub fn worker_objects_sql() -> String {
+pub fn deciding_objects_sql() -> String {
     format!(
         "CREATE SCHEMA IF NOT EXISTS {SCHEMA};
          REVOKE CREATE ON SCHEMA {SCHEMA} FROM PUBLIC;
@@ -250,6 +256,5 @@ mod tests {
         // Names from before the backend's start was part of them.
         assert_eq!(parse_gid("tessera.decided_2_4294967311_s3"), None);
         assert_eq!(parse_gid("tessera_123_4_5"), None);
-        assert!(!GID_PREFIX.starts_with(super::super::GID_PREFIX));
     }
 }

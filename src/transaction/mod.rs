@@ -5,7 +5,6 @@
 //! node keeps the one connection for the whole block (read-your-writes), and
 //! COMMIT/ROLLBACK go to exactly the nodes that were touched.
 
-pub mod commit_log;
 pub mod decided;
 pub mod coordinator_db;
 pub mod deadlock;
@@ -41,11 +40,11 @@ pub enum Fault {
     /// After every writer but the deciding node prepared, before the
     /// deciding commit.
     AfterPrepare,
-    /// After the deciding commit (the deciding worker's, or the coordinator
-    /// database's with the commit records), before COMMIT PREPARED.
+    /// After the deciding commit (a worker's or the coordinator database's),
+    /// before COMMIT PREPARED.
     AfterDecision,
-    /// Not a crash: after the PREPAREs the committing session stalls for
-    /// three grace periods (as a coordinator might, swapped out or paused),
+    /// Not a crash: after the PREPAREs the committing session stalls for ten
+    /// recovery intervals (as a coordinator might, swapped out or paused),
     /// then goes on.
     StallAfterPrepare,
     /// After a worker link's remote transaction is prepared, before
@@ -76,16 +75,11 @@ pub(crate) fn inject_fault(configured: Option<(Fault, u32)>, at: Fault) {
     }
 }
 
-/// Two-phase commit settings and transaction naming, shared by a process's sessions.
+/// Two-phase commit settings and session naming, shared by a process's sessions.
 #[derive(Clone, Debug)]
 pub struct TwoPhase {
-    /// `tessera_<process>_<session>_`: names never collide across coordinator
-    /// processes, so recovery can tell whose transaction a prepared one is.
-    prefix: Arc<str>,
-    counter: Arc<std::sync::atomic::AtomicU64>,
-    /// Recovery leaves prepared transactions without a commit record alone until
-    /// they are this old; a commit never writes its record later than half of it.
-    pub grace: std::time::Duration,
+    /// How long the `StallAfterPrepare` fault pauses a commit.
+    stall: std::time::Duration,
     /// Test-only: where the process dies, and how many commits (of all
     /// sessions) get past that point first.
     fault: Option<(Fault, u32)>,
@@ -106,11 +100,9 @@ pub struct TwoPhase {
 static FAULT_POINT_REACHED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 impl TwoPhase {
-    pub fn new(process_id: u32, session_id: i32, grace: std::time::Duration, fault: Option<(Fault, u32)>, links: Arc<links::LinkRelay>) -> Self {
+    pub fn new(process_id: u32, session_id: i32, recovery_interval: std::time::Duration, fault: Option<(Fault, u32)>, links: Arc<links::LinkRelay>) -> Self {
         TwoPhase {
-            prefix: Arc::from(format!("{GID_PREFIX}{process_id}_{session_id}_")),
-            counter: Default::default(),
-            grace,
+            stall: recovery_interval * 10,
             fault,
             session_name: Arc::from(format!("{TRANSACTION_ID_PREFIX}{process_id}:{session_id}")),
             links,
@@ -121,18 +113,13 @@ impl TwoPhase {
         &self.session_name
     }
 
-    fn next_gid(&self) -> String {
-        let n = self.counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        format!("{}{n}", self.prefix)
-    }
-
     fn inject(&self, at: Fault) {
         inject_fault(self.fault, at);
     }
 
     async fn stall(&self, at: Fault) {
         if self.fault.is_some_and(|(fault, _)| fault == at) {
-            tokio::time::sleep(self.grace * 3).await;
+            tokio::time::sleep(self.stall).await;
         }
     }
 }
@@ -162,9 +149,6 @@ fn explain_unpreparable(e: PgError) -> PgError {
 /// Worker backends of client sessions carry an application_name with this
 /// prefix.
 pub const TRANSACTION_ID_PREFIX: &str = "tessera:";
-
-/// Every prepared transaction Tessera creates is named with this prefix.
-pub const GID_PREFIX: &str = "tessera_";
 
 /// Backends a client's CancelRequest must reach.
 pub type CancelTargets = Arc<Mutex<Vec<(ServerAddr, (i32, i32))>>>;
@@ -1093,25 +1077,16 @@ impl Participants {
     /// style: every writer but one — the deciding node — prepares, then the
     /// deciding node commits its part one-phase, and that commit decides
     /// the whole (see `decided`); then COMMIT PREPARED everywhere else.
-    /// When the coordinator database took part it is the deciding node, and
-    /// its commit carries commit records in `pg_dist_transaction` instead.
-    /// Read-only participants just commit. After a failure past the decision,
-    /// recovery finishes the job.
+    /// When the coordinator database took part it is the deciding node, like
+    /// any worker would be. Read-only participants just commit. After a
+    /// failure past the decision, recovery finishes the job.
     async fn commit_two_phase(&mut self) -> PgResult<()> {
         let two_phase = self.two_phase.clone();
         let decider = match self.local_in_block {
             true => None,
             false => self.deciding_worker(),
         };
-        let names = match decider {
-            Some(group) => self.decided_names(group).await,
-            None => {
-                let session_gids = self.workers.values().filter(|w| w.in_block && w.wrote).map(|w| (w.group_id, two_phase.next_gid())).collect();
-                Ok(session_gids)
-            }
-        };
-        let started = std::time::Instant::now();
-        let (prepared, failure) = match names {
+        let (prepared, failure) = match self.decided_names(decider).await {
             Ok(gids) => self.prepare_all_but(decider, &gids).await,
             Err(e) => (Vec::new(), Some(e)),
         };
@@ -1119,10 +1094,7 @@ impl Participants {
         two_phase.stall(Fault::StallAfterPrepare).await;
         let decided = match failure {
             Some(e) => Err(Decision::RolledBack(e)),
-            None => match decider {
-                Some(group) => self.commit_deciding_worker(group).await,
-                None => self.commit_with_records(&prepared, started).await,
-            },
+            None => self.commit_decider(decider).await,
         };
         match decided {
             Ok(()) => {}
@@ -1154,17 +1126,23 @@ impl Participants {
         writers.first().map(|w| w.group_id)
     }
 
-    /// Names the parts of the writers other than `decider` after its
-    /// transaction (which has an id: it wrote), asking for it unless the
-    /// worker told it ahead.
-    async fn decided_names(&mut self, decider: i32) -> PgResult<Vec<(i32, String)>> {
-        let w = self.workers.get_mut(&decider).ok_or_else(|| PgError::internal(format!("no connection to node group {decider}")))?;
-        let deciding = match w.decider.take() {
-            Some(deciding) => deciding,
-            None => decided::identify(&mut w.conn).await?,
+    /// Names the parts of the writers other than the deciding worker
+    /// `decider` (None: the coordinator database) after its transaction,
+    /// asking for it unless the worker told it ahead.
+    async fn decided_names(&mut self, decider: Option<i32>) -> PgResult<Vec<(i32, String)>> {
+        let (group, deciding) = match decider {
+            Some(group) => {
+                let w = self.workers.get_mut(&group).ok_or_else(|| PgError::internal(format!("no connection to node group {group}")))?;
+                let deciding = match w.decider.take() {
+                    Some(deciding) => deciding,
+                    None => decided::identify(&mut w.conn).await?,
+                };
+                (group, deciding)
+            }
+            None => (decided::COORDINATOR_GROUP, decided::identify(self.held_local()?).await?),
         };
         // One part per node; a link's parts there are numbered instead.
-        Ok(self.workers.values().filter(|w| w.in_block && w.wrote && w.group_id != decider).map(|w| (w.group_id, decided::gid(decider, &deciding, "block"))).collect())
+        Ok(self.workers.values().filter(|w| w.in_block && w.wrote && Some(w.group_id) != decider).map(|w| (w.group_id, decided::gid(group, &deciding, "block"))).collect())
     }
 
     /// PREPARE TRANSACTION on each worker named in `gids`, COMMIT on the
@@ -1198,47 +1176,33 @@ impl Participants {
         (prepared, failure)
     }
 
-    /// The deciding worker's one-phase COMMIT.
-    async fn commit_deciding_worker(&mut self, decider: i32) -> Result<(), Decision> {
-        let w = self.workers.get_mut(&decider).ok_or_else(|| Decision::RolledBack(PgError::internal(format!("no connection to node group {decider}"))))?;
-        w.in_block = false;
-        w.wrote = false;
-        match w.conn.execute(decided::RECORD_AND_COMMIT_SQL).await {
+    /// The deciding node's one-phase COMMIT, with its commit record: the
+    /// worker `decider`'s, or (None) the coordinator database's.
+    async fn commit_decider(&mut self, decider: Option<i32>) -> Result<(), Decision> {
+        let conn = match decider {
+            Some(group) => {
+                let w = self.workers.get_mut(&group).ok_or_else(|| Decision::RolledBack(PgError::internal(format!("no connection to node group {group}"))))?;
+                w.in_block = false;
+                w.wrote = false;
+                &mut w.conn
+            }
+            None => {
+                self.local_in_block = false;
+                self.held_local().map_err(Decision::RolledBack)?
+            }
+        };
+        match conn.execute(decided::RECORD_AND_COMMIT_SQL).await {
             Ok(_) => Ok(()),
             // The COMMIT may or may not have reached the node: its
             // transaction's record there decides, later.
-            Err(e) if w.conn.is_broken() => Err(Decision::InDoubt(e)),
+            Err(e) if conn.is_broken() => Err(Decision::InDoubt(e)),
             Err(e) => {
                 // A failed record leaves the block open there, failed.
-                if w.conn.tx_status() != TxStatus::Idle {
-                    w.conn.execute("ROLLBACK").await.ok();
+                if conn.tx_status() != TxStatus::Idle {
+                    conn.execute("ROLLBACK").await.ok();
                 }
                 Err(Decision::RolledBack(e))
             }
-        }
-    }
-
-    /// The coordinator database decides: the commit records of the prepared
-    /// parts commit with its own part of the block.
-    async fn commit_with_records(&mut self, prepared: &[(i32, String)], started: std::time::Instant) -> Result<(), Decision> {
-        // Recovery rolls back prepared transactions without a record once they
-        // are older than its grace period; never write a record that late.
-        if started.elapsed() > self.two_phase.grace / 2 {
-            return Err(Decision::RolledBack(PgError::new(sqlstate::CONNECTION_FAILURE, "two-phase commit took too long to prepare; the transaction was rolled back")));
-        }
-        self.local_in_block = false;
-        let local = self.held_local().map_err(Decision::RolledBack)?;
-        let written = match local.execute(&commit_log::insert_records(prepared)).await {
-            Ok(_) => local.execute("COMMIT").await.map(|_| ()),
-            Err(e) => {
-                local.execute("ROLLBACK").await.ok();
-                Err(e)
-            }
-        };
-        match written {
-            Ok(()) => Ok(()),
-            Err(e) if local.is_broken() => Err(Decision::InDoubt(e)),
-            Err(e) => Err(Decision::RolledBack(e)),
         }
     }
 

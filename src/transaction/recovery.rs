@@ -1,17 +1,16 @@
 //! Settles prepared transactions that two-phase commit left behind (a crashed
-//! coordinator, a worker restarted before COMMIT PREPARED): those with a commit
-//! record in `pg_dist_transaction` are committed, those without one are rolled
-//! back once they are older than the grace period, and records nobody needs any
-//! more are deleted. Parts decided by another node's transaction (`decided`:
-//! last-agent commits of blocks and of worker transactions' links) are
-//! settled by that transaction's outcome on its node, and the commit records
-//! there are deleted once no prepared part names them.
+//! coordinator or loader, a worker restarted before COMMIT PREPARED). Every
+//! part is decided by another node's transaction (`decided`: last-agent
+//! commits of blocks, loads and worker transactions' links), the coordinator
+//! database's or a worker's: it is committed once that transaction's commit
+//! record is there, rolled back once the transaction ended without one, and
+//! left alone while it runs, however long. Commit records are deleted once
+//! no prepared part names them.
 
 use super::decided::{self, DecidingTransaction};
-use super::GID_PREFIX;
 use crate::config::Config;
 use crate::connection::kept::KeptConnections;
-use crate::connection::{quote_literal, PgConnection};
+use crate::connection::{quote_literal, PgConnection, ServerAddr};
 use crate::error::PgResult;
 use crate::metadata::{Catalog, Node};
 use std::collections::{HashMap, HashSet};
@@ -20,39 +19,21 @@ use std::collections::{HashMap, HashSet};
 /// (one per node); returns how many prepared transactions it committed or
 /// rolled back.
 pub async fn recover(config: &Config, catalog: &Catalog, nodes: &mut KeptConnections) -> PgResult<u64> {
+    let deciders = deciding_nodes(config, catalog);
     let mut settled = 0;
     let mut first_error = None;
-    // Without the coordinator database only the parts it decides must wait.
-    let local_addr = config.coordinator_db_addr();
-    let mut local = match nodes.take(&local_addr).await {
-        Ok(local) => Some(local),
-        Err(e) => {
-            tracing::warn!("prepared-transaction recovery: the coordinator database ({}) is unavailable, its records wait: {e}", config.coordinator_db_addr());
-            first_error = Some(e);
-            None
-        }
-    };
     // Read before any prepared part is listed: a record read then whose
     // transaction has parts left shows them in the lists.
-    let mut records = commit_records(nodes, catalog).await;
+    let mut records = commit_records(nodes, &deciders, catalog).await;
     let mut named = HashSet::new();
     for node in catalog.active_nodes() {
-        let by_record = match local.as_mut() {
-            Some(local) => recover_node(local, nodes, node, config.transactions.grace_secs).await,
-            None => Ok(0),
-        };
-        let by_decision = recover_decided_parts(nodes, catalog, node, &mut named).await;
-        if by_decision.is_err() {
-            // Its parts are unknown, so every record stays.
-            records.clear();
-        }
-        for recovered in [by_record, by_decision] {
-            match recovered {
-                Ok(n) => settled += n,
-                Err(e) => {
-                    tracing::warn!("prepared-transaction recovery on {}: {e}", node.addr);
-                    first_error.get_or_insert(e);
-                }
+        match recover_decided_parts(nodes, &deciders, node, &mut named).await {
+            Ok(n) => settled += n,
+            Err(e) => {
+                // Its parts are unknown, so every record stays.
+                records.clear();
+                tracing::warn!("prepared-transaction recovery on {}: {e}", node.addr);
+                first_error.get_or_insert(e);
             }
         }
     }
@@ -64,10 +45,7 @@ pub async fn recover(config: &Config, catalog: &Catalog, nodes: &mut KeptConnect
             Err(_) => records.clear(),
         }
     }
-    forget_commit_records(nodes, catalog, records, &named).await;
-    if let Some(local) = local {
-        nodes.give_back(&local_addr, local).await;
-    }
+    forget_commit_records(nodes, &deciders, records, &named).await;
     nodes.end_round().await;
     match first_error {
         Some(e) if settled == 0 => Err(e),
@@ -75,65 +53,27 @@ pub async fn recover(config: &Config, catalog: &Catalog, nodes: &mut KeptConnect
     }
 }
 
-async fn recover_node(local: &mut PgConnection, nodes: &mut KeptConnections, node: &Node, grace_secs: f64) -> PgResult<u64> {
-    // Records first: one read before the prepared list belongs to a transaction
-    // whose decision was already taken, so absence from the list means finished.
-    let records: HashSet<String> = local
-        .query(&format!("SELECT gid FROM tessera.pg_dist_transaction WHERE groupid = {}", node.group_id))
-        .await?
-        .into_iter()
-        .filter_map(|r| r.into_iter().next().flatten())
-        .collect();
-    let list = format!(
-        "SELECT gid, now() - prepared > make_interval(secs => {grace_secs}) FROM pg_prepared_xacts
-         WHERE database = current_database() AND starts_with(gid, {})",
-        quote_literal(GID_PREFIX)
-    );
-    let prepared = nodes.on(&node.addr, |worker| Box::pin(async move { worker.query(&list).await })).await?;
-    let mut settled = 0;
-    let mut still_prepared = HashSet::new();
-    for row in prepared {
-        let (Some(gid), old) = (row[0].clone(), row[1].as_deref() == Some("t")) else { continue };
-        let command = if records.contains(&gid) {
-            "COMMIT PREPARED"
-        } else if old {
-            "ROLLBACK PREPARED"
-        } else {
-            still_prepared.insert(gid);
-            continue;
-        };
-        let sql = format!("{command} {}", quote_literal(&gid));
-        match nodes.on(&node.addr, |worker| Box::pin(async move { worker.execute(&sql).await })).await {
-            Ok(_) => {
-                tracing::info!("recovery: {command} '{gid}' on {}", node.addr);
-                settled += 1;
-            }
-            Err(e) => {
-                tracing::warn!("recovery: {command} '{gid}' on {}: {e}", node.addr);
-                still_prepared.insert(gid);
-            }
-        }
-    }
-    let finished: Vec<String> = records.iter().filter(|g| !still_prepared.contains(*g)).map(|g| quote_literal(g)).collect();
-    if !finished.is_empty() {
-        local
-            .execute(&format!("DELETE FROM tessera.pg_dist_transaction WHERE groupid = {} AND gid IN ({})", node.group_id, finished.join(", ")))
-            .await?;
-    }
-    Ok(settled)
+/// Where each node group that may decide parts is: the coordinator
+/// database (`decided::COORDINATOR_GROUP`) and every node of the catalog.
+fn deciding_nodes(config: &Config, catalog: &Catalog) -> HashMap<i32, ServerAddr> {
+    let mut deciders: HashMap<i32, ServerAddr> = catalog.nodes.iter().map(|n| (n.group_id, n.addr.clone())).collect();
+    deciders.insert(decided::COORDINATOR_GROUP, config.coordinator_db_addr());
+    deciders
 }
 
-/// The commit records of deciding transactions (`decided`) on every active
-/// node that answers, by node group.
-async fn commit_records(nodes: &mut KeptConnections, catalog: &Catalog) -> HashMap<i32, Vec<u64>> {
+/// The commit records of deciding transactions on the coordinator database
+/// and every active node that answer, by node group.
+async fn commit_records(nodes: &mut KeptConnections, deciders: &HashMap<i32, ServerAddr>, catalog: &Catalog) -> HashMap<i32, Vec<u64>> {
     let mut records = HashMap::new();
-    for node in catalog.active_nodes() {
-        match nodes.on(&node.addr, |conn| Box::pin(decided::commit_records(conn))).await {
+    let active = catalog.active_nodes().map(|n| n.group_id).chain([decided::COORDINATOR_GROUP]);
+    for group in active {
+        let Some(addr) = deciders.get(&group) else { continue };
+        match nodes.on(addr, |conn| Box::pin(decided::commit_records(conn))).await {
             Ok(xids) if !xids.is_empty() => {
-                records.insert(node.group_id, xids);
+                records.insert(group, xids);
             }
             Ok(_) => {}
-            Err(e) => tracing::warn!("recovery: could not read the commit records on {}: {e}", node.addr),
+            Err(e) => tracing::warn!("recovery: could not read the commit records on {addr}: {e}"),
         }
     }
     records
@@ -141,16 +81,16 @@ async fn commit_records(nodes: &mut KeptConnections, catalog: &Catalog) -> HashM
 
 /// Deletes the commit records no prepared part `named` (node group, xid):
 /// their transactions' parts are all finished.
-async fn forget_commit_records(nodes: &mut KeptConnections, catalog: &Catalog, records: HashMap<i32, Vec<u64>>, named: &HashSet<(i32, u64)>) {
+async fn forget_commit_records(nodes: &mut KeptConnections, deciders: &HashMap<i32, ServerAddr>, records: HashMap<i32, Vec<u64>>, named: &HashSet<(i32, u64)>) {
     for (group, xids) in records {
         let finished: Vec<u64> = xids.into_iter().filter(|xid| !named.contains(&(group, *xid))).collect();
-        let Some(node) = catalog.node_for_group(group) else { continue };
+        let Some(addr) = deciders.get(&group) else { continue };
         if finished.is_empty() {
             continue;
         }
-        let forgotten = nodes.on(&node.addr, |conn| Box::pin(async move { decided::forget_commit_records(conn, &finished).await })).await;
+        let forgotten = nodes.on(addr, |conn| Box::pin(async move { decided::forget_commit_records(conn, &finished).await })).await;
         if let Err(e) = forgotten {
-            tracing::warn!("recovery: could not delete finished commit records on {}: {e}", node.addr);
+            tracing::warn!("recovery: could not delete finished commit records on {addr}: {e}");
         }
     }
 }
@@ -171,7 +111,7 @@ async fn decided_parts(conn: &mut PgConnection) -> PgResult<Vec<(String, i32, De
 /// Settles the prepared parts on `node` whose deciding transaction (see
 /// `decided`) has ended: committed with it, or rolled back. Adds every
 /// deciding transaction its parts name to `named`.
-async fn recover_decided_parts(nodes: &mut KeptConnections, catalog: &Catalog, node: &Node, named: &mut HashSet<(i32, u64)>) -> PgResult<u64> {
+async fn recover_decided_parts(nodes: &mut KeptConnections, deciders: &HashMap<i32, ServerAddr>, node: &Node, named: &mut HashSet<(i32, u64)>) -> PgResult<u64> {
     let parts = nodes.on(&node.addr, |conn| Box::pin(decided_parts(conn))).await?;
     let mut by_decider: HashMap<i32, Vec<(String, DecidingTransaction)>> = HashMap::new();
     for (gid, from, decider) in parts {
@@ -180,13 +120,13 @@ async fn recover_decided_parts(nodes: &mut KeptConnections, catalog: &Catalog, n
     }
     let mut settled = 0;
     for (from, parts) in by_decider {
-        let Some(decider) = catalog.node_for_group(from) else { continue };
-        let deciders: Vec<DecidingTransaction> = parts.iter().map(|(_, decider)| decider.clone()).collect();
-        let decisions = nodes.on(&decider.addr, |d| Box::pin(async move { decided::decide(d, &deciders).await })).await;
+        let Some(decider) = deciders.get(&from) else { continue };
+        let transactions: Vec<DecidingTransaction> = parts.iter().map(|(_, decider)| decider.clone()).collect();
+        let decisions = nodes.on(decider, |d| Box::pin(async move { decided::decide(d, &transactions).await })).await;
         let decisions = match decisions {
             Ok(decisions) => decisions,
             Err(e) => {
-                tracing::warn!("recovery: the outcome of transactions on {} is unknown for now: {e}", decider.addr);
+                tracing::warn!("recovery: the outcome of transactions on {decider} is unknown for now: {e}");
                 continue;
             }
         };
@@ -195,7 +135,7 @@ async fn recover_decided_parts(nodes: &mut KeptConnections, catalog: &Catalog, n
             let sql = decided::finish_sql(command, gid);
             match nodes.on(&node.addr, |conn| Box::pin(async move { decided::finish_prepared(conn, &sql).await })).await {
                 Ok(()) => {
-                    tracing::info!("recovery: {command} '{gid}' on {} (its deciding transaction on {} ended)", node.addr, decider.addr);
+                    tracing::info!("recovery: {command} '{gid}' on {} (its deciding transaction on {decider} ended)", node.addr);
                     settled += 1;
                 }
                 Err(e) => tracing::warn!("recovery: {command} '{gid}' on {}: {e}", node.addr),

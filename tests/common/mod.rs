@@ -159,10 +159,11 @@ impl TestCluster {
         n
     }
 
-    /// Commit records in `pg_dist_transaction` that recovery has not cleaned up yet.
+    /// Commit records of transactions the coordinator database decided
+    /// (`transaction::decided`) that recovery has not deleted yet.
     pub async fn commit_records(&self) -> i64 {
         let local = self.connect_coordinator_db().await;
-        local.query_one("SELECT count(*) FROM tessera.pg_dist_transaction", &[]).await.unwrap().get(0)
+        local.query_one("SELECT count(*) FROM tessera_commit.commit_records", &[]).await.unwrap().get(0)
     }
 
     /// Runs psql against the coordinator; returns (success, stdout, stderr).
