@@ -1,6 +1,7 @@
 //! `tessera load`: files (plain, split between readers, gzip, zstd, globs,
 //! stdin) go straight to the shards; row counts per shard follow the hash; a
-//! bad row fails the whole load unless a reject file takes it.
+//! bad row fails the whole load unless a reject file takes it; a loader
+//! killed while committing leaves all of its rows or none.
 
 mod common;
 use common::{text_rows, TestCluster};
@@ -209,4 +210,61 @@ async fn a_worker_stopped_mid_load_leaves_nothing() {
     let c = cluster.connect().await;
     assert_eq!(text_rows(&c, "SELECT count(*) FROM m").await, vec![vec![Some("0".into())]]);
     assert_eq!(cluster.prepared_on_workers().await, 0);
+}
+
+/// Kills `tessera load` while its deciding placement commits (held there by
+/// a lock on the workers' commit records) and the other placements wait
+/// prepared. With `decider_commits` the deciding commit goes through once
+/// the loader is gone, else its backend is ended first. Recovery then
+/// commits or rolls back every prepared placement with it: all of the rows
+/// or none.
+async fn loader_killed_while_deciding(decider_commits: bool) {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute("CREATE TABLE d (id int, qty int); SELECT create_distributed_table('d', 'id', shard_count => 4)").await.unwrap();
+    let mut holders = Vec::new();
+    for i in 0..2 {
+        let w = cluster.connect_worker(i).await;
+        w.batch_execute("BEGIN; LOCK TABLE tessera_commit.commit_records IN EXCLUSIVE MODE").await.unwrap();
+        holders.push(w);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("d.csv");
+    write(&input, (0..1000).map(|i| format!("{i},{i}\n")).collect::<String>().as_bytes());
+    let mut child = spawn_load(&cluster, &[input.to_str().unwrap(), "--table", "d"], false);
+    // One transaction per worker: one prepares, the other decides and waits.
+    let started = std::time::Instant::now();
+    while cluster.prepared_on_workers().await < 1 {
+        assert!(started.elapsed() < std::time::Duration::from_secs(30), "the load never prepared its placements");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    if !decider_commits {
+        for w in &holders {
+            w.batch_execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid()").await.unwrap();
+        }
+    }
+    for w in &holders {
+        w.batch_execute("COMMIT").await.unwrap();
+    }
+    let started = std::time::Instant::now();
+    while cluster.prepared_on_workers().await > 0 {
+        assert!(started.elapsed() < std::time::Duration::from_secs(30), "recovery left the load's placements prepared");
+        c.batch_execute("SELECT recover_prepared_transactions()").await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let expected = if decider_commits { "1000" } else { "0" };
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM d").await, vec![vec![Some(expected.into())]]);
+    assert_eq!(rows_per_shard(&cluster, "d").await.iter().filter(|n| **n > 0).count(), if decider_commits { 4 } else { 0 });
+}
+
+#[tokio::test]
+async fn a_loader_killed_after_its_deciding_commit_loads_everything() {
+    loader_killed_while_deciding(true).await;
+}
+
+#[tokio::test]
+async fn a_loader_killed_before_its_deciding_commit_loads_nothing() {
+    loader_killed_while_deciding(false).await;
 }
