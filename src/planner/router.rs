@@ -369,11 +369,18 @@ pub(super) fn plan_dml(version: i32, raw: &protobuf::RawStmt, catalog: &Catalog)
     if let Some(local) = first_local_table(node, &range_vars, catalog).filter(|_| !insert_select) {
         return Some(not_supported(format!("queries that combine distributed tables with the local table \"{local}\" are not supported yet")));
     }
+    if let Some(name) = cte_named_like_a_table(node, &range_vars, catalog) {
+        return Some(not_supported(format!("a WITH query named like the distributed table \"{name}\" is not supported; rename the WITH query")));
+    }
     let template = ShardTemplate::for_query(version, raw.clone(), tables.clone());
     Some(match node {
         NodeEnum::InsertStmt(insert) => plan_insert(insert, node, template, catalog),
         NodeEnum::SelectStmt(s) => {
-            if s.op != protobuf::SetOperation::SetopNone as i32 || s.with_clause.is_some() {
+            // Read-only WITH queries go to the general fallback; one that
+            // writes in its WITH clause routes when every part reads and
+            // writes one shard group (the fallback cannot write).
+            let writes = s.with_clause.as_ref().and_then(modifying_cte);
+            if s.op != protobuf::SetOperation::SetopNone as i32 || (s.with_clause.is_some() && writes.is_none()) {
                 return Some(route_if_reference_only(Command::Select, template, &tables).unwrap_or_else(|| {
                     not_supported("set operations and WITH queries over distributed tables are not supported yet")
                 }));
@@ -384,17 +391,12 @@ pub(super) fn plan_dml(version: i32, raw: &protobuf::RawStmt, catalog: &Catalog)
             if let Some(w) = s.where_clause.as_deref() {
                 flatten_and(w, &mut conjuncts, true);
             }
-            plan_pinned(Command::Select, node, scope, &conjuncts, template, catalog, replicated_preserved)
+            plan_pinned(writes.unwrap_or(Command::Select), node, scope, &conjuncts, template, catalog, replicated_preserved)
         }
         NodeEnum::UpdateStmt(u) => {
             let Some(rel) = u.relation.as_ref() else { return None };
-            if let Some(t) = resolve_range_var(rel, catalog) {
-                if let Distribution::Hash { column, .. } = &t.distribution {
-                    let sets_key = u.target_list.iter().any(|n| matches!(n.node.as_ref(), Some(NodeEnum::ResTarget(r)) if r.name == *column));
-                    if sets_key {
-                        return Some(Plan::Unsupported(PgError::not_supported("modifying the partition value of rows is not allowed")));
-                    }
-                }
+            if sets_distribution_column(u, catalog) {
+                return Some(Plan::Unsupported(PgError::not_supported("modifying the partition value of rows is not allowed")));
             }
             let mut scope = vec![scope_entry(rel, catalog)];
             let mut conjuncts = Vec::new();
@@ -416,6 +418,50 @@ pub(super) fn plan_dml(version: i32, raw: &protobuf::RawStmt, catalog: &Catalog)
         }
         NodeEnum::MergeStmt(m) => plan_merge(m, node, template, catalog),
         _ => return None,
+    })
+}
+
+/// A WITH query whose name is also a distributed table's that the statement
+/// names without a schema: the planners here take every such name for the
+/// table. (Below a top-level WITH clause, nested ones count too.)
+fn cte_named_like_a_table(node: &NodeEnum, range_vars: &[protobuf::RangeVar], catalog: &Catalog) -> Option<String> {
+    // Only a top-level WITH clause is looked at, which keeps the walk off
+    // the path of every other statement.
+    let with = match node {
+        NodeEnum::SelectStmt(s) => s.with_clause.is_some(),
+        NodeEnum::InsertStmt(i) => i.with_clause.is_some(),
+        NodeEnum::UpdateStmt(u) => u.with_clause.is_some(),
+        NodeEnum::DeleteStmt(d) => d.with_clause.is_some(),
+        _ => false,
+    };
+    if !with {
+        return None;
+    }
+    let nodes = node.nodes();
+    let mut ctes = nodes.iter().filter_map(|(n, _, _)| match n {
+        pg_query::NodeRef::CommonTableExpr(c) => Some(c.ctename.as_str()),
+        _ => None,
+    });
+    ctes.find(|name| range_vars.iter().any(|rv| rv.schemaname.is_empty() && rv.relname == *name && resolve_range_var(rv, catalog).is_some())).map(str::to_string)
+}
+
+/// Whether an UPDATE sets its distributed table's distribution column.
+fn sets_distribution_column(update: &protobuf::UpdateStmt, catalog: &Catalog) -> bool {
+    let Some(Distribution::Hash { column, .. }) = update.relation.as_ref().and_then(|rel| resolve_range_var(rel, catalog)).map(|t| t.distribution.clone()) else { return false };
+    update.target_list.iter().any(|n| matches!(n.node.as_ref(), Some(NodeEnum::ResTarget(r)) if r.name == column))
+}
+
+/// The command of the first data-modifying statement in a WITH clause, if
+/// any: a SELECT carrying one writes.
+fn modifying_cte(with: &protobuf::WithClause) -> Option<Command> {
+    with.ctes.iter().find_map(|cte| match cte.node.as_ref()? {
+        NodeEnum::CommonTableExpr(c) => match c.ctequery.as_deref()?.node.as_ref()? {
+            NodeEnum::InsertStmt(_) => Some(Command::Insert),
+            NodeEnum::UpdateStmt(_) => Some(Command::Update),
+            NodeEnum::DeleteStmt(_) => Some(Command::Delete),
+            _ => None,
+        },
+        _ => None,
     })
 }
 
@@ -918,17 +964,31 @@ fn nested_pins(node: &NodeEnum, catalog: &Catalog) -> Option<(Vec<Arc<Distribute
         if std::mem::take(&mut root) {
             return;
         }
-        if let NodeEnum::SelectStmt(s) = n {
-            selects.push(s.as_ref().clone());
+        if matches!(n, NodeEnum::SelectStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_)) {
+            selects.push(n.clone());
         }
     });
     let mut tables = Vec::new();
     let mut pins = Vec::new();
-    for select in &selects {
+    for part in &selects {
         let mut scope = Vec::new();
         let mut conjuncts = Vec::new();
-        collect_from(&select.from_clause, catalog, &mut scope, &mut conjuncts);
-        if let Some(w) = select.where_clause.as_deref() {
+        // An UPDATE or DELETE in a WITH clause is pinned by its own target
+        // and conditions, like a subquery.
+        let (target, from, condition) = match part {
+            NodeEnum::SelectStmt(s) => (None, &s.from_clause, &s.where_clause),
+            NodeEnum::UpdateStmt(u) => {
+                if sets_distribution_column(u, catalog) {
+                    return None;
+                }
+                (u.relation.as_ref(), &u.from_clause, &u.where_clause)
+            }
+            NodeEnum::DeleteStmt(d) => (d.relation.as_ref(), &d.using_clause, &d.where_clause),
+            _ => unreachable!("only statements are collected"),
+        };
+        scope.extend(target.map(|rel| scope_entry(rel, catalog)));
+        collect_from(from, catalog, &mut scope, &mut conjuncts);
+        if let Some(w) = condition.as_deref() {
             flatten_and(w, &mut conjuncts, true);
         }
         let hash_entries: Vec<usize> = scope.iter().enumerate().filter(|(_, e)| e.table.as_ref().is_some_and(|t| !t.is_reference())).map(|(i, _)| i).collect();
