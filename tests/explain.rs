@@ -41,6 +41,10 @@ async fn each_shape_takes_its_tier() {
         ("SELECT * FROM ea JOIN eb USING (k) WHERE ea.k = 5", "Custom Scan (Tessera Router)"),
         ("SELECT count(*) FROM ea LEFT JOIN eb USING (k)", "Custom Scan (Tessera Multi-Shard)"),
         ("UPDATE ea SET v = 1 WHERE k = 3", "Custom Scan (Tessera Router)"),
+        // WITH queries whose every part reads (or writes) one shard group.
+        ("WITH m AS (SELECT * FROM ea WHERE k = 5) SELECT count(*) FROM m, eb WHERE eb.k = 5", "Custom Scan (Tessera Router)"),
+        ("WITH gone AS (DELETE FROM ea WHERE k = 5 RETURNING v) SELECT sum(v) FROM gone", "Custom Scan (Tessera Router)"),
+        ("WITH m AS (SELECT * FROM ea) SELECT count(*) FROM m", "Custom Scan (Tessera General Fallback)"),
         ("SELECT * FROM er", "Custom Scan (Tessera Router)"),
         ("SELECT count(*), sum(v) FROM ea", "Custom Scan (Tessera Multi-Shard)"),
         ("SELECT ea.k, eb.w FROM ea JOIN eb ON ea.k = eb.k", "Custom Scan (Tessera Multi-Shard)"),

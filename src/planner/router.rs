@@ -376,22 +376,27 @@ pub(super) fn plan_dml(version: i32, raw: &protobuf::RawStmt, catalog: &Catalog)
     Some(match node {
         NodeEnum::InsertStmt(insert) => plan_insert(insert, node, template, catalog),
         NodeEnum::SelectStmt(s) => {
-            // Read-only WITH queries go to the general fallback; one that
-            // writes in its WITH clause routes when every part reads and
-            // writes one shard group (the fallback cannot write).
-            let writes = s.with_clause.as_ref().and_then(modifying_cte);
-            if s.op != protobuf::SetOperation::SetopNone as i32 || (s.with_clause.is_some() && writes.is_none()) {
-                return Some(route_if_reference_only(Command::Select, template, &tables).unwrap_or_else(|| {
-                    not_supported("set operations and WITH queries over distributed tables are not supported yet")
-                }));
+            if s.op != protobuf::SetOperation::SetopNone as i32 {
+                return Some(route_if_reference_only(Command::Select, template, &tables).unwrap_or_else(|| not_supported("set operations over distributed tables are not supported yet")));
             }
+            let writes = s.with_clause.as_ref().and_then(modifying_cte);
             let mut scope = Vec::new();
             let mut conjuncts = Vec::new();
             let replicated_preserved = collect_from(&s.from_clause, catalog, &mut scope, &mut conjuncts);
             if let Some(w) = s.where_clause.as_deref() {
                 flatten_and(w, &mut conjuncts, true);
             }
-            plan_pinned(writes.unwrap_or(Command::Select), node, scope, &conjuncts, template, catalog, replicated_preserved)
+            let plan = plan_pinned(writes.unwrap_or(Command::Select), node, scope, &conjuncts, template, catalog, replicated_preserved);
+            // A WITH query routes when every part reads (and writes) one
+            // shard group, or only reference tables; else a read-only one
+            // goes to the general fallback (the multi-shard tier does not
+            // carry WITH clauses), and one that writes is refused (the
+            // fallback cannot write).
+            match plan {
+                Plan::Router(_) => plan,
+                _ if s.with_clause.is_none() || writes.is_some() => plan,
+                _ => not_supported("WITH queries over distributed tables are supported only when every part reads one shard group, pinned by its own conditions on the distribution column"),
+            }
         }
         NodeEnum::UpdateStmt(u) => {
             let Some(rel) = u.relation.as_ref() else { return None };
