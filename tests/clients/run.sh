@@ -143,13 +143,14 @@ dump_check() { # prints ok/FAIL lines for the pseudo-client pg_dump
     else
         echo "FAIL $c restore: $(grep -m3 -E 'ERROR|FATAL' "$OUT/restore.err" | tr '\n' ' ')"
     fi
-    # Tables of Tessera's own schemas (its catalog, whose 2PC records come and
-    # go, and the fallback's foreign tables) are listed, not compared.
+    # Tables of Tessera's own schemas (its catalog, the commit records of
+    # transactions the coordinator database decides, which come and go, and
+    # the fallback's foreign tables) are listed, not compared.
     local internal
     internal="$(grep -oE '^CREATE (FOREIGN )?TABLE tessera[a-z_]*\.' "$dump" | sort | uniq -c | awk '{$1=$1; print}' | tr '\n' ';')"
     [ -z "$internal" ] || echo "# $c: the dump also holds Tessera's internal schemas (count, statement): $internal"
     local q_tables="SELECT quote_ident(schemaname) || '.' || quote_ident(tablename) FROM pg_tables
-                    WHERE schemaname NOT IN ('pg_catalog', 'information_schema', 'tessera', 'tessera_fallback') ORDER BY 1"
+                    WHERE schemaname NOT IN ('pg_catalog', 'information_schema', 'tessera', 'tessera_fallback', 'tessera_commit') ORDER BY 1"
     local src_tables dst_tables
     src_tables="$(PGTZ=UTC psql -X -At -h "$PGHOST" -p "$PGPORT" -U "$PGUSER" -d "$PGDATABASE" -c "$q_tables" 2>&1)"
     dst_tables="$(PGTZ=UTC psql -X -At -h "$rhost" -p "$RESTORE_PGPORT" -U "$ruser" -d "$rdb" -c "$q_tables" 2>&1)"
