@@ -5,9 +5,8 @@
 use crate::connection::{quote_literal, Login, PgConnection, ServerAddr};
 use crate::copy::MAX_IN_FLIGHT;
 use crate::error::PgError;
-use crate::protocol::backend::TxStatus;
 use crate::protocol::{backend, frontend};
-use crate::transaction::decided;
+use crate::transaction::decided::{self, Decision};
 use bytes::{Bytes, BytesMut};
 use std::collections::VecDeque;
 use std::io::Write;
@@ -266,15 +265,15 @@ pub async fn commit(written: Vec<Written>) -> anyhow::Result<u64> {
         }
     }
     if failure.is_none() {
-        if let Err(e) = decider.conn.execute(decided::RECORD_AND_COMMIT_SQL).await {
-            if decider.conn.is_broken() {
-                // The commit may have happened: recovery reads its record.
-                return Err(anyhow::anyhow!("commit on {}: {e}; the coordinator's prepared-transaction recovery settles the load's outcome", decider.placement.addr));
+        match decided::commit(&mut decider.conn).await {
+            Ok(()) => {}
+            // The commit may have happened: recovery reads its record.
+            Err(Decision::InDoubt(e)) => {
+                return Err(anyhow::anyhow!("commit on {}: {e}; the coordinator's prepared-transaction recovery settles the load's outcome", decider.placement.addr))
             }
-            failure = Some(anyhow::anyhow!("commit on {}: {e}", decider.placement.addr));
+            Err(Decision::RolledBack(e)) => failure = Some(anyhow::anyhow!("commit on {}: {e}", decider.placement.addr)),
         }
-    }
-    if failure.is_some() && decider.conn.tx_status() != TxStatus::Idle {
+    } else {
         decider.conn.execute("ROLLBACK").await.ok();
     }
     decider.conn.terminate().await;

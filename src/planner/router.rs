@@ -452,8 +452,9 @@ fn cte_named_like_a_table(node: &NodeEnum, range_vars: &[protobuf::RangeVar], ca
 
 /// Whether an UPDATE sets its distributed table's distribution column.
 fn sets_distribution_column(update: &protobuf::UpdateStmt, catalog: &Catalog) -> bool {
-    let Some(Distribution::Hash { column, .. }) = update.relation.as_ref().and_then(|rel| resolve_range_var(rel, catalog)).map(|t| t.distribution.clone()) else { return false };
-    update.target_list.iter().any(|n| matches!(n.node.as_ref(), Some(NodeEnum::ResTarget(r)) if r.name == column))
+    let Some(table) = update.relation.as_ref().and_then(|rel| resolve_range_var(rel, catalog)) else { return false };
+    let Distribution::Hash { column, .. } = &table.distribution else { return false };
+    update.target_list.iter().any(|n| matches!(n.node.as_ref(), Some(NodeEnum::ResTarget(r)) if r.name == *column))
 }
 
 /// The command of the first data-modifying statement in a WITH clause, if

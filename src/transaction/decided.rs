@@ -98,6 +98,35 @@ pub fn parse_gid(gid: &str) -> Option<(i32, DecidingTransaction)> {
 /// savepoint rolled back after an earlier record would take it along.
 pub const RECORD_AND_COMMIT_SQL: &str = concat!("SELECT ", schema!(), ".record_commit(); COMMIT");
 
+/// How a two-phase commit's decision went, when it did not commit.
+pub enum Decision {
+    /// Certainly not committed: the prepared parts are rolled back.
+    RolledBack(PgError),
+    /// The connection broke while the decision was on its way: recovery
+    /// learns the outcome and settles the prepared parts.
+    InDoubt(PgError),
+}
+
+/// The deciding node's one-phase COMMIT with its commit record
+/// (`RECORD_AND_COMMIT_SQL`) on `conn`, which holds the deciding
+/// transaction. A failure that leaves the transaction open there rolls it
+/// back.
+pub async fn commit(conn: &mut PgConnection) -> Result<(), Decision> {
+    match conn.execute(RECORD_AND_COMMIT_SQL).await {
+        Ok(_) => Ok(()),
+        // The COMMIT may or may not have reached the node: its
+        // transaction's record there decides, later.
+        Err(e) if conn.is_broken() => Err(Decision::InDoubt(e)),
+        Err(e) => {
+            // A failed record leaves the block open there, failed.
+            if conn.tx_status() != TxStatus::Idle {
+                conn.execute("ROLLBACK").await.ok();
+            }
+            Err(Decision::RolledBack(e))
+        }
+    }
+}
+
 /// What the trigger on foreign tables runs for every row it sees written
 /// (`commands::worker_relations`): the transaction's record, once.
 pub const RECORD_ONCE_SQL: &str = concat!("PERFORM ", schema!(), ".record_commit_once()");

@@ -11,7 +11,7 @@ pub mod deadlock;
 pub mod links;
 pub mod recovery;
 
-use decided::DecidingTransaction;
+use decided::{Decision, DecidingTransaction};
 use crate::connection::{Login, PgConnection, ServerAddr};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Node, TypeOids, FIRST_USER_OID};
@@ -122,15 +122,6 @@ impl TwoPhase {
             tokio::time::sleep(self.stall).await;
         }
     }
-}
-
-/// How a two-phase commit's decision went, when it did not commit.
-enum Decision {
-    /// Certainly not committed: the prepared parts are rolled back.
-    RolledBack(PgError),
-    /// The connection broke while the decision was on its way: recovery
-    /// learns the outcome and settles the prepared parts.
-    InDoubt(PgError),
 }
 
 /// postgres_fdw refuses PREPARE in a worker transaction whose user code
@@ -1191,19 +1182,7 @@ impl Participants {
                 self.held_local().map_err(Decision::RolledBack)?
             }
         };
-        match conn.execute(decided::RECORD_AND_COMMIT_SQL).await {
-            Ok(_) => Ok(()),
-            // The COMMIT may or may not have reached the node: its
-            // transaction's record there decides, later.
-            Err(e) if conn.is_broken() => Err(Decision::InDoubt(e)),
-            Err(e) => {
-                // A failed record leaves the block open there, failed.
-                if conn.tx_status() != TxStatus::Idle {
-                    conn.execute("ROLLBACK").await.ok();
-                }
-                Err(Decision::RolledBack(e))
-            }
-        }
+        decided::commit(conn).await
     }
 
     /// Sends COMMIT PREPARED or ROLLBACK PREPARED for each prepared transaction,
