@@ -232,15 +232,20 @@ async fn the_link_relay_sends_bookkeeping_with_the_next_request() {
         async move { node.query_one("SELECT query FROM pg_stat_activity WHERE pid = $1", &[&pid]).await.unwrap().get::<_, String>(0) }
     };
 
-    link.batch_execute("START TRANSACTION ISOLATION LEVEL REPEATABLE READ").await.unwrap();
+    link.batch_execute("START TRANSACTION ISOLATION LEVEL SERIALIZABLE").await.unwrap();
     let row = link.query_one("SELECT current_setting('transaction_isolation'), pg_backend_pid()", &[]).await.unwrap();
-    assert_eq!(row.get::<_, String>(0), "repeatable read", "the first query runs in the transaction opened ahead of it");
+    assert_eq!(row.get::<_, String>(0), "serializable", "the first query runs in the transaction opened ahead of it");
     let pid: i32 = row.get(1);
     link.batch_execute("DECLARE c1 CURSOR FOR SELECT 1").await.unwrap();
     link.batch_execute("CLOSE c1").await.unwrap();
     assert!(last_statement(pid).await.starts_with("DECLARE"), "the CLOSE waits for the next request");
     let e = link.batch_execute("FETCH 1 FROM c1").await.unwrap_err();
     assert_eq!(sqlstate(&e), "34000", "the cursor was closed before the FETCH ran: {e}");
+    link.batch_execute("ROLLBACK").await.unwrap();
+
+    link.batch_execute("START TRANSACTION ISOLATION LEVEL REPEATABLE READ").await.unwrap();
+    let isolation: String = link.query_one("SELECT current_setting('transaction_isolation')", &[]).await.unwrap().get(0);
+    assert_eq!(isolation, "read committed", "postgres_fdw's REPEATABLE READ becomes the sessions' READ COMMITTED");
     link.batch_execute("ROLLBACK").await.unwrap();
 
     link.batch_execute("START TRANSACTION ISOLATION LEVEL REPEATABLE READ").await.unwrap();
@@ -363,6 +368,27 @@ async fn a_deadlock_through_a_link_is_broken() {
     assert!(started.elapsed() < std::time::Duration::from_secs(15), "the deadlock took {:?} to break", started.elapsed());
     s1.batch_execute("COMMIT").await.unwrap();
     assert_eq!(balances(&c, a, b).await, (100, 101));
+    assert_eq!(cluster.prepared_on_workers().await, 0);
+}
+
+/// A delegated call updating a row on the other node that another session
+/// has updated and not yet committed waits for that session, as the same
+/// call does on plain PostgreSQL, and then applies its change to the row's
+/// new version: the link's remote transaction is READ COMMITTED, not
+/// postgres_fdw's REPEATABLE READ, which fails the call with 40001.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_writing_through_a_link_waits_for_a_concurrent_update() {
+    let cluster = TestCluster::start(2);
+    let (c, a, b) = transfer_setup(&cluster).await;
+    let other = cluster.connect().await;
+    other.batch_execute(&format!("BEGIN; UPDATE dl_acct SET balance = balance + 10 WHERE id = {b}")).await.unwrap();
+    let app = connect_as(cluster.port, "dl_app").await;
+    let call = tokio::spawn(async move { app.batch_execute(&format!("SELECT dl_transfer({a}, {b}, 1)")).await });
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(!call.is_finished(), "the call waits for the other session's row");
+    other.batch_execute("COMMIT").await.unwrap();
+    call.await.unwrap().unwrap();
+    assert_eq!(balances(&c, a, b).await, (99, 111), "both updates count");
     assert_eq!(cluster.prepared_on_workers().await, 0);
 }
 

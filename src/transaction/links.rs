@@ -274,6 +274,8 @@ impl LinkRelay {
                 b'X' => break,
                 b'Q' => {
                     let sql = frontend::decode_query(&msg)?;
+                    let rewritten = at_read_committed(sql);
+                    let sql = rewritten.unwrap_or(sql);
                     let command = leading_keyword(sql);
                     if command == "COMMIT" && wrote {
                         wrote = false;
@@ -302,7 +304,10 @@ impl LinkRelay {
                         link.flush().await?;
                         continue;
                     }
-                    node.out().extend_from_slice(msg.frame());
+                    match rewritten {
+                        Some(sql) => frontend::query(node.out(), sql),
+                        None => node.out().extend_from_slice(msg.frame()),
+                    }
                     relay_answer(node, link).await?;
                     status = node.tx_status();
                 }
@@ -567,6 +572,23 @@ fn answer_ahead(sql: &str, status: TxStatus) -> Option<(&'static str, TxStatus)>
     }
 }
 
+/// The statement to open a link's remote transaction with instead of
+/// `sql`, when that is postgres_fdw's `START TRANSACTION ISOLATION LEVEL
+/// REPEATABLE READ`. postgres_fdw asks for REPEATABLE READ unless the
+/// worker's transaction is SERIALIZABLE, so that one snapshot serves all
+/// its scans; but then a row another transaction updated meanwhile fails
+/// the statement with 40001, where the same statement on plain PostgreSQL
+/// (READ COMMITTED) waits for that transaction and goes on with the row's
+/// new version. Links follow the sessions' usual isolation instead, as the
+/// coordinator's own statements on several nodes do: one snapshot per
+/// statement on each node.
+fn at_read_committed(sql: &str) -> Option<&'static str> {
+    const ASKED: [&str; 6] = ["START", "TRANSACTION", "ISOLATION", "LEVEL", "REPEATABLE", "READ"];
+    let mut words = sql.split_whitespace();
+    let asked = ASKED.iter().all(|expected| words.next().is_some_and(|w| w.eq_ignore_ascii_case(expected))) && words.next().is_none();
+    asked.then_some("START TRANSACTION ISOLATION LEVEL READ COMMITTED")
+}
+
 /// Whether a statement postgres_fdw sends changes rows.
 fn is_write(keyword: &str) -> bool {
     matches!(keyword, "INSERT" | "UPDATE" | "DELETE" | "TRUNCATE" | "MERGE" | "COPY")
@@ -592,6 +614,13 @@ mod tests {
         assert!(!is_write(&leading_keyword("FETCH 100 FROM c1")));
         assert!(ends_transaction("ABORT TRANSACTION") && ends_transaction("COMMIT TRANSACTION"));
         assert!(!ends_transaction("ROLLBACK TO SAVEPOINT s2") && !ends_transaction("SAVEPOINT s2"));
+    }
+
+    #[test]
+    fn links_open_their_remote_transactions_at_read_committed() {
+        assert_eq!(at_read_committed("START TRANSACTION ISOLATION LEVEL REPEATABLE READ"), Some("START TRANSACTION ISOLATION LEVEL READ COMMITTED"));
+        assert_eq!(at_read_committed("START TRANSACTION ISOLATION LEVEL SERIALIZABLE"), None, "a SERIALIZABLE worker transaction stays so");
+        assert_eq!(at_read_committed("SELECT 1"), None);
     }
 
     #[test]
