@@ -40,6 +40,12 @@ async fn each_shape_takes_its_tier() {
         ("SELECT * FROM ea JOIN eb ON ea.k = eb.k WHERE ea.k = 5", "Custom Scan (Tessera Router)"),
         ("SELECT * FROM ea JOIN eb USING (k) WHERE ea.k = 5", "Custom Scan (Tessera Router)"),
         ("SELECT count(*) FROM ea LEFT JOIN eb USING (k)", "Custom Scan (Tessera Multi-Shard)"),
+        // A key pinned in an inner join's ON clause pins as in WHERE; on an
+        // outer join's nullable side it pins that side only.
+        ("SELECT * FROM ea JOIN eb ON eb.k = ea.k AND ea.k = 5", "Custom Scan (Tessera Router)"),
+        ("SELECT * FROM ea JOIN eb ON eb.k = 5 AND ea.k = 5 AND eb.w = ea.v", "Custom Scan (Tessera Router)"),
+        ("SELECT count(*) FROM ea LEFT JOIN eb ON eb.k = ea.k AND eb.k = 5", "Custom Scan (Tessera Multi-Shard)"),
+        ("SELECT count(*) FROM ea LEFT JOIN (eb JOIN er ON eb.k = 5 AND er.id = eb.w) ON eb.k = ea.k", "Custom Scan (Tessera Multi-Shard)"),
         ("UPDATE ea SET v = 1 WHERE k = 3", "Custom Scan (Tessera Router)"),
         // WITH queries whose every part reads (or writes) one shard group.
         ("WITH m AS (SELECT * FROM ea WHERE k = 5) SELECT count(*) FROM m, eb WHERE eb.k = 5", "Custom Scan (Tessera Router)"),

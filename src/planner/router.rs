@@ -622,35 +622,51 @@ fn scope_entry(rv: &protobuf::RangeVar, catalog: &Catalog) -> ScopeEntry {
 }
 
 /// Walks a FROM list: tables enter the scope, and join conditions become
-/// conjuncts — used only for their equalities between columns: a constant in an
-/// ON clause does not restrict an outer join's preserved side, nor a join nested
-/// inside one. Returns whether an outer join preserves rows of something other
+/// conjuncts. Returns whether an outer join preserves rows of something other
 /// than a distributed table (a reference table, a subquery): run per shard, such
 /// rows would come back once per shard.
 fn collect_from<'a>(items: &'a [protobuf::Node], catalog: &Catalog, scope: &mut Vec<ScopeEntry>, conjuncts: &mut Vec<Conjunct<'a>>) -> bool {
+    collect_joined(items, catalog, scope, conjuncts, false)
+}
+
+/// `collect_from` for items that are, when `nullable`, on the nullable side
+/// of an outer join. An inner join's ON clause restricts the statement's rows
+/// as WHERE does, so its constants pin tables, unless the join sits on such a
+/// side: its rows may then be replaced by NULLs, and the tables its equalities
+/// tie to the preserved side are not restricted. An outer join's own ON clause
+/// restricts only its nullable side, so only its equalities between columns
+/// count (they tie tables pinned by conditions on the result).
+fn collect_joined<'a>(items: &'a [protobuf::Node], catalog: &Catalog, scope: &mut Vec<ScopeEntry>, conjuncts: &mut Vec<Conjunct<'a>>, nullable: bool) -> bool {
     let mut replicated_preserved = false;
     for item in items {
         match item.node.as_ref() {
             Some(NodeEnum::RangeVar(rv)) => scope.push(scope_entry(rv, catalog)),
             Some(NodeEnum::JoinExpr(j)) => {
+                let join_type = JoinType::from_i32(j.jointype);
+                let side_nullable = match join_type {
+                    Some(JoinType::JoinInner) => [nullable; 2],
+                    Some(JoinType::JoinLeft) => [nullable, true],
+                    Some(JoinType::JoinRight) => [true, nullable],
+                    _ => [true; 2],
+                };
                 let mut replicated = [false; 2];
                 let mut sides = [0..0, 0..0];
                 for (side, arg) in [j.larg.as_deref(), j.rarg.as_deref()].into_iter().enumerate() {
                     let Some(arg) = arg else { continue };
                     let before = scope.len();
-                    replicated_preserved |= collect_from(std::slice::from_ref(arg), catalog, scope, conjuncts);
+                    replicated_preserved |= collect_joined(std::slice::from_ref(arg), catalog, scope, conjuncts, side_nullable[side]);
                     replicated[side] = scope[before..].iter().any(|e| e.table.as_ref().is_none_or(|t| t.is_reference()));
                     sides[side] = before..scope.len();
                 }
                 using_equalities(j, scope, &sides, conjuncts);
-                replicated_preserved |= match JoinType::from_i32(j.jointype) {
+                replicated_preserved |= match join_type {
                     Some(JoinType::JoinLeft) => replicated[0],
                     Some(JoinType::JoinRight) => replicated[1],
                     Some(JoinType::JoinFull) => replicated[0] || replicated[1],
                     _ => false,
                 };
                 if let Some(q) = j.quals.as_deref() {
-                    flatten_and(q, conjuncts, false);
+                    flatten_and(q, conjuncts, join_type == Some(JoinType::JoinInner) && !nullable);
                 }
             }
             Some(NodeEnum::RangeSubselect(sub)) => {
