@@ -81,8 +81,11 @@ async fn each_shape_takes_its_tier() {
         ("SELECT grp FROM ea_named WHERE key = 3", "Custom Scan (Tessera Router)"),
         ("SELECT * FROM ea_per_g", "Custom Scan (Tessera General Fallback)"),
         // User code that reaches distributed tables runs whole on a worker.
-        ("SELECT ea_total(3)", "Custom Scan (Tessera User Code on a Worker)"),
-        ("SELECT k, ea_total(k) FROM ea WHERE g = 1", "Custom Scan (Tessera User Code on a Worker)"),
+        ("SELECT ea_total(3)", "Custom Scan (Tessera Whole Statement on a Worker)"),
+        ("SELECT k, ea_total(k) FROM ea WHERE g = 1", "Custom Scan (Tessera Whole Statement on a Worker)"),
+        // So do writing WITH queries one shard group cannot answer.
+        ("WITH gone AS (DELETE FROM ea WHERE k = 5 RETURNING k, v) INSERT INTO eb SELECT k, v FROM gone", "Custom Scan (Tessera Whole Statement on a Worker)"),
+        ("WITH gone AS (DELETE FROM ea WHERE v > 3 RETURNING k) SELECT count(*) FROM gone", "Custom Scan (Tessera Whole Statement on a Worker)"),
     ];
     for (sql, expected) in cases {
         let lines = explain(&c, sql).await;
@@ -108,6 +111,13 @@ async fn each_shape_takes_its_tier() {
     // Where user code ran: the node, and the worker's plan of the call.
     let text = explain(&c, "SELECT ea_total(3)").await.join("\n");
     assert!(text.contains(&format!("port={port}")) && text.contains("Result"), "{text}");
+    // A writing WITH query pinned to one shard group runs on that group's node.
+    for key in [5, 6, 7, 8] {
+        let ports = common::placement_ports(&c, "ea").await;
+        let home = ports[common::shard_of_int4(key, ports.len() as u32)];
+        let text = explain(&c, &format!("WITH gone AS (DELETE FROM ea WHERE k = {key} RETURNING k, v) INSERT INTO eb SELECT k, v FROM gone")).await.join("\n");
+        assert!(text.contains(&format!("port={home}")), "key {key} lives on port {home}:\n{text}");
+    }
     // EXPLAIN ANALYZE runs the statement.
     c.batch_execute("INSERT INTO ea VALUES (1, 1, 1), (2, 2, 2)").await.unwrap();
     let text = explain(&c, "SELECT * FROM ea WHERE k = 2").await.join("\n");

@@ -13,12 +13,14 @@ const SCHEMA: &str = "
     GRANT auditors TO reader;
     CREATE TABLE accounts (id int PRIMARY KEY, owner text, balance int);
     CREATE TABLE kinds (id int PRIMARY KEY, name text);
-    CREATE TABLE secrets (id int PRIMARY KEY, code text);";
+    CREATE TABLE secrets (id int PRIMARY KEY, code text);
+    CREATE TABLE ledger (id int NOT NULL, note text);";
 
 const DISTRIBUTE: &str = "
     SELECT create_distributed_table('accounts', 'id');
     SELECT create_reference_table('kinds');
-    SELECT create_distributed_table('secrets', 'id');";
+    SELECT create_distributed_table('secrets', 'id');
+    SELECT create_distributed_table('ledger', 'id', colocate_with => 'accounts');";
 
 const DATA_AND_GRANTS: &str = "
     INSERT INTO accounts SELECT g, 'owner ' || g, g * 10 FROM generate_series(1, 20) g;
@@ -28,7 +30,8 @@ const DATA_AND_GRANTS: &str = "
     REVOKE UPDATE ON accounts FROM app;
     GRANT SELECT (id, owner) ON accounts TO auditors;
     GRANT SELECT ON secrets TO auditors;
-    REVOKE SELECT ON secrets FROM auditors;";
+    REVOKE SELECT ON secrets FROM auditors;
+    GRANT SELECT, INSERT ON ledger TO app;";
 
 /// Statements each role runs, in order, on both servers.
 const AS_APP: &[&str] = &[
@@ -42,6 +45,12 @@ const AS_APP: &[&str] = &[
     "DELETE FROM accounts WHERE id = 7",
     "SELECT code FROM secrets WHERE id = 1",
     "SELECT count(*) FROM secrets",
+    // Writing WITH queries run whole on a worker, as the role, reaching the
+    // other node's shards through the link relay as that role too.
+    "WITH picked AS (SELECT id, owner FROM accounts WHERE id > 12) INSERT INTO ledger SELECT id, owner FROM picked",
+    "SELECT count(*), min(note), max(note) FROM ledger",
+    "WITH gone AS (DELETE FROM accounts WHERE id = 9 RETURNING id) INSERT INTO ledger SELECT id, 'gone' FROM gone",
+    "SELECT count(*) FROM accounts WHERE id = 9",
 ];
 
 const AS_READER: &[&str] = &[
@@ -51,6 +60,7 @@ const AS_READER: &[&str] = &[
     "SELECT count(*) FROM kinds",
     "INSERT INTO accounts (id, owner) VALUES (200, 'no')",
     "SELECT code FROM secrets",
+    "WITH picked AS (SELECT id, owner FROM accounts WHERE id = 3) INSERT INTO ledger SELECT id, owner FROM picked",
 ];
 
 #[tokio::test]
@@ -83,7 +93,7 @@ async fn ordinary_roles_get_what_postgresql_gives_them() {
 
     // Revoked everywhere, and dropped everywhere.
     for admin in [&c, &p] {
-        admin.batch_execute("REVOKE ALL ON accounts, kinds FROM app; REVOKE SELECT (id, owner) ON accounts FROM auditors").await.unwrap();
+        admin.batch_execute("REVOKE ALL ON accounts, kinds, ledger FROM app; REVOKE SELECT (id, owner) ON accounts FROM auditors").await.unwrap();
     }
     let (ca, pa) = (connect_as(cluster.port, "app").await, connect_as(plain.instance.port, "app").await);
     for sql in ["SELECT count(*) FROM accounts", "SELECT name FROM kinds WHERE id = 2"] {

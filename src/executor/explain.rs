@@ -63,7 +63,7 @@ async fn explain_pushdown(plan: &ExplainPlan, inner: &Plan, catalog: &Catalog, p
             let (router, header) = match inner {
                 // Shown as delegated whether or not a block would keep it from being so.
                 Plan::Delegated(delegation) => (&delegation.call, "Custom Scan (Tessera Delegated Function Call)"),
-                Plan::Router(router) if router.command == Command::UserCode => (router, "Custom Scan (Tessera User Code on a Worker)"),
+                Plan::Router(router) if router.command == Command::WholeOnWorker => (router, "Custom Scan (Tessera Whole Statement on a Worker)"),
                 Plan::Router(router) => (router, "Custom Scan (Tessera Router)"),
                 _ => unreachable!("matched above"),
             };

@@ -343,7 +343,7 @@ async fn run_tasks(plan: &RouterPlan, tasks: Vec<Task>, parts: &mut Participants
     for (i, task) in tasks.iter().enumerate() {
         let access = if plan.is_write() { Access::Write } else { Access::Read };
         let node = node_of_group(catalog, task.group)?;
-        if plan.command == Command::UserCode {
+        if plan.command == Command::WholeOnWorker {
             parts.follow_session_settings(node, access).await?;
         }
         let worker = parts.worker(node, access).await?;
@@ -477,7 +477,7 @@ pub async fn delegates(delegation: &Delegation, parts: &mut Participants) -> PgR
     if !parts.citus_settings().await?.function_delegation {
         return Ok(false);
     }
-    let runs_on_a_worker = matches!(&delegation.otherwise, crate::planner::Plan::Router(r) if r.command == Command::UserCode);
+    let runs_on_a_worker = matches!(&delegation.otherwise, crate::planner::Plan::Router(r) if r.command == Command::WholeOnWorker);
     Ok(delegation.force_delegation || !parts.in_block() || runs_on_a_worker)
 }
 

@@ -73,7 +73,7 @@ pub(super) fn delegated_call(version: i32, raw: &protobuf::RawStmt, node: &NodeE
     };
     // A NULL argument (Some(Err)) picks no shard: the call runs undelegated.
     let value = key_value(argument, key)?.ok()?;
-    let routed = |template| match router(Command::UserCode, ShardTarget::Key(value.clone()), Some(table.clone()), template) {
+    let routed = |template| match router(Command::WholeOnWorker, ShardTarget::Key(value.clone()), Some(table.clone()), template) {
         Plan::Router(call) => Some(call),
         _ => None,
     };

@@ -23,6 +23,7 @@ mod router;
 mod session_state;
 mod user_code;
 mod views;
+mod writing_with;
 use crate::walk;
 
 pub use ddl::{placement_groups, ChosenNames, DdlPlan, DropIndex, RelationChanges, RoleChange};
@@ -349,7 +350,9 @@ fn plan_undelegated(version: i32, raw: &protobuf::RawStmt, node: &NodeEnum, text
         _ => ddl::plan_utility(version, raw, catalog),
     };
     match plan {
-        Some(Plan::Unsupported(refusal)) => fallback::plan(version, node, catalog, refusal.message()).unwrap_or(Plan::Unsupported(refusal)),
+        Some(Plan::Unsupported(refusal)) => fallback::plan(version, node, catalog, refusal.message())
+            .or_else(|| writing_with::on_worker(version, raw, node, catalog))
+            .unwrap_or(Plan::Unsupported(refusal)),
         Some(Plan::Router(route)) if matches!(route.target, ShardTarget::SameKeys(_)) => {
             let why = "its tables are pinned to key values in different shard groups";
             let otherwise = fallback::plan(version, node, catalog, why).unwrap_or_else(|| not_supported(format!("this query is supported only when {why} agree")));

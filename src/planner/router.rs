@@ -24,10 +24,12 @@ pub enum Command {
     Update,
     Delete,
     Merge,
-    /// A statement that runs user code reaching distributed tables (a call
-    /// of such a function, a procedure, a DO block). It may write anywhere,
-    /// so it counts as a write.
-    UserCode,
+    /// A statement run unchanged on one worker, over its worker-side
+    /// relations: one that runs user code reaching distributed tables (a
+    /// call of such a function, a procedure, a DO block), or a WITH query
+    /// that writes where one shard group cannot answer it. It may write
+    /// anywhere, so it counts as a write.
+    WholeOnWorker,
 }
 
 impl Command {
@@ -39,7 +41,7 @@ impl Command {
             Command::Update => "UPDATE",
             Command::Delete => "DELETE",
             Command::Merge => "MERGE",
-            Command::UserCode => "SELECT",
+            Command::WholeOnWorker => "SELECT",
         }
     }
 }
@@ -432,16 +434,7 @@ pub(super) fn plan_dml(version: i32, raw: &protobuf::RawStmt, catalog: &Catalog)
 fn cte_named_like_a_table(node: &NodeEnum, range_vars: &[protobuf::RangeVar], catalog: &Catalog) -> Option<String> {
     // Only a top-level WITH clause is looked at, which keeps the walk off
     // the path of every other statement.
-    let with = match node {
-        NodeEnum::SelectStmt(s) => s.with_clause.is_some(),
-        NodeEnum::InsertStmt(i) => i.with_clause.is_some(),
-        NodeEnum::UpdateStmt(u) => u.with_clause.is_some(),
-        NodeEnum::DeleteStmt(d) => d.with_clause.is_some(),
-        _ => false,
-    };
-    if !with {
-        return None;
-    }
+    top_level_with(node)?;
     let nodes = node.nodes();
     let mut ctes = nodes.iter().filter_map(|(n, _, _)| match n {
         pg_query::NodeRef::CommonTableExpr(c) => Some(c.ctename.as_str()),
@@ -451,15 +444,26 @@ fn cte_named_like_a_table(node: &NodeEnum, range_vars: &[protobuf::RangeVar], ca
 }
 
 /// Whether an UPDATE sets its distributed table's distribution column.
-fn sets_distribution_column(update: &protobuf::UpdateStmt, catalog: &Catalog) -> bool {
+pub(super) fn sets_distribution_column(update: &protobuf::UpdateStmt, catalog: &Catalog) -> bool {
     let Some(table) = update.relation.as_ref().and_then(|rel| resolve_range_var(rel, catalog)) else { return false };
     let Distribution::Hash { column, .. } = &table.distribution else { return false };
     update.target_list.iter().any(|n| matches!(n.node.as_ref(), Some(NodeEnum::ResTarget(r)) if r.name == *column))
 }
 
+/// The WITH clause of a query or of INSERT, UPDATE or DELETE.
+pub(super) fn top_level_with(node: &NodeEnum) -> Option<&protobuf::WithClause> {
+    match node {
+        NodeEnum::SelectStmt(s) => s.with_clause.as_ref(),
+        NodeEnum::InsertStmt(i) => i.with_clause.as_ref(),
+        NodeEnum::UpdateStmt(u) => u.with_clause.as_ref(),
+        NodeEnum::DeleteStmt(d) => d.with_clause.as_ref(),
+        _ => None,
+    }
+}
+
 /// The command of the first data-modifying statement in a WITH clause, if
 /// any: a SELECT carrying one writes.
-fn modifying_cte(with: &protobuf::WithClause) -> Option<Command> {
+pub(super) fn modifying_cte(with: &protobuf::WithClause) -> Option<Command> {
     with.ctes.iter().find_map(|cte| match cte.node.as_ref()? {
         NodeEnum::CommonTableExpr(c) => match c.ctequery.as_deref()?.node.as_ref()? {
             NodeEnum::InsertStmt(_) => Some(Command::Insert),
@@ -978,7 +982,7 @@ fn pinning(scope: &[ScopeEntry], conjuncts: &[Conjunct], hash_entries: &[usize])
 /// distributed tables it names (so that it reads one shard group).
 /// Correlation with the outer query does not matter then: the subquery's
 /// rows all live in that group.
-fn nested_pins(node: &NodeEnum, catalog: &Catalog) -> Option<(Vec<Arc<DistributedTable>>, Vec<(ShardTarget, KeyValue)>)> {
+pub(super) fn nested_pins(node: &NodeEnum, catalog: &Catalog) -> Option<(Vec<Arc<DistributedTable>>, Vec<(ShardTarget, KeyValue)>)> {
     let mut copy = node.clone();
     let mut selects = Vec::new();
     let mut root = true;

@@ -95,7 +95,7 @@ pub(super) fn on_worker(version: i32, raw: &protobuf::RawStmt, node: &NodeEnum, 
     if groups.is_empty() {
         return Some(refuse(format!("{reaches}, but there is no active worker to run it on"), "Add a worker with citus_add_node."));
     }
-    Some(router(Command::UserCode, ShardTarget::AnyNode(groups), None, ShardTemplate::unchanged(version, raw.clone())))
+    Some(router(Command::WholeOnWorker, ShardTarget::AnyNode(groups), None, ShardTemplate::unchanged(version, raw.clone())))
 }
 
 fn refuse(message: String, hint: &str) -> Plan {
