@@ -141,7 +141,8 @@ impl Plan {
         let anchored = |table: &Option<Arc<DistributedTable>>| table.as_ref().is_some_and(|t| t.colocation_id == colocation);
         match self {
             Plan::Empty | Plan::Local | Plan::LocalWithClusterData(_) | Plan::LocalOverShards(_) | Plan::Transaction(_) | Plan::Explain(_) | Plan::SqlPrepare(_) | Plan::SqlDeallocate(_) | Plan::Unsupported(_) => false,
-            Plan::Router(router) => router.is_write() && anchored(&router.anchor),
+            // A statement run whole on a worker may write any table there.
+            Plan::Router(router) => router.command == Command::WholeOnWorker || router.is_write() && anchored(&router.anchor),
             Plan::MultiShard(multi) => multi.is_write() && multi.anchor.colocation_id == colocation,
             Plan::Copy(copy) => copy.from_client && copy.table.colocation_id == colocation,
             Plan::KeysMeet(meet) => meet.route.is_write() && anchored(&meet.route.anchor) || meet.otherwise.may_write_colocation(colocation),
@@ -623,5 +624,16 @@ mod tests {
         let Plan::Unsupported(e) = plan else { panic!("expected an error plan, got {plan:?}") };
         assert_eq!(e.code(), sqlstate::INTERNAL_ERROR);
         assert!(e.message().contains("node kind 7 not handled"), "{}", e.message());
+    }
+
+    /// A shard group's cut-over holds back statements run whole on a worker,
+    /// whatever they were routed by: their user code may write it.
+    #[test]
+    fn a_statement_whole_on_a_worker_may_write_any_colocation() {
+        let template = || rewrite::ShardTemplate::unchanged(0, protobuf::RawStmt::default());
+        let anywhere = router::router(Command::WholeOnWorker, ShardTarget::AnyNode(vec![1, 2]), None, template());
+        assert!(anywhere.may_write_colocation(7));
+        let reference_read = router::router(Command::Select, ShardTarget::Reference, None, template());
+        assert!(!reference_read.may_write_colocation(7));
     }
 }
