@@ -495,6 +495,13 @@ pub(super) fn first_local_table(node: &NodeEnum, range_vars: &[protobuf::RangeVa
     unknown.find(|rv| !(rv.schemaname.is_empty() && ctes.contains(&rv.relname.as_str()))).map(|rv| rv.relname.clone())
 }
 
+/// The statement unchanged on any one active worker, over its worker-side
+/// relations (None when there is no active worker).
+pub(super) fn whole_on_any_worker(catalog: &Catalog, template: ShardTemplate) -> Option<Plan> {
+    let groups: Vec<i32> = catalog.active_nodes().map(|n| n.group_id).collect();
+    (!groups.is_empty()).then(|| router(Command::WholeOnWorker, ShardTarget::AnyNode(groups), None, template))
+}
+
 pub(super) fn router(command: Command, target: ShardTarget, anchor: Option<Arc<DistributedTable>>, template: ShardTemplate) -> Plan {
     router_with_key(command, target, anchor, template, None)
 }
@@ -717,7 +724,9 @@ fn using_equalities(j: &protobuf::JoinExpr, scope: &[ScopeEntry], sides: &[std::
 struct Conjunct<'a> {
     left: Cow<'a, protobuf::Node>,
     right: Cow<'a, protobuf::Node>,
-    /// False for join conditions, whose constants must not pin a table.
+    /// False for conditions whose constants do not restrict the statement's
+    /// rows: an outer join's ON clause (and any join's on its nullable side),
+    /// MERGE's join condition.
     may_pin_constant: bool,
 }
 

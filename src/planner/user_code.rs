@@ -9,7 +9,7 @@
 //! views have a module of their own (`materialized_views.rs`).
 
 use super::rewrite::ShardTemplate;
-use super::router::{first_local_table, router, Command, ShardTarget};
+use super::router::{first_local_table, whole_on_any_worker};
 use super::walk::{called_functions, range_vars};
 use super::Plan;
 use crate::error::PgError;
@@ -91,11 +91,10 @@ pub(super) fn on_worker(version: i32, raw: &protobuf::RawStmt, node: &NodeEnum, 
             "Call the function in a statement of its own, or distribute the table.",
         ));
     }
-    let groups: Vec<i32> = catalog.active_nodes().map(|n| n.group_id).collect();
-    if groups.is_empty() {
-        return Some(refuse(format!("{reaches}, but there is no active worker to run it on"), "Add a worker with citus_add_node."));
-    }
-    Some(router(Command::WholeOnWorker, ShardTarget::AnyNode(groups), None, ShardTemplate::unchanged(version, raw.clone())))
+    Some(
+        whole_on_any_worker(catalog, ShardTemplate::unchanged(version, raw.clone()))
+            .unwrap_or_else(|| refuse(format!("{reaches}, but there is no active worker to run it on"), "Add a worker with citus_add_node.")),
+    )
 }
 
 fn refuse(message: String, hint: &str) -> Plan {

@@ -10,7 +10,7 @@
 //! its parts agree on one, so that a tenant's statement stays local.
 
 use super::rewrite::ShardTemplate;
-use super::router::{first_local_table, modifying_cte, nested_pins, router, sets_distribution_column, top_level_with, Command, ShardTarget};
+use super::router::{first_local_table, modifying_cte, nested_pins, router, sets_distribution_column, top_level_with, whole_on_any_worker, Command};
 use super::{resolve_range_var, walk, Plan};
 use crate::metadata::{Catalog, Distribution};
 use pg_query::protobuf;
@@ -39,8 +39,7 @@ pub(super) fn on_worker(version: i32, raw: &protobuf::RawStmt, node: &NodeEnum, 
             }
         }
     }
-    let groups: Vec<i32> = catalog.active_nodes().map(|n| n.group_id).collect();
-    (!groups.is_empty()).then(|| router(Command::WholeOnWorker, ShardTarget::AnyNode(groups), None, template))
+    whole_on_any_worker(catalog, template)
 }
 
 /// Whether every table `node` writes into (at any depth) is a distributed
