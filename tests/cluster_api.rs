@@ -601,3 +601,132 @@ async fn other_databases_pass_through() {
     // The session goes on.
     assert_eq!(text_rows(&other, "SELECT current_database()").await, vec![vec![Some("test_app".into())]]);
 }
+
+/// A column's raw bytes in whatever format the server sent, for checking a
+/// binary record by hand.
+struct RawValue(Vec<u8>);
+
+impl<'a> tokio_postgres::types::FromSql<'a> for RawValue {
+    fn from_sql(_: &tokio_postgres::types::Type, raw: &'a [u8]) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(RawValue(raw.to_vec()))
+    }
+    fn accepts(_: &tokio_postgres::types::Type) -> bool {
+        true
+    }
+}
+
+#[tokio::test]
+async fn commands_run_on_every_node_and_shard_as_the_callers_role() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute(
+        "CREATE TABLE events (tenant int, id int, note text, PRIMARY KEY (tenant, id));
+         SELECT create_distributed_table('events', 'tenant', shard_count => 4);
+         CREATE TABLE tenants (tenant int PRIMARY KEY, name text);
+         SELECT create_distributed_table('tenants', 'tenant', colocate_with => 'events');
+         CREATE TABLE countries (code text PRIMARY KEY);
+         SELECT create_reference_table('countries');
+         INSERT INTO events SELECT g % 10, g, 'n' FROM generate_series(1, 200) g;
+         INSERT INTO tenants SELECT g, 'tenant ' || g FROM generate_series(0, 9) g;
+         INSERT INTO countries VALUES ('de'), ('fr'), ('jp');
+         CREATE ROLE app LOGIN;
+         GRANT SELECT ON events, tenants, countries TO app;",
+    )
+    .await
+    .unwrap();
+    let mut worker_ports: Vec<i32> = cluster.cluster.state.worker_ports.iter().map(|p| *p as i32).collect();
+    worker_ports.sort();
+    let app = common::connect_as(cluster.cluster.state.coordinator_port, "app").await;
+
+    // Every active worker, in node order, as the caller's role.
+    for (client, role) in [(&c, "postgres"), (&app, "app")] {
+        let rows = client.query("SELECT nodename, nodeport, success, result FROM run_command_on_workers('SELECT current_user') ORDER BY nodeport", &[]).await.unwrap();
+        let got: Vec<(String, i32, bool, String)> = rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))).collect();
+        let expected: Vec<(String, i32, bool, String)> = worker_ports.iter().map(|p| ("127.0.0.1".into(), *p, true, role.into())).collect();
+        assert_eq!(got, expected);
+    }
+    // With the coordinator database as node 0.
+    let coordinator_db_port = cluster.connect_coordinator_db().await.query_one("SHOW port", &[]).await.unwrap().get::<_, String>(0);
+    let mut expected = vec![vec![Some("0".to_string()), Some("t".into()), Some(coordinator_db_port)]];
+    let node_ids = text_rows(&c, "SELECT nodeid, nodeport FROM pg_dist_node ORDER BY nodeid").await;
+    expected.extend(node_ids.iter().map(|r| vec![r[0].clone(), Some("t".into()), r[1].clone()]));
+    assert_eq!(text_rows(&app, "SELECT * FROM run_command_on_all_nodes('SHOW port')").await, expected);
+
+    // Each shard by name, on its node: the counts add up to the table's.
+    let shards = text_rows(&c, "SELECT shardid FROM pg_dist_shard WHERE logicalrelid = 'events'::regclass ORDER BY shardid").await;
+    let per_shard = text_rows(&app, "SELECT shardid, success, result FROM run_command_on_shards('events', 'SELECT count(*) FROM %s')").await;
+    assert_eq!(per_shard.iter().map(|r| vec![r[0].clone()]).collect::<Vec<_>>(), shards);
+    assert!(per_shard.iter().all(|r| r[1].as_deref() == Some("t")), "{per_shard:?}");
+    let total: i64 = per_shard.iter().map(|r| r[2].as_deref().unwrap().parse::<i64>().unwrap()).sum();
+    assert_eq!(total, 200);
+    // A query around the call: filters, aggregates, aliases and parameters.
+    assert_eq!(text_rows(&c, "SELECT sum(n::int) FROM run_command_on_shards('events', 'SELECT count(*) FROM %s WHERE note LIKE ''n%%''') AS s(id, ok, n) WHERE ok").await, vec![vec![Some("200".into())]]);
+    let one: Vec<String> = c.query("SELECT result FROM run_command_on_workers($1) WHERE nodeport = $2", &[&"SELECT 6 * 7", &worker_ports[1]]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(one, vec!["42".to_string()]);
+    // Every placement of a reference table; co-located shards side by side.
+    let copies = text_rows(&c, "SELECT nodeport, result FROM run_command_on_placements('countries', 'SELECT count(*) FROM %s') ORDER BY nodeport").await;
+    assert_eq!(copies, worker_ports.iter().map(|p| vec![Some(p.to_string()), Some("3".into())]).collect::<Vec<_>>());
+    let joined = text_rows(&c, "SELECT sum(result::int), count(*) FROM run_command_on_colocated_placements('events', 'tenants', 'SELECT count(*) FROM %s e JOIN %s t USING (tenant)')").await;
+    assert_eq!(joined, vec![vec![Some("200".into()), Some("4".into())]]);
+
+    // In the select list, a record per node, as PostgreSQL gives it, in
+    // text and in binary.
+    let records = text_rows(&c, "SELECT run_command_on_workers($$SELECT 'a \"b\"'$$)").await;
+    assert_eq!(records, node_ids.iter().map(|r| vec![Some(format!("(127.0.0.1,{},t,\"a \"\"b\"\"\")", r[1].as_deref().unwrap()))]).collect::<Vec<_>>());
+    let binary = c.query("SELECT run_command_on_workers('SELECT NULL')", &[]).await.unwrap();
+    let RawValue(bytes) = binary[0].get(0);
+    let int = |at: usize| i32::from_be_bytes(bytes[at..at + 4].try_into().unwrap());
+    assert_eq!(int(0), 4, "four columns");
+    assert_eq!((int(4), int(8)), (25, 9), "nodename: text of 9 bytes");
+    assert_eq!(&bytes[12..21], b"127.0.0.1");
+    let first_port: i32 = node_ids[0][1].as_deref().unwrap().parse().unwrap();
+    assert_eq!((int(21), int(25), int(29)), (23, 4, first_port), "nodeport: int4");
+    assert_eq!((int(33), int(37), bytes[41]), (16, 1, 1), "success: bool true");
+    assert_eq!((int(42), int(46)), (25, 0), "result: empty text");
+
+    // Failures are rows, per node; nothing the caller may not do happens.
+    let refused = text_rows(&app, "SELECT DISTINCT success, result FROM run_command_on_shards('events', 'DELETE FROM %s')").await;
+    assert_eq!(refused.len(), 4);
+    assert!(refused.iter().all(|r| r[0].as_deref() == Some("f") && r[1].as_deref().unwrap().starts_with("permission denied for table events_")), "{refused:?}");
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM events").await, vec![vec![Some("200".into())]]);
+    let shapes = text_rows(&c, "SELECT DISTINCT success, result FROM run_command_on_workers('SELECT 1, 2')").await;
+    assert_eq!(shapes, vec![vec![Some("f".into()), Some("expected a single column in query target".into())]]);
+    let shapes = text_rows(&c, "SELECT DISTINCT success, result FROM run_command_on_workers('SELECT generate_series(1, 2)')").await;
+    assert_eq!(shapes, vec![vec![Some("f".into()), Some("expected a single row in query result".into())]]);
+    let missing = text_rows(&c, "SELECT DISTINCT success, result FROM run_command_on_workers('SELECT * FROM nowhere', parallel => false)").await;
+    assert_eq!(missing, vec![vec![Some("f".into()), Some("relation \"nowhere\" does not exist".into())]]);
+
+    // A transaction a command leaves open ends with its connection: the
+    // rows it wrote are gone and hold no locks.
+    let open = text_rows(&c, "SELECT DISTINCT success, result FROM run_command_on_shards('events', 'BEGIN; DELETE FROM %s')").await;
+    assert!(!open.is_empty() && open.iter().all(|r| r[0].as_deref() == Some("t") && r[1].as_deref().unwrap().starts_with("DELETE ")), "{open:?}");
+    tokio::time::timeout(Duration::from_secs(10), c.execute("UPDATE events SET note = 'm' WHERE tenant = 3", &[])).await.expect("a lock was left behind").unwrap();
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM events").await, vec![vec![Some("200".into())]]);
+
+    // A cancel request reaches the commands running on the nodes.
+    let token = app.cancel_token();
+    let started = std::time::Instant::now();
+    let cancel = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        token.cancel_query(tokio_postgres::NoTls).await.unwrap();
+    });
+    let cancelled = text_rows(&app, "SELECT DISTINCT success, result FROM run_command_on_workers('SELECT pg_sleep(30)')").await;
+    cancel.await.unwrap();
+    assert_eq!(cancelled, vec![vec![Some("f".into()), Some("canceling statement due to user request".into())]]);
+    assert!(started.elapsed() < Duration::from_secs(20));
+
+    // Refusals.
+    c.batch_execute("BEGIN").await.unwrap();
+    let err = c.simple_query("SELECT * FROM run_command_on_workers('SELECT 1')").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "25001");
+    c.batch_execute("ROLLBACK").await.unwrap();
+    c.batch_execute("CREATE TABLE plain_local (id int)").await.unwrap();
+    let err = c.simple_query("SELECT * FROM run_command_on_shards('plain_local', 'SELECT 1')").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "42809", "{err}");
+    let err = c.simple_query("SELECT * FROM run_command_on_colocated_placements('events', 'countries', 'SELECT 1')").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "22023", "{err}");
+    let err = c.simple_query("SELECT * FROM run_command_on_workers('SELECT 1') WHERE nodeport IN (SELECT tenant FROM tenants)").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "0A000", "{err}");
+    let err = app.simple_query("SELECT * FROM run_command_on_workers(NULL)").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "22023", "{err}");
+}

@@ -4,6 +4,7 @@
 pub(crate) mod distribute;
 pub(crate) mod nodes;
 mod objects;
+mod run_command;
 pub mod table_ddl;
 pub mod worker_relations;
 
@@ -65,6 +66,8 @@ impl CommandContext<'_> {
 }
 
 const VOID_OID: u32 = 2278;
+const BOOL_OID: u32 = 16;
+const RECORD_OID: u32 = 2249;
 const INT4_OID: u32 = 23;
 const INT8_OID: u32 = 20;
 const TEXT_OID: u32 = 25;
@@ -80,7 +83,7 @@ pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'
             format!("{} cannot run inside a transaction block", call.column_name),
         ));
     }
-    if call.function.manages_nodes() {
+    if call.function.superuser_only() {
         require_superuser(ctx, &call.column_name).await?;
     }
     let args = evaluate_arguments(call, ctx, bound).await?;
@@ -220,6 +223,11 @@ pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'
             };
             (vec![FieldDescription::computed(&call.column_name, INT8_OID, 8)], vec![vec![job]])
         }
+        ClusterFunction::RunCommandOnWorkers
+        | ClusterFunction::RunCommandOnAllNodes
+        | ClusterFunction::RunCommandOnShards
+        | ClusterFunction::RunCommandOnPlacements
+        | ClusterFunction::RunCommandOnColocatedPlacements => run_command::run(call.function, &args, ctx).await?,
         ClusterFunction::RemoveNode => {
             let name = arg(0).ok_or_else(|| null_argument("nodename"))?;
             let port = parse_port(arg(1))?;
@@ -227,15 +235,36 @@ pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'
             (vec![FieldDescription::computed(&call.column_name, VOID_OID, 4)], vec![vec![Some(String::new())]])
         }
     };
-    let client = ctx.client()?;
-    if bound.is_none() {
-        // The extended protocol described the result already.
-        backend::row_description(client.out(), &fields);
+    let names: Vec<&str> = fields.iter().map(|f| f.name.as_str()).collect();
+    if let Some(sql) = call.around_rows(&names, &rows_query(&fields, &rows))? {
+        let mode = match bound {
+            Some((bind, param_types)) => crate::executor::Mode::Extended { bind, param_types, sync: false },
+            None => crate::executor::Mode::Simple,
+        };
+        let Caller::Client(client) = &mut ctx.caller else { return Err(PgError::internal("a background job has no client to answer")) };
+        return crate::executor::run_on_coordinator_db(ctx.parts, &sql, &mode, client).await;
     }
+    let client = ctx.client()?;
     let formats = bound.map(|(bind, _)| bind.result_formats.as_slice()).unwrap_or(&[]);
-    for row in &rows {
-        let values: Vec<Option<Vec<u8>>> = row.iter().zip(&fields).enumerate().map(|(i, (v, f))| encode_value(v.as_deref(), f.type_oid, column_format(formats, i))).collect();
-        backend::data_row(client.out(), values.iter().map(|v| v.as_deref()));
+    if call.in_select_list && fields.len() > 1 {
+        // PostgreSQL gives a function returning several columns, called in
+        // the select list, one column of records.
+        if bound.is_none() {
+            backend::row_description(client.out(), &[FieldDescription::computed(&call.column_name, RECORD_OID, -1)]);
+        }
+        for row in &rows {
+            let record = encode_record(row, &fields, column_format(formats, 0));
+            backend::data_row(client.out(), std::iter::once(Some(record.as_slice())));
+        }
+    } else {
+        if bound.is_none() {
+            // The extended protocol described the result already.
+            backend::row_description(client.out(), &fields);
+        }
+        for row in &rows {
+            let values: Vec<Option<Vec<u8>>> = row.iter().zip(&fields).enumerate().map(|(i, (v, f))| encode_value(v.as_deref(), f.type_oid, column_format(formats, i))).collect();
+            backend::data_row(client.out(), values.iter().map(|v| v.as_deref()));
+        }
     }
     backend::command_complete(client.out(), &format!("SELECT {}", rows.len()));
     Ok(())
@@ -298,8 +327,68 @@ fn encode_value(text: Option<&str>, type_oid: u32, format: i16) -> Option<Vec<u8
         INT4_OID => text.parse::<i32>().unwrap_or_default().to_be_bytes().to_vec(),
         INT8_OID => text.parse::<i64>().unwrap_or_default().to_be_bytes().to_vec(),
         TEXT_OID => text.as_bytes().to_vec(),
+        BOOL_OID => vec![u8::from(text == "t")],
         _ => Vec::new(), // void's binary form is empty
     })
+}
+
+/// A query yielding a function's rows, typed as its columns are.
+fn rows_query(fields: &[FieldDescription], rows: &[Vec<Option<String>>]) -> String {
+    let type_name = |field: &FieldDescription| match field.type_oid {
+        INT4_OID => "int4",
+        INT8_OID => "int8",
+        BOOL_OID => "bool",
+        _ => "text",
+    };
+    let value = |v: &Option<String>, field: &FieldDescription| format!("{}::{}", v.as_deref().map_or("NULL".into(), crate::connection::quote_literal), type_name(field));
+    if rows.is_empty() {
+        let nulls: Vec<String> = fields.iter().map(|f| value(&None, f)).collect();
+        return format!("SELECT {} WHERE false", nulls.join(", "));
+    }
+    let rows: Vec<String> = rows.iter().map(|row| format!("({})", row.iter().zip(fields).map(|(v, f)| value(v, f)).collect::<Vec<_>>().join(", "))).collect();
+    format!("VALUES {}", rows.join(", "))
+}
+
+/// A row as one value of type record: in text, PostgreSQL's `(a,b,"c d")`
+/// (a value quoted when empty or holding a delimiter, quote, backslash or
+/// space; NULL as nothing); in binary, the column count, then each
+/// column's type, length and binary value.
+fn encode_record(row: &[Option<String>], fields: &[FieldDescription], format: i16) -> Vec<u8> {
+    if format != 0 {
+        let mut out = (row.len() as i32).to_be_bytes().to_vec();
+        for (value, field) in row.iter().zip(fields) {
+            out.extend(field.type_oid.to_be_bytes());
+            match encode_value(value.as_deref(), field.type_oid, 1) {
+                Some(bytes) => {
+                    out.extend((bytes.len() as i32).to_be_bytes());
+                    out.extend(bytes);
+                }
+                None => out.extend((-1i32).to_be_bytes()),
+            }
+        }
+        return out;
+    }
+    let mut out = String::from("(");
+    for (i, value) in row.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let Some(value) = value else { continue };
+        if value.is_empty() || value.chars().any(|c| matches!(c, '"' | '\\' | '(' | ')' | ',') || c.is_ascii_whitespace()) {
+            out.push('"');
+            for c in value.chars() {
+                if matches!(c, '"' | '\\') {
+                    out.push(c);
+                }
+                out.push(c);
+            }
+            out.push('"');
+        } else {
+            out.push_str(value);
+        }
+    }
+    out.push(')');
+    out.into_bytes()
 }
 
 /// Node management changes the cluster for every database user: only a

@@ -39,6 +39,15 @@ pub struct Login {
     pub options: Vec<(String, String)>,
 }
 
+/// What the last statement of a query string returned.
+#[derive(Debug, PartialEq, Eq)]
+pub enum LastResult {
+    /// A command without a result set, by its tag (`CREATE TABLE`, `UPDATE 3`).
+    Command(String),
+    /// A result set: its number of columns and its rows in text form.
+    Rows { columns: usize, rows: TextRows },
+}
+
 pub struct PgConnection {
     stream: Stream,
     rbuf: BytesMut,
@@ -407,16 +416,18 @@ impl PgConnection {
     }
 
     /// Reads a simple-protocol exchange's responses up to ReadyForQuery. Returns
-    /// the last command tag, or the first error; every other message goes to
-    /// `on_message` (a failing callback also ends in that error, after the
-    /// exchange is drained).
+    /// the last command tag, or the first error; every other message, the
+    /// CommandCompletes included, goes to `on_message` (a failing callback
+    /// also ends in that error, after the exchange is drained).
     async fn finish_exchange(&mut self, mut on_message: impl FnMut(&mut BytesMut, &Message) -> PgResult<()>) -> PgResult<String> {
         let mut tag = String::new();
         let mut error = None;
         loop {
             let msg = self.recv().await?;
+            if msg.tag() == b'C' {
+                tag = backend::decode_command_complete(&msg)?.to_string();
+            }
             match msg.tag() {
-                b'C' => tag = backend::decode_command_complete(&msg)?.to_string(),
                 b'E' => {
                     error.get_or_insert_with(|| self.server_error(&msg));
                 }
@@ -469,6 +480,35 @@ impl PgConnection {
         })
         .await?;
         Ok((fields, rows))
+    }
+
+    /// Runs one or more statements with the simple protocol, as libpq's
+    /// `PQexec` would: what the last one returned, or the first error.
+    pub async fn last_result(&mut self, sql: &str) -> PgResult<LastResult> {
+        frontend::query(&mut self.wbuf, sql);
+        let mut last = LastResult::Command(String::new());
+        let mut columns = None;
+        let mut rows = Vec::new();
+        self.finish_exchange(|out, msg| {
+            match msg.tag() {
+                b'T' => {
+                    columns = Some(backend::decode_row_description(msg)?.len());
+                    rows.clear();
+                }
+                b'D' => rows.push(backend::decode_text_row(msg)?),
+                b'C' => {
+                    last = match columns.take() {
+                        Some(columns) => LastResult::Rows { columns, rows: std::mem::take(&mut rows) },
+                        None => LastResult::Command(backend::decode_command_complete(msg)?.to_string()),
+                    }
+                }
+                b'G' => frontend::copy_fail(out, "COPY FROM STDIN is not allowed here"),
+                _ => {}
+            }
+            Ok(())
+        })
+        .await?;
+        Ok(last)
     }
 
     /// Runs statements whose rows are not needed; returns the last command tag.

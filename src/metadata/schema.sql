@@ -404,6 +404,17 @@ CREATE OR REPLACE FUNCTION pg_catalog.replicate_reference_tables(shard_transfer_
     RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
 CREATE OR REPLACE FUNCTION pg_catalog.citus_rebalance_start(rebalance_strategy name DEFAULT NULL, drain_only boolean DEFAULT false, shard_transfer_mode text DEFAULT 'auto')
     RETURNS bigint LANGUAGE sql AS 'SELECT tessera.coordinator_only(); SELECT 0::bigint';
+CREATE OR REPLACE FUNCTION pg_catalog.run_command_on_workers(command text, parallel boolean DEFAULT true, OUT nodename text, OUT nodeport int, OUT success boolean, OUT result text)
+    RETURNS SETOF record LANGUAGE sql AS 'SELECT tessera.coordinator_only(); SELECT NULL::text, 0, false, NULL::text WHERE false';
+CREATE OR REPLACE FUNCTION pg_catalog.run_command_on_all_nodes(command text, parallel boolean DEFAULT true, give_warning_for_connection_errors boolean DEFAULT false, OUT nodeid int, OUT success boolean, OUT result text)
+    RETURNS SETOF record LANGUAGE sql AS 'SELECT tessera.coordinator_only(); SELECT 0, false, NULL::text WHERE false';
+CREATE OR REPLACE FUNCTION pg_catalog.run_command_on_shards(table_name regclass, command text, parallel boolean DEFAULT true, OUT shardid bigint, OUT success boolean, OUT result text)
+    RETURNS SETOF record LANGUAGE sql AS 'SELECT tessera.coordinator_only(); SELECT 0::bigint, false, NULL::text WHERE false';
+CREATE OR REPLACE FUNCTION pg_catalog.run_command_on_placements(table_name regclass, command text, parallel boolean DEFAULT true, OUT nodename text, OUT nodeport int, OUT shardid bigint, OUT success boolean, OUT result text)
+    RETURNS SETOF record LANGUAGE sql AS 'SELECT tessera.coordinator_only(); SELECT NULL::text, 0, 0::bigint, false, NULL::text WHERE false';
+CREATE OR REPLACE FUNCTION pg_catalog.run_command_on_colocated_placements(table_name1 regclass, table_name2 regclass, command text, parallel boolean DEFAULT true,
+                                                                          OUT nodename text, OUT nodeport int, OUT shardid1 bigint, OUT shardid2 bigint, OUT success boolean, OUT result text)
+    RETURNS SETOF record LANGUAGE sql AS 'SELECT tessera.coordinator_only(); SELECT NULL::text, 0, 0::bigint, 0::bigint, false, NULL::text WHERE false';
 
 -- The background rebalance's own functions only read and mark the job
 -- tables, so the coordinator database runs them like any query; the

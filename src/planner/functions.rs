@@ -3,6 +3,7 @@
 //! itself rather than sending anywhere.
 
 use super::Plan;
+use crate::error::{PgError, PgResult};
 use pg_query::protobuf::{self, SelectStmt, SetOperation};
 use pg_query::NodeEnum;
 
@@ -23,6 +24,11 @@ pub enum ClusterFunction {
     CopyShardPlacement,
     ReplicateReferenceTables,
     RebalanceStart,
+    RunCommandOnWorkers,
+    RunCommandOnAllNodes,
+    RunCommandOnShards,
+    RunCommandOnPlacements,
+    RunCommandOnColocatedPlacements,
 }
 
 impl ClusterFunction {
@@ -31,9 +37,16 @@ impl ClusterFunction {
         matches!(self, Self::CreateDistributedTable | Self::CreateReferenceTable | Self::UndistributeTable)
     }
 
-    /// Whether the call adds or removes nodes.
-    pub fn manages_nodes(self) -> bool {
-        !matches!(self, Self::CreateDistributedTable | Self::CreateReferenceTable | Self::UndistributeTable | Self::RecoverPreparedTransactions)
+    /// Node and shard management changes the cluster for every database user:
+    /// only a superuser may, as in Citus. Commands run on the nodes act as
+    /// the caller's role, so any role may.
+    pub fn superuser_only(self) -> bool {
+        !matches!(self, Self::CreateDistributedTable | Self::CreateReferenceTable | Self::UndistributeTable | Self::RecoverPreparedTransactions) && !self.runs_commands()
+    }
+
+    /// run_command_on_workers and its kin.
+    pub fn runs_commands(self) -> bool {
+        matches!(self, Self::RunCommandOnWorkers | Self::RunCommandOnAllNodes | Self::RunCommandOnShards | Self::RunCommandOnPlacements | Self::RunCommandOnColocatedPlacements)
     }
 
     fn by_name(name: &str) -> Option<Self> {
@@ -53,8 +66,18 @@ impl ClusterFunction {
             "citus_copy_shard_placement" | "master_copy_shard_placement" => Self::CopyShardPlacement,
             "replicate_reference_tables" => Self::ReplicateReferenceTables,
             "citus_rebalance_start" => Self::RebalanceStart,
+            "run_command_on_workers" => Self::RunCommandOnWorkers,
+            "run_command_on_all_nodes" => Self::RunCommandOnAllNodes,
+            "run_command_on_shards" => Self::RunCommandOnShards,
+            "run_command_on_placements" => Self::RunCommandOnPlacements,
+            "run_command_on_colocated_placements" => Self::RunCommandOnColocatedPlacements,
             _ => return None,
         })
+    }
+
+    /// Whether the function returns rows of several columns (else one value).
+    pub fn returns_rows(self) -> bool {
+        self == Self::GetRebalancePlan || self.runs_commands()
     }
 
     /// Parameter names in declaration order, for named-argument calls.
@@ -74,6 +97,10 @@ impl ClusterFunction {
             Self::CopyShardPlacement => &["shard_id", "source_node_name", "source_node_port", "target_node_name", "target_node_port", "transfer_mode"],
             Self::ReplicateReferenceTables => &["shard_transfer_mode"],
             Self::RebalanceStart => &["rebalance_strategy", "drain_only", "shard_transfer_mode"],
+            Self::RunCommandOnWorkers => &["command", "parallel"],
+            Self::RunCommandOnAllNodes => &["command", "parallel", "give_warning_for_connection_errors"],
+            Self::RunCommandOnShards | Self::RunCommandOnPlacements => &["table_name", "command", "parallel"],
+            Self::RunCommandOnColocatedPlacements => &["table_name1", "table_name2", "command", "parallel"],
         }
     }
 }
@@ -83,28 +110,51 @@ pub struct ClusterCall {
     pub function: ClusterFunction,
     /// The result column's name (the function name, or the alias given).
     pub column_name: String,
+    /// Called in the select list (`SELECT f(…)`), where a function returning
+    /// several columns gives one column of their records, rather than in FROM.
+    pub in_select_list: bool,
+    /// The query around a call in FROM that is more than `SELECT * FROM
+    /// f(…)`, reading the function's rows under the name RESULT_NAME (with
+    /// the call's alias, or the function's name as PostgreSQL gives it).
+    pub around: Option<Box<SelectStmt>>,
     /// `SELECT arg1, arg2, …` in parameter order (NULL where not given): the
     /// coordinator database evaluates the arguments, whatever expressions they are.
     pub arguments_sql: String,
 }
 
-/// `SELECT f(…)`, or `SELECT * FROM f(…)` (how set-returning ones such as
-/// get_rebalance_table_shards_plan are called), and nothing more.
+/// The name the rows of a cluster function called in FROM go by in the
+/// query around the call (a WITH query of that name replaces the call).
+const RESULT_NAME: &str = "tessera_cluster_function_rows";
+
+/// `SELECT f(…)`, `SELECT * FROM f(…)` (how set-returning ones such as
+/// get_rebalance_table_shards_plan are called), or, for those returning
+/// rows, any query whose FROM is the one call
+/// (`SELECT result FROM run_command_on_workers(…) WHERE …`).
 pub(super) fn cluster_call(select: &SelectStmt) -> Option<Plan> {
-    if select.op != SetOperation::SetopNone as i32 || select.where_clause.is_some() || select.target_list.len() != 1 {
+    if select.op != SetOperation::SetopNone as i32 {
         return None;
     }
-    let Some(NodeEnum::ResTarget(target)) = select.target_list[0].node.as_ref() else { return None };
-    let called = match select.from_clause.as_slice() {
-        [] => target.val.as_deref(),
-        [from] if super::decorrelate::is_bare_star(&select.target_list[0]) => match from.node.as_ref() {
-            Some(NodeEnum::RangeFunction(f)) if f.functions.len() == 1 && !f.ordinality && !f.is_rowsfrom => match f.functions[0].node.as_ref() {
-                Some(NodeEnum::List(list)) => list.items.first(),
-                _ => None,
-            },
-            _ => None,
-        },
-        _ => None,
+    let (called, alias, around) = match select.from_clause.as_slice() {
+        [] if select.where_clause.is_none() && select.target_list.len() == 1 => {
+            let Some(NodeEnum::ResTarget(target)) = select.target_list[0].node.as_ref() else { return None };
+            (target.val.as_deref(), target.name.clone(), None)
+        }
+        [from] => {
+            let Some(NodeEnum::RangeFunction(f)) = from.node.as_ref() else { return None };
+            if f.functions.len() != 1 || f.ordinality || f.is_rowsfrom {
+                return None;
+            }
+            let Some(NodeEnum::List(list)) = f.functions[0].node.as_ref() else { return None };
+            let bare = select.where_clause.is_none() && select.target_list.len() == 1 && super::decorrelate::is_bare_star(&select.target_list[0]) && super::only_filters(select);
+            let around = (!bare).then(|| {
+                let relation = protobuf::RangeVar { relname: RESULT_NAME.into(), inh: true, relpersistence: "p".into(), alias: f.alias.clone(), location: -1, ..Default::default() };
+                let mut around = select.clone();
+                around.from_clause = vec![protobuf::Node { node: Some(NodeEnum::RangeVar(relation)) }];
+                Box::new(around)
+            });
+            (list.items.first(), String::new(), around)
+        }
+        _ => return None,
     };
     let Some(NodeEnum::FuncCall(call)) = called.and_then(|v| v.node.as_ref()) else { return None };
     let names = super::function_names(call);
@@ -114,6 +164,19 @@ pub(super) fn cluster_call(select: &SelectStmt) -> Option<Plan> {
         _ => return None,
     };
     let function = ClusterFunction::by_name(name).filter(|_| schema_ok)?;
+    if let Some(around) = &around {
+        if !function.returns_rows() {
+            return None;
+        }
+        // The query around the call runs in the coordinator database, where
+        // distributed tables are empty shells.
+        let mut tree = NodeEnum::SelectStmt(around.clone());
+        let mut relations = 0;
+        super::walk::visit_mut(&mut tree, &mut |n| relations += usize::from(matches!(n, NodeEnum::RangeVar(_))));
+        if relations > 1 {
+            return Some(super::not_supported(format!("a query around {name}() cannot read tables; select from the function alone")));
+        }
+    }
     let params = function.parameters();
     let mut slots: Vec<Option<protobuf::Node>> = vec![None; params.len()];
     for (i, arg) in call.args.iter().enumerate() {
@@ -139,6 +202,32 @@ pub(super) fn cluster_call(select: &SelectStmt) -> Option<Plan> {
     } else {
         super::deparse::deparse_statement(super::deparse::BUILT_TREE_VERSION, NodeEnum::SelectStmt(Box::new(eval))).ok()?
     };
-    let column_name = if target.name.is_empty() { name.to_string() } else { target.name.clone() };
-    Some(Plan::ClusterFunction(ClusterCall { function, column_name, arguments_sql }))
+    let column_name = if alias.is_empty() { name.to_string() } else { alias };
+    let around = around.map(|mut around| {
+        if let Some(NodeEnum::RangeVar(relation)) = around.from_clause[0].node.as_mut() {
+            relation.alias.get_or_insert_with(|| protobuf::Alias { aliasname: name.to_string(), colnames: vec![] });
+        }
+        around
+    });
+    Some(Plan::ClusterFunction(ClusterCall { function, column_name, in_select_list: select.from_clause.is_empty(), around, arguments_sql }))
+}
+
+impl ClusterCall {
+    /// The query around the call with the function's rows given: `rows_sql`
+    /// is a query yielding them, in `columns`, which becomes a WITH query the
+    /// statement reads in the call's place.
+    pub fn around_rows(&self, columns: &[&str], rows_sql: &str) -> PgResult<Option<String>> {
+        let Some(around) = &self.around else { return Ok(None) };
+        let columns: Vec<String> = columns.iter().map(|c| crate::connection::quote_ident(c)).collect();
+        let text = format!("WITH {RESULT_NAME}({}) AS ({rows_sql}) SELECT", columns.join(", "));
+        let parsed = pg_query::parse(&text).map_err(|e| PgError::internal(format!("the rows of {}: {e}", self.column_name)))?;
+        let rows = match parsed.protobuf.stmts.first().and_then(|s| s.stmt.as_ref()).and_then(|s| s.node.as_ref()) {
+            Some(NodeEnum::SelectStmt(select)) => select.with_clause.as_ref().and_then(|w| w.ctes.first()).cloned(),
+            _ => None,
+        };
+        let rows = rows.ok_or_else(|| PgError::internal(format!("the rows of {} made no WITH query", self.column_name)))?;
+        let mut around = (**around).clone();
+        around.with_clause.get_or_insert_with(Default::default).ctes.insert(0, rows);
+        super::deparse::deparse_statement(super::deparse::BUILT_TREE_VERSION, NodeEnum::SelectStmt(Box::new(around))).map(Some)
+    }
 }

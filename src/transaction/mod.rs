@@ -648,6 +648,28 @@ impl Participants {
         })
     }
 
+    /// The login of connections that act as this session does (its role, the
+    /// settings it logged in with) but belong to no pool and no block: for
+    /// run_command_on_workers and its kin, whose commands may SET things or
+    /// leave a transaction open. Their `application_name` lacks the prefix
+    /// that marks the session's own backends (deadlock detection and
+    /// recovery read it).
+    pub async fn separate_login(&mut self) -> PgResult<Login> {
+        if self.role_unknown {
+            self.follow_role().await?;
+        }
+        let mut login = self.startup_login.clone();
+        login.options = self.login.options.iter().filter(|(name, _)| name != "application_name").cloned().collect();
+        login.options.push(("application_name".into(), format!("run_command of {}", self.two_phase.session_name())));
+        Ok(login)
+    }
+
+    /// Where the session's cancel requests go, for connections of its own
+    /// that a command opens.
+    pub fn cancel_targets(&self) -> CancelTargets {
+        self.cancel_targets.clone()
+    }
+
     /// What makes a connection another session left carry this session's
     /// state: its settings as at login (and as SET since, for those the
     /// workers follow), its role, and its name.
