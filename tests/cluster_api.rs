@@ -730,3 +730,102 @@ async fn commands_run_on_every_node_and_shard_as_the_callers_role() {
     let err = app.simple_query("SELECT * FROM run_command_on_workers(NULL)").await.unwrap_err();
     assert_eq!(sqlstate(&err), "22023", "{err}");
 }
+
+#[tokio::test]
+async fn tables_are_distributed_anew_with_alter_distributed_table() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute(
+        "CREATE TABLE orders (tenant int, id int, total int, PRIMARY KEY (tenant, id));
+         SELECT create_distributed_table('orders', 'tenant', shard_count => 4);
+         CREATE TABLE lines (tenant int, order_id int, n int, PRIMARY KEY (tenant, order_id, n));
+         SELECT create_distributed_table('lines', 'tenant', colocate_with => 'orders');
+         INSERT INTO orders SELECT g % 20, g, g * 3 FROM generate_series(1, 2000) g;
+         INSERT INTO lines SELECT g % 20, g, 1 FROM generate_series(1, 2000) g;
+         CREATE FUNCTION order_total(p_tenant int, p_id int) RETURNS int LANGUAGE sql AS 'SELECT total FROM orders WHERE tenant = p_tenant AND id = p_id';
+         SELECT create_distributed_function('order_total(int, int)', 'p_tenant', colocate_with => 'orders');
+         CREATE ROLE app LOGIN;
+         GRANT SELECT, INSERT, UPDATE, DELETE ON orders, lines TO app;",
+    )
+    .await
+    .unwrap();
+    let shape = |table: &'static str| {
+        let c = &c;
+        async move {
+            text_rows(c, &format!("SELECT p.partkey, p.colocationid, (SELECT count(*) FROM pg_dist_shard s WHERE s.logicalrelid = p.logicalrelid) FROM pg_dist_partition p WHERE logicalrelid = '{table}'::regclass")).await.remove(0)
+        }
+    };
+    let before = shape("orders").await;
+    let contents = "SELECT count(*), sum(total), (SELECT count(*) FROM lines), (SELECT count(*) FROM orders o JOIN lines l ON l.tenant = o.tenant AND l.order_id = o.id) FROM orders";
+    let expected = text_rows(&c, contents).await;
+
+    // A new shard count must say what happens to the co-located table.
+    let err = c.simple_query("SELECT alter_distributed_table('orders', shard_count => 8)").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "22023", "{err}");
+    assert!(error_text(&err).contains("cascade_to_colocated"), "{err}");
+    // Not the owner, a role cannot.
+    let app = common::connect_as(cluster.cluster.state.coordinator_port, "app").await;
+    let err = app.simple_query("SELECT alter_distributed_table('orders', shard_count => 8, cascade_to_colocated => true)").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "42501", "{err}");
+    // Rolled back with its block, it changes nothing.
+    c.batch_execute("BEGIN; SELECT alter_distributed_table('orders', shard_count => 8, cascade_to_colocated => true); ROLLBACK").await.unwrap();
+    assert_eq!(shape("orders").await, before);
+    assert_eq!(text_rows(&c, contents).await, expected);
+
+    // The group together: 8 shards each, still co-located, every row where
+    // its key routes, the function following the group.
+    c.batch_execute("SELECT alter_distributed_table('orders', shard_count => 8, cascade_to_colocated => true)").await.unwrap();
+    let after = shape("orders").await;
+    assert_eq!(after[2].as_deref(), Some("8"));
+    assert_ne!(after[1], before[1], "a new co-location group");
+    assert_eq!(shape("lines").await, after);
+    assert_eq!(text_rows(&c, contents).await, expected);
+    for tenant in 0..20 {
+        let n: i64 = app.query_one("SELECT count(*) FROM orders WHERE tenant = $1", &[&tenant]).await.unwrap().get(0);
+        assert_eq!(n, 100, "tenant {tenant}");
+    }
+    let plan = text_rows(&c, "EXPLAIN SELECT * FROM orders o JOIN lines l ON l.tenant = o.tenant AND l.order_id = o.id WHERE o.tenant = 7").await;
+    assert!(plan[0][0].as_deref().unwrap().contains("Router"), "{plan:?}");
+    assert_eq!(text_rows(&c, "SELECT colocationid FROM pg_dist_object WHERE objid = 'order_total(int, int)'::regprocedure").await, vec![vec![after[1].clone()]]);
+    assert_eq!(text_rows(&c, "SELECT order_total(7, 7)").await, vec![vec![Some("21".into())]]);
+    let shard_tables = text_rows(&c, "SELECT sum(result::int) FROM run_command_on_workers($$SELECT count(*) FROM pg_tables WHERE tablename ~ '^(orders|lines)_[0-9]+$'$$)").await;
+    assert_eq!(shard_tables, vec![vec![Some("16".into())]], "the old shards are gone");
+
+    // Another distribution column of the same type: the shards' hash ranges
+    // stay those of the group, so the table stays in it.
+    c.batch_execute("SELECT alter_distributed_table('lines', distribution_column => 'order_id')").await.unwrap();
+    let moved = shape("lines").await;
+    assert_eq!(moved, vec![Some("order_id".into()), after[1].clone(), after[2].clone()]);
+    assert_eq!(text_rows(&c, contents).await, expected);
+    assert_eq!(text_rows(&app, "SELECT tenant FROM lines WHERE order_id = 1234").await, vec![vec![Some("14".into())]]);
+    // A group of its own, then back by colocate_with.
+    c.batch_execute("SELECT alter_distributed_table('lines', distribution_column => 'tenant', shard_count => 2, cascade_to_colocated => false)").await.unwrap();
+    let alone = shape("lines").await;
+    assert_eq!(alone[2].as_deref(), Some("2"));
+    assert_ne!(alone[1], after[1]);
+    assert_eq!(text_rows(&c, contents).await, expected);
+    c.batch_execute("SELECT alter_distributed_table('lines', colocate_with => 'orders')").await.unwrap();
+    assert_eq!(shape("lines").await, after);
+    assert_eq!(text_rows(&c, contents).await, expected);
+
+    // Refusals, each before anything changes.
+    let refusals = [
+        ("SELECT alter_distributed_table('orders')", "22023"),
+        ("SELECT alter_distributed_table('orders', colocate_with => 'lines')", "22023"),
+        ("SELECT alter_distributed_table('orders', distribution_column => 'total')", "0A000"),
+        ("SELECT alter_distributed_table('orders', distribution_column => 'nope')", "42703"),
+        ("SELECT alter_distributed_table('orders', shard_count => 0, cascade_to_colocated => true)", "22023"),
+    ];
+    for (sql, code) in refusals {
+        let err = c.simple_query(sql).await.unwrap_err();
+        assert_eq!(sqlstate(&err), code, "{sql}: {err}");
+    }
+    c.batch_execute("CREATE TABLE kinds (k int PRIMARY KEY); SELECT create_reference_table('kinds'); ALTER TABLE lines ADD FOREIGN KEY (tenant, order_id) REFERENCES orders (tenant, id)").await.unwrap();
+    let err = c.simple_query("SELECT alter_distributed_table('kinds', shard_count => 2)").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "0A000", "{err}");
+    let err = c.simple_query("SELECT alter_distributed_table('orders', shard_count => 2, cascade_to_colocated => true)").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "0A000", "{err}");
+    assert!(error_text(&err).contains("foreign key"), "{err}");
+    assert_eq!(shape("orders").await, after);
+    assert_eq!(text_rows(&c, contents).await, expected);
+}

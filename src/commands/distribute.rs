@@ -610,6 +610,9 @@ pub async fn undistribute_table(ctx: &mut CommandContext<'_>, table_name: &str) 
         for shard in &table.shards {
             let group = *shard.placements.first().ok_or_else(|| PgError::internal(format!("shard {} has no placement", shard.id)))?;
             let node = ctx.catalog.node_for_group(group).ok_or_else(|| PgError::internal(format!("no node for group {group}")))?.clone();
+            // Writes routed to the shard wait from here on, and fail once it
+            // is dropped, rather than land after its rows were read.
+            ctx.parts.worker(&node, Access::Write).await?.conn.execute(&format!("LOCK TABLE {} IN EXCLUSIVE MODE", table.qualified_shard_name(shard))).await?;
             let rows = read_shard_rows(ctx, &node, &table, shard).await?;
             if !rows.is_empty() {
                 ctx.parts.local().await?.copy_in(&format!("COPY {qualified} FROM STDIN"), rows).await?;
@@ -627,4 +630,157 @@ pub async fn undistribute_table(ctx: &mut CommandContext<'_>, table_name: &str) 
     }
     .await;
     finish_block(ctx, implicit, result).await
+}
+
+/// What `alter_distributed_table` is asked to change; None keeps it as it is.
+pub struct TableChange {
+    pub distribution_column: Option<String>,
+    pub shard_count: Option<i32>,
+    pub colocate_with: Option<String>,
+    /// Whether a new shard count applies to the tables co-located with this
+    /// one too (true) or takes the table out of their group (false).
+    pub cascade_to_colocated: Option<bool>,
+}
+
+/// Distributes a table anew, with another distribution column, shard count or
+/// co-location, as `undistribute_table` and `create_distributed_table` would
+/// one after the other, in one distributed transaction: the rows pass
+/// through the coordinator database and go into new shards, and writes to
+/// the table wait meanwhile.
+pub async fn alter_distributed_table(ctx: &mut CommandContext<'_>, table_name: &str, change: TableChange) -> PgResult<()> {
+    let oid = resolve_table(ctx.parts.local().await?, table_name).await?.oid;
+    let table = ctx
+        .catalog
+        .table_by_oid(oid)
+        .cloned()
+        .ok_or_else(|| PgError::new(sqlstate::INVALID_TABLE_DEFINITION, format!("table \"{table_name}\" is not distributed")).with_hint("Distribute it with create_distributed_table."))?;
+    let Distribution::Hash { column: current_column, key, .. } = &table.distribution else {
+        return Err(PgError::not_supported(format!("\"{table_name}\" is a reference table; alter_distributed_table changes hash-distributed tables"))
+            .with_hint("Run undistribute_table, then create_distributed_table."));
+    };
+    let column = change.distribution_column.clone().unwrap_or_else(|| current_column.clone());
+    // A table named in colocate_with decides the shard count, unless one is given.
+    let target = match change.colocate_with.as_deref() {
+        None | Some("default") | Some("none") => None,
+        Some(other) => {
+            let other = resolve_table(ctx.parts.local().await?, other).await?;
+            let known = ctx.catalog.table_by_oid(other.oid).filter(|t| !t.is_reference()).cloned();
+            Some(known.ok_or_else(|| PgError::new(sqlstate::INVALID_TABLE_DEFINITION, format!("cannot colocate with \"{}\": it is not a distributed table", other.name)))?)
+        }
+    };
+    let shard_count = match (change.shard_count, &target) {
+        (Some(n), _) => shard_count_setting(ctx, Some(n)).await?,
+        (None, Some(target)) => target.shard_count() as i32,
+        (None, None) => table.shard_count() as i32,
+    };
+    let local = ctx.parts.local().await?;
+    let column_type = local
+        .query_value(&format!("SELECT atttypid FROM pg_attribute WHERE attrelid = {oid} AND attname = {} AND attnum > 0 AND NOT attisdropped", quote_literal(&column)))
+        .await?
+        .ok_or_else(|| PgError::new(sqlstate::UNDEFINED_COLUMN, format!("column \"{column}\" of relation \"{}\" does not exist", table.name)))?;
+    let type_changes = column_type.parse::<u32>().ok() != Some(key.oid);
+    let shape_changes = type_changes || shard_count as u32 != table.shard_count();
+    let joins_own_group = match (&change.colocate_with, &target) {
+        (None, _) => true,
+        (Some(_), Some(target)) => target.colocation_id == table.colocation_id,
+        (Some(_), None) => false,
+    };
+    if column == *current_column && !shape_changes && joins_own_group {
+        return Err(PgError::new(sqlstate::INVALID_PARAMETER_VALUE, format!("alter_distributed_table would change nothing about \"{table_name}\""))
+            .with_hint("Give a new distribution_column, shard_count or colocate_with."));
+    }
+    let group: Vec<Arc<DistributedTable>> = ctx.catalog.tables().filter(|t| t.colocation_id == table.colocation_id && t.oid != oid && t.partition_of.is_none()).cloned().collect();
+    let cascade = match change.cascade_to_colocated {
+        Some(cascade) if shape_changes && !group.is_empty() => cascade,
+        None if shape_changes && !group.is_empty() => {
+            return Err(PgError::new(sqlstate::INVALID_PARAMETER_VALUE, format!("\"{table_name}\" is co-located with {}: say what happens to them", names(&group)))
+                .with_hint("cascade_to_colocated => true changes their shard count too; cascade_to_colocated => false takes this table out of their co-location group."));
+        }
+        _ => false,
+    };
+    if cascade && (type_changes || change.colocate_with.is_some()) {
+        return Err(PgError::new(sqlstate::INVALID_PARAMETER_VALUE, "cascade_to_colocated => true changes only the shard count of a co-location group")
+            .with_hint("Change the distribution column or the co-location of each table on its own, with cascade_to_colocated => false."));
+    }
+    refuse_foreign_keys(ctx, &table).await?;
+    if cascade {
+        for other in &group {
+            refuse_foreign_keys(ctx, other).await?;
+        }
+    }
+    // Stay with the group when its shape does not change.
+    let colocate_with = match &change.colocate_with {
+        Some(other) => other.clone(),
+        None if !shape_changes => group.first().map_or_else(|| "default".to_string(), |t| t.qualified_name()),
+        None => "default".to_string(),
+    };
+    ctx.notice(format!("distributing {} anew: by \"{column}\" in {shard_count} shards", table.qualified_name())).await;
+    let implicit = ctx.parts.begin_implicit();
+    let result = async {
+        redistribute(ctx, &table, &column, &colocate_with, shard_count).await?;
+        if cascade {
+            for other in &group {
+                let Distribution::Hash { column, .. } = &other.distribution else { continue };
+                ctx.notice(format!("distributing co-located {} anew in {shard_count} shards", other.qualified_name())).await;
+                redistribute(ctx, other, column, &table.qualified_name(), shard_count).await?;
+            }
+        }
+        // Distributed functions of a group left without tables follow the
+        // table, so that their calls are still delegated.
+        let now = ctx.catalog.table_by_oid(oid).map(|t| t.colocation_id);
+        if let Some(new_group) = now.filter(|g| *g != table.colocation_id) {
+            ctx.parts.local().await?.execute(&format!("SELECT tessera.follow_colocation({}, {new_group})", table.colocation_id)).await?;
+            reload_block_catalog(ctx).await?;
+        }
+        Ok(())
+    }
+    .await;
+    finish_block(ctx, implicit, result).await
+}
+
+/// `undistribute_table` then `create_distributed_table`, each seeing what
+/// the other did in this transaction.
+async fn redistribute(ctx: &mut CommandContext<'_>, table: &DistributedTable, column: &str, colocate_with: &str, shard_count: i32) -> PgResult<()> {
+    let qualified = table.qualified_name();
+    undistribute_table(ctx, &qualified).await?;
+    reload_block_catalog(ctx).await?;
+    create_distributed_table(ctx, &qualified, column, colocate_with, Some(shard_count)).await?;
+    reload_block_catalog(ctx).await
+}
+
+async fn reload_block_catalog(ctx: &mut CommandContext<'_>) -> PgResult<()> {
+    let local = ctx.parts.local().await?;
+    ctx.catalog = Arc::new(crate::metadata::load_in_block(local, ctx.catalog.version, &ctx.catalog).await?);
+    Ok(())
+}
+
+/// Foreign keys between this table and other hash-distributed tables hold
+/// shard by shard, which a new shard count or column would break: they go
+/// first (keys to reference tables follow the table onto its new shards).
+async fn refuse_foreign_keys(ctx: &mut CommandContext<'_>, table: &DistributedTable) -> PgResult<()> {
+    let hash_tables: Vec<String> = ctx.catalog.tables().filter(|t| !t.is_reference() && t.oid != table.oid).map(|t| t.oid.to_string()).collect();
+    if hash_tables.is_empty() {
+        return Ok(());
+    }
+    let key = ctx
+        .parts
+        .local()
+        .await?
+        .query(&format!(
+            "SELECT conname, conrelid::regclass::text, confrelid::regclass::text FROM pg_constraint
+             WHERE contype = 'f' AND ((conrelid = {0} AND confrelid IN ({1})) OR (confrelid = {0} AND conrelid IN ({1}))) ORDER BY conname LIMIT 1",
+            table.oid,
+            hash_tables.join(", ")
+        ))
+        .await?;
+    if let Some(key) = key.into_iter().next() {
+        let text = |i: usize| key[i].clone().unwrap_or_default();
+        return Err(PgError::not_supported(format!("cannot distribute \"{}\" anew: foreign key \"{}\" from \"{}\" references \"{}\"", table.name, text(0), text(1), text(2)))
+            .with_hint("Drop the foreign key, alter the table, then add the key again."));
+    }
+    Ok(())
+}
+
+fn names(tables: &[Arc<DistributedTable>]) -> String {
+    tables.iter().map(|t| t.qualified_name()).collect::<Vec<_>>().join(", ")
 }

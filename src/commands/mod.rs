@@ -115,6 +115,16 @@ pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'
             distribute::undistribute_table(ctx, &table).await?;
             (vec![FieldDescription::computed(&call.column_name, VOID_OID, 4)], vec![vec![Some(String::new())]])
         }
+        ClusterFunction::AlterDistributedTable => {
+            let table = arg(0).ok_or_else(|| null_argument("table_name"))?;
+            let shard_count = match arg(2) {
+                Some(n) => Some(n.parse::<i32>().map_err(|_| invalid("shard_count must be an integer"))?),
+                None => None,
+            };
+            let change = distribute::TableChange { distribution_column: arg(1), shard_count, colocate_with: arg(3), cascade_to_colocated: arg(4).map(|v| v == "t") };
+            distribute::alter_distributed_table(ctx, &table, change).await?;
+            (vec![FieldDescription::computed(&call.column_name, VOID_OID, 4)], vec![vec![Some(String::new())]])
+        }
         ClusterFunction::AddNode => {
             let name = arg(0).ok_or_else(|| null_argument("nodename"))?;
             let port = parse_port(arg(1))?;

@@ -139,6 +139,17 @@ BEGIN
     PERFORM tessera.check_owner(rel);
     UPDATE tessera.pg_dist_partition SET partkey = name WHERE logicalrelid = rel;
 END $$;
+-- Distributed functions co-located with a group that has no tables left
+-- (alter_distributed_table gave its last one a new shard count) follow that
+-- table to its new group, when both groups hash the same type.
+CREATE OR REPLACE FUNCTION tessera.follow_colocation(old_group int, new_group int) RETURNS void LANGUAGE sql
+SECURITY DEFINER SET search_path = pg_catalog, tessera AS $$
+    UPDATE tessera.pg_dist_object o SET colocationid = new_group
+     WHERE o.colocationid = old_group
+       AND NOT EXISTS (SELECT FROM tessera.pg_dist_partition p WHERE p.colocationid = old_group)
+       AND (SELECT c.distributioncolumntype FROM tessera.pg_dist_colocation c WHERE c.colocationid = old_group)
+         = (SELECT c.distributioncolumntype FROM tessera.pg_dist_colocation c WHERE c.colocationid = new_group)
+$$;
 
 -- Two-phase commits are decided by commit records on the deciding node
 -- (tessera_commit.commit_records, in this database too); versions before
@@ -375,6 +386,9 @@ CREATE OR REPLACE FUNCTION pg_catalog.create_distributed_table(table_name regcla
 CREATE OR REPLACE FUNCTION pg_catalog.create_reference_table(table_name regclass)
     RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
 CREATE OR REPLACE FUNCTION pg_catalog.undistribute_table(table_name regclass, cascade_via_foreign_keys boolean DEFAULT false)
+    RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
+CREATE OR REPLACE FUNCTION pg_catalog.alter_distributed_table(table_name regclass, distribution_column text DEFAULT NULL, shard_count int DEFAULT NULL,
+                                                              colocate_with text DEFAULT NULL, cascade_to_colocated boolean DEFAULT NULL)
     RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
 CREATE OR REPLACE FUNCTION pg_catalog.citus_add_node(nodename text, nodeport int DEFAULT 5432, groupid int DEFAULT -1, noderole text DEFAULT 'primary', nodecluster name DEFAULT 'default')
     RETURNS int LANGUAGE sql AS 'SELECT tessera.coordinator_only(); SELECT 0';
@@ -617,7 +631,7 @@ GRANT USAGE ON SCHEMA tessera TO PUBLIC;
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA tessera FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tessera.check_owner(regclass), tessera.catalog_changed(), tessera.user_code_changed(), tessera.new_colocation(int, int, oid, oid),
     tessera.record_distribution(regclass, "char", text, int, int[]), tessera.forget_distribution(regclass), tessera.rename_distribution_column(regclass, text),
-    tessera.coordinator_only(), tessera.gathered_activity(), tessera.gathered_size(regclass, text), tessera.size_of(regclass, text), tessera.process_rows(anyelement, text),
+    tessera.follow_colocation(int, int), tessera.coordinator_only(), tessera.gathered_activity(), tessera.gathered_size(regclass, text), tessera.size_of(regclass, text), tessera.process_rows(anyelement, text),
     tessera.distribute_function(regprocedure, text, regclass, bool) TO PUBLIC;
 
 -- New or dropped aggregates change how queries split across shards, and

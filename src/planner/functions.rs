@@ -12,6 +12,7 @@ pub enum ClusterFunction {
     CreateDistributedTable,
     CreateReferenceTable,
     UndistributeTable,
+    AlterDistributedTable,
     AddNode,
     RemoveNode,
     RecoverPreparedTransactions,
@@ -34,14 +35,14 @@ pub enum ClusterFunction {
 impl ClusterFunction {
     /// Whether the call changes which tables are distributed, and how.
     pub fn changes_tables(self) -> bool {
-        matches!(self, Self::CreateDistributedTable | Self::CreateReferenceTable | Self::UndistributeTable)
+        matches!(self, Self::CreateDistributedTable | Self::CreateReferenceTable | Self::UndistributeTable | Self::AlterDistributedTable)
     }
 
     /// Node and shard management changes the cluster for every database user:
     /// only a superuser may, as in Citus. Commands run on the nodes act as
     /// the caller's role, so any role may.
     pub fn superuser_only(self) -> bool {
-        !matches!(self, Self::CreateDistributedTable | Self::CreateReferenceTable | Self::UndistributeTable | Self::RecoverPreparedTransactions) && !self.runs_commands()
+        !self.changes_tables() && self != Self::RecoverPreparedTransactions && !self.runs_commands()
     }
 
     /// run_command_on_workers and its kin.
@@ -54,6 +55,7 @@ impl ClusterFunction {
             "create_distributed_table" => Self::CreateDistributedTable,
             "create_reference_table" => Self::CreateReferenceTable,
             "undistribute_table" => Self::UndistributeTable,
+            "alter_distributed_table" => Self::AlterDistributedTable,
             "citus_add_node" | "master_add_node" => Self::AddNode,
             "citus_remove_node" | "master_remove_node" => Self::RemoveNode,
             "recover_prepared_transactions" => Self::RecoverPreparedTransactions,
@@ -86,6 +88,7 @@ impl ClusterFunction {
             Self::CreateDistributedTable => &["table_name", "distribution_column", "distribution_type", "colocate_with", "shard_count"],
             Self::CreateReferenceTable => &["table_name"],
             Self::UndistributeTable => &["table_name", "cascade_via_foreign_keys"],
+            Self::AlterDistributedTable => &["table_name", "distribution_column", "shard_count", "colocate_with", "cascade_to_colocated"],
             Self::AddNode => &["nodename", "nodeport", "groupid", "noderole", "nodecluster"],
             Self::RemoveNode => &["nodename", "nodeport"],
             Self::RecoverPreparedTransactions | Self::CleanupOrphanedResources => &[],
