@@ -829,3 +829,59 @@ async fn tables_are_distributed_anew_with_alter_distributed_table() {
     assert_eq!(shape("orders").await, after);
     assert_eq!(text_rows(&c, contents).await, expected);
 }
+
+#[tokio::test]
+async fn colocation_changes_without_moving_data() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute(
+        "CREATE TABLE accounts (id int PRIMARY KEY, owner text);
+         SELECT create_distributed_table('accounts', 'id', shard_count => 4);
+         CREATE TABLE ledger (id int, amount int);
+         SELECT create_distributed_table('ledger', 'id', shard_count => 4, colocate_with => 'none');
+         CREATE TABLE wide (id int);
+         SELECT create_distributed_table('wide', 'id', shard_count => 6);
+         INSERT INTO accounts SELECT g, 'o' || g FROM generate_series(1, 100) g;
+         INSERT INTO ledger SELECT g % 100 + 1, g FROM generate_series(1, 1000) g;
+         CREATE ROLE clerk LOGIN;
+         GRANT SELECT ON accounts, ledger TO clerk;",
+    )
+    .await
+    .unwrap();
+    let group = |table: &'static str| {
+        let c = &c;
+        async move { text_rows(c, &format!("SELECT colocationid FROM pg_dist_partition WHERE logicalrelid = '{table}'::regclass")).await.remove(0).remove(0) }
+    };
+    let join = "EXPLAIN SELECT count(*) FROM accounts a JOIN ledger l USING (id)";
+    let tier = |plan: Vec<Vec<Option<String>>>| plan.into_iter().flatten().flatten().find(|l| l.contains("Custom Scan")).unwrap_or_default();
+    assert!(tier(text_rows(&c, join).await).contains("Broadcast"), "not co-located yet");
+    let expected = text_rows(&c, "SELECT count(*), sum(amount) FROM accounts a JOIN ledger l USING (id)").await;
+
+    // Same shard count, type and nodes: the group changes, the rows stay.
+    c.batch_execute("SELECT update_distributed_table_colocation('ledger', colocate_with => 'accounts')").await.unwrap();
+    assert_eq!(group("ledger").await, group("accounts").await);
+    let now = tier(text_rows(&c, join).await);
+    assert!(now.contains("Multi-Shard"), "co-located now: {now}");
+    assert_eq!(text_rows(&c, "SELECT count(*), sum(amount) FROM accounts a JOIN ledger l USING (id)").await, expected);
+    // 'none': a group of its own again.
+    c.batch_execute("SELECT update_distributed_table_colocation('ledger', 'none')").await.unwrap();
+    assert_ne!(group("ledger").await, group("accounts").await);
+    assert!(tier(text_rows(&c, join).await).contains("Broadcast"));
+
+    // Refused: another shard count, a reference table, another owner; and
+    // truncate_local_data_after_distributing_table checks what Citus's does.
+    let err = c.simple_query("SELECT update_distributed_table_colocation('ledger', 'wide')").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "22023", "{err}");
+    assert!(error_text(&err).contains("alter_distributed_table"), "{err}");
+    let clerk = common::connect_as(cluster.cluster.state.coordinator_port, "clerk").await;
+    let err = clerk.simple_query("SELECT update_distributed_table_colocation('ledger', 'accounts')").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "42501", "{err}");
+    assert_ne!(group("ledger").await, group("accounts").await);
+    c.batch_execute("SELECT truncate_local_data_after_distributing_table('accounts')").await.unwrap();
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM accounts").await, vec![vec![Some("100".into())]]);
+    c.batch_execute("CREATE TABLE notes (id int)").await.unwrap();
+    let err = c.simple_query("SELECT truncate_local_data_after_distributing_table('notes')").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "22023", "{err}");
+    let err = clerk.simple_query("SELECT truncate_local_data_after_distributing_table('accounts')").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "42501", "{err}");
+}

@@ -474,6 +474,72 @@ BEGIN
     END IF;
 END $$;
 
+-- Functions that only read and change the catalog's rows run in the
+-- coordinator database like any query; the coordinators reload after them.
+-- create_distributed_table leaves the shell empty already: this one only
+-- checks what Citus's does.
+CREATE OR REPLACE FUNCTION pg_catalog.truncate_local_data_after_distributing_table(function_name regclass) RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, tessera AS $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM tessera.pg_dist_partition WHERE logicalrelid = function_name) THEN
+        RAISE EXCEPTION 'supplied parameter is not a distributed relation' USING ERRCODE = '22023',
+            HINT = format('Distribute %s first with create_distributed_table or create_reference_table.', function_name);
+    END IF;
+    PERFORM tessera.check_owner(function_name);
+END $$;
+-- Moves a table (with its partitions) into another co-location group
+-- without moving data: the group of the table named, whose shards must sit
+-- on the same nodes index by index, or with 'none' a group of its own.
+CREATE OR REPLACE FUNCTION tessera.change_colocation(table_name regclass, colocate_with regclass) RETURNS void LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, tessera AS $$
+DECLARE
+    own tessera.pg_dist_partition;
+    own_group tessera.pg_dist_colocation;
+    target tessera.pg_dist_partition;
+    target_group tessera.pg_dist_colocation;
+    new_group int;
+BEGIN
+    PERFORM tessera.check_owner(table_name);
+    SELECT * INTO own FROM tessera.pg_dist_partition WHERE logicalrelid = table_name;
+    IF own IS NULL OR own.partmethod <> 'h' THEN
+        RAISE EXCEPTION '% is not a hash-distributed table', table_name USING ERRCODE = '22023';
+    END IF;
+    IF EXISTS (SELECT FROM pg_inherits WHERE inhrelid = table_name) THEN
+        RAISE EXCEPTION '% is a partition; change the co-location of its parent', table_name USING ERRCODE = '22023';
+    END IF;
+    SELECT * INTO own_group FROM tessera.pg_dist_colocation WHERE colocationid = own.colocationid;
+    IF colocate_with IS NULL THEN
+        IF NOT EXISTS (SELECT FROM tessera.pg_dist_partition p WHERE p.colocationid = own.colocationid AND p.logicalrelid <> table_name
+                          AND NOT EXISTS (SELECT FROM pg_inherits i WHERE i.inhrelid = p.logicalrelid AND i.inhparent = table_name)) THEN
+            RETURN;
+        END IF;
+        new_group := tessera.new_colocation(own_group.shardcount, own_group.replicationfactor, own_group.distributioncolumntype, own_group.distributioncolumncollation);
+    ELSE
+        SELECT * INTO target FROM tessera.pg_dist_partition WHERE logicalrelid = colocate_with;
+        IF target IS NULL OR target.partmethod <> 'h' THEN
+            RAISE EXCEPTION 'cannot colocate with %: it is not a hash-distributed table', colocate_with USING ERRCODE = '22023';
+        END IF;
+        SELECT * INTO target_group FROM tessera.pg_dist_colocation WHERE colocationid = target.colocationid;
+        IF target_group.shardcount <> own_group.shardcount OR target_group.distributioncolumntype <> own_group.distributioncolumntype THEN
+            RAISE EXCEPTION 'cannot colocate tables % and %', table_name, colocate_with USING ERRCODE = '22023',
+                DETAIL = format('%s has %s shards of type %s, %s has %s of type %s', table_name, own_group.shardcount, format_type(own_group.distributioncolumntype, NULL),
+                                colocate_with, target_group.shardcount, format_type(target_group.distributioncolumntype, NULL)),
+                HINT = 'alter_distributed_table(table_name, colocate_with => ...) distributes the table anew in that group.';
+        END IF;
+        IF EXISTS (SELECT s.shardindex, p.groupid FROM tessera.pg_dist_shard s JOIN tessera.pg_dist_placement p USING (shardid) WHERE s.logicalrelid = table_name
+                   EXCEPT SELECT s.shardindex, p.groupid FROM tessera.pg_dist_shard s JOIN tessera.pg_dist_placement p USING (shardid) WHERE s.logicalrelid = target.logicalrelid) THEN
+            RAISE EXCEPTION 'cannot colocate tables % and %: their shards are on different nodes', table_name, colocate_with USING ERRCODE = '22023',
+                HINT = 'Move the shards to match (citus_move_shard_placement), or distribute the table anew with alter_distributed_table.';
+        END IF;
+        new_group := target.colocationid;
+    END IF;
+    UPDATE tessera.pg_dist_partition SET colocationid = new_group
+     WHERE logicalrelid = table_name OR logicalrelid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = table_name);
+END $$;
+-- The table named in the caller's search_path; NULL for 'none'.
+CREATE OR REPLACE FUNCTION pg_catalog.update_distributed_table_colocation(table_name regclass, colocate_with text) RETURNS void LANGUAGE sql
+AS $$ SELECT tessera.change_colocation(table_name, CASE WHEN lower(colocate_with) = 'none' THEN NULL ELSE colocate_with::regclass END) $$;
+
 -- Read-only catalog functions are ordinary SQL functions: they work anywhere in
 -- a query, including in FROM.
 CREATE OR REPLACE FUNCTION pg_catalog.master_get_active_worker_nodes(OUT node_name text, OUT node_port bigint)
@@ -631,7 +697,7 @@ GRANT USAGE ON SCHEMA tessera TO PUBLIC;
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA tessera FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tessera.check_owner(regclass), tessera.catalog_changed(), tessera.user_code_changed(), tessera.new_colocation(int, int, oid, oid),
     tessera.record_distribution(regclass, "char", text, int, int[]), tessera.forget_distribution(regclass), tessera.rename_distribution_column(regclass, text),
-    tessera.follow_colocation(int, int), tessera.coordinator_only(), tessera.gathered_activity(), tessera.gathered_size(regclass, text), tessera.size_of(regclass, text), tessera.process_rows(anyelement, text),
+    tessera.follow_colocation(int, int), tessera.change_colocation(regclass, regclass), tessera.coordinator_only(), tessera.gathered_activity(), tessera.gathered_size(regclass, text), tessera.size_of(regclass, text), tessera.process_rows(anyelement, text),
     tessera.distribute_function(regprocedure, text, regclass, bool) TO PUBLIC;
 
 -- New or dropped aggregates change how queries split across shards, and

@@ -270,8 +270,9 @@ fn changes_user_code(raw: &protobuf::RawStmt) -> bool {
         Some(NodeEnum::DropStmt(d)) => reaches(d.remove_type),
         Some(NodeEnum::RenameStmt(r)) => reaches(r.rename_type),
         Some(NodeEnum::AlterObjectSchemaStmt(a)) => reaches(a.object_type),
-        // Which calls are delegated changes with it.
-        Some(node @ NodeEnum::SelectStmt(_)) => crate::walk::called_functions(node).iter().any(|f| f == "create_distributed_function"),
+        // Which calls are delegated, or which tables are co-located, changes
+        // with these catalog functions of the coordinator database.
+        Some(node @ NodeEnum::SelectStmt(_)) => crate::walk::called_functions(node).iter().any(|f| f == "create_distributed_function" || f == "update_distributed_table_colocation"),
         _ => false,
     }
 }
