@@ -885,3 +885,84 @@ async fn colocation_changes_without_moving_data() {
     let err = clerk.simple_query("SELECT truncate_local_data_after_distributing_table('accounts')").await.unwrap_err();
     assert_eq!(sqlstate(&err), "42501", "{err}");
 }
+
+#[tokio::test]
+async fn time_partitions_are_created_and_dropped_with_their_shards() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute(
+        "SET TimeZone = 'UTC';
+         CREATE TABLE readings (device int, day date, value int) PARTITION BY RANGE (day);
+         SELECT create_distributed_table('readings', 'device', shard_count => 4);
+         CREATE TABLE clicks (at timestamptz, url text) PARTITION BY RANGE (at);
+         CREATE TABLE ticks (at timestamp, n int) PARTITION BY RANGE (at);
+         CREATE TABLE flat (day date);
+         CREATE ROLE analyst LOGIN;
+         GRANT SELECT ON readings TO analyst;",
+    )
+    .await
+    .unwrap();
+    let partitions = |table: &'static str| {
+        let c = &c;
+        async move { text_rows(c, &format!("SELECT partition::text, from_value, to_value FROM time_partitions WHERE parent_table = '{table}'::regclass ORDER BY from_value::timestamptz")).await }
+    };
+    let row = |name: &str, from: &str, to: &str| vec![Some(name.to_string()), Some(from.to_string()), Some(to.to_string())];
+
+    // Months of a date column, aligned to the month's start; a second call
+    // adds only what is missing, after the last and before the first.
+    assert_eq!(text_rows(&c, "SELECT create_time_partitions('readings', '1 month', '2026-04-01', '2026-01-15')").await, vec![vec![Some("t".into())]]);
+    assert_eq!(
+        partitions("readings").await,
+        vec![row("readings_p2026_01", "2026-01-01", "2026-02-01"), row("readings_p2026_02", "2026-02-01", "2026-03-01"), row("readings_p2026_03", "2026-03-01", "2026-04-01")]
+    );
+    assert_eq!(text_rows(&c, "SELECT create_time_partitions('readings', '1 month', '2026-03-01', '2026-02-01')").await, vec![vec![Some("f".into())]]);
+    c.batch_execute("SELECT create_time_partitions(table_name => 'readings', partition_interval => '1 month', end_at => '2026-05-01', start_from => '2025-12-01')").await.unwrap();
+    let names: Vec<Option<String>> = partitions("readings").await.into_iter().map(|r| r[0].clone()).collect();
+    assert_eq!(names, ["readings_p2025_12", "readings_p2026_01", "readings_p2026_02", "readings_p2026_03", "readings_p2026_04"].map(|n| Some(n.to_string())));
+    // The partitions are distributed with their parent: rows go to them.
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid::text LIKE 'readings_p%'").await, vec![vec![Some("5".into())]]);
+    c.batch_execute("INSERT INTO readings SELECT g, DATE '2025-12-01' + g, g FROM generate_series(0, 150) g").await.unwrap();
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM readings_p2026_02").await, vec![vec![Some("28".into())]]);
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM readings").await, vec![vec![Some("151".into())]]);
+
+    // Weeks of a timestamptz column and hours of a timestamp column, named
+    // in their unit's precision; a local table works the same way.
+    c.batch_execute("SELECT create_time_partitions('clicks', '1 week', '2026-11-20', '2026-11-04 13:00+00')").await.unwrap();
+    assert_eq!(
+        partitions("clicks").await,
+        vec![row("clicks_p2026w45", "2026-11-02 00:00:00+00", "2026-11-09 00:00:00+00"), row("clicks_p2026w46", "2026-11-09 00:00:00+00", "2026-11-16 00:00:00+00"), row("clicks_p2026w47", "2026-11-16 00:00:00+00", "2026-11-23 00:00:00+00")]
+    );
+    c.batch_execute("SELECT create_time_partitions('ticks', '6 hours', '2026-11-02', '2026-11-01')").await.unwrap();
+    let ticks: Vec<Option<String>> = partitions("ticks").await.into_iter().map(|r| r[0].clone()).collect();
+    assert_eq!(ticks, ["ticks_p2026_11_01_0000", "ticks_p2026_11_01_0600", "ticks_p2026_11_01_1200", "ticks_p2026_11_01_1800"].map(|n| Some(n.to_string())));
+
+    // In a block rolled back, nothing is left.
+    c.batch_execute("BEGIN; SELECT create_time_partitions('readings', '1 month', '2026-08-01'); ROLLBACK").await.unwrap();
+    assert_eq!(partitions("readings").await.len(), 5);
+
+    // Dropping old partitions drops their shards and rows too.
+    let shard_tables = "SELECT sum(result::int) FROM run_command_on_workers($$SELECT count(*) FROM pg_tables WHERE tablename ~ '^readings_p2025_12_[0-9]+$'$$)";
+    assert_eq!(text_rows(&c, shard_tables).await, vec![vec![Some("4".into())]]);
+    c.batch_execute("CALL drop_old_time_partitions('readings', '2026-02-01')").await.unwrap();
+    let names: Vec<Option<String>> = partitions("readings").await.into_iter().map(|r| r[0].clone()).collect();
+    assert_eq!(names, ["readings_p2026_02", "readings_p2026_03", "readings_p2026_04"].map(|n| Some(n.to_string())));
+    assert_eq!(text_rows(&c, shard_tables).await, vec![vec![Some("0".into())]]);
+    assert_eq!(text_rows(&c, "SELECT count(*), min(day) FROM readings").await, vec![vec![Some("89".into()), Some("2026-02-01".into())]]);
+
+    // Refusals.
+    let analyst = common::connect_as(cluster.cluster.state.coordinator_port, "analyst").await;
+    let err = analyst.simple_query("SELECT create_time_partitions('readings', '1 month', '2026-09-01')").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "42501", "{err}");
+    let err = analyst.simple_query("CALL drop_old_time_partitions('readings', '2026-04-01')").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "42501", "{err}");
+    for (sql, code) in [
+        ("SELECT create_time_partitions('flat', '1 day', '2026-01-01')", "22023"),
+        ("SELECT create_time_partitions('readings', '1 hour', '2026-06-01')", "22023"),
+        ("SELECT create_time_partitions('readings', '-1 month', '2026-06-01')", "22023"),
+        ("SELECT create_time_partitions('readings', '1 second', '2027-01-01', '2026-01-01')", "22023"),
+    ] {
+        let err = c.simple_query(sql).await.unwrap_err();
+        assert_eq!(sqlstate(&err), code, "{sql}: {err}");
+    }
+    assert_eq!(partitions("readings").await.len(), 3);
+}

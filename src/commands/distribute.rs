@@ -748,7 +748,7 @@ async fn redistribute(ctx: &mut CommandContext<'_>, table: &DistributedTable, co
     reload_block_catalog(ctx).await
 }
 
-async fn reload_block_catalog(ctx: &mut CommandContext<'_>) -> PgResult<()> {
+pub(super) async fn reload_block_catalog(ctx: &mut CommandContext<'_>) -> PgResult<()> {
     let local = ctx.parts.local().await?;
     ctx.catalog = Arc::new(crate::metadata::load_in_block(local, ctx.catalog.version, &ctx.catalog).await?);
     Ok(())

@@ -5,6 +5,7 @@ pub(crate) mod distribute;
 pub(crate) mod nodes;
 mod objects;
 mod run_command;
+mod time_partitions;
 pub mod table_ddl;
 pub mod worker_relations;
 
@@ -124,6 +125,19 @@ pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'
             let change = distribute::TableChange { distribution_column: arg(1), shard_count, colocate_with: arg(3), cascade_to_colocated: arg(4).map(|v| v == "t") };
             distribute::alter_distributed_table(ctx, &table, change).await?;
             (vec![FieldDescription::computed(&call.column_name, VOID_OID, 4)], vec![vec![Some(String::new())]])
+        }
+        ClusterFunction::CreateTimePartitions => {
+            let table = arg(0).ok_or_else(|| null_argument("table_name"))?;
+            let interval = arg(1).ok_or_else(|| null_argument("partition_interval"))?;
+            let end_at = arg(2).ok_or_else(|| null_argument("end_at"))?;
+            let created = time_partitions::create(ctx, &table, &interval, &end_at, arg(3).as_deref()).await?;
+            (vec![FieldDescription::computed(&call.column_name, BOOL_OID, 1)], vec![vec![Some(if created { "t" } else { "f" }.to_string())]])
+        }
+        ClusterFunction::DropOldTimePartitions => {
+            let table = arg(0).ok_or_else(|| null_argument("table_name"))?;
+            let older_than = arg(1).ok_or_else(|| null_argument("older_than"))?;
+            time_partitions::drop_old(ctx, &table, &older_than).await?;
+            (Vec::new(), Vec::new())
         }
         ClusterFunction::AddNode => {
             let name = arg(0).ok_or_else(|| null_argument("nodename"))?;
@@ -245,6 +259,10 @@ pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'
             (vec![FieldDescription::computed(&call.column_name, VOID_OID, 4)], vec![vec![Some(String::new())]])
         }
     };
+    if call.function.is_procedure() {
+        backend::command_complete(ctx.client()?.out(), "CALL");
+        return Ok(());
+    }
     let names: Vec<&str> = fields.iter().map(|f| f.name.as_str()).collect();
     if let Some(sql) = call.around_rows(&names, &rows_query(&fields, &rows))? {
         let mode = match bound {

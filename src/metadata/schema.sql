@@ -303,10 +303,107 @@ SELECT p.logicalrelid AS table_name,
        pg_get_userbyid(c.relowner) AS table_owner
 FROM tessera.pg_dist_partition p
 JOIN pg_class c ON c.oid = p.logicalrelid;
+-- Partitions of tables partitioned by range on one date or time column,
+-- with their bounds as text (MINVALUE/MAXVALUE and default partitions left out).
+CREATE OR REPLACE VIEW pg_catalog.time_partitions AS
+SELECT i.inhparent::regclass AS parent_table,
+       a.attname AS partition_column,
+       c.oid::regclass AS partition,
+       b[1] AS from_value,
+       b[2] AS to_value,
+       am.amname AS access_method
+FROM pg_partitioned_table pt
+JOIN pg_attribute a ON a.attrelid = pt.partrelid AND a.attnum = pt.partattrs[0]
+JOIN pg_inherits i ON i.inhparent = pt.partrelid
+JOIN pg_class c ON c.oid = i.inhrelid
+LEFT JOIN pg_am am ON am.oid = c.relam
+CROSS JOIN LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid), $re$^FOR VALUES FROM \('([^']*)'\) TO \('([^']*)'\)$$re$) b
+WHERE pt.partstrat = 'r' AND pt.partnatts = 1 AND a.atttypid IN ('date'::regtype, 'timestamp'::regtype, 'timestamptz'::regtype);
 RESET allow_system_table_mods;
 GRANT SELECT ON pg_catalog.pg_dist_node, pg_catalog.pg_dist_colocation, pg_catalog.pg_dist_partition, pg_catalog.pg_dist_shard,
     pg_catalog.pg_dist_placement, pg_catalog.pg_dist_object, pg_catalog.citus_shards, pg_catalog.citus_tables,
-    pg_catalog.pg_dist_background_job, pg_catalog.pg_dist_background_task TO PUBLIC;
+    pg_catalog.pg_dist_background_job, pg_catalog.pg_dist_background_task, pg_catalog.time_partitions TO PUBLIC;
+
+-- The CREATE TABLE … PARTITION OF statements create_time_partitions runs
+-- (through the coordinator, so that a distributed table's partitions get
+-- shards): partitions of partition_interval from start_from up to end_at,
+-- aligned to the interval's unit (a month's start, a Monday, midnight, …)
+-- and named <table>_p<start> in that unit's precision; with partitions there
+-- already, they continue after the last one and before the first.
+CREATE OR REPLACE FUNCTION tessera.missing_time_partitions(table_name regclass, partition_interval interval, end_at timestamptz, start_from timestamptz)
+RETURNS SETOF text LANGUAGE plpgsql SET search_path = pg_catalog, tessera AS $$
+DECLARE
+    column_type regtype;
+    months int := extract(year FROM partition_interval)::int * 12 + extract(month FROM partition_interval)::int;
+    days int := extract(day FROM partition_interval)::int;
+    seconds numeric := extract(hour FROM partition_interval) * 3600 + extract(minute FROM partition_interval) * 60 + extract(second FROM partition_interval);
+    unit text;
+    pattern text;
+    parent_schema name;
+    parent_name name;
+    lowest timestamptz;
+    highest timestamptz;
+    bound timestamptz;
+    made int := 0;
+BEGIN
+    SELECT a.atttypid INTO column_type FROM pg_partitioned_table pt JOIN pg_attribute a ON a.attrelid = pt.partrelid AND a.attnum = pt.partattrs[0]
+     WHERE pt.partrelid = table_name AND pt.partstrat = 'r' AND pt.partnatts = 1;
+    IF column_type IS NULL OR column_type NOT IN ('date'::regtype, 'timestamp'::regtype, 'timestamptz'::regtype) THEN
+        RAISE EXCEPTION '% is not partitioned by range on one column of type date, timestamp or timestamptz', table_name USING ERRCODE = '22023';
+    END IF;
+    IF months < 0 OR days < 0 OR seconds < 0 OR partition_interval = interval '0' THEN
+        RAISE EXCEPTION 'partition_interval must be positive' USING ERRCODE = '22023';
+    END IF;
+    unit := CASE WHEN days = 0 AND seconds = 0 AND months % 12 = 0 THEN 'year'
+                 WHEN days = 0 AND seconds = 0 THEN 'month'
+                 WHEN months = 0 AND seconds = 0 AND days % 7 = 0 THEN 'week'
+                 WHEN months = 0 AND seconds = 0 THEN 'day'
+                 WHEN months = 0 AND days = 0 AND seconds % 3600 = 0 THEN 'hour'
+                 WHEN months = 0 AND days = 0 AND seconds % 60 = 0 THEN 'minute'
+                 ELSE 'second' END;
+    IF column_type = 'date'::regtype AND unit IN ('hour', 'minute', 'second') THEN
+        RAISE EXCEPTION 'partitions of the date column of % must span whole days', table_name USING ERRCODE = '22023';
+    END IF;
+    pattern := CASE unit WHEN 'year' THEN 'YYYY' WHEN 'month' THEN 'YYYY_MM' WHEN 'week' THEN 'IYYY"w"IW' WHEN 'day' THEN 'YYYY_MM_DD'
+                         WHEN 'second' THEN 'YYYY_MM_DD_HH24MISS' ELSE 'YYYY_MM_DD_HH24MI' END;
+    SELECT n.nspname, c.relname INTO parent_schema, parent_name FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = table_name;
+    SELECT min(p.from_value::timestamptz), max(p.to_value::timestamptz) INTO lowest, highest FROM pg_catalog.time_partitions p WHERE p.parent_table = table_name;
+    IF highest IS NULL THEN
+        lowest := date_trunc(unit, start_from);
+        highest := lowest;
+    END IF;
+    bound := highest;
+    WHILE bound < end_at LOOP
+        RETURN NEXT tessera.time_partition_sql(table_name, parent_schema, parent_name, column_type, pattern, bound, bound + partition_interval);
+        bound := bound + partition_interval;
+        made := made + 1;
+        IF made > 10000 THEN
+            RAISE EXCEPTION 'more than 10000 partitions of % up to %', table_name, end_at USING ERRCODE = '54000', HINT = 'Use a longer partition_interval or an earlier end_at.';
+        END IF;
+    END LOOP;
+    bound := lowest;
+    WHILE bound > start_from LOOP
+        RETURN NEXT tessera.time_partition_sql(table_name, parent_schema, parent_name, column_type, pattern, bound - partition_interval, bound);
+        bound := bound - partition_interval;
+        made := made + 1;
+        IF made > 10000 THEN
+            RAISE EXCEPTION 'more than 10000 partitions of % from %', table_name, start_from USING ERRCODE = '54000', HINT = 'Use a longer partition_interval or a later start_from.';
+        END IF;
+    END LOOP;
+END $$;
+CREATE OR REPLACE FUNCTION tessera.time_partition_sql(parent regclass, parent_schema name, parent_name name, column_type regtype, pattern text, lower_bound timestamptz, upper_bound timestamptz)
+RETURNS text LANGUAGE sql STABLE SET search_path = pg_catalog AS $$
+    SELECT format('CREATE TABLE %I.%I PARTITION OF %s FOR VALUES FROM (%L) TO (%L)', parent_schema, left(parent_name || '_p' || to_char(lower_bound, pattern), 63), parent,
+                  CASE column_type WHEN 'date'::regtype THEN lower_bound::date::text WHEN 'timestamp'::regtype THEN lower_bound::timestamp::text ELSE lower_bound::text END,
+                  CASE column_type WHEN 'date'::regtype THEN upper_bound::date::text WHEN 'timestamp'::regtype THEN upper_bound::timestamp::text ELSE upper_bound::text END)
+$$;
+-- The DROP TABLE statements drop_old_time_partitions runs: partitions whose
+-- upper bound is at or before older_than, oldest first.
+CREATE OR REPLACE FUNCTION tessera.old_time_partitions(table_name regclass, older_than timestamptz)
+RETURNS SETOF text LANGUAGE sql STABLE SET search_path = pg_catalog AS $$
+    SELECT format('DROP TABLE %s', p.partition) FROM pg_catalog.time_partitions p
+     WHERE p.parent_table = table_name AND p.to_value::timestamptz <= older_than ORDER BY p.from_value::timestamptz
+$$;
 
 -- Makes a function or procedure distributed, as Citus's does: calls whose
 -- distribution argument is a constant or a parameter then run on the node
@@ -416,6 +513,10 @@ CREATE OR REPLACE FUNCTION pg_catalog.citus_copy_shard_placement(shard_id bigint
     RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
 CREATE OR REPLACE FUNCTION pg_catalog.replicate_reference_tables(shard_transfer_mode text DEFAULT 'auto')
     RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
+CREATE OR REPLACE FUNCTION pg_catalog.create_time_partitions(table_name regclass, partition_interval interval, end_at timestamptz, start_from timestamptz DEFAULT now())
+    RETURNS boolean LANGUAGE sql AS 'SELECT tessera.coordinator_only(); SELECT false';
+CREATE OR REPLACE PROCEDURE pg_catalog.drop_old_time_partitions(table_name regclass, older_than timestamptz)
+    LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
 CREATE OR REPLACE FUNCTION pg_catalog.citus_rebalance_start(rebalance_strategy name DEFAULT NULL, drain_only boolean DEFAULT false, shard_transfer_mode text DEFAULT 'auto')
     RETURNS bigint LANGUAGE sql AS 'SELECT tessera.coordinator_only(); SELECT 0::bigint';
 CREATE OR REPLACE FUNCTION pg_catalog.run_command_on_workers(command text, parallel boolean DEFAULT true, OUT nodename text, OUT nodeport int, OUT success boolean, OUT result text)
@@ -697,7 +798,9 @@ GRANT USAGE ON SCHEMA tessera TO PUBLIC;
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA tessera FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tessera.check_owner(regclass), tessera.catalog_changed(), tessera.user_code_changed(), tessera.new_colocation(int, int, oid, oid),
     tessera.record_distribution(regclass, "char", text, int, int[]), tessera.forget_distribution(regclass), tessera.rename_distribution_column(regclass, text),
-    tessera.follow_colocation(int, int), tessera.change_colocation(regclass, regclass), tessera.coordinator_only(), tessera.gathered_activity(), tessera.gathered_size(regclass, text), tessera.size_of(regclass, text), tessera.process_rows(anyelement, text),
+    tessera.follow_colocation(int, int), tessera.change_colocation(regclass, regclass), tessera.coordinator_only(),
+    tessera.missing_time_partitions(regclass, interval, timestamptz, timestamptz), tessera.old_time_partitions(regclass, timestamptz),
+    tessera.time_partition_sql(regclass, name, name, regtype, text, timestamptz, timestamptz), tessera.gathered_activity(), tessera.gathered_size(regclass, text), tessera.size_of(regclass, text), tessera.process_rows(anyelement, text),
     tessera.distribute_function(regprocedure, text, regclass, bool) TO PUBLIC;
 
 -- New or dropped aggregates change how queries split across shards, and

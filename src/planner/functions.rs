@@ -30,12 +30,22 @@ pub enum ClusterFunction {
     RunCommandOnShards,
     RunCommandOnPlacements,
     RunCommandOnColocatedPlacements,
+    CreateTimePartitions,
+    DropOldTimePartitions,
 }
 
 impl ClusterFunction {
     /// Whether the call changes which tables are distributed, and how.
     pub fn changes_tables(self) -> bool {
-        matches!(self, Self::CreateDistributedTable | Self::CreateReferenceTable | Self::UndistributeTable | Self::AlterDistributedTable)
+        matches!(
+            self,
+            Self::CreateDistributedTable | Self::CreateReferenceTable | Self::UndistributeTable | Self::AlterDistributedTable | Self::CreateTimePartitions | Self::DropOldTimePartitions
+        )
+    }
+
+    /// Called with CALL, answering with no rows.
+    pub fn is_procedure(self) -> bool {
+        self == Self::DropOldTimePartitions
     }
 
     /// Node and shard management changes the cluster for every database user:
@@ -73,6 +83,8 @@ impl ClusterFunction {
             "run_command_on_shards" => Self::RunCommandOnShards,
             "run_command_on_placements" => Self::RunCommandOnPlacements,
             "run_command_on_colocated_placements" => Self::RunCommandOnColocatedPlacements,
+            "create_time_partitions" => Self::CreateTimePartitions,
+            "drop_old_time_partitions" => Self::DropOldTimePartitions,
             _ => return None,
         })
     }
@@ -104,6 +116,8 @@ impl ClusterFunction {
             Self::RunCommandOnAllNodes => &["command", "parallel", "give_warning_for_connection_errors"],
             Self::RunCommandOnShards | Self::RunCommandOnPlacements => &["table_name", "command", "parallel"],
             Self::RunCommandOnColocatedPlacements => &["table_name1", "table_name2", "command", "parallel"],
+            Self::CreateTimePartitions => &["table_name", "partition_interval", "end_at", "start_from"],
+            Self::DropOldTimePartitions => &["table_name", "older_than"],
         }
     }
 }
@@ -160,13 +174,10 @@ pub(super) fn cluster_call(select: &SelectStmt) -> Option<Plan> {
         _ => return None,
     };
     let Some(NodeEnum::FuncCall(call)) = called.and_then(|v| v.node.as_ref()) else { return None };
-    let names = super::function_names(call);
-    let (name, schema_ok) = match names.as_slice() {
-        [name] => (*name, true),
-        [schema, name] => (*name, matches!(*schema, "pg_catalog" | "tessera" | "citus")),
-        _ => return None,
-    };
-    let function = ClusterFunction::by_name(name).filter(|_| schema_ok)?;
+    let (function, name) = called_function(call)?;
+    if function.is_procedure() {
+        return None;
+    }
     if let Some(around) = &around {
         if !function.returns_rows() {
             return None;
@@ -180,6 +191,30 @@ pub(super) fn cluster_call(select: &SelectStmt) -> Option<Plan> {
             return Some(super::not_supported(format!("a query around {name}() cannot read tables; select from the function alone")));
         }
     }
+    let in_select_list = select.from_clause.is_empty();
+    planned_call(call, function, name, alias, in_select_list, around)
+}
+
+/// `CALL p(…)` of a cluster procedure (drop_old_time_partitions).
+pub(super) fn cluster_procedure_call(call: &protobuf::CallStmt) -> Option<Plan> {
+    let call = call.funccall.as_deref()?;
+    let (function, name) = called_function(call)?;
+    function.is_procedure().then(|| planned_call(call, function, name, String::new(), false, None))?
+}
+
+/// The cluster function a call names, unqualified or in one of the schemas
+/// Citus's names resolve in.
+fn called_function(call: &protobuf::FuncCall) -> Option<(ClusterFunction, &str)> {
+    let names = super::function_names(call);
+    let (name, schema_ok) = match names.as_slice() {
+        [name] => (*name, true),
+        [schema, name] => (*name, matches!(*schema, "pg_catalog" | "tessera" | "citus")),
+        _ => return None,
+    };
+    Some((ClusterFunction::by_name(name).filter(|_| schema_ok)?, name))
+}
+
+fn planned_call(call: &protobuf::FuncCall, function: ClusterFunction, name: &str, alias: String, in_select_list: bool, around: Option<Box<SelectStmt>>) -> Option<Plan> {
     let params = function.parameters();
     let mut slots: Vec<Option<protobuf::Node>> = vec![None; params.len()];
     for (i, arg) in call.args.iter().enumerate() {
@@ -212,7 +247,7 @@ pub(super) fn cluster_call(select: &SelectStmt) -> Option<Plan> {
         }
         around
     });
-    Some(Plan::ClusterFunction(ClusterCall { function, column_name, in_select_list: select.from_clause.is_empty(), around, arguments_sql }))
+    Some(Plan::ClusterFunction(ClusterCall { function, column_name, in_select_list, around, arguments_sql }))
 }
 
 impl ClusterCall {

@@ -293,10 +293,13 @@ fn plan_statement(version: i32, raw: protobuf::RawStmt, text: &str, catalog: &Ca
     if let Some(plan) = ddl::plan_cluster_wide(version, node, catalog) {
         return plan;
     }
-    if let NodeEnum::SelectStmt(select) = node {
-        if let Some(call) = functions::cluster_call(select) {
-            return call;
-        }
+    let cluster_call = match node {
+        NodeEnum::SelectStmt(select) => functions::cluster_call(select),
+        NodeEnum::CallStmt(call) => functions::cluster_procedure_call(call),
+        _ => None,
+    };
+    if let Some(call) = cluster_call {
+        return call;
     }
     let delegated = delegation::delegated_call(version, &raw, node, catalog);
     let plan = plan_undelegated(version, &raw, node, text, catalog);
