@@ -966,3 +966,93 @@ async fn time_partitions_are_created_and_dropped_with_their_shards() {
     }
     assert_eq!(partitions("readings").await.len(), 3);
 }
+
+/// A worker's data taken over by another server (as a promoted standby
+/// would): after citus_update_node every kind of statement reaches the new
+/// server, none the old one, though it still runs.
+#[tokio::test]
+async fn a_node_moves_to_a_new_address_with_citus_update_node() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute(
+        "CREATE TABLE items (id int PRIMARY KEY, v int);
+         SELECT create_distributed_table('items', 'id', shard_count => 4);
+         CREATE TABLE kinds (k int PRIMARY KEY);
+         SELECT create_reference_table('kinds');
+         INSERT INTO items SELECT g, g FROM generate_series(1, 100) g;
+         INSERT INTO kinds VALUES (1), (2);
+         CREATE ROLE operator LOGIN;",
+    )
+    .await
+    .unwrap();
+    let old_port = cluster.cluster.state.worker_ports[0];
+    let node_id: i32 = c.query_one("SELECT nodeid FROM pg_dist_node WHERE nodeport = $1", &[&(old_port as i32)]).await.unwrap().get(0);
+    // Connections to the old address wait in the pools.
+    for id in 1..=100 {
+        c.query_one("SELECT v FROM items WHERE id = $1", &[&id]).await.unwrap();
+    }
+
+    // The copy: a base backup of the running worker, served on a new port;
+    // the original keeps running, with the pooled connections to it.
+    let clone_dir = cluster.data_dir().join("worker-1-clone");
+    let basebackup = tessera::cluster::instance::pg_bin_dir().unwrap().join("pg_basebackup");
+    let status = std::process::Command::new(basebackup)
+        .args(["-h", "127.0.0.1", "-p", &old_port.to_string(), "-U", "postgres", "-D", &clone_dir.to_string_lossy(), "-X", "stream", "-c", "fast", "--no-sync"])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    tessera::cluster::instance::prepare_dir(&clone_dir).unwrap();
+    let new_port = tessera::cluster::instance::free_port().unwrap();
+    let mut conf = std::fs::OpenOptions::new().append(true).open(clone_dir.join("postgresql.conf")).unwrap();
+    use std::io::Write as _;
+    writeln!(conf, "port = {new_port}\nunix_socket_directories = '{}'", clone_dir.display()).unwrap();
+    let clone = tessera::cluster::instance::Instance::new(&clone_dir, new_port);
+    clone.start().unwrap();
+
+    // Only a superuser, outside a block, for a node that exists, at a free address.
+    let operator = common::connect_as(cluster.cluster.state.coordinator_port, "operator").await;
+    let err = operator.simple_query(&format!("SELECT citus_update_node({node_id}, '127.0.0.1', {new_port})")).await.unwrap_err();
+    assert_eq!(sqlstate(&err), "42501", "{err}");
+    let err = c.simple_query(&format!("SELECT citus_update_node(999, '127.0.0.1', {new_port})")).await.unwrap_err();
+    assert_eq!(sqlstate(&err), "42704", "{err}");
+    let taken = cluster.cluster.state.worker_ports[1];
+    let err = c.simple_query(&format!("SELECT citus_update_node({node_id}, '127.0.0.1', {taken})")).await.unwrap_err();
+    assert_eq!(sqlstate(&err), "22023", "{err}");
+    c.batch_execute("BEGIN").await.unwrap();
+    let err = c.simple_query(&format!("SELECT citus_update_node({node_id}, '127.0.0.1', {new_port})")).await.unwrap_err();
+    assert_eq!(sqlstate(&err), "25001", "{err}");
+    c.batch_execute("ROLLBACK").await.unwrap();
+
+    c.batch_execute(&format!("SELECT citus_update_node(node_id => {node_id}, new_node_name => '127.0.0.1', new_node_port => {new_port})")).await.unwrap();
+    assert_eq!(text_rows(&c, &format!("SELECT nodeport FROM pg_dist_node WHERE nodeid = {node_id}")).await, vec![vec![Some(new_port.to_string())]]);
+    // Routed, multi-shard and two-phase writes, reference-table copies and
+    // the general fallback all reach the new server.
+    for id in 1..=100 {
+        c.execute("UPDATE items SET v = v + 1000 WHERE id = $1", &[&id]).await.unwrap();
+    }
+    c.batch_execute("UPDATE items SET v = v + 1; INSERT INTO kinds VALUES (3); BEGIN; INSERT INTO items VALUES (101, 0), (102, 0), (103, 0), (104, 0); COMMIT").await.unwrap();
+    assert_eq!(text_rows(&c, "SELECT count(*), sum(v) FROM items").await, vec![vec![Some("104".into()), Some((5050 + 100 * 1001).to_string())]]);
+    assert_eq!(text_rows(&c, "SELECT count(DISTINCT v) FILTER (WHERE v > 1000) FROM items").await, vec![vec![Some("100".into())]]);
+    let on = |port: u16| async move {
+        let w = common::connect(port).await;
+        let shards: Vec<String> = w.query("SELECT tablename::text FROM pg_tables WHERE tablename ~ '^items_[0-9]+$'", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+        let mut counts = Vec::new();
+        for s in shards {
+            counts.push(w.query_one(&format!("SELECT count(*) FILTER (WHERE v > 1000), count(*) FROM {s}"), &[]).await.unwrap().get::<_, i64>(0));
+        }
+        let kinds: i64 = w.query_one("SELECT count(*) FROM pg_tables WHERE tablename ~ '^kinds_[0-9]+$'", &[]).await.unwrap().get(0);
+        let kind_rows: i64 = if kinds > 0 {
+            let name: String = w.query_one("SELECT tablename::text FROM pg_tables WHERE tablename ~ '^kinds_[0-9]+$'", &[]).await.unwrap().get(0);
+            w.query_one(&format!("SELECT count(*) FROM {name}"), &[]).await.unwrap().get(0)
+        } else {
+            0
+        };
+        (counts.iter().sum::<i64>(), kind_rows)
+    };
+    let (moved_rows, clone_kinds) = on(new_port).await;
+    let (stale_rows, old_kinds) = on(old_port).await;
+    assert!(moved_rows > 0, "the new server has the node's updated rows");
+    assert_eq!(stale_rows, 0, "nothing reached the old address");
+    assert_eq!((clone_kinds, old_kinds), (3, 2));
+    clone.stop().unwrap();
+}

@@ -252,6 +252,13 @@ pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'
         | ClusterFunction::RunCommandOnShards
         | ClusterFunction::RunCommandOnPlacements
         | ClusterFunction::RunCommandOnColocatedPlacements => run_command::run(call.function, &args, ctx).await?,
+        ClusterFunction::UpdateNode => {
+            let node_id = arg(0).ok_or_else(|| null_argument("node_id"))?.parse::<i32>().map_err(|_| invalid("node_id must be an integer"))?;
+            let name = arg(1).ok_or_else(|| null_argument("new_node_name"))?;
+            let port = parse_port(Some(arg(2).ok_or_else(|| null_argument("new_node_port"))?))?;
+            nodes::update_node(ctx, node_id, &name, port).await?;
+            (vec![FieldDescription::computed(&call.column_name, VOID_OID, 4)], vec![vec![Some(String::new())]])
+        }
         ClusterFunction::RemoveNode => {
             let name = arg(0).ok_or_else(|| null_argument("nodename"))?;
             let port = parse_port(arg(1))?;

@@ -1,4 +1,4 @@
-//! citus_add_node, citus_remove_node and citus_set_node_property.
+//! citus_add_node, citus_remove_node, citus_update_node and citus_set_node_property.
 
 use super::table_ddl::TableDefinition;
 use super::{finish_block, read_shard_rows, CommandContext};
@@ -170,6 +170,23 @@ pub async fn remove_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) ->
 pub async fn set_should_have_shards(ctx: &mut CommandContext<'_>, host: &str, port: u16, value: bool) -> PgResult<()> {
     let node = registered_node(ctx, host, port)?;
     ctx.parts.local().await?.execute(&format!("UPDATE tessera.pg_dist_node SET shouldhaveshards = {value} WHERE nodeid = {}", node.id)).await?;
+    ctx.coordinator.reload_catalog().await?;
+    ctx.catalog = ctx.coordinator.catalog.snapshot();
+    Ok(())
+}
+
+/// `citus_update_node`: node `node_id` is now reached at `host`:`port` (a
+/// standby promoted in its place, a new address). Connections pooled to the
+/// old address are not used again; blocks under way keep theirs to the end.
+pub async fn update_node(ctx: &mut CommandContext<'_>, node_id: i32, host: &str, port: u16) -> PgResult<()> {
+    if !ctx.catalog.nodes.iter().any(|n| n.id == node_id) {
+        return Err(PgError::new(sqlstate::UNDEFINED_OBJECT, format!("node {node_id} does not exist")).with_hint("SELECT nodeid, nodename, nodeport FROM pg_dist_node lists the nodes."));
+    }
+    if let Some(other) = ctx.catalog.node_at(host, port).filter(|n| n.id != node_id) {
+        return Err(PgError::new(sqlstate::INVALID_PARAMETER_VALUE, format!("node {} is at {host}:{port} already", other.id)));
+    }
+    let sql = format!("UPDATE tessera.pg_dist_node SET nodename = {}, nodeport = {port} WHERE nodeid = {node_id}", crate::connection::quote_literal(host));
+    ctx.parts.local().await?.execute(&sql).await?;
     ctx.coordinator.reload_catalog().await?;
     ctx.catalog = ctx.coordinator.catalog.snapshot();
     Ok(())

@@ -495,6 +495,10 @@ CREATE OR REPLACE FUNCTION pg_catalog.citus_remove_node(nodename text, nodeport 
     RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
 CREATE OR REPLACE FUNCTION pg_catalog.master_remove_node(nodename text, nodeport int)
     RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
+CREATE OR REPLACE FUNCTION pg_catalog.citus_update_node(node_id int, new_node_name text, new_node_port int, force bool DEFAULT false, lock_cooldown int DEFAULT 10000)
+    RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
+CREATE OR REPLACE FUNCTION pg_catalog.master_update_node(node_id int, new_node_name text, new_node_port int, force bool DEFAULT false, lock_cooldown int DEFAULT 10000)
+    RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
 CREATE OR REPLACE FUNCTION pg_catalog.recover_prepared_transactions()
     RETURNS int LANGUAGE sql AS 'SELECT tessera.coordinator_only(); SELECT 0';
 CREATE OR REPLACE FUNCTION pg_catalog.citus_move_shard_placement(shard_id bigint, source_node_name text, source_node_port int, target_node_name text, target_node_port int, shard_transfer_mode text DEFAULT 'auto')

@@ -603,7 +603,8 @@ impl Participants {
                 Checkout::Open(slot) => break slot,
                 Checkout::Idle(worker) => worker,
             };
-            if worker.died_while_idle() {
+            // The node moved (citus_update_node): not its old address again.
+            if worker.died_while_idle() || **worker.conn.label() != *label {
                 continue;
             }
             if worker.login_state != self.login_state {
