@@ -1056,3 +1056,37 @@ async fn a_node_moves_to_a_new_address_with_citus_update_node() {
     assert_eq!((clone_kinds, old_kinds), (3, 2));
     clone.stop().unwrap();
 }
+
+#[tokio::test]
+async fn lock_waits_show_who_blocks_whom_on_every_node() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute("CREATE TABLE stock (id int PRIMARY KEY, qty int); SELECT create_distributed_table('stock', 'id'); INSERT INTO stock SELECT g, 10 FROM generate_series(1, 10) g;")
+        .await
+        .unwrap();
+    assert!(text_rows(&c, "SELECT * FROM citus_lock_waits").await.is_empty());
+
+    let holder = cluster.connect().await;
+    holder.batch_execute("BEGIN; UPDATE stock SET qty = qty - 1 WHERE id = 7").await.unwrap();
+    let waiter = cluster.connect().await;
+    let waiting = tokio::spawn(async move { waiter.execute("UPDATE stock SET qty = qty - 2 WHERE id = 7", &[]).await.map(|n| (n, waiter)) });
+    let mut waits = Vec::new();
+    for _ in 0..100 {
+        waits = text_rows(&c, "SELECT w.blocked_statement, w.current_statement_in_blocking_process, w.waiting_nodeid = w.blocking_nodeid, a.application_name LIKE 'tessera:%'
+                                FROM citus_lock_waits w JOIN citus_stat_activity a ON a.global_pid = w.waiting_gpid").await;
+        if !waits.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(waits.len(), 1, "{waits:?}");
+    let text = |i: usize| waits[0][i].clone().unwrap_or_default();
+    assert!(text(0).contains("qty - 2") && text(0).contains("stock_"), "the waiting statement on the shard: {waits:?}");
+    assert!(text(1).contains("qty - 1"), "the blocking session's statement: {waits:?}");
+    assert_eq!((text(2), text(3)), ("t".to_string(), "t".to_string()), "both on the shard's node, serving client sessions");
+    holder.batch_execute("COMMIT").await.unwrap();
+    let (updated, _) = waiting.await.unwrap().unwrap();
+    assert_eq!(updated, 1);
+    assert!(text_rows(&c, "SELECT * FROM citus_lock_waits").await.is_empty());
+    assert_eq!(text_rows(&c, "SELECT qty FROM stock WHERE id = 7").await, vec![vec![Some("7".into())]]);
+}

@@ -61,6 +61,9 @@ pub async fn run(needs: &ClusterData, report: Option<&ProcessReport>, sql: &str,
     if needs.activity {
         script.push_str(&activity_script(catalog, parts).await?);
     }
+    if needs.lock_waits {
+        script.push_str(&lock_waits_script(catalog, parts).await?);
+    }
     parts.local().await?.execute(&script).await?;
     run_on_coordinator_db(parts, needs.rewritten.as_deref().unwrap_or(sql), mode, client).await
 }
@@ -148,19 +151,39 @@ fn report_script(needs: &ClusterData, report: &ProcessReport) -> String {
 
 async fn activity_script(catalog: &Catalog, parts: &mut Participants) -> PgResult<String> {
     // The coordinator database is node 0, as the coordinator is in Citus.
-    let mut script = String::from(
+    let script = String::from(
         "CREATE TEMP TABLE IF NOT EXISTS tessera_cluster_activity (LIKE tessera.cluster_activity);
          DELETE FROM pg_temp.tessera_cluster_activity;
          INSERT INTO pg_temp.tessera_cluster_activity SELECT pid, 0, false, * FROM pg_catalog.pg_stat_activity;",
     );
+    let prefix = crate::transaction::TRANSACTION_ID_PREFIX;
+    node_rows_script(script, "tessera_cluster_activity", catalog, parts, |id| {
+        format!("SELECT {id}::bigint * {GLOBAL_PID_FACTOR} + pid, {id}, coalesce(application_name LIKE '{prefix}%', false), * FROM pg_catalog.pg_stat_activity")
+    })
+    .await
+}
+
+/// Every node's waiting backends and the backends they wait for, by global pid.
+async fn lock_waits_script(catalog: &Catalog, parts: &mut Participants) -> PgResult<String> {
+    const WAITS: &str = "SELECT pid, unnest(pg_catalog.pg_blocking_pids(pid)) AS blocker FROM pg_catalog.pg_stat_activity WHERE wait_event_type = 'Lock'";
+    let script = format!(
+        "CREATE TEMP TABLE IF NOT EXISTS tessera_cluster_lock_wait (LIKE tessera.cluster_lock_wait);
+         DELETE FROM pg_temp.tessera_cluster_lock_wait;
+         INSERT INTO pg_temp.tessera_cluster_lock_wait SELECT w.pid, w.blocker, 0, 0 FROM ({WAITS}) w;"
+    );
+    node_rows_script(script, "tessera_cluster_lock_wait", catalog, parts, |id| {
+        format!("SELECT {id}::bigint * {GLOBAL_PID_FACTOR} + w.pid, {id}::bigint * {GLOBAL_PID_FACTOR} + w.blocker, {id}, {id} FROM ({WAITS}) w")
+    })
+    .await
+}
+
+/// `script` followed by an INSERT into the session's temporary table `table`
+/// of the rows `sql(node id)` gives on every active node, read through the
+/// session's connections.
+async fn node_rows_script(mut script: String, table: &str, catalog: &Catalog, parts: &mut Participants, sql: impl Fn(i32) -> String) -> PgResult<String> {
     for node in catalog.active_nodes() {
-        let sql = format!(
-            "SELECT {id}::bigint * {GLOBAL_PID_FACTOR} + pid, {id}, coalesce(application_name LIKE '{prefix}%', false), * FROM pg_catalog.pg_stat_activity",
-            id = node.id,
-            prefix = crate::transaction::TRANSACTION_ID_PREFIX,
-        );
         let worker = parts.worker(node, Access::Read).await?;
-        let rows = worker.conn.query(&sql).await?;
+        let rows = worker.conn.query(&sql(node.id)).await?;
         if rows.is_empty() {
             continue;
         }
@@ -171,7 +194,7 @@ async fn activity_script(catalog: &Catalog, parts: &mut Participants) -> PgResul
                 format!("({})", fields.join(", "))
             })
             .collect();
-        let _ = write!(script, "INSERT INTO pg_temp.tessera_cluster_activity VALUES {};", values.join(", "));
+        let _ = write!(script, "INSERT INTO pg_temp.{table} VALUES {};", values.join(", "));
     }
     Ok(script)
 }

@@ -766,6 +766,25 @@ SET allow_system_table_mods = on;
 CREATE OR REPLACE VIEW pg_catalog.citus_stat_activity AS SELECT * FROM tessera.gathered_activity();
 RESET allow_system_table_mods;
 GRANT SELECT ON pg_catalog.citus_stat_activity, tessera.cluster_activity TO PUBLIC;
+-- Backends waiting for a lock and each backend they wait for, on every node
+-- (pg_blocking_pids), by global pid; the statements come from the activity.
+CREATE TABLE IF NOT EXISTS tessera.cluster_lock_wait (waiting_gpid bigint, blocking_gpid bigint, waiting_nodeid int, blocking_nodeid int);
+CREATE OR REPLACE FUNCTION tessera.gathered_lock_waits() RETURNS SETOF tessera.cluster_lock_wait LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF to_regclass('pg_temp.tessera_cluster_lock_wait') IS NULL THEN
+        RAISE EXCEPTION 'citus_lock_waits must be queried through the Tessera coordinator, not on the coordinator database directly'
+            USING ERRCODE = '0A000';
+    END IF;
+    RETURN QUERY EXECUTE 'SELECT * FROM pg_temp.tessera_cluster_lock_wait';
+END $$;
+SET allow_system_table_mods = on;
+CREATE OR REPLACE VIEW pg_catalog.citus_lock_waits AS
+SELECT w.waiting_gpid, w.blocking_gpid, waiting.query AS blocked_statement, blocking.query AS current_statement_in_blocking_process, w.waiting_nodeid, w.blocking_nodeid
+FROM tessera.gathered_lock_waits() w
+LEFT JOIN tessera.gathered_activity() waiting ON waiting.global_pid = w.waiting_gpid
+LEFT JOIN tessera.gathered_activity() blocking ON blocking.global_pid = w.blocking_gpid;
+RESET allow_system_table_mods;
+GRANT SELECT ON pg_catalog.citus_lock_waits, tessera.cluster_lock_wait TO PUBLIC;
 
 -- What only the coordinator process knows, handed over the same way: its
 -- connection pools (one row per node, the coordinator database first) and
@@ -804,7 +823,7 @@ GRANT EXECUTE ON FUNCTION tessera.check_owner(regclass), tessera.catalog_changed
     tessera.record_distribution(regclass, "char", text, int, int[]), tessera.forget_distribution(regclass), tessera.rename_distribution_column(regclass, text),
     tessera.follow_colocation(int, int), tessera.change_colocation(regclass, regclass), tessera.coordinator_only(),
     tessera.missing_time_partitions(regclass, interval, timestamptz, timestamptz), tessera.old_time_partitions(regclass, timestamptz),
-    tessera.time_partition_sql(regclass, name, name, regtype, text, timestamptz, timestamptz), tessera.gathered_activity(), tessera.gathered_size(regclass, text), tessera.size_of(regclass, text), tessera.process_rows(anyelement, text),
+    tessera.time_partition_sql(regclass, name, name, regtype, text, timestamptz, timestamptz), tessera.gathered_activity(), tessera.gathered_lock_waits(), tessera.gathered_size(regclass, text), tessera.size_of(regclass, text), tessera.process_rows(anyelement, text),
     tessera.distribute_function(regprocedure, text, regclass, bool) TO PUBLIC;
 
 -- New or dropped aggregates change how queries split across shards, and

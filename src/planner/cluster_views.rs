@@ -1,5 +1,5 @@
 //! Statements that read what only the nodes know: the `citus_stat_activity`
-//! view and the size functions (`citus_table_size()` and friends). They run in
+//! and `citus_lock_waits` views and the size functions (`citus_table_size()` and friends). They run in
 //! the coordinator database like any local statement, once the executor has
 //! gathered that data from every node into the session's temporary tables,
 //! which the view and the functions read.
@@ -23,6 +23,8 @@ const POSTGRES_SIZE_FUNCTIONS: [(&str, &str); 4] = [("pg_relation_size", "relati
 pub struct ClusterData {
     /// Every node's `pg_stat_activity`.
     pub activity: bool,
+    /// Which backend waits for which on every node (`citus_lock_waits`).
+    pub lock_waits: bool,
     /// The on-disk sizes of every distributed table's shards.
     pub sizes: bool,
     /// The coordinator process's connection pools (`tessera.connection_pools`).
@@ -61,6 +63,11 @@ pub(super) fn needed(text: &str, distributed_tables: bool) -> Option<ClusterData
             }
         }
         NodeEnum::RangeVar(rv) if rv.relname == "citus_stat_activity" && matches!(rv.schemaname.as_str(), "" | "pg_catalog") => needs.activity = true,
+        // The waits' statements come from the activity.
+        NodeEnum::RangeVar(rv) if rv.relname == "citus_lock_waits" && matches!(rv.schemaname.as_str(), "" | "pg_catalog") => {
+            needs.activity = true;
+            needs.lock_waits = true;
+        }
         NodeEnum::RangeVar(rv) if rv.relname == "connection_pools" && rv.schemaname == "tessera" => needs.pools = true,
         NodeEnum::RangeVar(rv) if rv.relname == "client_sessions" && rv.schemaname == "tessera" => needs.sessions = true,
         NodeEnum::FuncCall(call) => {
@@ -110,6 +117,7 @@ mod tests {
             needs(true, true)
         );
         assert_eq!(needed("SELECT * FROM other.citus_stat_activity", true), None);
+        assert_eq!(needed("SELECT * FROM citus_lock_waits", false), Some(ClusterData { activity: true, lock_waits: true, ..Default::default() }));
         let process = needed("SELECT s.pinned, p.node FROM tessera.client_sessions s, tessera.connection_pools p", false).unwrap();
         assert!(process.sessions && process.pools && !process.activity);
         assert_eq!(needed("SELECT * FROM connection_pools", false), None);
