@@ -714,13 +714,15 @@ CREATE OR REPLACE FUNCTION pg_catalog.citus_version() RETURNS text LANGUAGE sql 
 -- them, and say what to do when called on the coordinator database directly.
 CREATE TABLE IF NOT EXISTS tessera.cluster_activity AS
     SELECT 0::bigint AS global_pid, 0 AS nodeid, false AS is_worker_query, a.* FROM pg_catalog.pg_stat_activity a WITH NO DATA;
-CREATE OR REPLACE FUNCTION tessera.gathered_activity() RETURNS SETOF tessera.cluster_activity LANGUAGE plpgsql STABLE AS $$
+-- The rows the coordinator gathered into the session's temporary table
+-- `name` for `view`, typed as `template`.
+CREATE OR REPLACE FUNCTION tessera.gathered_rows(template anyelement, name text, view text) RETURNS SETOF anyelement LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    IF to_regclass('pg_temp.tessera_cluster_activity') IS NULL THEN
-        RAISE EXCEPTION 'citus_stat_activity must be queried through the Tessera coordinator, not on the coordinator database directly'
+    IF to_regclass(format('pg_temp.%I', name)) IS NULL THEN
+        RAISE EXCEPTION '% must be read through the Tessera coordinator, not on the coordinator database directly', view
             USING ERRCODE = '0A000';
     END IF;
-    RETURN QUERY EXECUTE 'SELECT * FROM pg_temp.tessera_cluster_activity';
+    RETURN QUERY EXECUTE format('SELECT * FROM pg_temp.%I', name);
 END $$;
 CREATE OR REPLACE FUNCTION tessera.gathered_size(relation regclass, kind text) RETURNS bigint LANGUAGE plpgsql STABLE STRICT AS $$
 DECLARE
@@ -763,26 +765,19 @@ CREATE OR REPLACE FUNCTION pg_catalog.citus_table_size(logicalrelid regclass) RE
 CREATE OR REPLACE FUNCTION pg_catalog.citus_total_relation_size(logicalrelid regclass, fail_on_error boolean DEFAULT true) RETURNS bigint LANGUAGE sql STABLE STRICT
     BEGIN ATOMIC SELECT tessera.gathered_size(logicalrelid, 'total'); END;
 SET allow_system_table_mods = on;
-CREATE OR REPLACE VIEW pg_catalog.citus_stat_activity AS SELECT * FROM tessera.gathered_activity();
+CREATE OR REPLACE VIEW pg_catalog.citus_stat_activity AS
+SELECT * FROM tessera.gathered_rows(NULL::tessera.cluster_activity, 'tessera_cluster_activity', 'citus_stat_activity');
 RESET allow_system_table_mods;
 GRANT SELECT ON pg_catalog.citus_stat_activity, tessera.cluster_activity TO PUBLIC;
 -- Backends waiting for a lock and each backend they wait for, on every node
 -- (pg_blocking_pids), by global pid; the statements come from the activity.
 CREATE TABLE IF NOT EXISTS tessera.cluster_lock_wait (waiting_gpid bigint, blocking_gpid bigint, waiting_nodeid int, blocking_nodeid int);
-CREATE OR REPLACE FUNCTION tessera.gathered_lock_waits() RETURNS SETOF tessera.cluster_lock_wait LANGUAGE plpgsql STABLE AS $$
-BEGIN
-    IF to_regclass('pg_temp.tessera_cluster_lock_wait') IS NULL THEN
-        RAISE EXCEPTION 'citus_lock_waits must be queried through the Tessera coordinator, not on the coordinator database directly'
-            USING ERRCODE = '0A000';
-    END IF;
-    RETURN QUERY EXECUTE 'SELECT * FROM pg_temp.tessera_cluster_lock_wait';
-END $$;
 SET allow_system_table_mods = on;
 CREATE OR REPLACE VIEW pg_catalog.citus_lock_waits AS
 SELECT w.waiting_gpid, w.blocking_gpid, waiting.query AS blocked_statement, blocking.query AS current_statement_in_blocking_process, w.waiting_nodeid, w.blocking_nodeid
-FROM tessera.gathered_lock_waits() w
-LEFT JOIN tessera.gathered_activity() waiting ON waiting.global_pid = w.waiting_gpid
-LEFT JOIN tessera.gathered_activity() blocking ON blocking.global_pid = w.blocking_gpid;
+FROM tessera.gathered_rows(NULL::tessera.cluster_lock_wait, 'tessera_cluster_lock_wait', 'citus_lock_waits') w
+LEFT JOIN pg_catalog.citus_stat_activity waiting ON waiting.global_pid = w.waiting_gpid
+LEFT JOIN pg_catalog.citus_stat_activity blocking ON blocking.global_pid = w.blocking_gpid;
 RESET allow_system_table_mods;
 GRANT SELECT ON pg_catalog.citus_lock_waits, tessera.cluster_lock_wait TO PUBLIC;
 
@@ -791,16 +786,10 @@ GRANT SELECT ON pg_catalog.citus_lock_waits, tessera.cluster_lock_wait TO PUBLIC
 -- its client sessions (`tessera status` shows both).
 CREATE TABLE IF NOT EXISTS tessera.pool_usage (node text, open_connections int, idle_connections int, max_connections int, blocks int, max_blocks int);
 CREATE TABLE IF NOT EXISTS tessera.client_session (session_name text, user_name text, held_connections int, pinned_by text);
-CREATE OR REPLACE FUNCTION tessera.process_rows(template anyelement, name text) RETURNS SETOF anyelement LANGUAGE plpgsql STABLE AS $$
-BEGIN
-    IF to_regclass(format('pg_temp.%I', name)) IS NULL THEN
-        RAISE EXCEPTION 'the coordinator process''s state must be read through the Tessera coordinator, not on the coordinator database directly'
-            USING ERRCODE = '0A000';
-    END IF;
-    RETURN QUERY EXECUTE format('SELECT * FROM pg_temp.%I', name);
-END $$;
-CREATE OR REPLACE VIEW tessera.connection_pools AS SELECT * FROM tessera.process_rows(NULL::tessera.pool_usage, 'tessera_pool_usage');
-CREATE OR REPLACE VIEW tessera.client_sessions AS SELECT * FROM tessera.process_rows(NULL::tessera.client_session, 'tessera_client_session');
+CREATE OR REPLACE VIEW tessera.connection_pools AS SELECT * FROM tessera.gathered_rows(NULL::tessera.pool_usage, 'tessera_pool_usage', 'tessera.connection_pools');
+CREATE OR REPLACE VIEW tessera.client_sessions AS SELECT * FROM tessera.gathered_rows(NULL::tessera.client_session, 'tessera_client_session', 'tessera.client_sessions');
+-- Earlier versions read each kind through a function of its own.
+DROP FUNCTION IF EXISTS tessera.gathered_activity(), tessera.process_rows(anyelement, text);
 GRANT SELECT ON tessera.connection_pools, tessera.client_sessions, tessera.pool_usage, tessera.client_session TO PUBLIC;
 
 -- pg_dump writes out the privileges of system objects that differ from their
@@ -823,7 +812,7 @@ GRANT EXECUTE ON FUNCTION tessera.check_owner(regclass), tessera.catalog_changed
     tessera.record_distribution(regclass, "char", text, int, int[]), tessera.forget_distribution(regclass), tessera.rename_distribution_column(regclass, text),
     tessera.follow_colocation(int, int), tessera.change_colocation(regclass, regclass), tessera.coordinator_only(),
     tessera.missing_time_partitions(regclass, interval, timestamptz, timestamptz), tessera.old_time_partitions(regclass, timestamptz),
-    tessera.time_partition_sql(regclass, name, name, regtype, text, timestamptz, timestamptz), tessera.gathered_activity(), tessera.gathered_lock_waits(), tessera.gathered_size(regclass, text), tessera.size_of(regclass, text), tessera.process_rows(anyelement, text),
+    tessera.time_partition_sql(regclass, name, name, regtype, text, timestamptz, timestamptz), tessera.gathered_rows(anyelement, text, text), tessera.gathered_size(regclass, text), tessera.size_of(regclass, text),
     tessera.distribute_function(regprocedure, text, regclass, bool) TO PUBLIC;
 
 -- New or dropped aggregates change how queries split across shards, and
