@@ -251,6 +251,62 @@ async fn undistribute_brings_rows_back() {
     }
 }
 
+/// A partitioned table comes back with its partitions (sub-partitions and a
+/// default partition too), and alter_distributed_table distributes it anew.
+#[tokio::test]
+async fn partitioned_tables_come_back_and_are_distributed_anew() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute(
+        "CREATE TABLE visits (site int, day date, n int) PARTITION BY RANGE (day);
+         CREATE TABLE visits_2025 PARTITION OF visits FOR VALUES FROM ('2025-01-01') TO ('2026-01-01');
+         CREATE TABLE visits_2026 PARTITION OF visits FOR VALUES FROM ('2026-01-01') TO ('2027-01-01') PARTITION BY LIST (site);
+         CREATE TABLE visits_2026_even PARTITION OF visits_2026 FOR VALUES IN (0, 2, 4, 6, 8);
+         CREATE TABLE visits_2026_rest PARTITION OF visits_2026 DEFAULT;
+         CREATE TABLE visits_other PARTITION OF visits DEFAULT;
+         SELECT create_distributed_table('visits', 'site', shard_count => 4);
+         INSERT INTO visits SELECT g % 10, DATE '2024-12-01' + g, g FROM generate_series(0, 799) g;",
+    )
+    .await
+    .unwrap();
+    let leaves = ["visits_2025", "visits_2026_even", "visits_2026_rest", "visits_other"];
+    let contents = |client: &'static str| {
+        let c = if client == "local" { None } else { Some(&c) };
+        async move {
+            let mut rows = Vec::new();
+            for leaf in leaves {
+                let sql = format!("SELECT count(*), sum(n) FROM {leaf}");
+                rows.push(match c {
+                    Some(c) => text_rows(c, &sql).await,
+                    None => text_rows(&common::connect(cluster.cluster.state.coordinator_db_port).await, &sql).await,
+                });
+            }
+            rows
+        }
+    };
+    let expected = contents("tessera").await;
+    assert!(expected.iter().all(|r| r[0][0].as_deref() != Some("0")), "rows in every leaf: {expected:?}");
+
+    // Distributed anew with another shard count: every partition follows.
+    c.batch_execute("SELECT alter_distributed_table('visits', shard_count => 2)").await.unwrap();
+    let counts = text_rows(&c, "SELECT DISTINCT (SELECT count(*) FROM pg_dist_shard s WHERE s.logicalrelid = p.logicalrelid) FROM pg_dist_partition p").await;
+    assert_eq!(counts, vec![vec![Some("2".into())]]);
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM pg_dist_partition").await, vec![vec![Some("6".into())]]);
+    assert_eq!(contents("tessera").await, expected);
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM visits WHERE site = 4 AND day >= '2026-01-01' AND day < '2027-01-01'").await, text_rows(&c, "SELECT count(*) FROM visits_2026_even WHERE site = 4").await);
+
+    // A partition alone cannot go; the parent takes them all back.
+    let err = c.simple_query("SELECT undistribute_table('visits_2025')").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "0A000", "{err}");
+    c.batch_execute("SELECT undistribute_table('visits')").await.unwrap();
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM pg_dist_partition").await, vec![vec![Some("0".into())]]);
+    assert_eq!(contents("local").await, expected);
+    for i in 0..2 {
+        let w = cluster.connect_worker(i).await;
+        assert_eq!(text_rows(&w, "SELECT count(*) FROM pg_class WHERE relname LIKE 'visits%'").await, vec![vec![Some("0".into())]]);
+    }
+}
+
 #[tokio::test]
 async fn catalog_names_resolve_without_crowding_the_users_objects() {
     let cluster = TestCluster::start(2);

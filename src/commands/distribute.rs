@@ -599,33 +599,42 @@ pub async fn undistribute_table(ctx: &mut CommandContext<'_>, table_name: &str) 
         .table_by_oid(oid)
         .cloned()
         .ok_or_else(|| PgError::new(sqlstate::INVALID_TABLE_DEFINITION, format!("table \"{table_name}\" is not distributed")))?;
-    if table.partition_of.is_some() || !ctx.catalog.partitions_under(table.oid).is_empty() {
-        return Err(PgError::not_supported(format!("undistributing a partitioned table or a partition (\"{table_name}\") is not supported yet"))
-            .with_hint("Copy the rows into a new local table (CREATE TABLE … AS SELECT), then drop the distributed one."));
+    if table.partition_of.is_some() {
+        return Err(PgError::not_supported(format!("\"{table_name}\" is a partition of a distributed table; undistribute its parent")));
     }
     ctx.parts.local().await?.execute(&format!("SELECT tessera.check_owner({oid})")).await?;
+    // A partitioned table goes with its partitions: the leaves hold the rows.
+    let tables: Vec<Arc<DistributedTable>> = std::iter::once(table.clone()).chain(ctx.catalog.partitions_under(oid)).collect();
+    let leaves: Vec<Arc<DistributedTable>> = tables.iter().filter(|t| ctx.catalog.partitions_under(t.oid).is_empty()).cloned().collect();
     let implicit = ctx.parts.begin_implicit();
     let result = async {
-        let qualified = table.qualified_name();
-        for shard in &table.shards {
-            let group = *shard.placements.first().ok_or_else(|| PgError::internal(format!("shard {} has no placement", shard.id)))?;
-            let node = ctx.catalog.node_for_group(group).ok_or_else(|| PgError::internal(format!("no node for group {group}")))?.clone();
-            // Writes routed to the shard wait from here on, and fail once it
-            // is dropped, rather than land after its rows were read.
-            ctx.parts.worker(&node, Access::Write).await?.conn.execute(&format!("LOCK TABLE {} IN EXCLUSIVE MODE", table.qualified_shard_name(shard))).await?;
-            let rows = read_shard_rows(ctx, &node, &table, shard).await?;
-            if !rows.is_empty() {
-                ctx.parts.local().await?.copy_in(&format!("COPY {qualified} FROM STDIN"), rows).await?;
+        for leaf in &leaves {
+            let qualified = leaf.qualified_name();
+            for shard in &leaf.shards {
+                let group = *shard.placements.first().ok_or_else(|| PgError::internal(format!("shard {} has no placement", shard.id)))?;
+                let node = ctx.catalog.node_for_group(group).ok_or_else(|| PgError::internal(format!("no node for group {group}")))?.clone();
+                // Writes routed to the shard wait from here on, and fail once it
+                // is dropped, rather than land after its rows were read.
+                ctx.parts.worker(&node, Access::Write).await?.conn.execute(&format!("LOCK TABLE {} IN EXCLUSIVE MODE", leaf.qualified_shard_name(shard))).await?;
+                let rows = read_shard_rows(ctx, &node, leaf, shard).await?;
+                if !rows.is_empty() {
+                    ctx.parts.local().await?.copy_in(&format!("COPY {qualified} FROM STDIN"), rows).await?;
+                }
             }
         }
-        let mut per_node: BTreeMap<i32, Vec<String>> = ctx.catalog.active_nodes().map(|n| (n.group_id, vec![super::worker_relations::drop_sql(&table)])).collect();
-        for shard in &table.shards {
-            for g in &shard.placements {
-                per_node.entry(*g).or_default().push(format!("DROP TABLE IF EXISTS {}", table.qualified_shard_name(shard)));
+        let mut per_node: BTreeMap<i32, Vec<String>> = ctx.catalog.active_nodes().map(|n| (n.group_id, tables.iter().map(|t| super::worker_relations::drop_sql(t)).collect())).collect();
+        for t in &tables {
+            for shard in &t.shards {
+                for g in &shard.placements {
+                    per_node.entry(*g).or_default().push(format!("DROP TABLE IF EXISTS {}", t.qualified_shard_name(shard)));
+                }
             }
         }
         run_per_node(ctx, per_node).await?;
-        ctx.parts.local().await?.execute(&delete_catalog_rows_sql(&table)).await?;
+        let local = ctx.parts.local().await?;
+        for t in tables.iter().rev() {
+            local.execute(&delete_catalog_rows_sql(t)).await?;
+        }
         Ok(())
     }
     .await;
