@@ -1146,3 +1146,37 @@ async fn lock_waits_show_who_blocks_whom_on_every_node() {
     assert!(text_rows(&c, "SELECT * FROM citus_lock_waits").await.is_empty());
     assert_eq!(text_rows(&c, "SELECT qty FROM stock WHERE id = 7").await, vec![vec![Some("7".into())]]);
 }
+
+/// A write planned while a table was local and held back by
+/// create_distributed_table's lock fails (40001) rather than landing, out
+/// of sight, in the table's empty shell; sent again, it reaches the shards.
+#[tokio::test]
+async fn writes_waiting_for_a_distribution_fail_instead_of_vanishing() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute("CREATE TABLE signups (id int PRIMARY KEY, email text); INSERT INTO signups SELECT g, 'e' || g FROM generate_series(1, 1000) g;").await.unwrap();
+    c.batch_execute("BEGIN; SELECT create_distributed_table('signups', 'id')").await.unwrap();
+    let mut waiting = Vec::new();
+    for sql in ["INSERT INTO signups VALUES (-1, 'late')", "UPDATE signups SET email = 'changed' WHERE id = 5", "DELETE FROM signups WHERE id = 6"] {
+        let writer = cluster.connect().await;
+        waiting.push(tokio::spawn(async move { (writer.simple_query(sql).await.map(|_| ()), writer, sql) }));
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    c.batch_execute("COMMIT").await.unwrap();
+    for w in waiting {
+        let (result, writer, sql) = w.await.unwrap();
+        let err = result.expect_err(sql);
+        assert_eq!(sqlstate(&err), "40001", "{sql}: {err}");
+        assert!(error_text(&err).contains("was distributed while this statement waited"), "{err}");
+        writer.simple_query(sql).await.unwrap_or_else(|e| panic!("{sql} again: {e}"));
+    }
+    assert_eq!(text_rows(&c, "SELECT count(*), count(*) FILTER (WHERE email = 'changed'), min(id) FROM signups").await, vec![vec![Some("1000".into()), Some("1".into()), Some("-1".into())]]);
+    let shell = cluster.connect_coordinator_db().await;
+    assert_eq!(text_rows(&shell, "SELECT count(*) FROM signups").await, vec![vec![Some("0".into())]]);
+    // Tessera's own writes to the shell still work: TRUNCATE, INSERT … DEFAULT
+    // VALUES (computed in the shell), undistributing.
+    c.batch_execute("CREATE TABLE counters (id serial PRIMARY KEY, n int DEFAULT 7); SELECT create_distributed_table('counters', 'id'); INSERT INTO counters DEFAULT VALUES; TRUNCATE signups; SELECT undistribute_table('counters')").await.unwrap();
+    assert_eq!(text_rows(&shell, "SELECT id, n FROM counters").await, vec![vec![Some("1".into()), Some("7".into())]]);
+    shell.batch_execute("INSERT INTO counters (n) VALUES (8)").await.unwrap();
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM signups").await, vec![vec![Some("0".into())]]);
+}

@@ -15,6 +15,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 const DEFAULT_SHARD_COUNT: i32 = 32;
+/// Lets this transaction write distributed tables' shells, which their
+/// guard triggers refuse otherwise (schema.sql, `tessera.refuse_shell_write`).
+pub(crate) const ALLOW_SHELL_WRITES: &str = "SET LOCAL tessera.shell_writes = on";
 const MAX_SHARD_COUNT: i32 = 64000;
 /// Tables with more rows than this get progress notices while their rows move.
 const PROGRESS_ROWS: u64 = 100_000;
@@ -170,7 +173,8 @@ pub(super) async fn follow_shell_onto_shards(ctx: &mut CommandContext<'_>, oid: 
         let (name, definition) = (key[0].clone().unwrap_or_default(), key[1].clone().unwrap_or_default());
         statements.push(format!("ALTER TABLE {} ADD CONSTRAINT {} {definition}", qualified, quote_ident(&name)));
     }
-    for trigger in local.query(&format!("SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = {} AND NOT tgisinternal ORDER BY tgname", oid)).await? {
+    let triggers = format!("SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = {oid} AND NOT tgisinternal AND tgname NOT LIKE 'tessera\\_distributed\\_shell%' ORDER BY tgname");
+    for trigger in local.query(&triggers).await? {
         statements.extend(trigger.into_iter().flatten());
     }
     let security = local
@@ -513,6 +517,7 @@ async fn create_shards(
         .await?
         .unwrap_or_default();
     let ids: Vec<i64> = ids.split(',').map(|id| id.parse().unwrap_or(0)).collect();
+    local.execute(&format!("SELECT tessera.guard_shell({})", table.oid)).await?;
     let definition = TableDefinition::read(local, table.oid).await?;
     let mut per_node: BTreeMap<i32, Vec<String>> = BTreeMap::new();
     for (index, (groups, id)) in placements.iter().zip(&ids).enumerate() {
@@ -587,7 +592,7 @@ async fn move_rows_into_shards(
         (false, false) => "TRUNCATE ONLY",
         (false, true) => "TRUNCATE",
     };
-    local.execute(&format!("{empty_out} {}", table.qualified())).await?;
+    local.execute(&format!("{ALLOW_SHELL_WRITES}; {empty_out} {}", table.qualified())).await?;
     ctx.notice(format!("copied {total} rows of {} into its shards", table.qualified())).await;
     Ok(())
 }
@@ -608,6 +613,7 @@ pub async fn undistribute_table(ctx: &mut CommandContext<'_>, table_name: &str) 
     let leaves: Vec<Arc<DistributedTable>> = tables.iter().filter(|t| ctx.catalog.partitions_under(t.oid).is_empty()).cloned().collect();
     let implicit = ctx.parts.begin_implicit();
     let result = async {
+        ctx.parts.local().await?.execute(ALLOW_SHELL_WRITES).await?;
         for leaf in &leaves {
             let qualified = leaf.qualified_name();
             for shard in &leaf.shards {
@@ -634,6 +640,8 @@ pub async fn undistribute_table(ctx: &mut CommandContext<'_>, table_name: &str) 
         let local = ctx.parts.local().await?;
         for t in tables.iter().rev() {
             local.execute(&delete_catalog_rows_sql(t)).await?;
+            let name = t.qualified_name();
+            local.execute(&format!("DROP TRIGGER IF EXISTS tessera_distributed_shell ON {name}; DROP TRIGGER IF EXISTS tessera_distributed_shell_rows ON {name}")).await?;
         }
         Ok(())
     }

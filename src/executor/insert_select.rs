@@ -140,7 +140,8 @@ async fn rows_to_insert(plan: &InsertSelectPlan, parts: &mut Participants, mode:
     // now), a savepoint keeps the block, where BEGIN … ROLLBACK would end it.
     let in_block = parts.in_block();
     let local = parts.local().await?;
-    local.execute(&if in_block { format!("SAVEPOINT {SAVEPOINT}") } else { "BEGIN".to_string() }).await?;
+    let allow = crate::commands::distribute::ALLOW_SHELL_WRITES;
+    local.execute(&if in_block { format!("SAVEPOINT {SAVEPOINT}; {allow}") } else { format!("BEGIN; {allow}") }).await?;
     let out = local.out();
     if let Some(check) = &plan.check_sql {
         let param_types: &[u32] = match mode {

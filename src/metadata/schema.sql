@@ -139,6 +139,49 @@ BEGIN
     PERFORM tessera.check_owner(rel);
     UPDATE tessera.pg_dist_partition SET partkey = name WHERE logicalrelid = rel;
 END $$;
+-- A write a session planned while a table was still local, and which then
+-- waited for create_distributed_table's lock on it, would reach the table's
+-- empty shell once the table is distributed, out of every query's sight.
+-- Guard triggers on every shell (tessera_distributed_shell: UPDATE, DELETE,
+-- TRUNCATE, per statement; tessera_distributed_shell_rows: each INSERTed
+-- row, so that COPY's empty run on the shell passes) turn such writes into
+-- an error to retry. Tessera's own writes to shells SET LOCAL
+-- tessera.shell_writes. The function names this server and database: in a
+-- restore of a dump elsewhere, which carries the triggers, they let every
+-- write through.
+DO $guard$
+BEGIN
+    EXECUTE format($f$
+        CREATE OR REPLACE FUNCTION tessera.refuse_shell_write() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $body$
+        BEGIN
+            IF current_setting('tessera.shell_writes', true) IS DISTINCT FROM 'on'
+               AND current_database() = %L AND (SELECT system_identifier FROM pg_control_system()) = %s
+               AND EXISTS (SELECT FROM tessera.pg_dist_partition WHERE logicalrelid = TG_RELID) THEN
+                RAISE EXCEPTION 'relation "%%" was distributed while this statement waited for it', TG_TABLE_NAME
+                    USING ERRCODE = '40001', HINT = 'Run the statement again: it will reach the table''s shards.';
+            END IF;
+            -- The row, for a row trigger (NULL would skip it); NULL for a statement's.
+            RETURN NEW;
+        END $body$ $f$, current_database(), (SELECT system_identifier FROM pg_control_system()));
+END $guard$;
+CREATE OR REPLACE FUNCTION tessera.guard_shell(rel regclass) RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog AS $$
+BEGIN
+    EXECUTE format('CREATE OR REPLACE TRIGGER tessera_distributed_shell BEFORE UPDATE OR DELETE OR TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION tessera.refuse_shell_write()', rel);
+    IF (SELECT relkind FROM pg_class WHERE oid = rel) <> 'p' THEN
+        EXECUTE format('CREATE OR REPLACE TRIGGER tessera_distributed_shell_rows BEFORE INSERT ON %s FOR EACH ROW EXECUTE FUNCTION tessera.refuse_shell_write()', rel);
+    END IF;
+END $$;
+-- Shells distributed before the guards existed get them now.
+DO $$
+DECLARE
+    rel regclass;
+BEGIN
+    FOR rel IN SELECT p.logicalrelid FROM tessera.pg_dist_partition p
+               WHERE NOT EXISTS (SELECT FROM pg_trigger t WHERE t.tgrelid = p.logicalrelid AND t.tgname = 'tessera_distributed_shell') LOOP
+        PERFORM tessera.guard_shell(rel);
+    END LOOP;
+END $$;
+
 -- Distributed functions co-located with a group that has no tables left
 -- (alter_distributed_table gave its last one a new shard count) follow that
 -- table to its new group, when both groups hash the same type.
@@ -798,10 +841,10 @@ GRANT SELECT ON tessera.connection_pools, tessera.client_sessions, tessera.pool_
 SET allow_system_table_mods = on;
 DELETE FROM pg_catalog.pg_init_privs i USING pg_catalog.pg_class c
  WHERE i.classoid = 'pg_catalog.pg_class'::regclass AND i.objoid = c.oid
-   AND c.relnamespace = 'pg_catalog'::regnamespace AND (c.relname LIKE 'pg\_dist\_%' OR c.relname LIKE 'citus\_%');
+   AND c.relnamespace = 'pg_catalog'::regnamespace AND (c.relname LIKE 'pg\_dist\_%' OR c.relname LIKE 'citus\_%' OR c.relname = 'time_partitions');
 INSERT INTO pg_catalog.pg_init_privs (objoid, classoid, objsubid, privtype, initprivs)
 SELECT c.oid, 'pg_catalog.pg_class'::regclass, 0, 'i', c.relacl FROM pg_catalog.pg_class c
- WHERE c.relnamespace = 'pg_catalog'::regnamespace AND (c.relname LIKE 'pg\_dist\_%' OR c.relname LIKE 'citus\_%') AND c.relacl IS NOT NULL;
+ WHERE c.relnamespace = 'pg_catalog'::regnamespace AND (c.relname LIKE 'pg\_dist\_%' OR c.relname LIKE 'citus\_%' OR c.relname = 'time_partitions') AND c.relacl IS NOT NULL;
 RESET allow_system_table_mods;
 
 -- Other roles may look the helpers above up, and run them, but nothing else
@@ -811,6 +854,7 @@ REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA tessera FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tessera.check_owner(regclass), tessera.catalog_changed(), tessera.user_code_changed(), tessera.new_colocation(int, int, oid, oid),
     tessera.record_distribution(regclass, "char", text, int, int[]), tessera.forget_distribution(regclass), tessera.rename_distribution_column(regclass, text),
     tessera.follow_colocation(int, int), tessera.change_colocation(regclass, regclass), tessera.coordinator_only(),
+    tessera.refuse_shell_write(), tessera.guard_shell(regclass),
     tessera.missing_time_partitions(regclass, interval, timestamptz, timestamptz), tessera.old_time_partitions(regclass, timestamptz),
     tessera.time_partition_sql(regclass, name, name, regtype, text, timestamptz, timestamptz), tessera.gathered_rows(anyelement, text, text), tessera.gathered_size(regclass, text), tessera.size_of(regclass, text),
     tessera.distribute_function(regprocedure, text, regclass, bool) TO PUBLIC;
