@@ -1147,30 +1147,50 @@ async fn lock_waits_show_who_blocks_whom_on_every_node() {
     assert_eq!(text_rows(&c, "SELECT qty FROM stock WHERE id = 7").await, vec![vec![Some("7".into())]]);
 }
 
-/// A write planned while a table was local and held back by
-/// create_distributed_table's lock fails (40001) rather than landing, out
-/// of sight, in the table's empty shell; sent again, it reaches the shards.
+/// Writes planned while a table was local and held back by
+/// create_distributed_table's lock never land, out of sight, in the table's
+/// empty shell: a lone statement outside a block is sent again, to the
+/// shards; in a block or through the extended protocol it fails with 40001.
 #[tokio::test]
-async fn writes_waiting_for_a_distribution_fail_instead_of_vanishing() {
+async fn writes_waiting_for_a_distribution_reach_the_shards_or_fail() {
     let cluster = TestCluster::start(2);
     let c = cluster.connect().await;
     c.batch_execute("CREATE TABLE signups (id int PRIMARY KEY, email text); INSERT INTO signups SELECT g, 'e' || g FROM generate_series(1, 1000) g;").await.unwrap();
     c.batch_execute("BEGIN; SELECT create_distributed_table('signups', 'id')").await.unwrap();
     let mut waiting = Vec::new();
-    for sql in ["INSERT INTO signups VALUES (-1, 'late')", "UPDATE signups SET email = 'changed' WHERE id = 5", "DELETE FROM signups WHERE id = 6"] {
+    for (sql, retried) in [
+        ("INSERT INTO signups VALUES (-1, 'late')", true),
+        ("UPDATE signups SET email = 'changed' WHERE id = 5", true),
+        ("DELETE FROM signups WHERE id = 6", true),
+        ("BEGIN; INSERT INTO signups VALUES (-2, 'in a block'); COMMIT", false),
+        ("extended: DELETE FROM signups WHERE id = 7", false),
+    ] {
         let writer = cluster.connect().await;
-        waiting.push(tokio::spawn(async move { (writer.simple_query(sql).await.map(|_| ()), writer, sql) }));
+        waiting.push(tokio::spawn(async move {
+            let result = match sql.strip_prefix("extended: ") {
+                Some(sql) => writer.execute(sql, &[]).await.map(|_| ()),
+                None => writer.simple_query(sql).await.map(|_| ()),
+            };
+            (result, writer, sql, retried)
+        }));
     }
     tokio::time::sleep(Duration::from_millis(700)).await;
     c.batch_execute("COMMIT").await.unwrap();
     for w in waiting {
-        let (result, writer, sql) = w.await.unwrap();
+        let (result, writer, sql, retried) = w.await.unwrap();
+        if retried {
+            result.unwrap_or_else(|e| panic!("{sql}: {e}"));
+            continue;
+        }
         let err = result.expect_err(sql);
         assert_eq!(sqlstate(&err), "40001", "{sql}: {err}");
         assert!(error_text(&err).contains("was distributed while this statement waited"), "{err}");
-        writer.simple_query(sql).await.unwrap_or_else(|e| panic!("{sql} again: {e}"));
+        writer.batch_execute("ROLLBACK").await.unwrap();
     }
-    assert_eq!(text_rows(&c, "SELECT count(*), count(*) FILTER (WHERE email = 'changed'), min(id) FROM signups").await, vec![vec![Some("1000".into()), Some("1".into()), Some("-1".into())]]);
+    assert_eq!(
+        text_rows(&c, "SELECT count(*), count(*) FILTER (WHERE email = 'changed'), min(id), count(*) FILTER (WHERE id IN (6, 7)) FROM signups").await,
+        vec![vec![Some("1000".into()), Some("1".into()), Some("-1".into()), Some("1".into())]]
+    );
     let shell = cluster.connect_coordinator_db().await;
     assert_eq!(text_rows(&shell, "SELECT count(*) FROM signups").await, vec![vec![Some("0".into())]]);
     // Tessera's own writes to the shell still work: TRUNCATE, INSERT … DEFAULT

@@ -146,7 +146,9 @@ END $$;
 -- TRUNCATE, per statement; tessera_distributed_shell_rows: each INSERTed
 -- row, so that COPY's empty run on the shell passes) turn such writes into
 -- an error to retry. Tessera's own writes to shells SET LOCAL
--- tessera.shell_writes. The function names this server and database: in a
+-- tessera.shell_writes. (The coordinator sends a lone write that meets the
+-- guard again, matching its message: server/session.rs.) The function
+-- names this server and database: in a
 -- restore of a dump elsewhere, which carries the triggers, they let every
 -- write through.
 DO $guard$

@@ -28,6 +28,9 @@ use crate::transport::Stream;
 /// Cached plans per session; cleared when it grows past this (statements that
 /// embed literals never repeat).
 const PLAN_CACHE_LIMIT: usize = 2000;
+/// How the shells' guard (schema.sql, `tessera.refuse_shell_write`) ends its
+/// message when a write that waited for a table being distributed reaches it.
+const DISTRIBUTED_MEANWHILE: &str = "was distributed while this statement waited for it";
 
 /// The statements of one query string, planned against one catalog version.
 struct CachedPlan {
@@ -670,27 +673,43 @@ impl Session {
             backend::ready_for_query(self.client.out(), self.parts.status());
             return Ok(self.client.flush().await?);
         }
-        let planned = self.plan(&sql);
+        let mut planned = self.plan(&sql);
         // A search_path change before the last statement may make a later
         // one distributed: those go one by one.
         let path_changes_midway = planned.statements.iter().rev().skip(1).any(|s| s.changes_search_path);
         let all_local = !path_changes_midway && planned.statements.iter().all(|s| matches!(s.plan, Plan::Local | Plan::Empty));
-        if all_local && !self.parts.is_failed() {
+        let mut one_by_one = !all_local || self.parts.is_failed();
+        if !one_by_one {
             // The common pass-through case: the whole string, in one message.
-            match self.parts.local().await {
+            // A lone write outside a block that waited for the lock of a
+            // table being distributed is sent again, to the shards, once the
+            // distribution has committed.
+            let lone_write = planned.statements.len() == 1 && !self.parts.in_block();
+            let distributed_meanwhile = match self.parts.local().await {
                 Ok(local) => {
                     local.out().extend_from_slice(msg.frame());
-                    if let Err(f) = self.relay_local_until_ready().await {
+                    self.relay_local_until_ready(lone_write).await.unwrap_or_else(|f| {
                         self.report(f);
-                    }
+                        false
+                    })
                 }
-                Err(e) => self.report(e.into()),
-            }
+                Err(e) => {
+                    self.report(e.into());
+                    false
+                }
+            };
             if planned.statements.iter().any(|s| s.changes_user_code) {
                 self.see_user_code_change().await;
             }
-        } else {
-            let mut planned = planned;
+            if distributed_meanwhile {
+                if let Err(e) = self.coordinator.reload_catalog().await {
+                    tracing::warn!("could not reload the catalog after a table was distributed: {}", e.message());
+                }
+                planned = self.plan(&sql);
+                one_by_one = true;
+            }
+        }
+        if one_by_one {
             let mut i = 0;
             while let Some(stmt) = planned.statements.get(i) {
                 if self.hold_for_fences(&stmt.plan).await {
@@ -758,7 +777,7 @@ impl Session {
             Plan::Local => {
                 let local = self.parts.local().await?;
                 frontend::query(local.out(), &stmt.sql);
-                self.relay_local_until_ready().await?;
+                self.relay_local_until_ready(false).await?;
                 self.parts.observe_local_status();
                 // Known only now that it ran (statements before it in the
                 // same query string may have used the workers, or begun the
@@ -1048,31 +1067,44 @@ impl Session {
 
     /// Forwards the coordinator database's responses to the client up to its
     /// ReadyForQuery, feeding it the client's COPY data when it asks for some.
-    async fn relay_local_until_ready(&mut self) -> Result<(), Failure> {
+    /// Passes the coordinator database's answer on to the client. With
+    /// `withhold_distributed`, an error saying the statement's table was
+    /// distributed while it waited (the shell's guard, schema.sql
+    /// `tessera.refuse_shell_write`) is kept back when nothing but notices
+    /// came before it: true then, for the caller to send the statement again.
+    async fn relay_local_until_ready(&mut self, withhold_distributed: bool) -> Result<bool, Failure> {
         let mut failed = false;
+        let mut answered = false;
+        let mut withheld = false;
         loop {
             let msg = self.parts.held_local()?.recv().await?;
             match msg.tag() {
                 b'Z' => break,
                 b'E' => {
+                    if withhold_distributed && !answered && !failed && backend::decode_error_fields(&msg).is_ok_and(|e| e.code() == "40001" && e.message().ends_with(DISTRIBUTED_MEANWHILE)) {
+                        withheld = true;
+                        continue;
+                    }
                     failed = true;
                     self.client.out().extend_from_slice(msg.frame());
                 }
                 b'G' => {
+                    answered = true;
                     self.client.out().extend_from_slice(msg.frame());
                     self.client.flush().await.map_err(client_lost)?;
                     self.pump_copy_in().await?;
                 }
-                _ => {
+                tag => {
+                    answered |= !matches!(tag, b'N' | b'S');
                     self.client.out().extend_from_slice(msg.frame());
                     self.client.flush_if_large().await?;
                 }
             }
         }
-        if failed {
-            Err(Failure::Reported)
-        } else {
-            Ok(())
+        match (withheld, failed) {
+            (true, _) => Ok(true),
+            (false, true) => Err(Failure::Reported),
+            (false, false) => Ok(false),
         }
     }
 
