@@ -1200,3 +1200,33 @@ async fn writes_waiting_for_a_distribution_reach_the_shards_or_fail() {
     shell.batch_execute("INSERT INTO counters (n) VALUES (8)").await.unwrap();
     assert_eq!(text_rows(&c, "SELECT count(*) FROM signups").await, vec![vec![Some("0".into())]]);
 }
+
+/// Statements outside a block that wait for a shard alter_distributed_table
+/// drops are planned again once it commits, and reach the new shards.
+#[tokio::test]
+async fn statements_waiting_for_old_shards_follow_the_table_to_its_new_ones() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    c.batch_execute("CREATE TABLE visits (id int PRIMARY KEY, n int); SELECT create_distributed_table('visits', 'id', shard_count => 4); INSERT INTO visits SELECT g, 0 FROM generate_series(1, 1000) g;")
+        .await
+        .unwrap();
+    c.batch_execute("BEGIN; SELECT alter_distributed_table('visits', shard_count => 8)").await.unwrap();
+    let mut waiting = Vec::new();
+    for sql in ["INSERT INTO visits VALUES (-1, 1)", "extended: UPDATE visits SET n = n + 1 WHERE id = 500", "SELECT count(*) FROM visits", "extended: SELECT n FROM visits WHERE id = 7"] {
+        let client = cluster.connect().await;
+        waiting.push(tokio::spawn(async move {
+            let result = match sql.strip_prefix("extended: ") {
+                Some(sql) => client.query(sql, &[]).await.map(|rows| rows.len()),
+                None => client.simple_query(sql).await.map(|m| m.len()),
+            };
+            (sql, result)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    c.batch_execute("COMMIT").await.unwrap();
+    for w in waiting {
+        let (sql, result) = w.await.unwrap();
+        result.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+    assert_eq!(text_rows(&c, "SELECT count(*), sum(n), (SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = 'visits'::regclass) FROM visits").await, vec![vec![Some("1001".into()), Some("2".into()), Some("8".into())]]);
+}

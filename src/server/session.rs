@@ -711,12 +711,21 @@ impl Session {
         }
         if one_by_one {
             let mut i = 0;
+            let mut retried = false;
             while let Some(stmt) = planned.statements.get(i) {
                 if self.hold_for_fences(&stmt.plan).await {
                     planned = self.plan(&sql);
                     continue;
                 }
+                let written = self.client.out().len();
                 let result = self.execute_simple(stmt).await;
+                if let Err(f) = &result {
+                    if planned.statements.len() == 1 && !retried && self.client.out().len() == written && self.shard_gone(f, planned.version).await {
+                        retried = true;
+                        planned = self.plan(&sql);
+                        continue;
+                    }
+                }
                 // Outside a block, distributed DDL has reloaded the catalog already.
                 if stmt.changes_user_code && (self.parts.in_block() || !matches!(stmt.plan, Plan::Ddl(_))) {
                     self.see_user_code_change().await;
@@ -750,6 +759,18 @@ impl Session {
         self.client.flush().await?;
         self.parts.release_connections(true).await;
         Ok(())
+    }
+
+    /// Whether a statement outside a block failed because a shard it reads or
+    /// writes was dropped while it waited for it (undistribute_table,
+    /// alter_distributed_table), and the catalog, reloaded now, has changed
+    /// since `planned_version`: planned again, it goes where the table is now.
+    async fn shard_gone(&mut self, failure: &Failure, planned_version: i64) -> bool {
+        let Failure::Error(e) = failure else { return false };
+        if e.code() != sqlstate::UNDEFINED_TABLE || self.parts.in_block() || self.coordinator.reload_catalog().await.is_err() {
+            return false;
+        }
+        self.catalog().version != planned_version
     }
 
     /// Waits while a shard group the statement may write to is being cut
@@ -1379,10 +1400,18 @@ impl Session {
         // out max_rows at a time, as a suspended portal of PostgreSQL's would.
         let start = self.client.out().len();
         self.client.hold_output(limited);
-        let result = match self.check_not_failed(&stmt.plan) {
+        let mut result = match self.check_not_failed(&stmt.plan) {
             Ok(()) => self.execute_distributed(&stmt.sql, &stmt.plan, Some((&bind, &statement.shape))).await,
             Err(f) => Err(f),
         };
+        if let Err(f) = &result {
+            if self.client.out().len() == start && self.shard_gone(f, plan.version).await {
+                result = match self.current_plan(&statement).await {
+                    Ok(again) => self.execute_distributed(&again.statements[0].sql, &again.statements[0].plan, Some((&bind, &statement.shape))).await,
+                    Err(f) => Err(f),
+                };
+            }
+        }
         self.client.hold_output(false);
         let mut pending = None;
         match result {
