@@ -1147,6 +1147,15 @@ async fn lock_waits_show_who_blocks_whom_on_every_node() {
     assert_eq!(text_rows(&c, "SELECT qty FROM stock WHERE id = 7").await, vec![vec![Some("7".into())]]);
 }
 
+/// Runs `sql` through the simple protocol, or through the extended one when
+/// it starts with "extended: ".
+async fn either_protocol(client: &tokio_postgres::Client, sql: &str) -> Result<(), tokio_postgres::Error> {
+    match sql.strip_prefix("extended: ") {
+        Some(sql) => client.query(sql, &[]).await.map(|_| ()),
+        None => client.simple_query(sql).await.map(|_| ()),
+    }
+}
+
 /// Writes planned while a table was local and held back by
 /// create_distributed_table's lock never land, out of sight, in the table's
 /// empty shell: a lone statement outside a block is sent again, to the
@@ -1166,13 +1175,7 @@ async fn writes_waiting_for_a_distribution_reach_the_shards_or_fail() {
         ("extended: DELETE FROM signups WHERE id = 7", false),
     ] {
         let writer = cluster.connect().await;
-        waiting.push(tokio::spawn(async move {
-            let result = match sql.strip_prefix("extended: ") {
-                Some(sql) => writer.execute(sql, &[]).await.map(|_| ()),
-                None => writer.simple_query(sql).await.map(|_| ()),
-            };
-            (result, writer, sql, retried)
-        }));
+        waiting.push(tokio::spawn(async move { (either_protocol(&writer, sql).await, writer, sql, retried) }));
     }
     tokio::time::sleep(Duration::from_millis(700)).await;
     c.batch_execute("COMMIT").await.unwrap();
@@ -1214,13 +1217,7 @@ async fn statements_waiting_for_old_shards_follow_the_table_to_its_new_ones() {
     let mut waiting = Vec::new();
     for sql in ["INSERT INTO visits VALUES (-1, 1)", "extended: UPDATE visits SET n = n + 1 WHERE id = 500", "SELECT count(*) FROM visits", "extended: SELECT n FROM visits WHERE id = 7"] {
         let client = cluster.connect().await;
-        waiting.push(tokio::spawn(async move {
-            let result = match sql.strip_prefix("extended: ") {
-                Some(sql) => client.query(sql, &[]).await.map(|rows| rows.len()),
-                None => client.simple_query(sql).await.map(|m| m.len()),
-            };
-            (sql, result)
-        }));
+        waiting.push(tokio::spawn(async move { (sql, either_protocol(&client, sql).await) }));
     }
     tokio::time::sleep(Duration::from_millis(700)).await;
     c.batch_execute("COMMIT").await.unwrap();
