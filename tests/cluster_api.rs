@@ -1202,6 +1202,13 @@ async fn writes_waiting_for_a_distribution_reach_the_shards_or_fail() {
     assert_eq!(text_rows(&shell, "SELECT id, n FROM counters").await, vec![vec![Some("1".into()), Some("7".into())]]);
     shell.batch_execute("INSERT INTO counters (n) VALUES (8)").await.unwrap();
     assert_eq!(text_rows(&c, "SELECT count(*) FROM signups").await, vec![vec![Some("0".into())]]);
+
+    // create_distributed_table_concurrently: the same, outside a block only.
+    c.batch_execute("CREATE TABLE invites (id int PRIMARY KEY); INSERT INTO invites SELECT generate_series(1, 50); BEGIN").await.unwrap();
+    let err = c.simple_query("SELECT create_distributed_table_concurrently('invites', 'id')").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "25001", "{err}");
+    c.batch_execute("ROLLBACK; SELECT create_distributed_table_concurrently('invites', 'id', shard_count => 2)").await.unwrap();
+    assert_eq!(text_rows(&c, "SELECT count(*), (SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = 'invites'::regclass) FROM invites").await, vec![vec![Some("50".into()), Some("2".into())]]);
 }
 
 /// Statements outside a block that wait for a shard alter_distributed_table

@@ -90,7 +90,10 @@ pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'
     let args = evaluate_arguments(call, ctx, bound).await?;
     let arg = |i: usize| args.get(i).cloned().flatten();
     let (fields, rows): (Vec<FieldDescription>, Vec<Vec<Option<String>>>) = match call.function {
-        ClusterFunction::CreateDistributedTable => {
+        ClusterFunction::CreateDistributedTable | ClusterFunction::CreateDistributedTableConcurrently => {
+            if call.function == ClusterFunction::CreateDistributedTableConcurrently && ctx.parts.in_block() {
+                return Err(PgError::new(sqlstate::ACTIVE_SQL_TRANSACTION, "create_distributed_table_concurrently cannot run inside a transaction block"));
+            }
             let table = arg(0).ok_or_else(|| null_argument("table_name"))?;
             let column = arg(1).ok_or_else(|| null_argument("distribution_column"))?;
             if let Some(kind) = arg(2) {

@@ -525,6 +525,8 @@ BEGIN
 END $$;
 CREATE OR REPLACE FUNCTION pg_catalog.create_distributed_table(table_name regclass, distribution_column text, distribution_type text DEFAULT 'hash', colocate_with text DEFAULT 'default', shard_count int DEFAULT NULL)
     RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
+CREATE OR REPLACE FUNCTION pg_catalog.create_distributed_table_concurrently(table_name regclass, distribution_column text, distribution_type text DEFAULT 'hash', colocate_with text DEFAULT 'default', shard_count int DEFAULT NULL)
+    RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
 CREATE OR REPLACE FUNCTION pg_catalog.create_reference_table(table_name regclass)
     RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
 CREATE OR REPLACE FUNCTION pg_catalog.undistribute_table(table_name regclass, cascade_via_foreign_keys boolean DEFAULT false)

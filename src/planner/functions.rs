@@ -10,6 +10,7 @@ use pg_query::NodeEnum;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClusterFunction {
     CreateDistributedTable,
+    CreateDistributedTableConcurrently,
     CreateReferenceTable,
     UndistributeTable,
     AlterDistributedTable,
@@ -40,7 +41,13 @@ impl ClusterFunction {
     pub fn changes_tables(self) -> bool {
         matches!(
             self,
-            Self::CreateDistributedTable | Self::CreateReferenceTable | Self::UndistributeTable | Self::AlterDistributedTable | Self::CreateTimePartitions | Self::DropOldTimePartitions
+            Self::CreateDistributedTable
+                | Self::CreateDistributedTableConcurrently
+                | Self::CreateReferenceTable
+                | Self::UndistributeTable
+                | Self::AlterDistributedTable
+                | Self::CreateTimePartitions
+                | Self::DropOldTimePartitions
         )
     }
 
@@ -64,6 +71,7 @@ impl ClusterFunction {
     fn by_name(name: &str) -> Option<Self> {
         Some(match name {
             "create_distributed_table" => Self::CreateDistributedTable,
+            "create_distributed_table_concurrently" => Self::CreateDistributedTableConcurrently,
             "create_reference_table" => Self::CreateReferenceTable,
             "undistribute_table" => Self::UndistributeTable,
             "alter_distributed_table" => Self::AlterDistributedTable,
@@ -99,7 +107,7 @@ impl ClusterFunction {
     /// Parameter names in declaration order, for named-argument calls.
     pub fn parameters(self) -> &'static [&'static str] {
         match self {
-            Self::CreateDistributedTable => &["table_name", "distribution_column", "distribution_type", "colocate_with", "shard_count"],
+            Self::CreateDistributedTable | Self::CreateDistributedTableConcurrently => &["table_name", "distribution_column", "distribution_type", "colocate_with", "shard_count"],
             Self::CreateReferenceTable => &["table_name"],
             Self::UndistributeTable => &["table_name", "cascade_via_foreign_keys"],
             Self::AlterDistributedTable => &["table_name", "distribution_column", "shard_count", "colocate_with", "cascade_to_colocated"],
