@@ -619,8 +619,9 @@ pub async fn undistribute_table(ctx: &mut CommandContext<'_>, table_name: &str) 
             for shard in &leaf.shards {
                 let group = *shard.placements.first().ok_or_else(|| PgError::internal(format!("shard {} has no placement", shard.id)))?;
                 let node = ctx.catalog.node_for_group(group).ok_or_else(|| PgError::internal(format!("no node for group {group}")))?.clone();
-                // Writes routed to the shard wait from here on, and fail once it
-                // is dropped, rather than land after its rows were read.
+                // Writes routed to the shard wait from here on rather than land
+                // after its rows were read; once it is dropped, they are planned
+                // again (outside a block) or fail.
                 ctx.parts.worker(&node, Access::Write).await?.conn.execute(&format!("LOCK TABLE {} IN EXCLUSIVE MODE", leaf.qualified_shard_name(shard))).await?;
                 let rows = read_shard_rows(ctx, &node, leaf, shard).await?;
                 if !rows.is_empty() {
@@ -775,7 +776,8 @@ pub(super) async fn reload_block_catalog(ctx: &mut CommandContext<'_>) -> PgResu
 /// shard by shard, which a new shard count or column would break: they go
 /// first (keys to reference tables follow the table onto its new shards).
 async fn refuse_foreign_keys(ctx: &mut CommandContext<'_>, table: &DistributedTable) -> PgResult<()> {
-    let hash_tables: Vec<String> = ctx.catalog.tables().filter(|t| !t.is_reference() && t.oid != table.oid).map(|t| t.oid.to_string()).collect();
+    let own: Vec<u32> = std::iter::once(table.oid).chain(ctx.catalog.partitions_under(table.oid).iter().map(|p| p.oid)).collect();
+    let hash_tables: Vec<String> = ctx.catalog.tables().filter(|t| !t.is_reference() && !own.contains(&t.oid)).map(|t| t.oid.to_string()).collect();
     if hash_tables.is_empty() {
         return Ok(());
     }

@@ -684,11 +684,11 @@ impl Session {
             // A lone write outside a block that waited for the lock of a
             // table being distributed is sent again, to the shards, once the
             // distribution has committed.
-            let lone_write = planned.statements.len() == 1 && !self.parts.in_block();
+            let lone_statement = planned.statements.len() == 1 && !self.parts.in_block();
             let distributed_meanwhile = match self.parts.local().await {
                 Ok(local) => {
                     local.out().extend_from_slice(msg.frame());
-                    self.relay_local_until_ready(lone_write).await.unwrap_or_else(|f| {
+                    self.relay_local_until_ready(lone_statement).await.unwrap_or_else(|f| {
                         self.report(f);
                         false
                     })
@@ -1088,8 +1088,7 @@ impl Session {
 
     /// Forwards the coordinator database's responses to the client up to its
     /// ReadyForQuery, feeding it the client's COPY data when it asks for some.
-    /// Passes the coordinator database's answer on to the client. With
-    /// `withhold_distributed`, an error saying the statement's table was
+    /// With `withhold_distributed`, an error saying the statement's table was
     /// distributed while it waited (the shell's guard, schema.sql
     /// `tessera.refuse_shell_write`) is kept back when nothing but notices
     /// came before it: true then, for the caller to send the statement again.
