@@ -65,9 +65,9 @@ pub struct PlannedStatement {
     pub changes_user_code: bool,
     /// Settings no module defines that it sets (`app.tenant`).
     pub custom_settings: Vec<String>,
-    /// It may change the timeouts the workers' connections follow
-    /// (`transaction::WORKER_TIMEOUTS`).
-    pub changes_timeouts: bool,
+    /// It may change the settings the workers' connections follow
+    /// (`transaction::FOLLOWED_SETTINGS`).
+    pub changes_followed_settings: bool,
     /// It may change where unqualified table names lead (search_path).
     pub changes_search_path: bool,
     /// Why it leaves state only the session's coordinator database backend
@@ -79,7 +79,7 @@ impl PlannedStatement {
     /// A statement with no effect on the session's state (text the parser
     /// rejects, or none at all).
     fn plain(sql: &str, plan: Plan) -> Self {
-        PlannedStatement { sql: sql.to_string(), plan, changes_settings: false, changes_role: false, changes_user_code: false, custom_settings: Vec::new(), changes_timeouts: false, changes_search_path: false, pins: None }
+        PlannedStatement { sql: sql.to_string(), plan, changes_settings: false, changes_role: false, changes_user_code: false, custom_settings: Vec::new(), changes_followed_settings: false, changes_search_path: false, pins: None }
     }
 }
 
@@ -216,7 +216,7 @@ pub fn plan_query(sql: &str, catalog: &Catalog) -> Vec<PlannedStatement> {
             let node = raw.stmt.as_ref().and_then(|n| n.node.as_ref());
             let changes_settings = node.is_some_and(session_state::changes_settings);
             let custom_settings = node.map(session_state::custom_settings).unwrap_or_default();
-            let changes_timeouts = node.is_some_and(session_state::changes_timeouts);
+            let changes_followed_settings = node.is_some_and(session_state::changes_followed_settings);
             let changes_search_path = node.is_some_and(session_state::changes_search_path);
             let pins = node.and_then(session_state::pins);
             let changes_role = changes_role(&raw);
@@ -225,7 +225,7 @@ pub fn plan_query(sql: &str, catalog: &Catalog) -> Vec<PlannedStatement> {
                 Plan::Local => cluster_views::needed(&text, catalog.has_tables()).map_or(Plan::Local, Plan::LocalWithClusterData),
                 plan => plan,
             });
-            PlannedStatement { sql: text, plan, changes_settings, changes_role, changes_user_code, custom_settings, changes_timeouts, changes_search_path, pins }
+            PlannedStatement { sql: text, plan, changes_settings, changes_role, changes_user_code, custom_settings, changes_followed_settings, changes_search_path, pins }
         })
         .collect()
 }

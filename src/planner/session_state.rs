@@ -4,7 +4,7 @@
 //! (which keeps the session on its connection; see
 //! transaction/coordinator_db.rs).
 
-use crate::transaction::WORKER_TIMEOUTS;
+use crate::transaction::FOLLOWED_SETTINGS;
 use crate::walk::{called_functions, visit_mut};
 use pg_query::protobuf::{self, a_const};
 use pg_query::NodeEnum;
@@ -35,11 +35,11 @@ pub(super) fn changes_search_path(node: &NodeEnum) -> bool {
     }
 }
 
-/// Whether the statement may change one of `WORKER_TIMEOUTS`: SET or RESET
+/// Whether the statement may change one of `FOLLOWED_SETTINGS`: SET or RESET
 /// of one, RESET ALL, DISCARD ALL, or a call of `set_config`.
-pub(super) fn changes_timeouts(node: &NodeEnum) -> bool {
+pub(super) fn changes_followed_settings(node: &NodeEnum) -> bool {
     match node {
-        NodeEnum::VariableSetStmt(set) => set.name.is_empty() || WORKER_TIMEOUTS.contains(&set.name.as_str()),
+        NodeEnum::VariableSetStmt(set) => set.name.is_empty() || FOLLOWED_SETTINGS.iter().any(|(name, _)| *name == set.name),
         NodeEnum::DiscardStmt(_) => true,
         _ => called_functions(node).iter().any(|f| f == "set_config"),
     }
@@ -102,11 +102,12 @@ mod tests {
         assert!(changes_settings(&node("SELECT set_config('app.tenant', '7', false)")));
         assert!(!changes_settings(&node("SELECT 1")));
         assert_eq!(custom_settings(&node("SET app.tenant = 7")), vec!["app.tenant"]);
-        assert!(changes_timeouts(&node("SET LOCAL statement_timeout = '1s'")));
-        assert!(changes_timeouts(&node("RESET lock_timeout")));
-        assert!(changes_timeouts(&node("RESET ALL")));
-        assert!(changes_timeouts(&node("SELECT set_config('statement_timeout', '5s', false)")));
-        assert!(!changes_timeouts(&node("SET search_path = app")));
+        assert!(changes_followed_settings(&node("SET LOCAL statement_timeout = '1s'")));
+        assert!(changes_followed_settings(&node("RESET lock_timeout")));
+        assert!(changes_followed_settings(&node("RESET ALL")));
+        assert!(changes_followed_settings(&node("SELECT set_config('statement_timeout', '5s', false)")));
+        assert!(changes_followed_settings(&node("SET bytea_output = escape")));
+        assert!(!changes_followed_settings(&node("SET search_path = app")));
         assert_eq!(custom_settings(&node("SELECT set_config('app.user', 'x', false), set_config('work_mem', '8MB', false)")), vec!["app.user"]);
         assert_eq!(pins(&node("CREATE TEMP TABLE t (a int)")), Some("a temporary table"));
         assert_eq!(pins(&node("SELECT 1 AS a INTO TEMP t")), Some("a temporary table"));

@@ -594,8 +594,8 @@ impl Session {
         let planned = self.plan_cached(sql);
         if planned.statements.iter().any(|s| s.changes_settings) {
             let custom: Vec<String> = planned.statements.iter().flat_map(|s| s.custom_settings.iter().cloned()).collect();
-            let timeouts = planned.statements.iter().any(|s| s.changes_timeouts);
-            self.parts.settings_may_have_changed(&custom, timeouts);
+            let followed = planned.statements.iter().any(|s| s.changes_followed_settings);
+            self.parts.settings_may_have_changed(&custom, followed);
         }
         if let Some(why) = planned.statements.iter().find_map(|s| s.pins) {
             self.parts.pin_local(why);
@@ -807,7 +807,7 @@ impl Session {
                     self.parts.role_may_have_changed();
                 }
                 if stmt.changes_settings {
-                    self.parts.settings_may_have_changed(&stmt.custom_settings, stmt.changes_timeouts);
+                    self.parts.settings_may_have_changed(&stmt.custom_settings, stmt.changes_followed_settings);
                 }
             }
             other => self.execute_distributed(&stmt.sql, other, None).await?,

@@ -26,10 +26,14 @@ use std::sync::{Arc, Mutex};
 /// session's name instead, see `TwoPhase::session_name`.)
 pub const WORKER_PARAMETERS: &[&str] = &["DateStyle", "TimeZone", "IntervalStyle", "extra_float_digits", "client_encoding", "bytea_output"];
 
-/// Timeouts the worker connections keep as the session set them on the
-/// coordinator database: the workers' backends run the session's shard
-/// statements, so the limits have to hold there.
-pub const WORKER_TIMEOUTS: [&str; 2] = ["statement_timeout", "lock_timeout"];
+/// Settings the worker connections keep as the session set them on the
+/// coordinator database, read again after any statement that may change
+/// them, with each one's value on a server where nobody set it: the
+/// timeouts, as the workers' backends run the session's shard statements
+/// and the limits have to hold there, and the output formats PostgreSQL
+/// does not report when they change (the reported ones are followed as
+/// they change).
+pub const FOLLOWED_SETTINGS: [(&str, &str); 4] = [("statement_timeout", "0"), ("lock_timeout", "0"), ("extra_float_digits", "1"), ("bytea_output", "hex")];
 
 /// Points in two-phase commit and in shard moves where a test can make the
 /// coordinator process die, as it might crash in production. Test-only: set by
@@ -333,11 +337,11 @@ pub struct Participants {
     settings_epoch: u64,
     /// The current block may have changed settings, which its end may undo.
     settings_changed_in_block: bool,
-    /// A statement may have changed the timeouts the worker connections
-    /// follow (`WORKER_TIMEOUTS`): read them before the workers are next used.
-    timeouts_unknown: bool,
+    /// A statement may have changed the settings the worker connections
+    /// follow (`FOLLOWED_SETTINGS`): read them before the workers are next used.
+    followed_unknown: bool,
     /// The current block may have changed them, which its end may undo.
-    timeouts_changed_in_block: bool,
+    followed_changed_in_block: bool,
     /// The `set_config` calls that give a connection the session's settings
     /// (each after "; "), as read at which `settings_epoch`.
     session_settings: Option<(u64, Arc<str>)>,
@@ -381,7 +385,7 @@ impl Participants {
         let startup_state = login_state(&login);
         Participants {
             pool_key,
-            startup_login: login.clone(), local, local_in_block: false, workers: HashMap::new(), pools, node_pools: HashMap::new(), last_backends: HashMap::new(), catalog_version: 0, login_state: startup_state, startup_state, login, block: None, cancel_targets, two_phase, settings: None, worker_role: None, role_unknown: false, role_changed_in_block: false, settings_epoch: 0, settings_changed_in_block: false, timeouts_unknown: false, timeouts_changed_in_block: false, session_settings: None, admission: None }
+            startup_login: login.clone(), local, local_in_block: false, workers: HashMap::new(), pools, node_pools: HashMap::new(), last_backends: HashMap::new(), catalog_version: 0, login_state: startup_state, startup_state, login, block: None, cancel_targets, two_phase, settings: None, worker_role: None, role_unknown: false, role_changed_in_block: false, settings_epoch: 0, settings_changed_in_block: false, followed_unknown: false, followed_changed_in_block: false, session_settings: None, admission: None }
     }
 
     /// The identity worker connections log in with.
@@ -533,8 +537,8 @@ impl Participants {
         if self.role_unknown {
             self.follow_role().await?;
         }
-        if self.timeouts_unknown {
-            self.follow_timeouts().await?;
+        if self.followed_unknown {
+            self.read_followed_settings().await?;
         }
         if self.workers.get_mut(&node.group_id).is_some_and(WorkerConnection::died_while_idle) {
             self.drop_worker(node.group_id);
@@ -757,17 +761,17 @@ impl Participants {
     }
 
     /// Makes the worker connections, open and future, keep the session's
-    /// timeouts (`WORKER_TIMEOUTS`) as the coordinator database has them
-    /// now. Each worker times out its own part of a statement: a
-    /// multi-shard statement's limit holds per node, in parallel.
-    async fn follow_timeouts(&mut self) -> PgResult<()> {
-        self.timeouts_unknown = false;
-        let sql = format!("SELECT {}", WORKER_TIMEOUTS.map(|name| format!("pg_catalog.current_setting('{name}')")).join(", "));
+    /// `FOLLOWED_SETTINGS` as the coordinator database has them now. Each
+    /// worker times out its own part of a statement: a multi-shard
+    /// statement's limit holds per node, in parallel.
+    async fn read_followed_settings(&mut self) -> PgResult<()> {
+        self.followed_unknown = false;
+        let sql = format!("SELECT {}", FOLLOWED_SETTINGS.map(|(name, _)| format!("pg_catalog.current_setting('{name}')")).join(", "));
         let row = self.local_outside_block().await?.query(&sql).await?.into_iter().next().unwrap_or_default();
-        for (name, value) in WORKER_TIMEOUTS.iter().zip(row) {
+        for ((name, unset), value) in FOLLOWED_SETTINGS.iter().zip(row) {
             let value = value.unwrap_or_default();
-            let following = self.login.options.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
-            if following.unwrap_or("0") != value {
+            let following = self.login.options.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str());
+            if following.unwrap_or(unset) != value {
                 self.set_on_workers(name.to_string(), value);
             }
         }
@@ -1027,9 +1031,9 @@ impl Participants {
     /// to the role, and may undo what it did to settings (SET LOCAL, or any
     /// SET rolled back).
     fn after_block_end(&mut self, block_ended: bool) {
-        if self.timeouts_changed_in_block {
-            self.timeouts_unknown = true;
-            self.timeouts_changed_in_block &= !block_ended;
+        if self.followed_changed_in_block {
+            self.followed_unknown = true;
+            self.followed_changed_in_block &= !block_ended;
             // What the block SET on its connections may have been rolled
             // back with it: whoever takes them next sets them afresh.
             for w in self.workers.values_mut() {
@@ -1048,11 +1052,11 @@ impl Participants {
     }
 
     /// A statement may have changed the session's settings, among them the
-    /// custom ones (`app.tenant`) named, and maybe the timeouts.
-    pub fn settings_may_have_changed(&mut self, custom: &[String], timeouts: bool) {
+    /// custom ones (`app.tenant`) named, and maybe `FOLLOWED_SETTINGS`.
+    pub fn settings_may_have_changed(&mut self, custom: &[String], followed: bool) {
         self.local.settings_may_have_changed(custom);
-        self.timeouts_unknown |= timeouts;
-        self.timeouts_changed_in_block |= timeouts && self.block.is_some();
+        self.followed_unknown |= followed;
+        self.followed_changed_in_block |= followed && self.block.is_some();
         self.settings = None;
         self.settings_epoch += 1;
         self.settings_changed_in_block |= self.block.is_some();
