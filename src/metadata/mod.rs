@@ -209,6 +209,9 @@ pub struct DistributedTable {
     /// co-located: each shard is a partition of the parent's shard of the
     /// same index).
     pub partition_of: Option<u32>,
+    /// The primary key's columns (none without one): a GROUP BY naming them
+    /// all may select the table's other columns.
+    pub primary_key: Vec<String>,
 }
 
 impl DistributedTable {
@@ -542,7 +545,9 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
                        FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''),
                     (SELECT json_agg(json_build_array(attname, tessera_default) ORDER BY attnum) FROM tessera_defaults WHERE attrelid = c.oid AND uses_sequence),
                     (SELECT json_agg(attname ORDER BY attnum) FROM tessera_defaults WHERE attrelid = c.oid AND attidentity = 'a'),
-                    (SELECT i.inhparent FROM pg_inherits i WHERE i.inhrelid = c.oid AND c.relispartition)
+                    (SELECT i.inhparent FROM pg_inherits i WHERE i.inhrelid = c.oid AND c.relispartition),
+                    (SELECT json_agg(a.attname ORDER BY k.n) FROM pg_index x CROSS JOIN LATERAL unnest(x.indkey) WITH ORDINALITY k(attnum, n)
+                       JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = k.attnum WHERE x.indrelid = c.oid AND x.indisprimary)
              FROM pg_catalog.pg_dist_partition p
              JOIN pg_class c ON c.oid = p.logicalrelid
              JOIN pg_namespace n ON n.oid = c.relnamespace",
@@ -584,6 +589,7 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
             always_identity: parse_json_string_array(r[14].as_deref().unwrap_or("[]")),
             shards: shards.remove(&oid).unwrap_or_default(),
             partition_of: r[15].as_deref().and_then(|v| v.parse().ok()),
+            primary_key: parse_json_string_array(r[16].as_deref().unwrap_or("[]")),
         });
         catalog.tables.insert((table.schema.clone(), table.name.clone()), table.clone());
         catalog.by_oid.insert(oid, table);

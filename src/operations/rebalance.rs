@@ -169,6 +169,7 @@ mod tests {
             always_identity: vec![],
             shards,
             partition_of: None,
+            primary_key: vec![],
         };
         Catalog::for_tests(nodes, vec![Arc::new(table)])
     }

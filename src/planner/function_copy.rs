@@ -885,6 +885,7 @@ mod tests {
             always_identity: vec![],
             shards: (0..count).map(|i| Shard { id: first_shard + i as i64, index: i, placements: vec![1] }).collect(),
             partition_of: None,
+            primary_key: vec![],
         })
     }
 

@@ -12,6 +12,7 @@ mod explain;
 mod fallback;
 pub mod function_copy;
 mod functions;
+mod group_keys;
 mod inline;
 mod insert_select;
 mod materialized_views;
@@ -334,6 +335,9 @@ fn plan_undelegated(version: i32, raw: &protobuf::RawStmt, node: &NodeEnum, text
     }
     if let Some(plan) = views::expand(node, catalog).map(replan) {
         return plan;
+    }
+    if let Some(stmt) = group_keys::expand(node, catalog) {
+        return plan_tree(version, stmt, catalog);
     }
     if let Some(plan) = user_code::on_worker(version, raw, node, text, catalog) {
         return plan;
