@@ -398,6 +398,10 @@ async fn sizes_and_activity_gather_every_node() {
         assert_eq!(r.get::<_, i64>(0), one_copy, "a reference table counts one copy");
         let listed = text_rows(client, "SELECT table_name::text, citus_table_size(table_name) > 0 FROM citus_tables ORDER BY 1").await;
         assert_eq!(listed, vec![vec![Some("kinds".into()), Some("t".into())], vec![Some("metrics".into()), Some("t".into())]]);
+        // citus_tables shows each table's total size, as Citus's does.
+        let shown = text_rows(client, "SELECT table_size, access_method FROM citus_tables WHERE table_name = 'metrics'::regclass").await;
+        let pretty = text_rows(client, &format!("SELECT pg_size_pretty({total}::bigint), 'heap'")).await;
+        assert_eq!(shown, pretty);
         let e = client.simple_query("SELECT citus_table_size('scratch')").await.unwrap_err();
         assert_eq!(sqlstate(&e), "42809", "{}", error_text(&e));
         // PostgreSQL's own size functions measure the shards, not the empty

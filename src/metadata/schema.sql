@@ -339,15 +339,7 @@ JOIN tessera.pg_dist_partition p USING (logicalrelid)
 JOIN tessera.pg_dist_placement pl USING (shardid)
 JOIN tessera.pg_dist_node n ON n.groupid = pl.groupid;
 
-CREATE OR REPLACE VIEW pg_catalog.citus_tables AS
-SELECT p.logicalrelid AS table_name,
-       CASE p.partmethod WHEN 'h' THEN 'distributed' ELSE 'reference' END AS citus_table_type,
-       coalesce(p.partkey, '<none>') AS distribution_column,
-       p.colocationid AS colocation_id,
-       (SELECT count(*) FROM tessera.pg_dist_shard s WHERE s.logicalrelid = p.logicalrelid) AS shard_count,
-       pg_get_userbyid(c.relowner) AS table_owner
-FROM tessera.pg_dist_partition p
-JOIN pg_class c ON c.oid = p.logicalrelid;
+
 -- Partitions of tables partitioned by range on one date or time column,
 -- with their bounds as text (MINVALUE/MAXVALUE and default partitions left out).
 CREATE OR REPLACE VIEW pg_catalog.time_partitions AS
@@ -366,7 +358,7 @@ CROSS JOIN LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid), $re$^FOR VAL
 WHERE pt.partstrat = 'r' AND pt.partnatts = 1 AND a.atttypid IN ('date'::regtype, 'timestamp'::regtype, 'timestamptz'::regtype);
 RESET allow_system_table_mods;
 GRANT SELECT ON pg_catalog.pg_dist_node, pg_catalog.pg_dist_colocation, pg_catalog.pg_dist_partition, pg_catalog.pg_dist_shard,
-    pg_catalog.pg_dist_placement, pg_catalog.pg_dist_object, pg_catalog.citus_shards, pg_catalog.citus_tables,
+    pg_catalog.pg_dist_placement, pg_catalog.pg_dist_object, pg_catalog.citus_shards,
     pg_catalog.pg_dist_background_job, pg_catalog.pg_dist_background_task, pg_catalog.time_partitions TO PUBLIC;
 
 -- The CREATE TABLE … PARTITION OF statements create_time_partitions runs
@@ -811,11 +803,33 @@ CREATE OR REPLACE FUNCTION pg_catalog.citus_table_size(logicalrelid regclass) RE
     BEGIN ATOMIC SELECT tessera.gathered_size(logicalrelid, 'table'); END;
 CREATE OR REPLACE FUNCTION pg_catalog.citus_total_relation_size(logicalrelid regclass, fail_on_error boolean DEFAULT true) RETURNS bigint LANGUAGE sql STABLE STRICT
     BEGIN ATOMIC SELECT tessera.gathered_size(logicalrelid, 'total'); END;
+-- Citus's columns, table_size among them (gathered from the nodes; earlier
+-- versions had none, and a view cannot take a column in the middle).
+DO $$
+BEGIN
+    IF to_regclass('pg_catalog.citus_tables') IS NOT NULL
+       AND NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass('pg_catalog.citus_tables') AND attname = 'table_size') THEN
+        SET LOCAL allow_system_table_mods = on;
+        DROP VIEW pg_catalog.citus_tables;
+    END IF;
+END $$;
 SET allow_system_table_mods = on;
+CREATE OR REPLACE VIEW pg_catalog.citus_tables AS
+SELECT p.logicalrelid AS table_name,
+       CASE p.partmethod WHEN 'h' THEN 'distributed' ELSE 'reference' END AS citus_table_type,
+       coalesce(p.partkey, '<none>') AS distribution_column,
+       p.colocationid AS colocation_id,
+       pg_catalog.pg_size_pretty(tessera.gathered_size(p.logicalrelid, 'total')) AS table_size,
+       (SELECT count(*) FROM tessera.pg_dist_shard s WHERE s.logicalrelid = p.logicalrelid) AS shard_count,
+       pg_get_userbyid(c.relowner) AS table_owner,
+       am.amname AS access_method
+FROM tessera.pg_dist_partition p
+JOIN pg_class c ON c.oid = p.logicalrelid
+LEFT JOIN pg_am am ON am.oid = c.relam;
 CREATE OR REPLACE VIEW pg_catalog.citus_stat_activity AS
 SELECT * FROM tessera.gathered_rows(NULL::tessera.cluster_activity, 'tessera_cluster_activity', 'citus_stat_activity');
 RESET allow_system_table_mods;
-GRANT SELECT ON pg_catalog.citus_stat_activity, tessera.cluster_activity TO PUBLIC;
+GRANT SELECT ON pg_catalog.citus_stat_activity, tessera.cluster_activity, pg_catalog.citus_tables TO PUBLIC;
 -- Backends waiting for a lock and each backend they wait for, on every node
 -- (pg_blocking_pids), by global pid; the statements come from the activity.
 CREATE TABLE IF NOT EXISTS tessera.cluster_lock_wait (waiting_gpid bigint, blocking_gpid bigint, waiting_nodeid int, blocking_nodeid int);

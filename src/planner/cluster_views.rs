@@ -68,6 +68,8 @@ pub(super) fn needed(text: &str, distributed_tables: bool) -> Option<ClusterData
             needs.activity = true;
             needs.lock_waits = true;
         }
+        // Its table_size column reads the gathered sizes.
+        NodeEnum::RangeVar(rv) if rv.relname == "citus_tables" && matches!(rv.schemaname.as_str(), "" | "pg_catalog") => needs.sizes = true,
         NodeEnum::RangeVar(rv) if rv.relname == "connection_pools" && rv.schemaname == "tessera" => needs.pools = true,
         NodeEnum::RangeVar(rv) if rv.relname == "client_sessions" && rv.schemaname == "tessera" => needs.sessions = true,
         NodeEnum::FuncCall(call) => {
@@ -117,6 +119,7 @@ mod tests {
             needs(true, true)
         );
         assert_eq!(needed("SELECT * FROM other.citus_stat_activity", true), None);
+        assert_eq!(needed("SELECT table_name, table_size FROM citus_tables", false), needs(false, true));
         assert_eq!(needed("SELECT * FROM citus_lock_waits", false), Some(ClusterData { activity: true, lock_waits: true, ..Default::default() }));
         let process = needed("SELECT s.pinned, p.node FROM tessera.client_sessions s, tessera.connection_pools p", false).unwrap();
         assert!(process.sessions && process.pools && !process.activity);
