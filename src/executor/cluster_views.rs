@@ -58,11 +58,13 @@ pub async fn run(needs: &ClusterData, report: Option<&ProcessReport>, sql: &str,
     if needs.sizes {
         script.push_str(&sizes_script(catalog, parts).await?);
     }
-    if needs.activity {
-        script.push_str(&activity_script(catalog, parts).await?);
-    }
+    // The waits first: a backend waiting then is still waiting when the
+    // activity is read after, so its statement shows there.
     if needs.lock_waits {
         script.push_str(&lock_waits_script(catalog, parts).await?);
+    }
+    if needs.activity {
+        script.push_str(&activity_script(catalog, parts).await?);
     }
     parts.local().await?.execute(&script).await?;
     run_on_coordinator_db(parts, needs.rewritten.as_deref().unwrap_or(sql), mode, client).await
