@@ -107,17 +107,17 @@ pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'
                 None => None,
             };
             distribute::create_distributed_table(ctx, &table, &column, &colocate_with, shard_count).await?;
-            (vec![FieldDescription::computed(&call.column_name, VOID_OID, 4)], vec![vec![Some(String::new())]])
+            void_result(&call.column_name)
         }
         ClusterFunction::CreateReferenceTable => {
             let table = arg(0).ok_or_else(|| null_argument("table_name"))?;
             distribute::create_reference_table(ctx, &table).await?;
-            (vec![FieldDescription::computed(&call.column_name, VOID_OID, 4)], vec![vec![Some(String::new())]])
+            void_result(&call.column_name)
         }
         ClusterFunction::UndistributeTable => {
             let table = arg(0).ok_or_else(|| null_argument("table_name"))?;
             distribute::undistribute_table(ctx, &table).await?;
-            (vec![FieldDescription::computed(&call.column_name, VOID_OID, 4)], vec![vec![Some(String::new())]])
+            void_result(&call.column_name)
         }
         ClusterFunction::AlterDistributedTable => {
             let table = arg(0).ok_or_else(|| null_argument("table_name"))?;
@@ -127,7 +127,7 @@ pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'
             };
             let change = distribute::TableChange { distribution_column: arg(1), shard_count, colocate_with: arg(3), cascade_to_colocated: arg(4).map(|v| v == "t") };
             distribute::alter_distributed_table(ctx, &table, change).await?;
-            (vec![FieldDescription::computed(&call.column_name, VOID_OID, 4)], vec![vec![Some(String::new())]])
+            void_result(&call.column_name)
         }
         ClusterFunction::CreateTimePartitions => {
             let table = arg(0).ok_or_else(|| null_argument("table_name"))?;
@@ -158,12 +158,12 @@ pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'
             let target = (arg(3).ok_or_else(|| null_argument("target_node_name"))?, parse_port(arg(4))?);
             let mode = crate::operations::shard_move::TransferMode::parse(arg(5).as_deref())?;
             crate::operations::shard_move::move_shard_placement(ctx, shard_id, (&source.0, source.1), (&target.0, target.1), mode).await?;
-            (vec![FieldDescription::computed(&call.column_name, VOID_OID, 4)], vec![vec![Some(String::new())]])
+            void_result(&call.column_name)
         }
         ClusterFunction::CleanupOrphanedResources => {
             let removed = crate::operations::cleanup::run(&ctx.coordinator.config, &ctx.catalog).await?;
             ctx.notice(format!("cleaned up {removed} orphaned resources")).await;
-            (vec![FieldDescription::computed(&call.column_name, VOID_OID, 4)], vec![vec![Some(String::new())]])
+            void_result(&call.column_name)
         }
         ClusterFunction::GetRebalancePlan | ClusterFunction::RebalanceTableShards => {
             let rebalancing = call.function == ClusterFunction::RebalanceTableShards;
@@ -175,7 +175,7 @@ pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'
             if rebalancing {
                 let mode = crate::operations::shard_move::TransferMode::parse(arg(4).as_deref())?;
                 crate::operations::rebalance::run(ctx, &moves, mode).await?;
-                (vec![FieldDescription::computed(&call.column_name, VOID_OID, 4)], vec![vec![Some(String::new())]])
+                void_result(&call.column_name)
             } else {
                 let sizes = crate::operations::rebalance::sizes(ctx, &moves).await;
                 let fields = vec![
@@ -207,7 +207,7 @@ pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'
             nodes::set_should_have_shards(ctx, &name, port, false).await?;
             let moves = planned_moves(ctx, None, None, None, true, arg(3)).await?;
             crate::operations::rebalance::run(ctx, &moves, mode).await?;
-            (vec![FieldDescription::computed(&call.column_name, VOID_OID, 4)], vec![vec![Some(String::new())]])
+            void_result(&call.column_name)
         }
         ClusterFunction::SetNodeProperty => {
             let name = arg(0).ok_or_else(|| null_argument("nodename"))?;
@@ -218,7 +218,7 @@ pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'
             }
             let value = arg(3).ok_or_else(|| null_argument("value"))?;
             nodes::set_should_have_shards(ctx, &name, port, value == "t").await?;
-            (vec![FieldDescription::computed(&call.column_name, VOID_OID, 4)], vec![vec![Some(String::new())]])
+            void_result(&call.column_name)
         }
         ClusterFunction::CopyShardPlacement => {
             let shard_id = arg(0).ok_or_else(|| null_argument("shard_id"))?.parse::<i64>().map_err(|_| invalid("shard_id must be a bigint"))?;
@@ -226,13 +226,13 @@ pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'
             let target = (arg(3).ok_or_else(|| null_argument("target_node_name"))?, parse_port(arg(4))?);
             crate::operations::shard_move::TransferMode::parse(arg(5).as_deref())?;
             nodes::copy_shard_placement(ctx, shard_id, (&source.0, source.1), (&target.0, target.1)).await?;
-            (vec![FieldDescription::computed(&call.column_name, VOID_OID, 4)], vec![vec![Some(String::new())]])
+            void_result(&call.column_name)
         }
         ClusterFunction::ReplicateReferenceTables => {
             crate::operations::shard_move::TransferMode::parse(arg(0).as_deref())?;
             let copies = nodes::replicate_reference_tables(ctx).await?;
             ctx.notice(format!("made {copies} copies of reference tables")).await;
-            (vec![FieldDescription::computed(&call.column_name, VOID_OID, 4)], vec![vec![Some(String::new())]])
+            void_result(&call.column_name)
         }
         ClusterFunction::RebalanceStart => {
             let mode = crate::operations::shard_move::TransferMode::parse(arg(2).as_deref())?;
@@ -260,13 +260,13 @@ pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'
             let name = arg(1).ok_or_else(|| null_argument("new_node_name"))?;
             let port = parse_port(Some(arg(2).ok_or_else(|| null_argument("new_node_port"))?))?;
             nodes::update_node(ctx, node_id, &name, port).await?;
-            (vec![FieldDescription::computed(&call.column_name, VOID_OID, 4)], vec![vec![Some(String::new())]])
+            void_result(&call.column_name)
         }
         ClusterFunction::RemoveNode => {
             let name = arg(0).ok_or_else(|| null_argument("nodename"))?;
             let port = parse_port(arg(1))?;
             nodes::remove_node(ctx, &name, port).await?;
-            (vec![FieldDescription::computed(&call.column_name, VOID_OID, 4)], vec![vec![Some(String::new())]])
+            void_result(&call.column_name)
         }
     };
     if call.function.is_procedure() {
@@ -324,8 +324,7 @@ async fn planned_moves(
     }
     let colocation = match relation {
         Some(relation) => {
-            let oid = ctx.parts.local().await?.query_value(&format!("SELECT {}::regclass::oid", crate::connection::quote_literal(&relation))).await?;
-            let table = oid.and_then(|o| o.parse().ok()).and_then(|o| ctx.catalog.table_by_oid(o).cloned());
+            let table = named_table(ctx, &relation).await?;
             Some(table.ok_or_else(|| invalid(&format!("\"{relation}\" is not a distributed table")))?.colocation_id)
         }
         None => None,
@@ -368,6 +367,18 @@ fn encode_value(text: Option<&str>, type_oid: u32, format: i16) -> Option<Vec<u8
         BOOL_OID => vec![u8::from(text == "t")],
         _ => Vec::new(), // void's binary form is empty
     })
+}
+
+/// The one empty value a function returning void gives.
+fn void_result(column: &str) -> (Vec<FieldDescription>, Vec<Vec<Option<String>>>) {
+    (vec![FieldDescription::computed(column, VOID_OID, 4)], vec![vec![Some(String::new())]])
+}
+
+/// The distributed or reference table `name` (a regclass argument's text)
+/// names, if it is one.
+async fn named_table(ctx: &mut CommandContext<'_>, name: &str) -> PgResult<Option<Arc<DistributedTable>>> {
+    let oid = ctx.parts.local().await?.query_value(&format!("SELECT {}::regclass::oid", crate::connection::quote_literal(name))).await?;
+    Ok(oid.and_then(|o| o.parse().ok()).and_then(|o| ctx.catalog.table_by_oid(o).cloned()))
 }
 
 /// A query yielding a function's rows, typed as its columns are.

@@ -123,9 +123,8 @@ pub async fn run(function: ClusterFunction, args: &[Option<String>], ctx: &mut C
 /// The distributed or reference table an argument names.
 async fn distributed_table(ctx: &mut CommandContext<'_>, name: Option<String>, parameter: &str) -> PgResult<Arc<DistributedTable>> {
     let name = name.ok_or_else(|| null_argument(parameter))?;
-    let oid = ctx.parts.local().await?.query_value(&format!("SELECT {}::regclass::oid", crate::connection::quote_literal(&name))).await?;
-    oid.and_then(|o| o.parse().ok())
-        .and_then(|o| ctx.catalog.table_by_oid(o).cloned())
+    super::named_table(ctx, &name)
+        .await?
         .ok_or_else(|| PgError::new(crate::error::sqlstate::WRONG_OBJECT_TYPE, format!("\"{name}\" is not a distributed table")).with_hint("Distribute it first with create_distributed_table or create_reference_table."))
 }
 
