@@ -138,6 +138,11 @@ impl PgError {
         };
         self.set(b'W', context)
     }
+    /// Rewrites the message, e.g. to say which node raised it.
+    pub fn map_message(self, f: impl FnOnce(&str) -> String) -> Self {
+        let message = f(self.message());
+        self.set(b'M', message)
+    }
     /// Rewrites every text the error shows (message, detail, hint, context).
     pub fn map_texts(mut self, f: impl Fn(&str) -> String) -> Self {
         for (code, value) in self.fields.iter_mut() {

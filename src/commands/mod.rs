@@ -72,6 +72,7 @@ const RECORD_OID: u32 = 2249;
 const INT4_OID: u32 = 23;
 const INT8_OID: u32 = 20;
 const TEXT_OID: u32 = 25;
+const PG_LSN_OID: u32 = 3220;
 
 /// Runs a cluster function and writes its result set (the RowDescription only
 /// when `describe` is set, as the extended protocol has described it already).
@@ -261,6 +262,11 @@ pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'
             let port = parse_port(Some(arg(2).ok_or_else(|| null_argument("new_node_port"))?))?;
             nodes::update_node(ctx, node_id, &name, port).await?;
             void_result(&call.column_name)
+        }
+        ClusterFunction::CreateRestorePoint => {
+            let name = arg(0).ok_or_else(|| null_argument("name"))?;
+            let lsn = crate::operations::restore_point::create(&ctx.coordinator.config, &ctx.catalog, &name).await?;
+            (vec![FieldDescription::computed(&call.column_name, PG_LSN_OID, 8)], vec![vec![Some(lsn)]])
         }
         ClusterFunction::RemoveNode => {
             let name = arg(0).ok_or_else(|| null_argument("nodename"))?;

@@ -540,6 +540,8 @@ CREATE OR REPLACE FUNCTION pg_catalog.master_update_node(node_id int, new_node_n
     RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
 CREATE OR REPLACE FUNCTION pg_catalog.recover_prepared_transactions()
     RETURNS int LANGUAGE sql AS 'SELECT tessera.coordinator_only(); SELECT 0';
+CREATE OR REPLACE FUNCTION pg_catalog.citus_create_restore_point(name text)
+    RETURNS pg_lsn LANGUAGE sql AS 'SELECT tessera.coordinator_only(); SELECT NULL::pg_lsn';
 CREATE OR REPLACE FUNCTION pg_catalog.citus_move_shard_placement(shard_id bigint, source_node_name text, source_node_port int, target_node_name text, target_node_port int, shard_transfer_mode text DEFAULT 'auto')
     RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
 CREATE OR REPLACE FUNCTION pg_catalog.citus_cleanup_orphaned_resources()

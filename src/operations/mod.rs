@@ -1,9 +1,10 @@
 //! Operations that reshape a running cluster: moving shard groups between
-//! nodes, rebalancing (now or as a background job), and cleaning up after
-//! operations that did not finish.
+//! nodes, rebalancing (now or as a background job), cleaning up after
+//! operations that did not finish, and restore points for backups.
 
 pub mod background;
 pub mod cleanup;
 pub mod fence;
 pub mod rebalance;
+pub mod restore_point;
 pub mod shard_move;

@@ -419,8 +419,7 @@ fn fault(ctx: &CommandContext<'_>, at: Fault) {
 
 /// Names the node and object an error came from.
 fn on_node(e: PgError, node: &Node, what: &str) -> PgError {
-    let message = format!("{} (on {}, {what})", e.message(), node.addr);
-    PgError::from_fields(e.fields().map(|(c, v)| (c, if c == b'M' { message.clone() } else { v.to_string() })).collect())
+    e.map_message(|m| format!("{m} (on {}, {what})", node.addr))
 }
 
 /// A value for a libpq connection string.

@@ -34,6 +34,7 @@ pub enum ClusterFunction {
     RunCommandOnColocatedPlacements,
     CreateTimePartitions,
     DropOldTimePartitions,
+    CreateRestorePoint,
 }
 
 impl ClusterFunction {
@@ -95,6 +96,7 @@ impl ClusterFunction {
             "run_command_on_colocated_placements" => Self::RunCommandOnColocatedPlacements,
             "create_time_partitions" => Self::CreateTimePartitions,
             "drop_old_time_partitions" => Self::DropOldTimePartitions,
+            "citus_create_restore_point" => Self::CreateRestorePoint,
             _ => return None,
         })
     }
@@ -129,6 +131,7 @@ impl ClusterFunction {
             Self::RunCommandOnColocatedPlacements => &["table_name1", "table_name2", "command", "parallel"],
             Self::CreateTimePartitions => &["table_name", "partition_interval", "end_at", "start_from"],
             Self::DropOldTimePartitions => &["table_name", "older_than"],
+            Self::CreateRestorePoint => &["name"],
         }
     }
 }

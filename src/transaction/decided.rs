@@ -71,6 +71,11 @@ macro_rules! schema {
 }
 const SCHEMA: &str = schema!();
 
+/// The table of commit records on each node: a deciding transaction's row,
+/// written as it commits, is its decision (`citus_create_restore_point`
+/// locks it to hold decisions back).
+pub const COMMIT_RECORDS: &str = concat!(schema!(), ".commit_records");
+
 /// A backend's start in `pg_stat_activity`'s `backend_start` column, in
 /// microseconds since the Unix epoch: the second half of a deciding
 /// transaction, wherever it is read.
@@ -139,8 +144,8 @@ pub fn deciding_objects_sql() -> String {
         "CREATE SCHEMA IF NOT EXISTS {SCHEMA};
          REVOKE CREATE ON SCHEMA {SCHEMA} FROM PUBLIC;
          GRANT USAGE ON SCHEMA {SCHEMA} TO PUBLIC;
-         CREATE TABLE IF NOT EXISTS {SCHEMA}.commit_records (xid xid8 PRIMARY KEY, backend_started bigint NOT NULL);
-         REVOKE ALL ON {SCHEMA}.commit_records FROM PUBLIC;
+         CREATE TABLE IF NOT EXISTS {COMMIT_RECORDS} (xid xid8 PRIMARY KEY, backend_started bigint NOT NULL);
+         REVOKE ALL ON {COMMIT_RECORDS} FROM PUBLIC;
          -- The backend's start, read from the backend table once per
          -- session: a copy of that whole table (hundreds of kilobytes at a
          -- few hundred connections, fresh pages each time) cost more than
@@ -168,7 +173,7 @@ pub fn deciding_objects_sql() -> String {
          CREATE OR REPLACE FUNCTION {SCHEMA}.record_commit() RETURNS void
            LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $tessera$
          BEGIN
-           INSERT INTO {SCHEMA}.commit_records VALUES (pg_current_xact_id(), {SCHEMA}.backend_started()) ON CONFLICT DO NOTHING;
+           INSERT INTO {COMMIT_RECORDS} VALUES (pg_current_xact_id(), {SCHEMA}.backend_started()) ON CONFLICT DO NOTHING;
          END $tessera$;
          -- Once per transaction, for the trigger on foreign tables (`links`).
          -- Kept in a transaction-local setting, which a rolled-back
@@ -197,7 +202,7 @@ pub fn deciding_objects_sql() -> String {
            END;
            IF status = 'in progress' THEN
              RETURN NULL;
-           ELSIF EXISTS (SELECT FROM {SCHEMA}.commit_records r WHERE r.xid = x AND r.backend_started = started) THEN
+           ELSIF EXISTS (SELECT FROM {COMMIT_RECORDS} r WHERE r.xid = x AND r.backend_started = started) THEN
              RETURN 'committed';
            END IF;
            RETURN 'aborted';
@@ -245,7 +250,7 @@ pub async fn decide(conn: &mut PgConnection, deciders: &[DecidingTransaction]) -
 
 /// The commit records on a node, by transaction id.
 pub async fn commit_records(conn: &mut PgConnection) -> PgResult<Vec<u64>> {
-    let rows = conn.query(&format!("SELECT xid::text FROM {SCHEMA}.commit_records")).await?;
+    let rows = conn.query(&format!("SELECT xid::text FROM {COMMIT_RECORDS}")).await?;
     Ok(rows.into_iter().filter_map(|r| r.into_iter().next().flatten()?.parse().ok()).collect())
 }
 
@@ -253,7 +258,7 @@ pub async fn commit_records(conn: &mut PgConnection) -> PgResult<Vec<u64>> {
 pub async fn forget_commit_records(conn: &mut PgConnection, xids: &[u64]) -> PgResult<()> {
     for batch in xids.chunks(10_000) {
         let list = batch.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
-        conn.execute(&format!("DELETE FROM {SCHEMA}.commit_records WHERE xid = ANY ('{{{list}}}'::xid8[])")).await?;
+        conn.execute(&format!("DELETE FROM {COMMIT_RECORDS} WHERE xid = ANY ('{{{list}}}'::xid8[])")).await?;
     }
     Ok(())
 }

@@ -79,6 +79,13 @@ impl TestCluster {
     /// Stops the coordinator process, changes its configuration and starts it
     /// again, waiting until it accepts connections.
     pub fn restart_coordinator(&self, edit: impl FnOnce(&mut tessera::config::Config)) {
+        self.stop_coordinator();
+        self.start_coordinator(edit);
+        self.wait_for_coordinator();
+    }
+
+    /// Stops the coordinator process and waits until it has exited.
+    pub fn stop_coordinator(&self) {
         use std::time::{Duration, Instant};
         if let Some(pid) = self.cluster.coordinator_pid() {
             // SAFETY: plain signal delivery to the coordinator process the harness started.
@@ -89,8 +96,11 @@ impl TestCluster {
             assert!(start.elapsed() < Duration::from_secs(20), "the coordinator did not stop");
             std::thread::sleep(Duration::from_millis(50));
         }
-        self.start_coordinator(edit);
-        if let Err(e) = self.cluster.wait_for_coordinator(Duration::from_secs(60)) {
+    }
+
+    /// Waits until a started coordinator accepts connections.
+    pub fn wait_for_coordinator(&self) {
+        if let Err(e) = self.cluster.wait_for_coordinator(std::time::Duration::from_secs(60)) {
             panic!("the coordinator did not come back ({e}); its log ends:\n{}", self.coordinator_log_tail());
         }
     }
