@@ -510,10 +510,20 @@ AS $$ SELECT tessera.distribute_function(function_name, distribution_arg_name,
 -- The cluster functions are carried out by the coordinator process, which
 -- intercepts calls to them. These definitions make them visible to \df+ and give a
 -- clear error when someone calls them on the coordinator database directly.
+-- What the cluster functions' stand-ins raise when the coordinator did not
+-- carry the call out itself: sent to the coordinator database directly, or
+-- called inside another query or expression, which the coordinator does not
+-- take apart. The caller's name comes from the call stack.
 CREATE OR REPLACE FUNCTION tessera.coordinator_only() RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    stack text;
+    called text;
 BEGIN
-    RAISE EXCEPTION 'this function must be called through the Tessera coordinator, not on the coordinator database directly'
-        USING ERRCODE = '0A000';
+    GET DIAGNOSTICS stack = PG_CONTEXT;
+    called := coalesce(substring(stack from 'SQL function "([^"]+)"'), 'this function');
+    RAISE EXCEPTION '% is carried out by the Tessera coordinator, as a statement of its own', called
+        USING ERRCODE = '0A000',
+              HINT = format('Send SELECT %1$s(...) or SELECT * FROM %1$s(...) (CALL for a procedure) through the coordinator, alone: not to the coordinator database directly, and not inside another expression such as a cast.', called);
 END $$;
 CREATE OR REPLACE FUNCTION pg_catalog.create_distributed_table(table_name regclass, distribution_column text, distribution_type text DEFAULT 'hash', colocate_with text DEFAULT 'default', shard_count int DEFAULT NULL)
     RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
