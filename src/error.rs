@@ -177,6 +177,25 @@ impl PgError {
         }
         self
     }
+    /// Moves the error's cursor position (`P`: characters into the query,
+    /// from 1) onto the client's text `sql`. A node ran a rewritten text
+    /// (shard names, a statement deparsed anew), where positions differ.
+    /// The position stays only when the message names what it points at
+    /// (`column "x" does not exist`, `… "x" is ambiguous`) and that name
+    /// occurs in `sql` once as a word: it then points there. Otherwise it
+    /// is dropped, so that clients show no caret rather than a wrong one.
+    pub fn relocate_position(mut self, sql: &str) -> Self {
+        let Some(at) = self.fields.iter().position(|(c, _)| *c == b'P') else { return self };
+        let message = self.message();
+        let named = (message.ends_with(" does not exist") || message.ends_with(" is ambiguous")).then(|| message.split('"').nth(1)).flatten();
+        match named.and_then(|name| sole_word_position(sql, name)) {
+            Some(position) => self.fields[at].1 = position.to_string(),
+            None => {
+                self.fields.remove(at);
+            }
+        }
+        self
+    }
     /// An error the server at `node` raised, as our client must see it. A FATAL
     /// ended only our connection to that node, not the client's session, so it
     /// becomes a lost connection (08006) with the server's message as DETAIL:
@@ -198,6 +217,30 @@ impl PgError {
     pub fn not_supported(message: impl Into<String>) -> Self {
         PgError::new(sqlstate::FEATURE_NOT_SUPPORTED, message)
     }
+}
+
+/// Where `name` occurs in `sql` as a whole word (ASCII case folded, as
+/// PostgreSQL folds unquoted names), in characters from 1, when it occurs
+/// exactly once; a quoted occurrence counts from its opening quote.
+fn sole_word_position(sql: &str, name: &str) -> Option<usize> {
+    if name.is_empty() {
+        return None;
+    }
+    let word = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$');
+    let (haystack, needle) = (sql.to_ascii_lowercase(), name.to_ascii_lowercase());
+    let mut found = None;
+    for (start, _) in haystack.match_indices(&needle) {
+        let before = haystack[..start].chars().next_back();
+        if word(before) || word(haystack[start + needle.len()..].chars().next()) {
+            continue;
+        }
+        if found.is_some() {
+            return None;
+        }
+        let start = if before == Some('"') { start - 1 } else { start };
+        found = Some(sql[..start].chars().count() + 1);
+    }
+    found
 }
 
 impl fmt::Display for PgError {
@@ -239,5 +282,23 @@ mod tests {
         assert_eq!(denied.message(), "permission denied for table t");
         let value = PgError::new("22P02", "invalid input syntax for type integer: x_102008x").rename(|n| n.strip_suffix("_102008"));
         assert_eq!(value.message(), "invalid input syntax for type integer: x_102008x");
+    }
+
+    #[test]
+    fn positions_follow_the_name_into_the_clients_text_or_go() {
+        let at = |e: PgError| e.fields().find(|(c, _)| *c == b'P').map(|(_, v)| v.to_string());
+        let missing = || PgError::from_fields(vec![(b'C', "42703".into()), (b'M', "column \"nope\" does not exist".into()), (b'P', "11".into())]);
+        assert_eq!(at(missing().relocate_position("SELECT   v, nope FROM t WHERE id = 1")).as_deref(), Some("13"));
+        assert_eq!(at(missing().relocate_position("select v, NOPE from t")).as_deref(), Some("11"));
+        assert_eq!(at(missing().relocate_position("SELECT \"nope\" FROM t")).as_deref(), Some("8"));
+        assert_eq!(at(missing().relocate_position("SELECT 'é', nope FROM t")).as_deref(), Some("13"), "characters, not bytes");
+        // Twice, or only inside other words: no position.
+        assert_eq!(at(missing().relocate_position("SELECT nope, nope FROM t")), None);
+        assert_eq!(at(missing().relocate_position("SELECT nopes FROM t_nope")), None);
+        // A message that does not name what the position points at.
+        let other = PgError::from_fields(vec![(b'C', "42883".into()), (b'M', "operator does not exist: integer = text".into()), (b'P', "30".into())]);
+        assert_eq!(at(other.relocate_position("SELECT * FROM t WHERE id = 'x'::text")), None);
+        let none = PgError::new("22012", "division by zero").relocate_position("SELECT 1/0");
+        assert_eq!(at(none), None);
     }
 }

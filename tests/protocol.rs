@@ -380,3 +380,42 @@ async fn one_text_with_differently_typed_parameters() {
         }
     }
 }
+
+/// The cursor position of an error (psql's `LINE 1: …` and caret) points
+/// where plain PostgreSQL's does, although the node ran a rewritten text;
+/// where it cannot be placed surely, there is none rather than a wrong one.
+#[tokio::test]
+async fn error_positions_point_into_the_clients_text() {
+    let cluster = TestCluster::start(2);
+    let plain = common::PlainPostgres::start();
+    let (t, p) = (cluster.connect().await, plain.connect().await);
+    let schema = "CREATE TABLE items (id int PRIMARY KEY, name text, qty int)";
+    p.batch_execute(schema).await.unwrap();
+    t.batch_execute(&format!("{schema}; SELECT create_distributed_table('items', 'id')")).await.unwrap();
+    let position = |e: tokio_postgres::Error| match e.as_db_error().and_then(|d| d.position()) {
+        Some(tokio_postgres::error::ErrorPosition::Original(at)) => Some(*at),
+        _ => None,
+    };
+    let same = [
+        "SELECT   name,   nope FROM items WHERE id = 1",
+        "select name, NOPE from items",
+        "SELECT i.name FROM items i WHERE i.qty > 0 AND missing_column = 2",
+        "UPDATE items SET qty = qty + 1 WHERE id = 3 AND nope IS NULL",
+        "SELECT 1; SELECT name FROM items WHERE   ghost = 1",
+    ];
+    for sql in same {
+        let (expected, got) = (position(p.simple_query(sql).await.unwrap_err()), position(t.simple_query(sql).await.unwrap_err()));
+        assert!(expected.is_some());
+        assert_eq!(got, expected, "{sql}");
+        // The extended protocol (one statement).
+        if !sql.contains(';') {
+            let (expected, got) = (position(p.query(sql, &[]).await.unwrap_err()), position(t.query(sql, &[]).await.unwrap_err()));
+            assert_eq!(got, expected, "{sql} (extended)");
+        }
+    }
+    // Where the name occurs twice, or the message names nothing, no caret.
+    for sql in ["SELECT nope, nope FROM items WHERE id = 1", "SELECT name FROM items WHERE    id = 'x'::text"] {
+        assert!(position(p.simple_query(sql).await.unwrap_err()).is_some());
+        assert_eq!(position(t.simple_query(sql).await.unwrap_err()), None, "{sql}");
+    }
+}

@@ -124,6 +124,9 @@ struct Session {
     stream: Option<(String, RowStream)>,
     block_catalog_loads: i64,
     search_path: SearchPath,
+    /// The client's text of what runs now (a simple query's whole string,
+    /// an extended-protocol statement), which error positions refer to.
+    query_text: String,
 }
 
 /// Where the session's search_path leads unqualified names of distributed
@@ -253,6 +256,7 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: Stream) -> anyhow::Resul
         release_work: false,
         abandoned: false,
         search_path: SearchPath { stale: !facts.search_path_public, ..SearchPath::default() },
+        query_text: String::new(),
     };
     // A client that logs in and waits holds no connection meanwhile.
     session.parts.release_connections(true).await;
@@ -636,7 +640,7 @@ impl Session {
         if let Failure::Error(e) = failure {
             // Clients (and ORMs mapping errors to fields) know the tables, not their shards.
             let catalog = self.catalog();
-            let e = e.rename(|name| catalog.name_without_shard(name));
+            let e = e.rename(|name| catalog.name_without_shard(name)).relocate_position(&self.query_text);
             backend::error_response(self.client.out(), &e);
         }
         self.parts.mark_failed();
@@ -668,6 +672,8 @@ impl Session {
     async fn simple_query(&mut self, msg: &Message) -> anyhow::Result<()> {
         self.settle_stream().await;
         let sql = frontend::decode_query(msg)?.to_string();
+        self.query_text.clear();
+        self.query_text.push_str(&sql);
         if let Err(f) = self.follow_search_path().await {
             self.report(f);
             backend::ready_for_query(self.client.out(), self.parts.status());
@@ -1220,6 +1226,8 @@ impl Session {
 
     async fn on_parse(&mut self, msg: &Message) -> anyhow::Result<()> {
         let parse = frontend::decode_parse(msg)?;
+        self.query_text.clear();
+        self.query_text.push_str(&parse.sql);
         if let Err(f) = self.follow_search_path().await {
             self.extended_error(f);
             return Ok(());
@@ -1365,6 +1373,8 @@ impl Session {
             return Ok(());
         }
         self.drain_local().await?;
+        self.query_text.clear();
+        self.query_text.push_str(&statement.plan.statements[0].sql);
         let limited = max_rows > 0;
         let plan = match self.current_plan(&statement).await {
             Ok(plan) => plan,
