@@ -71,6 +71,17 @@ async fn each_shape_takes_its_tier() {
         ("SELECT count(DISTINCT g) FROM ea", "Custom Scan (Tessera General Fallback)"),
         ("SELECT string_agg(k::text, ',' ORDER BY k) FROM ea", "Custom Scan (Tessera General Fallback)"),
         ("SELECT g, count(*) FROM ea GROUP BY ROLLUP (g)", "Custom Scan (Tessera General Fallback)"),
+        // Subqueries joined on the distribution column to the query around
+        // them read each row's own shard group: they go along.
+        ("SELECT count(*) FROM ea WHERE EXISTS (SELECT 1 FROM eb WHERE eb.k = ea.k AND eb.w > 1)", "Custom Scan (Tessera Multi-Shard)"),
+        ("SELECT * FROM ea WHERE k = 5 AND EXISTS (SELECT 1 FROM eb WHERE eb.k = ea.k)", "Custom Scan (Tessera Router)"),
+        ("SELECT count(*) FROM ea WHERE k IN (SELECT k FROM eb WHERE w > 1)", "Custom Scan (Tessera Multi-Shard)"),
+        ("SELECT count(*) FROM ea JOIN (SELECT k, count(*) AS n FROM eb GROUP BY k) s ON s.k = ea.k", "Custom Scan (Tessera Multi-Shard)"),
+        ("UPDATE ea SET v = (SELECT max(w) FROM eb WHERE eb.k = ea.k)", "Custom Scan (Tessera Multi-Shard)"),
+        ("DELETE FROM ea WHERE NOT EXISTS (SELECT 1 FROM eb WHERE eb.k = ea.k)", "Custom Scan (Tessera Multi-Shard)"),
+        // Not row for row by key (an aggregate over several keys): read
+        // apart and shipped to the shards.
+        ("SELECT count(*) FROM ea WHERE k IN (SELECT max(k) FROM eb GROUP BY w)", "Custom Scan (Tessera Broadcast)"),
         ("SELECT * FROM ea WHERE v > (SELECT avg(z) FROM ec)", "Custom Scan (Tessera Broadcast)"),
         ("SELECT * FROM ea WHERE v > (SELECT avg(w) FROM eb WHERE eb.k = ea.g)", "Custom Scan (Tessera Broadcast)"),
         ("SELECT e.k FROM ea e JOIN elocal l ON l.id = e.k", "Custom Scan (Tessera General Fallback)"),

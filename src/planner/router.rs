@@ -870,15 +870,18 @@ fn plan_pinned(command: Command, node: &NodeEnum, scope: Vec<ScopeEntry>, conjun
     let hash_entries: Vec<usize> = scope.iter().enumerate().filter(|(_, e)| e.table.as_ref().is_some_and(|t| !t.is_reference())).map(|(i, _)| i).collect();
     // Subqueries naming distributed tables route with the statement when
     // each reads one shard group by its own conditions.
-    let mut nested = (Vec::new(), Vec::new());
+    let mut nested = Nested::default();
     let references = count_hash_references(node, catalog);
     if references != hash_entries.len() {
-        match nested_pins(node, catalog) {
-            Some(found) if found.0.len() + hash_entries.len() == references => nested = found,
-            _ => return not_supported("subqueries over distributed tables are only supported when each reads one shard group, pinned by its own conditions on the distribution column; a query must otherwise name its distributed tables in the top-level FROM clause"),
+        match nested_parts(node, catalog, &scope, conjuncts) {
+            Some(found) if found.tables.len() + hash_entries.len() == references => nested = found,
+            _ => return not_supported("subqueries over distributed tables are only supported when each reads one shard group, pinned by its own conditions on the distribution column or joined on it to a table of the query around it; a query must otherwise name its distributed tables in the top-level FROM clause"),
         }
     }
-    let (nested_tables, nested_pins) = nested;
+    let Nested { tables: nested_tables, pins: nested_pins } = nested;
+    // Subqueries joined to the group on its distribution column read the
+    // same shard group as each of its rows.
+    let nested_pinned = !nested_pins.is_empty();
     let anchor = match (hash_entries.first(), nested_tables.first()) {
         (Some(&i), _) => scope[i].table.clone().unwrap(),
         (None, Some(table)) => table.clone(),
@@ -896,11 +899,11 @@ fn plan_pinned(command: Command, node: &NodeEnum, scope: Vec<ScopeEntry>, conjun
     let mut target: Option<ShardTarget> = None;
     let mut keys: Vec<KeyValue> = Vec::new();
     let mut keys_differ = false;
-    for (i, pin) in groups.iter().map(|(i, pin)| (*i, pin.clone())).chain(nested_pins.into_iter().map(|pin| (usize::MAX, Some(pin)))) {
+    for (i, pin) in groups.iter().map(|g| (g.entry, g.pin.clone())).chain(nested_pins.into_iter().map(|pin| (usize::MAX, Some(pin)))) {
         let (this, key) = match pin {
             Some(pin) => pin,
             None => {
-                let one_group = groups.len() == 1 && nested_tables.is_empty();
+                let one_group = groups.len() == 1 && !nested_pinned;
                 return match node {
                     NodeEnum::SelectStmt(_) if replicated_preserved => {
                         not_supported("outer joins that keep rows of reference tables or subqueries across shards are not supported yet")
@@ -937,16 +940,35 @@ fn plan_pinned(command: Command, node: &NodeEnum, scope: Vec<ScopeEntry>, conjun
 
 /// How one query level's distributed tables are pinned.
 enum Pinning {
-    /// Per group of tables joined on their distribution columns: one of its
-    /// scope entries, and the first pin found for it (target, key value).
-    Groups(Vec<(usize, Option<(ShardTarget, KeyValue)>)>),
+    /// Per group of tables joined on their distribution columns.
+    Groups(Vec<Group>),
     /// A distribution column is compared with NULL: no row qualifies.
     NullKey,
 }
 
+struct Group {
+    /// One of its scope entries.
+    entry: usize,
+    /// The first pin found for it (target, key value).
+    pin: Option<(ShardTarget, KeyValue)>,
+    /// For a subquery's group: the entry of the query around it whose
+    /// distribution column it is joined to (so it reads, for each row of
+    /// that query, the shard group of that row).
+    follows: Option<usize>,
+}
+
 fn pinning(scope: &[ScopeEntry], conjuncts: &[Conjunct], hash_entries: &[usize]) -> Pinning {
+    pinning_within(scope, conjuncts, hash_entries, &[], &[])
+}
+
+/// `pinning` for a subquery inside a query whose scope is `outer`: a group
+/// also follows an outer table when one of its tables' distribution column
+/// equals that table's (`sub.key = outer_alias.key` among its conditions, or
+/// an (entry, outer entry) pair of `given`).
+fn pinning_within(scope: &[ScopeEntry], conjuncts: &[Conjunct], hash_entries: &[usize], outer: &[ScopeEntry], given: &[(usize, usize)]) -> Pinning {
     let mut parent: Vec<usize> = (0..scope.len()).collect();
     let mut pins: Vec<(usize, ShardTarget, KeyValue)> = Vec::new();
+    let mut joined: Vec<(usize, usize)> = given.to_vec();
     for c in conjuncts {
         let (l, r) = (dist_column_owner(&c.left, scope), dist_column_owner(&c.right, scope));
         match (l, r) {
@@ -956,6 +978,10 @@ fn pinning(scope: &[ScopeEntry], conjuncts: &[Conjunct], hash_entries: &[usize])
             }
             (Some(owner), None) | (None, Some(owner)) if c.may_pin_constant => {
                 let other: &protobuf::Node = if l.is_some() { &c.right } else { &c.left };
+                if let Some(outer_entry) = outer_dist_column_owner(other, scope, outer) {
+                    joined.push((owner, outer_entry));
+                    continue;
+                }
                 let Some(Distribution::Hash { key, column_type, .. }) = scope[owner].table.as_ref().map(|t| &t.distribution) else { continue };
                 let shards = scope[owner].table.as_ref().map(|t| t.shard_count()).unwrap_or(1);
                 match key_value(other, key) {
@@ -980,9 +1006,23 @@ fn pinning(scope: &[ScopeEntry], conjuncts: &[Conjunct], hash_entries: &[usize])
         }
         roots_done.push(root);
         let pin = pins.iter().find(|(owner, _, _)| find(&mut parent, *owner) == root).map(|(_, target, key)| (target.clone(), key.clone()));
-        groups.push((i, pin));
+        let follows = joined.iter().find(|(entry, _)| find(&mut parent, *entry) == root).map(|(_, outer_entry)| *outer_entry);
+        groups.push(Group { entry: i, pin, follows });
     }
     Pinning::Groups(groups)
+}
+
+/// The outer scope entry whose distribution column `node` names, when it is
+/// a qualified column reference that no entry of `scope` (the subquery's
+/// own) can take: `o.tenant` in a subquery that has no `o`.
+fn outer_dist_column_owner(node: &protobuf::Node, scope: &[ScopeEntry], outer: &[ScopeEntry]) -> Option<usize> {
+    let Some(NodeEnum::ColumnRef(c)) = node.node.as_ref() else { return None };
+    let parts = super::column_ref_names(c)?;
+    let [qualifier, _] = parts.as_slice() else { return None };
+    if scope.iter().any(|e| e.name == *qualifier) {
+        return None;
+    }
+    dist_column_owner(node, outer)
 }
 
 /// The distributed tables and pins of the SELECTs nested in a statement
@@ -992,20 +1032,33 @@ fn pinning(scope: &[ScopeEntry], conjuncts: &[Conjunct], hash_entries: &[usize])
 /// Correlation with the outer query does not matter then: the subquery's
 /// rows all live in that group.
 pub(super) fn nested_pins(node: &NodeEnum, catalog: &Catalog) -> Option<(Vec<Arc<DistributedTable>>, Vec<(ShardTarget, KeyValue)>)> {
+    nested_parts(node, catalog, &[], &[]).map(|n| (n.tables, n.pins))
+}
+
+/// What the statements nested in a query read.
+#[derive(Default)]
+struct Nested {
+    tables: Vec<Arc<DistributedTable>>,
+    /// The pins of the groups pinned by their own conditions.
+    pins: Vec<(ShardTarget, KeyValue)>,
+}
+
+/// `nested_pins` for a statement whose top level has scope `outer`: a
+/// subquery's group may instead follow a distributed table of the top level,
+/// joined to it on the distribution column, by a condition
+/// (`WHERE o.tenant = c.tenant` in an EXISTS, a scalar subquery, a LATERAL
+/// join), for `c.tenant IN (SELECT o.tenant …)` at the top level by the IN
+/// itself, and for a subquery in the top-level FROM by a top-level condition
+/// (`outer_conjuncts`) on the column it returns (`s.tenant = c.tenant`).
+/// Such a subquery reads, for each row of the top level, that row's shard
+/// group, which the statement's routing or its shard-by-shard execution
+/// already gives it. None unless every group is pinned or follows.
+fn nested_parts(node: &NodeEnum, catalog: &Catalog, outer: &[ScopeEntry], outer_conjuncts: &[Conjunct]) -> Option<Nested> {
     let mut copy = node.clone();
-    let mut selects = Vec::new();
-    let mut root = true;
-    crate::walk::visit_mut(&mut copy, &mut |n| {
-        if std::mem::take(&mut root) {
-            return;
-        }
-        if matches!(n, NodeEnum::SelectStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_)) {
-            selects.push(n.clone());
-        }
-    });
-    let mut tables = Vec::new();
-    let mut pins = Vec::new();
-    for part in &selects {
+    let mut statements = Vec::new();
+    collect_nested(&mut copy, true, &mut statements);
+    let mut nested = Nested::default();
+    for (part, place) in &statements {
         let mut scope = Vec::new();
         let mut conjuncts = Vec::new();
         // An UPDATE or DELETE in a WITH clause is pinned by its own target
@@ -1026,14 +1079,137 @@ pub(super) fn nested_pins(node: &NodeEnum, catalog: &Catalog) -> Option<(Vec<Arc
         if let Some(w) = condition.as_deref() {
             flatten_and(w, &mut conjuncts, true);
         }
+        let given: Vec<(usize, usize)> = match (part, place) {
+            (NodeEnum::SelectStmt(select), NestedPlace::InTest(test)) => {
+                dist_column_owner(test, outer).and_then(|outer_entry| Some((keyed_output(select, &scope, None)?, outer_entry))).into_iter().collect()
+            }
+            (NodeEnum::SelectStmt(select), NestedPlace::InFrom(alias)) => outer_conjuncts
+                .iter()
+                .filter_map(|c| {
+                    let (column, other) = [(&c.left, &c.right), (&c.right, &c.left)].into_iter().find_map(|(a, b)| Some((column_of(a, alias)?, b)))?;
+                    Some((keyed_output(select, &scope, Some(&column))?, dist_column_owner(other, outer)?))
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
         let hash_entries: Vec<usize> = scope.iter().enumerate().filter(|(_, e)| e.table.as_ref().is_some_and(|t| !t.is_reference())).map(|(i, _)| i).collect();
-        let Pinning::Groups(groups) = pinning(&scope, &conjuncts, &hash_entries) else { return None };
-        for (_, pin) in groups {
-            pins.push(pin?);
+        let Pinning::Groups(groups) = pinning_within(&scope, &conjuncts, &hash_entries, outer, &given) else { return None };
+        for group in groups {
+            match (group.pin, group.follows) {
+                (Some(pin), _) => nested.pins.push(pin),
+                (None, Some(_)) => {}
+                (None, None) => return None,
+            }
         }
-        tables.extend(hash_entries.iter().filter_map(|&i| scope[i].table.clone()));
+        nested.tables.extend(hash_entries.iter().filter_map(|&i| scope[i].table.clone()));
     }
-    Some((tables, pins))
+    Some(nested)
+}
+
+/// Where a nested statement is, as far as joining it to the top level goes.
+enum NestedPlace {
+    /// The subquery of `test IN (…)` in the top-level statement's own
+    /// expressions.
+    InTest(protobuf::Node),
+    /// A subquery in the top-level FROM clause, under this alias.
+    InFrom(String),
+    Elsewhere,
+}
+
+/// Collects the statements nested in `node` (not `node` itself) with where
+/// they are; `top` while in the top-level statement's own clauses. Each is
+/// taken out of the tree as it is found, its own nested statements first,
+/// so that what is collected of it is its own level alone.
+fn collect_nested(node: &mut NodeEnum, top: bool, out: &mut Vec<(NodeEnum, NestedPlace)>) {
+    let mut root = true;
+    crate::walk::visit_mut(node, &mut |n| {
+        if std::mem::take(&mut root) {
+            return;
+        }
+        let (statement, place) = match n {
+            NodeEnum::SubLink(link) => {
+                let is_in = link.sub_link_type == protobuf::SubLinkType::AnySublink as i32 && (link.oper_name.is_empty() || is_equals(&link.oper_name));
+                let place = match link.testexpr.as_deref() {
+                    Some(test) if top && is_in => NestedPlace::InTest(test.clone()),
+                    _ => NestedPlace::Elsewhere,
+                };
+                (link.subselect.take().and_then(|s| s.node), place)
+            }
+            NodeEnum::RangeSubselect(r) => {
+                let place = match &r.alias {
+                    Some(alias) if top => NestedPlace::InFrom(alias.aliasname.clone()),
+                    _ => NestedPlace::Elsewhere,
+                };
+                (r.subquery.take().and_then(|s| s.node), place)
+            }
+            NodeEnum::SelectStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) => (Some(std::mem::replace(n, NodeEnum::SelectStmt(Box::default()))), NestedPlace::Elsewhere),
+            _ => (None, NestedPlace::Elsewhere),
+        };
+        if let Some(mut statement) = statement {
+            collect_nested(&mut statement, false, out);
+            out.push((statement, place));
+        }
+    });
+}
+
+/// The column `alias.column` names, when `node` is such a reference.
+fn column_of(node: &protobuf::Node, alias: &str) -> Option<String> {
+    let Some(NodeEnum::ColumnRef(c)) = node.node.as_ref() else { return None };
+    match super::column_ref_names(c)?.as_slice() {
+        [qualifier, column] if *qualifier == alias => Some(column.to_string()),
+        _ => None,
+    }
+}
+
+/// The scope entry whose distribution column a subquery returns as its
+/// output `column` (its only output when None), row for row as that table
+/// has it: no aggregate over several keys (a GROUP BY, if any, has the
+/// key), no LIMIT or OFFSET, no window function, no DISTINCT ON, no set
+/// operation. Then each shard group holds the subquery's rows for its own
+/// keys.
+fn keyed_output(select: &protobuf::SelectStmt, scope: &[ScopeEntry], column: Option<&str>) -> Option<usize> {
+    let targets: Vec<&protobuf::ResTarget> = select.target_list.iter().filter_map(|t| match t.node.as_ref() {
+        Some(NodeEnum::ResTarget(r)) => Some(r.as_ref()),
+        _ => None,
+    }).collect();
+    let target = match column {
+        None if targets.len() == 1 => targets[0],
+        None => return None,
+        Some(column) => *targets.iter().find(|t| {
+            let named = match t.val.as_deref().and_then(|v| v.node.as_ref()) {
+                Some(NodeEnum::ColumnRef(c)) if t.name.is_empty() => super::column_ref_names(c).and_then(|n| n.last().map(|l| l.to_string())),
+                _ => None,
+            };
+            t.name == column || named.as_deref() == Some(column)
+        })?,
+    };
+    let returned = target.val.as_deref()?;
+    let entry = dist_column_owner(returned, scope)?;
+    let windowed = targets.iter().any(|t| {
+        let mut found = false;
+        let mut val = NodeEnum::ResTarget(Box::new((*t).clone()));
+        crate::walk::visit_mut(&mut val, &mut |n| found |= matches!(n, NodeEnum::FuncCall(f) if f.over.is_some()));
+        found
+    });
+    let rowwise = select.op == protobuf::SetOperation::SetopNone as i32
+        && select.limit_count.is_none()
+        && select.limit_offset.is_none()
+        && select.window_clause.is_empty()
+        && !windowed
+        && select.distinct_clause.iter().all(|n| n.node.is_none())
+        && (select.group_clause.is_empty() || select.group_clause.iter().any(|g| {
+            // GROUP BY 1 names the first output.
+            let grouped = match g.node.as_ref() {
+                Some(NodeEnum::AConst(c)) => match &c.val {
+                    Some(a_const::Val::Ival(i)) => usize::try_from(i.ival - 1).ok().and_then(|i| targets.get(i)).and_then(|t| t.val.as_deref()),
+                    _ => None,
+                },
+                _ => Some(g),
+            };
+            grouped.is_some_and(|g| dist_column_owner(g, scope) == Some(entry))
+        }))
+        && (select.having_clause.is_none() || !select.group_clause.is_empty());
+    rowwise.then_some(entry)
 }
 
 /// `dist_col = NULL` is never true, so any one shard gives the right (empty) answer.
