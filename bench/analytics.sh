@@ -8,10 +8,15 @@
 #   group_by     SELECT bid, count(*) FROM pgbench_accounts GROUP BY bid ORDER BY bid
 #   top10        SELECT aid, bid, abalance FROM pgbench_accounts ORDER BY abalance DESC, aid DESC LIMIT 10
 #   join         SELECT count(*) FROM pgbench_accounts a JOIN pgbench_tellers t ON a.bid = t.bid
+#   exists       SELECT count(*) FROM pgbench_accounts a WHERE EXISTS (SELECT 1 FROM
+#                pgbench_history h WHERE h.aid = a.aid AND h.delta > 0)
 #
 # pgbench_accounts is distributed by aid and pgbench_tellers by tid (32 shards,
 # 2 workers), so the join is not co-located: Tessera runs it in its general
-# fallback. The plan of each query through Tessera is logged (EXPLAIN).
+# fallback. pgbench_history (filled with one row for every tenth account
+# before the queries) is co-located with the accounts, and the EXISTS is
+# joined to them on aid. The plan of each query through Tessera is logged
+# (EXPLAIN).
 #
 # Environment: SCALE=10 (pgbench -i -s), RUNS=7, BENCH_LOG_DIR, TESSERA_BIN,
 # PG_BIN, TESSERA_START_TIMEOUT — as for bench/pgbench.sh.
@@ -34,13 +39,16 @@ source "$SCRIPT_DIR/lib.sh"
 if ! is_uint "$SCALE" || [[ $SCALE -eq 0 ]]; then die "SCALE must be a positive integer (got '$SCALE')"; fi
 if ! is_uint "$RUNS" || [[ $RUNS -eq 0 ]]; then die "RUNS must be a positive integer (got '$RUNS')"; fi
 
-QUERIES=(aggregates group_by top10 join)
+QUERIES=(aggregates group_by top10 join exists)
 declare -A SQL=(
     [aggregates]="SELECT count(*), sum(abalance), avg(aid) FROM pgbench_accounts"
     [group_by]="SELECT bid, count(*) FROM pgbench_accounts GROUP BY bid ORDER BY bid"
     [top10]="SELECT aid, bid, abalance FROM pgbench_accounts ORDER BY abalance DESC, aid DESC LIMIT 10"
     [join]="SELECT count(*) FROM pgbench_accounts a JOIN pgbench_tellers t ON a.bid = t.bid"
+    [exists]="SELECT count(*) FROM pgbench_accounts a WHERE EXISTS (SELECT 1 FROM pgbench_history h WHERE h.aid = a.aid AND h.delta > 0)"
 )
+# One history row for every tenth account, half of them with a positive delta.
+HISTORY_SQL="INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) SELECT 1, 1, aid, CASE WHEN aid % 20 = 0 THEN 5 ELSE -5 END, now() FROM pgbench_accounts WHERE aid % 10 = 0"
 declare -A MEDIAN=() ANSWER=()
 
 # measure TARGET PORT QUERY: the median wall time (ms) of RUNS runs.
@@ -59,6 +67,7 @@ measure() {
 
 start_plain
 pgbench_init plain "$PLAIN_PORT"
+psql_at "$PLAIN_PORT" -c "$HISTORY_SQL" >/dev/null
 psql_at "$PLAIN_PORT" -c 'VACUUM ANALYZE' >/dev/null
 for q in "${QUERIES[@]}"; do measure plain "$PLAIN_PORT" "$q"; done
 stop_plain
@@ -66,7 +75,8 @@ stop_plain
 start_tessera
 pgbench_init tessera "$TESSERA_PORT"
 distribute_pgbench_tables "$TESSERA_PORT"
-psql_at "$TESSERA_PORT" -c 'VACUUM ANALYZE pgbench_accounts, pgbench_tellers, pgbench_branches' >/dev/null
+psql_at "$TESSERA_PORT" -c "$HISTORY_SQL" >/dev/null
+psql_at "$TESSERA_PORT" -c 'VACUUM ANALYZE pgbench_accounts, pgbench_tellers, pgbench_branches, pgbench_history' >/dev/null
 for q in "${QUERIES[@]}"; do
     psql_at "$TESSERA_PORT" -c "EXPLAIN (COSTS OFF) ${SQL[$q]}" >"$BENCH_LOG_DIR/tessera-$q-plan.txt" 2>&1 || true
     measure tessera "$TESSERA_PORT" "$q"
