@@ -83,13 +83,12 @@ pub async fn create(config: &Config, catalog: &Catalog, name: &str) -> PgResult<
 /// Locks every node's commit records against writes, in one transaction
 /// per node, in the order of `conns`.
 async fn hold_decisions(conns: &mut [PgConnection], nodes: &[(String, ServerAddr)]) -> PgResult<()> {
-        for (conn, (label, _)) in conns.iter_mut().zip(nodes) {
-        conn.execute(&format!(
-            "BEGIN; SET LOCAL lock_timeout = '{ATTEMPT_LOCK_TIMEOUT}'; SET LOCAL synchronous_commit = on; LOCK TABLE {} IN EXCLUSIVE MODE",
-            decided::COMMIT_RECORDS
-        ))
-            .await
-            .map_err(|e| on_node(e, label))?;
+    let sql = format!(
+        "BEGIN; SET LOCAL lock_timeout = '{ATTEMPT_LOCK_TIMEOUT}'; SET LOCAL synchronous_commit = on; LOCK TABLE {} IN EXCLUSIVE MODE",
+        decided::COMMIT_RECORDS
+    );
+    for (conn, (label, _)) in conns.iter_mut().zip(nodes) {
+        conn.execute(&sql).await.map_err(|e| on_node(e, label))?;
     }
     Ok(())
 }

@@ -157,7 +157,7 @@ fn is_distinct_on(select: &SelectStmt) -> bool {
 }
 
 /// Whether the output or ORDER BY calls an aggregate, and a window function.
-fn calls_in(select: &SelectStmt, catalog: &Catalog) -> (bool, bool) {
+pub(super) fn calls_in(select: &SelectStmt, catalog: &Catalog) -> (bool, bool) {
     let (mut aggregate, mut window) = (false, false);
     let mut check = |n: &mut NodeEnum| {
         if let NodeEnum::FuncCall(call) = n {

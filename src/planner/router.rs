@@ -951,10 +951,10 @@ struct Group {
     entry: usize,
     /// The first pin found for it (target, key value).
     pin: Option<(ShardTarget, KeyValue)>,
-    /// For a subquery's group: the entry of the query around it whose
-    /// distribution column it is joined to (so it reads, for each row of
-    /// that query, the shard group of that row).
-    follows: Option<usize>,
+    /// For a subquery's group: joined on its distribution column to a
+    /// table of the query around it (so it reads, for each row of that
+    /// query, the shard group of that row).
+    follows: bool,
 }
 
 fn pinning(scope: &[ScopeEntry], conjuncts: &[Conjunct], hash_entries: &[usize]) -> Pinning {
@@ -963,12 +963,12 @@ fn pinning(scope: &[ScopeEntry], conjuncts: &[Conjunct], hash_entries: &[usize])
 
 /// `pinning` for a subquery inside a query whose scope is `outer`: a group
 /// also follows an outer table when one of its tables' distribution column
-/// equals that table's (`sub.key = outer_alias.key` among its conditions, or
-/// an (entry, outer entry) pair of `given`).
-fn pinning_within(scope: &[ScopeEntry], conjuncts: &[Conjunct], hash_entries: &[usize], outer: &[ScopeEntry], given: &[(usize, usize)]) -> Pinning {
+/// equals that table's (`sub.key = outer_alias.key` among its conditions),
+/// or when it holds one of the entries `given` (joined so by the caller).
+fn pinning_within(scope: &[ScopeEntry], conjuncts: &[Conjunct], hash_entries: &[usize], outer: &[ScopeEntry], given: &[usize]) -> Pinning {
     let mut parent: Vec<usize> = (0..scope.len()).collect();
     let mut pins: Vec<(usize, ShardTarget, KeyValue)> = Vec::new();
-    let mut joined: Vec<(usize, usize)> = given.to_vec();
+    let mut joined: Vec<usize> = given.to_vec();
     for c in conjuncts {
         let (l, r) = (dist_column_owner(&c.left, scope), dist_column_owner(&c.right, scope));
         match (l, r) {
@@ -978,8 +978,8 @@ fn pinning_within(scope: &[ScopeEntry], conjuncts: &[Conjunct], hash_entries: &[
             }
             (Some(owner), None) | (None, Some(owner)) if c.may_pin_constant => {
                 let other: &protobuf::Node = if l.is_some() { &c.right } else { &c.left };
-                if let Some(outer_entry) = outer_dist_column_owner(other, scope, outer) {
-                    joined.push((owner, outer_entry));
+                if outer_dist_column_owner(other, scope, outer).is_some() {
+                    joined.push(owner);
                     continue;
                 }
                 let Some(Distribution::Hash { key, column_type, .. }) = scope[owner].table.as_ref().map(|t| &t.distribution) else { continue };
@@ -1006,7 +1006,7 @@ fn pinning_within(scope: &[ScopeEntry], conjuncts: &[Conjunct], hash_entries: &[
         }
         roots_done.push(root);
         let pin = pins.iter().find(|(owner, _, _)| find(&mut parent, *owner) == root).map(|(_, target, key)| (target.clone(), key.clone()));
-        let follows = joined.iter().find(|(entry, _)| find(&mut parent, *entry) == root).map(|(_, outer_entry)| *outer_entry);
+        let follows = joined.iter().any(|&entry| find(&mut parent, entry) == root);
         groups.push(Group { entry: i, pin, follows });
     }
     Pinning::Groups(groups)
@@ -1079,15 +1079,16 @@ fn nested_parts(node: &NodeEnum, catalog: &Catalog, outer: &[ScopeEntry], outer_
         if let Some(w) = condition.as_deref() {
             flatten_and(w, &mut conjuncts, true);
         }
-        let given: Vec<(usize, usize)> = match (part, place) {
+        let given: Vec<usize> = match (part, place) {
             (NodeEnum::SelectStmt(select), NestedPlace::InTest(test)) => {
-                dist_column_owner(test, outer).and_then(|outer_entry| Some((keyed_output(select, &scope, None)?, outer_entry))).into_iter().collect()
+                dist_column_owner(test, outer).and_then(|_| keyed_output(select, &scope, None, catalog)).into_iter().collect()
             }
             (NodeEnum::SelectStmt(select), NestedPlace::InFrom(alias)) => outer_conjuncts
                 .iter()
                 .filter_map(|c| {
                     let (column, other) = [(&c.left, &c.right), (&c.right, &c.left)].into_iter().find_map(|(a, b)| Some((column_of(a, alias)?, b)))?;
-                    Some((keyed_output(select, &scope, Some(&column))?, dist_column_owner(other, outer)?))
+                    dist_column_owner(other, outer)?;
+                    keyed_output(select, &scope, Some(&column), catalog)
                 })
                 .collect(),
             _ => Vec::new(),
@@ -1097,8 +1098,8 @@ fn nested_parts(node: &NodeEnum, catalog: &Catalog, outer: &[ScopeEntry], outer_
         for group in groups {
             match (group.pin, group.follows) {
                 (Some(pin), _) => nested.pins.push(pin),
-                (None, Some(_)) => {}
-                (None, None) => return None,
+                (None, true) => {}
+                (None, false) => return None,
             }
         }
         nested.tables.extend(hash_entries.iter().filter_map(|&i| scope[i].table.clone()));
@@ -1110,7 +1111,7 @@ fn nested_parts(node: &NodeEnum, catalog: &Catalog, outer: &[ScopeEntry], outer_
 enum NestedPlace {
     /// The subquery of `test IN (…)` in the top-level statement's own
     /// expressions.
-    InTest(protobuf::Node),
+    InTest(Box<protobuf::Node>),
     /// A subquery in the top-level FROM clause, under this alias.
     InFrom(String),
     Elsewhere,
@@ -1130,7 +1131,7 @@ fn collect_nested(node: &mut NodeEnum, top: bool, out: &mut Vec<(NodeEnum, Neste
             NodeEnum::SubLink(link) => {
                 let is_in = link.sub_link_type == protobuf::SubLinkType::AnySublink as i32 && (link.oper_name.is_empty() || is_equals(&link.oper_name));
                 let place = match link.testexpr.as_deref() {
-                    Some(test) if top && is_in => NestedPlace::InTest(test.clone()),
+                    Some(test) if top && is_in => NestedPlace::InTest(Box::new(test.clone())),
                     _ => NestedPlace::Elsewhere,
                 };
                 (link.subselect.take().and_then(|s| s.node), place)
@@ -1167,7 +1168,7 @@ fn column_of(node: &protobuf::Node, alias: &str) -> Option<String> {
 /// key), no LIMIT or OFFSET, no window function, no DISTINCT ON, no set
 /// operation. Then each shard group holds the subquery's rows for its own
 /// keys.
-fn keyed_output(select: &protobuf::SelectStmt, scope: &[ScopeEntry], column: Option<&str>) -> Option<usize> {
+fn keyed_output(select: &protobuf::SelectStmt, scope: &[ScopeEntry], column: Option<&str>, catalog: &Catalog) -> Option<usize> {
     let targets: Vec<&protobuf::ResTarget> = select.target_list.iter().filter_map(|t| match t.node.as_ref() {
         Some(NodeEnum::ResTarget(r)) => Some(r.as_ref()),
         _ => None,
@@ -1185,12 +1186,7 @@ fn keyed_output(select: &protobuf::SelectStmt, scope: &[ScopeEntry], column: Opt
     };
     let returned = target.val.as_deref()?;
     let entry = dist_column_owner(returned, scope)?;
-    let windowed = targets.iter().any(|t| {
-        let mut found = false;
-        let mut val = NodeEnum::ResTarget(Box::new((*t).clone()));
-        crate::walk::visit_mut(&mut val, &mut |n| found |= matches!(n, NodeEnum::FuncCall(f) if f.over.is_some()));
-        found
-    });
+    let (_, windowed) = super::multi_shard::calls_in(select, catalog);
     let rowwise = select.op == protobuf::SetOperation::SetopNone as i32
         && select.limit_count.is_none()
         && select.limit_offset.is_none()
