@@ -320,9 +320,19 @@ pub struct Catalog {
 }
 
 /// Names of distributed tables and of user code's relations (views,
-/// tables with triggers), each with the schema where a session's
-/// search_path finds a relation of that name (None: nowhere).
-pub type UnqualifiedNames = HashMap<String, Option<String>>;
+/// tables with triggers), each with the relation a session's search_path
+/// finds under that name (None: none).
+pub type UnqualifiedNames = HashMap<String, Option<FoundRelation>>;
+
+/// The relation an unqualified name leads a session to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FoundRelation {
+    pub schema: String,
+    /// Tells a session's own temporary view from one a finished session left
+    /// in the catalog under the same temporary schema's name (their drop at
+    /// session end fires no catalog reload).
+    pub oid: u32,
+}
 
 impl Catalog {
     pub fn table(&self, schema: &str, name: &str) -> Option<&Arc<DistributedTable>> {
@@ -339,17 +349,29 @@ impl Catalog {
         match (schema, &self.unqualified) {
             (Some(s), _) => Some(s),
             (None, None) => Some("public"),
-            (None, Some(names)) => names.get(name).and_then(|s| s.as_deref()),
+            (None, Some(names)) => names.get(name).and_then(|found| found.as_ref()).map(|found| found.schema.as_str()),
         }
     }
     /// A view over distributed tables, by the name a statement gives it.
     pub fn view(&self, schema: Option<&str>, name: &str) -> Option<&Arc<user_code::View>> {
-        self.user_code.view(Some(self.schema_for(schema, name)?), name)
+        let view = self.user_code.view(Some(self.schema_for(schema, name)?), name)?;
+        let found = match (schema, &self.unqualified) {
+            (None, Some(names)) => names.get(name).and_then(|found| found.as_ref()),
+            _ => None,
+        };
+        found.is_none_or(|found| found.oid == view.oid).then_some(view)
     }
     /// The names whose meaning a session's search_path decides: those of
     /// distributed tables and of user code's relations, each once.
     pub fn relation_names(&self) -> std::collections::BTreeSet<&str> {
         self.tables.keys().map(|(_, name)| name.as_str()).chain(self.user_code.relation_names()).collect()
+    }
+    /// A temporary relation of the session that an unqualified name of a
+    /// distributed table or of user code's relations leads to: a temporary
+    /// table hiding a distributed one, or a temporary view over them.
+    pub fn temporary_relation(&self) -> Option<&str> {
+        let names = self.unqualified.as_ref()?;
+        names.iter().find(|(_, found)| found.as_ref().is_some_and(|f| f.schema.starts_with("pg_temp_"))).map(|(name, _)| name.as_str())
     }
     /// This catalog for a session whose search_path resolves unqualified
     /// names as `names` says (read from the coordinator database).

@@ -49,6 +49,7 @@ pub struct InlineSql {
 
 #[derive(Debug)]
 pub struct View {
+    pub oid: u32,
     pub schema: String,
     pub name: String,
     /// Created WITH CHECK OPTION.
@@ -293,7 +294,7 @@ pub(super) async fn load(conn: &mut PgConnection, catalog: &Catalog) -> PgResult
                     (SELECT json_agg(d.refobjid::bigint) FROM pg_rewrite r JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid
                       WHERE r.ev_class = c.oid AND d.refclassid = 'pg_proc'::regclass AND d.refobjid >= 16384)
              FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-             WHERE c.relkind IN ('v', 'm') AND n.nspname NOT IN {SYSTEM_SCHEMAS} AND n.nspname NOT LIKE 'pg\\_%'"
+             WHERE c.relkind IN ('v', 'm') AND n.nspname NOT IN {SYSTEM_SCHEMAS} AND (n.nspname NOT LIKE 'pg\\_%' OR n.nspname LIKE 'pg\\_temp\\_%')"
         ))
         .await?
         .into_iter()
@@ -376,7 +377,7 @@ pub(super) async fn load(conn: &mut PgConnection, catalog: &Catalog) -> PgResult
                 if candidate.materialized { &mut materialized } else { &mut reaching_views }.insert(candidate.oid);
                 let query = pg_query::parse(&candidate.definition).ok().and_then(|p| p.protobuf.stmts.into_iter().next()?.stmt?.node);
                 if let Some(query) = query {
-                    let view = View { schema: candidate.schema.clone(), name: candidate.name.clone(), check_option: candidate.check_option, query };
+                    let view = View { oid: candidate.oid, schema: candidate.schema.clone(), name: candidate.name.clone(), check_option: candidate.check_option, query };
                     let kind = if candidate.materialized { &mut code.materialized } else { &mut code.views };
                     kind.insert((candidate.schema.clone(), candidate.name.clone()), Arc::new(view));
                 }

@@ -1,12 +1,14 @@
-//! Materialized views over distributed tables. Such a view lives in the
-//! coordinator database under the user's own definition, so `\d+` and
-//! `pg_get_viewdef` show what the user wrote, and reading it reads its stored
-//! rows like any local table's. Only its query, run by CREATE MATERIALIZED
-//! VIEW and REFRESH, reaches the distributed tables: for that one statement
-//! each table's shell lends it the shards' rows (`LentShards`, carried out
-//! by the executor with `tessera.lend_shards` of metadata/schema.sql), so
-//! PostgreSQL's own CREATE and REFRESH, CONCURRENTLY and WITH NO DATA
-//! included, read the real data.
+//! Statements that store a query's rows in the coordinator database:
+//! materialized views, CREATE TABLE AS and SELECT INTO over distributed
+//! tables. A materialized view lives there under the user's own definition,
+//! so `\d+` and `pg_get_viewdef` show what the user wrote, and reading it
+//! reads its stored rows like any local table's; a table made from a query
+//! is a local table. Only the query, run by CREATE, REFRESH or the table's
+//! creation, reaches the distributed tables: for that one statement each
+//! table's shell lends it the shards' rows (`LentShards`, carried out by the
+//! executor with `tessera.lend_shards` of metadata/schema.sql), so
+//! PostgreSQL's own statement, CONCURRENTLY, WITH NO DATA and temporary
+//! tables included, reads the real data.
 
 use super::walk::{called_functions, range_vars};
 use super::{distributed_among, not_supported, schema_of, views, Plan};
@@ -29,14 +31,17 @@ pub struct LentShards {
     pub reader: String,
 }
 
-/// The plan of CREATE MATERIALIZED VIEW or REFRESH MATERIALIZED VIEW when
-/// the view's query reads distributed tables; None for any other statement.
+/// The plan of CREATE MATERIALIZED VIEW, REFRESH MATERIALIZED VIEW, CREATE
+/// TABLE AS or SELECT INTO when the query reads distributed tables; None for
+/// any other statement.
 pub(super) fn plan(node: &NodeEnum, catalog: &Catalog) -> Option<Plan> {
     match node {
-        NodeEnum::CreateTableAsStmt(c) if c.objtype == ObjectType::ObjectMatview as i32 => {
+        NodeEnum::CreateTableAsStmt(c) => {
+            let statement = if c.objtype == ObjectType::ObjectMatview as i32 { "CREATE MATERIALIZED VIEW" } else { "CREATE TABLE AS" };
             let query = c.query.as_ref()?.node.as_ref()?;
-            lend_to("CREATE MATERIALIZED VIEW", query, "current_user".into(), catalog)
+            lend_to(statement, query, "current_user".into(), catalog)
         }
+        NodeEnum::SelectStmt(s) if s.into_clause.is_some() => lend_to("SELECT INTO", node, "current_user".into(), catalog),
         NodeEnum::RefreshMatViewStmt(r) => {
             let rv = r.relation.as_ref()?;
             let view = catalog.user_code.materialized_view(catalog.schema_for(schema_of(rv), &rv.relname), &rv.relname)?;
@@ -64,13 +69,13 @@ fn lend_to(statement: &'static str, query: &NodeEnum, reader: String, catalog: &
     }
     if let Some(touch) = called_functions(&expanded).iter().find_map(|name| catalog.user_code.touching(name)) {
         return Some(not_supported(format!(
-            "a materialized view whose query calls {}, which reaches {}, is not supported: the function would run in the coordinator database",
+            "{statement} whose query calls {}, which reaches {}, is not supported: the function would run in the coordinator database",
             touch.function, touch.reaches
         )));
     }
     // PostgreSQL lets no table inherit from a partitioned table or a partition.
     if let Some(t) = tables.iter().find(|t| t.partition_of.is_some() || catalog.tables().any(|p| p.partition_of == Some(t.oid))) {
-        return Some(not_supported(format!("materialized views over \"{}\", a partitioned distributed table or a partition of one, are not supported yet", t.name)));
+        return Some(not_supported(format!("{statement} over \"{}\", a partitioned distributed table or a partition of one, is not supported yet", t.name)));
     }
     Some(Plan::LocalOverShards(Arc::new(LentShards { statement, tables: tables.iter().map(|t| t.oid).collect(), reader })))
 }

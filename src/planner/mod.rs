@@ -460,9 +460,10 @@ fn refuse_unseen_references(node: &NodeEnum, text: &str, catalog: &Catalog) -> P
         return Plan::Local;
     }
     let Ok(scan) = pg_query::scan(text) else { return Plan::Local };
-    // So does a DECLARE, before its query.
-    let mut cursor_name = match node {
+    // So does a DECLARE, before its query, and CREATE TABLE AS its table.
+    let mut own_name = match node {
         NodeEnum::DeclareCursorStmt(d) => Some(d.portalname.as_str()),
+        NodeEnum::CreateTableAsStmt(c) => c.into.as_ref().and_then(|into| into.rel.as_ref()).map(|rv| rv.relname.as_str()),
         _ => None,
     };
     // The two words before the current one, to tell `schema.name`.
@@ -482,8 +483,8 @@ fn refuse_unseen_references(node: &NodeEnum, text: &str, catalog: &Catalog) -> P
         if !word.starts_with(|c: char| c.is_alphabetic() || c == '_' || c == '"') {
             continue;
         }
-        if cursor_name == Some(name.as_str()) {
-            cursor_name = None;
+        if own_name == Some(name.as_str()) {
+            own_name = None;
             continue;
         }
         let names_distributed = match &schema {

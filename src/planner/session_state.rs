@@ -21,16 +21,22 @@ pub(super) fn changes_settings(node: &NodeEnum) -> bool {
     matches!(node, NodeEnum::VariableSetStmt(_) | NodeEnum::DiscardStmt(_)) || called_functions(node).iter().any(|f| f == "set_config")
 }
 
-/// Whether the statement may change which schemas unqualified names are
-/// looked up in: SET or RESET of search_path or of the role (`"$user"`),
-/// RESET ALL, DISCARD, `set_config`, or making, renaming or dropping a
-/// schema (the path may name one that did not exist).
+/// Whether the statement may change where unqualified names lead: SET or
+/// RESET of search_path or of the role (`"$user"`), RESET ALL, DISCARD,
+/// `set_config`, making, renaming or dropping a schema (the path may name one
+/// that did not exist), making a temporary relation (looked up before any
+/// schema of the path), or dropping, renaming or moving a relation (which
+/// may have hidden another of its name).
 pub(super) fn changes_search_path(node: &NodeEnum) -> bool {
+    use protobuf::ObjectType as O;
+    let relation = |kind: O| matches!(kind, O::ObjectSchema | O::ObjectTable | O::ObjectView | O::ObjectMatview | O::ObjectForeignTable | O::ObjectSequence);
     match node {
         NodeEnum::VariableSetStmt(set) => matches!(set.name.as_str(), "" | "search_path" | "role" | "session_authorization"),
         NodeEnum::DiscardStmt(_) | NodeEnum::CreateSchemaStmt(_) => true,
-        NodeEnum::RenameStmt(r) => r.rename_type() == protobuf::ObjectType::ObjectSchema,
-        NodeEnum::DropStmt(d) => d.remove_type() == protobuf::ObjectType::ObjectSchema,
+        NodeEnum::RenameStmt(r) => relation(r.rename_type()),
+        NodeEnum::DropStmt(d) => relation(d.remove_type()),
+        NodeEnum::AlterObjectSchemaStmt(a) => relation(a.object_type()),
+        _ if pins(node).is_some_and(|why| why.starts_with("a temporary")) => true,
         _ => called_functions(node).iter().any(|f| f == "set_config"),
     }
 }

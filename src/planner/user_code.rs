@@ -75,6 +75,14 @@ pub(super) fn on_worker(version: i32, raw: &protobuf::RawStmt, node: &NodeEnum, 
             format!("function {} reaches {}", touch.function, touch.reaches)
         }
     };
+    // The worker knows no temporary relation of the session: there the name
+    // would mean what the session's relation hides.
+    if let Some(temporary) = catalog.temporary_relation() {
+        return Some(refuse(
+            format!("{reaches}, so the statement would run on a worker, where this session's temporary relation \"{temporary}\" does not exist"),
+            "Drop or rename the temporary relation, or run the function's queries as statements of their own.",
+        ));
+    }
     let runs_there = matches!(
         node,
         NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) | NodeEnum::CallStmt(_) | NodeEnum::DoStmt(_)

@@ -12,7 +12,7 @@ use crate::connection::{quote_literal, Login, PgConnection};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::executor::stream::{self as row_stream, Progress, RowStream};
 use crate::executor::{self, Mode};
-use crate::metadata::{self, Catalog, UnqualifiedNames};
+use crate::metadata::{self, Catalog, FoundRelation, UnqualifiedNames};
 use crate::planner::{self, Plan, PlannedStatement, RouterPlan, SqlExecute, TransactionCommand};
 use crate::protocol::backend::{self, FieldDescription};
 use crate::protocol::frontend::{self, Bind, StartupPacket, Target};
@@ -533,8 +533,11 @@ impl Session {
 
     /// Reads where the session's search_path leads distributed tables'
     /// unqualified names, if a statement may have changed it, or if it leads
-    /// elsewhere than `public` and the catalog changed since. Plans made
-    /// under another answer are dropped.
+    /// elsewhere than `public` and the catalog changed since. A temporary
+    /// relation counts as leading elsewhere: PostgreSQL looks in the
+    /// session's temporary schema first, so a temporary table can hide a
+    /// distributed one, and a temporary view is the session's alone. Plans
+    /// made under another answer are dropped.
     async fn follow_search_path(&mut self) -> Result<(), Failure> {
         let base = self.base_catalog();
         let outdated = self.search_path.unqualified.is_some() && self.search_path.read_at != base.version;
@@ -550,10 +553,11 @@ impl Session {
                 .local_for_describe()
                 .await?
                 .query(&format!(
-                    "SELECT n, (SELECT s.nspname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace s ON s.oid = c.relnamespace
-                                 WHERE c.oid = pg_catalog.to_regclass(pg_catalog.quote_ident(n)))
-                       FROM unnest(ARRAY[{}]::text[]) n
-                      WHERE pg_catalog.current_schemas(false) <> ARRAY['public']::name[]",
+                    "SELECT n, s.nspname, c.oid FROM unnest(ARRAY[{}]::text[]) n
+                       LEFT JOIN pg_catalog.pg_class c ON c.oid = pg_catalog.to_regclass(pg_catalog.quote_ident(n))
+                       LEFT JOIN pg_catalog.pg_namespace s ON s.oid = c.relnamespace
+                      WHERE pg_catalog.current_schemas(false) <> ARRAY['public']::name[]
+                         OR EXISTS (SELECT FROM pg_catalog.pg_class t WHERE t.relnamespace = pg_catalog.pg_my_temp_schema())",
                     names.join(", ")
                 ))
                 .await?;
@@ -562,7 +566,9 @@ impl Session {
                 .filter_map(|row| {
                     let mut columns = row.into_iter();
                     let name = columns.next().flatten()?;
-                    Some((name, columns.next().flatten()))
+                    let schema = columns.next().flatten();
+                    let oid = columns.next().flatten().and_then(|oid| oid.parse().ok());
+                    Some((name, schema.zip(oid).map(|(schema, oid)| FoundRelation { schema, oid })))
                 })
                 .collect();
             (!found.is_empty()).then(|| Arc::new(found))
