@@ -85,6 +85,42 @@ pub(super) fn plan(insert: &InsertStmt, select: &SelectStmt, target: Arc<Distrib
     }
 }
 
+/// `WITH q AS (…) INSERT INTO t SELECT … FROM q` with the WITH clause moved
+/// into the SELECT, where the tiers that plan an INSERT's rows see it: the
+/// same statement when no WITH query writes (those, which must run once
+/// and before the INSERT, are left to `writing_with`). A WITH clause that
+/// VALUES rows do not read is dropped, as PostgreSQL never runs an unread
+/// one that does not write. None for any other statement, and when the
+/// SELECT has a WITH clause of its own.
+pub(super) fn with_moved_into_rows(node: &NodeEnum, catalog: &Catalog) -> Option<NodeEnum> {
+    let NodeEnum::InsertStmt(insert) = node else { return None };
+    let with = insert.with_clause.as_ref()?;
+    insert.relation.as_ref().and_then(|r| resolve_range_var(r, catalog))?;
+    let writes = |cte: &protobuf::Node| match cte.node.as_ref() {
+        Some(NodeEnum::CommonTableExpr(c)) => !matches!(c.ctequery.as_deref().and_then(|q| q.node.as_ref()), Some(NodeEnum::SelectStmt(_))),
+        _ => true,
+    };
+    if with.ctes.iter().any(writes) {
+        return None;
+    }
+    let mut moved = (**insert).clone();
+    let with = moved.with_clause.take()?;
+    let Some(NodeEnum::SelectStmt(select)) = moved.select_stmt.as_deref_mut().and_then(|s| s.node.as_mut()) else { return None };
+    if select.with_clause.is_some() {
+        return None;
+    }
+    let names: Vec<&str> = with.ctes.iter().filter_map(|c| match c.node.as_ref() {
+        Some(NodeEnum::CommonTableExpr(c)) => Some(c.ctename.as_str()),
+        _ => None,
+    }).collect();
+    let values_only = !select.values_lists.is_empty() && select.from_clause.is_empty();
+    let read = crate::walk::range_vars(&NodeEnum::SelectStmt(select.clone())).iter().any(|rv| rv.schemaname.is_empty() && names.contains(&rv.relname.as_str()));
+    if !values_only || read {
+        select.with_clause = Some(with);
+    }
+    Some(NodeEnum::InsertStmt(Box::new(moved)))
+}
+
 /// Makes the SELECT give the distribution column's value in the column's own
 /// type, so the router can hash it (`(expr)::int8`; the INSERT's own type
 /// check, which is stricter, runs in the coordinator database first). False

@@ -336,7 +336,7 @@ fn plan_undelegated(version: i32, raw: &protobuf::RawStmt, node: &NodeEnum, text
     if let Some(plan) = views::expand(node, catalog).map(replan) {
         return plan;
     }
-    if let Some(stmt) = group_keys::expand(node, catalog) {
+    if let Some(stmt) = group_keys::expand(node, catalog).or_else(|| insert_select::with_moved_into_rows(node, catalog)) {
         return plan_tree(version, stmt, catalog);
     }
     if let Some(plan) = user_code::on_worker(version, raw, node, text, catalog) {

@@ -1261,7 +1261,7 @@ fn plan_insert(insert: &protobuf::InsertStmt, node: &NodeEnum, template: ShardTe
         return not_supported("INSERT with a WITH clause into a distributed table is not supported yet");
     }
     let rows: Vec<&[protobuf::Node]> = match insert.select_stmt.as_deref().and_then(|s| s.node.as_ref()) {
-        Some(NodeEnum::SelectStmt(s)) if !s.values_lists.is_empty() && s.from_clause.is_empty() => s
+        Some(NodeEnum::SelectStmt(s)) if !s.values_lists.is_empty() && s.from_clause.is_empty() && s.with_clause.is_none() => s
             .values_lists
             .iter()
             .filter_map(|l| match l.node.as_ref() {
