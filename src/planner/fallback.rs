@@ -88,7 +88,26 @@ pub(super) fn over_stand_ins(node: &NodeEnum, catalog: &Catalog) -> Option<NodeE
         Reference::Table(rv) => point_at_stand_in(rv, catalog),
         Reference::Column(c) => unqualify_schema(c, |schema, table| catalog.table(schema, table).is_some()),
     });
+    if let NodeEnum::DeclareCursorStmt(declare) = &mut stmt {
+        scroll_unless_told(declare);
+    }
     Some(stmt)
+}
+
+/// `CURSOR_OPT_SCROLL` and `CURSOR_OPT_NO_SCROLL` of PostgreSQL's parsenodes.h.
+const CURSOR_SCROLL: i32 = 0x0002;
+const CURSOR_NO_SCROLL: i32 = 0x0004;
+
+/// A cursor declared with neither SCROLL nor NO SCROLL fetches backward on
+/// plain PostgreSQL whenever its plan can run backward, which a sort or a
+/// scan of one table can; over foreign tables the plan cannot, so such a
+/// cursor is declared SCROLL (PostgreSQL then keeps the rows it passed).
+/// Not one FOR UPDATE, which cannot scroll.
+fn scroll_unless_told(declare: &mut protobuf::DeclareCursorStmt) {
+    let locks = matches!(declare.query.as_deref().and_then(|q| q.node.as_ref()), Some(NodeEnum::SelectStmt(s)) if !s.locking_clause.is_empty());
+    if declare.options & (CURSOR_SCROLL | CURSOR_NO_SCROLL) == 0 && !locks {
+        declare.options |= CURSOR_SCROLL;
+    }
 }
 
 /// SELECTs, cursors over them, and writes to local tables, whose distributed

@@ -237,6 +237,26 @@ fn output_alias<'a>(node: &Node, targets: &'a [Node]) -> Option<usize> {
     targets.iter().position(|t| matches!(t.node.as_ref(), Some(NodeEnum::ResTarget(r)) if r.name == name.sval))
 }
 
+/// A bare name in ORDER BY that names one output column, by its alias or by
+/// the name PostgreSQL gives an unnamed one (`o.user_id` is `user_id`):
+/// PostgreSQL looks ORDER BY names up among the output columns before the
+/// input columns. None when no column, or several, go by the name.
+fn sort_output(node: &Node, targets: &[Node]) -> Option<usize> {
+    let NodeEnum::ColumnRef(c) = node.node.as_ref()? else { return None };
+    let [field] = c.fields.as_slice() else { return None };
+    let NodeEnum::String(name) = field.node.as_ref()? else { return None };
+    let named = |t: &Node| match t.node.as_ref() {
+        Some(NodeEnum::ResTarget(r)) if !r.name.is_empty() => r.name == name.sval,
+        Some(NodeEnum::ResTarget(r)) => !is_star(t) && r.val.as_deref().and_then(output_name).is_some_and(|n| n == name.sval),
+        _ => false,
+    };
+    let mut matching = targets.iter().enumerate().filter(|(_, t)| named(t)).map(|(i, _)| i);
+    match (matching.next(), matching.next()) {
+        (Some(i), None) => Some(i),
+        _ => None,
+    }
+}
+
 fn target_value(t: &Node) -> Option<&Node> {
     match t.node.as_ref()? {
         NodeEnum::ResTarget(r) => r.val.as_deref(),
@@ -279,7 +299,7 @@ fn split_rows(select: &SelectStmt) -> Result<(NodeEnum, String, Vec<SplitAggrega
     for sort in &select.sort_clause {
         let Some(NodeEnum::SortBy(by)) = sort.node.as_ref() else { return Err("unusual ORDER BY".into()) };
         let key = by.node.as_deref().ok_or("empty ORDER BY")?;
-        let output = position(key).map(|p| p - 1).or_else(|| output_alias(key, &select.target_list)).or_else(|| {
+        let output = position(key).map(|p| p - 1).or_else(|| sort_output(key, &select.target_list)).or_else(|| {
             // With DISTINCT, ORDER BY must name output columns; find the one it equals.
             let wanted = key.node.as_ref().and_then(expression_key);
             (!select.distinct_clause.is_empty())
@@ -382,7 +402,7 @@ fn split_aggregation(select: &SelectStmt, catalog: &Catalog) -> Result<(NodeEnum
         let Some(NodeEnum::SortBy(by)) = sort.node.as_ref() else { return Err("unusual ORDER BY".into()) };
         let mut by = by.as_ref().clone();
         let key = by.node.as_deref_mut().ok_or("empty ORDER BY")?;
-        if position(key).is_none() && output_alias(key, &select.target_list).is_none() {
+        if position(key).is_none() && sort_output(key, &select.target_list).is_none() {
             agg.rewrite(key)?;
         }
         sorts.push(Node { node: Some(NodeEnum::SortBy(Box::new(by))) });

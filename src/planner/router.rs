@@ -1215,15 +1215,23 @@ fn router_for_null_key(command: Command, anchor: Arc<DistributedTable>, template
 
 /// Whether an INSERT … VALUES needs the coordinator database to compute its
 /// rows: it gives a value to a GENERATED ALWAYS identity column (which
-/// PostgreSQL's own rules must judge), or has DEFAULT VALUES.
-fn needs_coordinator_values(insert: &protobuf::InsertStmt, rows: &[&[protobuf::Node]], table: &DistributedTable) -> bool {
+/// PostgreSQL's own rules must judge), has DEFAULT VALUES, or computes a
+/// distribution value from an expression (`make_timestamp(2032, 9, 4, 0, 0,
+/// 0)`, `2 + 3`, `+5`), which PostgreSQL evaluates there as it would for the
+/// row. Not when the rows read a distributed or reference table: the
+/// coordinator database holds only their empty shells.
+fn needs_coordinator_values(insert: &protobuf::InsertStmt, rows: &[&[protobuf::Node]], table: &DistributedTable, catalog: &Catalog) -> bool {
     if rows.is_empty() {
         return table.key_default.is_some() || !table.sequence_columns.is_empty();
     }
-    insert.r#override != protobuf::OverridingKind::OverridingSystemValue as i32
-        && table.always_identity.iter().any(|c| {
-            super::insert_select::insert_position(insert, table, c).is_some_and(|p| rows.iter().any(|row| row.get(p).is_some_and(|v| !is_set_to_default(v))))
-        })
+    let given = |column: &str| super::insert_select::insert_position(insert, table, column).map(|p| rows.iter().filter_map(move |row| row.get(p)).filter(|v| !is_set_to_default(v)));
+    let sets_identity = insert.r#override != protobuf::OverridingKind::OverridingSystemValue as i32 && table.always_identity.iter().any(|c| given(c).is_some_and(|mut values| values.next().is_some()));
+    let computes_key = match &table.distribution {
+        Distribution::Hash { column, key, .. } => given(column).is_some_and(|mut values| values.any(|v| key_value(v, key).is_none())),
+        Distribution::Reference => false,
+    };
+    let reads_tables = || rows.iter().flat_map(|row| row.iter()).any(|v| v.node.as_ref().is_some_and(|n| !distributed_among(&super::walk::range_vars(n), catalog).is_empty()));
+    sets_identity || computes_key && !reads_tables()
 }
 
 fn is_set_to_default(n: &protobuf::Node) -> bool {
@@ -1282,7 +1290,7 @@ fn plan_insert(insert: &protobuf::InsertStmt, node: &NodeEnum, template: ShardTe
         Distribution::Reference => None,
     };
     let fills = match sequence_fills(insert, &rows, &table, key_column) {
-        Some(fills) if !needs_coordinator_values(insert, &rows, &table) => fills,
+        Some(fills) if !needs_coordinator_values(insert, &rows, &table, catalog) => fills,
         _ => {
             let values = insert.select_stmt.as_deref().and_then(|s| s.node.clone()).map(|node| (node, false));
             return super::insert_select::through_coordinator(insert, values, super::insert_select::RowSource::Shell, table, template.version());
