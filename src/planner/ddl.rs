@@ -213,6 +213,9 @@ impl DdlPlan {
                 if !ix.idxname.is_empty() {
                     ix.idxname.push_str(&suffix);
                 }
+                if let Some(rv) = &ix.relation {
+                    unqualify_index_columns(ix, &rv.relname.clone());
+                }
                 point(&mut ix.relation);
             }
             Some(NodeEnum::AlterTableStmt(alter)) => {
@@ -516,6 +519,25 @@ fn for_shards_on<T: Clone>(
         }
     }
     out
+}
+
+/// Index expressions and predicates may qualify columns with the table's
+/// name (`WHERE t.v > 0`); on a shard that name means nothing, and an index
+/// reads only its own table, so the qualifier goes.
+fn unqualify_index_columns(ix: &mut protobuf::IndexStmt, table: &str) {
+    let mut unqualify = |n: &mut NodeEnum| {
+        if let NodeEnum::ColumnRef(c) = n {
+            let names = super::column_ref_names(c);
+            if names.as_deref().is_some_and(|names| names.len() >= 2 && names[names.len() - 2] == table) {
+                c.fields.drain(..c.fields.len() - 1);
+            }
+        }
+    };
+    for part in ix.where_clause.iter_mut().map(|w| w.as_mut()).chain(ix.index_params.iter_mut()) {
+        if let Some(n) = part.node.as_mut() {
+            crate::walk::visit_mut(n, &mut unqualify);
+        }
+    }
 }
 
 fn node(n: NodeEnum) -> protobuf::Node {

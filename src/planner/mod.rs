@@ -4,6 +4,7 @@
 
 mod cluster_views;
 mod copy;
+mod cte_names;
 mod ddl;
 mod decorrelate;
 mod delegation;
@@ -336,7 +337,8 @@ fn plan_undelegated(version: i32, raw: &protobuf::RawStmt, node: &NodeEnum, text
     if let Some(plan) = views::expand(node, catalog).map(replan) {
         return plan;
     }
-    if let Some(stmt) = group_keys::expand(node, catalog).or_else(|| insert_select::with_moved_into_rows(node, catalog)) {
+    let rewritten = cte_names::rename_hiding(node, catalog).or_else(|| group_keys::expand(node, catalog)).or_else(|| insert_select::with_moved_into_rows(node, catalog));
+    if let Some(stmt) = rewritten {
         return plan_tree(version, stmt, catalog);
     }
     if let Some(plan) = user_code::on_worker(version, raw, node, text, catalog) {

@@ -371,9 +371,6 @@ pub(super) fn plan_dml(version: i32, raw: &protobuf::RawStmt, catalog: &Catalog)
     if let Some(local) = first_local_table(node, &range_vars, catalog).filter(|_| !insert_select) {
         return Some(not_supported(format!("queries that combine distributed tables with the local table \"{local}\" are not supported yet")));
     }
-    if let Some(name) = cte_named_like_a_table(node, &range_vars, catalog) {
-        return Some(not_supported(format!("a WITH query named like the distributed table \"{name}\" is not supported; rename the WITH query")));
-    }
     let template = ShardTemplate::for_query(version, raw.clone(), tables.clone());
     Some(match node {
         NodeEnum::InsertStmt(insert) => plan_insert(insert, node, template, catalog),
@@ -428,26 +425,43 @@ pub(super) fn plan_dml(version: i32, raw: &protobuf::RawStmt, catalog: &Catalog)
     })
 }
 
-/// A WITH query whose name is also a distributed table's that the statement
-/// names without a schema: the planners here take every such name for the
-/// table. (Below a top-level WITH clause, nested ones count too.)
-fn cte_named_like_a_table(node: &NodeEnum, range_vars: &[protobuf::RangeVar], catalog: &Catalog) -> Option<String> {
-    // Only a top-level WITH clause is looked at, which keeps the walk off
-    // the path of every other statement.
-    top_level_with(node)?;
-    let nodes = node.nodes();
-    let mut ctes = nodes.iter().filter_map(|(n, _, _)| match n {
-        pg_query::NodeRef::CommonTableExpr(c) => Some(c.ctename.as_str()),
-        _ => None,
-    });
-    ctes.find(|name| range_vars.iter().any(|rv| rv.schemaname.is_empty() && rv.relname == *name && resolve_range_var(rv, catalog).is_some())).map(str::to_string)
-}
-
-/// Whether an UPDATE sets its distributed table's distribution column.
+/// Whether an UPDATE may change a row's distribution column. Setting it to
+/// itself (`SET key = t.key`), or to the constant the WHERE clause pins it to
+/// (`SET key = 7 … WHERE key = 7`), changes nothing, as Citus also judges.
 pub(super) fn sets_distribution_column(update: &protobuf::UpdateStmt, catalog: &Catalog) -> bool {
-    let Some(table) = update.relation.as_ref().and_then(|rel| resolve_range_var(rel, catalog)) else { return false };
+    let Some(rel) = update.relation.as_ref() else { return false };
+    let Some(table) = resolve_range_var(rel, catalog) else { return false };
     let Distribution::Hash { column, .. } = &table.distribution else { return false };
-    update.target_list.iter().any(|n| matches!(n.node.as_ref(), Some(NodeEnum::ResTarget(r)) if r.name == *column))
+    let name = rel.alias.as_ref().map_or(rel.relname.as_str(), |a| a.aliasname.as_str());
+    let is_key = |n: &protobuf::Node| match n.node.as_ref() {
+        Some(NodeEnum::ColumnRef(c)) => match super::column_ref_names(c).as_deref() {
+            Some([c]) => c == column,
+            Some([t, c]) => *t == name && c == column,
+            _ => false,
+        },
+        _ => false,
+    };
+    let text = |n: &protobuf::Node| n.node.as_ref().and_then(|n| super::deparse::deparse_expression(n).ok());
+    let mut pinned_to = Vec::new();
+    let mut conjuncts = Vec::new();
+    if let Some(w) = update.where_clause.as_deref() {
+        flatten_and(w, &mut conjuncts, true);
+    }
+    let constant = |n: &protobuf::Node| matches!(n.node.as_ref(), Some(NodeEnum::AConst(_) | NodeEnum::TypeCast(_) | NodeEnum::ParamRef(_)));
+    for Conjunct { left, right, .. } in &conjuncts {
+        if is_key(left) && constant(right) {
+            pinned_to.extend(text(right));
+        } else if is_key(right) && constant(left) {
+            pinned_to.extend(text(left));
+        }
+    }
+    update.target_list.iter().any(|n| match n.node.as_ref() {
+        Some(NodeEnum::ResTarget(r)) if r.name == *column => {
+            let kept = r.indirection.is_empty() && r.val.as_deref().is_some_and(|v| is_key(v) || text(v).is_some_and(|t| pinned_to.contains(&t)));
+            !kept
+        }
+        _ => false,
+    })
 }
 
 /// The WITH clause of a query or of INSERT, UPDATE or DELETE.
