@@ -29,7 +29,7 @@ pub async fn run(plan: &ExplainPlan, coordinator: &Coordinator, catalog: &Catalo
                 push_plan(inner, "  ", &mut lines);
             }
             None => {
-                coordinator.prepare_fallback(catalog.version, &parts.login().user.clone()).await?;
+                coordinator.prepare_fallback(catalog.version, &parts.acting_role().await?).await?;
                 lines.push("Custom Scan (Tessera General Fallback)".to_string());
                 lines.push(format!("  Reason: {}", fallback.reason));
                 explain_in_coordinator_db(plan, &fallback.sql, parts, &mut lines).await?;
@@ -37,7 +37,7 @@ pub async fn run(plan: &ExplainPlan, coordinator: &Coordinator, catalog: &Catalo
         },
         Plan::InsertSelect(insert) => {
             if insert.reads_distributed {
-                coordinator.prepare_fallback(catalog.version, &parts.login().user.clone()).await?;
+                coordinator.prepare_fallback(catalog.version, &parts.acting_role().await?).await?;
             }
             lines.push("Custom Scan (Tessera INSERT … SELECT through the Coordinator)".to_string());
             lines.push(format!("  Target: {}, rows routed to their shards in batches", insert.target.qualified_name()));

@@ -34,7 +34,7 @@ pub async fn prepare_to_read(statement: &str, coordinator: &Coordinator, catalog
         ))
         .with_hint("Run it before the writes, or in its own transaction."));
     }
-    coordinator.prepare_fallback(catalog.version, &parts.login().user.clone()).await
+    coordinator.prepare_fallback(catalog.version, &parts.acting_role().await?).await
 }
 
 pub async fn run(plan: &FallbackPlan, coordinator: &Coordinator, catalog: &Catalog, parts: &mut Participants, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<()> {
@@ -58,7 +58,7 @@ pub async fn run(plan: &FallbackPlan, coordinator: &Coordinator, catalog: &Catal
         ))
         .with_hint("Run the query before the writes, or in its own transaction."));
     }
-    let role = parts.login().user.clone();
+    let role = parts.acting_role().await?;
     coordinator.prepare_fallback(catalog.version, &role).await?;
     tracing::debug!("fallback: {}", plan.reason);
     run_on_coordinator_db(parts, &plan.sql, mode, client).await

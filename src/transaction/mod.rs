@@ -999,6 +999,16 @@ impl Participants {
         }
     }
 
+    /// The role the session acts as now, after any SET ROLE: the one whose
+    /// privileges the nodes check, and whose user mapping the general
+    /// fallback's foreign tables use.
+    pub async fn acting_role(&mut self) -> PgResult<String> {
+        if self.role_unknown {
+            self.follow_role().await?;
+        }
+        Ok(self.worker_role.clone().unwrap_or_else(|| self.login.user.clone()))
+    }
+
     /// Makes the worker connections, open and future, act as the role the
     /// coordinator database acts as now.
     async fn follow_role(&mut self) -> PgResult<()> {
