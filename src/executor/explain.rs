@@ -29,19 +29,17 @@ pub async fn run(plan: &ExplainPlan, coordinator: &Coordinator, catalog: &Catalo
                 push_plan(inner, "  ", &mut lines);
             }
             None => {
-                coordinator.prepare_fallback(catalog.version, &parts.acting_role().await?).await?;
+                let sql = super::block_reads::ready(&fallback.read, coordinator, catalog, parts).await?;
                 lines.push("Custom Scan (Tessera General Fallback)".to_string());
                 lines.push(format!("  Reason: {}", fallback.reason));
-                explain_in_coordinator_db(plan, &fallback.sql, parts, &mut lines).await?;
+                explain_in_coordinator_db(plan, sql, parts, &mut lines).await?;
             }
         },
         Plan::InsertSelect(insert) => {
-            if insert.reads_distributed {
-                coordinator.prepare_fallback(catalog.version, &parts.acting_role().await?).await?;
-            }
+            let sql = super::block_reads::ready(&insert.rows, coordinator, catalog, parts).await?;
             lines.push("Custom Scan (Tessera INSERT … SELECT through the Coordinator)".to_string());
             lines.push(format!("  Target: {}, rows routed to their shards in batches", insert.target.qualified_name()));
-            explain_in_coordinator_db(plan, &insert.coordinator_sql, parts, &mut lines).await?;
+            explain_in_coordinator_db(plan, sql, parts, &mut lines).await?;
         }
         inner => explain_pushdown(plan, inner, catalog, parts, mode, &mut lines).await?,
     }

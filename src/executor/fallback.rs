@@ -24,9 +24,9 @@ use std::sync::Arc;
 const BROADCAST_LIMIT_BYTES: i64 = 8 << 20;
 
 /// Readies the stand-ins for a `statement` (its kind, for the error) whose
-/// rows the coordinator database reads through them. Refused after this
-/// block wrote on the workers: postgres_fdw's own connections cannot see
-/// those writes.
+/// rows the coordinator database reads through them by lending them to the
+/// shells. Refused after this block wrote on the workers: postgres_fdw's
+/// own connections cannot see those writes.
 pub async fn prepare_to_read(statement: &str, coordinator: &Coordinator, catalog: &Catalog, parts: &mut Participants) -> PgResult<()> {
     if parts.wrote_on_workers() {
         return Err(PgError::not_supported(format!(
@@ -46,30 +46,23 @@ pub async fn run(plan: &FallbackPlan, coordinator: &Coordinator, catalog: &Catal
             _ => unreachable!("broadcast_plan returns only pushdown plans"),
         };
     }
-    if parts.wrote_on_workers() {
-        if let NodeEnum::DeclareCursorStmt(declare) = &plan.statement {
-            return declare_over_results(declare, plan.version, catalog, parts, mode, client).await;
+    if let (true, NodeEnum::DeclareCursorStmt(declare)) = (parts.wrote_on_workers(), &plan.statement) {
+        if declare_over_results(declare, plan.version, catalog, parts, mode, client).await? {
+            return Ok(());
         }
-        // postgres_fdw reads through connections of its own, which cannot see
-        // this block's uncommitted writes: its answer would be wrong.
-        return Err(PgError::not_supported(format!(
-            "this query runs in the coordinator's general fallback ({}), which cannot see the writes this transaction has already made on the workers",
-            plan.reason
-        ))
-        .with_hint("Run the query before the writes, or in its own transaction."));
     }
-    let role = parts.acting_role().await?;
-    coordinator.prepare_fallback(catalog.version, &role).await?;
+    let sql = super::block_reads::ready(&plan.read, coordinator, catalog, parts).await?;
     tracing::debug!("fallback: {}", plan.reason);
-    run_on_coordinator_db(parts, &plan.sql, mode, client).await
+    run_on_coordinator_db(parts, sql, mode, client).await
 }
 
 /// A cursor over distributed tables in a block that has written on the
-/// workers (Django's `.iterator()` inside `atomic()`): the pushdown tiers
-/// compute the query's rows through the block's own connections, which see
-/// its writes, and the cursor is declared in the coordinator database over
-/// those rows, so FETCH, MOVE and CLOSE work there as on any cursor. The rows
-/// are held by the coordinator database for the cursor's life.
+/// workers (Django's `.iterator()` inside `atomic()`) whose query a pushdown
+/// tier takes: it computes the query's rows through the block's own
+/// connections, which see its writes, and the cursor is declared in the
+/// coordinator database over those rows, so FETCH, MOVE and CLOSE work
+/// there as on any cursor. The rows are held by the coordinator database for
+/// the cursor's life. False when no pushdown tier takes the query.
 async fn declare_over_results(
     declare: &protobuf::DeclareCursorStmt,
     version: i32,
@@ -77,12 +70,8 @@ async fn declare_over_results(
     parts: &mut Participants,
     mode: &Mode<'_>,
     client: &mut ClientConn,
-) -> PgResult<()> {
+) -> PgResult<bool> {
     let query = declare.query.as_deref().and_then(|q| q.node.clone()).ok_or_else(|| PgError::internal("DECLARE without a query"))?;
-    let refused = || {
-        PgError::not_supported("this cursor's query needs the coordinator's general fallback, which cannot see the writes this transaction has already made on the workers")
-            .with_hint("Declare the cursor before the writes, or in its own transaction.")
-    };
     let relation = match plan_tree(version, query, catalog) {
         Plan::Router(router) => {
             let mut by_node: TasksByNode = Vec::new();
@@ -98,11 +87,14 @@ async fn declare_over_results(
                 Combine::Query(combine) => {
                     let (fields, rows) = collect_rows(parts, &by_node, mode).await?;
                     let types = type_names(parts, &fields).await?;
-                    format!("({})", combine_sql(combine, &fields, &types, &rows).ok_or_else(refused)?)
+                    match combine_sql(combine, &fields, &types, &rows) {
+                        Some(sql) => format!("({sql})"),
+                        None => return Ok(false),
+                    }
                 }
             }
         }
-        _ => return Err(refused()),
+        _ => return Ok(false),
     };
     // The rows can run to megabytes of SQL: they go into the deparsed
     // DECLARE as text rather than through the parser and back.
@@ -112,7 +104,8 @@ async fn declare_over_results(
     declare.query = Some(Box::new(protobuf::Node { node: Some(NodeEnum::SelectStmt(Box::new(select))) }));
     let sql = deparse_statement(version, NodeEnum::DeclareCursorStmt(Box::new(declare)))?;
     let sql = sql.replacen(&format!("SELECT {PLACEHOLDER}"), &format!("SELECT * FROM {relation} AS {PLACEHOLDER}"), 1);
-    run_on_coordinator_db(parts, &sql, &Mode::Simple, client).await
+    run_on_coordinator_db(parts, &sql, &Mode::Simple, client).await?;
+    Ok(true)
 }
 
 /// Rows of the tasks as a relation with the result's own column names and types.

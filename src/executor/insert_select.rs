@@ -21,10 +21,8 @@ use crate::transaction::Participants;
 const BATCH_ROWS: usize = 1000;
 
 pub async fn run(plan: &InsertSelectPlan, coordinator: &Coordinator, catalog: &Catalog, parts: &mut Participants, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<()> {
-    if plan.reads_distributed {
-        super::fallback::prepare_to_read("INSERT … SELECT", coordinator, catalog, parts).await?;
-    }
-    let (fields, rows) = rows_to_insert(plan, parts, mode).await?;
+    let rows_sql = super::block_reads::ready(&plan.rows, coordinator, catalog, parts).await?;
+    let (fields, rows) = rows_to_insert(plan, rows_sql, parts, mode).await?;
     let types = type_names(parts, &fields).await?;
     let columns: Vec<String> = match &plan.columns {
         Some(named) if !named.is_empty() => named.iter().map(|c| quote_ident(c)).collect(),
@@ -134,7 +132,7 @@ impl<'p> DirectRouting<'p> {
 
 /// The rows the INSERT would store, from the coordinator database, which
 /// runs it against the shell table and rolls it back.
-async fn rows_to_insert(plan: &InsertSelectPlan, parts: &mut Participants, mode: &Mode<'_>) -> PgResult<(Vec<FieldDescription>, TextRows)> {
+async fn rows_to_insert(plan: &InsertSelectPlan, rows_sql: &str, parts: &mut Participants, mode: &Mode<'_>) -> PgResult<(Vec<FieldDescription>, TextRows)> {
     const SAVEPOINT: &str = "tessera_insert_select";
     // Inside the session's block (which the coordinator database joins
     // now), a savepoint keeps the block, where BEGIN … ROLLBACK would end it.
@@ -152,11 +150,11 @@ async fn rows_to_insert(plan: &InsertSelectPlan, parts: &mut Participants, mode:
     }
     match mode {
         Mode::Extended { bind, param_types, .. } => {
-            frontend::parse(out, "", &plan.coordinator_sql, param_types);
+            frontend::parse(out, "", rows_sql, param_types);
             frontend::bind(out, "", "", &bind.param_formats, &bind.params, &[]);
         }
         Mode::Simple => {
-            frontend::parse(out, "", &plan.coordinator_sql, &[]);
+            frontend::parse(out, "", rows_sql, &[]);
             frontend::bind(out, "", "", &[], &[], &[]);
         }
     }

@@ -19,11 +19,9 @@ pub async fn run(plan: &MergePlan, coordinator: &Coordinator, catalog: &Catalog,
     let Distribution::Hash { column_type, .. } = &plan.target.distribution else {
         return Err(PgError::internal("MERGE through the coordinator into a reference table"));
     };
-    if plan.reads_distributed {
-        super::fallback::prepare_to_read("MERGE", coordinator, catalog, parts).await?;
-    }
+    let source_sql = super::block_reads::ready(&plan.source, coordinator, catalog, parts).await?;
     let local = parts.local().await?;
-    frontend::query(local.out(), &plan.source_sql);
+    frontend::query(local.out(), source_sql);
     let (fields, rows) = local.read_result().await?;
     parts.observe_local_status();
     let types = type_names(parts, &fields[1..]).await?;

@@ -13,6 +13,7 @@ use crate::server::client::ClientConn;
 use crate::transaction::{Participants, WorkerConnection, Access};
 use std::sync::Arc;
 
+pub mod block_reads;
 pub mod cluster_views;
 pub mod copy;
 pub mod explain;

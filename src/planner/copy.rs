@@ -121,15 +121,19 @@ fn plan_query(version: i32, stmt: &protobuf::CopyStmt, catalog: &Catalog) -> Opt
     if stmt.is_program || !stmt.filename.is_empty() {
         return Some(refuse_server_file(false));
     }
-    let Some(rewritten) = fallback::over_stand_ins(query, catalog) else {
+    let statement = NodeEnum::CopyStmt(Box::new(stmt.clone()));
+    let tables = super::distributed_among(&range_vars(query), catalog);
+    let over = |stand_in| {
+        let mut copy = stmt.clone();
+        copy.query = Some(Box::new(Node { node: Some(fallback::over_stand_ins(query, catalog, stand_in)?) }));
+        Some(NodeEnum::CopyStmt(Box::new(copy)))
+    };
+    let Some(read) = fallback::CoordinatorRead::build(version, tables, over) else {
         return Some(super::not_supported("COPY of a query that writes to distributed tables is not supported"));
     };
-    let mut copy = stmt.clone();
-    copy.query = Some(Box::new(Node { node: Some(rewritten) }));
-    let statement = NodeEnum::CopyStmt(Box::new(stmt.clone()));
-    Some(match deparse(version, NodeEnum::CopyStmt(Box::new(copy))) {
-        Ok(sql) => Plan::Fallback(Arc::new(FallbackPlan {
-            sql,
+    Some(match read {
+        Ok(read) => Plan::Fallback(Arc::new(FallbackPlan {
+            read,
             reason: "COPY (query) TO STDOUT reads distributed tables through the general fallback".to_string(),
             statement,
             version,

@@ -28,8 +28,8 @@ pub const FALLBACK_SCHEMA: &str = "tessera_fallback";
 
 #[derive(Debug)]
 pub struct FallbackPlan {
-    /// The statement with every distributed table replaced by its stand-in.
-    pub sql: String,
+    /// The statement over the tables' stand-ins.
+    pub read: CoordinatorRead,
     /// Why no pushdown tier took the statement (for EXPLAIN and the log).
     pub reason: String,
     /// The statement as written, with its parse tree's version.
@@ -52,11 +52,49 @@ pub fn stand_in_name(table: &DistributedTable) -> String {
     format!("dist_{}", table.oid)
 }
 
+/// What the coordinator database reads in a distributed table's place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StandIn {
+    /// The foreign tables over the shards, in `FALLBACK_SCHEMA`: what the
+    /// shards hold as other transactions see them.
+    ForeignTables,
+    /// A temporary copy made in the session's transaction block through its
+    /// own worker connections, which sees the block's writes
+    /// (executor/block_reads.rs).
+    BlockCopy,
+}
+
+/// The temporary table holding a block's copy of a table's rows, with the
+/// columns the table has in catalog `version` (a block may change them).
+pub fn block_copy_name(table: &DistributedTable, version: i64) -> String {
+    format!("tessera_block_{}_{}", table.oid, version.unsigned_abs())
+}
+
+/// A statement the coordinator database runs over distributed tables, in
+/// both forms: over the foreign-table stand-ins, and over the copies a
+/// block that wrote on the workers makes first.
+#[derive(Clone, Debug)]
+pub struct CoordinatorRead {
+    pub sql: String,
+    pub block_sql: String,
+    /// The distributed and reference tables it reads, each once.
+    pub tables: Vec<Arc<DistributedTable>>,
+}
+
+impl CoordinatorRead {
+    /// `build` makes the statement with the tables read from a stand-in of
+    /// the kind given (see `over_stand_ins`); None when it cannot.
+    pub(super) fn build(version: i32, tables: Vec<Arc<DistributedTable>>, build: impl Fn(StandIn) -> Option<NodeEnum>) -> Option<PgResult<CoordinatorRead>> {
+        let sql = deparse(version, build(StandIn::ForeignTables)?);
+        let block_sql = deparse(version, build(StandIn::BlockCopy)?);
+        Some(sql.and_then(|sql| Ok(CoordinatorRead { sql, block_sql: block_sql?, tables })))
+    }
+}
+
 /// A fallback plan for a statement the other tiers refused with `reason`, if
 /// the statement only reads distributed tables.
 pub(super) fn plan(version: i32, node: &NodeEnum, catalog: &Catalog, reason: &str) -> Option<Plan> {
-    let stmt = over_stand_ins(node, catalog)?;
-    let sql: PgResult<String> = deparse(version, stmt);
+    let read = CoordinatorRead::build(version, super::distributed_among(&range_vars(node), catalog), |stand_in| over_stand_ins(node, catalog, stand_in))?;
     let mut broadcast_candidates: Vec<Arc<DistributedTable>> = Vec::new();
     if matches!(node, NodeEnum::SelectStmt(_)) {
         for rv in range_vars(node) {
@@ -70,22 +108,22 @@ pub(super) fn plan(version: i32, node: &NodeEnum, catalog: &Catalog, reason: &st
     if broadcast_candidates.len() < 2 {
         broadcast_candidates.clear();
     }
-    Some(match sql {
-        Ok(sql) => Plan::Fallback(Arc::new(FallbackPlan { sql, reason: reason.to_string(), statement: node.clone(), version, broadcast_candidates })),
+    Some(match read {
+        Ok(read) => Plan::Fallback(Arc::new(FallbackPlan { read, reason: reason.to_string(), statement: node.clone(), version, broadcast_candidates })),
         Err(e) => Plan::Unsupported(e),
     })
 }
 
 /// The statement with every distributed table replaced by its stand-in, if
 /// it only reads distributed tables.
-pub(super) fn over_stand_ins(node: &NodeEnum, catalog: &Catalog) -> Option<NodeEnum> {
+pub(super) fn over_stand_ins(node: &NodeEnum, catalog: &Catalog, stand_in: StandIn) -> Option<NodeEnum> {
     if !only_reads_distributed_tables(node, catalog) || shadows_distributed_table(node, catalog) {
         return None;
     }
     let mut stmt = node.clone();
     decorrelate(&mut stmt, catalog);
     references_mut(&mut stmt, |r| match r {
-        Reference::Table(rv) => point_at_stand_in(rv, catalog),
+        Reference::Table(rv) => point_at_stand_in(rv, catalog, stand_in),
         Reference::Column(c) => unqualify_schema(c, |schema, table| catalog.table(schema, table).is_some()),
     });
     if let NodeEnum::DeclareCursorStmt(declare) = &mut stmt {
@@ -141,11 +179,19 @@ fn shadows_distributed_table(node: &NodeEnum, catalog: &Catalog) -> bool {
     range_vars(node).iter().any(|rv| rv.schemaname.is_empty() && cte_names.contains(&rv.relname) && resolve_range_var(rv, catalog).is_some())
 }
 
-fn point_at_stand_in(rv: &mut protobuf::RangeVar, catalog: &Catalog) {
+fn point_at_stand_in(rv: &mut protobuf::RangeVar, catalog: &Catalog, stand_in: StandIn) {
     let Some(table) = resolve_range_var(rv, catalog) else { return };
     if rv.alias.is_none() {
         // Column references qualified with the table's name keep resolving.
         rv.alias = Some(protobuf::Alias { aliasname: rv.relname.clone(), colnames: vec![] });
+    }
+    if stand_in == StandIn::BlockCopy {
+        // The copy holds the rows of the table's partitions too (as a
+        // reference without ONLY reads them).
+        rv.relname = block_copy_name(table, catalog.version);
+        rv.schemaname = "pg_temp".to_string();
+        rv.inh = true;
+        return;
     }
     rv.relname = stand_in_name(table);
     rv.schemaname = FALLBACK_SCHEMA.to_string();

@@ -21,7 +21,7 @@ pub struct InsertSelectPlan {
     /// What the coordinator database runs for the rows (see `RowSource`):
     /// the SELECT, or the INSERT into the shell with `RETURNING *`. Its effect
     /// is rolled back.
-    pub coordinator_sql: String,
+    pub rows: fallback::CoordinatorRead,
     /// For rows from the SELECT: the INSERT into the shell, which the
     /// coordinator database parses (never runs) to raise PostgreSQL's type
     /// errors.
@@ -30,8 +30,6 @@ pub struct InsertSelectPlan {
     /// table's columns, as many as the SELECT gives); None for rows from the
     /// shell, whose columns are the table's.
     pub columns: Option<Vec<String>>,
-    /// The SELECT reads distributed tables (through the fallback's stand-ins).
-    pub reads_distributed: bool,
     /// The statement's ON CONFLICT and RETURNING clauses, which the INSERTs
     /// routing the rows to the shards end with.
     pub shard_clauses: String,
@@ -79,10 +77,7 @@ pub(super) fn plan(insert: &InsertStmt, select: &SelectStmt, target: Arc<Distrib
         rows_select = select.clone();
         RowSource::Shell
     };
-    match select_node_of(&rows_select, &source, catalog) {
-        Some(select) => through_coordinator(insert, Some(select), rows, target, version),
-        None => not_supported("this INSERT … SELECT into a distributed table is not supported yet"),
-    }
+    through_coordinator(insert, Some(NodeEnum::SelectStmt(Box::new(rows_select))), rows, target, catalog, version)
 }
 
 /// `WITH q AS (…) INSERT INTO t SELECT … FROM q` with the WITH clause moved
@@ -141,30 +136,26 @@ fn yields_key_type(insert: &InsertStmt, select: &mut SelectStmt, target: &Distri
     true
 }
 
-/// The SELECT as the coordinator database runs it: distributed tables read
-/// through the general fallback's stand-ins.
-fn select_node_of(select: &SelectStmt, source: &Plan, catalog: &Catalog) -> Option<(NodeEnum, bool)> {
-    let node = NodeEnum::SelectStmt(Box::new(select.clone()));
-    match source {
-        Plan::Local => Some((node, false)),
-        _ => fallback::over_stand_ins(&node, catalog).map(|n| (n, true)),
-    }
-}
-
 /// An INSERT whose rows the coordinator computes before routing them: the
-/// SELECT (or VALUES) producing them and whether it reads distributed
-/// tables (None for DEFAULT VALUES), and how the coordinator database
-/// computes them.
-pub(super) fn through_coordinator(insert: &InsertStmt, select: Option<(NodeEnum, bool)>, rows: RowSource, target: Arc<DistributedTable>, version: i32) -> Plan {
+/// SELECT (or VALUES) producing them (None for DEFAULT VALUES), and how the
+/// coordinator database computes them.
+pub(super) fn through_coordinator(insert: &InsertStmt, select: Option<NodeEnum>, rows: RowSource, target: Arc<DistributedTable>, catalog: &Catalog, version: i32) -> Plan {
     if insert.with_clause.is_some() {
         return not_supported("INSERT … SELECT with a WITH clause that must pass its rows through the coordinator is not supported yet");
     }
     if insert.cols.iter().any(|c| matches!(c.node.as_ref(), Some(NodeEnum::ResTarget(r)) if !r.indirection.is_empty())) {
         return not_supported("INSERT … SELECT into subfields or array elements of a distributed table is not supported yet");
     }
-    let reads_distributed = select.as_ref().is_some_and(|(_, reads)| *reads);
-    let (statement, columns, check_sql) = match (rows, select) {
-        (RowSource::Select { check }, Some((select, _))) => {
+    let tables = select.as_ref().map(|s| super::distributed_among(&crate::walk::range_vars(s), catalog)).unwrap_or_default();
+    // The SELECT as the coordinator database runs it: distributed tables
+    // read from their stand-ins.
+    let reads_tables = !tables.is_empty();
+    let select_over = |stand_in| match &select {
+        Some(s) if reads_tables => fallback::over_stand_ins(s, catalog, stand_in).map(Some),
+        other => Some(other.clone()),
+    };
+    let (columns, check_sql) = match &rows {
+        RowSource::Select { check } => {
             let columns = insert
                 .cols
                 .iter()
@@ -173,26 +164,34 @@ pub(super) fn through_coordinator(insert: &InsertStmt, select: Option<(NodeEnum,
                     _ => None,
                 })
                 .collect();
-            (select, Some(columns), Some(check))
+            (Some(columns), Some(check.clone()))
         }
-        (_, select) => {
-            // Into the shell, with the statement's own ON CONFLICT: the shell is
-            // empty, so only the statement's own rows can conflict, which
-            // PostgreSQL would also skip (DO NOTHING) or refuse (DO UPDATE, 21000).
-            let select_stmt = select.map(|(node, _)| Box::new(protobuf::Node { node: Some(node) }));
-            let shell = InsertStmt { with_clause: None, select_stmt, returning_list: vec![res_target("", column_ref_star())], ..insert.clone() };
-            (NodeEnum::InsertStmt(Box::new(shell)), None, None)
-        }
+        RowSource::Shell => (None, None),
     };
-    let coordinator_sql = match deparse::deparse_statement(version, statement) {
-        Ok(sql) => sql,
-        Err(e) => return Plan::Unsupported(e),
+    let statement = |stand_in| -> Option<NodeEnum> {
+        let select = select_over(stand_in)?;
+        Some(match (&rows, select) {
+            (RowSource::Select { .. }, Some(select)) => select,
+            (_, select) => {
+                // Into the shell, with the statement's own ON CONFLICT: the shell is
+                // empty, so only the statement's own rows can conflict, which
+                // PostgreSQL would also skip (DO NOTHING) or refuse (DO UPDATE, 21000).
+                let select_stmt = select.map(|node| Box::new(protobuf::Node { node: Some(node) }));
+                let shell = InsertStmt { with_clause: None, select_stmt, returning_list: vec![res_target("", column_ref_star())], ..insert.clone() };
+                NodeEnum::InsertStmt(Box::new(shell))
+            }
+        })
+    };
+    let rows_read = match fallback::CoordinatorRead::build(version, tables, statement) {
+        Some(Ok(read)) => read,
+        Some(Err(e)) => return Plan::Unsupported(e),
+        None => return not_supported("this INSERT … SELECT into a distributed table is not supported yet"),
     };
     let shard_clauses = match shard_clauses(insert, version) {
         Ok(clauses) => clauses,
         Err(e) => return Plan::Unsupported(e),
     };
-    Plan::InsertSelect(Arc::new(InsertSelectPlan { target, coordinator_sql, check_sql, columns, reads_distributed, shard_clauses, returns_rows: !insert.returning_list.is_empty() }))
+    Plan::InsertSelect(Arc::new(InsertSelectPlan { target, rows: rows_read, check_sql, columns, shard_clauses, returns_rows: !insert.returning_list.is_empty() }))
 }
 
 /// How the coordinator database computes an INSERT's rows.

@@ -27,9 +27,7 @@ pub struct MergePlan {
     stmt: protobuf::MergeStmt,
     /// What the coordinator database runs for the source rows: the key value
     /// (in the distribution column's type) first, then the source's columns.
-    pub source_sql: String,
-    /// The source reads distributed tables (through the fallback's stand-ins).
-    pub reads_distributed: bool,
+    pub source: fallback::CoordinatorRead,
     /// The name the statement gives the source.
     alias: String,
 }
@@ -121,18 +119,13 @@ pub(super) fn through_coordinator(version: i32, merge: &protobuf::MergeStmt, tar
         ..super::plain_select()
     };
     let select = NodeEnum::SelectStmt(Box::new(select));
-    let reads_distributed = !super::distributed_among(&super::walk::range_vars(&select), catalog).is_empty();
-    let select = if reads_distributed {
-        match fallback::over_stand_ins(&select, catalog) {
-            Some(s) => s,
-            None => return refuse(),
-        }
-    } else {
-        select
-    };
-    let source_sql = match deparse_statement(version, select) {
-        Ok(sql) => sql,
-        Err(e) => return Plan::Unsupported(e),
+    let tables = super::distributed_among(&super::walk::range_vars(&select), catalog);
+    let reads_tables = !tables.is_empty();
+    let over = |stand_in| if reads_tables { fallback::over_stand_ins(&select, catalog, stand_in) } else { Some(select.clone()) };
+    let source = match fallback::CoordinatorRead::build(version, tables, over) {
+        Some(Ok(source)) => source,
+        Some(Err(e)) => return Plan::Unsupported(e),
+        None => return refuse(),
     };
     let mut stmt = merge.clone();
     stmt.source_relation = Some(Box::new(node(NodeEnum::RangeVar(protobuf::RangeVar {
@@ -142,7 +135,7 @@ pub(super) fn through_coordinator(version: i32, merge: &protobuf::MergeStmt, tar
         location: -1,
         ..Default::default()
     }))));
-    Plan::MergeThroughCoordinator(Arc::new(MergePlan { target: target.clone(), version, stmt, source_sql, reads_distributed, alias }))
+    Plan::MergeThroughCoordinator(Arc::new(MergePlan { target: target.clone(), version, stmt, source, alias }))
 }
 
 /// The name a MERGE's source goes by: its alias, or a table's name.

@@ -32,7 +32,7 @@ pub use ddl::{placement_groups, ChosenNames, DdlPlan, DropIndex, RelationChanges
 pub use delegation::Delegation;
 pub use rewrite::CopiedCall;
 pub use explain::ExplainPlan;
-pub use fallback::FallbackPlan;
+pub use fallback::{block_copy_name, CoordinatorRead, FallbackPlan};
 pub use functions::{ClusterCall, ClusterFunction};
 pub use insert_select::InsertSelectPlan;
 pub use materialized_views::LentShards;

@@ -1306,8 +1306,8 @@ fn plan_insert(insert: &protobuf::InsertStmt, node: &NodeEnum, template: ShardTe
     let fills = match sequence_fills(insert, &rows, &table, key_column) {
         Some(fills) if !needs_coordinator_values(insert, &rows, &table, catalog) => fills,
         _ => {
-            let values = insert.select_stmt.as_deref().and_then(|s| s.node.clone()).map(|node| (node, false));
-            return super::insert_select::through_coordinator(insert, values, super::insert_select::RowSource::Shell, table, template.version());
+            let values = insert.select_stmt.as_deref().and_then(|s| s.node.clone());
+            return super::insert_select::through_coordinator(insert, values, super::insert_select::RowSource::Shell, table, catalog, template.version());
         }
     };
     let Distribution::Hash { column, column_type, key, .. } = &table.distribution else {
