@@ -41,6 +41,17 @@ pub async fn run(plan: &ExplainPlan, coordinator: &Coordinator, catalog: &Catalo
             lines.push(format!("  Target: {}, rows routed to their shards in batches", insert.target.qualified_name()));
             explain_in_coordinator_db(plan, sql, parts, &mut lines).await?;
         }
+        Plan::WithLocalRows(local) => {
+            let replanned = super::local_rows::replanned(local, catalog, parts).await?;
+            if !matches!(replanned, Plan::Router(_) | Plan::MultiShard(_)) {
+                return Err(PgError::not_supported(format!("EXPLAIN of this statement, which runs {replanned}, is not supported yet")));
+            }
+            lines.push("Custom Scan (Tessera Local Rows)".to_string());
+            lines.push(format!("  Local tables: {}: read once and shipped to every task as VALUES", local.relations.iter().map(|rv| rv.relname.as_str()).collect::<Vec<_>>().join(", ")));
+            let mut inner = Vec::new();
+            explain_pushdown(plan, &replanned, catalog, parts, mode, &mut inner).await?;
+            push_plan(inner, "  ", &mut lines);
+        }
         inner => explain_pushdown(plan, inner, catalog, parts, mode, &mut lines).await?,
     }
     if matches!(mode, Mode::Simple) {

@@ -20,6 +20,7 @@ pub mod explain;
 pub mod fallback;
 pub mod function_copies;
 pub mod insert_select;
+pub mod local_rows;
 pub mod materialized_views;
 pub mod merge;
 pub mod multi_shard;

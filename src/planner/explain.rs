@@ -62,10 +62,10 @@ pub(super) fn plan(version: i32, e: &ExplainStmt, text: &str, catalog: &Catalog)
     let refusal = match &explain.inner {
         Plan::Local | Plan::Empty => return None,
         Plan::Unsupported(e) => return Some(Plan::Unsupported(e.clone())),
-        Plan::Router(_) | Plan::Delegated(_) | Plan::MultiShard(_) | Plan::Fallback(_) | Plan::InsertSelect(_) if !text_format => "EXPLAIN of distributed statements supports only FORMAT TEXT",
+        Plan::Router(_) | Plan::Delegated(_) | Plan::MultiShard(_) | Plan::Fallback(_) | Plan::InsertSelect(_) | Plan::WithLocalRows(_) if !text_format => "EXPLAIN of distributed statements supports only FORMAT TEXT",
         // Its rows are computed by inserting into the shell table: not for ANALYZE.
         Plan::InsertSelect(_) if explain.analyze() => "EXPLAIN ANALYZE of an INSERT … SELECT that passes rows through the coordinator is not supported yet",
-        Plan::Router(_) | Plan::Delegated(_) | Plan::MultiShard(_) | Plan::Fallback(_) | Plan::InsertSelect(_) => return Some(Plan::Explain(Arc::new(explain))),
+        Plan::Router(_) | Plan::Delegated(_) | Plan::MultiShard(_) | Plan::Fallback(_) | Plan::InsertSelect(_) | Plan::WithLocalRows(_) => return Some(Plan::Explain(Arc::new(explain))),
         _ => "EXPLAIN of this statement is not supported through the Tessera coordinator",
     };
     Some(not_supported(refusal))

@@ -16,6 +16,7 @@ mod functions;
 mod group_keys;
 mod inline;
 mod insert_select;
+mod local_rows;
 mod materialized_views;
 mod merge;
 mod multi_shard;
@@ -35,6 +36,7 @@ pub use explain::ExplainPlan;
 pub use fallback::{block_copy_name, CoordinatorRead, FallbackPlan};
 pub use functions::{ClusterCall, ClusterFunction};
 pub use insert_select::InsertSelectPlan;
+pub use local_rows::LocalRowsPlan;
 pub use materialized_views::LentShards;
 pub use merge::MergePlan;
 pub use multi_shard::{aggregate_placeholder, partial_column, sort_column, AggregateKind, Combine, CombineQuery, MultiShardPlan, SplitAggregate, PARTIALS_RELATION, VISIBLE_COLUMNS};
@@ -123,6 +125,9 @@ pub enum Plan {
     InsertSelect(Arc<InsertSelectPlan>),
     /// MERGE whose source rows the coordinator sends to their shards.
     MergeThroughCoordinator(Arc<MergePlan>),
+    /// A write to distributed tables reading local tables, planned again at
+    /// run time with their rows in their place.
+    WithLocalRows(Arc<LocalRowsPlan>),
     /// COPY FROM STDIN into, or TO STDOUT from, a distributed or reference table.
     Copy(Arc<CopyPlan>),
     /// SQL PREPARE of a statement over distributed tables.
@@ -149,7 +154,7 @@ impl Plan {
             Plan::Copy(copy) => copy.from_client && copy.table.colocation_id == colocation,
             Plan::KeysMeet(meet) => meet.route.is_write() && anchored(&meet.route.anchor) || meet.otherwise.may_write_colocation(colocation),
             Plan::ClusterFunction(call) => call.function.changes_tables(),
-            Plan::Delegated(_) | Plan::Fallback(_) | Plan::InsertSelect(_) | Plan::MergeThroughCoordinator(_) | Plan::Ddl(_) | Plan::SqlExecute(_) => true,
+            Plan::Delegated(_) | Plan::Fallback(_) | Plan::InsertSelect(_) | Plan::MergeThroughCoordinator(_) | Plan::WithLocalRows(_) | Plan::Ddl(_) | Plan::SqlExecute(_) => true,
         }
     }
 }
@@ -189,6 +194,7 @@ impl fmt::Display for Plan {
             Plan::Explain(e) => write!(f, "Explain({e})"),
             Plan::InsertSelect(i) => write!(f, "InsertSelect({i})"),
             Plan::MergeThroughCoordinator(m) => write!(f, "MergeThroughCoordinator({m})"),
+            Plan::WithLocalRows(l) => write!(f, "WithLocalRows({l})"),
             Plan::Copy(c) => write!(f, "Copy({c})"),
             Plan::SqlPrepare(p) => write!(f, "SqlPrepare({})", p.name),
             Plan::SqlExecute(e) => write!(f, "SqlExecute({})", e.name),
@@ -362,6 +368,7 @@ fn plan_undelegated(version: i32, raw: &protobuf::RawStmt, node: &NodeEnum, text
     };
     match plan {
         Some(Plan::Unsupported(refusal)) => fallback::plan(version, node, catalog, refusal.message())
+            .or_else(|| local_rows::plan(version, node, catalog))
             .or_else(|| writing_with::on_worker(version, raw, node, catalog))
             .unwrap_or(Plan::Unsupported(refusal)),
         Some(Plan::Router(route)) if matches!(route.target, ShardTarget::SameKeys(_)) => {

@@ -919,6 +919,10 @@ impl Session {
                 executor::insert_select::run(insert, &self.coordinator, &catalog, &mut self.parts, &mode, &mut self.client).await?;
             }
             Plan::MergeThroughCoordinator(merge) => executor::merge::run(merge, &self.coordinator, &catalog, &mut self.parts, &mut self.client).await?,
+            Plan::WithLocalRows(local) => {
+                let replanned = executor::local_rows::replanned(local, &catalog, &mut self.parts).await?;
+                Box::pin(self.execute_distributed(sql, &replanned, extended)).await?;
+            }
             Plan::SqlPrepare(prepare) => {
                 // Prepared on the coordinator database too: checked against the
                 // shells, typed, and listed in pg_prepared_statements.
