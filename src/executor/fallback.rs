@@ -5,7 +5,7 @@
 //! Otherwise the coordinator database runs the rewritten statement over the
 //! foreign-table stand-ins of the shards.
 
-use super::multi_shard::{add_task, collect_rows, combine_sql, rows_as_relation, tasks_by_node, type_names, TasksByNode};
+use super::multi_shard::{add_task, collect_rows, combine_sql, rows_as_relation, shard_type_names, tasks_by_node, TasksByNode};
 use super::{node_of_group, plan_tasks, run_on_coordinator_db, Defaults, Mode};
 use crate::connection::quote_ident;
 use crate::error::{PgError, PgResult};
@@ -78,15 +78,15 @@ async fn declare_over_results(
             for task in plan_tasks(&router, parts, mode, Defaults::default()).await? {
                 add_task(&mut by_node, node_of_group(catalog, task.group)?, task.sql);
             }
-            rows_relation(parts, &by_node, mode).await?
+            rows_relation(parts, catalog, &by_node, mode).await?
         }
         Plan::MultiShard(multi) => {
             let by_node = tasks_by_node(&multi.template, &multi.anchor, catalog)?;
             match &multi.combine {
-                Combine::Concatenate => rows_relation(parts, &by_node, mode).await?,
+                Combine::Concatenate => rows_relation(parts, catalog, &by_node, mode).await?,
                 Combine::Query(combine) => {
                     let (fields, rows) = collect_rows(parts, &by_node, mode).await?;
-                    let types = type_names(parts, &fields).await?;
+                    let types = shard_type_names(parts, catalog, &fields).await?;
                     match combine_sql(combine, &fields, &types, &rows) {
                         Some(sql) => format!("({sql})"),
                         None => return Ok(false),
@@ -109,9 +109,9 @@ async fn declare_over_results(
 }
 
 /// Rows of the tasks as a relation with the result's own column names and types.
-async fn rows_relation(parts: &mut Participants, by_node: &TasksByNode, mode: &Mode<'_>) -> PgResult<String> {
+async fn rows_relation(parts: &mut Participants, catalog: &Catalog, by_node: &TasksByNode, mode: &Mode<'_>) -> PgResult<String> {
     let (fields, rows) = collect_rows(parts, by_node, mode).await?;
-    let types = type_names(parts, &fields).await?;
+    let types = shard_type_names(parts, catalog, &fields).await?;
     let columns: Vec<String> = fields.iter().map(|f| quote_ident(&f.name)).collect();
     Ok(format!("(SELECT * FROM {} AS rows({}))", rows_as_relation(&types, &rows), columns.join(", ")))
 }
@@ -190,6 +190,6 @@ async fn table_as_relation(table: &Arc<DistributedTable>, version: i32, catalog:
     let template = ShardTemplate::for_query(version, raw, vec![table.clone()]);
     let by_node = tasks_by_node(&template, table, catalog)?;
     let (fields, rows) = collect_rows(parts, &by_node, &Mode::Simple).await?;
-    let types = type_names(parts, &fields).await?;
+    let types = shard_type_names(parts, catalog, &fields).await?;
     Ok(rows_as_relation(&types, &rows))
 }

@@ -85,7 +85,7 @@ pub async fn run(plan: &MultiShardPlan, coordinator: &Coordinator, parts: &mut P
         }
         Combine::Query(query) => {
             let (fields, rows) = collect_rows(parts, &by_node, mode).await?;
-            let types = type_names(parts, &fields).await?;
+            let types = shard_type_names(parts, catalog, &fields).await?;
             match combine_sql(query, &fields, &types, &rows) {
                 Some(sql) => super::run_on_coordinator_db(parts, &sql, mode, client).await,
                 None => match &query.fallback {
@@ -324,8 +324,30 @@ fn builtin_type_name(oid: u32) -> Option<&'static str> {
     })
 }
 
-/// SQL names of the partial rows' column types, for typed literals.
+/// `record`, the type of anonymous row values, which no literal can spell.
+const RECORD_OID: u32 = 2249;
+
+/// SQL names of the column types of rows the shards gave, for typed
+/// literals. A user-defined type's oid was turned into the coordinator
+/// database's where the node has the type under the same name; any other
+/// user oid is one only the node has (a shard's own row type, from a
+/// whole-row reference), which must not be looked up here, where the same
+/// oid may name another type.
+pub(super) async fn shard_type_names(parts: &mut Participants, catalog: &Catalog, fields: &[backend::FieldDescription]) -> PgResult<Vec<String>> {
+    if let Some(f) = fields.iter().find(|f| f.type_oid >= crate::metadata::FIRST_USER_OID && !catalog.is_user_type(f.type_oid)) {
+        return Err(PgError::not_supported(format!("the column \"{}\" has a type only the shards have (a table's whole row), which cannot be combined across shards", f.name))
+            .with_hint("Select the table's columns instead of its whole row."));
+    }
+    type_names(parts, fields).await
+}
+
+/// SQL names of the column types of rows the coordinator database gave (or,
+/// through `shard_type_names`, the shards), for typed literals.
 pub(super) async fn type_names(parts: &mut Participants, fields: &[backend::FieldDescription]) -> PgResult<Vec<String>> {
+    if let Some(f) = fields.iter().find(|f| f.type_oid == RECORD_OID) {
+        return Err(PgError::not_supported(format!("the row value \"{}\" cannot be combined across shards: anonymous row values have no literal form", f.name))
+            .with_hint("Select the row's fields as columns of their own, or cast the row to a composite type."));
+    }
     let unknown: Vec<String> = fields.iter().filter(|f| builtin_type_name(f.type_oid).is_none()).map(|f| f.type_oid.to_string()).collect();
     let mut looked_up = std::collections::HashMap::new();
     if !unknown.is_empty() {
@@ -344,7 +366,7 @@ pub(super) async fn type_names(parts: &mut Participants, fields: &[backend::Fiel
             builtin_type_name(f.type_oid)
                 .map(str::to_string)
                 .or_else(|| looked_up.get(&f.type_oid).cloned())
-                .ok_or_else(|| PgError::internal(format!("unknown type oid {} in a shard's result", f.type_oid)))
+                .ok_or_else(|| PgError::internal(format!("unknown type oid {} of column \"{}\"", f.type_oid, f.name)))
         })
         .collect()
 }

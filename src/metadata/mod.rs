@@ -378,6 +378,11 @@ impl Catalog {
     pub fn with_search_path(&self, names: Arc<UnqualifiedNames>) -> Catalog {
         Catalog { unqualified: Some(names), ..self.clone() }
     }
+    /// Whether `oid` is one of the coordinator database's user-defined types
+    /// (not a table's row type).
+    pub fn is_user_type(&self, oid: u32) -> bool {
+        self.user_types.values().any(|o| *o == oid)
+    }
     pub fn table_by_oid(&self, oid: u32) -> Option<&Arc<DistributedTable>> {
         self.by_oid.get(&oid)
     }

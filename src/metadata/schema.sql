@@ -132,6 +132,9 @@ BEGIN
     DELETE FROM tessera.pg_dist_placement WHERE shardid IN (SELECT shardid FROM tessera.pg_dist_shard WHERE logicalrelid = rel);
     DELETE FROM tessera.pg_dist_shard WHERE logicalrelid = rel;
     DELETE FROM tessera.pg_dist_partition WHERE logicalrelid = rel;
+    -- Its general-fallback stand-in goes now, not at the next rebuild: the
+    -- types its columns use could not be dropped meanwhile.
+    EXECUTE format('DROP TABLE IF EXISTS tessera_fallback.%I CASCADE', 'dist_' || rel::oid);
 END $$;
 CREATE OR REPLACE FUNCTION tessera.rename_distribution_column(rel regclass, name text) RETURNS void LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, tessera AS $$
