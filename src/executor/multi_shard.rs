@@ -423,6 +423,22 @@ pub(super) fn combine_sql(query: &CombineQuery, fields: &[backend::FieldDescript
             AggregateKind::Max => format!("max({})", col(0)),
             AggregateKind::BoolAnd => format!("bool_and({})", col(0)),
             AggregateKind::BoolOr => format!("bool_or({})", col(0)),
+            AggregateKind::Variance { sample, root } => {
+                // PostgreSQL's own formula for integer and numeric input,
+                // (N·Σx² − (Σx)²) / (N·(N−1)), whose SQL division rounds as its
+                // internal one does; the root at the variance's scale. Float
+                // input is combined in float8 steps that cannot be repeated.
+                if matches!(types[aggregate.columns[0]].as_str(), "float4" | "real" | "float8" | "double precision") {
+                    return None;
+                }
+                let (n, s, q) = (format!("sum({})", col(1)), format!("sum({})", col(2)), format!("sum({})", col(3)));
+                let denominator = if sample { format!("{n} * ({n} - 1)") } else { format!("{n} * {n}") };
+                let numerator = format!("({n} * {q} - {s} * {s})");
+                let variance = format!("{numerator} / ({denominator})::numeric");
+                let value = if root { format!("round(sqrt({variance}), scale({variance}))") } else { variance };
+                let fewest = if sample { 1 } else { 0 };
+                format!("CASE WHEN coalesce({n}, 0) <= {fewest} THEN NULL::numeric WHEN {numerator} <= 0 THEN 0::numeric ELSE {value} END")
+            }
             AggregateKind::Avg => match types[aggregate.columns[0]].as_str() {
                 // PostgreSQL averages float4 in float8; partial float4 sums lost that precision.
                 "float4" | "real" => return None,

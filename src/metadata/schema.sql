@@ -127,14 +127,20 @@ BEGIN
 END $$;
 CREATE OR REPLACE FUNCTION tessera.forget_distribution(rel regclass) RETURNS void LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, tessera AS $$
+DECLARE
+    kind "char";
 BEGIN
     PERFORM tessera.check_owner(rel);
     DELETE FROM tessera.pg_dist_placement WHERE shardid IN (SELECT shardid FROM tessera.pg_dist_shard WHERE logicalrelid = rel);
     DELETE FROM tessera.pg_dist_shard WHERE logicalrelid = rel;
     DELETE FROM tessera.pg_dist_partition WHERE logicalrelid = rel;
-    -- Its general-fallback stand-in goes now, not at the next rebuild: the
+    -- Its general-fallback stand-in (a foreign table for a reference table,
+    -- a partitioned one otherwise) goes now, not at the next rebuild: the
     -- types its columns use could not be dropped meanwhile.
-    EXECUTE format('DROP TABLE IF EXISTS tessera_fallback.%I CASCADE', 'dist_' || rel::oid);
+    SELECT c.relkind INTO kind FROM pg_class c WHERE c.oid = to_regclass(format('tessera_fallback.%I', 'dist_' || rel::oid));
+    IF kind IS NOT NULL THEN
+        EXECUTE format('DROP %s tessera_fallback.%I CASCADE', CASE kind WHEN 'f' THEN 'FOREIGN TABLE' ELSE 'TABLE' END, 'dist_' || rel::oid);
+    END IF;
 END $$;
 CREATE OR REPLACE FUNCTION tessera.rename_distribution_column(rel regclass, name text) RETURNS void LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, tessera AS $$

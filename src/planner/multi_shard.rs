@@ -30,6 +30,10 @@ pub enum AggregateKind {
     Avg,
     BoolAnd,
     BoolOr,
+    /// The variance and standard deviation family, from per-shard `sum(x)`
+    /// (which tells the input's type), `count(x)`, and the exact numeric
+    /// `sum(x)` and `sum(x * x)`.
+    Variance { sample: bool, root: bool },
 }
 
 /// One aggregate of the query: its kind and the worker columns holding its
@@ -101,9 +105,31 @@ pub(super) fn plan_modify(command: Command, anchor: Arc<DistributedTable>, templ
 
 /// Why a query cannot be split over the shards; the general fallback takes it.
 type Refusal = String;
+
+/// The column references whose value a row takes from its shard group
+/// (router.rs `shard_keys`): a GROUP BY or window PARTITION BY holding one
+/// keeps each group, or partition, within one shard group.
+pub(super) struct ShardKeys {
+    /// `qualifier.column` pairs.
+    pub qualified: Vec<(String, String)>,
+    /// Columns an unqualified name of which is such a key.
+    pub unqualified: Vec<String>,
+}
+
+impl ShardKeys {
+    fn is_key(&self, node: &Node) -> bool {
+        let Some(NodeEnum::ColumnRef(c)) = node.node.as_ref() else { return false };
+        match super::column_ref_names(c).as_deref() {
+            Some([column]) => self.unqualified.iter().any(|u| u == column),
+            Some([qualifier, column]) => self.qualified.iter().any(|(q, c)| q == qualifier && c == column),
+            _ => false,
+        }
+    }
+}
+
 /// Plans a SELECT whose distributed tables form one co-located join group.
-pub(super) fn plan_select(select: &SelectStmt, anchor: Arc<DistributedTable>, template: ShardTemplate, catalog: &Catalog) -> Plan {
-    let (template, combine) = match split(select, catalog) {
+pub(super) fn plan_select(select: &SelectStmt, anchor: Arc<DistributedTable>, template: ShardTemplate, keys: &ShardKeys, catalog: &Catalog) -> Plan {
+    let (template, combine) = match split(select, keys, catalog) {
         Err(refusal) => return super::not_supported(format!("cannot split over the shards: {refusal}")),
         Ok(None) => (template, Combine::Concatenate),
         Ok(Some((worker, sql, aggregates, hidden))) => {
@@ -122,10 +148,7 @@ pub(super) fn plan_select(select: &SelectStmt, anchor: Arc<DistributedTable>, te
 /// columns; None when plain concatenation answers the query.
 type Split = Option<(NodeEnum, String, Vec<SplitAggregate>, usize)>;
 
-fn split(select: &SelectStmt, catalog: &Catalog) -> Result<Split, Refusal> {
-    if !select.window_clause.is_empty() {
-        return Err("window functions across shards".into());
-    }
+fn split(select: &SelectStmt, keys: &ShardKeys, catalog: &Catalog) -> Result<Split, Refusal> {
     if !select.locking_clause.is_empty() && (!select.sort_clause.is_empty() || select.limit_count.is_some()) {
         return Err("FOR UPDATE with ORDER BY or LIMIT across shards".into());
     }
@@ -139,10 +162,22 @@ fn split(select: &SelectStmt, catalog: &Catalog) -> Result<Split, Refusal> {
         return Err("DISTINCT ON across shards".into());
     }
     let (aggregate, window) = calls_in(select, catalog);
-    if window {
+    let window = window || !select.window_clause.is_empty();
+    let aggregated = !select.group_clause.is_empty() || select.having_clause.is_some() || aggregate;
+    // Groups, and window partitions, that a shard group holds whole are
+    // computed there as the query says; only ordering, limits and DISTINCT
+    // across shard groups remain.
+    let groups_whole = !aggregated || grouped_by_key(select, keys);
+    if window && !(groups_whole && windows_by_key(select, keys)) {
         return Err("window functions across shards".into());
     }
-    let aggregated = !select.group_clause.is_empty() || select.having_clause.is_some() || aggregate;
+    if (window || aggregated) && groups_whole {
+        return if !select.sort_clause.is_empty() || select.limit_count.is_some() || select.limit_offset.is_some() || !select.distinct_clause.is_empty() {
+            split_rows(select).map(Some)
+        } else {
+            Ok(None)
+        };
+    }
     if aggregated {
         split_aggregation(select, catalog).map(Some)
     } else if !select.sort_clause.is_empty() || select.limit_count.is_some() || select.limit_offset.is_some() || !select.distinct_clause.is_empty() {
@@ -150,6 +185,44 @@ fn split(select: &SelectStmt, catalog: &Catalog) -> Result<Split, Refusal> {
     } else {
         Ok(None)
     }
+}
+
+/// Whether the GROUP BY has a distribution column (plainly, not in a
+/// grouping set), so that no group spans shard groups.
+fn grouped_by_key(select: &SelectStmt, keys: &ShardKeys) -> bool {
+    select.group_clause.iter().any(|g| match position(g) {
+        Some(p) => select.target_list.get(p - 1).and_then(target_value).is_some_and(|v| keys.is_key(v)),
+        None => keys.is_key(g),
+    })
+}
+
+/// Whether every window of the query partitions by a distribution column,
+/// so that each partition lies in one shard group. A window naming another
+/// (`OVER (w ORDER BY …)`) takes that one's partitioning.
+fn windows_by_key(select: &SelectStmt, keys: &ShardKeys) -> bool {
+    let named: Vec<&protobuf::WindowDef> = select.window_clause.iter().filter_map(|w| match w.node.as_ref() {
+        Some(NodeEnum::WindowDef(w)) => Some(w.as_ref()),
+        _ => None,
+    }).collect();
+    let partitioned = |w: &protobuf::WindowDef| {
+        let own = w.partition_clause.iter().any(|p| keys.is_key(p));
+        let inherited = !w.refname.is_empty() && named.iter().find(|n| n.name == w.refname).is_some_and(|n| n.partition_clause.iter().any(|p| keys.is_key(p)));
+        own || inherited
+    };
+    let mut all = named.iter().all(|w| partitioned(w));
+    for node in select.target_list.iter().chain(&select.sort_clause) {
+        if let Some(mut n) = node.node.clone() {
+            visit_mut(&mut n, &mut |n| {
+                if let NodeEnum::FuncCall(call) = n {
+                    if let Some(over) = call.over.as_deref() {
+                        let by_name = over.partition_clause.is_empty() && over.refname.is_empty() && !over.name.is_empty();
+                        all &= if by_name { named.iter().find(|w| w.name == over.name).is_some_and(|w| partitioned(w)) } else { partitioned(over) };
+                    }
+                }
+            });
+        }
+    }
+    all
 }
 
 fn is_distinct_on(select: &SelectStmt) -> bool {
@@ -335,11 +408,19 @@ fn split_rows(select: &SelectStmt) -> Result<(NodeEnum, String, Vec<SplitAggrega
     Ok((NodeEnum::SelectStmt(Box::new(worker)), sql, vec![], hidden))
 }
 
+fn product(a: &Node, b: &Node) -> Node {
+    operation("*", a, b)
+}
+
 fn plus(a: &Node, b: &Node) -> Node {
+    operation("+", a, b)
+}
+
+fn operation(operator: &str, a: &Node, b: &Node) -> Node {
     Node {
         node: Some(NodeEnum::AExpr(Box::new(protobuf::AExpr {
             kind: protobuf::AExprKind::AexprOp as i32,
-            name: vec![string_node("+")],
+            name: vec![string_node(operator)],
             lexpr: Some(Box::new(a.clone())),
             rexpr: Some(Box::new(b.clone())),
             location: -1,
@@ -358,13 +439,18 @@ struct Aggregation<'c> {
     aggregates: Vec<SplitAggregate>,
     /// Keys of aggregates seen, to compute each once.
     aggregate_keys: Vec<String>,
+    /// The one argument of the query's DISTINCT aggregates, with its key:
+    /// the shards group by it too (after the GROUP BY expressions), so each
+    /// sends every distinct value of its groups once, and the combine
+    /// computes the DISTINCT aggregates over those values.
+    distinct_value: Option<(Node, String)>,
 }
 
 /// GROUP BY and aggregates: the shards group and aggregate their rows; the
 /// combine groups again and combines each aggregate's per-shard values, then
 /// applies HAVING, DISTINCT, ORDER BY and LIMIT.
 fn split_aggregation(select: &SelectStmt, catalog: &Catalog) -> Result<(NodeEnum, String, Vec<SplitAggregate>, usize), Refusal> {
-    let mut agg = Aggregation { catalog, groups: vec![], partials: vec![], aggregates: vec![], aggregate_keys: vec![] };
+    let mut agg = Aggregation { catalog, groups: vec![], partials: vec![], aggregates: vec![], aggregate_keys: vec![], distinct_value: distinct_value(select, catalog)? };
     for g in &select.group_clause {
         let expr = match position(g) {
             Some(p) => target_value(select.target_list.get(p - 1).ok_or("GROUP BY position out of range")?).ok_or("GROUP BY a star")?.clone(),
@@ -409,15 +495,17 @@ fn split_aggregation(select: &SelectStmt, catalog: &Catalog) -> Result<(NodeEnum
     }
     let group_columns: Vec<Node> = (0..agg.groups.len()).map(|i| column_ref(&partial_column(i))).collect();
     let sql = combine_statement(select, targets, group_columns, having, sorts)?;
-    // The worker groups by the same expressions and computes the partials.
-    let mut worker_targets: Vec<Node> = agg.groups.iter().enumerate().map(|(i, (g, _))| res_target(&partial_column(i), g.clone())).collect();
+    // The worker groups by the same expressions (and the DISTINCT
+    // aggregates' value) and computes the partials.
+    let worker_groups: Vec<Node> = agg.groups.iter().map(|(g, _)| g.clone()).chain(agg.distinct_value.iter().map(|(v, _)| v.clone())).collect();
+    let mut worker_targets: Vec<Node> = worker_groups.iter().enumerate().map(|(i, g)| res_target(&partial_column(i), g.clone())).collect();
     let offset = worker_targets.len();
     worker_targets.extend(agg.partials.iter().enumerate().map(|(i, p)| res_target(&partial_column(offset + i), p.clone())));
     let worker = SelectStmt {
         target_list: worker_targets,
         from_clause: select.from_clause.clone(),
         where_clause: select.where_clause.clone(),
-        group_clause: agg.groups.iter().map(|(g, _)| g.clone()).collect(),
+        group_clause: worker_groups,
         with_clause: select.with_clause.clone(),
         ..plain_select()
     };
@@ -460,15 +548,35 @@ impl Aggregation<'_> {
         }
         match n {
             NodeEnum::FuncCall(call) if call.over.is_some() => Err("window functions across shards".into()),
+            NodeEnum::FuncCall(call) if call.agg_distinct => self.distinct_over_values(call).map(Some),
             NodeEnum::FuncCall(call) if call.agg_star || self.catalog.is_aggregate(function_name(call).unwrap_or_default()) => {
                 let j = self.aggregate(call)?;
                 Ok(column_ref(&aggregate_placeholder(j)).node)
             }
+            // A DISTINCT aggregate's rewritten call reads the shards' values.
+            NodeEnum::ColumnRef(c) if self.distinct_value.is_some() && super::column_ref_names(c).as_deref() == Some(&[partial_column(self.groups.len()).as_str()][..]) => Ok(None),
             NodeEnum::ColumnRef(_) => Err("a column outside GROUP BY and aggregates".into()),
             NodeEnum::SubLink(_) => Err("a subquery over the grouped rows".into()),
             NodeEnum::GroupingFunc(_) => Err("GROUPING() across shards".into()),
             _ => Ok(None),
         }
+    }
+
+    /// A DISTINCT aggregate as the combine computes it: over the distinct
+    /// values the shards sent, in the column after the GROUP BY columns.
+    fn distinct_over_values(&self, call: &protobuf::FuncCall) -> Result<NodeEnum, Refusal> {
+        let Some((_, key)) = &self.distinct_value else { return Err("DISTINCT aggregates across shards".into()) };
+        let column = column_ref(&partial_column(self.groups.len()));
+        let mut combined = call.clone();
+        for arg in combined.args.iter_mut().chain(combined.agg_order.iter_mut().filter_map(|o| match o.node.as_mut() {
+            Some(NodeEnum::SortBy(by)) => by.node.as_deref_mut(),
+            _ => None,
+        })) {
+            if arg.node.as_ref().and_then(expression_key).as_deref() == Some(key.as_str()) {
+                *arg = column.clone();
+            }
+        }
+        Ok(NodeEnum::FuncCall(Box::new(combined)))
     }
 
     /// The index of the aggregate `call` in the plan, adding it if new.
@@ -500,6 +608,10 @@ impl Aggregation<'_> {
             ("avg", 1) => AggregateKind::Avg,
             ("bool_and" | "every", 1) => AggregateKind::BoolAnd,
             ("bool_or", 1) => AggregateKind::BoolOr,
+            ("var_samp" | "variance", 1) => AggregateKind::Variance { sample: true, root: false },
+            ("var_pop", 1) => AggregateKind::Variance { sample: false, root: false },
+            ("stddev_samp" | "stddev", 1) => AggregateKind::Variance { sample: true, root: true },
+            ("stddev_pop", 1) => AggregateKind::Variance { sample: false, root: true },
             _ => return Err(format!("{key} across shards")),
         };
         let renamed = |name: &str| {
@@ -514,12 +626,58 @@ impl Aggregation<'_> {
                 self.partials.push(renamed("count"));
             }
             AggregateKind::BoolAnd => self.partials.push(renamed("bool_and")),
+            AggregateKind::Variance { .. } => {
+                let exact = |square: bool| {
+                    let value = super::cast_to_catalog_type(call.args[0].clone(), "numeric");
+                    let value = if square { product(&value, &value) } else { value };
+                    let mut c = call.clone();
+                    c.funcname = vec![string_node("sum")];
+                    c.args = vec![value];
+                    Node { node: Some(NodeEnum::FuncCall(Box::new(c))) }
+                };
+                self.partials.extend([renamed("sum"), renamed("count"), exact(false), exact(true)]);
+            }
             _ => self.partials.push(Node { node: Some(NodeEnum::FuncCall(Box::new(call.clone()))) }),
         }
         self.aggregates.push(SplitAggregate { kind, columns: (first..self.partials.len()).collect() });
         self.aggregate_keys.push(key);
         Ok(self.aggregates.len() - 1)
     }
+}
+
+/// The one value every DISTINCT aggregate of the query aggregates (its
+/// first argument; the others, such as string_agg's delimiter, constants),
+/// with its key; None when there are no DISTINCT aggregates. Refused when
+/// they aggregate different values, or filter rows (FILTER reads the rows
+/// the combine no longer has).
+fn distinct_value(select: &SelectStmt, catalog: &Catalog) -> Result<Option<(Node, String)>, Refusal> {
+    let mut value: Option<(Node, String)> = None;
+    let mut refusal = None;
+    let sources = select.target_list.iter().chain(select.having_clause.as_deref()).chain(&select.sort_clause);
+    for node in sources {
+        let Some(mut n) = node.node.clone() else { continue };
+        visit_mut(&mut n, &mut |n| {
+            let NodeEnum::FuncCall(call) = n else { return };
+            if !call.agg_distinct || refusal.is_some() {
+                return;
+            }
+            let constant = |a: &Node| matches!(a.node.as_ref(), Some(NodeEnum::AConst(_) | NodeEnum::TypeCast(_)));
+            let first = call.args.first().filter(|_| call.args[1..].iter().all(constant) && call.agg_filter.is_none() && !call.agg_within_group);
+            let first = first.filter(|a| {
+                let mut plain = true;
+                if let Some(mut a) = a.node.clone() {
+                    visit_mut(&mut a, &mut |n| plain &= !matches!(n, NodeEnum::SubLink(_)) && !matches!(n, NodeEnum::FuncCall(c) if c.agg_star || c.over.is_some() || catalog.is_aggregate(function_name(c).unwrap_or_default())));
+                }
+                plain
+            });
+            match (first.and_then(|a| Some((a.clone(), a.node.as_ref().and_then(expression_key)?))), &value) {
+                (Some((arg, key)), None) => value = Some((arg, key)),
+                (Some((_, key)), Some((_, seen))) if key == *seen => {}
+                _ => refusal = Some("DISTINCT aggregates of different values, or with FILTER, across shards".to_string()),
+            }
+        });
+    }
+    refusal.map_or(Ok(value), Err)
 }
 
 /// The column name PostgreSQL gives an unnamed output expression (its

@@ -356,6 +356,9 @@ struct ScopeEntry {
     /// The alias, or the table name when there is none.
     name: String,
     table: Option<Arc<DistributedTable>>,
+    /// On the nullable side of an outer join: its columns may be NULL in
+    /// rows of other shard groups too.
+    nullable: bool,
 }
 
 /// Plans DML over distributed tables; None when the statement touches none.
@@ -643,7 +646,7 @@ fn inserted_key_is_source_key(clause: &protobuf::MergeWhenClause, target: &Distr
 
 fn scope_entry(rv: &protobuf::RangeVar, catalog: &Catalog) -> ScopeEntry {
     let name = rv.alias.as_ref().map(|a| a.aliasname.clone()).unwrap_or_else(|| rv.relname.clone());
-    ScopeEntry { name, table: resolve_range_var(rv, catalog).cloned() }
+    ScopeEntry { name, table: resolve_range_var(rv, catalog).cloned(), nullable: false }
 }
 
 /// Walks a FROM list: tables enter the scope, and join conditions become
@@ -665,7 +668,7 @@ fn collect_joined<'a>(items: &'a [protobuf::Node], catalog: &Catalog, scope: &mu
     let mut replicated_preserved = false;
     for item in items {
         match item.node.as_ref() {
-            Some(NodeEnum::RangeVar(rv)) => scope.push(scope_entry(rv, catalog)),
+            Some(NodeEnum::RangeVar(rv)) => scope.push(ScopeEntry { nullable, ..scope_entry(rv, catalog) }),
             Some(NodeEnum::JoinExpr(j)) => {
                 let join_type = JoinType::from_i32(j.jointype);
                 let side_nullable = match join_type {
@@ -696,16 +699,39 @@ fn collect_joined<'a>(items: &'a [protobuf::Node], catalog: &Catalog, scope: &mu
             }
             Some(NodeEnum::RangeSubselect(sub)) => {
                 let name = sub.alias.as_ref().map(|a| a.aliasname.clone()).unwrap_or_default();
-                scope.push(ScopeEntry { name, table: None });
+                scope.push(ScopeEntry { name, table: None, nullable });
             }
             Some(NodeEnum::RangeFunction(f)) => {
                 let name = f.alias.as_ref().map(|a| a.aliasname.clone()).unwrap_or_default();
-                scope.push(ScopeEntry { name, table: None });
+                scope.push(ScopeEntry { name, table: None, nullable });
             }
             _ => {}
         }
     }
     replicated_preserved
+}
+
+/// The references to a distribution column whose value a row of a
+/// co-located join takes from its shard group: the key of every table in
+/// the FROM list but those on an outer join's nullable side (there a NULL
+/// stands in rows of every shard group). Unqualified names only when every
+/// table's columns are known and each one with that column has it as key.
+fn shard_keys(scope: &[ScopeEntry]) -> super::multi_shard::ShardKeys {
+    let key = |e: &ScopeEntry| match e.table.as_deref().map(|t| &t.distribution) {
+        Some(Distribution::Hash { column, .. }) if !e.nullable => Some(column.clone()),
+        _ => None,
+    };
+    let qualified: Vec<(String, String)> = scope.iter().filter_map(|e| Some((e.name.clone(), key(e)?))).collect();
+    let mut unqualified: Vec<String> = Vec::new();
+    if scope.iter().all(|e| e.table.is_some()) {
+        for (_, column) in &qualified {
+            let having = scope.iter().filter(|e| e.table.as_ref().is_some_and(|t| t.columns.contains(column)));
+            if having.into_iter().all(|e| key(e).as_deref() == Some(column.as_str())) && !unqualified.contains(column) {
+                unqualified.push(column.clone());
+            }
+        }
+    }
+    super::multi_shard::ShardKeys { qualified, unqualified }
 }
 
 /// `JOIN … USING (c)` means `left.c = right.c`: written out as a conjunct when
@@ -922,7 +948,7 @@ fn plan_pinned(command: Command, node: &NodeEnum, scope: Vec<ScopeEntry>, conjun
                     NodeEnum::SelectStmt(_) if replicated_preserved => {
                         not_supported("outer joins that keep rows of reference tables or subqueries across shards are not supported yet")
                     }
-                    NodeEnum::SelectStmt(select) if one_group => super::multi_shard::plan_select(select, anchor, template, catalog),
+                    NodeEnum::SelectStmt(select) if one_group => super::multi_shard::plan_select(select, anchor, template, &shard_keys(&scope), catalog),
                     NodeEnum::SelectStmt(_) if one_group || !nested_tables.is_empty() => {
                         not_supported("a query whose subqueries read one shard group must read only that group at the top level too")
                     }
