@@ -26,6 +26,7 @@ mod router;
 mod session_state;
 mod user_code;
 mod views;
+mod whole_rows;
 mod writing_with;
 use crate::walk;
 
@@ -343,7 +344,10 @@ fn plan_undelegated(version: i32, raw: &protobuf::RawStmt, node: &NodeEnum, text
     if let Some(plan) = views::expand(node, catalog).map(replan) {
         return plan;
     }
-    let rewritten = cte_names::rename_hiding(node, catalog).or_else(|| group_keys::expand(node, catalog)).or_else(|| insert_select::with_moved_into_rows(node, catalog));
+    let rewritten = cte_names::rename_hiding(node, catalog)
+        .or_else(|| group_keys::expand(node, catalog))
+        .or_else(|| insert_select::with_moved_into_rows(node, catalog))
+        .or_else(|| whole_rows::spell_out(node, catalog));
     if let Some(stmt) = rewritten {
         return plan_tree(version, stmt, catalog);
     }
