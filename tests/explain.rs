@@ -68,7 +68,12 @@ async fn each_shape_takes_its_tier() {
         ("SELECT * FROM ea JOIN ec ON ea.k = ec.k", "Custom Scan (Tessera Broadcast)"),
         ("SELECT * FROM ea JOIN eb ON ea.g = eb.w", "Custom Scan (Tessera Broadcast)"),
         ("SELECT k, rank() OVER (ORDER BY v) FROM ea", "Custom Scan (Tessera General Fallback)"),
-        ("SELECT count(DISTINCT g) FROM ea", "Custom Scan (Tessera General Fallback)"),
+        // Heavy aggregates and windows keyed by the distribution column run
+        // whole per shard; DISTINCT aggregates of one value in two phases.
+        ("SELECT k, rank() OVER (PARTITION BY k ORDER BY v) FROM ea", "Custom Scan (Tessera Multi-Shard)"),
+        ("SELECT k, percentile_cont(0.5) WITHIN GROUP (ORDER BY v) FROM ea GROUP BY k", "Custom Scan (Tessera Multi-Shard)"),
+        ("SELECT count(DISTINCT g) FROM ea", "Custom Scan (Tessera Multi-Shard)"),
+        ("SELECT count(DISTINCT g), count(DISTINCT v) FROM ea", "Custom Scan (Tessera General Fallback)"),
         ("SELECT string_agg(k::text, ',' ORDER BY k) FROM ea", "Custom Scan (Tessera General Fallback)"),
         ("SELECT g, count(*) FROM ea GROUP BY ROLLUP (g)", "Custom Scan (Tessera General Fallback)"),
         // Subqueries joined on the distribution column to the query around

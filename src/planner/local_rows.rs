@@ -40,11 +40,21 @@ pub(super) fn plan(version: i32, node: &NodeEnum, catalog: &Catalog) -> Option<P
     }?;
     resolve_range_var(target, catalog)?;
     let mut ctes = Vec::new();
-    super::walk::visit_mut(&mut node.clone(), &mut |n| {
-        if let NodeEnum::CommonTableExpr(c) = n {
-            ctes.push(c.ctename.clone());
+    // A sample of a local table would have to be taken where its rows are:
+    // such statements keep their refusal rather than read every row.
+    let mut samples_local = false;
+    super::walk::visit_mut(&mut node.clone(), &mut |n| match n {
+        NodeEnum::CommonTableExpr(c) => ctes.push(c.ctename.clone()),
+        NodeEnum::RangeTableSample(sample) => {
+            if let Some(NodeEnum::RangeVar(rv)) = sample.relation.as_deref().and_then(|r| r.node.as_ref()) {
+                samples_local |= resolve_range_var(rv, catalog).is_none();
+            }
         }
+        _ => {}
     });
+    if samples_local {
+        return None;
+    }
     let mut relations: Vec<protobuf::RangeVar> = Vec::new();
     for rv in range_vars(node) {
         let names_cte = rv.schemaname.is_empty() && ctes.contains(&rv.relname);
