@@ -168,6 +168,22 @@ async fn check_distributable(ctx: &mut CommandContext<'_>, table: &LocalTable) -
 /// copy of a reference table, the only one to bring up to date.
 pub(super) async fn follow_shell_onto_shards(ctx: &mut CommandContext<'_>, oid: u32, qualified: &str, only_group: Option<i32>) -> PgResult<()> {
     let local = ctx.parts.local().await?;
+    let statements = shell_statements(local, oid, qualified).await?;
+    if statements.is_empty() {
+        return Ok(());
+    }
+    // The catalog as this transaction sees it: with the table distributed
+    // (or the new node holding its copy).
+    let catalog = Arc::new(crate::metadata::load_tables_in_block(local, &ctx.catalog, &[oid]).await?);
+    let committed = std::mem::replace(&mut ctx.catalog, catalog.clone());
+    let result = carry_statements(ctx, &catalog, &statements, only_group).await;
+    ctx.catalog = committed;
+    result
+}
+
+/// The statements giving table `oid`'s shards what its shell carries
+/// (`follow_shell_onto_shards`).
+async fn shell_statements(local: &mut PgConnection, oid: u32, qualified: &str) -> PgResult<Vec<String>> {
     let mut statements = Vec::new();
     for key in local.query(&format!("SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint WHERE contype = 'f' AND conrelid = {} ORDER BY conname", oid)).await? {
         let (name, definition) = (key[0].clone().unwrap_or_default(), key[1].clone().unwrap_or_default());
@@ -212,16 +228,7 @@ pub(super) async fn follow_shell_onto_shards(ctx: &mut CommandContext<'_>, oid: 
         let option = if text(4) == "t" { " WITH GRANT OPTION" } else { "" };
         statements.push(format!("GRANT {}{column} ON TABLE {} TO {grantee}{option}", text(0), qualified));
     }
-    if statements.is_empty() {
-        return Ok(());
-    }
-    // The catalog as this transaction sees it: with the table distributed
-    // (or the new node holding its copy).
-    let catalog = Arc::new(crate::metadata::load_in_block(local, ctx.catalog.version, &ctx.catalog).await?);
-    let committed = std::mem::replace(&mut ctx.catalog, catalog.clone());
-    let result = carry_statements(ctx, &catalog, &statements, only_group).await;
-    ctx.catalog = committed;
-    result
+    Ok(statements)
 }
 
 async fn carry_statements(ctx: &mut CommandContext<'_>, catalog: &Catalog, statements: &[String], only_group: Option<i32>) -> PgResult<()> {
@@ -343,11 +350,12 @@ pub async fn create_distributed_table(ctx: &mut CommandContext<'_>, table_name: 
             None => new_colocation(local, count, 1, type_oid, &collation).await?,
         };
         bring_nodes_up_to_date(ctx, &placements).await?;
-        let shard_ids = create_shards(ctx, &table, Some(column), colocation_id, &placements, None).await?;
-        create_partition_shards(ctx, &table, &shard_ids, &partitions, column, colocation_id, &placements).await?;
-        for oid in std::iter::once(table.oid).chain(partitions.iter().map(|(p, _)| p.oid)) {
-            super::worker_relations::create(ctx, oid, None).await?;
-        }
+        let mut per_node = BTreeMap::new();
+        let shard_ids = create_shards(ctx, &table, Some(column), colocation_id, &placements, None, &mut per_node).await?;
+        create_partition_shards(ctx, &table, &shard_ids, &partitions, column, colocation_id, &placements, &mut per_node).await?;
+        let oids: Vec<u32> = std::iter::once(table.oid).chain(partitions.iter().map(|(p, _)| p.oid)).collect();
+        add_relation_statements(ctx, &oids, &mut per_node).await?;
+        run_per_node(ctx, per_node).await?;
         move_rows_into_shards(ctx, &table, &shard_ids, &placements, by_hash(&table, column, column_type, count as u32)?).await?;
         follow_shell_onto_shards(ctx, table.oid, &table.qualified(), None).await?;
         for (partition, _) in &partitions {
@@ -378,7 +386,9 @@ fn by_hash(table: &LocalTable, column: &str, column_type: HashType, shards: u32)
 
 /// Distributes the partitions under `root` (whose shards are `root_shards`)
 /// co-located with it: each shard of a partition is a partition of its
-/// parent's shard of the same index, on the same node.
+/// parent's shard of the same index, on the same node. Their statements
+/// go to `per_node`.
+#[allow(clippy::too_many_arguments)]
 async fn create_partition_shards(
     ctx: &mut CommandContext<'_>,
     root: &LocalTable,
@@ -387,11 +397,12 @@ async fn create_partition_shards(
     column: &str,
     colocation_id: i32,
     placements: &[Vec<i32>],
+    per_node: &mut BTreeMap<i32, Vec<String>>,
 ) -> PgResult<()> {
     let mut shards_of: HashMap<u32, Vec<String>> = HashMap::from([(root.oid, root_shards.iter().map(|id| root.qualified_shard(*id)).collect())]);
     for (partition, parent) in partitions {
         let parent_shards = shards_of.get(parent).ok_or_else(|| PgError::internal(format!("partition {} comes before its parent", partition.name)))?.clone();
-        let ids = create_shards(ctx, partition, Some(column), colocation_id, placements, Some(&parent_shards)).await?;
+        let ids = create_shards(ctx, partition, Some(column), colocation_id, placements, Some(&parent_shards), per_node).await?;
         shards_of.insert(partition.oid, ids.iter().map(|id| partition.qualified_shard(*id)).collect());
     }
     Ok(())
@@ -414,11 +425,12 @@ pub(super) async fn distribute_partition(ctx: &mut CommandContext<'_>, parent: &
     }
     let placements: Vec<Vec<i32>> = parent.shards.iter().map(|s| s.placements.clone()).collect();
     let parent_shards: Vec<String> = parent.shards.iter().map(|s| parent.qualified_shard_name(s)).collect();
-    let shard_ids = create_shards(ctx, &table, Some(column), parent.colocation_id, &placements, Some(&parent_shards)).await?;
-    create_partition_shards(ctx, &table, &shard_ids, &partitions, column, parent.colocation_id, &placements).await?;
-    for oid in std::iter::once(table.oid).chain(partitions.iter().map(|(p, _)| p.oid)) {
-        super::worker_relations::create(ctx, oid, None).await?;
-    }
+    let mut per_node = BTreeMap::new();
+    let shard_ids = create_shards(ctx, &table, Some(column), parent.colocation_id, &placements, Some(&parent_shards), &mut per_node).await?;
+    create_partition_shards(ctx, &table, &shard_ids, &partitions, column, parent.colocation_id, &placements, &mut per_node).await?;
+    let oids: Vec<u32> = std::iter::once(table.oid).chain(partitions.iter().map(|(p, _)| p.oid)).collect();
+    add_relation_statements(ctx, &oids, &mut per_node).await?;
+    run_per_node(ctx, per_node).await?;
     move_rows_into_shards(ctx, &table, &shard_ids, &placements, by_hash(&table, column, *column_type, parent.shard_count())?).await?;
     follow_shell_onto_shards(ctx, table.oid, &table.qualified(), None).await?;
     for (partition, _) in &partitions {
@@ -446,8 +458,10 @@ pub async fn create_reference_table(ctx: &mut CommandContext<'_>, table_name: &s
         };
         let placements = vec![nodes.iter().map(|n| n.group_id).collect::<Vec<_>>()];
         bring_nodes_up_to_date(ctx, &placements).await?;
-        let shard_ids = create_shards(ctx, &table, None, colocation_id, &placements, None).await?;
-        super::worker_relations::create(ctx, table.oid, None).await?;
+        let mut per_node = BTreeMap::new();
+        let shard_ids = create_shards(ctx, &table, None, colocation_id, &placements, None, &mut per_node).await?;
+        add_relation_statements(ctx, &[table.oid], &mut per_node).await?;
+        run_per_node(ctx, per_node).await?;
         move_rows_into_shards(ctx, &table, &shard_ids, &placements, |_| Ok(0)).await?;
         follow_shell_onto_shards(ctx, table.oid, &table.qualified(), None).await
     }
@@ -492,7 +506,8 @@ async fn new_colocation(local: &mut PgConnection, shards: i32, replicas: usize, 
 
 /// Records the table as hash-distributed on `key` (a reference table when
 /// None) in the catalog, with one shard per entry of `placements`, and
-/// creates each shard on its nodes; returns the new shard ids.
+/// adds the statements creating each shard to its nodes' in `per_node`;
+/// returns the new shard ids.
 /// `parent_shards`: for a partition, its parent's shards, by index.
 async fn create_shards(
     ctx: &mut CommandContext<'_>,
@@ -501,6 +516,7 @@ async fn create_shards(
     colocation_id: i32,
     placements: &[Vec<i32>],
     parent_shards: Option<&[String]>,
+    per_node: &mut BTreeMap<i32, Vec<String>>,
 ) -> PgResult<Vec<i64>> {
     let local = ctx.parts.local().await?;
     let rows: Vec<String> = placements.iter().map(|groups| format!("[{}]", groups.iter().map(i32::to_string).collect::<Vec<_>>().join(","))).collect();
@@ -510,24 +526,35 @@ async fn create_shards(
     };
     let ids = local
         .query_value(&format!(
-            "SELECT array_to_string(tessera.record_distribution({}, '{method}', {key}, {colocation_id}, ARRAY[{}]::int[]), ',')",
+            "SELECT tessera.guard_shell({0});
+             SELECT array_to_string(tessera.record_distribution({0}, '{method}', {key}, {colocation_id}, ARRAY[{1}]::int[]), ',')",
             table.oid,
             rows.join(",")
         ))
         .await?
         .unwrap_or_default();
     let ids: Vec<i64> = ids.split(',').map(|id| id.parse().unwrap_or(0)).collect();
-    local.execute(&format!("SELECT tessera.guard_shell({})", table.oid)).await?;
     let definition = TableDefinition::read(local, table.oid).await?;
-    let mut per_node: BTreeMap<i32, Vec<String>> = BTreeMap::new();
     for (index, (groups, id)) in placements.iter().zip(&ids).enumerate() {
         let ddl = definition.shard_ddl(&format!("{}_{id}", table.name), *id, parent_shards.map(|p| p[index].as_str()))?;
         for g in groups {
             per_node.entry(*g).or_default().extend(ddl.iter().cloned());
         }
     }
-    run_per_node(ctx, per_node).await?;
     Ok(ids)
+}
+
+/// Adds to `per_node` the statements making the worker-side relations of
+/// the tables `oids`, distributed in the current block (after their shards'
+/// statements, which they attach).
+async fn add_relation_statements(ctx: &mut CommandContext<'_>, oids: &[u32], per_node: &mut BTreeMap<i32, Vec<String>>) -> PgResult<()> {
+    let catalog = crate::metadata::load_tables_in_block(ctx.parts.local().await?, &ctx.catalog, oids).await?;
+    for oid in oids {
+        for (group, statements) in super::worker_relations::create_statements(ctx, &catalog, *oid, None).await? {
+            per_node.entry(group).or_default().extend(statements);
+        }
+    }
+    Ok(())
 }
 
 /// Streams the local table's rows out of the coordinator database and into the

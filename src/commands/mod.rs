@@ -17,7 +17,7 @@ use crate::protocol::backend::{self, FieldDescription};
 use crate::protocol::frontend::{self, Bind};
 use crate::server::client::ClientConn;
 use crate::server::Coordinator;
-use crate::transaction::{Access, Participants};
+use crate::transaction::{Access, Participants, WorkerConnection};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -891,12 +891,32 @@ fn labeled_shard_statements(table: &DistributedTable, template: &ShardTemplate, 
 }
 
 /// Runs each node's statements as one batch on the session's connection to it
-/// (inside the current block), naming the node in any error.
+/// (inside the current block), all nodes at once; the first error by node
+/// group, which names its node, is the outcome.
 pub(crate) async fn run_per_node(ctx: &mut CommandContext<'_>, per_node: BTreeMap<i32, Vec<String>>) -> PgResult<()> {
-    for (group, statements) in per_node {
-        let node = ctx.catalog.node_for_group(group).ok_or_else(|| PgError::internal(format!("no node for group {group}")))?.clone();
-        let worker = ctx.parts.worker(&node, Access::Write).await?;
-        worker.conn.execute(&statements.join(";\n")).await?;
+    let nodes = per_node
+        .keys()
+        .map(|group| ctx.catalog.node_for_group(*group).cloned().ok_or_else(|| PgError::internal(format!("no node for group {group}"))))
+        .collect::<PgResult<Vec<_>>>()?;
+    let runs = connections_to(ctx.parts, &nodes).await?.into_iter().map(|worker| {
+        let batch = per_node[&worker.group_id].join(";\n");
+        async move { worker.conn.execute(&batch).await }
+    });
+    // In node-group order, as the connections are.
+    futures::future::join_all(runs).await.into_iter().try_for_each(|outcome| outcome.map(|_| ()))
+}
+
+/// The session's connections to `nodes` (inside the current block), to use
+/// side by side, in node-group order: they are taken in that order, as
+/// every statement takes them.
+pub(crate) async fn connections_to<'p>(parts: &'p mut Participants, nodes: &[crate::metadata::Node]) -> PgResult<Vec<&'p mut WorkerConnection>> {
+    let mut nodes: Vec<&crate::metadata::Node> = nodes.iter().collect();
+    nodes.sort_by_key(|node| node.group_id);
+    for node in &nodes {
+        parts.worker(node, Access::Write).await?;
     }
-    Ok(())
+    let groups: Vec<i32> = nodes.iter().map(|node| node.group_id).collect();
+    let mut connections = parts.workers_for(&groups);
+    connections.sort_by_key(|worker| worker.group_id);
+    Ok(connections)
 }

@@ -171,16 +171,21 @@ const CHECKS_PER_QUERY: usize = 1000;
 const CATCH_UP_LOCK: i64 = 7_482_912;
 
 /// Creates on each of `nodes` the objects it lacks, inside the current
-/// block (one node failing undoes them all).
+/// block (one node failing undoes them all). The nodes are asked what they
+/// lack all at once.
 pub async fn create_missing(ctx: &mut CommandContext<'_>, nodes: &[Node], objects: &[SharedObject]) -> PgResult<()> {
     if objects.is_empty() {
         return Ok(());
     }
-    for node in nodes {
-        let worker = ctx.parts.worker(node, Access::Write).await?;
-        if missing_on(&mut worker.conn, objects).await?.is_empty() {
-            continue;
+    let checks = super::connections_to(ctx.parts, nodes).await?.into_iter().map(|worker| async move { (worker.group_id, missing_on(&mut worker.conn, objects).await) });
+    let mut lacking = Vec::new();
+    for (group, missing) in futures::future::join_all(checks).await {
+        if !missing?.is_empty() {
+            lacking.push(group);
         }
+    }
+    for node in nodes.iter().filter(|node| lacking.contains(&node.group_id)) {
+        let worker = ctx.parts.worker(node, Access::Write).await?;
         // Look again once no other session is catching this node up.
         worker.conn.execute(&format!("SELECT pg_advisory_xact_lock({CATCH_UP_LOCK})")).await?;
         let missing = missing_on(&mut worker.conn, objects).await?;

@@ -102,16 +102,25 @@ impl TableDefinition {
     /// the same index, schema-qualified).
     pub fn shard_ddl(&self, relname: &str, shard_id: i64, parent_shard: Option<&str>) -> PgResult<Vec<String>> {
         let qualified = format!("{}.{}", quote_ident(&self.schema), quote_ident(relname));
-        let mut create = match (parent_shard, &self.partition_bound) {
-            (Some(parent), Some(bound)) => format!("CREATE TABLE {qualified} PARTITION OF {parent} {bound}"),
-            _ => format!("CREATE TABLE {qualified} ({})", self.columns.join(", ")),
+        let constraint = |name: &str, def: &str| format!("CONSTRAINT {} {def}", quote_ident(&format!("{name}_{shard_id}")));
+        // A table's constraints are made with it, which costs a worker less
+        // than adding each after; one NOT VALID is added after (CREATE TABLE
+        // would take it as valid), as are a partition's own.
+        let partition_of = parent_shard.zip(self.partition_bound.as_ref());
+        let made_after = |(_, def): &&(String, String)| partition_of.is_some() || def.ends_with("NOT VALID");
+        let mut create = match partition_of {
+            Some((parent, bound)) => format!("CREATE TABLE {qualified} PARTITION OF {parent} {bound}"),
+            None => {
+                let inline = self.constraints.iter().filter(|c| !made_after(c)).map(|(name, def)| constraint(name, def));
+                format!("CREATE TABLE {qualified} ({})", self.columns.iter().cloned().chain(inline).collect::<Vec<_>>().join(", "))
+            }
         };
         if let Some(key) = &self.partition_key {
             create.push_str(&format!(" PARTITION BY {key}"));
         }
         let mut out = vec![create];
-        for (name, def) in &self.constraints {
-            out.push(format!("ALTER TABLE {qualified} ADD CONSTRAINT {} {def}", quote_ident(&format!("{name}_{shard_id}"))));
+        for (name, def) in self.constraints.iter().filter(made_after) {
+            out.push(format!("ALTER TABLE {qualified} ADD {}", constraint(name, def)));
         }
         for index in &self.indexes {
             out.push(rewrite_index(index, &self.schema, relname, shard_id)?);

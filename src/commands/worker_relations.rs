@@ -27,7 +27,8 @@ use crate::config::Config;
 use crate::connection::{quote_ident, quote_literal, PgConnection, ServerAddr};
 use crate::transaction::links::link_application_name;
 use crate::error::{PgError, PgResult};
-use crate::metadata::{DistributedTable, Distribution, Node, Shard};
+use crate::metadata::{Catalog, DistributedTable, Distribution, Node, Shard};
+use std::collections::BTreeMap;
 
 /// Where the foreign tables standing for other nodes' shards live.
 const REMOTE_SCHEMA: &str = "tessera_remote";
@@ -161,11 +162,22 @@ pub fn refuse_writes_sql(table: &DistributedTable, shard: &Shard) -> String {
 
 /// Creates the relation of table `oid` on every active node (only on node
 /// group `only_group`, when set), as the catalog stands in the current
-/// block: right after its shards are made, or when a node, a partition
-/// attached or detached, or a change of columns needs one.
+/// block: when a node, a partition attached or detached, or a change of
+/// columns needs one.
 pub(super) async fn create(ctx: &mut CommandContext<'_>, oid: u32, only_group: Option<i32>) -> PgResult<()> {
+    let catalog = crate::metadata::load_tables_in_block(ctx.parts.local().await?, &ctx.catalog, &[oid]).await?;
+    let per_node = create_statements(ctx, &catalog, oid, only_group).await?;
+    let committed = std::mem::replace(&mut ctx.catalog, std::sync::Arc::new(catalog));
+    let result = run_per_node(ctx, per_node).await;
+    ctx.catalog = committed;
+    result
+}
+
+/// The statements creating the relation of table `oid` on every active
+/// node of `catalog` (a catalog of the current block, which knows the
+/// table), or only on node group `only_group`, by node group.
+pub(super) async fn create_statements(ctx: &mut CommandContext<'_>, catalog: &Catalog, oid: u32, only_group: Option<i32>) -> PgResult<BTreeMap<i32, Vec<String>>> {
     let local = ctx.parts.local().await?;
-    let catalog = crate::metadata::load_in_block(local, ctx.catalog.version, &ctx.catalog).await?;
     let table = catalog.table_by_oid(oid).cloned().ok_or_else(|| PgError::internal(format!("table {oid} is not in the catalog")))?;
     let shape = if table.is_reference() {
         Shape::ReferenceView
@@ -191,11 +203,7 @@ pub(super) async fn create(ctx: &mut CommandContext<'_>, oid: u32, only_group: O
         let owner = owner.first().and_then(|r| r.first().cloned().flatten()).ok_or_else(|| PgError::internal(format!("table {oid} has no owner")))?;
         Shape::Parent { columns: TableDefinition::read(local, oid).await?.columns().to_vec(), owner }
     };
-    let per_node = catalog.active_nodes().filter(|n| only_group.map_or(true, |g| g == n.group_id)).map(|n| (n.group_id, create_sql(&table, &shape, n.group_id))).collect();
-    let committed = std::mem::replace(&mut ctx.catalog, std::sync::Arc::new(catalog));
-    let result = run_per_node(ctx, per_node).await;
-    ctx.catalog = committed;
-    result
+    Ok(catalog.active_nodes().filter(|n| only_group.is_none_or(|g| g == n.group_id)).map(|n| (n.group_id, create_sql(&table, &shape, n.group_id))).collect())
 }
 
 /// The statement dropping `table`'s relation on a node, and what depends on

@@ -579,12 +579,41 @@ impl PgConnection {
         Ok(backend::rows_in_tag(&tag).unwrap_or(0))
     }
 
+    /// Gives `settings` (name, value) these values for the rest of the
+    /// current transaction, as SET LOCAL would, and returns what they were,
+    /// for `restore_after` to put back: what the transaction runs after
+    /// that sees the settings it had.
+    pub async fn set_for_now(&mut self, settings: &[(&str, &str)]) -> PgResult<SavedSettings> {
+        let names: Vec<String> = settings.iter().map(|(name, _)| quote_literal(name)).collect();
+        let current: Vec<String> = names.iter().enumerate().map(|(i, name)| format!("pg_catalog.current_setting({name}) AS s{i}")).collect();
+        let set: Vec<String> = names.iter().zip(settings).map(|(name, (_, value))| format!("pg_catalog.set_config({name}, {}, true)", quote_literal(value))).collect();
+        // The subquery reads the old values before the outer query sets the new ones.
+        let sql = format!("SELECT was.*, {} FROM (SELECT {} OFFSET 0) was", set.join(", "), current.join(", "));
+        let row = self.query(&sql).await?.into_iter().next().unwrap_or_default();
+        Ok(SavedSettings(settings.iter().zip(row).map(|((name, _), was)| (name.to_string(), was.unwrap_or_default())).collect()))
+    }
+
+    /// Puts back the settings `set_for_now` changed, once the work done
+    /// under them has given `outcome`. A failure aborted the transaction,
+    /// whose end (or a rollback to a savepoint) puts them back: the failure
+    /// is the outcome then.
+    pub async fn restore_after<T>(&mut self, saved: SavedSettings, outcome: PgResult<T>) -> PgResult<T> {
+        let value = outcome?;
+        let set: Vec<String> = saved.0.iter().map(|(name, value)| format!("pg_catalog.set_config({}, {}, true)", quote_literal(name), quote_literal(value))).collect();
+        self.execute(&format!("SELECT {}", set.join(", "))).await?;
+        Ok(value)
+    }
+
     /// Politely ends the session.
     pub async fn terminate(mut self) {
         frontend::terminate(&mut self.wbuf);
         let _ = self.flush().await;
     }
 }
+
+/// Settings as they were before `PgConnection::set_for_now` changed them.
+#[must_use = "the settings stay changed until restored"]
+pub struct SavedSettings(Vec<(String, String)>);
 
 /// The first column of the first row, if any.
 pub fn first_value(rows: TextRows) -> Option<String> {

@@ -135,7 +135,10 @@ pub async fn load_type_oids(catalog: &mut Catalog, coordinator_db: &mut PgConnec
                 let map = rows.into_iter().filter_map(|r| Some((int(&r[0]), *by_name.get(r[1].as_deref()?)?))).collect();
                 node.type_oids = Arc::new(TypeOids(map));
             }
-            Err(e) => tracing::warn!("could not read the user-defined types of node {}: {}", node.addr, e.message()),
+            Err(e) => {
+                tracing::warn!("could not read the user-defined types of node {}: {}", node.addr, e.message());
+                catalog.type_oids_incomplete = true;
+            }
         }
     }
     Ok(())
@@ -317,6 +320,9 @@ pub struct Catalog {
     /// What unqualified names mean under a session's search_path when it is
     /// not just `public`. See `with_search_path`.
     unqualified: Option<Arc<UnqualifiedNames>>,
+    /// Some active node's type oids could not be read (`load_type_oids`):
+    /// a reload is worth it even when the catalog has not changed.
+    pub type_oids_incomplete: bool,
 }
 
 /// Names of distributed tables and of user code's relations (views,
@@ -475,11 +481,18 @@ impl Catalog {
     }
 }
 
+/// Settings the catalog is read under: its queries are small, but their
+/// cost estimates grow with the number of tables, and past
+/// `jit_above_cost` compiling a query took longer (about 100 ms) than
+/// running it.
+const LOADING: [(&str, &str); 1] = [("jit", "off")];
+
 /// Reads the whole catalog in one transaction so the snapshot is consistent.
 pub async fn load(conn: &mut PgConnection) -> PgResult<Catalog> {
     let rows = conn
         .query(
             "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY;
+             SET LOCAL jit = off;
              SELECT version FROM tessera.catalog_version;",
         )
         .await?;
@@ -489,18 +502,54 @@ pub async fn load(conn: &mut PgConnection) -> PgResult<Catalog> {
     result
 }
 
+/// The catalog version committed now, to tell whether a snapshot is current.
+pub async fn committed_version(conn: &mut PgConnection) -> PgResult<i64> {
+    Ok(conn.query_value("SELECT version FROM tessera.catalog_version").await?.and_then(|v| v.parse().ok()).unwrap_or(0))
+}
+
 /// The catalog as a transaction block that changed it sees it, read on that
 /// block's own connection; `version` marks it apart from committed catalogs.
 /// Nodes keep the type oids of `committed`: types the block creates are
 /// not shared with the nodes before it commits.
 pub async fn load_in_block(conn: &mut PgConnection, version: i64, committed: &Catalog) -> PgResult<Catalog> {
-    let mut catalog = load_in_transaction(conn, version).await?;
+    let saved = conn.set_for_now(&LOADING).await?;
+    let loaded = load_in_transaction(conn, version).await;
+    let mut catalog = conn.restore_after(saved, loaded).await?;
+    keep_type_oids(&mut catalog, committed);
+    Ok(catalog)
+}
+
+/// `committed` with the tables `oids` (and the distributed tables they are
+/// partitions of) and the nodes as the current block sees them: what a
+/// command that distributed or changed those tables in its block needs to
+/// go on, read without reading every other table again.
+pub async fn load_tables_in_block(conn: &mut PgConnection, committed: &Catalog, oids: &[u32]) -> PgResult<Catalog> {
+    let saved = conn.set_for_now(&LOADING).await?;
+    let loaded = async {
+        let nodes = read_nodes(conn).await?;
+        let tables = read_tables(conn, Some(oids)).await?;
+        Ok::<_, crate::error::PgError>((nodes, tables))
+    }
+    .await;
+    let (nodes, tables) = conn.restore_after(saved, loaded).await?;
+    let mut catalog = Catalog { nodes, unqualified: None, ..committed.clone() };
+    keep_type_oids(&mut catalog, committed);
+    for table in tables {
+        if let Some(old) = catalog.by_oid.remove(&table.oid) {
+            catalog.tables.remove(&(old.schema.clone(), old.name.clone()));
+        }
+        catalog.tables.insert((table.schema.clone(), table.name.clone()), table.clone());
+        catalog.by_oid.insert(table.oid, table);
+    }
+    Ok(catalog)
+}
+
+fn keep_type_oids(catalog: &mut Catalog, committed: &Catalog) {
     for node in &mut catalog.nodes {
         if let Some(known) = committed.nodes.iter().find(|n| n.group_id == node.group_id) {
             node.type_oids = known.type_oids.clone();
         }
     }
-    Ok(catalog)
 }
 
 fn int<T: std::str::FromStr + Default>(v: &Option<String>) -> T {
@@ -510,116 +559,15 @@ fn int<T: std::str::FromStr + Default>(v: &Option<String>) -> T {
 /// Reads the catalog through its views in pg_catalog, which every role may
 /// read: a block's catalog is read as the client's role.
 async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<Catalog> {
-    let mut catalog = Catalog { version, ..Default::default() };
-    for r in conn
-        .query("SELECT nodeid, groupid, nodename, nodeport, isactive, shouldhaveshards FROM pg_catalog.pg_dist_node WHERE noderole = 'primary' ORDER BY nodeid")
-        .await?
-    {
-        catalog.nodes.push(Node {
-            id: int(&r[0]),
-            group_id: int(&r[1]),
-            addr: ServerAddr { host: r[2].clone().unwrap_or_default(), port: int(&r[3]) },
-            active: r[4].as_deref() == Some("t"),
-            should_have_shards: r[5].as_deref() == Some("t"),
-            type_oids: Arc::default(),
-        });
-    }
+    let mut catalog = Catalog { version, nodes: read_nodes(conn).await?, ..Default::default() };
     for r in conn.query("SELECT DISTINCT proname FROM pg_proc WHERE prokind IN ('a', 'w')").await? {
         if let Some(name) = &r[0] {
             catalog.aggregates.insert(name.clone());
         }
     }
-    let mut placements: HashMap<i64, Vec<i32>> = HashMap::new();
-    for r in conn.query("SELECT shardid, groupid FROM pg_catalog.pg_dist_placement ORDER BY shardid, groupid").await? {
-        placements.entry(int(&r[0])).or_default().push(int(&r[1]));
-    }
-    let mut shards: HashMap<u32, Vec<Shard>> = HashMap::new();
-    for r in conn.query("SELECT logicalrelid::oid, shardid, shardindex FROM pg_catalog.pg_dist_shard ORDER BY logicalrelid, shardindex").await? {
-        let id: i64 = int(&r[1]);
-        shards.entry(int(&r[0])).or_default().push(Shard { id, index: int(&r[2]), placements: placements.remove(&id).unwrap_or_default() });
-    }
-    let tables = conn
-        .query(
-            // Defaults that draw from a sequence (serial and identity columns)
-            // are evaluated by the coordinator: the sequence lives in the
-            // coordinator database, so values are unique across all shards.
-            // An identity column's sequence is found through pg_depend, which
-            // the snapshot covers: name lookups (pg_get_serial_sequence) fail
-            // on a table another session has dropped since.
-            "WITH tessera_defaults AS (
-                SELECT a.attrelid, a.attname, a.attnum, a.attidentity,
-                       COALESCE(pg_get_expr(d.adbin, d.adrelid),
-                                CASE WHEN a.attidentity <> '' THEN
-                                  (SELECT format('nextval(%L::regclass)', quote_ident(sn.nspname) || '.' || quote_ident(sc.relname))
-                                   FROM pg_depend dep
-                                   JOIN pg_class sc ON sc.oid = dep.objid AND sc.relkind = 'S'
-                                   JOIN pg_namespace sn ON sn.oid = sc.relnamespace
-                                   WHERE dep.classid = 'pg_class'::regclass AND dep.refclassid = 'pg_class'::regclass
-                                     AND dep.refobjid = a.attrelid AND dep.refobjsubid = a.attnum AND dep.deptype = 'i') END) AS tessera_default,
-                       a.attidentity <> '' OR coalesce(pg_get_expr(d.adbin, d.adrelid) LIKE '%nextval(%', false) AS uses_sequence
-                FROM pg_attribute a
-                LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
-                WHERE a.attrelid IN (SELECT logicalrelid FROM pg_catalog.pg_dist_partition) AND a.attnum > 0 AND NOT a.attisdropped)
-             SELECT c.oid, n.nspname, c.relname, p.partmethod, p.partkey, p.colocationid,
-                    (SELECT a.atttypid FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = p.partkey AND NOT a.attisdropped),
-                    (SELECT json_agg(a.attname ORDER BY a.attnum)
-                       FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),
-                    (SELECT tessera_default FROM tessera_defaults WHERE attrelid = c.oid AND attname = p.partkey),
-                    (SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = p.partkey),
-                    (SELECT a.atttypmod FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = p.partkey),
-                    (SELECT format_type(a.atttypid, NULL) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = p.partkey),
-                    (SELECT json_agg(a.attname ORDER BY a.attnum)
-                       FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''),
-                    (SELECT json_agg(json_build_array(attname, tessera_default) ORDER BY attnum) FROM tessera_defaults WHERE attrelid = c.oid AND uses_sequence),
-                    (SELECT json_agg(attname ORDER BY attnum) FROM tessera_defaults WHERE attrelid = c.oid AND attidentity = 'a'),
-                    (SELECT i.inhparent FROM pg_inherits i WHERE i.inhrelid = c.oid AND c.relispartition),
-                    (SELECT json_agg(a.attname ORDER BY k.n) FROM pg_index x CROSS JOIN LATERAL unnest(x.indkey) WITH ORDINALITY k(attnum, n)
-                       JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = k.attnum WHERE x.indrelid = c.oid AND x.indisprimary)
-             FROM pg_catalog.pg_dist_partition p
-             JOIN pg_class c ON c.oid = p.logicalrelid
-             JOIN pg_namespace n ON n.oid = c.relnamespace",
-        )
-        .await?;
-    for r in tables {
-        let oid: u32 = int(&r[0]);
-        let columns = parse_json_string_array(r[7].as_deref().unwrap_or("[]"));
-        let distribution = if r[3].as_deref() == Some("h") {
-            let column = r[4].clone().unwrap_or_default();
-            let column_index = columns.iter().position(|c| *c == column).unwrap_or(0);
-            let type_oid: u32 = int(&r[6]);
-            let typmod: i32 = int(&r[10]);
-            match HashType::from_type_oid(type_oid) {
-                Some(column_type) => {
-                    let coercion = match (typmod, column_type) {
-                        (-1, _) | (_, HashType::Bpchar) => Coercion::None,
-                        (_, HashType::Text) => Coercion::TrailingSpaces,
-                        _ => Coercion::Always,
-                    };
-                    let key = KeyType { sql: r[9].clone().unwrap_or_default(), base_sql: r[11].clone().unwrap_or_default(), oid: type_oid, coercion };
-                    Distribution::Hash { column, column_index, column_type, key }
-                }
-                None => continue,
-            }
-        } else {
-            Distribution::Reference
-        };
-        let table = Arc::new(DistributedTable {
-            oid,
-            schema: r[1].clone().unwrap_or_default(),
-            name: r[2].clone().unwrap_or_default(),
-            distribution,
-            colocation_id: int(&r[5]),
-            columns,
-            copy_columns: parse_json_string_array(r[12].as_deref().unwrap_or("[]")),
-            key_default: r[8].clone(),
-            sequence_columns: serde_json::from_str(r[13].as_deref().unwrap_or("[]")).unwrap_or_default(),
-            always_identity: parse_json_string_array(r[14].as_deref().unwrap_or("[]")),
-            shards: shards.remove(&oid).unwrap_or_default(),
-            partition_of: r[15].as_deref().and_then(|v| v.parse().ok()),
-            primary_key: parse_json_string_array(r[16].as_deref().unwrap_or("[]")),
-        });
+    for table in read_tables(conn, None).await? {
         catalog.tables.insert((table.schema.clone(), table.name.clone()), table.clone());
-        catalog.by_oid.insert(oid, table);
+        catalog.by_oid.insert(table.oid, table);
     }
     if catalog.has_tables() {
         catalog.user_code = user_code::load(conn, &catalog).await?;
@@ -666,6 +614,127 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
         catalog.functions.entry((function.schema.clone(), function.name.clone())).or_default().push(Arc::new(function));
     }
     Ok(catalog)
+}
+
+async fn read_nodes(conn: &mut PgConnection) -> PgResult<Vec<Node>> {
+    let rows = conn.query("SELECT nodeid, groupid, nodename, nodeport, isactive, shouldhaveshards FROM pg_catalog.pg_dist_node WHERE noderole = 'primary' ORDER BY nodeid").await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| Node {
+            id: int(&r[0]),
+            group_id: int(&r[1]),
+            addr: ServerAddr { host: r[2].clone().unwrap_or_default(), port: int(&r[3]) },
+            active: r[4].as_deref() == Some("t"),
+            should_have_shards: r[5].as_deref() == Some("t"),
+            type_oids: Arc::default(),
+        })
+        .collect())
+}
+
+/// The distributed tables, or only those of `oids` and the distributed
+/// tables they are partitions of (directly or further up).
+async fn read_tables(conn: &mut PgConnection, oids: Option<&[u32]>) -> PgResult<Vec<Arc<DistributedTable>>> {
+    let among = match oids {
+        None => "pg_catalog.pg_dist_partition".to_string(),
+        Some(oids) => format!(
+            "(SELECT p.* FROM pg_catalog.pg_dist_partition p
+               WHERE p.logicalrelid IN (WITH RECURSIVE up(relid) AS (SELECT unnest(ARRAY[{}]::oid[])
+                                                                     UNION SELECT i.inhparent FROM pg_inherits i JOIN up ON i.inhrelid = up.relid)
+                                        SELECT relid FROM up))",
+            oids.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+        ),
+    };
+    let mut placements: HashMap<i64, Vec<i32>> = HashMap::new();
+    for r in conn.query(&format!("SELECT pl.shardid, pl.groupid FROM pg_catalog.pg_dist_placement pl JOIN pg_catalog.pg_dist_shard s USING (shardid) JOIN {among} p USING (logicalrelid) ORDER BY pl.shardid, pl.groupid")).await? {
+        placements.entry(int(&r[0])).or_default().push(int(&r[1]));
+    }
+    let mut shards: HashMap<u32, Vec<Shard>> = HashMap::new();
+    for r in conn.query(&format!("SELECT s.logicalrelid::oid, s.shardid, s.shardindex FROM pg_catalog.pg_dist_shard s JOIN {among} p USING (logicalrelid) ORDER BY s.logicalrelid, s.shardindex")).await? {
+        let id: i64 = int(&r[1]);
+        shards.entry(int(&r[0])).or_default().push(Shard { id, index: int(&r[2]), placements: placements.remove(&id).unwrap_or_default() });
+    }
+    let rows = conn
+        .query(&format!(
+            // Defaults that draw from a sequence (serial and identity columns)
+            // are evaluated by the coordinator: the sequence lives in the
+            // coordinator database, so values are unique across all shards.
+            // An identity column's sequence is found through pg_depend, which
+            // the snapshot covers: name lookups (pg_get_serial_sequence) fail
+            // on a table another session has dropped since. Each table's
+            // columns are read on their own (a lateral subquery), so that
+            // the work grows with the number of tables, not its square.
+            "SELECT c.oid, n.nspname, c.relname, p.partmethod, p.partkey, p.colocationid,
+                    k.atttypid, tessera_defaults.names, tessera_defaults.key_default, format_type(k.atttypid, k.atttypmod), k.atttypmod, format_type(k.atttypid, NULL),
+                    tessera_defaults.copy_names, tessera_defaults.sequence_defaults, tessera_defaults.always_identity,
+                    (SELECT i.inhparent FROM pg_inherits i WHERE i.inhrelid = c.oid AND c.relispartition),
+                    (SELECT json_agg(a.attname ORDER BY x.n) FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY x(attnum, n)
+                       JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = x.attnum WHERE i.indrelid = c.oid AND i.indisprimary)
+             FROM {among} p
+             JOIN pg_class c ON c.oid = p.logicalrelid
+             JOIN pg_namespace n ON n.oid = c.relnamespace
+             LEFT JOIN pg_attribute k ON k.attrelid = c.oid AND k.attname = p.partkey AND NOT k.attisdropped
+             CROSS JOIN LATERAL (
+                 SELECT json_agg(a.attname ORDER BY a.attnum) AS names,
+                        json_agg(a.attname ORDER BY a.attnum) FILTER (WHERE a.attgenerated = '') AS copy_names,
+                        json_agg(json_build_array(a.attname, d.value) ORDER BY a.attnum) FILTER (WHERE d.uses_sequence) AS sequence_defaults,
+                        json_agg(a.attname ORDER BY a.attnum) FILTER (WHERE a.attidentity = 'a') AS always_identity,
+                        min(d.value) FILTER (WHERE a.attname = p.partkey) AS key_default
+                 FROM pg_attribute a
+                 LEFT JOIN pg_attrdef ad ON ad.adrelid = a.attrelid AND ad.adnum = a.attnum
+                 CROSS JOIN LATERAL (
+                     SELECT COALESCE(pg_get_expr(ad.adbin, ad.adrelid),
+                                     CASE WHEN a.attidentity <> '' THEN
+                                       (SELECT format('nextval(%L::regclass)', quote_ident(sn.nspname) || '.' || quote_ident(sc.relname))
+                                        FROM pg_depend dep
+                                        JOIN pg_class sc ON sc.oid = dep.objid AND sc.relkind = 'S'
+                                        JOIN pg_namespace sn ON sn.oid = sc.relnamespace
+                                        WHERE dep.classid = 'pg_class'::regclass AND dep.refclassid = 'pg_class'::regclass
+                                          AND dep.refobjid = a.attrelid AND dep.refobjsubid = a.attnum AND dep.deptype = 'i') END) AS value,
+                            a.attidentity <> '' OR coalesce(pg_get_expr(ad.adbin, ad.adrelid) LIKE '%nextval(%', false) AS uses_sequence) d
+                 WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped) tessera_defaults"
+        ))
+        .await?;
+    let mut tables = Vec::new();
+    for r in rows {
+        let oid: u32 = int(&r[0]);
+        let columns = parse_json_string_array(r[7].as_deref().unwrap_or("[]"));
+        let distribution = if r[3].as_deref() == Some("h") {
+            let column = r[4].clone().unwrap_or_default();
+            let column_index = columns.iter().position(|c| *c == column).unwrap_or(0);
+            let type_oid: u32 = int(&r[6]);
+            let typmod: i32 = int(&r[10]);
+            match HashType::from_type_oid(type_oid) {
+                Some(column_type) => {
+                    let coercion = match (typmod, column_type) {
+                        (-1, _) | (_, HashType::Bpchar) => Coercion::None,
+                        (_, HashType::Text) => Coercion::TrailingSpaces,
+                        _ => Coercion::Always,
+                    };
+                    let key = KeyType { sql: r[9].clone().unwrap_or_default(), base_sql: r[11].clone().unwrap_or_default(), oid: type_oid, coercion };
+                    Distribution::Hash { column, column_index, column_type, key }
+                }
+                None => continue,
+            }
+        } else {
+            Distribution::Reference
+        };
+        tables.push(Arc::new(DistributedTable {
+            oid,
+            schema: r[1].clone().unwrap_or_default(),
+            name: r[2].clone().unwrap_or_default(),
+            distribution,
+            colocation_id: int(&r[5]),
+            columns,
+            copy_columns: parse_json_string_array(r[12].as_deref().unwrap_or("[]")),
+            key_default: r[8].clone(),
+            sequence_columns: serde_json::from_str(r[13].as_deref().unwrap_or("[]")).unwrap_or_default(),
+            always_identity: parse_json_string_array(r[14].as_deref().unwrap_or("[]")),
+            shards: shards.remove(&oid).unwrap_or_default(),
+            partition_of: r[15].as_deref().and_then(|v| v.parse().ok()),
+            primary_key: parse_json_string_array(r[16].as_deref().unwrap_or("[]")),
+        }));
+    }
+    Ok(tables)
 }
 
 /// Parses the JSON array of strings that json_agg produced for column names.

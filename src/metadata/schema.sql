@@ -127,20 +127,15 @@ BEGIN
 END $$;
 CREATE OR REPLACE FUNCTION tessera.forget_distribution(rel regclass) RETURNS void LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, tessera AS $$
-DECLARE
-    kind "char";
 BEGIN
     PERFORM tessera.check_owner(rel);
     DELETE FROM tessera.pg_dist_placement WHERE shardid IN (SELECT shardid FROM tessera.pg_dist_shard WHERE logicalrelid = rel);
     DELETE FROM tessera.pg_dist_shard WHERE logicalrelid = rel;
     DELETE FROM tessera.pg_dist_partition WHERE logicalrelid = rel;
-    -- Its general-fallback stand-in (a foreign table for a reference table,
-    -- a partitioned one otherwise) goes now, not at the next rebuild: the
+    -- Its general-fallback stand-in goes now, not at the next rebuild: the
     -- types its columns use could not be dropped meanwhile.
-    SELECT c.relkind INTO kind FROM pg_class c WHERE c.oid = to_regclass(format('tessera_fallback.%I', 'dist_' || rel::oid));
-    IF kind IS NOT NULL THEN
-        EXECUTE format('DROP %s tessera_fallback.%I CASCADE', CASE kind WHEN 'f' THEN 'FOREIGN TABLE' ELSE 'TABLE' END, 'dist_' || rel::oid);
-    END IF;
+    PERFORM tessera.drop_stand_in(rel::oid);
+    DELETE FROM tessera.fallback_tables WHERE relid = rel::oid;
 END $$;
 CREATE OR REPLACE FUNCTION tessera.rename_distribution_column(rel regclass, name text) RETURNS void LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, tessera AS $$
@@ -968,10 +963,41 @@ BEGIN
 END $$;
 REVOKE ALL ON FUNCTION tessera.map_role_to_nodes(name, text) FROM PUBLIC;
 
+-- Which stand-in each distributed table has: what it was made from (the
+-- table's name, columns, distribution and shards with their placements),
+-- as a signature. A stand-in is made again only when its table's changed.
+CREATE TABLE IF NOT EXISTS tessera.fallback_tables (relid oid PRIMARY KEY, signature text NOT NULL);
+
+CREATE OR REPLACE FUNCTION tessera.fallback_signatures() RETURNS TABLE (relid oid, signature text)
+LANGUAGE sql STABLE SET search_path = pg_catalog, tessera AS $$
+    SELECT p.logicalrelid::oid,
+           md5(concat_ws('|', ns.nspname, c.relname, p.partmethod, p.partkey, tessera.column_definitions(p.logicalrelid),
+                         (SELECT string_agg(format('%s:%s:%s', s.shardid, s.shardindex, s.groupid), ',' ORDER BY s.shardindex)
+                          FROM (SELECT sh.shardid, sh.shardindex, min(pl.groupid) AS groupid FROM tessera.pg_dist_shard sh JOIN tessera.pg_dist_placement pl USING (shardid)
+                                WHERE sh.logicalrelid = p.logicalrelid GROUP BY sh.shardid, sh.shardindex) s)))
+    FROM tessera.pg_dist_partition p JOIN pg_class c ON c.oid = p.logicalrelid JOIN pg_namespace ns ON ns.oid = c.relnamespace
+$$;
+
+-- Drops the stand-in of table `relid` (a foreign table for a reference
+-- table, a partitioned one otherwise), if there is one.
+CREATE OR REPLACE FUNCTION tessera.drop_stand_in(relid oid) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, tessera AS $$
+DECLARE
+    stand_in regclass := to_regclass(format('tessera_fallback.%I', 'dist_' || relid));
+BEGIN
+    IF (SELECT relkind FROM pg_class WHERE oid = stand_in) = 'f' THEN
+        EXECUTE format('DROP FOREIGN TABLE %s CASCADE', stand_in);
+    ELSIF stand_in IS NOT NULL THEN
+        EXECUTE format('DROP TABLE %s CASCADE', stand_in);
+    END IF;
+END $$;
+
 -- Brings the fallback objects up to the current catalog (unless another
 -- coordinator already did) and gives `role` a user mapping on every node, so
 -- that the foreign tables reach the workers as that role, like the
--- coordinator's own worker connections do.
+-- coordinator's own worker connections do. Only the stand-ins of tables
+-- that changed are made again: rebuilding every one took seconds once
+-- hundreds of tables existed, after each change of any.
 CREATE OR REPLACE FUNCTION tessera.prepare_fallback(role name, password text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, tessera AS $$
 DECLARE
@@ -1001,13 +1027,22 @@ BEGIN
         END LOOP;
         FOR s IN SELECT srvname FROM pg_foreign_server
                  WHERE srvname LIKE 'tessera\_node\_%' AND substr(srvname, 14) NOT IN (SELECT groupid::text FROM tessera.pg_dist_node) LOOP
+            -- Takes the foreign tables over that node's shards along.
             EXECUTE format('DROP SERVER %I CASCADE', s.srvname);
+            TRUNCATE tessera.fallback_tables;
         END LOOP;
-        DROP SCHEMA tessera_fallback CASCADE;
-        CREATE SCHEMA tessera_fallback;
-        GRANT USAGE ON SCHEMA tessera_fallback TO PUBLIC;
-        FOR t IN SELECT p.logicalrelid::oid AS relid, p.partmethod, p.partkey, c.relname, ns.nspname, (SELECT count(*) FROM tessera.pg_dist_shard x WHERE x.logicalrelid = p.logicalrelid) AS shards
-                 FROM tessera.pg_dist_partition p JOIN pg_class c ON c.oid = p.logicalrelid JOIN pg_namespace ns ON ns.oid = c.relnamespace LOOP
+        FOR t IN SELECT f.relid FROM tessera.fallback_tables f LEFT JOIN tessera.fallback_signatures() now USING (relid)
+                 WHERE now.signature IS DISTINCT FROM f.signature LOOP
+            PERFORM tessera.drop_stand_in(t.relid);
+            DELETE FROM tessera.fallback_tables WHERE relid = t.relid;
+        END LOOP;
+        FOR t IN SELECT p.logicalrelid::oid AS relid, p.partmethod, p.partkey, c.relname, ns.nspname, now.signature,
+                        (SELECT count(*) FROM tessera.pg_dist_shard x WHERE x.logicalrelid = p.logicalrelid) AS shards
+                 FROM tessera.pg_dist_partition p JOIN pg_class c ON c.oid = p.logicalrelid JOIN pg_namespace ns ON ns.oid = c.relnamespace
+                 JOIN tessera.fallback_signatures() now ON now.relid = p.logicalrelid
+                 WHERE p.logicalrelid NOT IN (SELECT relid FROM tessera.fallback_tables) LOOP
+            -- One left from before the signatures were kept.
+            PERFORM tessera.drop_stand_in(t.relid);
             IF t.partmethod = 'h' THEN
                 EXECUTE format('CREATE TABLE tessera_fallback.%I (%s) PARTITION BY HASH (%I)', 'dist_' || t.relid, tessera.column_definitions(t.relid::regclass), t.partkey);
                 FOR s IN SELECT sh.shardid, sh.shardindex, min(pl.groupid) AS groupid FROM tessera.pg_dist_shard sh JOIN tessera.pg_dist_placement pl USING (shardid)
@@ -1022,12 +1057,13 @@ BEGIN
                                'dist_' || t.relid, tessera.column_definitions(t.relid::regclass), 'tessera_node_' || s.groupid, t.nspname, t.relname || '_' || s.shardid);
             END IF;
             EXECUTE format('GRANT SELECT ON tessera_fallback.%I TO PUBLIC', 'dist_' || t.relid);
+            INSERT INTO tessera.fallback_tables VALUES (t.relid, t.signature);
         END LOOP;
         UPDATE tessera.fallback_state SET version = current;
     END IF;
     PERFORM tessera.map_role_to_nodes(role, password);
 END $$;
-REVOKE ALL ON FUNCTION tessera.prepare_fallback(name, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION tessera.prepare_fallback(name, text), tessera.fallback_signatures(), tessera.drop_stand_in(oid) FROM PUBLIC;
 
 -- Settings that let the fallback push work to the shards: joins and aggregates
 -- split per partition, and foreign scans of all shards started at once.

@@ -28,7 +28,10 @@ pub struct Coordinator {
     pub catalog: Arc<CatalogHandle>,
     /// The client sessions, by their (process id, secret key).
     sessions: Mutex<HashMap<(i32, i32), SessionEntry>>,
-    reload_lock: tokio::sync::Mutex<()>,
+    /// The connection catalog reloads run on, kept from one to the next (a
+    /// new backend plans the catalog's queries with cold caches, which took
+    /// longer than running them); holding it makes one reload at a time.
+    reloads: tokio::sync::Mutex<KeptConnections>,
     /// Distinguishes this process's prepared transactions from other coordinators'.
     pub process_id: u32,
     /// Sessions whose transaction the deadlock detector cancelled, with the
@@ -85,7 +88,8 @@ impl Coordinator {
         let transactions = &config.transactions;
         let fault = transactions.fault();
         let links = crate::transaction::links::LinkRelay::start(&config.worker_links_listen(), catalog.clone(), config.service_login(), config.coordinator_db.password.clone(), fault).await?;
-        Ok(Arc::new(Coordinator { config, catalog, sessions: Mutex::new(HashMap::new()), reload_lock: tokio::sync::Mutex::new(()), process_id: rand::random(),
+        let reloads = tokio::sync::Mutex::new(KeptConnections::new(config.service_login(), "tessera catalog reload", Duration::from_secs(60)));
+        Ok(Arc::new(Coordinator { config, catalog, sessions: Mutex::new(HashMap::new()), reloads, process_id: rand::random(),
             deadlock_victims: Mutex::new(HashMap::new()),
             fallback_ready: tokio::sync::Mutex::new((0, HashSet::new())),
             tls,
@@ -100,21 +104,32 @@ impl Coordinator {
     }
 
     /// Loads the catalog afresh and swaps it in (never replacing a newer one).
+    /// A snapshot of the committed version is kept: the reload of a session
+    /// after its own change and the one the change's notice sets off load
+    /// the catalog once.
     pub async fn reload_catalog(&self) -> PgResult<()> {
-        let _guard = self.reload_lock.lock().await;
-        let mut conn = PgConnection::connect(&self.config.coordinator_db_addr(), &self.config.service_login()).await?;
-        let mut fresh = metadata::load(&mut conn).await;
-        if let Ok(catalog) = &mut fresh {
-            if let Err(e) = metadata::load_type_oids(catalog, &mut conn, &self.config.service_login(), &self.catalog.snapshot()).await {
-                fresh = Err(e);
-            }
-        }
-        conn.terminate().await;
-        let fresh = fresh?;
+        let mut kept = self.reloads.lock().await;
+        let addr = self.config.coordinator_db_addr();
+        let mut conn = kept.take(&addr).await?;
+        let fresh = self.load_fresh(&mut conn).await;
+        kept.give_back(&addr, conn).await;
+        let Some(fresh) = fresh? else { return Ok(()) };
         if fresh.version >= self.catalog.snapshot().version {
             self.catalog.replace(fresh);
         }
         Ok(())
+    }
+
+    /// The catalog as committed now, or None when the snapshot is of that
+    /// version already.
+    async fn load_fresh(&self, conn: &mut PgConnection) -> PgResult<Option<metadata::Catalog>> {
+        let current = self.catalog.snapshot();
+        if !current.type_oids_incomplete && metadata::committed_version(conn).await? == current.version {
+            return Ok(None);
+        }
+        let mut fresh = metadata::load(conn).await?;
+        metadata::load_type_oids(&mut fresh, conn, &self.config.service_login(), &current).await?;
+        Ok(Some(fresh))
     }
 
     /// Makes the fallback tier's foreign tables match catalog `version` and lets
