@@ -6,7 +6,7 @@ use super::table_ddl::TableDefinition;
 use super::{delete_catalog_rows_sql, finish_block, read_shard_rows, run_per_node, CommandContext};
 use crate::planner::DdlPlan;
 use crate::transaction::Access;
-use crate::connection::{quote_ident, quote_literal, PgConnection};
+use crate::connection::{quote_ident, quote_literal, PgConnection, QUALIFIED_NAMES};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::hash::{self, HashType};
 use crate::metadata::{Catalog, Distribution, DistributedTable, Node};
@@ -168,7 +168,9 @@ async fn check_distributable(ctx: &mut CommandContext<'_>, table: &LocalTable) -
 /// copy of a reference table, the only one to bring up to date.
 pub(super) async fn follow_shell_onto_shards(ctx: &mut CommandContext<'_>, oid: u32, qualified: &str, only_group: Option<i32>) -> PgResult<()> {
     let local = ctx.parts.local().await?;
-    let statements = shell_statements(local, oid, qualified).await?;
+    let saved = local.set_for_now(&QUALIFIED_NAMES).await?;
+    let statements = shell_statements(local, oid, qualified).await;
+    let statements = local.restore_after(saved, statements).await?;
     if statements.is_empty() {
         return Ok(());
     }
@@ -182,7 +184,7 @@ pub(super) async fn follow_shell_onto_shards(ctx: &mut CommandContext<'_>, oid: 
 }
 
 /// The statements giving table `oid`'s shards what its shell carries
-/// (`follow_shell_onto_shards`).
+/// (`follow_shell_onto_shards`), every name in them qualified.
 async fn shell_statements(local: &mut PgConnection, oid: u32, qualified: &str) -> PgResult<Vec<String>> {
     let mut statements = Vec::new();
     for key in local.query(&format!("SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint WHERE contype = 'f' AND conrelid = {} ORDER BY conname", oid)).await? {

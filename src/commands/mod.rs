@@ -57,6 +57,20 @@ impl CommandContext<'_> {
         }
     }
 
+    /// The statement giving a node's connection the session's search_path
+    /// for the rest of its transaction, when that is not `public` alone and
+    /// a block is open (statements that cannot run in one name everything
+    /// they use): what a node runs of a client's statement (a function it
+    /// creates, a function a column's default or an index expression calls)
+    /// then names what it named in the coordinator database.
+    async fn search_path_sql(&mut self) -> PgResult<Option<String>> {
+        if !self.catalog.follows_search_path() || !self.parts.in_block() {
+            return Ok(None);
+        }
+        let path = self.parts.local().await?.query_value("SELECT pg_catalog.current_setting('search_path')").await?.unwrap_or_default();
+        Ok(Some(format!("SELECT pg_catalog.set_config('search_path', {}, true)", crate::connection::quote_literal(&path))))
+    }
+
     /// The client's connection, for the results of a statement it sent.
     fn client(&mut self) -> PgResult<&mut ClientConn> {
         match &mut self.caller {
@@ -616,7 +630,7 @@ async fn run_ddl_in_block(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_
         }
         DdlPlan::Drop { tables } => {
             for t in tables {
-                run_on_nodes(ctx, None, |_| vec![worker_relations::drop_sql(t)]).await?;
+                run_on_nodes(ctx, None, |_| Ok(vec![worker_relations::drop_sql(t)])).await?;
             }
             run_node_statements(plan, ctx).await?;
             let local = ctx.parts.local().await?;
@@ -639,7 +653,7 @@ async fn run_ddl_in_block(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_
         DdlPlan::DropFromTable { table, .. } => {
             let tag = ctx.parts.local().await?.execute(sql).await?;
             if let Some(parent_sql) = plan.parent_sql() {
-                run_on_nodes(ctx, None, |_| vec![parent_sql.clone()]).await?;
+                run_on_nodes(ctx, None, |_| Ok(vec![parent_sql.clone()])).await?;
             }
             let mut per_node: BTreeMap<i32, Vec<String>> = BTreeMap::new();
             for shard in &table.shards {
@@ -674,15 +688,22 @@ pub(crate) async fn propagate_to_nodes(
     only_group: Option<i32>,
 ) -> PgResult<()> {
     for table in relations.reshaped.iter().chain(&relations.rebuild_views) {
-        run_on_nodes(ctx, only_group, |group| worker_relations::release_sql(table, group)).await?;
+        run_on_nodes(ctx, only_group, |group| Ok(worker_relations::release_sql(table, group))).await?;
     }
     if let Some(parent_sql) = &relations.parent_sql {
         run_on_nodes(ctx, only_group, |group| {
-            let mut statements = vec![parent_sql.clone()];
+            let mut statements = Vec::new();
+            if relations.foreign_retype.is_some() {
+                statements.extend(worker_relations::detach_foreign_sql(table, group));
+            }
+            statements.push(parent_sql.clone());
             if let Some(new_name) = &relations.renamed_to {
                 statements.extend(worker_relations::rename_foreign_sql(table, new_name, group));
             }
-            statements
+            if let Some(retype) = &relations.foreign_retype {
+                statements.extend(worker_relations::reattach_foreign_sql(table, retype, group)?);
+            }
+            Ok(statements)
         })
         .await?;
     }
@@ -700,14 +721,14 @@ pub(crate) async fn propagate_to_nodes(
 /// Runs on every active node (only on node group `only_group`, when set)
 /// the statements `sql_for` gives for it, inside the current block: what
 /// the worker-side relations need.
-pub(crate) async fn run_on_nodes(ctx: &mut CommandContext<'_>, only_group: Option<i32>, sql_for: impl Fn(i32) -> Vec<String>) -> PgResult<()> {
-    let per_node = ctx
-        .catalog
-        .active_nodes()
-        .filter(|n| only_group.map_or(true, |g| g == n.group_id))
-        .map(|n| (n.group_id, sql_for(n.group_id)))
-        .filter(|(_, s)| !s.is_empty())
-        .collect();
+pub(crate) async fn run_on_nodes(ctx: &mut CommandContext<'_>, only_group: Option<i32>, sql_for: impl Fn(i32) -> PgResult<Vec<String>>) -> PgResult<()> {
+    let mut per_node = BTreeMap::new();
+    for node in ctx.catalog.active_nodes().filter(|n| only_group.is_none_or(|g| g == n.group_id)) {
+        let statements = sql_for(node.group_id)?;
+        if !statements.is_empty() {
+            per_node.insert(node.group_id, statements);
+        }
+    }
     run_per_node(ctx, per_node).await
 }
 
@@ -845,7 +866,7 @@ pub(crate) async fn grant_on_nodes(plan: &DdlPlan, ctx: &mut CommandContext<'_>,
     let groups = placement_groups(plan.tables()).into_iter().filter(|g| only_group.map_or(true, |only| only == *g)).collect();
     run_per_group(ctx, groups, |group| plan.node_sql(group)).await?;
     if let Some(parent_sql) = plan.parent_sql() {
-        run_on_nodes(ctx, only_group, |_| vec![parent_sql.clone()]).await?;
+        run_on_nodes(ctx, only_group, |_| Ok(vec![parent_sql.clone()])).await?;
     }
     Ok(())
 }
@@ -893,7 +914,12 @@ fn labeled_shard_statements(table: &DistributedTable, template: &ShardTemplate, 
 /// Runs each node's statements as one batch on the session's connection to it
 /// (inside the current block), all nodes at once; the first error by node
 /// group, which names its node, is the outcome.
-pub(crate) async fn run_per_node(ctx: &mut CommandContext<'_>, per_node: BTreeMap<i32, Vec<String>>) -> PgResult<()> {
+pub(crate) async fn run_per_node(ctx: &mut CommandContext<'_>, mut per_node: BTreeMap<i32, Vec<String>>) -> PgResult<()> {
+    if let Some(search_path) = ctx.search_path_sql().await? {
+        for statements in per_node.values_mut() {
+            statements.insert(0, search_path.clone());
+        }
+    }
     let nodes = per_node
         .keys()
         .map(|group| ctx.catalog.node_for_group(*group).cloned().ok_or_else(|| PgError::internal(format!("no node for group {group}"))))

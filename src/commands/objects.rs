@@ -7,7 +7,7 @@
 //! a check that tells whether a node has it already.
 
 use super::CommandContext;
-use crate::connection::PgConnection;
+use crate::connection::{PgConnection, QUALIFIED_NAMES};
 use crate::error::PgResult;
 use crate::metadata::{Node, SYSTEM_SCHEMAS};
 use crate::transaction::Access;
@@ -146,15 +146,24 @@ fn types_and_functions_sql() -> String {
 }
 
 /// Every shared object of the coordinator database, in an order that creates
-/// each after what it depends on; roles only when `with_roles`.
+/// each after what it depends on; roles only when `with_roles`. Names in
+/// the statements and checks are qualified, as a node needs them whatever
+/// the session's search_path.
 pub async fn read(local: &mut PgConnection, with_roles: bool) -> PgResult<Vec<SharedObject>> {
     let mut queries = vec![schemas_sql(), extensions_sql(), collations_sql(), types_and_functions_sql()];
     if with_roles {
         queries.insert(0, ROLES_SQL.to_string());
     }
+    let saved = local.set_for_now(&QUALIFIED_NAMES).await?;
+    let objects = read_objects(local, &queries).await;
+    local.restore_after(saved, objects).await
+}
+
+/// The objects `queries` (each giving a check, the DDL, and an order) list.
+async fn read_objects(local: &mut PgConnection, queries: &[String]) -> PgResult<Vec<SharedObject>> {
     let mut objects = Vec::new();
     for sql in queries {
-        for row in local.query(&sql).await? {
+        for row in local.query(sql).await? {
             if let [Some(exists), Some(ddl), ..] = row.as_slice() {
                 objects.push(SharedObject { exists: exists.clone(), ddl: ddl.clone() });
             }

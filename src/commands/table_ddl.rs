@@ -2,7 +2,7 @@
 //! that creates one of its shards on a worker: columns, defaults, constraints and
 //! indexes, with every object name given the shard id as suffix.
 
-use crate::connection::{quote_ident, PgConnection};
+use crate::connection::{quote_ident, PgConnection, QUALIFIED_NAMES};
 use crate::error::{PgError, PgResult};
 use pg_query::NodeEnum;
 
@@ -23,7 +23,16 @@ pub struct TableDefinition {
 }
 
 impl TableDefinition {
+    /// Reads the definition of table `oid` with every name in it qualified
+    /// (`QUALIFIED_NAMES`), so that it means on a worker what it means in
+    /// the coordinator database, whatever the session's search_path.
     pub async fn read(conn: &mut PgConnection, oid: u32) -> PgResult<Self> {
+        let saved = conn.set_for_now(&QUALIFIED_NAMES).await?;
+        let definition = Self::read_as_set(conn, oid).await;
+        conn.restore_after(saved, definition).await
+    }
+
+    async fn read_as_set(conn: &mut PgConnection, oid: u32) -> PgResult<Self> {
         let rows = conn
             .query(&format!(
                 "SELECT n.nspname, CASE WHEN c.relkind = 'p' THEN pg_get_partkeydef(c.oid) END, CASE WHEN c.relispartition THEN pg_get_expr(c.relpartbound, c.oid) END
@@ -38,12 +47,11 @@ impl TableDefinition {
             .query(&format!(
                 "SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
                         pg_get_expr(d.adbin, d.adrelid),
-                        CASE WHEN a.attcollation <> t.typcollation THEN quote_ident(co.collname) END,
+                        CASE WHEN a.attcollation <> t.typcollation THEN a.attcollation::regcollation::text END,
                         a.attgenerated
                  FROM pg_attribute a
                  JOIN pg_type t ON t.oid = a.atttypid
                  LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
-                 LEFT JOIN pg_collation co ON co.oid = a.attcollation
                  WHERE a.attrelid = {oid} AND a.attnum > 0 AND NOT a.attisdropped
                  ORDER BY a.attnum"
             ))

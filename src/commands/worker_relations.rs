@@ -24,10 +24,11 @@
 use super::table_ddl::TableDefinition;
 use super::{run_per_node, CommandContext};
 use crate::config::Config;
-use crate::connection::{quote_ident, quote_literal, PgConnection, ServerAddr};
+use crate::connection::{quote_ident, quote_literal, PgConnection, ServerAddr, QUALIFIED_NAMES};
 use crate::transaction::links::link_application_name;
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable, Distribution, Node, Shard};
+use crate::planner::ForeignRetype;
 use std::collections::BTreeMap;
 
 /// Where the foreign tables standing for other nodes' shards live.
@@ -106,7 +107,7 @@ fn create_sql(table: &DistributedTable, shape: &Shape, group: i32) -> Vec<String
 /// local, else a foreign table over its placement.
 fn partition_sql(table: &DistributedTable, shard: &Shard, placements: &[i32], group: i32) -> Vec<String> {
     let name = table.qualified_name();
-    let bound = format!("FOR VALUES WITH (MODULUS {}, REMAINDER {})", table.shard_count(), shard.index);
+    let bound = partition_bound(table, shard);
     if placements.contains(&group) {
         return vec![format!("ALTER TABLE {name} ATTACH PARTITION {} {bound}", table.qualified_shard_name(shard))];
     }
@@ -121,6 +122,36 @@ fn partition_sql(table: &DistributedTable, shard: &Shard, placements: &[i32], gr
         ),
         remote_write_trigger_sql(&foreign),
     ]
+}
+
+/// What a shard of `table` holds, as a partition of its parent.
+fn partition_bound(table: &DistributedTable, shard: &Shard) -> String {
+    format!("FOR VALUES WITH (MODULUS {}, REMAINDER {})", table.shard_count(), shard.index)
+}
+
+/// The shards of `table` that are foreign tables of its parent on node
+/// group `group`: those placed elsewhere.
+fn foreign_shards(table: &DistributedTable, group: i32) -> impl Iterator<Item = &Shard> {
+    table.shards.iter().filter(move |s| !s.placements.contains(&group))
+}
+
+/// Statements on node group `group` taking the foreign tables out of
+/// `table`'s parent ahead of a column change it cannot pass on to them
+/// (`ForeignRetype`); `reattach_foreign_sql` brings them back.
+pub fn detach_foreign_sql(table: &DistributedTable, group: i32) -> Vec<String> {
+    foreign_shards(table, group).map(|shard| format!("ALTER TABLE {} DETACH PARTITION {}", table.qualified_name(), foreign_table_name(table, shard))).collect()
+}
+
+/// Statements on node group `group` giving the foreign tables detached
+/// from `table`'s parent the parent's new column types, then attaching
+/// them again (a foreign table is attached without a scan).
+pub fn reattach_foreign_sql(table: &DistributedTable, retype: &ForeignRetype, group: i32) -> PgResult<Vec<String>> {
+    let mut out = Vec::new();
+    for shard in foreign_shards(table, group) {
+        out.push(retype.sql_for(REMOTE_SCHEMA, &table.shard_relname(shard))?);
+        out.push(format!("ALTER TABLE {} ATTACH PARTITION {} {}", table.qualified_name(), foreign_table_name(table, shard), partition_bound(table, shard)));
+    }
+    Ok(out)
 }
 
 /// Statements on node `group` pointing the partition of `table`'s parent
@@ -188,12 +219,14 @@ pub(super) async fn create_statements(ctx: &mut CommandContext<'_>, catalog: &Ca
             root = parent.clone();
             ancestors.push((root.oid, root.clone()));
         }
+        let saved = local.set_for_now(&QUALIFIED_NAMES).await?;
         let row = local
             .query(&format!(
                 "SELECT pg_get_partition_constraintdef({oid}),
                         (SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum) FROM pg_attribute WHERE attrelid = {oid} AND attnum > 0 AND NOT attisdropped)"
             ))
-            .await?;
+            .await;
+        let row = local.restore_after(saved, row).await?;
         let value = |i: usize| row.first().and_then(|r| r.get(i).cloned().flatten()).ok_or_else(|| PgError::internal(format!("partition {oid} has no constraint or columns")));
         let constraint = value(0)?;
         let hash_parents = ancestors.into_iter().filter(|(oid, _)| constraint.contains(&format!("'{oid}'::oid"))).collect();
@@ -234,7 +267,7 @@ pub fn release_sql(table: &DistributedTable, group: i32) -> Vec<String> {
 /// `new_name` (its shards were renamed with it).
 pub fn rename_foreign_sql(table: &DistributedTable, new_name: &str, group: i32) -> Vec<String> {
     let mut out = Vec::new();
-    for shard in table.shards.iter().filter(|s| !s.placements.contains(&group)) {
+    for shard in foreign_shards(table, group) {
         let renamed = format!("{new_name}_{}", shard.id);
         let foreign = foreign_table_name(table, shard);
         out.push(format!("ALTER FOREIGN TABLE {foreign} OPTIONS (SET table_name {})", quote_literal(&renamed)));

@@ -615,6 +615,13 @@ impl PgConnection {
 #[must_use = "the settings stay changed until restored"]
 pub struct SavedSettings(Vec<(String, String)>);
 
+/// Settings under which what PostgreSQL prints of a definition
+/// (`format_type`, `pg_get_expr`, `pg_get_*def`, `regclass` and the like)
+/// names every object with its schema, whatever the session's search_path:
+/// such text means the same on a node and in a statement planned without
+/// that search_path.
+pub const QUALIFIED_NAMES: [(&str, &str); 1] = [("search_path", "pg_catalog")];
+
 /// The first column of the first row, if any.
 pub fn first_value(rows: TextRows) -> Option<String> {
     rows.into_iter().next().and_then(|r| r.into_iter().next().flatten())

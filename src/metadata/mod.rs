@@ -389,6 +389,11 @@ impl Catalog {
     pub fn is_user_type(&self, oid: u32) -> bool {
         self.user_types.values().any(|o| *o == oid)
     }
+    /// Whether this catalog is a session's whose search_path is not
+    /// `public` alone (`with_search_path`).
+    pub fn follows_search_path(&self) -> bool {
+        self.unqualified.is_some()
+    }
     pub fn table_by_oid(&self, oid: u32) -> Option<&Arc<DistributedTable>> {
         self.by_oid.get(&oid)
     }
@@ -512,7 +517,7 @@ pub async fn committed_version(conn: &mut PgConnection) -> PgResult<i64> {
 /// Nodes keep the type oids of `committed`: types the block creates are
 /// not shared with the nodes before it commits.
 pub async fn load_in_block(conn: &mut PgConnection, version: i64, committed: &Catalog) -> PgResult<Catalog> {
-    let saved = conn.set_for_now(&LOADING).await?;
+    let saved = conn.set_for_now(&block_loading()).await?;
     let loaded = load_in_transaction(conn, version).await;
     let mut catalog = conn.restore_after(saved, loaded).await?;
     keep_type_oids(&mut catalog, committed);
@@ -524,7 +529,7 @@ pub async fn load_in_block(conn: &mut PgConnection, version: i64, committed: &Ca
 /// command that distributed or changed those tables in its block needs to
 /// go on, read without reading every other table again.
 pub async fn load_tables_in_block(conn: &mut PgConnection, committed: &Catalog, oids: &[u32]) -> PgResult<Catalog> {
-    let saved = conn.set_for_now(&LOADING).await?;
+    let saved = conn.set_for_now(&block_loading()).await?;
     let loaded = async {
         let nodes = read_nodes(conn).await?;
         let tables = read_tables(conn, Some(oids)).await?;
@@ -542,6 +547,13 @@ pub async fn load_tables_in_block(conn: &mut PgConnection, committed: &Catalog, 
         catalog.by_oid.insert(table.oid, table);
     }
     Ok(catalog)
+}
+
+/// A block's catalog is read on the session's connection: names in what
+/// it reads (a default's sequence) are qualified, whatever the session's
+/// search_path.
+fn block_loading() -> Vec<(&'static str, &'static str)> {
+    LOADING.iter().chain(&crate::connection::QUALIFIED_NAMES).copied().collect()
 }
 
 fn keep_type_oids(catalog: &mut Catalog, committed: &Catalog) {

@@ -85,6 +85,46 @@ pub struct RelationChanges {
     /// lets go of its shards, so that they can be attached elsewhere) and are
     /// made again, of the new kind, after.
     pub reshaped: Vec<Arc<DistributedTable>>,
+    /// Columns retyped with a USING conversion, which PostgreSQL makes only
+    /// on plain tables: the parent's foreign tables leave it for the
+    /// change, are retyped as this says (they hold no rows), and come back.
+    pub foreign_retype: Option<ForeignRetype>,
+}
+
+/// The column changes of an ALTER TABLE … ALTER COLUMN … TYPE … USING, as
+/// the foreign tables standing for a table's shards elsewhere take them:
+/// without the USING.
+#[derive(Debug)]
+pub struct ForeignRetype {
+    version: i32,
+    stmt: Box<protobuf::AlterTableStmt>,
+}
+
+impl ForeignRetype {
+    /// The foreign tables' part of `alter`, a worker-side parent's
+    /// statement, when it converts a column with USING.
+    fn of(version: i32, alter: &protobuf::AlterTableStmt) -> Option<ForeignRetype> {
+        let mut converts = false;
+        let mut cmds = Vec::new();
+        for node in &alter.cmds {
+            let Some(NodeEnum::AlterTableCmd(cmd)) = node.node.as_ref() else { continue };
+            if cmd.subtype != AlterTableType::AtAlterColumnType as i32 {
+                continue;
+            }
+            let mut cmd = cmd.clone();
+            if let Some(NodeEnum::ColumnDef(col)) = cmd.def.as_deref_mut().and_then(|d| d.node.as_mut()) {
+                converts |= col.raw_default.take().is_some();
+            }
+            cmds.push(self::node(NodeEnum::AlterTableCmd(cmd)));
+        }
+        converts.then(|| ForeignRetype { version, stmt: Box::new(protobuf::AlterTableStmt { cmds, objtype: ObjectType::ObjectForeignTable as i32, ..alter.clone() }) })
+    }
+
+    /// The statement retyping the columns of foreign table `schema`.`name`.
+    pub fn sql_for(&self, schema: &str, name: &str) -> PgResult<String> {
+        let relation = protobuf::RangeVar { schemaname: schema.to_string(), relname: name.to_string(), inh: true, relpersistence: "p".into(), ..Default::default() };
+        super::deparse::deparse_statement(self.version, NodeEnum::AlterTableStmt(protobuf::AlterTableStmt { relation: Some(relation), ..self.stmt.as_ref().clone() }))
+    }
 }
 
 /// What a statement run on every node does to roles: each role has a user
@@ -612,7 +652,7 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
         }
         // A view over distributed tables exists on the workers too.
         NodeEnum::AlterTableStmt(a) if names_view(a.relation.as_ref(), catalog) => {
-            Some(everywhere(version, NodeEnum::AlterTableStmt(protobuf::AlterTableStmt { missing_ok: true, ..a.clone() })))
+            Some(everywhere(version, NodeEnum::AlterTableStmt(protobuf::AlterTableStmt { missing_ok: true, relation: qualified_view(a.relation.as_ref(), catalog), ..a.clone() })))
         }
         NodeEnum::AlterTableStmt(alter) => {
             let table = resolve_range_var(alter.relation.as_ref()?, catalog)?;
@@ -645,7 +685,9 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
             }
             if table.has_worker_parent() {
                 let mut parent = alter.clone();
+                parent.relation = alter.relation.as_ref().map(|rv| qualified(rv, &table.schema));
                 parent.cmds = parent_commands(&alter.cmds);
+                relations.foreign_retype = ForeignRetype::of(version, &parent);
                 if !parent.cmds.is_empty() {
                     match super::deparse::deparse_statement(version, NodeEnum::AlterTableStmt(parent)) {
                         Ok(sql) => relations.parent_sql = Some(sql),
@@ -661,10 +703,13 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
         // Views over distributed tables exist on the workers too: changes
         // of them follow (where a worker has the view).
         NodeEnum::RenameStmt(r) if names_view(r.relation.as_ref(), catalog) => {
-            Some(everywhere(version, NodeEnum::RenameStmt(Box::new(protobuf::RenameStmt { missing_ok: true, ..r.as_ref().clone() }))))
+            Some(everywhere(version, NodeEnum::RenameStmt(Box::new(protobuf::RenameStmt { missing_ok: true, relation: qualified_view(r.relation.as_ref(), catalog), ..r.as_ref().clone() }))))
         }
         NodeEnum::AlterObjectSchemaStmt(a) if names_view(a.relation.as_ref(), catalog) => {
-            Some(everywhere(version, NodeEnum::AlterObjectSchemaStmt(Box::new(protobuf::AlterObjectSchemaStmt { missing_ok: true, ..a.as_ref().clone() }))))
+            Some(everywhere(
+                version,
+                NodeEnum::AlterObjectSchemaStmt(Box::new(protobuf::AlterObjectSchemaStmt { missing_ok: true, relation: qualified_view(a.relation.as_ref(), catalog), ..a.as_ref().clone() })),
+            ))
         }
         NodeEnum::RenameStmt(r) if r.rename_type == ObjectType::ObjectIndex as i32 => {
             Some(Plan::Ddl(Arc::new(DdlPlan::DropIndex(DropIndex { version, stmt: IndexStatement::Rename(r.clone()) }))))
@@ -675,7 +720,8 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
             // The parent repeats the table's name, columns and policies.
             let mut relations = RelationChanges::default();
             if matches!(kind, Some(ObjectType::ObjectTable | ObjectType::ObjectColumn | ObjectType::ObjectPolicy)) && table.has_worker_parent() {
-                relations.parent_sql = Some(super::deparse::deparse_statement(version, node.clone()).ok()?);
+                let parent = protobuf::RenameStmt { relation: r.relation.as_ref().map(|rv| qualified(rv, &table.schema)), ..r.as_ref().clone() };
+                relations.parent_sql = Some(super::deparse::deparse_statement(version, NodeEnum::RenameStmt(Box::new(parent))).ok()?);
             }
             match kind {
                 Some(ObjectType::ObjectColumn) => relations.rebuild_views = views_listing_columns(table, catalog),
@@ -747,7 +793,12 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
             let table = resolve_range_var(rv, catalog)?;
             let mut relations = RelationChanges::default();
             if table.has_worker_parent() {
-                relations.parent_sql = Some(super::deparse::deparse_statement(version, node.clone()).ok()?);
+                let parent = match node {
+                    NodeEnum::CreatePolicyStmt(p) => NodeEnum::CreatePolicyStmt(Box::new(protobuf::CreatePolicyStmt { table: Some(qualified(rv, &table.schema)), ..p.as_ref().clone() })),
+                    NodeEnum::AlterPolicyStmt(p) => NodeEnum::AlterPolicyStmt(Box::new(protobuf::AlterPolicyStmt { table: Some(qualified(rv, &table.schema)), ..p.as_ref().clone() })),
+                    _ => return None,
+                };
+                relations.parent_sql = Some(super::deparse::deparse_statement(version, parent).ok()?);
             }
             Some(propagate(table, vec![], None, relations))
         }
@@ -795,6 +846,21 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
 /// Whether a statement's relation is a view over distributed tables.
 fn names_view(relation: Option<&protobuf::RangeVar>, catalog: &Catalog) -> bool {
     relation.is_some_and(|rv| catalog.view(super::schema_of(rv), &rv.relname).is_some())
+}
+
+/// A statement's relation named with `schema`, where the session's
+/// search_path found it: on the nodes it must name the same relation.
+fn qualified(rv: &protobuf::RangeVar, schema: &str) -> protobuf::RangeVar {
+    protobuf::RangeVar { schemaname: schema.to_string(), ..rv.clone() }
+}
+
+/// `qualified` for a view over distributed tables.
+fn qualified_view(relation: Option<&protobuf::RangeVar>, catalog: &Catalog) -> Option<protobuf::RangeVar> {
+    let rv = relation?;
+    Some(match catalog.view(super::schema_of(rv), &rv.relname) {
+        Some(view) => qualified(rv, &view.schema),
+        None => rv.clone(),
+    })
 }
 
 /// Every node makes the view; a worker lacking what it reads (a view over

@@ -30,7 +30,7 @@ mod whole_rows;
 mod writing_with;
 use crate::walk;
 
-pub use ddl::{placement_groups, ChosenNames, DdlPlan, DropIndex, RelationChanges, RoleChange};
+pub use ddl::{placement_groups, ChosenNames, DdlPlan, DropIndex, ForeignRetype, RelationChanges, RoleChange};
 pub use delegation::Delegation;
 pub use rewrite::CopiedCall;
 pub use explain::ExplainPlan;
@@ -75,6 +75,9 @@ pub struct PlannedStatement {
     pub changes_followed_settings: bool,
     /// It may change where unqualified table names lead (search_path).
     pub changes_search_path: bool,
+    /// It may create relations, which changes where unqualified names lead
+    /// on a search_path other than `public` alone.
+    pub changes_relations: bool,
     /// Why it leaves state only the session's coordinator database backend
     /// holds (a temporary table, LISTEN, …), if it does.
     pub pins: Option<&'static str>,
@@ -84,7 +87,7 @@ impl PlannedStatement {
     /// A statement with no effect on the session's state (text the parser
     /// rejects, or none at all).
     fn plain(sql: &str, plan: Plan) -> Self {
-        PlannedStatement { sql: sql.to_string(), plan, changes_settings: false, changes_role: false, changes_user_code: false, custom_settings: Vec::new(), changes_followed_settings: false, changes_search_path: false, pins: None }
+        PlannedStatement { sql: sql.to_string(), plan, changes_settings: false, changes_role: false, changes_user_code: false, custom_settings: Vec::new(), changes_followed_settings: false, changes_search_path: false, changes_relations: false, pins: None }
     }
 }
 
@@ -227,6 +230,7 @@ pub fn plan_query(sql: &str, catalog: &Catalog) -> Vec<PlannedStatement> {
             let custom_settings = node.map(session_state::custom_settings).unwrap_or_default();
             let changes_followed_settings = node.is_some_and(session_state::changes_followed_settings);
             let changes_search_path = node.is_some_and(session_state::changes_search_path);
+            let changes_relations = node.is_some_and(session_state::changes_relations);
             let pins = node.and_then(session_state::pins);
             let changes_role = changes_role(&raw);
             let changes_user_code = changes_user_code(&raw);
@@ -234,7 +238,7 @@ pub fn plan_query(sql: &str, catalog: &Catalog) -> Vec<PlannedStatement> {
                 Plan::Local => cluster_views::needed(&text, catalog.has_tables()).map_or(Plan::Local, Plan::LocalWithClusterData),
                 plan => plan,
             });
-            PlannedStatement { sql: text, plan, changes_settings, changes_role, changes_user_code, custom_settings, changes_followed_settings, changes_search_path, pins }
+            PlannedStatement { sql: text, plan, changes_settings, changes_role, changes_user_code, custom_settings, changes_followed_settings, changes_search_path, changes_relations, pins }
         })
         .collect()
 }

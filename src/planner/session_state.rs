@@ -41,6 +41,23 @@ pub(super) fn changes_search_path(node: &NodeEnum) -> bool {
     }
 }
 
+/// Whether the statement may create a relation: on a search_path other than
+/// `public` alone, one in an earlier schema hides a distributed table of its
+/// name (renaming, moving and dropping change where names lead on any path,
+/// `changes_search_path`).
+pub(super) fn changes_relations(node: &NodeEnum) -> bool {
+    match node {
+        NodeEnum::CreateStmt(_)
+        | NodeEnum::CreateTableAsStmt(_)
+        | NodeEnum::ViewStmt(_)
+        | NodeEnum::CreateForeignTableStmt(_)
+        | NodeEnum::ImportForeignSchemaStmt(_)
+        | NodeEnum::CreateExtensionStmt(_) => true,
+        NodeEnum::SelectStmt(select) => select.into_clause.is_some(),
+        _ => false,
+    }
+}
+
 /// Whether the statement may change one of `FOLLOWED_SETTINGS`: SET or RESET
 /// of one, RESET ALL, DISCARD ALL, or a call of `set_config`.
 pub(super) fn changes_followed_settings(node: &NodeEnum) -> bool {

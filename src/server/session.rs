@@ -545,34 +545,39 @@ impl Session {
             return Ok(());
         }
         let names: Vec<String> = base.relation_names().into_iter().map(quote_literal).collect();
-        let unqualified = if names.is_empty() {
-            None
-        } else {
-            let rows = self
-                .parts
-                .local_for_describe()
-                .await?
-                .query(&format!(
-                    "SELECT n, s.nspname, c.oid FROM unnest(ARRAY[{}]::text[]) n
-                       LEFT JOIN pg_catalog.pg_class c ON c.oid = pg_catalog.to_regclass(pg_catalog.quote_ident(n))
-                       LEFT JOIN pg_catalog.pg_namespace s ON s.oid = c.relnamespace
-                      WHERE pg_catalog.current_schemas(false) <> ARRAY['public']::name[]
-                         OR EXISTS (SELECT FROM pg_catalog.pg_class t WHERE t.relnamespace = pg_catalog.pg_my_temp_schema())",
-                    names.join(", ")
-                ))
-                .await?;
+        // One row at least, saying whether unqualified names may lead
+        // elsewhere than `public` (a path elsewhere, or temporary relations,
+        // which come first); the names only then. Such a session follows the
+        // path even while no name needs it, so that names distributed later
+        // are looked up.
+        let rows = self
+            .parts
+            .local_for_describe()
+            .await?
+            .query(&format!(
+                "SELECT p.follows, n, s.nspname, c.oid
+                   FROM (SELECT pg_catalog.current_schemas(false) <> ARRAY['public']::name[]
+                                OR EXISTS (SELECT FROM pg_catalog.pg_class t WHERE t.relnamespace = pg_catalog.pg_my_temp_schema()) AS follows) p
+                   LEFT JOIN unnest(ARRAY[{}]::text[]) n ON p.follows
+                   LEFT JOIN pg_catalog.pg_class c ON c.oid = pg_catalog.to_regclass(pg_catalog.quote_ident(n))
+                   LEFT JOIN pg_catalog.pg_namespace s ON s.oid = c.relnamespace",
+                names.join(", ")
+            ))
+            .await?;
+        let follows = rows.first().and_then(|row| row.first().cloned().flatten()).as_deref() == Some("t");
+        let unqualified = follows.then(|| {
             let found: UnqualifiedNames = rows
                 .into_iter()
                 .filter_map(|row| {
-                    let mut columns = row.into_iter();
+                    let mut columns = row.into_iter().skip(1);
                     let name = columns.next().flatten()?;
                     let schema = columns.next().flatten();
                     let oid = columns.next().flatten().and_then(|oid| oid.parse().ok());
                     Some((name, schema.zip(oid).map(|(schema, oid)| FoundRelation { schema, oid })))
                 })
                 .collect();
-            (!found.is_empty()).then(|| Arc::new(found))
-        };
+            Arc::new(found)
+        });
         self.search_path.stale = false;
         self.search_path.read_at = base.version;
         if unqualified != self.search_path.unqualified {
@@ -619,11 +624,19 @@ impl Session {
             self.search_path.stale = true;
             self.search_path.changed_since_block_end = false;
         }
-        if planned.statements.iter().any(|s| s.changes_search_path) {
+        if planned.statements.iter().any(|s| self.moves_names(s)) {
             self.search_path.stale = true;
             self.search_path.changed_since_block_end = true;
         }
         planned
+    }
+
+    /// Whether a statement may change which relation an unqualified name
+    /// finds: a change of the search_path (or of relations' names), or, on a
+    /// path other than `public` alone, a relation created (a new table in an
+    /// earlier schema hides a distributed one of its name).
+    fn moves_names(&self, statement: &PlannedStatement) -> bool {
+        statement.changes_search_path || (statement.changes_relations && self.search_path.unqualified.is_some())
     }
 
     fn plan_cached(&mut self, sql: &str) -> Arc<CachedPlan> {
@@ -688,7 +701,7 @@ impl Session {
         let mut planned = self.plan(&sql);
         // A search_path change before the last statement may make a later
         // one distributed: those go one by one.
-        let path_changes_midway = planned.statements.iter().rev().skip(1).any(|s| s.changes_search_path);
+        let path_changes_midway = planned.statements.iter().rev().skip(1).any(|s| self.moves_names(s));
         let all_local = !path_changes_midway && planned.statements.iter().all(|s| matches!(s.plan, Plan::Local | Plan::Empty));
         let mut one_by_one = !all_local || self.parts.is_failed();
         if !one_by_one {
@@ -752,7 +765,7 @@ impl Session {
                 // DROP TABLE, …) or the search_path changes how the statements
                 // after it must run.
                 // Read again after each such statement, not once per string.
-                self.search_path.stale |= stmt.changes_search_path;
+                self.search_path.stale |= self.moves_names(stmt);
                 if self.search_path.stale {
                     if let Err(f) = self.follow_search_path().await {
                         self.report(f);
