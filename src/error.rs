@@ -29,6 +29,7 @@ pub mod sqlstate {
     pub const SYNTAX_ERROR: &str = "42601";
     pub const DATATYPE_MISMATCH: &str = "42804";
     pub const INTERNAL_ERROR: &str = "XX000";
+    pub const OBJECT_NOT_IN_PREREQUISITE_STATE: &str = "55000";
     pub const OBJECT_IN_USE: &str = "55006";
     pub const QUERY_CANCELED: &str = "57014";
     pub const BAD_COPY_FILE_FORMAT: &str = "22P04";

@@ -48,6 +48,17 @@ impl CommandContext<'_> {
         }
     }
 
+    /// Reloads the catalog once the command's change has committed. A
+    /// failure does not undo the change: the caller hears it as a WARNING
+    /// (`Coordinator::reload_after_commit`).
+    pub async fn reload_after_commit(&mut self) {
+        let Some(warning) = self.coordinator.reload_after_commit().await else { return };
+        match &mut self.caller {
+            Caller::Client(client) => backend::notice_response(client.out(), &warning),
+            Caller::Job(task) => task.report(warning.message().to_string()).await,
+        }
+    }
+
     /// The error that ends a background job's operation at a safe point once
     /// the job has been stopped (clients cancel through their workers).
     pub fn check_stopped(&self) -> PgResult<()> {
@@ -610,7 +621,7 @@ pub(crate) async fn finish_block<T>(ctx: &mut CommandContext<'_>, implicit: bool
         return result;
     }
     let value = ctx.parts.end_implicit(implicit, result).await?;
-    ctx.coordinator.reload_catalog().await?;
+    ctx.reload_after_commit().await;
     Ok(value)
 }
 

@@ -170,7 +170,7 @@ pub async fn remove_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) ->
 pub async fn set_should_have_shards(ctx: &mut CommandContext<'_>, host: &str, port: u16, value: bool) -> PgResult<()> {
     let node = registered_node(ctx, host, port)?;
     ctx.parts.local().await?.execute(&format!("UPDATE tessera.pg_dist_node SET shouldhaveshards = {value} WHERE nodeid = {}", node.id)).await?;
-    ctx.coordinator.reload_catalog().await?;
+    ctx.reload_after_commit().await;
     ctx.catalog = ctx.coordinator.catalog.snapshot();
     Ok(())
 }
@@ -187,7 +187,7 @@ pub async fn update_node(ctx: &mut CommandContext<'_>, node_id: i32, host: &str,
     }
     let sql = format!("UPDATE tessera.pg_dist_node SET nodename = {}, nodeport = {port} WHERE nodeid = {node_id}", crate::connection::quote_literal(host));
     ctx.parts.local().await?.execute(&sql).await?;
-    ctx.coordinator.reload_catalog().await?;
+    ctx.reload_after_commit().await;
     ctx.catalog = ctx.coordinator.catalog.snapshot();
     Ok(())
 }

@@ -78,6 +78,10 @@ pub struct PlannedStatement {
     /// It may create relations, which changes where unqualified names lead
     /// on a search_path other than `public` alone.
     pub changes_relations: bool,
+    /// It may read or write relations, or run user code: planned under a
+    /// catalog that misses a change, it could read a shell. Transaction
+    /// control, SET, SHOW and the like do not.
+    pub uses_relations: bool,
     /// Why it leaves state only the session's coordinator database backend
     /// holds (a temporary table, LISTEN, …), if it does.
     pub pins: Option<&'static str>,
@@ -87,7 +91,7 @@ impl PlannedStatement {
     /// A statement with no effect on the session's state (text the parser
     /// rejects, or none at all).
     fn plain(sql: &str, plan: Plan) -> Self {
-        PlannedStatement { sql: sql.to_string(), plan, changes_settings: false, changes_role: false, changes_user_code: false, custom_settings: Vec::new(), changes_followed_settings: false, changes_search_path: false, changes_relations: false, pins: None }
+        PlannedStatement { sql: sql.to_string(), plan, changes_settings: false, changes_role: false, changes_user_code: false, custom_settings: Vec::new(), changes_followed_settings: false, changes_search_path: false, changes_relations: false, uses_relations: false, pins: None }
     }
 }
 
@@ -231,6 +235,7 @@ pub fn plan_query(sql: &str, catalog: &Catalog) -> Vec<PlannedStatement> {
             let changes_followed_settings = node.is_some_and(session_state::changes_followed_settings);
             let changes_search_path = node.is_some_and(session_state::changes_search_path);
             let changes_relations = node.is_some_and(session_state::changes_relations);
+            let uses_relations = node.is_some_and(|node| !session_state::uses_no_relation(node));
             let pins = node.and_then(session_state::pins);
             let changes_role = changes_role(&raw);
             let changes_user_code = changes_user_code(&raw);
@@ -238,7 +243,7 @@ pub fn plan_query(sql: &str, catalog: &Catalog) -> Vec<PlannedStatement> {
                 Plan::Local => cluster_views::needed(&text, catalog.has_tables()).map_or(Plan::Local, Plan::LocalWithClusterData),
                 plan => plan,
             });
-            PlannedStatement { sql: text, plan, changes_settings, changes_role, changes_user_code, custom_settings, changes_followed_settings, changes_search_path, changes_relations, pins }
+            PlannedStatement { sql: text, plan, changes_settings, changes_role, changes_user_code, custom_settings, changes_followed_settings, changes_search_path, changes_relations, uses_relations, pins }
         })
         .collect()
 }

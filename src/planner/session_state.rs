@@ -58,6 +58,23 @@ pub(super) fn changes_relations(node: &NodeEnum) -> bool {
     }
 }
 
+/// Whether the statement reads and writes no relation and runs no user
+/// code, whatever the catalog says: transaction control, settings,
+/// closing what the session holds.
+pub(super) fn uses_no_relation(node: &NodeEnum) -> bool {
+    matches!(
+        node,
+        NodeEnum::TransactionStmt(_)
+            | NodeEnum::VariableSetStmt(_)
+            | NodeEnum::VariableShowStmt(_)
+            | NodeEnum::DiscardStmt(_)
+            | NodeEnum::DeallocateStmt(_)
+            | NodeEnum::ClosePortalStmt(_)
+            | NodeEnum::ListenStmt(_)
+            | NodeEnum::UnlistenStmt(_)
+    )
+}
+
 /// Whether the statement may change one of `FOLLOWED_SETTINGS`: SET or RESET
 /// of one, RESET ALL, DISCARD ALL, or a call of `set_config`.
 pub(super) fn changes_followed_settings(node: &NodeEnum) -> bool {

@@ -9,7 +9,7 @@ mod session;
 use crate::config::Config;
 use crate::connection::kept::KeptConnections;
 use crate::connection::{send_cancel, PgConnection};
-use crate::error::PgResult;
+use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{self, CatalogHandle};
 use crate::executor::cluster_views::{ClientSession, PoolUsage, ProcessReport};
 use crate::connection::Login;
@@ -32,6 +32,10 @@ pub struct Coordinator {
     /// new backend plans the catalog's queries with cold caches, which took
     /// longer than running them); holding it makes one reload at a time.
     reloads: tokio::sync::Mutex<KeptConnections>,
+    /// Why the catalog could not be reloaded although the coordinator
+    /// database answered, while no reload has succeeded since: the snapshot
+    /// may miss a change that committed (see `check_catalog`).
+    unreliable_catalog: Mutex<Option<PgError>>,
     /// Distinguishes this process's prepared transactions from other coordinators'.
     pub process_id: u32,
     /// Sessions whose transaction the deadlock detector cancelled, with the
@@ -89,7 +93,7 @@ impl Coordinator {
         let fault = transactions.fault();
         let links = crate::transaction::links::LinkRelay::start(&config.worker_links_listen(), catalog.clone(), config.service_login(), config.coordinator_db.password.clone(), fault).await?;
         let reloads = tokio::sync::Mutex::new(KeptConnections::new(config.service_login(), "tessera catalog reload", Duration::from_secs(60)));
-        Ok(Arc::new(Coordinator { config, catalog, sessions: Mutex::new(HashMap::new()), reloads, process_id: rand::random(),
+        Ok(Arc::new(Coordinator { config, catalog, sessions: Mutex::new(HashMap::new()), reloads, unreliable_catalog: Mutex::new(None), process_id: rand::random(),
             deadlock_victims: Mutex::new(HashMap::new()),
             fallback_ready: tokio::sync::Mutex::new((0, HashSet::new())),
             tls,
@@ -104,10 +108,68 @@ impl Coordinator {
     }
 
     /// Loads the catalog afresh and swaps it in (never replacing a newer one).
-    /// A snapshot of the committed version is kept: the reload of a session
-    /// after its own change and the one the change's notice sets off load
-    /// the catalog once.
+    /// A failure while the coordinator database answers leaves the catalog
+    /// unreliable until a reload succeeds (`check_catalog`); one because it
+    /// cannot be reached does not: nothing can read a shell then, and
+    /// statements that need no coordinator database go on under the last
+    /// snapshot.
     pub async fn reload_catalog(&self) -> PgResult<()> {
+        let result = self.load_catalog().await;
+        match &result {
+            Ok(()) => *self.unreliable_catalog.lock().unwrap() = None,
+            Err(e) if !e.is_node_unreachable() => *self.unreliable_catalog.lock().unwrap() = Some(self.catalog_refusal(e)),
+            Err(_) => {}
+        }
+        result
+    }
+
+    /// Whether statements may be planned under the catalog snapshot: after
+    /// a failed reload it may miss a change that committed (a table just
+    /// distributed, a view over one), and a statement planned under it
+    /// could read a distributed table's empty shell for its rows. Then the
+    /// reload is tried again, and while it fails, statements are refused
+    /// with the reason.
+    pub async fn check_catalog(&self) -> PgResult<()> {
+        if self.unreliable_catalog.lock().unwrap().is_none() {
+            return Ok(());
+        }
+        match self.reload_catalog().await {
+            Err(e) if !e.is_node_unreachable() => Err(self.catalog_refusal(&e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether a reload failed and none succeeded since (`check_catalog`).
+    pub fn catalog_unreliable(&self) -> bool {
+        self.unreliable_catalog.lock().unwrap().is_some()
+    }
+
+    /// Reloads the catalog after a change that committed: its outcome
+    /// stands whatever the reload does, so a failure is the WARNING this
+    /// returns for the client, and statements are refused until a reload
+    /// succeeds (`check_catalog`).
+    pub async fn reload_after_commit(&self) -> Option<PgError> {
+        let e = self.reload_catalog().await.err()?;
+        tracing::warn!("could not reload the catalog after a change committed: {}", e.message());
+        let refusal = self.catalog_refusal(&e);
+        Some(PgError::warning("01000", format!("the change committed, but {}", refusal.message())).with_hint(
+            "Statements that could read a distributed table are refused until the catalog can be reloaded; each statement tries again.",
+        ))
+    }
+
+    /// The error refusing statements while the catalog cannot be reloaded
+    /// because of `cause`.
+    pub fn catalog_refusal(&self, cause: &PgError) -> PgError {
+        PgError::new(
+            sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("the catalog could not be reloaded from the coordinator database at {}: {}; retry", self.config.coordinator_db_addr(), cause.message()),
+        )
+        .with_detail("The coordinator's catalog may miss a change that committed; a statement planned under it could read a distributed table's empty shell in the coordinator database.")
+        .with_hint("Statements are refused until a reload succeeds; each one tries again. Look at the coordinator database's log for why the reload failed.")
+    }
+
+    /// `reload_catalog`'s work.
+    async fn load_catalog(&self) -> PgResult<()> {
         let mut kept = self.reloads.lock().await;
         let addr = self.config.coordinator_db_addr();
         let mut conn = kept.take(&addr).await?;

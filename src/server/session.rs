@@ -698,6 +698,11 @@ impl Session {
             backend::ready_for_query(self.client.out(), self.parts.status());
             return Ok(self.client.flush().await?);
         }
+        if let Err(f) = self.check_catalog(&sql).await {
+            self.report(f);
+            backend::ready_for_query(self.client.out(), self.parts.status());
+            return Ok(self.client.flush().await?);
+        }
         let mut planned = self.plan(&sql);
         // A search_path change before the last statement may make a later
         // one distributed: those go one by one.
@@ -724,14 +729,19 @@ impl Session {
                 }
             };
             if planned.statements.iter().any(|s| s.changes_user_code) {
-                self.see_user_code_change().await;
+                if let Err(f) = self.see_user_code_change().await {
+                    self.report(f);
+                }
             }
             if distributed_meanwhile {
-                if let Err(e) = self.coordinator.reload_catalog().await {
-                    tracing::warn!("could not reload the catalog after a table was distributed: {}", e.message());
+                // Sent again only under a catalog that knows the distribution.
+                match self.coordinator.reload_catalog().await {
+                    Ok(()) => {
+                        planned = self.plan(&sql);
+                        one_by_one = true;
+                    }
+                    Err(e) => self.report(self.coordinator.catalog_refusal(&e).into()),
                 }
-                planned = self.plan(&sql);
-                one_by_one = true;
             }
         }
         if one_by_one {
@@ -752,8 +762,11 @@ impl Session {
                     }
                 }
                 // Outside a block, distributed DDL has reloaded the catalog already.
+                let mut result = result;
                 if stmt.changes_user_code && (self.parts.in_block() || !matches!(stmt.plan, Plan::Ddl(_))) {
-                    self.see_user_code_change().await;
+                    if let Err(f) = self.see_user_code_change().await {
+                        result = result.and(Err(f));
+                    }
                 }
                 if let Err(f) = result {
                     self.report(f);
@@ -1053,23 +1066,47 @@ impl Session {
     /// After a statement that may have changed which views and functions
     /// reach distributed tables: the session's next statements are planned
     /// knowing the change (other sessions learn it from the change notice).
-    async fn see_user_code_change(&mut self) {
+    /// Inside a block, a catalog that cannot be loaded fails the block: its
+    /// next statements could not be planned knowing the change. Outside
+    /// one the change has committed, and the client hears of a failed
+    /// reload as a WARNING.
+    async fn see_user_code_change(&mut self) -> Result<(), Failure> {
         if self.parts.is_failed() {
-            return;
+            return Ok(());
         }
-        let refreshed = if self.parts.in_block() { self.load_block_catalog().await } else { self.coordinator.reload_catalog().await };
-        if let Err(e) = refreshed {
-            tracing::warn!("could not reload the catalog after a change of views or functions: {}", e.message());
+        if self.parts.in_block() {
+            return self.load_block_catalog().await.map_err(|e| {
+                Failure::Error(e.with_context("while loading the catalog as this transaction block sees it, after a change of views or functions"))
+            });
+        }
+        self.reload_after_commit().await;
+        Ok(())
+    }
+
+    /// Reloads the catalog after a change committed, telling the client
+    /// when that failed (`Coordinator::reload_after_commit`).
+    async fn reload_after_commit(&mut self) {
+        if let Some(warning) = self.coordinator.reload_after_commit().await {
+            backend::notice_response(self.client.out(), &warning);
         }
     }
 
     /// A block that changed the catalog has ended: the committed catalog
     /// (reloaded now, not when the change notice arrives) applies again.
-    async fn end_block_catalog(&mut self) -> PgResult<()> {
+    async fn end_block_catalog(&mut self) {
         if self.block_catalog.take().is_some() {
-            self.coordinator.reload_catalog().await?;
+            self.reload_after_commit().await;
         }
-        Ok(())
+    }
+
+    /// Refuses to plan `sql` while the catalog may miss a committed change
+    /// (`Coordinator::check_catalog`), unless none of its statements reads
+    /// or writes relations (transaction control, SET, SHOW …).
+    async fn check_catalog(&mut self, sql: &str) -> Result<(), Failure> {
+        if !self.coordinator.catalog_unreliable() || self.plan(sql).statements.iter().all(|s| !s.uses_relations) {
+            return Ok(());
+        }
+        Ok(self.coordinator.check_catalog().await?)
     }
 
     async fn transaction_command(&mut self, command: &TransactionCommand) -> PgResult<&'static str> {
@@ -1085,7 +1122,7 @@ impl Session {
                     backend::notice_response(self.client.out(), &PgError::warning("25P01", "there is no transaction in progress"));
                 }
                 let tag = self.parts.commit().await;
-                self.end_block_catalog().await?;
+                self.end_block_catalog().await;
                 tag?
             }
             TransactionCommand::Rollback => {
@@ -1093,7 +1130,7 @@ impl Session {
                     backend::notice_response(self.client.out(), &PgError::warning("25P01", "there is no transaction in progress"));
                 }
                 let result = self.parts.rollback().await;
-                self.end_block_catalog().await?;
+                self.end_block_catalog().await;
                 result?;
                 "ROLLBACK"
             }
@@ -1252,6 +1289,10 @@ impl Session {
         self.query_text.clear();
         self.query_text.push_str(&parse.sql);
         if let Err(f) = self.follow_search_path().await {
+            self.extended_error(f);
+            return Ok(());
+        }
+        if let Err(f) = self.check_catalog(&parse.sql).await {
             self.extended_error(f);
             return Ok(());
         }
@@ -1611,7 +1652,9 @@ impl Session {
             self.parts.observe_local_status();
         }
         if std::mem::take(&mut self.user_code_unsynced) {
-            self.see_user_code_change().await;
+            if let Err(f) = self.see_user_code_change().await {
+                self.report(f);
+            }
         }
         let mut errors = Vec::new();
         for worker in self.parts.workers_needing_sync() {
