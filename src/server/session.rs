@@ -47,6 +47,22 @@ struct Shape {
     fields: Option<Vec<FieldDescription>>,
 }
 
+/// What the coordinator database answered about statements against the
+/// shell tables, until the catalog or the search_path changes.
+#[derive(Default)]
+struct ShellAnswers {
+    shapes: HashMap<(String, Vec<u32>), Arc<Shape>>,
+    /// Statements it found right (names, types, privileges): see `check_on_shells`.
+    checked: std::collections::HashSet<(String, Vec<u32>)>,
+}
+
+impl ShellAnswers {
+    fn clear(&mut self) {
+        self.shapes.clear();
+        self.checked.clear();
+    }
+}
+
 struct DistributedStatement {
     plan: Arc<CachedPlan>,
     shape: Arc<Shape>,
@@ -92,8 +108,8 @@ struct Session {
     /// those are plain pass-through.
     distributed: bool,
     plans: HashMap<String, Arc<CachedPlan>>,
-    shapes: HashMap<(String, Vec<u32>), Arc<Shape>>,
-    /// The catalog version `shapes` and the statements prepared on the
+    shells: ShellAnswers,
+    /// The catalog version `shells` and the statements prepared on the
     /// workers were made under; see `catalog_to_run_under`.
     catalog_version: i64,
     statements: HashMap<String, Statement>,
@@ -244,7 +260,7 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: Stream) -> anyhow::Resul
         block_catalog: None,
         block_catalog_loads: 0,
         stream: None,
-        shapes: HashMap::new(),
+        shells: ShellAnswers::default(),
         catalog_version: 0,
         statements: HashMap::new(),
         portals: HashMap::new(),
@@ -277,6 +293,35 @@ fn execution_mode<'a>(extended: Option<(&'a Bind, &'a Shape)>, sync: bool) -> Mo
     match extended {
         None => Mode::Simple,
         Some((bind, shape)) => Mode::Extended { bind, param_types: &shape.param_types, sync },
+    }
+}
+
+/// How the coordinator database checks a statement before its rows move
+/// (`Session::check_on_shells`).
+#[derive(Clone, Copy)]
+enum ShellCheck {
+    Explain,
+    Parse,
+}
+
+/// Whether a plan moves rows through the coordinator before the statement
+/// can fail on a wrong name, type or privilege (a broadcast, partial results
+/// to combine, rows to route), and how to check it first. Router and
+/// concatenating plans need no check: their one round of shard statements
+/// fails at once, and the fast path keeps its single round trip.
+fn shell_check(plan: &Plan) -> Option<ShellCheck> {
+    match plan {
+        Plan::Fallback(fallback) => match &fallback.statement {
+            pg_query::NodeEnum::SelectStmt(_) | pg_query::NodeEnum::InsertStmt(_) | pg_query::NodeEnum::UpdateStmt(_) | pg_query::NodeEnum::DeleteStmt(_) | pg_query::NodeEnum::DeclareCursorStmt(_) => {
+                Some(ShellCheck::Explain)
+            }
+            _ => Some(ShellCheck::Parse),
+        },
+        Plan::MultiShard(multi) if matches!(multi.combine, planner::Combine::Query(_)) => Some(ShellCheck::Explain),
+        Plan::InsertSelect(_) | Plan::MergeThroughCoordinator(_) => Some(ShellCheck::Explain),
+        // EXPLAIN cannot explain itself; Parse analyses the explained statement.
+        Plan::Explain(_) => Some(ShellCheck::Parse),
+        _ => None,
     }
 }
 
@@ -585,7 +630,7 @@ impl Session {
             self.search_path.generation += 1;
             *self.search_path.catalog.borrow_mut() = None;
             self.plans.clear();
-            self.shapes.clear();
+            self.shells.clear();
         }
         Ok(())
     }
@@ -599,7 +644,7 @@ impl Session {
         let catalog = self.catalog();
         if catalog.version != self.catalog_version {
             self.catalog_version = catalog.version;
-            self.shapes.clear();
+            self.shells.clear();
             self.parts.forget_prepared_statements(catalog.version);
         }
         catalog
@@ -874,6 +919,10 @@ impl Session {
     /// client's Bind and the statement's shape for the extended protocol.
     async fn execute_distributed(&mut self, sql: &str, plan: &Plan, extended: Option<(&Bind, &Shape)>) -> Result<(), Failure> {
         let catalog = self.catalog_to_run_under();
+        if let Some(check) = shell_check(plan) {
+            let param_types = extended.map_or(&[][..], |(_, shape)| shape.param_types.as_slice());
+            self.check_on_shells(sql, param_types, check).await?;
+        }
         match plan {
             Plan::Empty | Plan::Local => unreachable!("pass-through statements are forwarded"),
             Plan::Unsupported(e) => {
@@ -1322,7 +1371,7 @@ impl Session {
     async fn describe_shape(&mut self, sql: &str, param_types: &[u32]) -> PgResult<Arc<Shape>> {
         self.catalog_to_run_under();
         let key = (sql.to_string(), param_types.to_vec());
-        if let Some(shape) = self.shapes.get(&key) {
+        if let Some(shape) = self.shells.shapes.get(&key) {
             return Ok(shape.clone());
         }
         const NAME: &str = "tessera_describe";
@@ -1349,8 +1398,50 @@ impl Session {
             return Err(e);
         }
         let shape = Arc::new(shape);
-        self.shapes.insert(key, shape.clone());
+        self.shells.shapes.insert(key, shape.clone());
         Ok(shape)
+    }
+
+    /// Has the coordinator database check a statement whose rows move
+    /// through the coordinator before it finishes, so that one PostgreSQL
+    /// rejects fails at once, with PostgreSQL's error, before any rows move.
+    /// EXPLAIN against the shells checks names, types and privileges and
+    /// reads nothing (parameters are bound as NULLs); for what EXPLAIN does
+    /// not take, Parse checks names and types. Statements found right are
+    /// remembered until the catalog changes: the nodes check privileges
+    /// again as they run the statement, so a stale entry costs only time.
+    async fn check_on_shells(&mut self, sql: &str, param_types: &[u32], check: ShellCheck) -> PgResult<()> {
+        let key = (sql.to_string(), param_types.to_vec());
+        if self.shells.checked.contains(&key) {
+            return Ok(());
+        }
+        match check {
+            ShellCheck::Parse => {
+                self.describe_shape(sql, param_types).await?;
+            }
+            ShellCheck::Explain => {
+                let local = self.parts.local_for_describe().await?;
+                frontend::parse(local.out(), "", &format!("EXPLAIN (COSTS OFF) {sql}"), param_types);
+                frontend::bind(local.out(), "", "", &[], &vec![None; param_types.len()], &[]);
+                frontend::execute(local.out(), "", 0);
+                frontend::sync(local.out());
+                let mut error = None;
+                loop {
+                    let msg = local.recv().await?;
+                    match msg.tag() {
+                        b'E' => error = error.or(Some(backend::decode_error_fields(&msg)?)),
+                        b'Z' => break,
+                        _ => {}
+                    }
+                }
+                self.parts.observe_local_status();
+                if let Some(e) = error {
+                    return Err(e);
+                }
+            }
+        }
+        self.shells.checked.insert(key);
+        Ok(())
     }
 
     async fn on_bind(&mut self, msg: &Message) -> anyhow::Result<()> {
