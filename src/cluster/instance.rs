@@ -10,7 +10,10 @@ use std::process::{Command, Output};
 /// Settings every node gets: loopback only, room for many client and coordinator
 /// connections, prepared transactions for two-phase commit, logical WAL for
 /// online shard moves (whose subscriptions' workers PostgreSQL otherwise
-/// starts at most one per 5 s).
+/// starts at most one per 5 s), and no JIT compilation: LLVM compiles a plan
+/// without looking at cancel requests or timeouts, half a second and more
+/// for the plans of the general fallback, which a statement's timeout or
+/// cancellation would have to wait out.
 const NODE_SETTINGS: &str = "\
 listen_addresses = '127.0.0.1'
 max_connections = 300
@@ -21,6 +24,7 @@ wal_retrieve_retry_interval = 100ms
 max_wal_size = 4GB
 checkpoint_timeout = 30min
 log_line_prefix = '%m [%p] %q%u@%d '
+jit = off
 ";
 
 #[derive(Clone, Debug)]
