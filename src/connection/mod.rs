@@ -627,13 +627,25 @@ pub fn first_value(rows: TextRows) -> Option<String> {
     rows.into_iter().next().and_then(|r| r.into_iter().next().flatten())
 }
 
-/// Asks a server to cancel the query running on the backend with this key.
+/// How long `send_cancel` waits for the server to take the request.
+const CANCEL_PATIENCE: Duration = Duration::from_secs(1);
+
+/// Asks a server to cancel the query running on the backend with this key,
+/// and waits until the server has passed the request on (it closes the
+/// connection then), as libpq does: the backend has its signal before the
+/// caller sends it anything else, so that the request cannot land on a
+/// later statement.
 pub async fn send_cancel(addr: &ServerAddr, key: (i32, i32)) {
-    if let Ok(mut stream) = connect_node(&addr.host, addr.port).await {
+    let ask = async {
+        let mut stream = connect_node(&addr.host, addr.port).await.ok()?;
         let mut buf = BytesMut::new();
         frontend::cancel_request(&mut buf, key.0, key.1);
-        let _ = stream.write_all(&buf).await;
-    }
+        stream.write_all(&buf).await.ok()?;
+        let mut rest = [0u8; 64];
+        while stream.read(&mut rest).await.ok()? > 0 {}
+        Some(())
+    };
+    let _ = tokio::time::timeout(CANCEL_PATIENCE, ask).await;
 }
 
 /// Quotes an identifier for SQL text we generate.
