@@ -42,6 +42,54 @@ pub struct Config {
     pub transactions: TransactionConfig,
     #[serde(default)]
     pub connections: ConnectionConfig,
+    #[serde(default)]
+    pub statements: StatementConfig,
+}
+
+/// What one statement may take of the coordinator process (`[statements]`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StatementConfig {
+    /// Memory the coordinator holds for one statement at most (rows it
+    /// combines, broadcasts or passes on), in MB; beyond it the statement
+    /// fails with 53200. A session may set its own with `SET
+    /// tessera.max_statement_memory`. 0: no limit of a statement's own.
+    #[serde(default = "default_statement_memory")]
+    pub max_memory_mb: u64,
+    /// Memory all running statements together hold at most, in MB: the
+    /// statement that would go past it fails with 53200, whatever the
+    /// sessions set.
+    #[serde(default = "default_total_statement_memory")]
+    pub max_total_memory_mb: u64,
+}
+
+impl Default for StatementConfig {
+    fn default() -> Self {
+        StatementConfig { max_memory_mb: default_statement_memory(), max_total_memory_mb: default_total_statement_memory() }
+    }
+}
+
+impl StatementConfig {
+    /// `max_memory_mb` in bytes; None for no limit.
+    pub fn memory_limit(&self) -> Option<usize> {
+        (self.max_memory_mb > 0).then(|| megabytes(self.max_memory_mb))
+    }
+
+    /// `max_total_memory_mb` in bytes.
+    pub fn total_memory_limit(&self) -> usize {
+        megabytes(self.max_total_memory_mb)
+    }
+}
+
+fn megabytes(mb: u64) -> usize {
+    usize::try_from(mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
+}
+
+fn default_statement_memory() -> u64 {
+    256
+}
+
+fn default_total_statement_memory() -> u64 {
+    2048
 }
 
 /// Clients and the connections to the nodes (`[connections]`).

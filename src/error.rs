@@ -35,6 +35,7 @@ pub mod sqlstate {
     pub const BAD_COPY_FILE_FORMAT: &str = "22P04";
     pub const DEADLOCK_DETECTED: &str = "40P01";
     pub const TOO_MANY_CONNECTIONS: &str = "53300";
+    pub const OUT_OF_MEMORY: &str = "53200";
 }
 
 /// An error or notice in PostgreSQL's field form (severity, SQLSTATE, message,

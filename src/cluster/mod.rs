@@ -227,6 +227,7 @@ fn create(dir: &Path, port: u16, workers: usize) -> Result<LocalCluster> {
         workers: cluster.state.worker_ports.iter().map(|p| NodeConfig { host: "127.0.0.1".into(), port: *p }).collect(),
         transactions: Default::default(),
         connections: Default::default(),
+        statements: Default::default(),
     };
     std::fs::write(cluster.config_path(), toml::to_string(&config)?)?;
     std::fs::write(cluster.dir.join(STATE_FILE), toml::to_string(&cluster.state)?)?;

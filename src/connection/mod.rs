@@ -75,6 +75,11 @@ pub type TextRow = Vec<Option<String>>;
 /// Rows of a query in text form.
 pub type TextRows = Vec<TextRow>;
 
+/// The memory a text row takes.
+pub fn text_row_size(row: &TextRow) -> usize {
+    std::mem::size_of::<TextRow>() + row.iter().map(|v| std::mem::size_of::<Option<String>>() + v.as_ref().map_or(0, String::len)).sum::<usize>()
+}
+
 /// How long making a node connection (TCP or socket, then the login) may
 /// take, in milliseconds: `[connections] node_connect_timeout_secs`, set once
 /// at start-up.
@@ -466,14 +471,19 @@ impl PgConnection {
 
     /// Reads the responses to an extended-protocol exchange the caller queued
     /// (Parse, Bind, Describe of the portal, Execute, Sync): the result's
-    /// columns and its rows in text form, or the first error.
-    pub async fn read_result(&mut self) -> PgResult<(Vec<backend::FieldDescription>, TextRows)> {
+    /// columns and its rows in text form, or the first error. `admit` sees
+    /// each row before it is kept, and may refuse it (a memory limit).
+    pub async fn read_result(&mut self, mut admit: impl FnMut(&TextRow) -> PgResult<()>) -> PgResult<(Vec<backend::FieldDescription>, TextRows)> {
         let mut fields = Vec::new();
         let mut rows = Vec::new();
         self.finish_exchange(|_, msg| {
             match msg.tag() {
                 b'T' => fields = backend::decode_row_description(msg)?,
-                b'D' => rows.push(backend::decode_text_row(msg)?),
+                b'D' => {
+                    let row = backend::decode_text_row(msg)?;
+                    admit(&row)?;
+                    rows.push(row);
+                }
                 _ => {}
             }
             Ok(())

@@ -53,11 +53,15 @@ async fn copy_into_block(table: &DistributedTable, catalog: &Catalog, parts: &mu
         .await?;
     for shard in &table.shards {
         let group = *shard.placements.first().ok_or_else(|| PgError::internal(format!("shard {} of {} has no placement", shard.id, table.qualified_name())))?;
+        let limits = parts.limits().clone();
         let worker = parts.worker(node_of_group(catalog, group)?, Access::Read).await?;
         let mut chunks = Vec::new();
+        let mut held = 0;
         worker
             .conn
             .copy_out(&format!("COPY (SELECT {columns} FROM {}) TO STDOUT", table.qualified_shard_name(shard)), |chunk| {
+                held += chunk.len();
+                limits.charge(chunk.len())?;
                 chunks.push(chunk);
                 Ok(())
             })
@@ -65,6 +69,8 @@ async fn copy_into_block(table: &DistributedTable, catalog: &Catalog, parts: &mu
         if !chunks.is_empty() {
             parts.local().await?.copy_in(&format!("COPY pg_temp.{copy} ({columns}) FROM STDIN"), chunks).await?;
         }
+        // A shard's rows are held only until they are copied.
+        limits.release(held);
     }
     parts.observe_local_status();
     Ok(())

@@ -87,7 +87,7 @@ async fn declare_over_results(
                 Combine::Query(combine) => {
                     let (fields, rows) = collect_rows(parts, &by_node, mode).await?;
                     let types = shard_type_names(parts, catalog, &fields).await?;
-                    match combine_sql(combine, &fields, &types, &rows) {
+                    match combine_sql(combine, &fields, &types, &rows, parts.limits())? {
                         Some(sql) => format!("({sql})"),
                         None => return Ok(false),
                     }
@@ -113,7 +113,7 @@ async fn rows_relation(parts: &mut Participants, catalog: &Catalog, by_node: &Ta
     let (fields, rows) = collect_rows(parts, by_node, mode).await?;
     let types = shard_type_names(parts, catalog, &fields).await?;
     let columns: Vec<String> = fields.iter().map(|f| quote_ident(&f.name)).collect();
-    Ok(format!("(SELECT * FROM {} AS rows({}))", rows_as_relation(&types, &rows), columns.join(", ")))
+    Ok(format!("(SELECT * FROM {} AS rows({}))", rows_as_relation(&types, &rows, parts.limits())?, columns.join(", ")))
 }
 
 /// A pushdown plan for the statement with some of its distributed tables
@@ -191,5 +191,5 @@ async fn table_as_relation(table: &Arc<DistributedTable>, version: i32, catalog:
     let by_node = tasks_by_node(&template, table, catalog)?;
     let (fields, rows) = collect_rows(parts, &by_node, &Mode::Simple).await?;
     let types = shard_type_names(parts, catalog, &fields).await?;
-    Ok(rows_as_relation(&types, &rows))
+    rows_as_relation(&types, &rows, parts.limits())
 }

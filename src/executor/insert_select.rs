@@ -5,7 +5,7 @@
 
 use super::multi_shard::{type_names, values_list};
 use super::{add_row_to_shard, evaluate_defaults, node_of_group, plan_tasks, Mode, RoutedInsert, Task};
-use crate::connection::{quote_ident, TextRow, TextRows};
+use crate::connection::{quote_ident, text_row_size, TextRow, TextRows};
 use crate::error::{PgError, PgResult};
 use crate::metadata::Catalog;
 use crate::metadata::Distribution;
@@ -46,11 +46,16 @@ async fn insert_batches(plan: &InsertSelectPlan, columns: &[String], types: &[St
     let overriding = if plan.target.always_identity.is_empty() { "" } else { " OVERRIDING SYSTEM VALUE" };
     let direct = DirectRouting::new(plan, columns);
     for (batch_index, batch) in rows.chunks(BATCH_ROWS).enumerate() {
+        // Writing a million rows' statements takes a while: other sessions
+        // get the runtime's thread between batches, and the statement's
+        // timeout or cancellation ends the work.
+        tokio::task::yield_now().await;
+        parts.limits().check()?;
         let first_row = batch_index * BATCH_ROWS;
         if let Some(by_shard) = direct.as_ref().and_then(|d| d.shards_of(batch)) {
             for (shard, rows) in by_shard {
                 let shard = &plan.target.shards[shard as usize];
-                let values = values_list(types, rows.iter().map(|&r| &batch[r]));
+                let values = values_list(types, rows.iter().map(|&r| &batch[r]), parts.limits())?;
                 let sql: std::sync::Arc<str> = format!("INSERT INTO {} ({}){overriding} VALUES {values}", plan.target.qualified_shard_name(shard), columns.join(", ")).into();
                 for (i, group) in shard.placements.iter().enumerate() {
                     let task = Task { group: *group, sql: sql.clone(), rows: rows.clone() };
@@ -60,7 +65,7 @@ async fn insert_batches(plan: &InsertSelectPlan, columns: &[String], types: &[St
             continue;
         }
         // Literals of the columns' own types: the router hashes keys exactly.
-        let sql = format!("INSERT INTO {} ({}){overriding} VALUES {}{}", plan.target.qualified_name(), columns.join(", "), values_list(types, batch.iter()), plan.shard_clauses);
+        let sql = format!("INSERT INTO {} ({}){overriding} VALUES {}{}", plan.target.qualified_name(), columns.join(", "), values_list(types, batch.iter(), parts.limits())?, plan.shard_clauses);
         let router = match plan_query(&sql, catalog).into_iter().next().map(|p| p.plan) {
             Some(Plan::Router(router)) => router,
             // A row the router refuses (a NULL distribution column value).
@@ -137,6 +142,7 @@ async fn rows_to_insert(plan: &InsertSelectPlan, rows_sql: &str, parts: &mut Par
     // Inside the session's block (which the coordinator database joins
     // now), a savepoint keeps the block, where BEGIN … ROLLBACK would end it.
     let in_block = parts.in_block();
+    let limits = parts.limits().clone();
     let local = parts.local().await?;
     let allow = crate::commands::distribute::ALLOW_SHELL_WRITES;
     local.execute(&if in_block { format!("SAVEPOINT {SAVEPOINT}; {allow}") } else { format!("BEGIN; {allow}") }).await?;
@@ -161,7 +167,7 @@ async fn rows_to_insert(plan: &InsertSelectPlan, rows_sql: &str, parts: &mut Par
     frontend::describe(out, frontend::Target::Portal, "");
     frontend::execute(out, "", 0);
     frontend::sync(out);
-    let result = local.read_result().await;
+    let result = local.read_result(|row| limits.charge(text_row_size(row))).await;
     local.execute(&if in_block { format!("ROLLBACK TO SAVEPOINT {SAVEPOINT}; RELEASE SAVEPOINT {SAVEPOINT}") } else { "ROLLBACK".to_string() }).await?;
     parts.observe_local_status();
     result

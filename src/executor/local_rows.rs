@@ -5,7 +5,7 @@
 //! in their place, where the pushdown tiers can take it.
 
 use super::multi_shard::{rows_as_relation, type_names};
-use crate::connection::quote_ident;
+use crate::connection::{quote_ident, text_row_size};
 use crate::error::{PgError, PgResult};
 use crate::metadata::Catalog;
 use crate::planner::{plan_tree, subselect_node, LocalRowsPlan, Plan};
@@ -27,9 +27,10 @@ pub async fn replanned(plan: &LocalRowsPlan, catalog: &Catalog, parts: &mut Part
             "" => quote_ident(&rv.relname),
             schema => format!("{}.{}", quote_ident(schema), quote_ident(&rv.relname)),
         };
+        let limits = parts.limits().clone();
         let local = parts.local().await?;
         frontend::query(local.out(), &format!("SELECT * FROM {name}"));
-        let result = local.read_result().await;
+        let result = local.read_result(|row| limits.charge(text_row_size(row))).await;
         parts.observe_local_status();
         let (fields, rows) = result?;
         if rows.len() > MOST_ROWS {
@@ -41,7 +42,7 @@ pub async fn replanned(plan: &LocalRowsPlan, catalog: &Catalog, parts: &mut Part
         }
         let types = type_names(parts, &fields).await?;
         let columns: Vec<String> = fields.iter().map(|f| quote_ident(&f.name)).collect();
-        relations.push((rv, rows_as_relation(&types, &rows), columns));
+        relations.push((rv, rows_as_relation(&types, &rows, parts.limits())?, columns));
     }
     let mut statement = plan.statement.clone();
     let mut failure = None;

@@ -5,7 +5,7 @@
 
 use super::multi_shard::{type_names, values_list};
 use super::node_of_group;
-use crate::connection::{quote_ident, TextRow};
+use crate::connection::{quote_ident, text_row_size, TextRow};
 use crate::error::{PgError, PgResult};
 use crate::hash;
 use crate::metadata::{Catalog, Distribution};
@@ -20,9 +20,10 @@ pub async fn run(plan: &MergePlan, coordinator: &Coordinator, catalog: &Catalog,
         return Err(PgError::internal("MERGE through the coordinator into a reference table"));
     };
     let source_sql = super::block_reads::ready(&plan.source, coordinator, catalog, parts).await?;
+    let limits = parts.limits().clone();
     let local = parts.local().await?;
     frontend::query(local.out(), source_sql);
-    let (fields, rows) = local.read_result().await?;
+    let (fields, rows) = local.read_result(|row| limits.charge(text_row_size(row))).await?;
     parts.observe_local_status();
     let types = type_names(parts, &fields[1..]).await?;
     let columns: Vec<String> = fields[1..].iter().map(|f| quote_ident(&f.name)).collect();
@@ -44,7 +45,7 @@ pub async fn run(plan: &MergePlan, coordinator: &Coordinator, catalog: &Catalog,
     let result = async {
         let mut merged = 0;
         for (index, rows) in by_shard.iter().enumerate().filter(|(_, rows)| !rows.is_empty()) {
-            let sql = plan.shard_sql(index, &values_list(&types, rows.iter()), &columns)?;
+            let sql = plan.shard_sql(index, &values_list(&types, rows.iter(), parts.limits())?, &columns)?;
             let group = *plan.target.shards[index].placements.first().ok_or_else(|| PgError::internal(format!("shard {index} has no placement")))?;
             let worker = parts.worker(node_of_group(catalog, group)?, Access::Write).await?;
             let tag = worker.conn.execute(&sql).await?;

@@ -26,6 +26,20 @@ pub mod merge;
 pub mod multi_shard;
 pub mod stream;
 
+/// Work on this many bytes or more (a statement written from many rows) runs
+/// off the async runtime's thread: see `off_the_runtime`.
+const LONG_WORK_BYTES: usize = 1 << 20;
+
+/// Runs CPU-heavy work of a statement without holding up other sessions:
+/// the tasks waiting on this runtime thread move to another one meanwhile.
+/// (On a single-threaded runtime, as in unit tests, it simply runs.)
+fn off_the_runtime<T>(work: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) if runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(work),
+        _ => work(),
+    }
+}
+
 /// How the client asked for the statement to be run.
 pub enum Mode<'a> {
     /// Simple query protocol: the statement text carries its values; the worker's

@@ -4,7 +4,7 @@
 //! arithmetic are exactly PostgreSQL's.
 
 use super::Mode;
-use crate::connection::{quote_ident, quote_literal, TextRow, TextRows};
+use crate::connection::{quote_ident, quote_literal, text_row_size, TextRow, TextRows};
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable, Node};
 use crate::planner::rewrite::ShardTemplate;
@@ -14,6 +14,7 @@ use crate::protocol::backend;
 use crate::protocol::frontend::{self, Target};
 use crate::server::client::ClientConn;
 use crate::protocol::Message;
+use crate::transaction::limits::StatementLimits;
 use crate::transaction::{Access, Participants, WorkerConnection};
 use std::sync::Arc;
 
@@ -86,7 +87,7 @@ pub async fn run(plan: &MultiShardPlan, coordinator: &Coordinator, parts: &mut P
         Combine::Query(query) => {
             let (fields, rows) = collect_rows(parts, &by_node, mode).await?;
             let types = shard_type_names(parts, catalog, &fields).await?;
-            match combine_sql(query, &fields, &types, &rows) {
+            match combine_sql(query, &fields, &types, &rows, parts.limits())? {
                 Some(sql) => super::run_on_coordinator_db(parts, &sql, mode, client).await,
                 None => match &query.fallback {
                     Some(fallback) => Box::pin(super::fallback::run(fallback, coordinator, catalog, parts, mode, client)).await,
@@ -159,12 +160,17 @@ pub(super) async fn run_in_input_order(parts: &mut Participants, by_node: &Tasks
 }
 
 impl Sink<'_> {
-    async fn accept(&mut self, node: usize, msg: &Message) -> PgResult<()> {
+    /// Takes a message of node `node`; rows it holds count against the
+    /// statement's memory.
+    async fn accept(&mut self, node: usize, msg: &Message, limits: &StatementLimits) -> PgResult<()> {
         match (msg.tag(), self) {
             (b'T', Sink::PerNode { description, .. }) => {
                 description.get_or_insert_with(|| msg.clone());
             }
-            (b'D', Sink::PerNode { rows, .. }) => rows[node].push(msg.clone()),
+            (b'D', Sink::PerNode { rows, .. }) => {
+                limits.charge(msg.frame().len())?;
+                rows[node].push(msg.clone());
+            }
             (b'T', Sink::Client { client, describe }) => {
                 if *describe {
                     client.out().extend_from_slice(msg.frame());
@@ -177,7 +183,11 @@ impl Sink<'_> {
             }
             (b'N', Sink::Client { client, .. }) => client.out().extend_from_slice(msg.frame()),
             (b'T', Sink::Partials { fields, .. }) => *fields = backend::decode_row_description(msg)?,
-            (b'D', Sink::Partials { rows, .. }) => rows.push(backend::decode_text_row(msg)?),
+            (b'D', Sink::Partials { rows, .. }) => {
+                let row = backend::decode_text_row(msg)?;
+                limits.charge(text_row_size(&row))?;
+                rows.push(row);
+            }
             _ => {}
         }
         Ok(())
@@ -186,9 +196,12 @@ impl Sink<'_> {
 
 /// Runs every node's tasks at once: each node gets all its tasks in one
 /// write, the nodes work in parallel, and their rows reach the sink as they
-/// arrive. Returns the rows each node's command tags report.
+/// arrive. The first node to fail stops the others (through the statement's
+/// limits), whose work would be wasted. Returns the rows each node's command
+/// tags report.
 async fn run_on_nodes(parts: &mut Participants, by_node: &[(Node, Vec<Arc<str>>)], access: Access, mode: &Mode<'_>, sink: &mut Sink<'_>) -> PgResult<Vec<u64>> {
     take_connections(parts, by_node, access).await?;
+    let limits = parts.limits().clone();
     let text_results = matches!(sink, Sink::Partials { .. });
     let groups: Vec<i32> = by_node.iter().map(|(n, _)| n.group_id).collect();
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(usize, Message)>(1024);
@@ -196,9 +209,14 @@ async fn run_on_nodes(parts: &mut Participants, by_node: &[(Node, Vec<Arc<str>>)
         let node = by_node.iter().position(|(n, _)| n.group_id == w.group_id)?;
         let sqls = &by_node[node].1;
         let tx = tx.clone();
+        let limits = &limits;
         Some(async move {
-            let parsed = send_tasks(w, sqls, mode, text_results);
-            (node, read_results(w, node, &parsed, &tx).await)
+            let batch = send_tasks(w, sqls, mode, text_results);
+            let result = read_results(w, node, batch, &tx).await;
+            if let Err(e) = &result {
+                limits.part_failed(e);
+            }
+            (node, result)
         })
     });
     let tasks = futures::future::join_all(tasks);
@@ -208,7 +226,7 @@ async fn run_on_nodes(parts: &mut Participants, by_node: &[(Node, Vec<Arc<str>>)
         let mut failure = Ok(());
         while let Some((node, msg)) = rx.recv().await {
             if failure.is_ok() {
-                failure = sink.accept(node, &msg).await;
+                failure = sink.accept(node, &msg, &limits).await;
             }
         }
         failure
@@ -226,59 +244,90 @@ async fn run_on_nodes(parts: &mut Participants, by_node: &[(Node, Vec<Arc<str>>)
     }
     parts.discard_broken();
     match first_error {
-        Some(e) => Err(e),
+        Some(e) => Err(limits.outcome::<()>(Err(e)).unwrap_err()),
         None => Ok(rows),
     }
 }
 
-/// Queues a node's tasks. In the extended protocol each task's statement is
-/// prepared once per connection and bound by name afterwards, so a worker
-/// parses and plans a repeated shard statement only once. Returns, per task,
-/// the statement whose Parse this batch carries (to forget should it fail).
-pub(super) fn send_tasks(w: &mut WorkerConnection, sqls: &[Arc<str>], mode: &Mode<'_>, text_results: bool) -> Vec<Option<Arc<str>>> {
-    let mut parsed = Vec::with_capacity(sqls.len());
-    for sql in sqls {
-        match mode {
-            Mode::Simple => {
-                frontend::query(w.conn.out(), sql);
-                parsed.push(None);
-            }
-            Mode::Extended { bind, param_types, .. } => {
+/// A node's tasks as sent in one batch: the statements whose Parse it
+/// carries, in order, and how many of those completed so far. A Parse the
+/// batch's error cut short left no statement behind, so the connection
+/// forgets it and parses it again next time.
+pub(super) struct SentBatch {
+    parsed: Vec<Arc<str>>,
+    parses_completed: usize,
+}
+
+impl SentBatch {
+    /// Notes a message of the batch's answer; true for its ReadyForQuery, which ends it.
+    pub(super) fn note(&mut self, msg: &Message) -> bool {
+        match msg.tag() {
+            b'1' => self.parses_completed += 1,
+            b'Z' => return true,
+            _ => {}
+        }
+        false
+    }
+
+    /// The batch has ended on `w`.
+    pub(super) fn finish(self, w: &mut WorkerConnection) {
+        for sql in self.parsed.get(self.parses_completed..).unwrap_or_default() {
+            w.forget_statement(sql);
+        }
+    }
+}
+
+/// Queues a node's tasks as one batch, which the node runs in one
+/// transaction (its own, or the session's block) and ends at the first
+/// error: one cancel request ends the whole batch, where tasks sent one by
+/// one would each run after the one cancelled. In the simple protocol the
+/// tasks go as one query string; in the extended protocol each task's
+/// statement is prepared once per connection and bound by name afterwards
+/// (so a worker parses and plans a repeated shard statement only once), and
+/// one Sync ends the batch.
+pub(super) fn send_tasks(w: &mut WorkerConnection, sqls: &[Arc<str>], mode: &Mode<'_>, text_results: bool) -> SentBatch {
+    let mut parsed = Vec::new();
+    match mode {
+        Mode::Simple => match sqls {
+            [one] => frontend::query(w.conn.out(), one),
+            _ => frontend::query(w.conn.out(), &sqls.iter().map(|sql| &**sql).collect::<Vec<&str>>().join(";\n")),
+        },
+        Mode::Extended { bind, param_types, .. } => {
+            for sql in sqls {
                 let (name, needs_parse) = w.prepare(sql, param_types);
-                parsed.push(needs_parse.then(|| sql.clone()));
+                if needs_parse {
+                    parsed.push(sql.clone());
+                }
                 let formats: &[i16] = if text_results { &[] } else { &bind.result_formats };
                 frontend::bind(w.conn.out(), "", &name, &bind.param_formats, &bind.params, formats);
                 if text_results {
                     frontend::describe(w.conn.out(), Target::Portal, "");
                 }
                 frontend::execute(w.conn.out(), "", 0);
-                frontend::sync(w.conn.out());
             }
+            frontend::sync(w.conn.out());
         }
     }
-    parsed
+    SentBatch { parsed, parses_completed: 0 }
 }
 
-/// Reads the results of node `node` (its index in the task list) up to its
-/// last ReadyForQuery, passing rows on.
-/// A statement whose Parse (sent with task `i` when `parsed[i]` is set) never
-/// completed is forgotten, so that the next use parses it again.
-async fn read_results(w: &mut WorkerConnection, node: usize, parsed: &[Option<Arc<str>>], rows_to: &tokio::sync::mpsc::Sender<(usize, Message)>) -> PgResult<u64> {
-    let mut task = 0;
-    let mut parse_completed = false;
+/// Reads the results of node `node` (its index in the task list) up to the
+/// batch's ReadyForQuery, passing rows on.
+async fn read_results(w: &mut WorkerConnection, node: usize, mut batch: SentBatch, rows_to: &tokio::sync::mpsc::Sender<(usize, Message)>) -> PgResult<u64> {
     let mut rows = 0u64;
     let mut error = None;
-    while task < parsed.len() {
-        let msg = w.conn.recv().await?;
-        match msg.tag() {
-            b'1' => parse_completed = true,
-            b'Z' => {
-                if let (Some(sql), false) = (&parsed[task], parse_completed) {
-                    w.forget_statement(sql);
-                }
-                task += 1;
-                parse_completed = false;
+    loop {
+        let msg = match w.conn.recv().await {
+            Ok(msg) => msg,
+            Err(e) => {
+                batch.finish(w);
+                return Err(e);
             }
+        };
+        if batch.note(&msg) {
+            break;
+        }
+        match msg.tag() {
             b'E' => {
                 error.get_or_insert_with(|| w.conn.server_error(&msg));
             }
@@ -293,6 +342,7 @@ async fn read_results(w: &mut WorkerConnection, node: usize, parsed: &[Option<Ar
             _ => {}
         }
     }
+    batch.finish(w);
     match error {
         Some(e) => Err(e),
         None => Ok(rows),
@@ -374,42 +424,63 @@ pub(super) async fn type_names(parts: &mut Participants, fields: &[backend::Fiel
 /// Rows as a relation the coordinator database or a worker can read: a
 /// VALUES list of typed literals (an empty SELECT of typed NULLs for no rows).
 /// The caller names its columns with an alias.
-pub(super) fn rows_as_relation(types: &[String], rows: &[TextRow]) -> String {
+pub(super) fn rows_as_relation(types: &[String], rows: &[TextRow], limits: &StatementLimits) -> PgResult<String> {
     if rows.is_empty() {
         let nulls: Vec<String> = types.iter().map(|t| format!("NULL::{t}")).collect();
-        return format!("(SELECT {} WHERE false)", nulls.join(", "));
+        return Ok(format!("(SELECT {} WHERE false)", nulls.join(", ")));
     }
-    format!("(VALUES {})", values_list(types, rows.iter()))
+    Ok(format!("(VALUES {})", values_list(types, rows.iter(), limits)?))
 }
 
-/// `(lit::type, …), (…)` for a VALUES clause; `rows` must not be empty.
-pub(super) fn values_list<'r>(types: &[String], rows: impl ExactSizeIterator<Item = &'r TextRow>) -> String {
-    let mut values = String::with_capacity(rows.len() * types.len() * 16);
-    for (r, row) in rows.enumerate() {
-        values.push_str(if r == 0 { "(" } else { ", (" });
-        for (i, (v, t)) in row.iter().zip(types).enumerate() {
-            if i > 0 {
-                values.push_str(", ");
+/// Rows per step of `values_list` between looks at the statement's limits.
+const ROWS_PER_CHECK: usize = 1024;
+
+/// `(lit::type, …), (…)` for a VALUES clause; `rows` must not be empty. The
+/// text counts against the statement's memory, and the statement's stop
+/// ends the work; a long list is written off the async runtime's thread,
+/// so that other sessions' tasks do not wait for it.
+pub(super) fn values_list<'r>(types: &[String], rows: impl ExactSizeIterator<Item = &'r TextRow>, limits: &StatementLimits) -> PgResult<String> {
+    let estimate = rows.len() * types.len() * 16;
+    let write = move || {
+        let mut values = String::with_capacity(estimate);
+        let mut counted = 0;
+        for (r, row) in rows.enumerate() {
+            if r % ROWS_PER_CHECK == 0 {
+                limits.charge(values.capacity() - counted)?;
+                counted = values.capacity();
+                limits.check()?;
             }
-            match v {
-                Some(v) => values.push_str(&quote_literal(v)),
-                None => values.push_str("NULL"),
+            values.push_str(if r == 0 { "(" } else { ", (" });
+            for (i, (v, t)) in row.iter().zip(types).enumerate() {
+                if i > 0 {
+                    values.push_str(", ");
+                }
+                match v {
+                    Some(v) => values.push_str(&quote_literal(v)),
+                    None => values.push_str("NULL"),
+                }
+                values.push_str("::");
+                values.push_str(t);
             }
-            values.push_str("::");
-            values.push_str(t);
+            values.push(')');
         }
-        values.push(')');
+        limits.charge(values.capacity() - counted)?;
+        Ok(values)
+    };
+    if estimate >= super::LONG_WORK_BYTES {
+        super::off_the_runtime(write)
+    } else {
+        write()
     }
-    values
 }
 
 /// The combining statement with the shards' rows filled in, or None when an
-/// aggregate cannot be combined exactly from these partial types.
-pub(super) fn combine_sql(query: &CombineQuery, fields: &[backend::FieldDescription], types: &[String], rows: &[TextRow]) -> Option<String> {
+/// aggregate cannot be combined exactly from these partial types. The rows
+/// go in last, so that nothing searches their text.
+pub(super) fn combine_sql(query: &CombineQuery, fields: &[backend::FieldDescription], types: &[String], rows: &[TextRow], limits: &StatementLimits) -> PgResult<Option<String>> {
     let visible = fields.len().saturating_sub(query.hidden);
     let columns: Vec<String> = (0..fields.len()).map(|i| if i < visible { partial_column(i) } else { sort_column(i - visible) }).collect();
-    let source = rows_as_relation(types, rows);
-    let mut sql = query.sql.replacen(&format!("FROM {PARTIALS_RELATION}"), &format!("FROM {source} AS {PARTIALS_RELATION}({})", columns.join(", ")), 1);
+    let mut sql = query.sql.clone();
     if sql.contains(VISIBLE_COLUMNS) {
         let list: Vec<String> = fields[..visible].iter().enumerate().map(|(i, f)| format!("{} AS {}", partial_column(i), quote_ident(&f.name))).collect();
         sql = sql.replacen(VISIBLE_COLUMNS, &list.join(", "), 1);
@@ -429,7 +500,7 @@ pub(super) fn combine_sql(query: &CombineQuery, fields: &[backend::FieldDescript
                 // internal one does; the root at the variance's scale. Float
                 // input is combined in float8 steps that cannot be repeated.
                 if matches!(types[aggregate.columns[0]].as_str(), "float4" | "real" | "float8" | "double precision") {
-                    return None;
+                    return Ok(None);
                 }
                 let (n, s, q) = (format!("sum({})", col(1)), format!("sum({})", col(2)), format!("sum({})", col(3)));
                 let denominator = if sample { format!("{n} * ({n} - 1)") } else { format!("{n} * {n}") };
@@ -441,12 +512,20 @@ pub(super) fn combine_sql(query: &CombineQuery, fields: &[backend::FieldDescript
             }
             AggregateKind::Avg => match types[aggregate.columns[0]].as_str() {
                 // PostgreSQL averages float4 in float8; partial float4 sums lost that precision.
-                "float4" | "real" => return None,
+                "float4" | "real" => return Ok(None),
                 "float8" | "interval" => format!("sum({}) / nullif(sum({}), 0)::float8", col(0), col(1)),
                 _ => format!("sum({})::numeric / nullif(sum({}), 0)", col(0), col(1)),
             },
         };
         sql = sql.replace(&aggregate_placeholder(j), &format!("({expr})"));
     }
-    Some(sql)
+    let source = rows_as_relation(types, rows, limits)?;
+    let from = format!("FROM {PARTIALS_RELATION}");
+    let Some(at) = sql.find(&from) else { return Err(PgError::internal("a combining statement without its partial results")) };
+    let mut filled = String::with_capacity(sql.len() + source.len() + 64);
+    filled.push_str(&sql[..at]);
+    filled.push_str(&format!("FROM {source} AS {PARTIALS_RELATION}({})", columns.join(", ")));
+    filled.push_str(&sql[at + from.len()..]);
+    limits.charge(filled.capacity())?;
+    Ok(Some(filled))
 }

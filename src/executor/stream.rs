@@ -9,7 +9,7 @@
 //! session runs anything else on the workers it reads the rest into memory
 //! (`hold_rest`), the way the whole result was held before streaming.
 
-use super::multi_shard::{add_task, send_tasks, take_connections, tasks_by_node, TasksByNode};
+use super::multi_shard::{add_task, send_tasks, take_connections, tasks_by_node, SentBatch, TasksByNode};
 use super::{node_of_group, plan_tasks, Defaults, Mode};
 use crate::error::{PgError, PgResult};
 use crate::metadata::Catalog;
@@ -19,15 +19,11 @@ use crate::server::client::ClientConn;
 use crate::transaction::{Access, Participants};
 use bytes::Bytes;
 use std::collections::VecDeque;
-use std::sync::Arc;
 
 /// A distributed read whose rows are read as the client asks for them.
 pub struct RowStream {
-    /// Per node still to read, in reading order: its group, and per task not
-    /// yet read to its end the statement whose Parse went with it (if any).
-    nodes: VecDeque<(i32, VecDeque<Option<Arc<str>>>)>,
-    /// The current task's Parse completed.
-    parse_completed: bool,
+    /// Per node still to read, in reading order: its group and its batch.
+    nodes: VecDeque<(i32, SentBatch)>,
     error: Option<PgError>,
 }
 
@@ -67,14 +63,13 @@ impl RowStream {
         let mut nodes = VecDeque::new();
         for (node, sqls) in &by_node {
             let worker = parts.worker(node, Access::Read).await?;
-            // Each task carries its own Sync, which also ends an exchange the
-            // connection still had open.
+            // The batch's Sync also ends an exchange the connection still had open.
             worker.needs_sync = false;
-            let parsed = send_tasks(worker, sqls, mode, false);
+            let batch = send_tasks(worker, sqls, mode, false);
             worker.conn.flush().await?;
-            nodes.push_back((node.group_id, parsed.into_iter().collect()));
+            nodes.push_back((node.group_id, batch));
         }
-        Ok(RowStream { nodes, parse_completed: false, error: None })
+        Ok(RowStream { nodes, error: None })
     }
 
     /// Sends the client up to `max_rows` more rows (0: all that are left).
@@ -122,7 +117,7 @@ impl RowStream {
     /// Reads the workers' messages, passing each on to `take` until it says
     /// stop (after the message it was given) or every task has ended.
     async fn read_messages(&mut self, parts: &mut Participants, mut take: impl FnMut(&Message) -> bool) -> PgResult<()> {
-        while let Some((group, tasks)) = self.nodes.front_mut() {
+        while let Some((group, batch)) = self.nodes.front_mut() {
             let group = *group;
             let Some(worker) = parts.workers_for(&[group]).into_iter().next() else {
                 return Err(PgError::internal(format!("the connection to node group {group} closed while rows were streaming")));
@@ -135,22 +130,16 @@ impl RowStream {
                     return Err(e);
                 }
             };
+            if batch.note(&msg) {
+                if let Some((_, batch)) = self.nodes.pop_front() {
+                    batch.finish(worker);
+                }
+                continue;
+            }
             match msg.tag() {
-                b'1' => self.parse_completed = true,
                 b'E' => {
                     let e = worker.conn.server_error(&msg);
                     self.error.get_or_insert(e);
-                }
-                b'Z' => {
-                    if let Some(Some(sql)) = tasks.pop_front() {
-                        if !self.parse_completed {
-                            worker.forget_statement(&sql);
-                        }
-                    }
-                    self.parse_completed = false;
-                    if tasks.is_empty() {
-                        self.nodes.pop_front();
-                    }
                 }
                 b'D' => {
                     if take(&msg) {

@@ -1,6 +1,7 @@
 //! The client side of a session: framed reads and buffered writes on the socket.
 
 use crate::error::PgResult;
+use crate::transaction::limits::StatementLimits;
 use crate::protocol::{take_message_within, take_startup_packet, Message, ProtocolError, MAX_MESSAGE_LEN, MAX_UNAUTHENTICATED_MESSAGE_LEN};
 use bytes::{Bytes, BytesMut};
 use crate::transport::Stream;
@@ -16,13 +17,14 @@ pub struct ClientConn {
     /// The largest message accepted: small until the client has logged in.
     max_message_len: usize,
     /// While set, results stay in the buffer however large they grow (a row
-    /// limit on a portal needs them all before sending any).
-    holding: bool,
+    /// limit on a portal needs them all before sending any), counted against
+    /// the statement's memory: the limits, and the bytes counted so far.
+    holding: Option<(StatementLimits, usize)>,
 }
 
 impl ClientConn {
     pub fn new(stream: Stream) -> Self {
-        ClientConn { stream, rbuf: BytesMut::with_capacity(16 * 1024), wbuf: BytesMut::with_capacity(16 * 1024), max_message_len: MAX_UNAUTHENTICATED_MESSAGE_LEN, holding: false }
+        ClientConn { stream, rbuf: BytesMut::with_capacity(16 * 1024), wbuf: BytesMut::with_capacity(16 * 1024), max_message_len: MAX_UNAUTHENTICATED_MESSAGE_LEN, holding: None }
     }
 
     /// The socket, to start TLS on after SSLRequest. Bytes the client sent
@@ -104,15 +106,22 @@ impl ClientConn {
         Ok(())
     }
 
-    /// Keeps (or, with false, stops keeping) results in the buffer: see `holding`.
-    pub fn hold_output(&mut self, hold: bool) {
-        self.holding = hold;
+    /// Keeps results in the buffer for the statement `limits` bound (or,
+    /// with None, stops keeping them): see `holding`.
+    pub fn hold_output(&mut self, limits: Option<StatementLimits>) {
+        self.holding = limits.map(|limits| (limits, 0));
     }
 
-    /// Sends buffered results once enough have piled up, so large results stream.
+    /// Sends buffered results once enough have piled up, so large results
+    /// stream; while holding them, counts them against the statement's memory.
     pub async fn flush_if_large(&mut self) -> PgResult<()> {
-        if !self.holding && self.wbuf.len() >= FLUSH_THRESHOLD {
-            self.flush().await.map_err(client_lost)?;
+        match &mut self.holding {
+            Some((limits, counted)) if self.wbuf.len() >= *counted + FLUSH_THRESHOLD => {
+                limits.charge(self.wbuf.len() - *counted)?;
+                *counted = self.wbuf.len();
+            }
+            None if self.wbuf.len() >= FLUSH_THRESHOLD => self.flush().await.map_err(client_lost)?,
+            _ => {}
         }
         Ok(())
     }

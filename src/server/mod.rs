@@ -14,6 +14,7 @@ use crate::metadata::{self, CatalogHandle};
 use crate::executor::cluster_views::{ClientSession, PoolUsage, ProcessReport};
 use crate::connection::Login;
 use crate::transaction::coordinator_db::{CoordinatorDb, LocalSource, PinReason};
+use crate::transaction::limits::{CancelOutcome, ProcessMemory, StatementLimits};
 use crate::transaction::{CancelTargets, Participants, TwoPhase};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -61,6 +62,8 @@ pub struct Coordinator {
     pub fences: crate::operations::fence::Fences,
     /// Woken when a session schedules a background job, so it starts now.
     pub jobs_scheduled: tokio::sync::Notify,
+    /// The memory the sessions' running statements hold together.
+    statement_memory: Arc<ProcessMemory>,
 }
 
 impl Coordinator {
@@ -93,6 +96,7 @@ impl Coordinator {
         let fault = transactions.fault();
         let links = crate::transaction::links::LinkRelay::start(&config.worker_links_listen(), catalog.clone(), config.service_login(), config.coordinator_db.password.clone(), fault).await?;
         let reloads = tokio::sync::Mutex::new(KeptConnections::new(config.service_login(), "tessera catalog reload", Duration::from_secs(60)));
+        let statement_memory = ProcessMemory::new(config.statements.total_memory_limit());
         Ok(Arc::new(Coordinator { config, catalog, sessions: Mutex::new(HashMap::new()), reloads, unreliable_catalog: Mutex::new(None), process_id: rand::random(),
             deadlock_victims: Mutex::new(HashMap::new()),
             fallback_ready: tokio::sync::Mutex::new((0, HashSet::new())),
@@ -104,6 +108,7 @@ impl Coordinator {
             logins: Default::default(),
             fences: Default::default(),
             jobs_scheduled: Default::default(),
+            statement_memory,
         }))
     }
 
@@ -223,8 +228,8 @@ impl Coordinator {
         let transactions = &self.config.transactions;
         let two_phase = TwoPhase::new(self.process_id, key.0, Duration::from_secs_f64(transactions.recovery_interval_secs), transactions.fault(), self.links.clone());
         worker_login.options.push(("application_name".into(), two_phase.session_name().to_string()));
-        let (cancel_targets, pinned) = self.register_session(key, two_phase.session_name(), &worker_login.user);
-        Participants::new(CoordinatorDb::new(local_source, local_login, pinned), worker_login, cancel_targets, two_phase, self.worker_pools.clone())
+        let (cancel_targets, limits, pinned) = self.register_session(key, two_phase.session_name(), &worker_login.user);
+        Participants::new(CoordinatorDb::new(local_source, local_login, pinned), worker_login, cancel_targets, limits, two_phase, self.worker_pools.clone())
     }
 
     /// A session of the service role for work no client asked for (a
@@ -240,9 +245,11 @@ impl Coordinator {
         self.unregister_session(key);
     }
 
-    fn register_session(&self, key: (i32, i32), name: &str, user: &str) -> (CancelTargets, PinReason) {
-        let entry = SessionEntry { name: name.to_string(), user: user.to_string(), cancel_targets: CancelTargets::default(), pinned: PinReason::default() };
-        let shared = (entry.cancel_targets.clone(), entry.pinned.clone());
+    fn register_session(&self, key: (i32, i32), name: &str, user: &str) -> (CancelTargets, StatementLimits, PinReason) {
+        let cancel_targets = CancelTargets::default();
+        let limits = StatementLimits::new(cancel_targets.clone(), self.statement_memory.clone());
+        let entry = SessionEntry { name: name.to_string(), user: user.to_string(), cancel_targets, limits, pinned: PinReason::default() };
+        let shared = (entry.cancel_targets.clone(), entry.limits.clone(), entry.pinned.clone());
         self.sessions.lock().unwrap().insert(key, entry);
         shared
     }
@@ -306,9 +313,16 @@ impl Coordinator {
         (cancelled_at >= block_started).then_some(cycle)
     }
 
+    /// A client's cancel request for session `key`: a statement its limits
+    /// watch is stopped as a whole (see `transaction::limits`); otherwise
+    /// the request goes to the node backends the session holds.
     async fn cancel(&self, key: (i32, i32)) {
-        let targets = self.sessions.lock().unwrap().get(&key).map(|s| s.cancel_targets.lock().unwrap().clone());
-        for (addr, backend_key) in targets.unwrap_or_default() {
+        let Some((targets, limits)) = self.sessions.lock().unwrap().get(&key).map(|s| (s.cancel_targets.clone(), s.limits.clone())) else { return };
+        if limits.cancel() != CancelOutcome::NotWatched {
+            return;
+        }
+        let targets = targets.lock().unwrap().clone();
+        for (addr, backend_key) in targets {
             send_cancel(&addr, backend_key).await;
         }
     }
@@ -321,6 +335,8 @@ struct SessionEntry {
     user: String,
     /// The node connections it holds now, which its cancel requests reach.
     cancel_targets: CancelTargets,
+    /// What bounds its running statement.
+    limits: StatementLimits,
     pinned: PinReason,
 }
 

@@ -318,11 +318,30 @@ fn shell_check(plan: &Plan) -> Option<ShellCheck> {
             _ => Some(ShellCheck::Parse),
         },
         Plan::MultiShard(multi) if matches!(multi.combine, planner::Combine::Query(_)) => Some(ShellCheck::Explain),
-        Plan::InsertSelect(_) | Plan::MergeThroughCoordinator(_) => Some(ShellCheck::Explain),
+        Plan::InsertSelect(_) | Plan::MergeThroughCoordinator(_) | Plan::WithLocalRows(_) => Some(ShellCheck::Explain),
         // EXPLAIN cannot explain itself; Parse analyses the explained statement.
         Plan::Explain(_) => Some(ShellCheck::Parse),
         _ => None,
     }
+}
+
+/// Whether a plan runs under the statement's limits (see
+/// `Session::execute_distributed`): its work spans several nodes or passes
+/// through the coordinator. A statement routed to one node is bounded by
+/// that node, and a cancel request reaches it there.
+fn watched(plan: &Plan) -> bool {
+    matches!(
+        plan,
+        Plan::MultiShard(_)
+            | Plan::Fallback(_)
+            | Plan::KeysMeet(_)
+            | Plan::Explain(_)
+            | Plan::InsertSelect(_)
+            | Plan::MergeThroughCoordinator(_)
+            | Plan::WithLocalRows(_)
+            | Plan::LocalWithClusterData(_)
+            | Plan::LocalOverShards(_)
+    )
 }
 
 /// How long a client may take to authenticate (PostgreSQL's `authentication_timeout`).
@@ -917,7 +936,27 @@ impl Session {
 
     /// Runs a statement that is not plain pass-through. `extended` carries the
     /// client's Bind and the statement's shape for the extended protocol.
+    /// One whose work spans several nodes or the coordinator runs under its
+    /// limits (`transaction::limits`): its timeout, the client's cancel
+    /// request and its memory stop all of it.
     async fn execute_distributed(&mut self, sql: &str, plan: &Plan, extended: Option<(&Bind, &Shape)>) -> Result<(), Failure> {
+        let limits = self.parts.limits().clone();
+        if !watched(plan) || limits.is_armed() {
+            return self.execute_plan(sql, plan, extended).await;
+        }
+        let timeout = self.parts.statement_timeout().await?;
+        let memory = self.parts.citus_settings().await?.max_statement_memory.limit(self.coordinator.config.statements.memory_limit())?;
+        limits.arm(sql, timeout, memory);
+        let result = limits.enforce(self.execute_plan(sql, plan, extended)).await;
+        let result = match result {
+            Err(Failure::Error(e)) => Err(Failure::Error(limits.outcome::<()>(Err(e)).unwrap_err())),
+            other => other,
+        };
+        limits.disarm();
+        result
+    }
+
+    async fn execute_plan(&mut self, sql: &str, plan: &Plan, extended: Option<(&Bind, &Shape)>) -> Result<(), Failure> {
         let catalog = self.catalog_to_run_under();
         if let Some(check) = shell_check(plan) {
             let param_types = extended.map_or(&[][..], |(_, shape)| shape.param_types.as_slice());
@@ -1563,7 +1602,7 @@ impl Session {
         // Otherwise, with a row limit, the whole result is held here and handed
         // out max_rows at a time, as a suspended portal of PostgreSQL's would.
         let start = self.client.out().len();
-        self.client.hold_output(limited);
+        self.client.hold_output(limited.then(|| self.parts.limits().clone()));
         let mut result = match self.check_not_failed(&stmt.plan) {
             Ok(()) => self.execute_distributed(&stmt.sql, &stmt.plan, Some((&bind, &statement.shape))).await,
             Err(f) => Err(f),
@@ -1576,7 +1615,7 @@ impl Session {
                 };
             }
         }
-        self.client.hold_output(false);
+        self.client.hold_output(None);
         let mut pending = None;
         match result {
             Err(f) => self.extended_error(f),

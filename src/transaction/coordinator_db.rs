@@ -46,6 +46,8 @@ pub struct LoginFacts {
     pub search_path_public: bool,
     /// The `citus.*` settings the role and database give.
     pub citus: CitusSettings,
+    /// `statement_timeout` as they give it.
+    pub statement_timeout: Option<Duration>,
     idle_in_transaction_default: Option<Duration>,
 }
 
@@ -177,13 +179,14 @@ impl CoordinatorDb {
     /// session began with that the coordinator acts on itself.
     pub async fn read_login_facts(&mut self) -> PgResult<LoginFacts> {
         let Some(held) = self.held.as_mut() else { return Err(PgError::internal("the login holds no coordinator database connection")) };
-        let rows = held.conn.query(&format!("SELECT current_setting('{IDLE_IN_TRANSACTION}'), current_schemas(false) = ARRAY['public']::name[], {}", CitusSettings::COLUMNS)).await?;
+        let rows = held.conn.query(&format!("SELECT current_setting('{IDLE_IN_TRANSACTION}'), current_schemas(false) = ARRAY['public']::name[], current_setting('statement_timeout'), {}", CitusSettings::COLUMNS)).await?;
         let row = rows.into_iter().next().unwrap_or_default();
         let facts = LoginFacts {
             server_params: held.conn.server_params().to_vec(),
             search_path_public: row.get(1).cloned().flatten().as_deref() == Some("t"),
             idle_in_transaction_default: row.first().cloned().flatten().as_deref().and_then(parse_duration),
-            citus: CitusSettings::from_values(row.get(2..).unwrap_or_default()),
+            statement_timeout: row.get(2).cloned().flatten().as_deref().and_then(parse_duration),
+            citus: CitusSettings::from_values(row.get(3..).unwrap_or_default()),
         };
         self.assume_login(&facts);
         Ok(facts)
@@ -269,7 +272,7 @@ const IDLE_IN_TRANSACTION: &str = "idle_in_transaction_session_timeout";
 /// A time setting as `current_setting` shows it (`0`, `250ms`, `10s`,
 /// `5min`, `1h`, `1d`; a bare number is milliseconds); None for 0, which
 /// means no limit, or for what does not parse.
-fn parse_duration(value: &str) -> Option<Duration> {
+pub(crate) fn parse_duration(value: &str) -> Option<Duration> {
     let split = value.find(|c: char| !c.is_ascii_digit()).unwrap_or(value.len());
     let number: u64 = value[..split].parse().ok()?;
     let millis = match value[split..].trim() {

@@ -8,6 +8,7 @@
 pub mod decided;
 pub mod coordinator_db;
 pub mod deadlock;
+pub mod limits;
 pub mod links;
 pub mod recovery;
 
@@ -347,10 +348,16 @@ pub struct Participants {
     session_settings: Option<(u64, Arc<str>)>,
     /// The block's place among those holding worker connections (see `BlockGate`).
     admission: Option<crate::connection::pool::Admission>,
+    /// What bounds the statement running now (shared with the coordinator's
+    /// list of sessions, for cancel requests).
+    limits: limits::StatementLimits,
+    /// `statement_timeout` as the coordinator database had it when the
+    /// session began or last read the followed settings (None: no limit).
+    statement_timeout: Option<std::time::Duration>,
 }
 
 /// The `citus.*` settings (kept by the coordinator database, where SET runs)
-/// that change how the coordinator works.
+/// that change how the coordinator works, and `tessera.max_statement_memory`.
 #[derive(Clone, Copy, Debug)]
 pub struct CitusSettings {
     /// `citus.multi_shard_commit_protocol` is not '1pc'.
@@ -361,23 +368,30 @@ pub struct CitusSettings {
     /// `citus.enable_function_delegation` is not off: calls of distributed
     /// functions go to their shard's node.
     pub function_delegation: bool,
+    /// The most memory the coordinator may hold for one statement.
+    pub max_statement_memory: limits::MemorySetting,
 }
 
 impl CitusSettings {
     /// The select list that reads them.
     pub const COLUMNS: &'static str =
-        "current_setting('citus.multi_shard_commit_protocol', true), current_setting('citus.multi_shard_modify_mode', true), current_setting('citus.enable_function_delegation', true)";
+        "current_setting('citus.multi_shard_commit_protocol', true), current_setting('citus.multi_shard_modify_mode', true), current_setting('citus.enable_function_delegation', true), current_setting('tessera.max_statement_memory', true)";
 
     /// From the values `COLUMNS` gives, in order.
     pub fn from_values(values: &[Option<String>]) -> Self {
         let value = |i: usize| values.get(i).cloned().flatten();
         let off = |v: Option<String>| v.is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "off" | "false" | "0" | "no"));
-        CitusSettings { two_phase: value(0).as_deref() != Some("1pc"), sequential_modify: value(1).as_deref() == Some("sequential"), function_delegation: !off(value(2)) }
+        CitusSettings {
+            two_phase: value(0).as_deref() != Some("1pc"),
+            sequential_modify: value(1).as_deref() == Some("sequential"),
+            function_delegation: !off(value(2)),
+            max_statement_memory: limits::MemorySetting::from_value(value(3).as_deref()),
+        }
     }
 }
 
 impl Participants {
-    pub fn new(local: coordinator_db::CoordinatorDb, login: Login, cancel_targets: CancelTargets, two_phase: TwoPhase, pools: Arc<WorkerPools>) -> Self {
+    pub fn new(local: coordinator_db::CoordinatorDb, login: Login, cancel_targets: CancelTargets, limits: limits::StatementLimits, two_phase: TwoPhase, pools: Arc<WorkerPools>) -> Self {
         let mut startup: Vec<String> =
             login.options.iter().filter(|(name, _)| WORKER_PARAMETERS.iter().any(|p| p.eq_ignore_ascii_case(name))).map(|(name, value)| format!("{}={value}", name.to_lowercase())).collect();
         startup.sort();
@@ -385,7 +399,7 @@ impl Participants {
         let startup_state = login_state(&login);
         Participants {
             pool_key,
-            startup_login: login.clone(), local, local_in_block: false, workers: HashMap::new(), pools, node_pools: HashMap::new(), last_backends: HashMap::new(), catalog_version: 0, login_state: startup_state, startup_state, login, block: None, cancel_targets, two_phase, settings: None, worker_role: None, role_unknown: false, role_changed_in_block: false, settings_epoch: 0, settings_changed_in_block: false, followed_unknown: false, followed_changed_in_block: false, session_settings: None, admission: None }
+            startup_login: login.clone(), local, local_in_block: false, workers: HashMap::new(), pools, node_pools: HashMap::new(), last_backends: HashMap::new(), catalog_version: 0, login_state: startup_state, startup_state, login, block: None, cancel_targets, two_phase, settings: None, worker_role: None, role_unknown: false, role_changed_in_block: false, settings_epoch: 0, settings_changed_in_block: false, followed_unknown: false, followed_changed_in_block: false, session_settings: None, admission: None, limits, statement_timeout: None }
     }
 
     /// The identity worker connections log in with.
@@ -440,6 +454,7 @@ impl Participants {
 
     /// The coordinator database connection, inside the block if there is one.
     pub async fn local(&mut self) -> PgResult<&mut PgConnection> {
+        self.limits.check()?;
         let join = match &self.block {
             Some(block) if !self.local_in_block => Some(replay_sql(block)),
             _ => None,
@@ -457,7 +472,8 @@ impl Participants {
     pub async fn local_outside_block(&mut self) -> PgResult<&mut PgConnection> {
         let addr = self.local.addr().clone();
         let holds_block_connections = self.holds_block_connections();
-        let (conn, taken) = self.local.acquire(&self.two_phase.session_name, holds_block_connections).await?;
+        let limits = self.limits.clone();
+        let (conn, taken) = limits.unless_stopped(self.local.acquire(&self.two_phase.session_name, holds_block_connections)).await?;
         if let Some(key) = taken {
             self.cancel_targets.lock().unwrap().push((addr, key));
         }
@@ -492,6 +508,7 @@ impl Participants {
         self.local_outside_block().await?;
         let facts = self.local.read_login_facts().await?;
         self.settings = Some(facts.citus);
+        self.statement_timeout = facts.statement_timeout;
         Ok(facts)
     }
 
@@ -499,6 +516,20 @@ impl Participants {
     pub fn assume_login(&mut self, facts: &coordinator_db::LoginFacts) {
         self.local.assume_login(facts);
         self.settings = Some(facts.citus);
+        self.statement_timeout = facts.statement_timeout;
+    }
+
+    /// The limits of the statement running now.
+    pub fn limits(&self) -> &limits::StatementLimits {
+        &self.limits
+    }
+
+    /// The session's `statement_timeout` now (None: no limit).
+    pub async fn statement_timeout(&mut self) -> PgResult<Option<std::time::Duration>> {
+        if self.followed_unknown {
+            self.read_followed_settings().await?;
+        }
+        Ok(self.statement_timeout)
     }
 
     pub fn login_key(&self) -> &str {
@@ -534,6 +565,7 @@ impl Participants {
     /// block if there is one. The BEGIN is pipelined ahead of the caller's first
     /// statement rather than waited for.
     pub async fn worker(&mut self, node: &Node, access: Access) -> PgResult<&mut WorkerConnection> {
+        self.limits.check()?;
         if self.role_unknown {
             self.follow_role().await?;
         }
@@ -543,14 +575,15 @@ impl Participants {
         if self.workers.get_mut(&node.group_id).is_some_and(WorkerConnection::died_while_idle) {
             self.drop_worker(node.group_id);
         }
+        let limits = self.limits.clone();
         if self.block.is_some() && self.admission.is_none() {
-            self.admission = Some(self.pools.blocks.admit(self.pools.wait).await?);
+            self.admission = Some(limits.unless_stopped(self.pools.blocks.admit(self.pools.wait)).await?);
         }
         if !self.workers.contains_key(&node.group_id) {
             if !node.active {
                 return Err(PgError::new(sqlstate::CONNECTION_FAILURE, format!("node {} is not active", node.addr)));
             }
-            let worker = self.take_worker(node).await?;
+            let worker = limits.unless_stopped(self.take_worker(node)).await?;
             self.cancel_targets.lock().unwrap().push((node.addr.clone(), worker.conn.backend_key()));
             self.workers.insert(node.group_id, worker);
         }
@@ -770,6 +803,9 @@ impl Participants {
         let row = self.local_outside_block().await?.query(&sql).await?.into_iter().next().unwrap_or_default();
         for ((name, unset), value) in FOLLOWED_SETTINGS.iter().zip(row) {
             let value = value.unwrap_or_default();
+            if *name == "statement_timeout" {
+                self.statement_timeout = coordinator_db::parse_duration(&value);
+            }
             let following = self.login.options.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str());
             if following.unwrap_or(unset) != value {
                 self.set_on_workers(name.to_string(), value);
@@ -857,13 +893,17 @@ impl Participants {
     /// Ends the block `begin_implicit` opened (when `implicit`): commits it
     /// if the statement succeeded, rolls it back if not. The statement's own
     /// result comes back, or the commit's error.
+    /// A statement stopped by its limits (see `limits`) rolls back; past
+    /// this point it is not stopped any more.
     pub async fn end_implicit<T>(&mut self, implicit: bool, result: PgResult<T>) -> PgResult<T> {
         if implicit {
+            let result = self.limits.ending().and(result);
             if result.is_ok() {
                 self.commit().await?;
             } else {
                 self.rollback().await.ok();
             }
+            return result;
         }
         result
     }
