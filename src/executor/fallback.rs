@@ -20,8 +20,20 @@ use crate::server::Coordinator;
 use crate::transaction::Participants;
 use std::sync::Arc;
 
-/// The most table data (on disk, all shards) a broadcast ships per table.
+/// Tables larger than this on disk (all shards, TOAST included) are not
+/// read for a broadcast at all.
 const BROADCAST_LIMIT_BYTES: i64 = 8 << 20;
+/// The most rows a broadcast ships, summed over its tables and the tasks
+/// that get them: each task's node parses every row it is sent (some 10 µs
+/// a row), so this bounds what a broadcast adds to the workers' work to
+/// well under a second of CPU.
+const BROADCAST_MAX_ROWS_SHIPPED: usize = 64_000;
+/// The most text (VALUES lists) a broadcast ships, summed the same way.
+const BROADCAST_MAX_BYTES_SHIPPED: usize = 32 << 20;
+/// Shipments up to this size go out whatever the size of the largest
+/// table; larger ones only if that table is larger still: otherwise the
+/// coordinator database, reading the tables over postgres_fdw, moves less.
+const BROADCAST_ALWAYS_BYTES: usize = 1 << 20;
 
 /// Readies the stand-ins for a `statement` (its kind, for the error) whose
 /// rows the coordinator database reads through them by lending them to the
@@ -119,13 +131,15 @@ async fn rows_relation(parts: &mut Participants, catalog: &Catalog, by_node: &Ta
 /// A pushdown plan for the statement with some of its distributed tables
 /// replaced by their rows, if that works and those tables are small. First
 /// choice: ship only the tables outside the largest table's co-location
-/// group; otherwise every table but the largest.
+/// group; otherwise every table but the largest. The plan is made with a
+/// placeholder for each shipped table, and the rows' text is written into
+/// each task's statement in its place (`ShardTemplate::fill`).
 pub(super) async fn broadcast_plan(plan: &FallbackPlan, catalog: &Catalog, parts: &mut Participants) -> PgResult<Option<Plan>> {
     let candidates = &plan.broadcast_candidates;
     if candidates.is_empty() {
         return Ok(None);
     }
-    let sizes: Vec<i64> = super::cluster_views::table_sizes(candidates, catalog, parts).await?.iter().map(|s| s.relation).collect();
+    let sizes: Vec<i64> = super::cluster_views::table_sizes(candidates, catalog, parts).await?.iter().map(|s| s.table).collect();
     // On a tie the table named first (usually the outer query's) stays.
     let largest = (0..sizes.len()).fold(0, |best, i| if sizes[i] > sizes[best] { i } else { best });
     let small = |i: usize| sizes[i] <= BROADCAST_LIMIT_BYTES;
@@ -136,19 +150,45 @@ pub(super) async fn broadcast_plan(plan: &FallbackPlan, catalog: &Catalog, parts
             continue;
         }
         let tables: Vec<&Arc<DistributedTable>> = shipped.iter().map(|&i| &candidates[i]).collect();
-        // Whether the pushdown tiers take the statement does not depend on the
-        // rows, so try with empty stand-ins before reading any.
-        let placeholders: Vec<String> = tables.iter().map(|t| format!("(VALUES ({}))", vec!["NULL"; t.columns.len().max(1)].join(", "))).collect();
-        if replace_and_plan(plan, catalog, &tables, &placeholders)?.is_none() {
-            continue;
-        }
+        // Whether the pushdown tiers take the statement does not depend on
+        // the rows: it is planned before any are read.
+        let placeholders: Vec<String> = tables.iter().map(|t| placeholder(t)).collect();
+        let Some(mut pushdown) = replace_and_plan(plan, catalog, &tables, &placeholders)? else { continue };
+        let tasks = match &pushdown {
+            Plan::MultiShard(multi) => multi.anchor.shard_count().max(1) as usize,
+            _ => 1,
+        };
+        let mut row_budget = BROADCAST_MAX_ROWS_SHIPPED / tasks;
         let mut relations = Vec::new();
         for table in &tables {
-            relations.push(table_as_relation(table, plan.version, catalog, parts).await?);
+            let Some((relation, rows)) = table_as_relation(table, plan.version, catalog, parts, row_budget).await? else { return Ok(None) };
+            row_budget -= rows;
+            relations.push(relation);
         }
-        return replace_and_plan(plan, catalog, &tables, &relations);
+        let shipped_bytes = relations.iter().map(String::len).sum::<usize>() * tasks;
+        let moves_less = shipped_bytes <= BROADCAST_ALWAYS_BYTES || i64::try_from(shipped_bytes).is_ok_and(|b| b <= sizes[largest]);
+        if shipped_bytes > BROADCAST_MAX_BYTES_SHIPPED || !moves_less {
+            return Ok(None);
+        }
+        // Every task's statement carries the rows.
+        parts.limits().charge(shipped_bytes)?;
+        for (placeholder, relation) in placeholders.iter().zip(relations) {
+            if !pushdown.fill_placeholder(placeholder, Arc::from(relation)) {
+                return Err(PgError::internal("a broadcast's pushdown plan is shared"));
+            }
+        }
+        return Ok(Some(pushdown));
     }
     Ok(None)
+}
+
+/// What stands for a shipped table's rows while the statement is planned
+/// and deparsed: one row of NULLs, marked with the table's oid so that its
+/// text is found in each task's statement.
+fn placeholder(table: &DistributedTable) -> String {
+    let mut cells = vec!["NULL".to_string(); table.columns.len().max(1)];
+    cells[0] = format!("'tessera_broadcast_{}'", table.oid);
+    format!("(VALUES ({}))", cells.join(", "))
 }
 
 /// Plans the statement with each of `tables` replaced by its relation; only
@@ -181,15 +221,20 @@ fn alias_with_columns(alias: &str, table: &DistributedTable) -> String {
 }
 
 /// Every row of `table`, read through the session's connections (so this
-/// transaction's own writes are in), as a VALUES list.
-async fn table_as_relation(table: &Arc<DistributedTable>, version: i32, catalog: &Catalog, parts: &mut Participants) -> PgResult<String> {
+/// transaction's own writes are in), as a VALUES list, with how many rows
+/// it holds; None when it has more than `max_rows`.
+async fn table_as_relation(table: &Arc<DistributedTable>, version: i32, catalog: &Catalog, parts: &mut Participants, max_rows: usize) -> PgResult<Option<(String, usize)>> {
     let columns: Vec<String> = table.columns.iter().map(|c| quote_ident(c)).collect();
-    let sql = format!("SELECT {} FROM {}", columns.join(", "), table.qualified_name());
+    // Each shard stops one row past the budget: no more is read than needed to see it exceeded.
+    let sql = format!("SELECT {} FROM {} LIMIT {}", columns.join(", "), table.qualified_name(), max_rows + 1);
     let parsed = pg_query::parse(&sql).map_err(|e| PgError::internal(format!("could not parse {sql}: {e}")))?;
     let raw = parsed.protobuf.stmts.into_iter().next().ok_or_else(|| PgError::internal("empty statement"))?;
     let template = ShardTemplate::for_query(version, raw, vec![table.clone()]);
     let by_node = tasks_by_node(&template, table, catalog)?;
     let (fields, rows) = collect_rows(parts, &by_node, &Mode::Simple).await?;
+    if rows.len() > max_rows {
+        return Ok(None);
+    }
     let types = shard_type_names(parts, catalog, &fields).await?;
-    rows_as_relation(&types, &rows, parts.limits())
+    Ok(Some((rows_as_relation(&types, &rows, parts.limits())?, rows.len())))
 }

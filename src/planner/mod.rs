@@ -167,6 +167,26 @@ impl Plan {
     }
 }
 
+impl Plan {
+    /// Makes a router or multi-shard plan made just now (held nowhere else)
+    /// carry `text` in every shard's statement where its tree holds
+    /// `placeholder` (see `ShardTemplate::fill`); false for another plan.
+    pub fn fill_placeholder(&mut self, placeholder: &str, text: Arc<str>) -> bool {
+        let template = match self {
+            Plan::Router(router) => Arc::get_mut(router).map(|router| &mut router.template),
+            Plan::MultiShard(multi) => Arc::get_mut(multi).map(|multi| &mut multi.template),
+            _ => None,
+        };
+        match template {
+            Some(template) => {
+                template.fill(placeholder.to_string(), text);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TransactionCommand {
     /// BEGIN or START TRANSACTION, with the text to replay on each node it reaches.

@@ -24,6 +24,10 @@ pub struct ShardTemplate {
     /// For a delegated call: its function's per-shard copies, whose schema
     /// names the shard group.
     copied_call: Option<CopiedCall>,
+    /// Text written into every shard's statement after deparsing, in place
+    /// of a placeholder the tree holds: rows shipped to the shards (see
+    /// executor/fallback.rs), which would cost far more as parse-tree nodes.
+    fills: Vec<(String, Arc<str>)>,
 }
 
 /// A delegated call pointed at the per-shard copy of its function
@@ -44,12 +48,12 @@ impl ShardTemplate {
     /// A template for a query (SELECT/INSERT/UPDATE/DELETE).
     pub fn for_query(version: i32, mut stmt: protobuf::RawStmt, tables: Vec<Arc<DistributedTable>>) -> Self {
         let values_rows = insert_values(&mut stmt).map(std::mem::take).unwrap_or_default();
-        ShardTemplate { tree: protobuf::ParseResult { version, stmts: vec![stmt] }, values_rows, tables, alias_tables: true, copied_call: None }
+        ShardTemplate { tree: protobuf::ParseResult { version, stmts: vec![stmt] }, values_rows, tables, alias_tables: true, copied_call: None, fills: Vec::new() }
     }
 
     /// A template for a utility statement (CREATE INDEX, ALTER TABLE, …).
     pub fn for_utility(version: i32, stmt: protobuf::RawStmt, tables: Vec<Arc<DistributedTable>>) -> Self {
-        ShardTemplate { tree: protobuf::ParseResult { version, stmts: vec![stmt] }, values_rows: Vec::new(), tables, alias_tables: false, copied_call: None }
+        ShardTemplate { tree: protobuf::ParseResult { version, stmts: vec![stmt] }, values_rows: Vec::new(), tables, alias_tables: false, copied_call: None, fills: Vec::new() }
     }
 
     /// A statement that runs as it is, on a node whose worker-side relations
@@ -62,6 +66,12 @@ impl ShardTemplate {
     /// of its function.
     pub fn calling_copy(version: i32, stmt: protobuf::RawStmt, copied_call: CopiedCall) -> Self {
         ShardTemplate { copied_call: Some(copied_call), ..Self::unchanged(version, stmt) }
+    }
+
+    /// Makes every shard's statement carry `text` wherever the deparsed tree
+    /// has `placeholder`.
+    pub fn fill(&mut self, placeholder: String, text: Arc<str>) {
+        self.fills.push((placeholder, text));
     }
 
     /// Where a delegated call's copies are, for a call to them.
@@ -152,7 +162,14 @@ impl ShardTemplate {
                 Reference::Column(_) => {}
             });
         }
-        deparse_tree(&tree)
+        let mut sql = deparse_tree(&tree)?;
+        for (placeholder, text) in &self.fills {
+            if !sql.contains(placeholder.as_str()) {
+                return Err(PgError::internal(format!("the deparsed statement lost its placeholder {placeholder}")));
+            }
+            sql = sql.replace(placeholder.as_str(), text);
+        }
+        Ok(sql)
     }
 
     /// `ON CONFLICT ON CONSTRAINT name` names the shard's copy of the
