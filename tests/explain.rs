@@ -87,7 +87,8 @@ async fn each_shape_takes_its_tier() {
         // Not row for row by key (an aggregate over several keys): read
         // apart and shipped to the shards.
         ("SELECT count(*) FROM ea WHERE k IN (SELECT max(k) FROM eb GROUP BY w)", "Custom Scan (Tessera Broadcast)"),
-        ("SELECT * FROM ea WHERE v > (SELECT avg(z) FROM ec)", "Custom Scan (Tessera Broadcast)"),
+        // An uncorrelated scalar subquery is computed first, its value a constant.
+        ("SELECT * FROM ea WHERE v > (SELECT avg(z) FROM ec)", "Custom Scan (Tessera Subqueries First)"),
         ("SELECT * FROM ea WHERE v > (SELECT avg(w) FROM eb WHERE eb.k = ea.g)", "Custom Scan (Tessera Broadcast)"),
         ("SELECT e.k FROM ea e JOIN elocal l ON l.id = e.k", "Custom Scan (Tessera General Fallback)"),
         // A simple view merges into the query that reads it: it takes the

@@ -18,42 +18,7 @@ pub async fn run(plan: &ExplainPlan, coordinator: &Coordinator, catalog: &Catalo
         }
     }
     let mut lines = Vec::new();
-    match &plan.inner {
-        Plan::Fallback(fallback) => match super::fallback::broadcast_plan(fallback, catalog, parts).await? {
-            Some(pushdown) => {
-                lines.push("Custom Scan (Tessera Broadcast)".to_string());
-                lines.push(format!("  Reason: {}", fallback.reason));
-                lines.push("  Small tables: read once and shipped to every task as VALUES".to_string());
-                let mut inner = Vec::new();
-                explain_pushdown(plan, &pushdown, catalog, parts, mode, &mut inner).await?;
-                push_plan(inner, "  ", &mut lines);
-            }
-            None => {
-                let sql = super::block_reads::ready(&fallback.read, coordinator, catalog, parts).await?;
-                lines.push("Custom Scan (Tessera General Fallback)".to_string());
-                lines.push(format!("  Reason: {}", fallback.reason));
-                explain_in_coordinator_db(plan, sql, parts, &mut lines).await?;
-            }
-        },
-        Plan::InsertSelect(insert) => {
-            let sql = super::block_reads::ready(&insert.rows, coordinator, catalog, parts).await?;
-            lines.push("Custom Scan (Tessera INSERT … SELECT through the Coordinator)".to_string());
-            lines.push(format!("  Target: {}, rows routed to their shards in batches", insert.target.qualified_name()));
-            explain_in_coordinator_db(plan, sql, parts, &mut lines).await?;
-        }
-        Plan::WithLocalRows(local) => {
-            let replanned = super::local_rows::replanned(local, catalog, parts).await?;
-            if !matches!(replanned, Plan::Router(_) | Plan::MultiShard(_)) {
-                return Err(PgError::not_supported(format!("EXPLAIN of this statement, which runs {replanned}, is not supported yet")));
-            }
-            lines.push("Custom Scan (Tessera Local Rows)".to_string());
-            lines.push(format!("  Local tables: {}: read once and shipped to every task as VALUES", local.relations.iter().map(|rv| rv.relname.as_str()).collect::<Vec<_>>().join(", ")));
-            let mut inner = Vec::new();
-            explain_pushdown(plan, &replanned, catalog, parts, mode, &mut inner).await?;
-            push_plan(inner, "  ", &mut lines);
-        }
-        inner => explain_pushdown(plan, inner, catalog, parts, mode, &mut lines).await?,
-    }
+    plan_lines(plan, &plan.inner, coordinator, catalog, parts, mode, &mut lines).await?;
     if matches!(mode, Mode::Simple) {
         let field = FieldDescription { name: "QUERY PLAN".into(), table_oid: 0, column: 0, type_oid: 25, type_size: -1, type_modifier: -1, format: 0 };
         backend::row_description(client.out(), &[field]);
@@ -63,6 +28,64 @@ pub async fn run(plan: &ExplainPlan, coordinator: &Coordinator, catalog: &Catalo
     }
     backend::command_complete(client.out(), "EXPLAIN");
     Ok(())
+}
+
+/// The lines of how `inner`, the explained statement (or what it became), runs.
+async fn plan_lines(plan: &ExplainPlan, inner: &Plan, coordinator: &Coordinator, catalog: &Catalog, parts: &mut Participants, mode: &Mode<'_>, lines: &mut Vec<String>) -> PgResult<()> {
+    match inner {
+        Plan::Fallback(fallback) => {
+            if let Some(computed) = super::fallback::compute_subqueries(fallback, catalog, parts).await? {
+                lines.push("Custom Scan (Tessera Subqueries First)".to_string());
+                lines.push("  Each scalar subquery below ran once, as a distributed statement of its own; its value is a constant in the statement".to_string());
+                for (i, (sql, sub_plan)) in computed.subqueries.iter().enumerate() {
+                    lines.push(format!("  Subquery {}: {sql}", i + 1));
+                    let mut sub_lines = Vec::new();
+                    explain_pushdown(plan, sub_plan, catalog, parts, mode, &mut sub_lines).await?;
+                    push_plan(sub_lines, "    ", lines);
+                }
+                let mut rest = Vec::new();
+                Box::pin(plan_lines(plan, &computed.plan, coordinator, catalog, parts, mode, &mut rest)).await?;
+                push_plan(rest, "  ", lines);
+                return Ok(());
+            }
+            match super::fallback::broadcast_plan(fallback, catalog, parts).await? {
+                Some(pushdown) => {
+                    lines.push("Custom Scan (Tessera Broadcast)".to_string());
+                    lines.push(format!("  Reason: {}", fallback.reason));
+                    lines.push("  Small tables: read once and shipped to every task as VALUES".to_string());
+                    let mut pushed = Vec::new();
+                    explain_pushdown(plan, &pushdown, catalog, parts, mode, &mut pushed).await?;
+                    push_plan(pushed, "  ", lines);
+                }
+                None => {
+                    let sql = super::block_reads::ready(&fallback.read, coordinator, catalog, parts).await?;
+                    lines.push("Custom Scan (Tessera General Fallback)".to_string());
+                    lines.push(format!("  Reason: {}", fallback.reason));
+                    explain_in_coordinator_db(plan, sql, parts, lines).await?;
+                }
+            }
+            Ok(())
+        }
+        Plan::InsertSelect(insert) => {
+            let sql = super::block_reads::ready(&insert.rows, coordinator, catalog, parts).await?;
+            lines.push("Custom Scan (Tessera INSERT … SELECT through the Coordinator)".to_string());
+            lines.push(format!("  Target: {}, rows routed to their shards in batches", insert.target.qualified_name()));
+            explain_in_coordinator_db(plan, sql, parts, lines).await
+        }
+        Plan::WithLocalRows(local) => {
+            let replanned = super::local_rows::replanned(local, catalog, parts).await?;
+            if !matches!(replanned, Plan::Router(_) | Plan::MultiShard(_)) {
+                return Err(PgError::not_supported(format!("EXPLAIN of this statement, which runs {replanned}, is not supported yet")));
+            }
+            lines.push("Custom Scan (Tessera Local Rows)".to_string());
+            lines.push(format!("  Local tables: {}: read once and shipped to every task as VALUES", local.relations.iter().map(|rv| rv.relname.as_str()).collect::<Vec<_>>().join(", ")));
+            let mut pushed = Vec::new();
+            explain_pushdown(plan, &replanned, catalog, parts, mode, &mut pushed).await?;
+            push_plan(pushed, "  ", lines);
+            Ok(())
+        }
+        inner => explain_pushdown(plan, inner, catalog, parts, mode, lines).await,
+    }
 }
 
 /// The lines of a router or multi-shard plan: header, tasks, one task's plan.

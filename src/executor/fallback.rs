@@ -7,12 +7,14 @@
 
 use super::multi_shard::{add_task, collect_rows, combine_sql, rows_as_relation, shard_type_names, tasks_by_node, TasksByNode};
 use super::{node_of_group, plan_tasks, run_on_coordinator_db, Defaults, Mode};
-use crate::connection::quote_ident;
-use crate::error::{PgError, PgResult};
+use crate::connection::{quote_ident, text_row_size, TextRows};
+use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable};
 use crate::planner::rewrite::ShardTemplate;
 use crate::planner::deparse::deparse_statement;
-use crate::planner::{column_ref, plain_select, plan_tree, res_target, Combine, FallbackPlan, Plan};
+use crate::planner::{column_ref, plain_select, plan_tree, res_target, scalar_subqueries, Combine, FallbackPlan, Plan};
+use crate::protocol::backend::FieldDescription;
+use crate::protocol::frontend;
 use pg_query::protobuf;
 use pg_query::NodeEnum;
 use crate::server::client::ClientConn;
@@ -50,6 +52,15 @@ pub async fn prepare_to_read(statement: &str, coordinator: &Coordinator, catalog
 }
 
 pub async fn run(plan: &FallbackPlan, coordinator: &Coordinator, catalog: &Catalog, parts: &mut Participants, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<()> {
+    if let Some(computed) = compute_subqueries(plan, catalog, parts).await? {
+        tracing::debug!("fallback with {} scalar subqueries computed first", computed.subqueries.len());
+        return match &computed.plan {
+            Plan::Router(router) => super::run_router(router, parts, catalog, mode, client).await,
+            Plan::MultiShard(multi) => Box::pin(super::multi_shard::run(multi, coordinator, parts, catalog, mode, client)).await,
+            Plan::Fallback(rest) => Box::pin(run(rest, coordinator, catalog, parts, mode, client)).await,
+            _ => unreachable!("compute_subqueries returns only these plans"),
+        };
+    }
     if let Some(broadcast) = broadcast_plan(plan, catalog, parts).await? {
         tracing::debug!("fallback by broadcast: {}", plan.reason);
         return match &broadcast {
@@ -84,30 +95,10 @@ async fn declare_over_results(
     client: &mut ClientConn,
 ) -> PgResult<bool> {
     let query = declare.query.as_deref().and_then(|q| q.node.clone()).ok_or_else(|| PgError::internal("DECLARE without a query"))?;
-    let relation = match plan_tree(version, query, catalog) {
-        Plan::Router(router) => {
-            let mut by_node: TasksByNode = Vec::new();
-            for task in plan_tasks(&router, parts, mode, Defaults::default()).await? {
-                add_task(&mut by_node, node_of_group(catalog, task.group)?, task.sql);
-            }
-            rows_relation(parts, catalog, &by_node, mode).await?
-        }
-        Plan::MultiShard(multi) => {
-            let by_node = tasks_by_node(&multi.template, &multi.anchor, catalog)?;
-            match &multi.combine {
-                Combine::Concatenate => rows_relation(parts, catalog, &by_node, mode).await?,
-                Combine::Query(combine) => {
-                    let (fields, rows) = collect_rows(parts, &by_node, mode).await?;
-                    let types = shard_type_names(parts, catalog, &fields).await?;
-                    match combine_sql(combine, &fields, &types, &rows, parts.limits())? {
-                        Some(sql) => format!("({sql})"),
-                        None => return Ok(false),
-                    }
-                }
-            }
-        }
-        _ => return Ok(false),
-    };
+    let Some((fields, rows)) = query_rows(&plan_tree(version, query, catalog), catalog, parts, mode).await? else { return Ok(false) };
+    let types = shard_type_names(parts, catalog, &fields).await?;
+    let columns: Vec<String> = fields.iter().map(|f| quote_ident(&f.name)).collect();
+    let relation = format!("(SELECT * FROM {} AS rows({}))", rows_as_relation(&types, &rows, parts.limits())?, columns.join(", "));
     // The rows can run to megabytes of SQL: they go into the deparsed
     // DECLARE as text rather than through the parser and back.
     const PLACEHOLDER: &str = "tessera_cursor_rows";
@@ -120,12 +111,100 @@ async fn declare_over_results(
     Ok(true)
 }
 
-/// Rows of the tasks as a relation with the result's own column names and types.
-async fn rows_relation(parts: &mut Participants, catalog: &Catalog, by_node: &TasksByNode, mode: &Mode<'_>) -> PgResult<String> {
-    let (fields, rows) = collect_rows(parts, by_node, mode).await?;
+/// The rows of a router or multi-shard plan of a query, with their columns,
+/// read through the session's connections (so that this transaction's own
+/// writes are in); None for another plan, or for aggregates that cannot be
+/// combined exactly.
+async fn query_rows(plan: &Plan, catalog: &Catalog, parts: &mut Participants, mode: &Mode<'_>) -> PgResult<Option<(Vec<FieldDescription>, TextRows)>> {
+    let by_node = match plan {
+        Plan::Router(router) => {
+            let mut by_node: TasksByNode = Vec::new();
+            for task in plan_tasks(router, parts, mode, Defaults::default()).await? {
+                add_task(&mut by_node, node_of_group(catalog, task.group)?, task.sql);
+            }
+            by_node
+        }
+        Plan::MultiShard(multi) => tasks_by_node(&multi.template, &multi.anchor, catalog)?,
+        _ => return Ok(None),
+    };
+    let (fields, rows) = collect_rows(parts, &by_node, mode).await?;
+    let Plan::MultiShard(multi) = plan else { return Ok(Some((fields, rows))) };
+    let Combine::Query(combine) = &multi.combine else { return Ok(Some((fields, rows))) };
     let types = shard_type_names(parts, catalog, &fields).await?;
-    let columns: Vec<String> = fields.iter().map(|f| quote_ident(&f.name)).collect();
-    Ok(format!("(SELECT * FROM {} AS rows({}))", rows_as_relation(&types, &rows, parts.limits())?, columns.join(", ")))
+    let Some(sql) = combine_sql(combine, &fields, &types, &rows, parts.limits())? else { return Ok(None) };
+    drop(rows);
+    let limits = parts.limits().clone();
+    let local = parts.local().await?;
+    frontend::parse(local.out(), "", &sql, &[]);
+    frontend::bind(local.out(), "", "", &[], &[], &[]);
+    frontend::describe(local.out(), frontend::Target::Portal, "");
+    frontend::execute(local.out(), "", 0);
+    frontend::sync(local.out());
+    let combined = local.read_result(|row| limits.charge(text_row_size(row))).await;
+    parts.observe_local_status();
+    Ok(Some(combined?))
+}
+
+/// A statement whose uncorrelated scalar subqueries over distributed tables
+/// were computed first and written in as constants.
+pub(super) struct ComputedSubqueries {
+    /// How the statement runs now.
+    pub plan: Plan,
+    /// The subqueries computed, as SQL, with how each ran.
+    pub subqueries: Vec<(String, Plan)>,
+}
+
+/// Computes the statement's uncorrelated scalar subqueries over distributed
+/// tables (planner/scalar_subqueries.rs) that a router or multi-shard plan
+/// runs, each once, through the session's connections, writes their values
+/// in as constants, and plans the statement again; None when it has no
+/// such subquery, or it then plans no better.
+pub(super) async fn compute_subqueries(plan: &FallbackPlan, catalog: &Catalog, parts: &mut Participants) -> PgResult<Option<ComputedSubqueries>> {
+    if !matches!(plan.statement, NodeEnum::SelectStmt(_)) {
+        return Ok(None);
+    }
+    let mut values = Vec::new();
+    let mut subqueries = Vec::new();
+    for subquery in scalar_subqueries::subqueries(&plan.statement, catalog) {
+        let stmt = NodeEnum::SelectStmt(Box::new(subquery));
+        let sql = deparse_statement(plan.version, stmt.clone())?;
+        let sub_plan = plan_tree(plan.version, stmt, catalog);
+        let Some((fields, rows)) = query_rows(&sub_plan, catalog, parts, &Mode::Simple).await? else {
+            values.push(None);
+            continue;
+        };
+        if fields.len() != 1 {
+            return Err(PgError::internal(format!("the scalar subquery {sql} gave {} columns", fields.len())));
+        }
+        if rows.len() > 1 {
+            // An error only if PostgreSQL evaluates it (not over no rows, say):
+            // the statement runs with the subquery in place.
+            values.push(None);
+            continue;
+        }
+        let types = match shard_type_names(parts, catalog, &fields).await {
+            Ok(types) => types,
+            // A value no literal can spell (an anonymous or a shard's row) stays a subquery.
+            Err(e) if e.code() == sqlstate::FEATURE_NOT_SUPPORTED => {
+                values.push(None);
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let value = rows.into_iter().next().and_then(|row| row.into_iter().next().flatten());
+        values.push(Some(scalar_subqueries::typed_constant(value.as_deref(), &types[0])?));
+        subqueries.push((sql, sub_plan));
+    }
+    if subqueries.is_empty() {
+        return Ok(None);
+    }
+    let mut stmt = plan.statement.clone();
+    let mut values = values.into_iter();
+    scalar_subqueries::replace(&mut stmt, catalog, |_| values.next().flatten());
+    Ok(match plan_tree(plan.version, stmt, catalog) {
+        plan @ (Plan::Router(_) | Plan::MultiShard(_) | Plan::Fallback(_)) => Some(ComputedSubqueries { plan, subqueries }),
+        _ => None,
+    })
 }
 
 /// A pushdown plan for the statement with some of its distributed tables

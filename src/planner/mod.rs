@@ -23,6 +23,7 @@ mod multi_shard;
 mod prepared;
 pub mod rewrite;
 mod router;
+pub mod scalar_subqueries;
 mod session_state;
 mod user_code;
 mod views;

@@ -688,7 +688,7 @@ fn output_name(node: &Node) -> Option<String> {
 
 /// A name and how strongly the expression suggests it (2: a column or function
 /// name; 1: a fallback such as "case"; 0: none).
-fn name_strength(node: &NodeEnum) -> (Option<String>, u8) {
+pub(super) fn name_strength(node: &NodeEnum) -> (Option<String>, u8) {
     let last_string = |nodes: &[Node]| {
         nodes.iter().rev().find_map(|n| match n.node.as_ref() {
             Some(NodeEnum::String(s)) => Some(s.sval.clone()),
@@ -711,6 +711,20 @@ fn name_strength(node: &NodeEnum) -> (Option<String>, u8) {
             _ => (Some("case".into()), 1),
         },
         NodeEnum::CoalesceExpr(_) => (Some("coalesce".into()), 2),
+        // A scalar subquery is named as its one output column.
+        NodeEnum::SubLink(link) if link.sub_link_type == protobuf::SubLinkType::ExprSublink as i32 => {
+            let target = match link.subselect.as_deref().and_then(|s| s.node.as_ref()) {
+                Some(NodeEnum::SelectStmt(query)) => query.target_list.first().and_then(|t| t.node.as_ref()),
+                _ => None,
+            };
+            match target {
+                Some(NodeEnum::ResTarget(t)) if !t.name.is_empty() => (Some(t.name.clone()), 2),
+                Some(NodeEnum::ResTarget(t)) => t.val.as_deref().and_then(|v| v.node.as_ref()).map_or((None, 0), name_strength),
+                _ => (None, 0),
+            }
+        }
+        NodeEnum::SubLink(link) if link.sub_link_type == protobuf::SubLinkType::ExistsSublink as i32 => (Some("exists".into()), 2),
+        NodeEnum::SubLink(link) if link.sub_link_type == protobuf::SubLinkType::ArraySublink as i32 => (Some("array".into()), 2),
         NodeEnum::AArrayExpr(_) => (Some("array".into()), 2),
         NodeEnum::RowExpr(_) => (Some("row".into()), 2),
         NodeEnum::MinMaxExpr(m) => (Some(if m.op == protobuf::MinMaxOp::IsGreatest as i32 { "greatest" } else { "least" }.into()), 2),
