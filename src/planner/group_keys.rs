@@ -128,26 +128,9 @@ fn column_ref(table: &str, column: &str) -> Node {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metadata::{Distribution, Shard};
 
     fn catalog() -> Catalog {
-        let table = |oid: u32, name: &str, columns: &[&str], key: &[&str]| {
-            Arc::new(DistributedTable {
-                oid,
-                schema: "public".into(),
-                name: name.into(),
-                distribution: Distribution::Reference,
-                colocation_id: 1,
-                columns: columns.iter().map(|c| c.to_string()).collect(),
-                copy_columns: columns.iter().map(|c| c.to_string()).collect(),
-                key_default: None,
-                sequence_columns: vec![],
-                always_identity: vec![],
-                shards: vec![Shard { id: oid as i64, index: 0, placements: vec![1] }],
-                partition_of: None,
-                primary_key: key.iter().map(|c| c.to_string()).collect(),
-            })
-        };
+        let table = Catalog::reference_table_for_tests;
         Catalog::for_tests(vec![], vec![table(1, "author", &["id", "name", "born"], &["id"]), table(2, "book", &["tenant", "id", "title"], &["tenant", "id"]), table(3, "tag", &["name"], &[])])
     }
 

@@ -146,28 +146,9 @@ fn names_own_column(c: &protobuf::ColumnRef, scope: &[(String, &DistributedTable
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metadata::{Distribution, Shard};
-    use std::sync::Arc;
 
     fn catalog() -> Catalog {
-        let table = |oid: u32, name: &str, columns: &[&str]| {
-            Arc::new(DistributedTable {
-                oid,
-                schema: "public".into(),
-                name: name.into(),
-                distribution: Distribution::Reference,
-                colocation_id: 1,
-                columns: columns.iter().map(|c| c.to_string()).collect(),
-                copy_columns: columns.iter().map(|c| c.to_string()).collect(),
-                key_default: None,
-                sequence_columns: vec![],
-                always_identity: vec![],
-                shards: vec![Shard { id: oid as i64, index: 0, placements: vec![1] }],
-                partition_of: None,
-                primary_key: vec![],
-            })
-        };
-        Catalog::for_tests(vec![], vec![table(1, "a", &["id", "two"]), table(2, "b", &["id", "two", "v"])])
+        Catalog::for_tests(vec![], vec![Catalog::reference_table_for_tests(1, "a", &["id", "two"], &[]), Catalog::reference_table_for_tests(2, "b", &["id", "two", "v"], &[])])
     }
 
     fn statement(sql: &str) -> NodeEnum {
