@@ -111,11 +111,11 @@ async fn statement_timeout_stops_every_part(cluster: &TestCluster) {
     // holds; the statement fails with that node's 55P03 and stops the rest.
     let holder = cluster.connect().await;
     holder.batch_execute("BEGIN; UPDATE a SET ten = ten WHERE id = 1").await.unwrap();
-    c.batch_execute("SET lock_timeout = '200ms'").await.unwrap();
+    c.batch_execute("RESET statement_timeout; SET lock_timeout = '200ms'").await.unwrap();
     let e = fails_within(&c, "UPDATE a SET ten = ten WHERE two = 1", "55P03", Duration::from_millis(200 + 1500)).await;
     assert!(e.as_db_error().unwrap().message().contains("lock timeout"), "{}", error_text(&e));
     holder.batch_execute("ROLLBACK").await.unwrap();
-    c.batch_execute("RESET lock_timeout").await.unwrap();
+    c.batch_execute("RESET lock_timeout; SET statement_timeout = '300ms'").await.unwrap();
     // In a block, which the timeout aborts as PostgreSQL would.
     c.batch_execute("BEGIN").await.unwrap();
     fails_within(&c, HEAVY_SHARDS, "57014", Duration::from_millis(300 + 1500)).await;
