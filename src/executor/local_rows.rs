@@ -44,17 +44,47 @@ pub async fn replanned(plan: &LocalRowsPlan, catalog: &Catalog, parts: &mut Part
         let columns: Vec<String> = fields.iter().map(|f| quote_ident(&f.name)).collect();
         relations.push((rv, rows_as_relation(&types, &rows, parts.limits())?, columns));
     }
+    // Planned first with a one-row placeholder per relation: a pushdown plan
+    // takes the rows' text into each task's statement as it is
+    // (`ShardTemplate::fill`), which costs a string copy per task where
+    // the rows as parse-tree nodes would be deparsed once per shard.
+    let placeholders: Vec<String> = relations.iter().enumerate().map(|(i, (_, _, columns))| placeholder(i, columns.len())).collect();
+    let mut pushdown = plan_with(plan, catalog, &relations, &placeholders)?;
+    if matches!(pushdown, Plan::Router(_) | Plan::MultiShard(_)) {
+        for (placeholder, (_, rows, _)) in placeholders.iter().zip(relations) {
+            if !pushdown.fill_placeholder(placeholder, std::sync::Arc::from(rows)) {
+                return Err(PgError::internal("a statement's pushdown plan with local rows is shared"));
+            }
+        }
+        return Ok(pushdown);
+    }
+    let rows: Vec<String> = relations.iter().map(|(_, rows, _)| rows.clone()).collect();
+    plan_with(plan, catalog, &relations, &rows)
+}
+
+/// What stands for local relation `i`'s rows while the statement is planned
+/// and deparsed: one row, marked, of `columns` columns.
+fn placeholder(i: usize, columns: usize) -> String {
+    let mut cells = vec!["NULL".to_string(); columns.max(1)];
+    cells[0] = format!("'tessera_local_rows_{i}'");
+    format!("(VALUES ({}))", cells.join(", "))
+}
+
+/// The statement planned with each local relation replaced by the FROM item
+/// `items` gives for it.
+fn plan_with(plan: &LocalRowsPlan, catalog: &Catalog, relations: &[(&protobuf::RangeVar, String, Vec<String>)], items: &[String]) -> PgResult<Plan> {
     let mut statement = plan.statement.clone();
     let mut failure = None;
     visit_mut(&mut statement, &mut |n| {
         let NodeEnum::RangeVar(rv) = n else { return };
-        let Some((_, rows, columns)) = relations.iter().find(|(r, _, _)| r.schemaname == rv.schemaname && r.relname == rv.relname) else { return };
+        let Some(i) = relations.iter().position(|(r, _, _)| r.schemaname == rv.schemaname && r.relname == rv.relname) else { return };
+        let columns = &relations[i].2;
         let (alias, columns) = match &rv.alias {
             Some(protobuf::Alias { aliasname, colnames }) if !colnames.is_empty() => (aliasname.clone(), crate::planner::qualified_name(colnames).iter().map(|c| quote_ident(c)).collect()),
             Some(a) => (a.aliasname.clone(), columns.clone()),
             None => (rv.relname.clone(), columns.clone()),
         };
-        match subselect_node(&format!("{rows} AS {}({})", quote_ident(&alias), columns.join(", "))) {
+        match subselect_node(&format!("{} AS {}({})", items[i], quote_ident(&alias), columns.join(", "))) {
             Ok(item) => *n = item,
             Err(e) => failure = Some(e),
         }
