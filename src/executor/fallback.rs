@@ -10,7 +10,7 @@ use super::{node_of_group, plan_tasks, run_on_coordinator_db, Defaults, Mode};
 use crate::connection::{quote_ident, text_row_size, TextRows};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable};
-use crate::planner::rewrite::ShardTemplate;
+use crate::planner::rewrite::{rows_placeholder, ShardTemplate};
 use crate::planner::deparse::deparse_statement;
 use crate::planner::{column_ref, plain_select, plan_tree, res_target, scalar_subqueries, Combine, FallbackPlan, Plan};
 use crate::protocol::backend::FieldDescription;
@@ -231,7 +231,7 @@ pub(super) async fn broadcast_plan(plan: &FallbackPlan, catalog: &Catalog, parts
         let tables: Vec<&Arc<DistributedTable>> = shipped.iter().map(|&i| &candidates[i]).collect();
         // Whether the pushdown tiers take the statement does not depend on
         // the rows: it is planned before any are read.
-        let placeholders: Vec<String> = tables.iter().map(|t| placeholder(t)).collect();
+        let placeholders: Vec<String> = tables.iter().map(|t| rows_placeholder(&format!("tessera_broadcast_{}", t.oid), t.columns.len())).collect();
         let Some(mut pushdown) = replace_and_plan(plan, catalog, &tables, &placeholders)? else { continue };
         let tasks = match &pushdown {
             Plan::MultiShard(multi) => multi.anchor.shard_count().max(1) as usize,
@@ -259,15 +259,6 @@ pub(super) async fn broadcast_plan(plan: &FallbackPlan, catalog: &Catalog, parts
         return Ok(Some(pushdown));
     }
     Ok(None)
-}
-
-/// What stands for a shipped table's rows while the statement is planned
-/// and deparsed: one row of NULLs, marked with the table's oid so that its
-/// text is found in each task's statement.
-fn placeholder(table: &DistributedTable) -> String {
-    let mut cells = vec!["NULL".to_string(); table.columns.len().max(1)];
-    cells[0] = format!("'tessera_broadcast_{}'", table.oid);
-    format!("(VALUES ({}))", cells.join(", "))
 }
 
 /// Plans the statement with each of `tables` replaced by its relation; only

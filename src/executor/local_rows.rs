@@ -8,6 +8,7 @@ use super::multi_shard::{rows_as_relation, type_names};
 use crate::connection::{quote_ident, text_row_size};
 use crate::error::{PgError, PgResult};
 use crate::metadata::Catalog;
+use crate::planner::rewrite::rows_placeholder;
 use crate::planner::{plan_tree, subselect_node, LocalRowsPlan, Plan};
 use crate::protocol::frontend;
 use crate::transaction::Participants;
@@ -48,7 +49,7 @@ pub async fn replanned(plan: &LocalRowsPlan, catalog: &Catalog, parts: &mut Part
     // takes the rows' text into each task's statement as it is
     // (`ShardTemplate::fill`), which costs a string copy per task where
     // the rows as parse-tree nodes would be deparsed once per shard.
-    let placeholders: Vec<String> = relations.iter().enumerate().map(|(i, (_, _, columns))| placeholder(i, columns.len())).collect();
+    let placeholders: Vec<String> = relations.iter().enumerate().map(|(i, (_, _, columns))| rows_placeholder(&format!("tessera_local_rows_{i}"), columns.len())).collect();
     let mut pushdown = plan_with(plan, catalog, &relations, &placeholders)?;
     if matches!(pushdown, Plan::Router(_) | Plan::MultiShard(_)) {
         for (placeholder, (_, rows, _)) in placeholders.iter().zip(relations) {
@@ -60,14 +61,6 @@ pub async fn replanned(plan: &LocalRowsPlan, catalog: &Catalog, parts: &mut Part
     }
     let rows: Vec<String> = relations.iter().map(|(_, rows, _)| rows.clone()).collect();
     plan_with(plan, catalog, &relations, &rows)
-}
-
-/// What stands for local relation `i`'s rows while the statement is planned
-/// and deparsed: one row, marked, of `columns` columns.
-fn placeholder(i: usize, columns: usize) -> String {
-    let mut cells = vec!["NULL".to_string(); columns.max(1)];
-    cells[0] = format!("'tessera_local_rows_{i}'");
-    format!("(VALUES ({}))", cells.join(", "))
 }
 
 /// The statement planned with each local relation replaced by the FROM item

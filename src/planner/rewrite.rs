@@ -203,6 +203,16 @@ impl ShardTemplate {
     }
 }
 
+/// A FROM item that stands for rows a statement will carry as text (see
+/// `ShardTemplate::fill`) while it is planned and deparsed: one row of
+/// `columns` NULLs, the first replaced by the string `mark`, so that the
+/// deparsed statement holds this very text where the rows go.
+pub fn rows_placeholder(mark: &str, columns: usize) -> String {
+    let mut cells = vec!["NULL".to_string(); columns.max(1)];
+    cells[0] = format!("'{mark}'");
+    format!("(VALUES ({}))", cells.join(", "))
+}
+
 /// `schema.table.column` cannot name an aliased table; `table.column` can, so
 /// the schema goes when `renamed(schema, table)` says the table was aliased.
 pub fn unqualify_schema(c: &mut protobuf::ColumnRef, renamed: impl Fn(&str, &str) -> bool) {
