@@ -244,7 +244,7 @@ async fn run_on_nodes(parts: &mut Participants, by_node: &[(Node, Vec<Arc<str>>)
     }
     parts.discard_broken();
     match first_error {
-        Some(e) => Err(limits.outcome::<()>(Err(e)).unwrap_err()),
+        Some(e) => Err(limits.reported(e)),
         None => Ok(rows),
     }
 }

@@ -949,7 +949,7 @@ impl Session {
         limits.arm(sql, timeout, memory);
         let result = limits.enforce(self.execute_plan(sql, plan, extended)).await;
         let result = match result {
-            Err(Failure::Error(e)) => Err(Failure::Error(limits.outcome::<()>(Err(e)).unwrap_err())),
+            Err(Failure::Error(e)) => Err(Failure::Error(limits.reported(e))),
             other => other,
         };
         limits.disarm();

@@ -314,13 +314,11 @@ impl StatementLimits {
         }
     }
 
-    /// The statement's outcome as the client sees it: a statement that was
-    /// stopped fails with the stop's error, whatever its parts answered.
-    pub fn outcome<T>(&self, result: PgResult<T>) -> PgResult<T> {
-        match (result, self.error()) {
-            (Err(_), Some(e)) => Err(e),
-            (result, _) => result,
-        }
+    /// The error the client sees for a statement that failed with `e`: a
+    /// statement that was stopped fails with the stop's error, whatever its
+    /// parts answered.
+    pub fn reported(&self, e: PgError) -> PgError {
+        self.error().unwrap_or(e)
     }
 
     fn error(&self) -> Option<PgError> {
@@ -451,7 +449,7 @@ mod tests {
         assert_eq!(e.code(), sqlstate::OUT_OF_MEMORY);
         assert!(e.message().contains("SELECT everything"), "{}", e.message());
         assert!(l.is_stopped());
-        assert_eq!(l.outcome::<()>(Err(cancelled("user request"))).unwrap_err().code(), sqlstate::OUT_OF_MEMORY);
+        assert_eq!(l.reported(cancelled("user request")).code(), sqlstate::OUT_OF_MEMORY);
         l.disarm();
         assert_eq!(l.0.process.held(), 0);
         assert!(l.check().is_ok());
@@ -476,7 +474,7 @@ mod tests {
         l.arm("x", None, None);
         l.part_failed(&PgError::new("55P03", "could not obtain lock"));
         l.part_failed(&cancelled("user request"));
-        assert_eq!(l.outcome::<()>(Err(cancelled("user request"))).unwrap_err().code(), "55P03");
+        assert_eq!(l.reported(cancelled("user request")).code(), "55P03");
         assert_eq!(l.ending().unwrap_err().code(), "55P03");
         l.arm("y", None, None);
         assert!(l.ending().is_ok());
@@ -497,7 +495,7 @@ mod tests {
             }
             Err::<(), _>(cancelled("user request"))
         });
-        let e = l.outcome(result.await).unwrap_err();
+        let e = l.reported(result.await.unwrap_err());
         assert_eq!(e.message(), "canceling statement due to statement timeout");
         assert!(started.elapsed() < Duration::from_secs(2));
     }
