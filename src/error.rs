@@ -273,7 +273,9 @@ mod tests {
     fn renaming_reaches_fields_quoted_names_and_privilege_objects() {
         let e = PgError::new("23505", "duplicate key value violates unique constraint \"t_pkey_102008\"")
             .with_detail("Key (id)=(x_102008) already exists.");
-        let e = PgError::from_fields(e.fields().map(|(c, v)| (c, v.to_string())).chain([(b't', "t_102008".to_string()), (b'n', "t_pkey_102008".to_string())]).collect());
+        let e = PgError::from_fields(
+            e.fields().map(|(c, v)| (c, v.to_string())).chain([(b't', "t_102008".to_string()), (b'n', "t_pkey_102008".to_string())]).collect(),
+        );
         let e = e.rename(|n| n.strip_suffix("_102008"));
         assert_eq!(e.message(), "duplicate key value violates unique constraint \"t_pkey\"");
         assert_eq!(e.detail(), Some("Key (id)=(x_102008) already exists."));

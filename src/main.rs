@@ -103,7 +103,11 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Up { data_dir, port, workers } => {
             let cluster = tessera::cluster::up(&data_dir, port, workers, &std::env::current_exe()?)?;
-            println!("Tessera is running: coordinator on 127.0.0.1:{port}, {} workers, data in {}", cluster.state.worker_ports.len(), cluster.dir.display());
+            println!(
+                "Tessera is running: coordinator on 127.0.0.1:{port}, {} workers, data in {}",
+                cluster.state.worker_ports.len(),
+                cluster.dir.display()
+            );
             println!("Connect with:  psql -h 127.0.0.1 -p {port} -U postgres postgres");
             Ok(())
         }
@@ -120,7 +124,8 @@ fn main() -> anyhow::Result<()> {
                 "text" => tessera::copy::Format::Text,
                 other => anyhow::bail!("unknown --format {other}: use csv or text"),
             };
-            let delimiter = delimiter.map(|d| u8::try_from(d).map_err(|_| anyhow::anyhow!("the delimiter must be a single-byte character"))).transpose()?;
+            let delimiter =
+                delimiter.map(|d| u8::try_from(d).map_err(|_| anyhow::anyhow!("the delimiter must be a single-byte character"))).transpose()?;
             let options = tessera::load::LoadOptions {
                 inputs,
                 table: table.clone(),

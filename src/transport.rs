@@ -81,7 +81,9 @@ pub fn tls_acceptor(cert_file: &Path, key_file: &Path) -> anyhow::Result<TlsAcce
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()
         .with_single_cert(certs, key)
-        .map_err(|e| anyhow::anyhow!("the TLS certificate {} and key {} do not make a server identity: {e}", cert_file.display(), key_file.display()))?;
+        .map_err(|e| {
+            anyhow::anyhow!("the TLS certificate {} and key {} do not make a server identity: {e}", cert_file.display(), key_file.display())
+        })?;
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
@@ -180,7 +182,8 @@ pub async fn connect_node(host: &str, port: u16) -> io::Result<Stream> {
     // A node that vanishes without closing the connection (power loss, a
     // network partition) is noticed in about a minute instead of the
     // system's default of two hours.
-    let keepalive = socket2::TcpKeepalive::new().with_time(NODE_KEEPALIVE_IDLE).with_interval(NODE_KEEPALIVE_INTERVAL).with_retries(NODE_KEEPALIVE_PROBES);
+    let keepalive =
+        socket2::TcpKeepalive::new().with_time(NODE_KEEPALIVE_IDLE).with_interval(NODE_KEEPALIVE_INTERVAL).with_retries(NODE_KEEPALIVE_PROBES);
     socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive)?;
     Ok(Stream::tcp(stream))
 }

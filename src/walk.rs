@@ -248,7 +248,12 @@ fn visit_range_var(rv: &mut Option<protobuf::RangeVar>, f: &mut dyn FnMut(&mut N
 pub fn is_query(stmt: &NodeEnum) -> bool {
     matches!(
         stmt,
-        NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) | NodeEnum::MergeStmt(_) | NodeEnum::DeclareCursorStmt(_)
+        NodeEnum::SelectStmt(_)
+            | NodeEnum::InsertStmt(_)
+            | NodeEnum::UpdateStmt(_)
+            | NodeEnum::DeleteStmt(_)
+            | NodeEnum::MergeStmt(_)
+            | NodeEnum::DeclareCursorStmt(_)
     )
 }
 

@@ -132,12 +132,20 @@ async fn an_application_schema_moves_over_under_its_own_role() {
         )
         .await
         .unwrap();
-        assert_eq!(objects, vec![vec![Some("t".into()), Some("t".into()), Some("t".into()), Some("1".into()), Some("16".into()), Some("t".into()), Some("t".into())]], "worker {w}");
+        assert_eq!(
+            objects,
+            vec![vec![Some("t".into()), Some("t".into()), Some("t".into()), Some("1".into()), Some("16".into()), Some("t".into()), Some("t".into())]],
+            "worker {w}"
+        );
     }
 
     // Ordinary roles may read the catalog, not change it or the nodes.
     let app = connect_as(cluster.port, "app").await;
-    assert_eq!(outcome(&app, "SELECT count(*) FROM pg_dist_partition").await.unwrap(), vec![vec![Some("7".into())]], "accounts, members, plan_limits, events and its three partitions");
+    assert_eq!(
+        outcome(&app, "SELECT count(*) FROM pg_dist_partition").await.unwrap(),
+        vec![vec![Some("7".into())]],
+        "accounts, members, plan_limits, events and its three partitions"
+    );
     let refused = outcome(&app, "SELECT citus_add_node('127.0.0.1', 1)").await.unwrap_err();
     assert_eq!(refused.0, "42501", "{refused:?}");
     let refused = outcome(&app, "DELETE FROM tessera.pg_dist_partition").await.unwrap_err();
@@ -230,7 +238,9 @@ async fn a_node_added_later_gets_every_object_and_role() {
     .unwrap_or_else(|e| panic!("{}", error_text(&e)));
     let on_new_node = outcome(&new, "SELECT count(*) FROM pg_class WHERE relname LIKE 'feelings\\_%' AND relkind = 'r'").await.unwrap();
     assert_eq!(on_new_node, vec![vec![Some("2".into())]], "two of the six shards land on the new node");
-    let rows = outcome(&app, "SELECT f.m, count(*), sum(twice), max(l.label) FROM crm.feelings f JOIN moods l USING (m) GROUP BY f.m ORDER BY f.m").await.unwrap();
+    let rows = outcome(&app, "SELECT f.m, count(*), sum(twice), max(l.label) FROM crm.feelings f JOIN moods l USING (m) GROUP BY f.m ORDER BY f.m")
+        .await
+        .unwrap();
     let want = vec![
         vec![Some("sad".into()), Some("20".into()), Some("1260".into()), Some("Sad".into())],
         vec![Some("ok".into()), Some("20".into()), Some("1180".into()), Some("OK".into())],

@@ -200,7 +200,8 @@ async fn worker_login_refusals_name_the_node() {
         )
         .await
         .unwrap();
-    let ports: Vec<String> = text_rows(&admin, "SELECT nodeport FROM pg_dist_node ORDER BY nodeid").await.into_iter().map(|r| r[0].clone().unwrap()).collect();
+    let ports: Vec<String> =
+        text_rows(&admin, "SELECT nodeport FROM pg_dist_node ORDER BY nodeid").await.into_iter().map(|r| r[0].clone().unwrap()).collect();
     // ghost exists on the coordinator database only; capped exists everywhere
     // but may not open a connection to the workers.
     let db = cluster.connect_coordinator_db().await;

@@ -194,7 +194,11 @@ async fn wait_for_transfers(w: &Workload, n: u64) {
 async fn crash_and_restart(cluster: &Arc<TestCluster>, w: &Workload, fault: Fault, next: Option<Fault>) {
     wait_for(&format!("the coordinator to die at {fault:?}"), || cluster.cluster.coordinator_pid().is_none()).await;
     // Only the process configured with this fault can have logged it.
-    assert!(cluster.coordinator_log().contains(&format!("stopping at {fault:?}")), "the coordinator died elsewhere; its log ends:\n{}", cluster.coordinator_log_tail());
+    assert!(
+        cluster.coordinator_log().contains(&format!("stopping at {fault:?}")),
+        "the coordinator died elsewhere; its log ends:\n{}",
+        cluster.coordinator_log_tail()
+    );
     w.coordinator.fetch_add(1, SeqCst);
     let cluster = cluster.clone();
     tokio::task::spawn_blocking(move || match next {
@@ -297,7 +301,8 @@ async fn bank_transfers_stay_atomic_through_coordinator_and_worker_crashes() {
 
     let c = cluster.connect().await;
     let balances: HashMap<i32, i64> = c.query("SELECT id, balance FROM accounts", &[]).await.unwrap().iter().map(|r| (r.get(0), r.get(1))).collect();
-    let logged: Vec<(i64, i32, i32, i64)> = c.query("SELECT id, src, dst, amount FROM transfers", &[]).await.unwrap().iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))).collect();
+    let logged: Vec<(i64, i32, i32, i64)> =
+        c.query("SELECT id, src, dst, amount FROM transfers", &[]).await.unwrap().iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))).collect();
     let attempted: HashMap<i64, Transfer> = logs.iter().flat_map(|l| &l.transfers).map(|t| (t.id, *t)).collect();
     let count = |o: Outcome| attempted.values().filter(|t| t.outcome == o).count();
 
@@ -331,7 +336,10 @@ async fn bank_transfers_stay_atomic_through_coordinator_and_worker_crashes() {
         assert!(errors.iter().any(|e| e.contains(node.as_str())), "a client saw worker {node} go");
     }
     for e in &errors {
-        assert!((e.starts_with("08") || e.starts_with("57P03")) && nodes.iter().any(|n| e.contains(n.as_str())), "a connection error naming a restarted worker: {e}");
+        assert!(
+            (e.starts_with("08") || e.starts_with("57P03")) && nodes.iter().any(|n| e.contains(n.as_str())),
+            "a connection error naming a restarted worker: {e}"
+        );
     }
 
     eprintln!(

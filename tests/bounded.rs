@@ -93,11 +93,15 @@ async fn a_scalar_subquery_is_computed_once(c: &Client) {
     let started = Instant::now();
     assert_eq!(text_rows(c, sql).await, vec![vec![Some("1".into())]]);
     assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
-    let plan: Vec<String> = text_rows(c, &format!("EXPLAIN (COSTS OFF) {sql}")).await.into_iter().filter_map(|r| r.into_iter().next().flatten()).collect();
+    let plan: Vec<String> =
+        text_rows(c, &format!("EXPLAIN (COSTS OFF) {sql}")).await.into_iter().filter_map(|r| r.into_iter().next().flatten()).collect();
     let plan = plan.join("\n");
     assert!(plan.starts_with("Custom Scan (Tessera Subqueries First)"), "{plan}");
     assert!(plan.contains("Subquery 1: SELECT max(b.id) FROM b") && plan.contains("->  Custom Scan (Tessera Multi-Shard)"), "{plan}");
-    assert!(plan.contains("->  Custom Scan (Tessera Router)") && plan.contains("Task Count: 1") && plan.contains(&format!("(id = {ROWS})")), "{plan}");
+    assert!(
+        plan.contains("->  Custom Scan (Tessera Router)") && plan.contains("Task Count: 1") && plan.contains(&format!("(id = {ROWS})")),
+        "{plan}"
+    );
 }
 
 /// `statement_timeout` stops a statement in the coordinator database and
@@ -177,7 +181,11 @@ async fn other_clients_stay_responsive(cluster: &TestCluster) {
     let p99 = latencies[latencies.len() * 99 / 100];
     assert!(heavy.iter().all(|(_, running)| !running.is_finished()), "a heavy statement ended before the probes did");
     let slowest = latencies[latencies.len() - 1];
-    assert!(p99 < Duration::from_millis(250) && slowest < Duration::from_secs(1), "SELECT 1 took {p99:?} at the 99th percentile, {slowest:?} at most (median {:?})", latencies[latencies.len() / 2]);
+    assert!(
+        p99 < Duration::from_millis(250) && slowest < Duration::from_secs(1),
+        "SELECT 1 took {p99:?} at the 99th percentile, {slowest:?} at most (median {:?})",
+        latencies[latencies.len() / 2]
+    );
     for (token, running) in heavy {
         token.cancel_query(tokio_postgres::NoTls).await.unwrap();
         let outcome = tokio::time::timeout(Duration::from_secs(10), running).await.expect("a heavy statement outlived its cancel request").unwrap();

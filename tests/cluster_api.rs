@@ -9,7 +9,8 @@ use std::time::Duration;
 async fn nodes_are_registered_and_listed() {
     let cluster = TestCluster::start(2);
     let c = cluster.connect().await;
-    let ports: Vec<i64> = c.query("SELECT node_port FROM master_get_active_worker_nodes() ORDER BY node_port", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    let ports: Vec<i64> =
+        c.query("SELECT node_port FROM master_get_active_worker_nodes() ORDER BY node_port", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
     let mut expected: Vec<i64> = cluster.cluster.state.worker_ports.iter().map(|p| *p as i64).collect();
     expected.sort();
     assert_eq!(ports, expected);
@@ -59,7 +60,10 @@ async fn rows_move_into_the_shards_the_hash_assigns() {
         let worker = common::connect(port as u16).await;
         worker.batch_execute("CREATE TABLE IF NOT EXISTS probe (key text) PARTITION BY HASH (key)").await.unwrap();
         let r = worker
-            .query_one(&format!("SELECT count(*), count(*) FILTER (WHERE NOT satisfies_hash_partition('probe'::regclass, 8, {index}, key)) FROM items_{id}"), &[])
+            .query_one(
+                &format!("SELECT count(*), count(*) FILTER (WHERE NOT satisfies_hash_partition('probe'::regclass, 8, {index}, key)) FROM items_{id}"),
+                &[],
+            )
             .await
             .unwrap();
         let (rows, misplaced): (i64, i64) = (r.get(0), r.get(1));
@@ -115,9 +119,17 @@ async fn shard_ids_of_values_are_where_the_rows_live() {
     let by_query = text_rows(&reader, "SELECT g, get_shard_id_for_distribution_column('by_int', g) FROM generate_series(-19, 20) g ORDER BY g").await;
     let placed = text_rows(&worker, "SELECT k::text, substring(tableoid::regclass::text FROM '_([0-9]+)$') FROM by_int ORDER BY by_int.k").await;
     assert_eq!(by_query, placed);
-    let typed = text_rows(&reader, "SELECT get_shard_id_for_distribution_column('by_day', date '2024-02-21'), get_shard_id_for_distribution_column('by_day', '2024-02-21')").await;
+    let typed = text_rows(
+        &reader,
+        "SELECT get_shard_id_for_distribution_column('by_day', date '2024-02-21'), get_shard_id_for_distribution_column('by_day', '2024-02-21')",
+    )
+    .await;
     assert_eq!(typed[0][0], typed[0][1]);
-    let reference = text_rows(&reader, "SELECT get_shard_id_for_distribution_column('lookup'), (SELECT shardid FROM pg_dist_shard WHERE logicalrelid = 'lookup'::regclass)").await;
+    let reference = text_rows(
+        &reader,
+        "SELECT get_shard_id_for_distribution_column('lookup'), (SELECT shardid FROM pg_dist_shard WHERE logicalrelid = 'lookup'::regclass)",
+    )
+    .await;
     assert_eq!(reference[0][0], reference[0][1]);
     assert!(reference[0][0].is_some());
     // Errors.
@@ -222,7 +234,14 @@ async fn reference_tables_live_on_every_worker() {
     for i in 0..2 {
         let w = cluster.connect_worker(i).await;
         let rows = text_rows(&w, &format!("SELECT code, name FROM countries_{shard} ORDER BY code")).await;
-        assert_eq!(rows, vec![vec![Some("fr".into()), Some("France".into())], vec![Some("jp".into()), Some("Nippon".into())], vec![Some("pl".into()), Some("Poland".into())]]);
+        assert_eq!(
+            rows,
+            vec![
+                vec![Some("fr".into()), Some("France".into())],
+                vec![Some("jp".into()), Some("Nippon".into())],
+                vec![Some("pl".into()), Some("Poland".into())]
+            ]
+        );
     }
     assert_eq!(text_rows(&c, "SELECT name FROM countries WHERE code = 'jp'").await, vec![vec![Some("Nippon".into())]]);
     let tag = c.execute("DELETE FROM countries WHERE code <> 'pl'", &[]).await.unwrap();
@@ -289,11 +308,15 @@ async fn partitioned_tables_come_back_and_are_distributed_anew() {
 
     // Distributed anew with another shard count: every partition follows.
     c.batch_execute("SELECT alter_distributed_table('visits', shard_count => 2)").await.unwrap();
-    let counts = text_rows(&c, "SELECT DISTINCT (SELECT count(*) FROM pg_dist_shard s WHERE s.logicalrelid = p.logicalrelid) FROM pg_dist_partition p").await;
+    let counts =
+        text_rows(&c, "SELECT DISTINCT (SELECT count(*) FROM pg_dist_shard s WHERE s.logicalrelid = p.logicalrelid) FROM pg_dist_partition p").await;
     assert_eq!(counts, vec![vec![Some("2".into())]]);
     assert_eq!(text_rows(&c, "SELECT count(*) FROM pg_dist_partition").await, vec![vec![Some("6".into())]]);
     assert_eq!(contents("tessera").await, expected);
-    assert_eq!(text_rows(&c, "SELECT count(*) FROM visits WHERE site = 4 AND day >= '2026-01-01' AND day < '2027-01-01'").await, text_rows(&c, "SELECT count(*) FROM visits_2026_even WHERE site = 4").await);
+    assert_eq!(
+        text_rows(&c, "SELECT count(*) FROM visits WHERE site = 4 AND day >= '2026-01-01' AND day < '2027-01-01'").await,
+        text_rows(&c, "SELECT count(*) FROM visits_2026_even WHERE site = 4").await
+    );
 
     // A partition alone cannot go; the parent takes them all back.
     let err = c.simple_query("SELECT undistribute_table('visits_2025')").await.unwrap_err();
@@ -332,13 +355,22 @@ async fn catalog_names_resolve_without_crowding_the_users_objects() {
     // The Citus names resolve unqualified, for superusers and other roles alike.
     let analyst = common::connect_as(cluster.port, "analyst").await;
     for client in [&c, &analyst] {
-        assert_eq!(text_rows(client, "SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = 'orders'::regclass").await, vec![vec![Some("4".to_string())]]);
-        assert_eq!(text_rows(client, "SELECT count(*) FROM citus_shards WHERE table_name = 'orders'::regclass").await, vec![vec![Some("4".to_string())]]);
+        assert_eq!(
+            text_rows(client, "SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = 'orders'::regclass").await,
+            vec![vec![Some("4".to_string())]]
+        );
+        assert_eq!(
+            text_rows(client, "SELECT count(*) FROM citus_shards WHERE table_name = 'orders'::regclass").await,
+            vec![vec![Some("4".to_string())]]
+        );
         assert_eq!(
             text_rows(client, "SELECT citus_table_type, distribution_column, shard_count FROM citus_tables").await,
             vec![vec![Some("distributed".to_string()), Some("id".to_string()), Some("4".to_string())]]
         );
-        assert_eq!(text_rows(client, "SELECT count(*) FROM pg_dist_node, pg_dist_placement, pg_dist_partition, pg_dist_colocation WHERE false").await, vec![vec![Some("0".to_string())]]);
+        assert_eq!(
+            text_rows(client, "SELECT count(*) FROM pg_dist_node, pg_dist_placement, pg_dist_partition, pg_dist_colocation WHERE false").await,
+            vec![vec![Some("0".to_string())]]
+        );
         assert_eq!(text_rows(client, "SELECT count(*) FROM citus_get_active_worker_nodes()").await, vec![vec![Some("2".to_string())]]);
         let version = text_rows(client, "SELECT citus_version()").await;
         let version = version[0][0].as_deref().unwrap();
@@ -387,11 +419,20 @@ async fn sizes_and_activity_gather_every_node() {
         total += r.get::<_, i64>(2);
     }
     assert!(relation > 0 && relation <= table && table < total, "{relation} {table} {total}");
-    let one_copy: i64 = cluster.connect_worker(0).await.query_one("SELECT pg_total_relation_size(oid) FROM pg_class WHERE relname ~ '^kinds_[0-9]+$'", &[]).await.unwrap().get(0);
+    let one_copy: i64 = cluster
+        .connect_worker(0)
+        .await
+        .query_one("SELECT pg_total_relation_size(oid) FROM pg_class WHERE relname ~ '^kinds_[0-9]+$'", &[])
+        .await
+        .unwrap()
+        .get(0);
 
     let analyst = common::connect_as(cluster.port, "analyst").await;
     for client in [&c, &analyst] {
-        let r = client.query_one("SELECT citus_relation_size('metrics'), citus_table_size('metrics'), citus_total_relation_size('metrics')", &[]).await.unwrap();
+        let r = client
+            .query_one("SELECT citus_relation_size('metrics'), citus_table_size('metrics'), citus_total_relation_size('metrics')", &[])
+            .await
+            .unwrap();
         assert_eq!((r.get::<_, i64>(0), r.get::<_, i64>(1), r.get::<_, i64>(2)), (relation, table, total));
         // Any expression, any protocol: the size functions work inside queries.
         let r = client.query_one("SELECT citus_total_relation_size($1::text::regclass)", &[&"kinds"]).await.unwrap();
@@ -415,10 +456,18 @@ async fn sizes_and_activity_gather_every_node() {
         assert_eq!(r.columns()[2].name(), "pg_total_relation_size");
 
         // Every node's activity, named by node id (0 is the coordinator).
-        let nodes = text_rows(client, "SELECT DISTINCT a.nodeid, coalesce(n.nodeport, 0) FROM citus_stat_activity a LEFT JOIN pg_dist_node n USING (nodeid) ORDER BY 1").await;
+        let nodes = text_rows(
+            client,
+            "SELECT DISTINCT a.nodeid, coalesce(n.nodeport, 0) FROM citus_stat_activity a LEFT JOIN pg_dist_node n USING (nodeid) ORDER BY 1",
+        )
+        .await;
         assert_eq!(nodes.len(), 3, "{nodes:?}");
         assert_eq!(nodes[0][0].as_deref(), Some("0"));
-        let workers = text_rows(client, "SELECT count(*) > 0 FROM citus_stat_activity WHERE is_worker_query AND nodeid > 0 AND global_pid = nodeid * 10000000000 + pid").await;
+        let workers = text_rows(
+            client,
+            "SELECT count(*) > 0 FROM citus_stat_activity WHERE is_worker_query AND nodeid > 0 AND global_pid = nodeid * 10000000000 + pid",
+        )
+        .await;
         assert_eq!(workers, vec![vec![Some("t".into())]], "the coordinator's own connections to the workers show");
     }
     // psql's \dt+ lists the shards' size.
@@ -461,7 +510,10 @@ async fn tables_are_distributed_inside_a_transaction_block() {
     .await
     .unwrap();
     // Inside the block: distributed, with the moved row and the new ones on the shards.
-    assert_eq!(text_rows(&c, "SELECT count(*), min(id), max(id) FROM mig_accounts").await, vec![vec![Some("21".into()), Some("1".into()), Some("21".into())]]);
+    assert_eq!(
+        text_rows(&c, "SELECT count(*), min(id), max(id) FROM mig_accounts").await,
+        vec![vec![Some("21".into()), Some("1".into()), Some("21".into())]]
+    );
     assert_eq!(text_rows(&c, "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid::text LIKE 'mig_%'").await, vec![vec![Some("2".into())]]);
     // Outside it: nothing yet.
     let err = other.simple_query("SELECT count(*) FROM mig_accounts").await.unwrap_err();
@@ -471,7 +523,9 @@ async fn tables_are_distributed_inside_a_transaction_block() {
     assert_eq!(text_rows(&other, "SELECT label FROM mig_kinds").await, vec![vec![Some("one".into())]]);
     let per_worker = |i| {
         let cluster = &cluster;
-        async move { text_rows(&cluster.connect_worker(i).await, "SELECT count(*) FROM pg_class WHERE relname LIKE 'mig_accounts_%' AND relkind = 'r'").await }
+        async move {
+            text_rows(&cluster.connect_worker(i).await, "SELECT count(*) FROM pg_class WHERE relname LIKE 'mig_accounts_%' AND relkind = 'r'").await
+        }
     };
     assert_ne!(per_worker(0).await, vec![vec![Some("0".to_string())]]);
 
@@ -651,7 +705,8 @@ async fn other_databases_pass_through() {
     let cluster = TestCluster::start(2);
     let c = cluster.connect().await;
     c.batch_execute("CREATE DATABASE test_app").await.unwrap();
-    let (other, connection) = tokio_postgres::connect(&format!("host=127.0.0.1 port={} user=postgres dbname=test_app", cluster.port), tokio_postgres::NoTls).await.unwrap();
+    let (other, connection) =
+        tokio_postgres::connect(&format!("host=127.0.0.1 port={} user=postgres dbname=test_app", cluster.port), tokio_postgres::NoTls).await.unwrap();
     tokio::spawn(connection);
     other.batch_execute("CREATE TABLE local_only (id int); INSERT INTO local_only VALUES (1), (2)").await.unwrap();
     assert_eq!(text_rows(&other, "SELECT count(*) FROM local_only").await, vec![vec![Some("2".into())]]);
@@ -700,7 +755,10 @@ async fn commands_run_on_every_node_and_shard_as_the_callers_role() {
 
     // Every active worker, in node order, as the caller's role.
     for (client, role) in [(&c, "postgres"), (&app, "app")] {
-        let rows = client.query("SELECT nodename, nodeport, success, result FROM run_command_on_workers('SELECT current_user') ORDER BY nodeport", &[]).await.unwrap();
+        let rows = client
+            .query("SELECT nodename, nodeport, success, result FROM run_command_on_workers('SELECT current_user') ORDER BY nodeport", &[])
+            .await
+            .unwrap();
         let got: Vec<(String, i32, bool, String)> = rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))).collect();
         let expected: Vec<(String, i32, bool, String)> = worker_ports.iter().map(|p| ("127.0.0.1".into(), *p, true, role.into())).collect();
         assert_eq!(got, expected);
@@ -720,11 +778,25 @@ async fn commands_run_on_every_node_and_shard_as_the_callers_role() {
     let total: i64 = per_shard.iter().map(|r| r[2].as_deref().unwrap().parse::<i64>().unwrap()).sum();
     assert_eq!(total, 200);
     // A query around the call: filters, aggregates, aliases and parameters.
-    assert_eq!(text_rows(&c, "SELECT sum(n::int) FROM run_command_on_shards('events', 'SELECT count(*) FROM %s WHERE note LIKE ''n%%''') AS s(id, ok, n) WHERE ok").await, vec![vec![Some("200".into())]]);
-    let one: Vec<String> = c.query("SELECT result FROM run_command_on_workers($1) WHERE nodeport = $2", &[&"SELECT 6 * 7", &worker_ports[1]]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(
+        text_rows(
+            &c,
+            "SELECT sum(n::int) FROM run_command_on_shards('events', 'SELECT count(*) FROM %s WHERE note LIKE ''n%%''') AS s(id, ok, n) WHERE ok"
+        )
+        .await,
+        vec![vec![Some("200".into())]]
+    );
+    let one: Vec<String> = c
+        .query("SELECT result FROM run_command_on_workers($1) WHERE nodeport = $2", &[&"SELECT 6 * 7", &worker_ports[1]])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
     assert_eq!(one, vec!["42".to_string()]);
     // Every placement of a reference table; co-located shards side by side.
-    let copies = text_rows(&c, "SELECT nodeport, result FROM run_command_on_placements('countries', 'SELECT count(*) FROM %s') ORDER BY nodeport").await;
+    let copies =
+        text_rows(&c, "SELECT nodeport, result FROM run_command_on_placements('countries', 'SELECT count(*) FROM %s') ORDER BY nodeport").await;
     assert_eq!(copies, worker_ports.iter().map(|p| vec![Some(p.to_string()), Some("3".into())]).collect::<Vec<_>>());
     let joined = text_rows(&c, "SELECT sum(result::int), count(*) FROM run_command_on_colocated_placements('events', 'tenants', 'SELECT count(*) FROM %s e JOIN %s t USING (tenant)')").await;
     assert_eq!(joined, vec![vec![Some("200".into()), Some("4".into())]]);
@@ -732,7 +804,10 @@ async fn commands_run_on_every_node_and_shard_as_the_callers_role() {
     // In the select list, a record per node, as PostgreSQL gives it, in
     // text and in binary.
     let records = text_rows(&c, "SELECT run_command_on_workers($$SELECT 'a \"b\"'$$)").await;
-    assert_eq!(records, node_ids.iter().map(|r| vec![Some(format!("(127.0.0.1,{},t,\"a \"\"b\"\"\")", r[1].as_deref().unwrap()))]).collect::<Vec<_>>());
+    assert_eq!(
+        records,
+        node_ids.iter().map(|r| vec![Some(format!("(127.0.0.1,{},t,\"a \"\"b\"\"\")", r[1].as_deref().unwrap()))]).collect::<Vec<_>>()
+    );
     let binary = c.query("SELECT run_command_on_workers('SELECT NULL')", &[]).await.unwrap();
     let RawValue(bytes) = binary[0].get(0);
     let int = |at: usize| i32::from_be_bytes(bytes[at..at + 4].try_into().unwrap());
@@ -747,7 +822,10 @@ async fn commands_run_on_every_node_and_shard_as_the_callers_role() {
     // Failures are rows, per node; nothing the caller may not do happens.
     let refused = text_rows(&app, "SELECT DISTINCT success, result FROM run_command_on_shards('events', 'DELETE FROM %s')").await;
     assert_eq!(refused.len(), 4);
-    assert!(refused.iter().all(|r| r[0].as_deref() == Some("f") && r[1].as_deref().unwrap().starts_with("permission denied for table events_")), "{refused:?}");
+    assert!(
+        refused.iter().all(|r| r[0].as_deref() == Some("f") && r[1].as_deref().unwrap().starts_with("permission denied for table events_")),
+        "{refused:?}"
+    );
     assert_eq!(text_rows(&c, "SELECT count(*) FROM events").await, vec![vec![Some("200".into())]]);
     let shapes = text_rows(&c, "SELECT DISTINCT success, result FROM run_command_on_workers('SELECT 1, 2')").await;
     assert_eq!(shapes, vec![vec![Some("f".into()), Some("expected a single column in query target".into())]]);
@@ -760,7 +838,10 @@ async fn commands_run_on_every_node_and_shard_as_the_callers_role() {
     // rows it wrote are gone and hold no locks.
     let open = text_rows(&c, "SELECT DISTINCT success, result FROM run_command_on_shards('events', 'BEGIN; DELETE FROM %s')").await;
     assert!(!open.is_empty() && open.iter().all(|r| r[0].as_deref() == Some("t") && r[1].as_deref().unwrap().starts_with("DELETE ")), "{open:?}");
-    tokio::time::timeout(Duration::from_secs(10), c.execute("UPDATE events SET note = 'm' WHERE tenant = 3", &[])).await.expect("a lock was left behind").unwrap();
+    tokio::time::timeout(Duration::from_secs(10), c.execute("UPDATE events SET note = 'm' WHERE tenant = 3", &[]))
+        .await
+        .expect("a lock was left behind")
+        .unwrap();
     assert_eq!(text_rows(&c, "SELECT count(*) FROM events").await, vec![vec![Some("200".into())]]);
 
     // A cancel request reaches the commands running on the nodes.
@@ -846,9 +927,16 @@ async fn tables_are_distributed_anew_with_alter_distributed_table() {
     }
     let plan = text_rows(&c, "EXPLAIN SELECT * FROM orders o JOIN lines l ON l.tenant = o.tenant AND l.order_id = o.id WHERE o.tenant = 7").await;
     assert!(plan[0][0].as_deref().unwrap().contains("Router"), "{plan:?}");
-    assert_eq!(text_rows(&c, "SELECT colocationid FROM pg_dist_object WHERE objid = 'order_total(int, int)'::regprocedure").await, vec![vec![after[1].clone()]]);
+    assert_eq!(
+        text_rows(&c, "SELECT colocationid FROM pg_dist_object WHERE objid = 'order_total(int, int)'::regprocedure").await,
+        vec![vec![after[1].clone()]]
+    );
     assert_eq!(text_rows(&c, "SELECT order_total(7, 7)").await, vec![vec![Some("21".into())]]);
-    let shard_tables = text_rows(&c, "SELECT sum(result::int) FROM run_command_on_workers($$SELECT count(*) FROM pg_tables WHERE tablename ~ '^(orders|lines)_[0-9]+$'$$)").await;
+    let shard_tables = text_rows(
+        &c,
+        "SELECT sum(result::int) FROM run_command_on_workers($$SELECT count(*) FROM pg_tables WHERE tablename ~ '^(orders|lines)_[0-9]+$'$$)",
+    )
+    .await;
     assert_eq!(shard_tables, vec![vec![Some("16".into())]], "the old shards are gone");
 
     // Another distribution column of the same type: the shards' hash ranges
@@ -859,7 +947,9 @@ async fn tables_are_distributed_anew_with_alter_distributed_table() {
     assert_eq!(text_rows(&c, contents).await, expected);
     assert_eq!(text_rows(&app, "SELECT tenant FROM lines WHERE order_id = 1234").await, vec![vec![Some("14".into())]]);
     // A group of its own, then back by colocate_with.
-    c.batch_execute("SELECT alter_distributed_table('lines', distribution_column => 'tenant', shard_count => 2, cascade_to_colocated => false)").await.unwrap();
+    c.batch_execute("SELECT alter_distributed_table('lines', distribution_column => 'tenant', shard_count => 2, cascade_to_colocated => false)")
+        .await
+        .unwrap();
     let alone = shape("lines").await;
     assert_eq!(alone[2].as_deref(), Some("2"));
     assert_ne!(alone[1], after[1]);
@@ -910,7 +1000,9 @@ async fn colocation_changes_without_moving_data() {
     .unwrap();
     let group = |table: &'static str| {
         let c = &c;
-        async move { text_rows(c, &format!("SELECT colocationid FROM pg_dist_partition WHERE logicalrelid = '{table}'::regclass")).await.remove(0).remove(0) }
+        async move {
+            text_rows(c, &format!("SELECT colocationid FROM pg_dist_partition WHERE logicalrelid = '{table}'::regclass")).await.remove(0).remove(0)
+        }
     };
     let join = "EXPLAIN SELECT count(*) FROM accounts a JOIN ledger l USING (id)";
     let tier = |plan: Vec<Vec<Option<String>>>| plan.into_iter().flatten().flatten().find(|l| l.contains("Custom Scan")).unwrap_or_default();
@@ -964,7 +1056,9 @@ async fn time_partitions_are_created_and_dropped_with_their_shards() {
     .unwrap();
     let partitions = |table: &'static str| {
         let c = &c;
-        async move { text_rows(c, &format!("SELECT partition::text, from_value, to_value FROM time_partitions WHERE parent_table = '{table}'::regclass ORDER BY from_value::timestamptz")).await }
+        async move {
+            text_rows(c, &format!("SELECT partition::text, from_value, to_value FROM time_partitions WHERE parent_table = '{table}'::regclass ORDER BY from_value::timestamptz")).await
+        }
     };
     let row = |name: &str, from: &str, to: &str| vec![Some(name.to_string()), Some(from.to_string()), Some(to.to_string())];
 
@@ -973,14 +1067,24 @@ async fn time_partitions_are_created_and_dropped_with_their_shards() {
     assert_eq!(text_rows(&c, "SELECT create_time_partitions('readings', '1 month', '2026-04-01', '2026-01-15')").await, vec![vec![Some("t".into())]]);
     assert_eq!(
         partitions("readings").await,
-        vec![row("readings_p2026_01", "2026-01-01", "2026-02-01"), row("readings_p2026_02", "2026-02-01", "2026-03-01"), row("readings_p2026_03", "2026-03-01", "2026-04-01")]
+        vec![
+            row("readings_p2026_01", "2026-01-01", "2026-02-01"),
+            row("readings_p2026_02", "2026-02-01", "2026-03-01"),
+            row("readings_p2026_03", "2026-03-01", "2026-04-01")
+        ]
     );
     assert_eq!(text_rows(&c, "SELECT create_time_partitions('readings', '1 month', '2026-03-01', '2026-02-01')").await, vec![vec![Some("f".into())]]);
     c.batch_execute("SELECT create_time_partitions(table_name => 'readings', partition_interval => '1 month', end_at => '2026-05-01', start_from => '2025-12-01')").await.unwrap();
     let names: Vec<Option<String>> = partitions("readings").await.into_iter().map(|r| r[0].clone()).collect();
-    assert_eq!(names, ["readings_p2025_12", "readings_p2026_01", "readings_p2026_02", "readings_p2026_03", "readings_p2026_04"].map(|n| Some(n.to_string())));
+    assert_eq!(
+        names,
+        ["readings_p2025_12", "readings_p2026_01", "readings_p2026_02", "readings_p2026_03", "readings_p2026_04"].map(|n| Some(n.to_string()))
+    );
     // The partitions are distributed with their parent: rows go to them.
-    assert_eq!(text_rows(&c, "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid::text LIKE 'readings_p%'").await, vec![vec![Some("5".into())]]);
+    assert_eq!(
+        text_rows(&c, "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid::text LIKE 'readings_p%'").await,
+        vec![vec![Some("5".into())]]
+    );
     c.batch_execute("INSERT INTO readings SELECT g, DATE '2025-12-01' + g, g FROM generate_series(0, 150) g").await.unwrap();
     assert_eq!(text_rows(&c, "SELECT count(*) FROM readings_p2026_02").await, vec![vec![Some("28".into())]]);
     assert_eq!(text_rows(&c, "SELECT count(*) FROM readings").await, vec![vec![Some("151".into())]]);
@@ -990,18 +1094,26 @@ async fn time_partitions_are_created_and_dropped_with_their_shards() {
     c.batch_execute("SELECT create_time_partitions('clicks', '1 week', '2026-11-20', '2026-11-04 13:00+00')").await.unwrap();
     assert_eq!(
         partitions("clicks").await,
-        vec![row("clicks_p2026w45", "2026-11-02 00:00:00+00", "2026-11-09 00:00:00+00"), row("clicks_p2026w46", "2026-11-09 00:00:00+00", "2026-11-16 00:00:00+00"), row("clicks_p2026w47", "2026-11-16 00:00:00+00", "2026-11-23 00:00:00+00")]
+        vec![
+            row("clicks_p2026w45", "2026-11-02 00:00:00+00", "2026-11-09 00:00:00+00"),
+            row("clicks_p2026w46", "2026-11-09 00:00:00+00", "2026-11-16 00:00:00+00"),
+            row("clicks_p2026w47", "2026-11-16 00:00:00+00", "2026-11-23 00:00:00+00")
+        ]
     );
     c.batch_execute("SELECT create_time_partitions('ticks', '6 hours', '2026-11-02', '2026-11-01')").await.unwrap();
     let ticks: Vec<Option<String>> = partitions("ticks").await.into_iter().map(|r| r[0].clone()).collect();
-    assert_eq!(ticks, ["ticks_p2026_11_01_0000", "ticks_p2026_11_01_0600", "ticks_p2026_11_01_1200", "ticks_p2026_11_01_1800"].map(|n| Some(n.to_string())));
+    assert_eq!(
+        ticks,
+        ["ticks_p2026_11_01_0000", "ticks_p2026_11_01_0600", "ticks_p2026_11_01_1200", "ticks_p2026_11_01_1800"].map(|n| Some(n.to_string()))
+    );
 
     // In a block rolled back, nothing is left.
     c.batch_execute("BEGIN; SELECT create_time_partitions('readings', '1 month', '2026-08-01'); ROLLBACK").await.unwrap();
     assert_eq!(partitions("readings").await.len(), 5);
 
     // Dropping old partitions drops their shards and rows too.
-    let shard_tables = "SELECT sum(result::int) FROM run_command_on_workers($$SELECT count(*) FROM pg_tables WHERE tablename ~ '^readings_p2025_12_[0-9]+$'$$)";
+    let shard_tables =
+        "SELECT sum(result::int) FROM run_command_on_workers($$SELECT count(*) FROM pg_tables WHERE tablename ~ '^readings_p2025_12_[0-9]+$'$$)";
     assert_eq!(text_rows(&c, shard_tables).await, vec![vec![Some("4".into())]]);
     c.batch_execute("CALL drop_old_time_partitions('readings', '2026-02-01')").await.unwrap();
     let names: Vec<Option<String>> = partitions("readings").await.into_iter().map(|r| r[0].clone()).collect();
@@ -1057,7 +1169,21 @@ async fn a_node_moves_to_a_new_address_with_citus_update_node() {
     let clone_dir = cluster.data_dir().join("worker-1-clone");
     let basebackup = tessera::cluster::instance::pg_bin_dir().unwrap().join("pg_basebackup");
     let status = std::process::Command::new(basebackup)
-        .args(["-h", "127.0.0.1", "-p", &old_port.to_string(), "-U", "postgres", "-D", &clone_dir.to_string_lossy(), "-X", "stream", "-c", "fast", "--no-sync"])
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &old_port.to_string(),
+            "-U",
+            "postgres",
+            "-D",
+            &clone_dir.to_string_lossy(),
+            "-X",
+            "stream",
+            "-c",
+            "fast",
+            "--no-sync",
+        ])
         .status()
         .unwrap();
     assert!(status.success());
@@ -1083,19 +1209,31 @@ async fn a_node_moves_to_a_new_address_with_citus_update_node() {
     assert_eq!(sqlstate(&err), "25001", "{err}");
     c.batch_execute("ROLLBACK").await.unwrap();
 
-    c.batch_execute(&format!("SELECT citus_update_node(node_id => {node_id}, new_node_name => '127.0.0.1', new_node_port => {new_port})")).await.unwrap();
+    c.batch_execute(&format!("SELECT citus_update_node(node_id => {node_id}, new_node_name => '127.0.0.1', new_node_port => {new_port})"))
+        .await
+        .unwrap();
     assert_eq!(text_rows(&c, &format!("SELECT nodeport FROM pg_dist_node WHERE nodeid = {node_id}")).await, vec![vec![Some(new_port.to_string())]]);
     // Routed, multi-shard and two-phase writes, reference-table copies and
     // the general fallback all reach the new server.
     for id in 1..=100 {
         c.execute("UPDATE items SET v = v + 1000 WHERE id = $1", &[&id]).await.unwrap();
     }
-    c.batch_execute("UPDATE items SET v = v + 1; INSERT INTO kinds VALUES (3); BEGIN; INSERT INTO items VALUES (101, 0), (102, 0), (103, 0), (104, 0); COMMIT").await.unwrap();
+    c.batch_execute(
+        "UPDATE items SET v = v + 1; INSERT INTO kinds VALUES (3); BEGIN; INSERT INTO items VALUES (101, 0), (102, 0), (103, 0), (104, 0); COMMIT",
+    )
+    .await
+    .unwrap();
     assert_eq!(text_rows(&c, "SELECT count(*), sum(v) FROM items").await, vec![vec![Some("104".into()), Some((5050 + 100 * 1001).to_string())]]);
     assert_eq!(text_rows(&c, "SELECT count(DISTINCT v) FILTER (WHERE v > 1000) FROM items").await, vec![vec![Some("100".into())]]);
     let on = |port: u16| async move {
         let w = common::connect(port).await;
-        let shards: Vec<String> = w.query("SELECT tablename::text FROM pg_tables WHERE tablename ~ '^items_[0-9]+$'", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+        let shards: Vec<String> = w
+            .query("SELECT tablename::text FROM pg_tables WHERE tablename ~ '^items_[0-9]+$'", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
         let mut counts = Vec::new();
         for s in shards {
             counts.push(w.query_one(&format!("SELECT count(*) FILTER (WHERE v > 1000), count(*) FROM {s}"), &[]).await.unwrap().get::<_, i64>(0));
@@ -1168,7 +1306,9 @@ async fn either_protocol(client: &tokio_postgres::Client, sql: &str) -> Result<(
 async fn writes_waiting_for_a_distribution_reach_the_shards_or_fail() {
     let cluster = TestCluster::start(2);
     let c = cluster.connect().await;
-    c.batch_execute("CREATE TABLE signups (id int PRIMARY KEY, email text); INSERT INTO signups SELECT g, 'e' || g FROM generate_series(1, 1000) g;").await.unwrap();
+    c.batch_execute("CREATE TABLE signups (id int PRIMARY KEY, email text); INSERT INTO signups SELECT g, 'e' || g FROM generate_series(1, 1000) g;")
+        .await
+        .unwrap();
     c.batch_execute("BEGIN; SELECT create_distributed_table('signups', 'id')").await.unwrap();
     let mut waiting = Vec::new();
     for (sql, retried) in [
@@ -1212,7 +1352,10 @@ async fn writes_waiting_for_a_distribution_reach_the_shards_or_fail() {
     let err = c.simple_query("SELECT create_distributed_table_concurrently('invites', 'id')").await.unwrap_err();
     assert_eq!(sqlstate(&err), "25001", "{err}");
     c.batch_execute("ROLLBACK; SELECT create_distributed_table_concurrently('invites', 'id', shard_count => 2)").await.unwrap();
-    assert_eq!(text_rows(&c, "SELECT count(*), (SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = 'invites'::regclass) FROM invites").await, vec![vec![Some("50".into()), Some("2".into())]]);
+    assert_eq!(
+        text_rows(&c, "SELECT count(*), (SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = 'invites'::regclass) FROM invites").await,
+        vec![vec![Some("50".into()), Some("2".into())]]
+    );
 }
 
 /// Statements outside a block that wait for a shard alter_distributed_table
@@ -1226,7 +1369,12 @@ async fn statements_waiting_for_old_shards_follow_the_table_to_its_new_ones() {
         .unwrap();
     c.batch_execute("BEGIN; SELECT alter_distributed_table('visits', shard_count => 8)").await.unwrap();
     let mut waiting = Vec::new();
-    for sql in ["INSERT INTO visits VALUES (-1, 1)", "extended: UPDATE visits SET n = n + 1 WHERE id = 500", "SELECT count(*) FROM visits", "extended: SELECT n FROM visits WHERE id = 7"] {
+    for sql in [
+        "INSERT INTO visits VALUES (-1, 1)",
+        "extended: UPDATE visits SET n = n + 1 WHERE id = 500",
+        "SELECT count(*) FROM visits",
+        "extended: SELECT n FROM visits WHERE id = 7",
+    ] {
         let client = cluster.connect().await;
         waiting.push(tokio::spawn(async move { (sql, either_protocol(&client, sql).await) }));
     }
@@ -1236,5 +1384,8 @@ async fn statements_waiting_for_old_shards_follow_the_table_to_its_new_ones() {
         let (sql, result) = w.await.unwrap();
         result.unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
-    assert_eq!(text_rows(&c, "SELECT count(*), sum(n), (SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = 'visits'::regclass) FROM visits").await, vec![vec![Some("1001".into()), Some("2".into()), Some("8".into())]]);
+    assert_eq!(
+        text_rows(&c, "SELECT count(*), sum(n), (SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = 'visits'::regclass) FROM visits").await,
+        vec![vec![Some("1001".into()), Some("2".into()), Some("8".into())]]
+    );
 }

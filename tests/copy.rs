@@ -211,12 +211,17 @@ async fn round_trips_in_every_format() {
     assert_eq!(copy_in(&c, "COPY colors FROM STDIN (FORMAT csv)", b"red,#f00\ngreen,#0f0\nblue,#00f\n").await.unwrap(), 3);
     for port in &cluster.cluster.state.worker_ports {
         let w = common::connect(*port).await;
-        let shard: String = w.query_one("SELECT relname::text FROM pg_class WHERE relname LIKE 'colors\\_%' AND relkind = 'r'", &[]).await.unwrap().get(0);
+        let shard: String =
+            w.query_one("SELECT relname::text FROM pg_class WHERE relname LIKE 'colors\\_%' AND relkind = 'r'", &[]).await.unwrap().get(0);
         assert_eq!(text_rows(&w, &format!("SELECT count(*) FROM {shard}")).await, vec![vec![Some("3".into())]]);
     }
     assert_eq!(sorted_lines(&copy_out(&c, "COPY colors TO STDOUT").await), vec!["blue\t#00f", "green\t#0f0", "red\t#f00"]);
     // COPY of a query joining distributed and reference tables goes through the general fallback.
-    let joined = copy_out(&c, "COPY (SELECT c.name, count(*) FROM colors c JOIN pairs p ON p.k % 3 = length(c.name) % 3 GROUP BY c.name ORDER BY 1) TO STDOUT").await;
+    let joined = copy_out(
+        &c,
+        "COPY (SELECT c.name, count(*) FROM colors c JOIN pairs p ON p.k % 3 = length(c.name) % 3 GROUP BY c.name ORDER BY 1) TO STDOUT",
+    )
+    .await;
     assert_eq!(String::from_utf8(joined).unwrap(), "blue\t167\ngreen\t167\nred\t166\n");
 }
 

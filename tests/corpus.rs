@@ -70,7 +70,12 @@ fn sqlsmith_statements(port: u16, seed: u64, queries: usize) -> Vec<String> {
         .expect("sqlsmith is installed by scripts/setup.sh");
     assert!(out.status.success(), "sqlsmith failed: {}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).expect("SQLsmith writes UTF-8");
-    let statements: Vec<String> = pg_query::split_with_scanner(&text).expect("SQLsmith's output splits").into_iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
+    let statements: Vec<String> = pg_query::split_with_scanner(&text)
+        .expect("SQLsmith's output splits")
+        .into_iter()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect();
     assert!(statements.len() >= queries / 2, "SQLsmith wrote only {} statements", statements.len());
     statements
 }
@@ -97,7 +102,8 @@ fn statements_survive_the_deparse_round_trip() {
     rt.block_on(async { connect(plain.instance.port).await.batch_execute(SCHEMA).await.unwrap() });
     let queries = env_or("SQLSMITH_QUERIES", DEFAULT_QUERIES);
     let seed = env_or("SQLSMITH_SEED", DEFAULT_SEED);
-    let mut corpus: Vec<(String, String)> = sqlsmith_statements(plain.instance.port, seed, queries).into_iter().enumerate().map(|(i, s)| (format!("sqlsmith #{i}"), s)).collect();
+    let mut corpus: Vec<(String, String)> =
+        sqlsmith_statements(plain.instance.port, seed, queries).into_iter().enumerate().map(|(i, s)| (format!("sqlsmith #{i}"), s)).collect();
     corpus.extend(suite_statements());
     let mut parsed = 0;
     let mut failures = Vec::new();
@@ -120,7 +126,11 @@ fn statements_survive_the_deparse_round_trip() {
 enum Outcome {
     Rows(Vec<Vec<Option<String>>>),
     /// `on_worker`: the error came from a worker (PostgreSQL's own, relayed).
-    Error { code: String, message: String, on_worker: bool },
+    Error {
+        code: String,
+        message: String,
+        on_worker: bool,
+    },
     Hung,
 }
 
@@ -173,7 +183,12 @@ async fn run(client: &Client, sql: &str) -> Outcome {
 fn is_deterministic(sql: &str, unstable_functions: &HashSet<String>) -> bool {
     let Ok(parsed) = pg_query::parse(sql) else { return false };
     let tree = format!("{:?}", parsed.protobuf);
-    if tree.contains("limit_count: Some") || tree.contains("limit_offset: Some") || tree.contains("RangeTableSample") || tree.contains("over: Some") || tree.contains("SqlvalueFunction") {
+    if tree.contains("limit_count: Some")
+        || tree.contains("limit_offset: Some")
+        || tree.contains("RangeTableSample")
+        || tree.contains("over: Some")
+        || tree.contains("SqlvalueFunction")
+    {
         return false;
     }
     // Every function call's last name, read off the printed tree (pg_query's
@@ -231,7 +246,9 @@ async fn sqlsmith_statements_through_the_coordinator() {
             (_, Outcome::Hung) => Err("the coordinator did not answer"),
             (_, Outcome::Error { code, .. }) if code == "connection" => Err("lost connection"),
             // PostgreSQL raises XX000 itself for a few odd inputs.
-            (Outcome::Error { code: expected, .. }, Outcome::Error { code, on_worker, .. }) if code == "XX000" && !on_worker && expected != "XX000" => {
+            (Outcome::Error { code: expected, .. }, Outcome::Error { code, on_worker, .. })
+                if code == "XX000" && !on_worker && expected != "XX000" =>
+            {
                 Err("internal error")
             }
             (Outcome::Rows(_), Outcome::Error { code, on_worker: false, .. }) if code == "XX000" => Err("internal error"),

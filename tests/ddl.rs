@@ -145,7 +145,10 @@ impl Fixture {
         assert_eq!(ps.len(), SHARD_COUNT, "{table}: placements {ps:?}");
         let shards: BTreeSet<i64> = ps.iter().map(|p| p.shard).collect();
         assert_eq!(shards.len(), SHARD_COUNT, "{table}: one placement per shard expected: {ps:?}");
-        assert_eq!(count(&self.client, &format!("SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = '{table}'::regclass")).await, SHARD_COUNT as i64);
+        assert_eq!(
+            count(&self.client, &format!("SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = '{table}'::regclass")).await,
+            SHARD_COUNT as i64
+        );
         let workers: BTreeSet<usize> = ps.iter().map(|p| p.worker).collect();
         assert_eq!(workers.len(), 2, "{table}: shards must be on both workers: {ps:?}");
         for p in &ps {
@@ -263,7 +266,12 @@ async fn create_index_reaches_every_shard() {
     assert_eq!(indexes(&coordinator_db, "kinds").await.len(), 1);
     for p in &rs {
         let ix = indexes(f.worker_for(p), &p.rel("kinds")).await;
-        assert_eq!(ix.iter().map(|i| i.0.clone()).collect::<Vec<_>>(), vec![format!("kinds_label_idx_{}", p.shard)], "worker {}: {ix:?}", p.worker + 1);
+        assert_eq!(
+            ix.iter().map(|i| i.0.clone()).collect::<Vec<_>>(),
+            vec![format!("kinds_label_idx_{}", p.shard)],
+            "worker {}: {ix:?}",
+            p.worker + 1
+        );
     }
 }
 
@@ -417,7 +425,11 @@ async fn unique_constraints_with_the_distribution_column_are_enforced() {
     exec(&f.client, "INSERT INTO accounts VALUES (1, 'a@x', 1), (2, 'b@x', 2), (3, 'c@x', 3), (4, 'd@x', 4)").await;
     fails_with(&f.client, "INSERT INTO accounts VALUES (1, 'other@x', 10)", "23505").await;
     fails_with(&f.client, "INSERT INTO accounts VALUES (5, 'e@x', 5), (3, 'c@x', 3)", "23505").await;
-    let e = f.client.execute("INSERT INTO accounts VALUES ($1, $2, $3)", &[&2i32, &"again@x", &20i32]).await.expect_err("duplicate id through the extended protocol");
+    let e = f
+        .client
+        .execute("INSERT INTO accounts VALUES ($1, $2, $3)", &[&2i32, &"again@x", &20i32])
+        .await
+        .expect_err("duplicate id through the extended protocol");
     assert_eq!(sqlstate(&e), "23505", "{}", describe(&e));
     // Only the key is unique: the same email under another id is fine.
     exec(&f.client, "INSERT INTO accounts VALUES (6, 'a@x', 6)").await;
@@ -520,7 +532,10 @@ async fn rename_column_reaches_every_shard() {
     for p in &ps {
         assert_eq!(column_names(f.worker_for(p), &p.rel("events")).await, vec!["event_id", "level"], "shard {}", p.shard);
     }
-    assert_eq!(value(&f.client, "SELECT distribution_column FROM citus_tables WHERE table_name = 'events'::regclass").await.as_deref(), Some("event_id"));
+    assert_eq!(
+        value(&f.client, "SELECT distribution_column FROM citus_tables WHERE table_name = 'events'::regclass").await.as_deref(),
+        Some("event_id")
+    );
     assert_eq!(value(&f.client, "SELECT partkey FROM pg_dist_partition WHERE logicalrelid = 'events'::regclass").await.as_deref(), Some("event_id"));
     for key in 1..=7 {
         assert_eq!(
@@ -529,8 +544,12 @@ async fn rename_column_reaches_every_shard() {
             "key {key}"
         );
     }
-    let by_param: i32 =
-        f.client.query_one("SELECT level FROM events WHERE event_id = $1", &[&5i32]).await.map(|r| r.get(0)).unwrap_or_else(|e| panic!("{}", describe(&e)));
+    let by_param: i32 = f
+        .client
+        .query_one("SELECT level FROM events WHERE event_id = $1", &[&5i32])
+        .await
+        .map(|r| r.get(0))
+        .unwrap_or_else(|e| panic!("{}", describe(&e)));
     assert_eq!(by_param, 50);
     fails_with(&f.client, "SELECT level FROM events WHERE id = 5", "42703").await;
     // New rows are routed by the new name, to the shard a lookup by key finds.
@@ -641,7 +660,10 @@ async fn foreign_key_to_reference_table_and_truncate_cascade() {
     for p in &ps {
         let fk = rows(
             f.worker_for(p),
-            &format!("SELECT conname, confrelid::regclass::text FROM pg_constraint WHERE conrelid = 'public.{}'::regclass AND contype = 'f'", p.rel("payments")),
+            &format!(
+                "SELECT conname, confrelid::regclass::text FROM pg_constraint WHERE conrelid = 'public.{}'::regclass AND contype = 'f'",
+                p.rel("payments")
+            ),
         )
         .await;
         assert_eq!(fk, vec![vec![Some(format!("payments_currency_fkey_{}", p.shard)), Some(ref_shard.clone())]], "shard {}", p.shard);
@@ -679,7 +701,10 @@ async fn foreign_keys_in_a_new_column_and_to_a_colocated_table() {
     for (a, p) in accounts.iter().zip(&payments) {
         let targets = column(
             f.worker_for(p),
-            &format!("SELECT confrelid::regclass::text FROM pg_constraint WHERE conrelid = 'public.{}'::regclass AND contype = 'f' ORDER BY 1", p.rel("payments")),
+            &format!(
+                "SELECT confrelid::regclass::text FROM pg_constraint WHERE conrelid = 'public.{}'::regclass AND contype = 'f' ORDER BY 1",
+                p.rel("payments")
+            ),
         )
         .await;
         assert_eq!(targets, vec![a.rel("accounts"), rs[0].rel("currencies")], "shard {}", p.shard);
@@ -855,7 +880,10 @@ impl WorkerDown {
             let mut readable = 0;
             for key in 1..=12 {
                 if let Ok(r) = c.simple_query(&format!("SELECT b FROM t WHERE a = {key}")).await {
-                    let vals: Vec<String> = r.into_iter().filter_map(|m| if let SimpleQueryMessage::Row(r) = m { Some(r.get(0).unwrap().to_string()) } else { None }).collect();
+                    let vals: Vec<String> = r
+                        .into_iter()
+                        .filter_map(|m| if let SimpleQueryMessage::Row(r) = m { Some(r.get(0).unwrap().to_string()) } else { None })
+                        .collect();
                     assert_eq!(vals, vec![key.to_string()], "key {key}");
                     readable += 1;
                 }
@@ -915,7 +943,11 @@ async fn truncate_and_drop_with_a_worker_down_are_atomic() {
     assert_eq!(count(&w.f.client, "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid = 't'::regclass").await, 1);
     assert_eq!(count(&w.f.client, "SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = 't'::regclass").await, SHARD_COUNT as i64);
     assert_eq!(
-        count(&w.f.client, "SELECT count(*) FROM pg_dist_placement WHERE shardid IN (SELECT shardid FROM pg_dist_shard WHERE logicalrelid = 't'::regclass)").await,
+        count(
+            &w.f.client,
+            "SELECT count(*) FROM pg_dist_placement WHERE shardid IN (SELECT shardid FROM pg_dist_shard WHERE logicalrelid = 't'::regclass)"
+        )
+        .await,
         SHARD_COUNT as i64
     );
     let mut still_there = 0;
@@ -979,7 +1011,11 @@ async fn worker_lost_inside_a_block_is_a_lost_connection() {
     exec(&f.client, &format!("UPDATE t SET b = -1 WHERE a = {key}")).await;
     // Worker 2 ends the backend holding the block's part there, as a shutdown
     // would: it sends FATAL 57P01 and closes the connection.
-    let ended = count(&f.workers[1], "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000)) FROM pg_stat_activity WHERE state = 'idle in transaction'").await;
+    let ended = count(
+        &f.workers[1],
+        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000)) FROM pg_stat_activity WHERE state = 'idle in transaction'",
+    )
+    .await;
     assert_eq!(ended, 1);
 
     // The transaction is lost, and the error says so: the node's connection was
@@ -1002,7 +1038,8 @@ async fn worker_lost_inside_a_block_is_a_lost_connection() {
 
 /// (vacuum_count, analyze_count) of a table, manual runs only.
 async fn maintenance_counts(node: &Client, rel: &str) -> (i64, i64) {
-    let r = rows(node, &format!("SELECT vacuum_count, analyze_count FROM pg_stat_user_tables WHERE schemaname = 'public' AND relname = '{rel}'")).await;
+    let r =
+        rows(node, &format!("SELECT vacuum_count, analyze_count FROM pg_stat_user_tables WHERE schemaname = 'public' AND relname = '{rel}'")).await;
     assert_eq!(r.len(), 1, "{rel}: {r:?}");
     (r[0][0].as_deref().unwrap().parse().unwrap(), r[0][1].as_deref().unwrap().parse().unwrap())
 }
@@ -1031,7 +1068,12 @@ async fn vacuum_and_analyze_reach_every_shard() {
         // The statistics are the shard's: reltuples is its exact row count.
         let reltuples = value(w, &format!("SELECT reltuples::bigint FROM pg_class WHERE oid = 'public.{rel}'::regclass")).await.unwrap();
         assert_eq!(reltuples, row_count(w, &rel).await.to_string(), "shard {}", p.shard);
-        assert_eq!(count(w, &format!("SELECT count(*) FROM pg_stats WHERE schemaname = 'public' AND tablename = '{rel}'")).await, 2, "shard {}", p.shard);
+        assert_eq!(
+            count(w, &format!("SELECT count(*) FROM pg_stats WHERE schemaname = 'public' AND tablename = '{rel}'")).await,
+            2,
+            "shard {}",
+            p.shard
+        );
     }
 
     exec(&f.client, "VACUUM (ANALYZE) r").await;
@@ -1089,7 +1131,12 @@ async fn vacuum_options_with_values() {
     for p in &ps {
         let w = f.worker_for(p);
         assert_eq!(maintenance_counts(w, &p.rel("t")).await, (2, 1), "shard {}", p.shard);
-        assert_eq!(column(w, &format!("SELECT attname FROM pg_stats WHERE schemaname = 'public' AND tablename = '{}'", p.rel("t"))).await, vec!["b"], "shard {}", p.shard);
+        assert_eq!(
+            column(w, &format!("SELECT attname FROM pg_stats WHERE schemaname = 'public' AND tablename = '{}'", p.rel("t"))).await,
+            vec!["b"],
+            "shard {}",
+            p.shard
+        );
     }
 }
 
@@ -1192,7 +1239,12 @@ async fn concurrent_indexes_build_shard_by_shard_and_report_failures() {
         assert!(cs.contains(&format!("kind_tiny_{}", p.shard)), "{cs:?}");
     }
     assert_eq!(count(&f.client, "SELECT count(*) FROM goods WHERE id = 5").await, 1);
-    assert_eq!(rows(&f.client, "SELECT shard_name FROM citus_shards WHERE table_name = 'goods'::regclass ORDER BY 1 LIMIT 1").await[0][0].as_deref().map(|s| s.starts_with("goods_")), Some(true));
+    assert_eq!(
+        rows(&f.client, "SELECT shard_name FROM citus_shards WHERE table_name = 'goods'::regclass ORDER BY 1 LIMIT 1").await[0][0]
+            .as_deref()
+            .map(|s| s.starts_with("goods_")),
+        Some(true)
+    );
     fails_with(&f.client, "INSERT INTO goods VALUES (100, 50, 'x')", "23514").await;
 
     // Constraints added without names: the shards' copies are named after
@@ -1222,7 +1274,8 @@ async fn statistics_triggers_and_policies_reach_every_shard() {
     exec(&f.client, &format!("INSERT INTO items (id, kind, owner) VALUES {}", values(1..=20, |k| format!("{k}, {}, 'o{}'", k % 4, k % 2)))).await;
     exec(&f.client, "UPDATE items SET kind = kind + 1").await;
     assert_eq!(value(&f.client, "SELECT sum(touched) FROM items").await.as_deref(), Some("20"));
-    let triggers = |rel: &str| format!("SELECT tgname::text FROM pg_trigger WHERE tgrelid = 'public.{rel}'::regclass AND NOT tgisinternal ORDER BY 1");
+    let triggers =
+        |rel: &str| format!("SELECT tgname::text FROM pg_trigger WHERE tgrelid = 'public.{rel}'::regclass AND NOT tgisinternal ORDER BY 1");
     exec(&f.client, "ALTER TRIGGER items_bump ON items RENAME TO items_touch").await;
     assert_eq!(shard_names(&f, triggers, "items", &ps).await, vec![vec!["items_touch".to_string()]; ps.len()]);
     exec(&f.client, "DROP TRIGGER items_touch ON items").await;
@@ -1246,7 +1299,8 @@ async fn statistics_triggers_and_policies_reach_every_shard() {
     // What is not supported yet says so, and how to get by.
     exec(&f.client, "MERGE INTO items USING (SELECT 100000 AS id) s ON items.id = s.id WHEN NOT MATCHED THEN INSERT (id) VALUES (s.id)").await;
     assert_eq!(value(&f.client, "SELECT count(*) FROM items WHERE id = 100000").await.as_deref(), Some("1"));
-    fails_with(&f.client, "MERGE INTO items USING (SELECT 1 AS id) s ON items.owner = 'x' WHEN NOT MATCHED THEN INSERT (id) VALUES (s.id)", "0A000").await;
+    fails_with(&f.client, "MERGE INTO items USING (SELECT 1 AS id) s ON items.owner = 'x' WHEN NOT MATCHED THEN INSERT (id) VALUES (s.id)", "0A000")
+        .await;
     exec(&f.client, "CREATE TABLE events (id int, at date) PARTITION BY RANGE (at); CREATE TABLE events_2024 PARTITION OF events FOR VALUES FROM ('2024-01-01') TO ('2025-01-01')").await;
     let e = fails_with(&f.client, "SELECT create_distributed_table('events_2024', 'id')", "0A000").await;
     assert!(e.hint().is_some_and(|h| h.contains("Distribute \"events\"")), "{e:?}");
@@ -1277,7 +1331,11 @@ async fn partitioned_tables_are_distributed_with_their_partitions() {
         assert_eq!(ps.len(), SHARD_COUNT);
         for (p, parent_p) in ps.iter().zip(&parent) {
             assert_eq!(p.worker, parent_p.worker, "{partition}: shard {} lives with the parent's", p.shard);
-            let attached = value(f.worker_for(p), &format!("SELECT inhparent::regclass::text FROM pg_inherits WHERE inhrelid = 'public.{}'::regclass", p.rel(partition))).await;
+            let attached = value(
+                f.worker_for(p),
+                &format!("SELECT inhparent::regclass::text FROM pg_inherits WHERE inhrelid = 'public.{}'::regclass", p.rel(partition)),
+            )
+            .await;
             assert_eq!(attached, Some(parent_p.rel("events")), "{partition}: shard {}", p.shard);
         }
     }
@@ -1285,7 +1343,9 @@ async fn partitioned_tables_are_distributed_with_their_partitions() {
     assert_eq!(count(&f.cluster.connect_coordinator_db().await, "SELECT count(*) FROM events").await, 0, "the shells hold no rows");
 
     // A key and a date range reach one shard of one partition.
-    let plan = column(&f.client, "EXPLAIN (COSTS OFF) SELECT count(*) FROM events WHERE tenant = 3 AND at BETWEEN '2024-07-01' AND '2024-07-31'").await.join("\n");
+    let plan = column(&f.client, "EXPLAIN (COSTS OFF) SELECT count(*) FROM events WHERE tenant = 3 AND at BETWEEN '2024-07-01' AND '2024-07-31'")
+        .await
+        .join("\n");
     assert!(plan.contains("Task Count: 1") && plan.contains("Seq Scan on events_2024_"), "{plan}");
     assert!(!plan.contains("events_2025_"), "{plan}");
 

@@ -80,7 +80,11 @@ impl Observed {
 /// rename fires no event trigger (as a replica session's DDL), so it does
 /// not itself set off a reload.
 async fn break_reload(cluster: &TestCluster, broken: bool) {
-    let (from, to) = if broken { ("tessera_view_definition", "tessera_view_definition_away") } else { ("tessera_view_definition_away", "tessera_view_definition") };
+    let (from, to) = if broken {
+        ("tessera_view_definition", "tessera_view_definition_away")
+    } else {
+        ("tessera_view_definition_away", "tessera_view_definition")
+    };
     let db = cluster.connect_coordinator_db().await;
     db.batch_execute(&format!("SET session_replication_role = replica; ALTER FUNCTION pg_catalog.{from}(oid) RENAME TO {to}")).await.unwrap();
 }
@@ -121,7 +125,11 @@ async fn a_committed_ddl_succeeds_and_no_query_reads_a_shell_while_the_catalog_c
     // Once a reload works, the next statement sees the view, over the shards.
     break_reload(&cluster, false).await;
     assert_eq!(c.value("SELECT count(*) FROM items_view").await, "3");
-    assert_eq!(c.value("SELECT count(*) FROM information_schema.columns WHERE table_name = 'items' AND column_name = 'never'").await, "0", "the refused ALTER did not run");
+    assert_eq!(
+        c.value("SELECT count(*) FROM information_schema.columns WHERE table_name = 'items' AND column_name = 'never'").await,
+        "0",
+        "the refused ALTER did not run"
+    );
 
     // A column change that commits while the reload fails is a success too,
     // and reached the shards.
@@ -176,14 +184,21 @@ async fn ddl_on_one_table_leaves_the_other_tables_fallback_stand_ins_alone() {
     let stand_in = |table: &'static str| {
         let db = &db;
         async move {
-            let row = db.query_one(&format!("SELECT to_regclass(format('tessera_fallback.%I', 'dist_' || '{table}'::regclass::oid))::oid::int8"), &[]).await.unwrap();
+            let row = db
+                .query_one(&format!("SELECT to_regclass(format('tessera_fallback.%I', 'dist_' || '{table}'::regclass::oid))::oid::int8"), &[])
+                .await
+                .unwrap();
             row.get::<_, Option<i64>>(0).unwrap_or_else(|| panic!("{table} has a stand-in"))
         }
     };
     let (a_before, b_before) = (stand_in("a").await, stand_in("b").await);
 
     c.run("ALTER TABLE a ADD COLUMN extra int DEFAULT 1").await;
-    assert_eq!(c.value("SELECT sum(e) FROM (SELECT extra + row_number() OVER (ORDER BY id) AS e FROM a) s").await, "54", "the changed table's stand-in has its new column");
+    assert_eq!(
+        c.value("SELECT sum(e) FROM (SELECT extra + row_number() OVER (ORDER BY id) AS e FROM a) s").await,
+        "54",
+        "the changed table's stand-in has its new column"
+    );
     assert_ne!(stand_in("a").await, a_before, "the changed table's stand-in was made again");
     assert_eq!(stand_in("b").await, b_before, "the other table's stand-in was left as it was");
 
@@ -192,6 +207,10 @@ async fn ddl_on_one_table_leaves_the_other_tables_fallback_stand_ins_alone() {
     c.run("INSERT INTO c SELECT g, g % 3 FROM generate_series(1, 3) g").await;
     assert_eq!(c.value(&window("c")).await, "6");
     assert_eq!(stand_in("b").await, b_before);
-    let left = db.query_one("SELECT count(*) FROM pg_class WHERE relnamespace = 'tessera_fallback'::regnamespace AND relkind = 'p'", &[]).await.unwrap().get::<_, i64>(0);
+    let left = db
+        .query_one("SELECT count(*) FROM pg_class WHERE relnamespace = 'tessera_fallback'::regnamespace AND relkind = 'p'", &[])
+        .await
+        .unwrap()
+        .get::<_, i64>(0);
     assert_eq!(left, 2, "the dropped table's stand-in went with it");
 }

@@ -92,7 +92,10 @@ async fn distributing_a_function_is_checked() {
     let e = other.batch_execute("SELECT create_distributed_function('dl_f(int,text)', 'k')").await.unwrap_err();
     assert_eq!(sqlstate(&e), "42501", "{e}");
     c.batch_execute("SELECT create_distributed_function('dl_f(int,text)', '$1')").await.unwrap();
-    assert_eq!(answer(&c, "SELECT distribution_argument_index::text || ' ' || colocationid::text FROM pg_dist_object").await, answer(&c, "SELECT '0 ' || colocationid FROM pg_dist_partition WHERE logicalrelid = 'dl_k'::regclass").await);
+    assert_eq!(
+        answer(&c, "SELECT distribution_argument_index::text || ' ' || colocationid::text FROM pg_dist_object").await,
+        answer(&c, "SELECT '0 ' || colocationid FROM pg_dist_partition WHERE logicalrelid = 'dl_k'::regclass").await
+    );
     assert_eq!(answer(&other, "SELECT dl_f(5, 'x')").await, "5");
 }
 
@@ -225,7 +228,9 @@ async fn the_link_relay_sends_bookkeeping_with_the_next_request() {
         .await
         .unwrap();
     let (host, port, name): (String, String, String) = (row.get(0), row.get(1), row.get(2));
-    let link = connect_with(&format!("host={host} port={port} user=postgres dbname=postgres application_name={}", name.replace("%p", "4242"))).await.unwrap();
+    let link = connect_with(&format!("host={host} port={port} user=postgres dbname=postgres application_name={}", name.replace("%p", "4242")))
+        .await
+        .unwrap();
     let node = cluster.connect_worker(1).await;
     let last_statement = |pid: i32| {
         let node = &node;
@@ -481,7 +486,11 @@ async fn helpers_called_from_a_copy_run_on_their_own_copies() {
     }
     let copies = copies_on_workers(&cluster).await;
     let all: Vec<&String> = copies.iter().flatten().collect();
-    assert_eq!((all.iter().filter(|c| c.ends_with(".dl_bump")).count(), all.iter().filter(|c| c.ends_with(".dl_peek")).count()), (4, 4), "{copies:?}");
+    assert_eq!(
+        (all.iter().filter(|c| c.ends_with(".dl_bump")).count(), all.iter().filter(|c| c.ends_with(".dl_peek")).count()),
+        (4, 4),
+        "{copies:?}"
+    );
     // Each copy of dl_bump calls the helper's copies.
     let copies_calling_copies = || async {
         let mut found = (0, 0);
@@ -506,7 +515,10 @@ async fn helpers_called_from_a_copy_run_on_their_own_copies() {
     c.batch_execute("REVOKE EXECUTE ON FUNCTION dl_peek(int) FROM dl_huser").await.unwrap();
     let call = user.prepare("SELECT dl_bump($1, $2)").await.unwrap();
     let e = user.query_one(&call, &[&3, &4]).await.unwrap_err();
-    assert_eq!((sqlstate(&e), e.as_db_error().unwrap().message().to_string()), ("42501".to_string(), "permission denied for function dl_peek".to_string()));
+    assert_eq!(
+        (sqlstate(&e), e.as_db_error().unwrap().message().to_string()),
+        ("42501".to_string(), "permission denied for function dl_peek".to_string())
+    );
     assert_eq!(answer(&c, "SELECT sum(v) FROM dl_h").await, "40", "the refused call wrote nothing");
     assert_eq!(copies_calling_copies().await, (1, 1), "the refused call ran on the copies");
     // Once another function has the name, a bare call of it may mean that
@@ -573,9 +585,29 @@ async fn calls_run_on_per_shard_copies_that_follow_the_function() {
     let from_function = failure(user.query_one(&call, &[&5, &200]).await.unwrap_err());
     user.batch_execute("ROLLBACK").await.unwrap();
     assert_eq!(from_copy, from_function);
-    assert!(from_copy.2.starts_with("SQL statement \"UPDATE dl_c SET v = 1 / 0 WHERE id = k\"\nPL/pgSQL function dl_add(integer,integer) line 8 at SQL statement"), "{}", from_copy.2);
+    assert!(
+        from_copy.2.starts_with(
+            "SQL statement \"UPDATE dl_c SET v = 1 / 0 WHERE id = k\"\nPL/pgSQL function dl_add(integer,integer) line 8 at SQL statement"
+        ),
+        "{}",
+        from_copy.2
+    );
     let psql = std::process::Command::new("psql")
-        .args(["-h", "127.0.0.1", "-p", &cluster.port.to_string(), "-U", "dl_user", "-d", "postgres", "-X", "-v", "SHOW_CONTEXT=always", "-c", "SELECT dl_add(6, 1)"])
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &cluster.port.to_string(),
+            "-U",
+            "dl_user",
+            "-d",
+            "postgres",
+            "-X",
+            "-v",
+            "SHOW_CONTEXT=always",
+            "-c",
+            "SELECT dl_add(6, 1)",
+        ])
         .output()
         .unwrap();
     let (ok, stderr) = (psql.status.success(), String::from_utf8_lossy(&psql.stderr));
@@ -583,7 +615,10 @@ async fn calls_run_on_per_shard_copies_that_follow_the_function() {
     // Another role may not call it; once granted, it may.
     let other = connect_as(cluster.port, "dl_other").await;
     let e = other.batch_execute("SELECT dl_add(1, 1)").await.unwrap_err();
-    assert_eq!((sqlstate(&e), e.as_db_error().unwrap().message().to_string()), ("42501".to_string(), "permission denied for function dl_add".to_string()));
+    assert_eq!(
+        (sqlstate(&e), e.as_db_error().unwrap().message().to_string()),
+        ("42501".to_string(), "permission denied for function dl_add".to_string())
+    );
     c.batch_execute("GRANT EXECUTE ON FUNCTION dl_add(int, int) TO dl_other").await.unwrap();
     assert_eq!(answer(&other, "SELECT dl_add(1, 1)").await, "2");
     c.batch_execute("REVOKE EXECUTE ON FUNCTION dl_add(int, int) FROM dl_user").await.unwrap();

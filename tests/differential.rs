@@ -369,10 +369,7 @@ fn check(kind: &Kind, pg: Option<&Outcome>, ts: &Outcome) -> Option<String> {
             _ => Some("both must succeed".into()),
         },
         Kind::Query { sort, .. } => match (pg.unwrap(), ts) {
-            (
-                Outcome::Ok { columns: ca, rows: ra, params: pa, .. },
-                Outcome::Ok { columns: cb, rows: rb, params: pb, .. },
-            ) => {
+            (Outcome::Ok { columns: ca, rows: ra, params: pa, .. }, Outcome::Ok { columns: cb, rows: rb, params: pb, .. }) => {
                 let (mut ra, mut rb) = (ra.clone(), rb.clone());
                 if *sort {
                     ra.sort();
@@ -466,7 +463,11 @@ impl Wrapper {
 /// or why not.
 async fn read_wrapped(pg: &mut Side, ts: &mut Side, sql: &str, wrapper: Wrapper) -> Option<Result<(), String>> {
     let lowered = sql.trim_start().to_ascii_lowercase();
-    if !(lowered.starts_with("select") || lowered.starts_with("with")) || sql.contains('$') || lowered.contains(" into ") || lowered.contains("for update") {
+    if !(lowered.starts_with("select") || lowered.starts_with("with"))
+        || sql.contains('$')
+        || lowered.contains(" into ")
+        || lowered.contains("for update")
+    {
         return None;
     }
     let in_block = matches!(run_simple(&pg.client, "SAVEPOINT slt_wrapped").await, Outcome::Ok { .. });

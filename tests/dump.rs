@@ -51,11 +51,29 @@ async fn pg_dump_restores_into_plain_postgres() {
     let p = plain.connect().await;
     p.batch_execute("CREATE DATABASE restored").await.unwrap();
     let out = Command::new(pg_bin_dir().unwrap().join("psql"))
-        .args(["-h", "127.0.0.1", "-p", &plain.instance.port.to_string(), "-U", "postgres", "-d", "restored", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", dump.to_str().unwrap()])
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &plain.instance.port.to_string(),
+            "-U",
+            "postgres",
+            "-d",
+            "restored",
+            "-X",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-f",
+            dump.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "restore: {}", String::from_utf8_lossy(&out.stderr));
-    let (restored, connection) = tokio_postgres::connect(&format!("host=127.0.0.1 port={} user=postgres dbname=restored", plain.instance.port), tokio_postgres::NoTls).await.unwrap();
+    let (restored, connection) =
+        tokio_postgres::connect(&format!("host=127.0.0.1 port={} user=postgres dbname=restored", plain.instance.port), tokio_postgres::NoTls)
+            .await
+            .unwrap();
     tokio::spawn(connection);
     assert_eq!(fingerprints(&restored).await, expected);
     // The identity and serial columns carry on after the highest value.

@@ -58,7 +58,10 @@ async fn each_shape_takes_its_tier() {
         ("SELECT g, count(*), avg(v) FROM ea GROUP BY g HAVING sum(v) > 1 ORDER BY 3 DESC LIMIT 2", "Custom Scan (Tessera Multi-Shard)"),
         ("SELECT k, v FROM ea ORDER BY v DESC, k LIMIT 5 OFFSET 1", "Custom Scan (Tessera Multi-Shard)"),
         ("SELECT DISTINCT g FROM ea", "Custom Scan (Tessera Multi-Shard)"),
-        ("SELECT round(sum(v)::numeric / count(*), 2), bool_and(v > 0) FILTER (WHERE g = 1) FROM ea JOIN eb ON ea.k = eb.k", "Custom Scan (Tessera Multi-Shard)"),
+        (
+            "SELECT round(sum(v)::numeric / count(*), 2), bool_and(v > 0) FILTER (WHERE g = 1) FROM ea JOIN eb ON ea.k = eb.k",
+            "Custom Scan (Tessera Multi-Shard)",
+        ),
         ("UPDATE ea SET v = v + 1", "Custom Scan (Tessera Multi-Shard)"),
         ("INSERT INTO eb (k, w) SELECT k, v FROM ea WHERE g > 1", "Custom Scan (Tessera Multi-Shard)"),
         ("INSERT INTO eb (k, w) SELECT g, count(*) FROM ea GROUP BY g", "Custom Scan (Tessera INSERT … SELECT through the Coordinator)"),
@@ -101,7 +104,10 @@ async fn each_shape_takes_its_tier() {
         ("SELECT ea_total(3)", "Custom Scan (Tessera Whole Statement on a Worker)"),
         ("SELECT k, ea_total(k) FROM ea WHERE g = 1", "Custom Scan (Tessera Whole Statement on a Worker)"),
         // So do writing WITH queries one shard group cannot answer.
-        ("WITH gone AS (DELETE FROM ea WHERE k = 5 RETURNING k, v) INSERT INTO eb SELECT k, v FROM gone", "Custom Scan (Tessera Whole Statement on a Worker)"),
+        (
+            "WITH gone AS (DELETE FROM ea WHERE k = 5 RETURNING k, v) INSERT INTO eb SELECT k, v FROM gone",
+            "Custom Scan (Tessera Whole Statement on a Worker)",
+        ),
         ("WITH gone AS (DELETE FROM ea WHERE v > 3 RETURNING k) SELECT count(*) FROM gone", "Custom Scan (Tessera Whole Statement on a Worker)"),
     ];
     for (sql, expected) in cases {
@@ -124,7 +130,10 @@ async fn each_shape_takes_its_tier() {
     assert!(text.contains("Foreign Scan"), "{text}");
     // A broadcast shows the pushdown it turned into, with the shipped rows in the task.
     let text = explain(&c, "SELECT * FROM ea JOIN ec ON ea.g = ec.z").await.join("\n");
-    assert!(text.contains("->  Custom Scan (Tessera Multi-Shard)") && (text.contains("Values Scan") || text.contains("One-Time Filter: false")), "{text}");
+    assert!(
+        text.contains("->  Custom Scan (Tessera Multi-Shard)") && (text.contains("Values Scan") || text.contains("One-Time Filter: false")),
+        "{text}"
+    );
     // Where user code ran: the node, and the worker's plan of the call.
     let text = explain(&c, "SELECT ea_total(3)").await.join("\n");
     assert!(text.contains(&format!("port={port}")) && text.contains("Result"), "{text}");
@@ -132,7 +141,9 @@ async fn each_shape_takes_its_tier() {
     for key in [5, 6, 7, 8] {
         let ports = common::placement_ports(&c, "ea").await;
         let home = ports[common::shard_of_int4(key, ports.len() as u32)];
-        let text = explain(&c, &format!("WITH gone AS (DELETE FROM ea WHERE k = {key} RETURNING k, v) INSERT INTO eb SELECT k, v FROM gone")).await.join("\n");
+        let text = explain(&c, &format!("WITH gone AS (DELETE FROM ea WHERE k = {key} RETURNING k, v) INSERT INTO eb SELECT k, v FROM gone"))
+            .await
+            .join("\n");
         assert!(text.contains(&format!("port={home}")), "key {key} lives on port {home}:\n{text}");
     }
     // EXPLAIN ANALYZE runs the statement.

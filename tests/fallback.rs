@@ -43,7 +43,9 @@ async fn fallback_follows_ddl_and_takes_parameters() {
     assert_eq!(got, vec![(0, 2), (1, 2)]);
 
     // A table distributed after the stand-ins were built is found too.
-    c.batch_execute("CREATE TABLE fc (k int, v int); INSERT INTO fc VALUES (1, 10), (2, 20); SELECT create_distributed_table('fc', 'k')").await.unwrap();
+    c.batch_execute("CREATE TABLE fc (k int, v int); INSERT INTO fc VALUES (1, 10), (2, 20); SELECT create_distributed_table('fc', 'k')")
+        .await
+        .unwrap();
     assert_eq!(one(text_rows(&c, "SELECT sum(v) OVER () FROM fc ORDER BY k LIMIT 1").await), vec![Some("30".into())]);
 }
 
@@ -76,9 +78,14 @@ async fn fallback_sees_the_writes_of_its_own_block() {
     // … LIMIT over another key), with bind parameters too.
     c.batch_execute("INSERT INTO fx SELECT k, v FROM fw ORDER BY v DESC LIMIT 2").await.unwrap();
     c.execute("INSERT INTO fx SELECT k, v FROM fw WHERE v < $1 ORDER BY v DESC LIMIT 1", &[&5i32]).await.unwrap();
-    assert_eq!(text_rows(&c, "SELECT k, v FROM fx ORDER BY v").await, vec![vec![Some("4".into()), Some("4".into())], vec![Some("20".into()), Some("20".into())], vec![Some("1".into()), Some("100".into())]]);
+    assert_eq!(
+        text_rows(&c, "SELECT k, v FROM fx ORDER BY v").await,
+        vec![vec![Some("4".into()), Some("4".into())], vec![Some("20".into()), Some("20".into())], vec![Some("1".into()), Some("100".into())]]
+    );
     // A second write, and a cursor over the earlier copy that outlives it.
-    c.batch_execute("DECLARE cur CURSOR FOR SELECT k, rank() OVER (ORDER BY v DESC) FROM fw ORDER BY 2 LIMIT 1; UPDATE fw SET v = 200 WHERE k = 2").await.unwrap();
+    c.batch_execute("DECLARE cur CURSOR FOR SELECT k, rank() OVER (ORDER BY v DESC) FROM fw ORDER BY 2 LIMIT 1; UPDATE fw SET v = 200 WHERE k = 2")
+        .await
+        .unwrap();
     assert_eq!(one(text_rows(&c, ranked).await), vec![Some("2".into())]);
     assert_eq!(text_rows(&c, "FETCH ALL FROM cur").await, vec![vec![Some("1".into()), Some("1".into())]]);
     c.batch_execute("ROLLBACK").await.unwrap();

@@ -50,19 +50,7 @@ impl PgServer {
     fn psql(&self, sql: &str) -> Result<Vec<String>, String> {
         use std::io::Write;
         let mut child = Command::new(PSQL)
-            .args([
-                "-X",
-                "-q",
-                "-A",
-                "-t",
-                "-F",
-                "|",
-                "-v",
-                "ON_ERROR_STOP=1",
-                "-h",
-                "127.0.0.1",
-                "-U",
-            ])
+            .args(["-X", "-q", "-A", "-t", "-F", "|", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-U"])
             .args(["postgres", "-d", "postgres", "-p", &self.port().to_string()])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -75,19 +63,14 @@ impl PgServer {
         let out = child.wait_with_output().expect("psql output");
         writer.join().unwrap().expect("write psql stdin");
         if out.status.success() {
-            Ok(String::from_utf8(out.stdout)
-                .unwrap()
-                .lines()
-                .map(str::to_owned)
-                .collect())
+            Ok(String::from_utf8(out.stdout).unwrap().lines().map(str::to_owned).collect())
         } else {
             Err(String::from_utf8_lossy(&out.stderr).into_owned())
         }
     }
 
     fn query(&self, sql: &str) -> Vec<String> {
-        self.psql(sql)
-            .unwrap_or_else(|e| panic!("query failed: {e}\n--- SQL ---\n{}", truncate(sql)))
+        self.psql(sql).unwrap_or_else(|e| panic!("query failed: {e}\n--- SQL ---\n{}", truncate(sql)))
     }
 }
 
@@ -139,10 +122,7 @@ fn quote(s: &str) -> String {
 }
 
 fn hex_decode(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
 }
 
 /// The session settings every comparison runs under, chosen to differ from
@@ -199,11 +179,7 @@ fn check_case(case: &Case) -> String {
     let mut failures = Vec::new();
 
     // Our side first: every value in the list must be hashable locally.
-    let ours: Vec<u64> = case
-        .values
-        .iter()
-        .map(|v| hash_text(case.ty, v).unwrap_or_else(|e| panic!("{t} {v:?}: {e}")))
-        .collect();
+    let ours: Vec<u64> = case.values.iter().map(|v| hash_text(case.ty, v).unwrap_or_else(|e| panic!("{t} {v:?}: {e}"))).collect();
     assert_eq!(HashType::from_type_oid(type_oid(&pg, t)), Some(case.ty));
 
     // Row 0 is NULL; row i (1-based) is values[i - 1].
@@ -223,17 +199,12 @@ fn check_case(case: &Case) -> String {
         let fields: Vec<&str> = row.split('|').collect();
         let server_hash = fields[1].parse::<i64>().unwrap() as u64;
         if server_hash != our_hash {
-            failures.push(format!(
-                "{t} {value:?}: hash_text {our_hash:#x}, server {server_hash:#x}"
-            ));
+            failures.push(format!("{t} {value:?}: hash_text {our_hash:#x}, server {server_hash:#x}"));
         }
         let send = hex_decode(fields[2]);
         match hash_binary(case.ty, &send) {
             Ok(h) if h == server_hash => binary_checked += 1,
-            Ok(h) => failures.push(format!(
-                "{t} {value:?} binary {}: ours {h:#x}, server {server_hash:#x}",
-                fields[2]
-            )),
+            Ok(h) => failures.push(format!("{t} {value:?} binary {}: ours {h:#x}, server {server_hash:#x}", fields[2])),
             Err(e) => failures.push(format!("{t} {value:?} binary {}: {e}", fields[2])),
         }
     }
@@ -254,27 +225,15 @@ fn check_case(case: &Case) -> String {
         let value_hash = if i == 0 { None } else { Some(ours[i - 1]) };
         let shard = shard_index(row_hash(value_hash), modulus);
         if shard != remainder {
-            let value = if i == 0 {
-                "NULL".to_owned()
-            } else {
-                format!("{:?}", case.values[i - 1])
-            };
-            failures.push(format!(
-                "{t} {value} mod {modulus}: ours {shard}, server {remainder}"
-            ));
+            let value = if i == 0 { "NULL".to_owned() } else { format!("{:?}", case.values[i - 1]) };
+            failures.push(format!("{t} {value} mod {modulus}: ours {shard}, server {remainder}"));
         }
     }
 
     // 3. Real routing of INSERTs into a hash-partitioned table.
-    let mut ddl = format!(
-        "DROP TABLE IF EXISTS r_{suffix}; CREATE TABLE r_{suffix} (i int, k {t}) PARTITION BY HASH (k);\n"
-    );
+    let mut ddl = format!("DROP TABLE IF EXISTS r_{suffix}; CREATE TABLE r_{suffix} (i int, k {t}) PARTITION BY HASH (k);\n");
     for r in 0..ROUTED_PARTITIONS {
-        writeln!(
-            ddl,
-            "CREATE TABLE r_{suffix}_{r} PARTITION OF r_{suffix} FOR VALUES WITH (MODULUS {ROUTED_PARTITIONS}, REMAINDER {r});"
-        )
-        .unwrap();
+        writeln!(ddl, "CREATE TABLE r_{suffix}_{r} PARTITION OF r_{suffix} FOR VALUES WITH (MODULUS {ROUTED_PARTITIONS}, REMAINDER {r});").unwrap();
     }
     let placed = pg.query(&format!(
         "{SESSION}{ddl}INSERT INTO r_{suffix} SELECT i, v FROM (VALUES {rows}) AS t(i, v);
@@ -291,12 +250,7 @@ fn check_case(case: &Case) -> String {
         }
     }
 
-    assert!(
-        failures.is_empty(),
-        "{} mismatches:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
     let summary = format!(
         "{t}: {} values (+NULL); {} hash_text, {} hash_binary, {} satisfies_hash_partition ({} moduli), {} routed INSERT comparisons",
         case.values.len(),
@@ -311,9 +265,7 @@ fn check_case(case: &Case) -> String {
 }
 
 fn type_oid(pg: &PgServer, sql_type: &str) -> u32 {
-    pg.query(&format!("SELECT '{sql_type}'::regtype::oid"))[0]
-        .parse()
-        .unwrap()
+    pg.query(&format!("SELECT '{sql_type}'::regtype::oid"))[0].parse().unwrap()
 }
 
 // ---------------------------------------------------------------------------
@@ -371,10 +323,8 @@ fn int_values(bits: u32, fixed: &[&str], seed: u64) -> Vec<String> {
     v
 }
 
-const TEXT_POOL: &[&str] = &[
-    "a", "b", "Z", "0", "9", " ", " ", "ż", "ó", "ł", "w", "日", "本", "語", "😀", "👍🏽", "é", "'", "\\",
-    "\t", "\n", "x", "%", "_", "ß",
-];
+const TEXT_POOL: &[&str] =
+    &["a", "b", "Z", "0", "9", " ", " ", "ż", "ó", "ł", "w", "日", "本", "語", "😀", "👍🏽", "é", "'", "\\", "\t", "\n", "x", "%", "_", "ß"];
 
 fn random_text(rng: &mut Rng, max_chars: u64) -> String {
     let n = rng.below(max_chars + 1);
@@ -414,21 +364,7 @@ fn text_values(seed: u64) -> Vec<String> {
 }
 
 fn bpchar_values(seed: u64) -> Vec<String> {
-    let mut v = strs(&[
-        "",
-        " ",
-        "   ",
-        "a",
-        "a ",
-        "a   ",
-        "  a",
-        "a b ",
-        "żółw  ",
-        "日本語 ",
-        "x\t",
-        "x\t ",
-        "0",
-    ]);
+    let mut v = strs(&["", " ", "   ", "a", "a ", "a   ", "  a", "a b ", "żółw  ", "日本語 ", "x\t", "x\t ", "0"]);
     let mut rng = Rng::new(seed);
     v.extend((0..60).map(|_| {
         let mut s = random_text(&mut rng, 20);
@@ -452,18 +388,7 @@ fn uuid_values(seed: u64) -> Vec<String> {
     let mut rng = Rng::new(seed);
     for _ in 0..60 {
         let hex = format!("{:016x}{:016x}", rng.next(), rng.next());
-        let mut s = if rng.chance(70) {
-            format!(
-                "{}-{}-{}-{}-{}",
-                &hex[0..8],
-                &hex[8..12],
-                &hex[12..16],
-                &hex[16..20],
-                &hex[20..]
-            )
-        } else {
-            hex
-        };
+        let mut s = if rng.chance(70) { format!("{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..]) } else { hex };
         if rng.chance(30) {
             s = s.to_uppercase();
         }
@@ -527,11 +452,7 @@ fn numeric_values(seed: u64) -> Vec<String> {
         }
         let int_len = rng.below(25) as usize;
         s.push_str(&rng.digits(int_len));
-        let frac_len = if int_len == 0 {
-            1 + rng.below(25) as usize
-        } else {
-            rng.below(25) as usize
-        };
+        let frac_len = if int_len == 0 { 1 + rng.below(25) as usize } else { rng.below(25) as usize };
         if frac_len > 0 || rng.chance(10) {
             s.push('.');
             s.push_str(&rng.digits(frac_len));
@@ -570,11 +491,7 @@ fn random_civil(rng: &mut Rng) -> Civil {
         2 => 28,
         _ => 31,
     };
-    Civil {
-        year,
-        month,
-        day: rng.range(1, days),
-    }
+    Civil { year, month, day: rng.range(1, days) }
 }
 
 fn date_values(seed: u64) -> Vec<String> {
@@ -598,11 +515,7 @@ fn date_values(seed: u64) -> Vec<String> {
     let mut rng = Rng::new(seed);
     for _ in 0..60 {
         let c = random_civil(&mut rng);
-        v.push(if rng.chance(80) {
-            format!("{:04}-{:02}-{:02}", c.year, c.month, c.day)
-        } else {
-            format!("{:04}-{}-{}", c.year, c.month, c.day)
-        });
+        v.push(if rng.chance(80) { format!("{:04}-{:02}-{:02}", c.year, c.month, c.day) } else { format!("{:04}-{}-{}", c.year, c.month, c.day) });
     }
     v
 }
@@ -682,13 +595,7 @@ fn timestamp_values(with_zone: bool, seed: u64) -> Vec<String> {
     for _ in 0..80 {
         let c = random_civil(&mut rng);
         let sep = if rng.chance(30) { "T" } else { " " };
-        let mut s = format!(
-            "{:04}-{:02}-{:02}{sep}{}",
-            c.year,
-            c.month,
-            c.day,
-            random_time(&mut rng)
-        );
+        let mut s = format!("{:04}-{:02}-{:02}{sep}{}", c.year, c.month, c.day, random_time(&mut rng));
         if with_zone || rng.chance(20) {
             if rng.chance(30) {
                 s.push(' ');
@@ -719,10 +626,7 @@ fn bytea_values(seed: u64) -> Vec<String> {
         let n = rng.below(40) as usize;
         let bytes: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
         if rng.chance(70) {
-            v.push(format!(
-                "\\x{}",
-                bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
-            ));
+            v.push(format!("\\x{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()));
         } else {
             // escape format: printable ASCII literally, the rest as \ooo
             v.push(
@@ -741,25 +645,17 @@ fn bytea_values(seed: u64) -> Vec<String> {
 }
 
 fn oid_values(seed: u64) -> Vec<String> {
-    let mut v = strs(&[
-        "0",
-        "1",
-        "4294967295",
-        "-1",
-        "-2147483648",
-        " 12 ",
-        "010",
-        "+7",
-        "2147483648",
-    ]);
+    let mut v = strs(&["0", "1", "4294967295", "-1", "-2147483648", " 12 ", "010", "+7", "2147483648"]);
     let mut rng = Rng::new(seed);
-    v.extend((0..50).map(|_| {
-        if rng.chance(20) {
-            format!("-{}", rng.range(1, 2147483648))
-        } else {
-            (rng.next() as u32 >> rng.below(32)).to_string()
-        }
-    }));
+    v.extend((0..50).map(
+        |_| {
+            if rng.chance(20) {
+                format!("-{}", rng.range(1, 2147483648))
+            } else {
+                (rng.next() as u32 >> rng.below(32)).to_string()
+            }
+        },
+    ));
     v
 }
 
@@ -771,45 +667,17 @@ macro_rules! parity {
     ($name:ident, $ty:expr, $sql:expr, $values:expr) => {
         #[test]
         fn $name() {
-            check_case(&Case {
-                ty: $ty,
-                sql_type: $sql,
-                values: $values,
-            });
+            check_case(&Case { ty: $ty, sql_type: $sql, values: $values });
         }
     };
 }
 
-parity!(
-    parity_int2,
-    HashType::Int2,
-    "int2",
-    int_values(
-        16,
-        &["0", "1", "-1", "32767", "-32768", " 42 ", "+7", "-0", "00012"],
-        2
-    )
-);
+parity!(parity_int2, HashType::Int2, "int2", int_values(16, &["0", "1", "-1", "32767", "-32768", " 42 ", "+7", "-0", "00012"], 2));
 parity!(
     parity_int4,
     HashType::Int4,
     "int4",
-    int_values(
-        32,
-        &[
-            "0",
-            "1",
-            "-1",
-            "2147483647",
-            "-2147483648",
-            "  -123  ",
-            "+0",
-            "\t5\n",
-            "65536",
-            "-65536"
-        ],
-        4
-    )
+    int_values(32, &["0", "1", "-1", "2147483647", "-2147483648", "  -123  ", "+0", "\t5\n", "65536", "-65536"], 4)
 );
 parity!(
     parity_int8,
@@ -840,34 +708,17 @@ parity!(parity_bpchar, HashType::Bpchar, "bpchar", bpchar_values(1042));
 parity!(parity_uuid, HashType::Uuid, "uuid", uuid_values(2950));
 parity!(parity_numeric, HashType::Numeric, "numeric", numeric_values(1700));
 parity!(parity_date, HashType::Date, "date", date_values(1082));
-parity!(
-    parity_timestamp,
-    HashType::Timestamp,
-    "timestamp",
-    timestamp_values(false, 1114)
-);
-parity!(
-    parity_timestamptz,
-    HashType::TimestampTz,
-    "timestamptz",
-    timestamp_values(true, 1184)
-);
+parity!(parity_timestamp, HashType::Timestamp, "timestamp", timestamp_values(false, 1114));
+parity!(parity_timestamptz, HashType::TimestampTz, "timestamptz", timestamp_values(true, 1184));
 parity!(
     parity_bool,
     HashType::Bool,
     "bool",
-    strs(&[
-        "t", "f", "true", "false", "yes", "no", "on", "off", "1", "0", " TRUE ", "Of", "y", "N", "tr", "fal"
-    ])
+    strs(&["t", "f", "true", "false", "yes", "no", "on", "off", "1", "0", " TRUE ", "Of", "y", "N", "tr", "fal"])
 );
 parity!(parity_bytea, HashType::Bytea, "bytea", bytea_values(17));
 parity!(parity_oid, HashType::Oid, "oid", oid_values(26));
-parity!(
-    parity_char,
-    HashType::Char,
-    "\"char\"",
-    strs(&["a", "A", "", " ", "\\101", "\\000", "\\177", "ab", "\\", "\\12", "z", "0", "~", "\\x"])
-);
+parity!(parity_char, HashType::Char, "\"char\"", strs(&["a", "A", "", " ", "\\101", "\\000", "\\177", "ab", "\\", "\\12", "z", "0", "~", "\\x"]));
 
 // ---------------------------------------------------------------------------
 // Hand-made binary input, decoded by the server's receive functions
@@ -887,10 +738,7 @@ fn copy_file(field: &[u8]) -> Vec<u8> {
 
 fn numeric_bytes(weight: i16, sign: u16, dscale: u16, digits: &[u16]) -> Vec<u8> {
     let mut v = Vec::new();
-    for w in [digits.len() as u16, weight as u16, sign, dscale]
-        .iter()
-        .chain(digits)
-    {
+    for w in [digits.len() as u16, weight as u16, sign, dscale].iter().chain(digits) {
         v.extend_from_slice(&w.to_be_bytes());
     }
     v
@@ -909,43 +757,15 @@ fn crafted_binary_inputs_match_recv() {
         (HashType::Numeric, "numeric", numeric_bytes(0, pos, 0, &[1, 5000])),
         (HashType::Numeric, "numeric", numeric_bytes(0, neg, 1, &[1, 5678])),
         (HashType::Numeric, "numeric", numeric_bytes(0, neg, 3, &[1, 5678])),
-        (
-            HashType::Numeric,
-            "numeric",
-            numeric_bytes(2, pos, 0, &[0, 12, 0]),
-        ),
-        (
-            HashType::Numeric,
-            "numeric",
-            numeric_bytes(3, pos, 8, &[0, 0, 7, 0, 0, 0, 1, 0]),
-        ),
+        (HashType::Numeric, "numeric", numeric_bytes(2, pos, 0, &[0, 12, 0])),
+        (HashType::Numeric, "numeric", numeric_bytes(3, pos, 8, &[0, 0, 7, 0, 0, 0, 1, 0])),
         (HashType::Numeric, "numeric", numeric_bytes(-1, pos, 0, &[5000])),
-        (
-            HashType::Numeric,
-            "numeric",
-            numeric_bytes(-1, pos, 2, &[5000, 1]),
-        ),
-        (
-            HashType::Numeric,
-            "numeric",
-            numeric_bytes(-3, pos, 100, &[0, 9999, 0]),
-        ),
+        (HashType::Numeric, "numeric", numeric_bytes(-1, pos, 2, &[5000, 1])),
+        (HashType::Numeric, "numeric", numeric_bytes(-3, pos, 100, &[0, 9999, 0])),
         (HashType::Numeric, "numeric", numeric_bytes(32767, pos, 0, &[1])),
-        (
-            HashType::Numeric,
-            "numeric",
-            numeric_bytes(32767, pos, 0, &[0, 1]),
-        ),
-        (
-            HashType::Numeric,
-            "numeric",
-            numeric_bytes(-32768, pos, 16383, &[1]),
-        ),
-        (
-            HashType::Numeric,
-            "numeric",
-            numeric_bytes(-4096, pos, 16383, &[0, 0, 7]),
-        ),
+        (HashType::Numeric, "numeric", numeric_bytes(32767, pos, 0, &[0, 1])),
+        (HashType::Numeric, "numeric", numeric_bytes(-32768, pos, 16383, &[1])),
+        (HashType::Numeric, "numeric", numeric_bytes(-4096, pos, 16383, &[0, 0, 7])),
         (HashType::Numeric, "numeric", numeric_bytes(0, 0xC000, 0, &[])),
         (HashType::Numeric, "numeric", numeric_bytes(0, 0xC000, 5, &[1, 2])),
         (HashType::Numeric, "numeric", numeric_bytes(0, 0xD000, 0, &[])),
@@ -953,16 +773,8 @@ fn crafted_binary_inputs_match_recv() {
         (HashType::Numeric, "numeric", numeric_bytes(0, pos, 0, &[10000])),
         (HashType::Numeric, "numeric", numeric_bytes(0, 0x8000, 0, &[1])),
         (HashType::Numeric, "numeric", numeric_bytes(0, pos, 0x4000, &[1])),
-        (
-            HashType::Numeric,
-            "numeric",
-            numeric_bytes(0, 0xC000, 0, &[10000]),
-        ),
-        (
-            HashType::Numeric,
-            "numeric",
-            numeric_bytes(0, pos, 0, &[1])[..9].to_vec(),
-        ),
+        (HashType::Numeric, "numeric", numeric_bytes(0, 0xC000, 0, &[10000])),
+        (HashType::Numeric, "numeric", numeric_bytes(0, pos, 0, &[1])[..9].to_vec()),
         (HashType::Numeric, "numeric", vec![0, 0, 0, 0]),
         // bool: any non-zero byte is true
         (HashType::Bool, "bool", vec![0]),
@@ -981,42 +793,14 @@ fn crafted_binary_inputs_match_recv() {
         (HashType::Date, "date", (2_145_031_949i32).to_be_bytes().to_vec()),
         (HashType::Date, "date", i32::MAX.to_be_bytes().to_vec()),
         (HashType::Date, "date", i32::MIN.to_be_bytes().to_vec()),
-        (
-            HashType::Timestamp,
-            "timestamp",
-            (-211_813_488_000_000_000i64).to_be_bytes().to_vec(),
-        ),
-        (
-            HashType::Timestamp,
-            "timestamp",
-            (-211_813_488_000_000_001i64).to_be_bytes().to_vec(),
-        ),
-        (
-            HashType::Timestamp,
-            "timestamp",
-            (9_223_371_331_199_999_999i64).to_be_bytes().to_vec(),
-        ),
-        (
-            HashType::Timestamp,
-            "timestamp",
-            (9_223_371_331_200_000_000i64).to_be_bytes().to_vec(),
-        ),
+        (HashType::Timestamp, "timestamp", (-211_813_488_000_000_000i64).to_be_bytes().to_vec()),
+        (HashType::Timestamp, "timestamp", (-211_813_488_000_000_001i64).to_be_bytes().to_vec()),
+        (HashType::Timestamp, "timestamp", (9_223_371_331_199_999_999i64).to_be_bytes().to_vec()),
+        (HashType::Timestamp, "timestamp", (9_223_371_331_200_000_000i64).to_be_bytes().to_vec()),
         (HashType::Timestamp, "timestamp", i64::MIN.to_be_bytes().to_vec()),
-        (
-            HashType::TimestampTz,
-            "timestamptz",
-            i64::MAX.to_be_bytes().to_vec(),
-        ),
-        (
-            HashType::TimestampTz,
-            "timestamptz",
-            (-1i64).to_be_bytes().to_vec(),
-        ),
-        (
-            HashType::TimestampTz,
-            "timestamptz",
-            (i64::MAX - 1).to_be_bytes().to_vec(),
-        ),
+        (HashType::TimestampTz, "timestamptz", i64::MAX.to_be_bytes().to_vec()),
+        (HashType::TimestampTz, "timestamptz", (-1i64).to_be_bytes().to_vec()),
+        (HashType::TimestampTz, "timestamptz", (i64::MAX - 1).to_be_bytes().to_vec()),
         // ints and oid
         (HashType::Int2, "int2", vec![0x80, 0x00]),
         (HashType::Int4, "int4", vec![0xff, 0xff, 0xff, 0xfe]),
@@ -1051,13 +835,9 @@ fn crafted_binary_inputs_match_recv() {
         ));
         let ours = hash_binary(*ty, bytes);
         match (&server, &ours) {
-            (Ok(rows), Ok(h)) if rows.len() == 1 && rows[0].parse::<i64>().unwrap() as u64 == *h => {
-                both_ok += 1
-            }
+            (Ok(rows), Ok(h)) if rows.len() == 1 && rows[0].parse::<i64>().unwrap() as u64 == *h => both_ok += 1,
             (Err(_), Err(_)) => both_err += 1,
-            _ => failures.push(format!(
-                "{sql_type} {bytes:02x?}: server {server:?}, ours {ours:?}"
-            )),
+            _ => failures.push(format!("{sql_type} {bytes:02x?}: server {server:?}, ours {ours:?}")),
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
@@ -1085,33 +865,11 @@ fn high_bit_char_is_refused_not_guessed() {
 fn invalid_text_is_rejected_by_both() {
     let pg = server();
     let cases: &[(HashType, &str, &[&str])] = &[
-        (
-            HashType::Int2,
-            "int2",
-            &[
-                "", " ", "32768", "-32769", "1.5", "abc", "1_000", "0x10", "- 1", "1e3",
-            ],
-        ),
-        (
-            HashType::Int4,
-            "int4",
-            &["2147483648", "-2147483649", "12abc", "++1", "٣"],
-        ),
-        (
-            HashType::Int8,
-            "int8",
-            &["9223372036854775808", "-9223372036854775809", "1 2", ""],
-        ),
-        (
-            HashType::Oid,
-            "oid",
-            &["4294967296", "-2147483649", "0x10", "abc", "", "1.0"],
-        ),
-        (
-            HashType::Bool,
-            "bool",
-            &["", "o", "maybe", "2", "truee", "yess", "01", "t r"],
-        ),
+        (HashType::Int2, "int2", &["", " ", "32768", "-32769", "1.5", "abc", "1_000", "0x10", "- 1", "1e3"]),
+        (HashType::Int4, "int4", &["2147483648", "-2147483649", "12abc", "++1", "٣"]),
+        (HashType::Int8, "int8", &["9223372036854775808", "-9223372036854775809", "1 2", ""]),
+        (HashType::Oid, "oid", &["4294967296", "-2147483649", "0x10", "abc", "", "1.0"]),
+        (HashType::Bool, "bool", &["", "o", "maybe", "2", "truee", "yess", "01", "t r"]),
         (
             HashType::Uuid,
             "uuid",
@@ -1150,50 +908,10 @@ fn invalid_text_is_rejected_by_both() {
                 "1e9999999999",
             ],
         ),
-        (
-            HashType::Date,
-            "date",
-            &[
-                "2000-02-30",
-                "1900-02-29",
-                "2000-13-01",
-                "2000-00-10",
-                "0000-01-01",
-                "2000-01-01x",
-                "+infinity",
-                "",
-            ],
-        ),
-        (
-            HashType::Timestamp,
-            "timestamp",
-            &[
-                "2000-01-01 12",
-                "2000-01-01 12:00:00+16",
-                "2000-01-01 25:00:00",
-                "2000-01-01 12:60:00",
-                "garbage",
-            ],
-        ),
-        (
-            HashType::TimestampTz,
-            "timestamptz",
-            &["2000-01-01 12:00:00+16", "2000-02-30 00:00:00+00", "x"],
-        ),
-        (
-            HashType::Bytea,
-            "bytea",
-            &[
-                "\\x4",
-                "\\x4 1",
-                "\\xzz",
-                "\\",
-                "\\400",
-                "abc\\",
-                "\\X41",
-                "\\x41\x0b42",
-            ],
-        ),
+        (HashType::Date, "date", &["2000-02-30", "1900-02-29", "2000-13-01", "2000-00-10", "0000-01-01", "2000-01-01x", "+infinity", ""]),
+        (HashType::Timestamp, "timestamp", &["2000-01-01 12", "2000-01-01 12:00:00+16", "2000-01-01 25:00:00", "2000-01-01 12:60:00", "garbage"]),
+        (HashType::TimestampTz, "timestamptz", &["2000-01-01 12:00:00+16", "2000-02-30 00:00:00+00", "x"]),
+        (HashType::Bytea, "bytea", &["\\x4", "\\x4 1", "\\xzz", "\\", "\\400", "abc\\", "\\X41", "\\x41\x0b42"]),
     ];
     let checked = assert_refused_locally(&pg, cases, false);
     println!("invalid text: {checked} inputs rejected by both");
@@ -1207,20 +925,7 @@ fn unsupported_but_valid_text_falls_back() {
     let pg = server();
     let cases: &[(HashType, &str, &[&str])] = &[
         (HashType::Numeric, "numeric", &["1e 5", "1e\t5"]),
-        (
-            HashType::Date,
-            "date",
-            &[
-                "01/02/2000",
-                "Jan 8 1999",
-                "1999-Jan-08",
-                "today",
-                "20000101",
-                "2000-01-01 BC",
-                "12000-01-01",
-                "02000-01-01",
-            ],
-        ),
+        (HashType::Date, "date", &["01/02/2000", "Jan 8 1999", "1999-Jan-08", "today", "20000101", "2000-01-01 BC", "12000-01-01", "02000-01-01"]),
         (
             HashType::Timestamp,
             "timestamp",
@@ -1237,13 +942,7 @@ fn unsupported_but_valid_text_falls_back() {
         (
             HashType::TimestampTz,
             "timestamptz",
-            &[
-                "2000-01-01 12:00:00",
-                "2000-01-01",
-                "2000-01-01 12:00:00 UTC",
-                "2000-01-01 12:00:00 America/New_York",
-                "2000-01-01 12:00:00 EST",
-            ],
+            &["2000-01-01 12:00:00", "2000-01-01", "2000-01-01 12:00:00 UTC", "2000-01-01 12:00:00 America/New_York", "2000-01-01 12:00:00 EST"],
         ),
     ];
     let checked = assert_refused_locally(&pg, cases, true);

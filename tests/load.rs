@@ -105,9 +105,13 @@ async fn csv_and_text_files_land_in_the_shards_the_hash_picks() {
     gz.finish().unwrap();
     write(&dir.path().join("part2.tsv.zst"), &zstd::encode_all(text(1000, 2500).as_bytes(), 3).unwrap());
     let pattern = dir.path().join("part*.tsv.*");
-    let (ok, out, err) = load(&cluster, &["--table", "events", "--format", "text", pattern.to_str().unwrap(), "-"], Some(text(2500, 3000).as_bytes()));
+    let (ok, out, err) =
+        load(&cluster, &["--table", "events", "--format", "text", pattern.to_str().unwrap(), "-"], Some(text(2500, 3000).as_bytes()));
     assert!(ok, "{out}{err}");
-    assert_eq!(text_rows(&c, "SELECT count(*), sum(k), count(*) FILTER (WHERE v LIKE '%\twith tab') FROM events").await, vec![vec![Some("3000".into()), Some("4498500".into()), Some("3000".into())]]);
+    assert_eq!(
+        text_rows(&c, "SELECT count(*), sum(k), count(*) FILTER (WHERE v LIKE '%\twith tab') FROM events").await,
+        vec![vec![Some("3000".into()), Some("4498500".into()), Some("3000".into())]]
+    );
     assert_eq!(cluster.prepared_on_workers().await, 0);
 }
 
@@ -129,8 +133,14 @@ async fn a_split_file_reaches_each_shard_in_file_order() {
     write(&file, csv.as_bytes());
     let (ok, out, err) = load(&cluster, &["--table", "seq", "--jobs", "4", file.to_str().unwrap()], None);
     assert!(ok, "{out}{err}");
-    assert_eq!(text_rows(&c, "SELECT count(*), count(DISTINCT id), max(id) FROM seq").await, vec![vec![Some(rows.to_string()), Some(rows.to_string()), Some(rows.to_string())]]);
-    let out_of_order = per_shard(&cluster, "seq", |shard| format!("SELECT count(*) FILTER (WHERE id < previous) FROM (SELECT id, lag(id) OVER (ORDER BY ctid) AS previous FROM {shard}) r")).await;
+    assert_eq!(
+        text_rows(&c, "SELECT count(*), count(DISTINCT id), max(id) FROM seq").await,
+        vec![vec![Some(rows.to_string()), Some(rows.to_string()), Some(rows.to_string())]]
+    );
+    let out_of_order = per_shard(&cluster, "seq", |shard| {
+        format!("SELECT count(*) FILTER (WHERE id < previous) FROM (SELECT id, lag(id) OVER (ORDER BY ctid) AS previous FROM {shard}) r")
+    })
+    .await;
     assert_eq!(out_of_order, vec![0; 4], "every shard holds its rows in file order");
 }
 
@@ -138,7 +148,9 @@ async fn a_split_file_reaches_each_shard_in_file_order() {
 async fn a_bad_row_fails_the_load_unless_a_reject_file_takes_it() {
     let cluster = TestCluster::start(2);
     let c = cluster.connect().await;
-    c.batch_execute("CREATE TABLE m (id int, qty int CHECK (qty >= 0), label text); SELECT create_distributed_table('m', 'id', shard_count => 8)").await.unwrap();
+    c.batch_execute("CREATE TABLE m (id int, qty int CHECK (qty >= 0), label text); SELECT create_distributed_table('m', 'id', shard_count => 8)")
+        .await
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let mut csv = String::new();
     for i in 1..=50_000 {
@@ -161,10 +173,15 @@ async fn a_bad_row_fails_the_load_unless_a_reject_file_takes_it() {
 
     // With a reject file: exactly the bad rows go there, the rest loads.
     let rejects = dir.path().join("rejects.txt");
-    let (ok, out, err) = load(&cluster, &["--table", "m", "--jobs", "2", "--batch-size", "500", "--reject-file", rejects.to_str().unwrap(), file.to_str().unwrap()], None);
+    let (ok, out, err) = load(
+        &cluster,
+        &["--table", "m", "--jobs", "2", "--batch-size", "500", "--reject-file", rejects.to_str().unwrap(), file.to_str().unwrap()],
+        None,
+    );
     assert!(ok, "{out}{err}");
     assert!(out.contains("loaded 49997 rows") && out.contains("3 rows rejected"), "{out}");
-    let mut rejected: Vec<String> = std::fs::read_to_string(&rejects).unwrap().lines().map(|l| l.split('\t').next().unwrap().rsplit(':').next().unwrap().to_string()).collect();
+    let mut rejected: Vec<String> =
+        std::fs::read_to_string(&rejects).unwrap().lines().map(|l| l.split('\t').next().unwrap().rsplit(':').next().unwrap().to_string()).collect();
     rejected.sort();
     assert_eq!(rejected, vec!["20000", "30000", "40000"], "{}", std::fs::read_to_string(&rejects).unwrap());
     assert_eq!(text_rows(&c, "SELECT count(*), min(qty) FROM m").await, vec![vec![Some("49997".into()), Some("0".into())]]);
@@ -242,7 +259,9 @@ async fn loader_killed_while_deciding(decider_commits: bool) {
     child.wait().unwrap();
     if !decider_commits {
         for w in &holders {
-            w.batch_execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid()").await.unwrap();
+            w.batch_execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid()")
+                .await
+                .unwrap();
         }
     }
     for w in &holders {

@@ -82,7 +82,10 @@ async fn tpcb_runs_without_failures_while_the_cluster_grows_and_rebalances() {
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
     let dir = cluster.data_dir().to_path_buf();
     let coordinator_port = cluster.port;
-    let grown = tokio::task::spawn_blocking(move || tessera::cluster::up(&dir, coordinator_port, 3, &common::tessera_bin()).expect("tessera up --workers 3")).await.unwrap();
+    let grown =
+        tokio::task::spawn_blocking(move || tessera::cluster::up(&dir, coordinator_port, 3, &common::tessera_bin()).expect("tessera up --workers 3"))
+            .await
+            .unwrap();
     c.batch_execute("SELECT rebalance_table_shards()").await.unwrap();
     let out = run.join().unwrap();
     assert_eq!(number_after(&out, "number of failed transactions:"), 0, "{out}");
@@ -94,5 +97,9 @@ async fn tpcb_runs_without_failures_while_the_cluster_grows_and_rebalances() {
     assert_eq!(text_rows(&c, rows_checksum).await, before, "the accounts' rows are the same rows");
     let sums = text_rows(&c, "SELECT sum(abalance) FROM pgbench_accounts; SELECT sum(bbalance) FROM pgbench_branches; SELECT sum(tbalance) FROM pgbench_tellers; SELECT sum(delta) FROM pgbench_history").await;
     assert!(sums.iter().all(|s| *s == sums[0]), "balances disagree: {sums:?}");
-    assert_eq!(text_rows(&c, "SELECT count(*) FROM pgbench_history").await, vec![vec![Some(committed.to_string())]], "one history row per committed transaction");
+    assert_eq!(
+        text_rows(&c, "SELECT count(*) FROM pgbench_history").await,
+        vec![vec![Some(committed.to_string())]],
+        "one history row per committed transaction"
+    );
 }

@@ -207,7 +207,12 @@ async fn a_session_with_a_temporary_table_keeps_its_connection() {
             tokio::spawn(async move {
                 let c = connect(port).await;
                 for _ in 0..10 {
-                    assert_eq!(text_rows(&c, "SELECT count(*) FROM pg_class WHERE relname = 'pl_scratch' AND pg_table_is_visible(oid)").await[0][0].as_deref(), Some("0"), "session {i} sees no other session's temporary table");
+                    assert_eq!(
+                        text_rows(&c, "SELECT count(*) FROM pg_class WHERE relname = 'pl_scratch' AND pg_table_is_visible(oid)").await[0][0]
+                            .as_deref(),
+                        Some("0"),
+                        "session {i} sees no other session's temporary table"
+                    );
                 }
             })
         })
@@ -362,7 +367,10 @@ async fn blocks_on_two_nodes_from_many_clients_all_commit() {
         c.await.unwrap();
     }
     let c = cluster.connect().await;
-    assert_eq!(text_rows(&c, "SELECT sum(v), count(*) FILTER (WHERE v = 4) FROM pl_pairs").await, vec![vec![Some("1200".into()), Some("300".into())]]);
+    assert_eq!(
+        text_rows(&c, "SELECT sum(v), count(*) FILTER (WHERE v = 4) FROM pl_pairs").await,
+        vec![vec![Some("1200".into()), Some("300".into())]]
+    );
 }
 
 /// `statement_timeout` and `lock_timeout` hold for the statements' work on
@@ -417,7 +425,10 @@ async fn pools_and_pinned_sessions_are_shown() {
     listening.batch_execute("LISTEN pl_news").await.unwrap();
     let watcher = connect_as(cluster.port, "pl_watcher").await;
     let sessions = text_rows(&watcher, "SELECT user_name, pinned_by FROM tessera.client_sessions WHERE pinned_by IS NOT NULL ORDER BY 1").await;
-    assert_eq!(sessions, vec![vec![Some("pl_watcher".into()), Some("a temporary table".into())], vec![Some("postgres".into()), Some("LISTEN".into())]]);
+    assert_eq!(
+        sessions,
+        vec![vec![Some("pl_watcher".into()), Some("a temporary table".into())], vec![Some("postgres".into()), Some("LISTEN".into())]]
+    );
     assert_eq!(text_rows(&watcher, "SELECT count(*) FROM tessera.client_sessions").await, vec![vec![Some("4".into())]]);
     let pools = text_rows(&watcher, "SELECT node LIKE '%coordinator database%', max_connections > 0, open_connections >= idle_connections, max_blocks > 0 FROM tessera.connection_pools").await;
     assert_eq!(pools.len(), 3, "the coordinator database and two workers: {pools:?}");

@@ -18,7 +18,9 @@ async fn raw_connect(port: u16) -> PgConnection {
 async fn local_work_passes_through() {
     let cluster = TestCluster::start(1);
     let c = cluster.connect().await;
-    c.batch_execute("CREATE TABLE notes (id int PRIMARY KEY, body text); CREATE FUNCTION twice(int) RETURNS int LANGUAGE sql AS 'SELECT $1 * 2'").await.unwrap();
+    c.batch_execute("CREATE TABLE notes (id int PRIMARY KEY, body text); CREATE FUNCTION twice(int) RETURNS int LANGUAGE sql AS 'SELECT $1 * 2'")
+        .await
+        .unwrap();
     let n = c.execute("INSERT INTO notes SELECT g, 'n' || g FROM generate_series(1, 100) g", &[]).await.unwrap();
     assert_eq!(n, 100);
     let r = c.query_one("SELECT twice($1), count(*) FROM notes WHERE id > $2", &[&21i32, &90i32]).await.unwrap();
@@ -159,7 +161,10 @@ async fn shapes_that_once_crashed_the_coordinator() {
     let mut sink = Box::pin(sink);
     sink.send(bytes::Bytes::from_static(b"21,21\n22,22\n")).await.unwrap();
     assert_eq!(sink.as_mut().finish().await.unwrap(), 2);
-    assert_eq!(text_rows(&c, "SELECT (ARRAY[1, 2, 3])[2], (ARRAY[k, v])[1] FROM d WHERE k = 1").await, vec![vec![Some("2".into()), Some("1".into())]]);
+    assert_eq!(
+        text_rows(&c, "SELECT (ARRAY[1, 2, 3])[2], (ARRAY[k, v])[1] FROM d WHERE k = 1").await,
+        vec![vec![Some("2".into()), Some("1".into())]]
+    );
     assert_eq!(text_rows(&c, "SELECT count(*) FROM d TABLESAMPLE system (100) JOIN e ON e.w = d.v").await, vec![vec![Some("16".into())]]);
 
     bystander.batch_execute("COMMIT").await.unwrap();
@@ -208,7 +213,11 @@ async fn row_limited_execute_suspends_the_portal() {
     .await
     .unwrap();
     let tx = c.transaction().await.unwrap();
-    for (sql, expected) in [("SELECT id FROM items ORDER BY id", 200usize), ("SELECT id FROM items WHERE id > 150 ORDER BY id", 50), ("SELECT id FROM items WHERE id = 7", 1)] {
+    for (sql, expected) in [
+        ("SELECT id FROM items ORDER BY id", 200usize),
+        ("SELECT id FROM items WHERE id > 150 ORDER BY id", 50),
+        ("SELECT id FROM items WHERE id = 7", 1),
+    ] {
         let portal = tx.bind(sql, &[]).await.unwrap();
         let mut fetched: Vec<i32> = Vec::new();
         let mut batches = 0;
@@ -359,7 +368,8 @@ async fn one_text_with_differently_typed_parameters() {
     cluster.connect().await.batch_execute("CREATE TABLE typed_keys (id bigint PRIMARY KEY, v text); SELECT create_distributed_table('typed_keys', 'id'); INSERT INTO typed_keys VALUES (7, 'seven')").await.unwrap();
     let mut conn = raw_connect(cluster.port).await;
     let sql = "SELECT v FROM typed_keys WHERE id = $1::bigint";
-    let seven: [(u32, bytes::Bytes); 3] = [(21, 7i16.to_be_bytes().to_vec().into()), (23, 7i32.to_be_bytes().to_vec().into()), (20, 7i64.to_be_bytes().to_vec().into())];
+    let seven: [(u32, bytes::Bytes); 3] =
+        [(21, 7i16.to_be_bytes().to_vec().into()), (23, 7i32.to_be_bytes().to_vec().into()), (20, 7i64.to_be_bytes().to_vec().into())];
     for _ in 0..2 {
         for (type_oid, value) in &seven {
             frontend::parse(conn.out(), "", sql, &[*type_oid]);

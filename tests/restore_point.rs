@@ -11,8 +11,8 @@ mod common;
 
 use common::TestCluster;
 use rand::{Rng, SeedableRng};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tessera::cluster::instance::Instance;
@@ -55,7 +55,21 @@ fn take_base_backup(node: &Instance) {
     let basebackup = tessera::cluster::instance::pg_bin_dir().unwrap().join("pg_basebackup");
     let dir = backup_dir(node);
     let status = std::process::Command::new(basebackup)
-        .args(["-h", "127.0.0.1", "-p", &node.port.to_string(), "-U", "postgres", "-D", &dir.to_string_lossy(), "-X", "stream", "-c", "fast", "--no-sync"])
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &node.port.to_string(),
+            "-U",
+            "postgres",
+            "-D",
+            &dir.to_string_lossy(),
+            "-X",
+            "stream",
+            "-c",
+            "fast",
+            "--no-sync",
+        ])
         .status()
         .unwrap();
     assert!(status.success(), "pg_basebackup of {}", node.data_dir.display());
@@ -123,7 +137,9 @@ async fn a_restore_to_the_point_gives_a_consistent_cluster() {
     let w = cluster.connect_worker(1).await;
     w.batch_execute("BEGIN; SELECT tessera_commit.record_commit()").await.unwrap();
     let port = cluster.port;
-    let waiting = tokio::spawn(async move { common::connect(port).await.simple_query("SELECT citus_create_restore_point('held_back')").await.map(|_| Instant::now()) });
+    let waiting = tokio::spawn(async move {
+        common::connect(port).await.simple_query("SELECT citus_create_restore_point('held_back')").await.map(|_| Instant::now())
+    });
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert!(!waiting.is_finished(), "the restore point did not wait for the decision under way");
     let decided = Instant::now();
@@ -149,7 +165,8 @@ async fn a_restore_to_the_point_gives_a_consistent_cluster() {
 
     let stop = Arc::new(AtomicBool::new(false));
     let committed = Arc::new(AtomicU64::new(0));
-    let clients: Vec<_> = (0..CLIENTS).map(|n| tokio::spawn(transfer_until(cluster.port, accounts.clone(), n, stop.clone(), committed.clone()))).collect();
+    let clients: Vec<_> =
+        (0..CLIENTS).map(|n| tokio::spawn(transfer_until(cluster.port, accounts.clone(), n, stop.clone(), committed.clone()))).collect();
     let wait_for_transfers = |n: u64| {
         let committed = committed.clone();
         async move {
@@ -164,7 +181,8 @@ async fn a_restore_to_the_point_gives_a_consistent_cluster() {
     wait_for_transfers(100).await;
     let point = common::text_rows(&c, &format!("SELECT citus_create_restore_point('{POINT}')")).await;
     let lsn = point[0][0].clone().expect("the point's WAL location");
-    let behind: bool = cluster.connect_coordinator_db().await.query_one("SELECT pg_current_wal_insert_lsn() >= $1::text::pg_lsn", &[&lsn]).await.unwrap().get(0);
+    let behind: bool =
+        cluster.connect_coordinator_db().await.query_one("SELECT pg_current_wal_insert_lsn() >= $1::text::pg_lsn", &[&lsn]).await.unwrap().get(0);
     assert!(behind, "the point's location {lsn} is in the coordinator database's WAL");
     // Transfers went on while the point was made, and after it.
     wait_for_transfers(100).await;
@@ -213,7 +231,10 @@ async fn a_restore_to_the_point_gives_a_consistent_cluster() {
         .get(0);
     assert_eq!(mismatched, 0, "accounts whose balance disagrees with their ledger");
     let restored: i64 = c.query_one("SELECT count(*) FROM ledger", &[]).await.unwrap().get(0);
-    assert!(restored > 0 && restored < transfers_before_restore, "the restore went back to the point ({restored} of {transfers_before_restore} ledger rows)");
+    assert!(
+        restored > 0 && restored < transfers_before_restore,
+        "the restore went back to the point ({restored} of {transfers_before_restore} ledger rows)"
+    );
     for i in 0..2 {
         let w = cluster.connect_worker(i).await;
         let names: String = w.query_one("SELECT string_agg(name, ',' ORDER BY name) FROM markers", &[]).await.unwrap().get(0);

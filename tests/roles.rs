@@ -77,9 +77,16 @@ async fn ordinary_roles_get_what_postgresql_gives_them() {
     // The roles, and the grants on the shards, are on every worker.
     for w in 0..2 {
         let worker = cluster.connect_worker(w).await;
-        let roles = outcome(&worker, "SELECT string_agg(rolname, ',' ORDER BY rolname) FROM pg_roles WHERE rolname IN ('app', 'reader', 'auditors')").await.unwrap();
+        let roles = outcome(&worker, "SELECT string_agg(rolname, ',' ORDER BY rolname) FROM pg_roles WHERE rolname IN ('app', 'reader', 'auditors')")
+            .await
+            .unwrap();
         assert_eq!(roles, vec![vec![Some("app,auditors,reader".to_string())]], "worker {w}");
-        let granted = outcome(&worker, "SELECT bool_and(has_table_privilege('app', oid, 'INSERT')) FROM pg_class WHERE relname LIKE 'accounts\\_%' AND relkind = 'r'").await.unwrap();
+        let granted = outcome(
+            &worker,
+            "SELECT bool_and(has_table_privilege('app', oid, 'INSERT')) FROM pg_class WHERE relname LIKE 'accounts\\_%' AND relkind = 'r'",
+        )
+        .await
+        .unwrap();
         assert_eq!(granted, vec![vec![Some("t".to_string())]], "worker {w}");
     }
 

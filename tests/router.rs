@@ -80,7 +80,9 @@ async fn multi_row_insert_splits_by_shard() {
     assert_eq!(per_worker.iter().sum::<i64>(), 53);
     assert!(per_worker.iter().all(|n| *n > 0), "{per_worker:?}");
     // A serial key is filled in by the coordinator from the sequence.
-    c.batch_execute("CREATE TABLE events (id bigserial PRIMARY KEY, note text); SELECT create_distributed_table('events', 'id', shard_count => 4)").await.unwrap();
+    c.batch_execute("CREATE TABLE events (id bigserial PRIMARY KEY, note text); SELECT create_distributed_table('events', 'id', shard_count => 4)")
+        .await
+        .unwrap();
     let ids = text_rows(&c, "INSERT INTO events (note) VALUES ('a'), ('b'), ('c') RETURNING id").await;
     assert_eq!(ids.len(), 3);
     c.execute("INSERT INTO events VALUES (DEFAULT, $1)", &[&"d"]).await.unwrap();
@@ -105,9 +107,12 @@ async fn colocated_and_reference_joins_route_to_one_shard() {
     )
     .await
     .unwrap();
-    let rows = text_rows(&c, "SELECT a.owner, e.seq, e.amount FROM accounts a JOIN entries e ON a.id = e.account_id WHERE a.id = 7 ORDER BY e.seq").await;
+    let rows =
+        text_rows(&c, "SELECT a.owner, e.seq, e.amount FROM accounts a JOIN entries e ON a.id = e.account_id WHERE a.id = 7 ORDER BY e.seq").await;
     assert_eq!(rows, vec![row(&["gus", "1", "5.00"]), row(&["gus", "2", "7.50"])]);
-    let rows = text_rows(&c, "SELECT a.owner, count(e.seq) FROM accounts a LEFT JOIN entries e ON e.account_id = a.id WHERE a.id = 8 GROUP BY a.owner").await;
+    let rows =
+        text_rows(&c, "SELECT a.owner, count(e.seq) FROM accounts a LEFT JOIN entries e ON e.account_id = a.id WHERE a.id = 8 GROUP BY a.owner")
+            .await;
     assert_eq!(rows, vec![row(&["hal", "1"])]);
     let rows = text_rows(&c, "SELECT e.amount * r.rate FROM entries e, currencies r WHERE e.account_id = 7 AND e.seq = 1 AND r.code = 'USD'").await;
     assert_eq!(rows, vec![row(&["4.500"])]);
@@ -121,9 +126,16 @@ async fn transactions_read_their_writes_and_roll_back_everywhere() {
     let cluster = TestCluster::start(2);
     let c = setup(&cluster).await;
     let ids: Vec<i64> = (1..=16).collect();
-    c.batch_execute(&format!("INSERT INTO accounts (id, owner, balance) VALUES {}", ids.iter().map(|i| format!("({i}, 'o', 100)")).collect::<Vec<_>>().join(","))).await.unwrap();
+    c.batch_execute(&format!(
+        "INSERT INTO accounts (id, owner, balance) VALUES {}",
+        ids.iter().map(|i| format!("({i}, 'o', 100)")).collect::<Vec<_>>().join(",")
+    ))
+    .await
+    .unwrap();
     // A transfer between accounts on (very likely) different workers, committed.
-    c.batch_execute("BEGIN; UPDATE accounts SET balance = balance - 30 WHERE id = 1; UPDATE accounts SET balance = balance + 30 WHERE id = 2;").await.unwrap();
+    c.batch_execute("BEGIN; UPDATE accounts SET balance = balance - 30 WHERE id = 1; UPDATE accounts SET balance = balance + 30 WHERE id = 2;")
+        .await
+        .unwrap();
     assert_eq!(text_rows(&c, "SELECT balance FROM accounts WHERE id = 1").await, vec![row(&["70.00"])], "read-your-writes inside the block");
     c.batch_execute("COMMIT").await.unwrap();
     assert_eq!(text_rows(&c, "SELECT sum(balance) FROM accounts").await, vec![row(&["1600.00"])]);
@@ -148,7 +160,9 @@ async fn transactions_read_their_writes_and_roll_back_everywhere() {
     c.batch_execute("ROLLBACK").await.unwrap();
     assert_eq!(text_rows(&c, "SELECT count(*) FROM accounts").await, vec![row(&["16"])]);
     // Local tables join the same block.
-    c.batch_execute("CREATE TABLE audit (note text); BEGIN; INSERT INTO audit VALUES ('a'); UPDATE accounts SET owner = 'z' WHERE id = 9; ROLLBACK;").await.unwrap();
+    c.batch_execute("CREATE TABLE audit (note text); BEGIN; INSERT INTO audit VALUES ('a'); UPDATE accounts SET owner = 'z' WHERE id = 9; ROLLBACK;")
+        .await
+        .unwrap();
     assert_eq!(text_rows(&c, "SELECT count(*) FROM audit").await, vec![row(&["0"])]);
     assert_eq!(text_rows(&c, "SELECT owner FROM accounts WHERE id = 9").await, vec![row(&["o"])]);
     // The extended protocol inside a block.
@@ -192,7 +206,9 @@ async fn refusals_are_clear_and_the_session_survives() {
 async fn a_stopped_worker_gives_a_clean_error_naming_it() {
     let cluster = TestCluster::start(2);
     let c = setup(&cluster).await;
-    c.batch_execute(&format!("INSERT INTO accounts (id, owner) VALUES {}", (1..=20).map(|i| format!("({i}, 'o')")).collect::<Vec<_>>().join(","))).await.unwrap();
+    c.batch_execute(&format!("INSERT INTO accounts (id, owner) VALUES {}", (1..=20).map(|i| format!("({i}, 'o')")).collect::<Vec<_>>().join(",")))
+        .await
+        .unwrap();
     let down = &cluster.workers()[1];
     let down_port = down.port;
     down.stop().unwrap();

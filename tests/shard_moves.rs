@@ -20,7 +20,12 @@ const ACCOUNTS: i32 = 100;
 async fn write_until(port: u16, client_no: i64, stop: Arc<AtomicBool>, done: Arc<AtomicU64>) -> Vec<i64> {
     let c = common::connect(port).await;
     let update = c.prepare("UPDATE accounts SET balance = balance + $2 WHERE id = $1").await.unwrap();
-    let log = c.prepare("INSERT INTO events (k, id, payload, doc) VALUES ($1, $2, decode(md5($2::bigint::text), 'hex'), jsonb_build_object('id', $2::bigint))").await.unwrap();
+    let log = c
+        .prepare(
+            "INSERT INTO events (k, id, payload, doc) VALUES ($1, $2, decode(md5($2::bigint::text), 'hex'), jsonb_build_object('id', $2::bigint))",
+        )
+        .await
+        .unwrap();
     let mut ids = Vec::new();
     for seq in 0.. {
         if stop.load(SeqCst) {
@@ -118,9 +123,11 @@ async fn shard_groups_move_while_clients_write() {
     assert!(!moving.is_empty());
     for (i, shard) in moving.iter().enumerate() {
         let mode = if i % 2 == 0 { "force_logical" } else { "block_writes" };
-        c.batch_execute(&format!("SELECT citus_move_shard_placement({shard}, '127.0.0.1', {first}, '127.0.0.1', {second}, shard_transfer_mode => '{mode}')"))
-            .await
-            .unwrap_or_else(|e| panic!("moving shard {shard} ({mode}): {}", common::error_text(&e)));
+        c.batch_execute(&format!(
+            "SELECT citus_move_shard_placement({shard}, '127.0.0.1', {first}, '127.0.0.1', {second}, shard_transfer_mode => '{mode}')"
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("moving shard {shard} ({mode}): {}", common::error_text(&e)));
         wait_for_more(&done, 30).await;
     }
     stop.store(true, SeqCst);
@@ -132,12 +139,19 @@ async fn shard_groups_move_while_clients_write() {
     // Everything is on the second worker now, with nothing lost.
     assert!(common::placement_ports(&c, "accounts").await.iter().all(|p| *p == second));
     assert!(common::placement_ports(&c, "events").await.iter().all(|p| *p == second));
-    assert_eq!(text_rows(&c, "SELECT sum(balance), count(*) FROM accounts").await, vec![vec![Some((1000 * ACCOUNTS).to_string()), Some(ACCOUNTS.to_string())]]);
+    assert_eq!(
+        text_rows(&c, "SELECT sum(balance), count(*) FROM accounts").await,
+        vec![vec![Some((1000 * ACCOUNTS).to_string()), Some(ACCOUNTS.to_string())]]
+    );
     let mut stored: Vec<i64> = c.query("SELECT id FROM events", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
     stored.sort();
     logged.sort();
     assert_eq!(stored, logged, "every acknowledged transfer is logged exactly once");
-    let intact = text_rows(&c, "SELECT count(*) FROM events WHERE payload = decode(md5(id::text), 'hex') AND doc = jsonb_build_object('id', id) AND k = (id * 7 % 100) + 1").await;
+    let intact = text_rows(
+        &c,
+        "SELECT count(*) FROM events WHERE payload = decode(md5(id::text), 'hex') AND doc = jsonb_build_object('id', id) AND k = (id * 7 % 100) + 1",
+    )
+    .await;
     assert_eq!(intact, vec![vec![Some(logged.len().to_string())]], "bytea and jsonb values arrive intact");
     // The moved shards keep their trigger and foreign key (validated).
     assert_eq!(text_rows(&c, "SELECT count(*) FROM events WHERE stamped IS NOT TRUE").await, vec![vec![Some("0".into())]]);
@@ -148,10 +162,16 @@ async fn shard_groups_move_while_clients_write() {
     assert_eq!(common::sqlstate(&e), "23503", "{}", common::error_text(&e));
     // Joins across the moved group and to the reference table still work,
     // through the coordinator and on each worker (its partitions follow).
-    assert_eq!(text_rows(&c, "SELECT count(*) FROM events e JOIN accounts a ON a.id = e.k JOIN kinds ON kinds.kind = 1").await, vec![vec![Some(logged.len().to_string())]]);
+    assert_eq!(
+        text_rows(&c, "SELECT count(*) FROM events e JOIN accounts a ON a.id = e.k JOIN kinds ON kinds.kind = 1").await,
+        vec![vec![Some(logged.len().to_string())]]
+    );
     for i in 0..2 {
         let w = cluster.connect_worker(i).await;
-        assert_eq!(text_rows(&w, "SELECT count(*), sum(balance) FROM accounts").await, vec![vec![Some(ACCOUNTS.to_string()), Some((1000 * ACCOUNTS).to_string())]]);
+        assert_eq!(
+            text_rows(&w, "SELECT count(*), sum(balance) FROM accounts").await,
+            vec![vec![Some(ACCOUNTS.to_string()), Some((1000 * ACCOUNTS).to_string())]]
+        );
         assert_eq!(leftovers(&w).await, vec![vec![Some("0".into())]], "no publication, subscription, slot or detached shard left on worker {i}");
     }
     assert_eq!(text_rows(&c, "SELECT count(*) FROM pg_dist_cleanup").await, vec![vec![Some("0".into())]]);
@@ -190,8 +210,14 @@ async fn bad_moves_are_refused_clearly() {
     refused(format!("SELECT citus_move_shard_placement({shard}, '127.0.0.1', {port}, '127.0.0.1', 1)"), "42704", "is not an active node").await;
     refused(format!("SELECT citus_move_shard_placement(1, '127.0.0.1', {port}, '127.0.0.1', {other})"), "42704", "does not exist").await;
     refused(format!("SELECT citus_move_shard_placement({reference}, '127.0.0.1', {port}, '127.0.0.1', {other})"), "0A000", "reference table").await;
-    refused(format!("SELECT citus_move_shard_placement({shard}, '127.0.0.1', {port}, '127.0.0.1', {other}, 'sometimes')"), "22023", "shard_transfer_mode").await;
-    refused(format!("BEGIN; SELECT citus_move_shard_placement({shard}, '127.0.0.1', {port}, '127.0.0.1', {other})"), "25001", "transaction block").await;
+    refused(
+        format!("SELECT citus_move_shard_placement({shard}, '127.0.0.1', {port}, '127.0.0.1', {other}, 'sometimes')"),
+        "22023",
+        "shard_transfer_mode",
+    )
+    .await;
+    refused(format!("BEGIN; SELECT citus_move_shard_placement({shard}, '127.0.0.1', {port}, '127.0.0.1', {other})"), "25001", "transaction block")
+        .await;
     c.batch_execute("ROLLBACK").await.unwrap();
     let mover = common::connect_as(cluster.port, "mover").await;
     let e = mover.batch_execute(&format!("SELECT citus_move_shard_placement({shard}, '127.0.0.1', {port}, '127.0.0.1', {other})")).await.unwrap_err();
@@ -228,7 +254,9 @@ async fn the_cluster_grows_rebalances_and_drains_while_clients_write() {
 
     let dir = cluster.data_dir().to_path_buf();
     let port = cluster.port;
-    let grown = tokio::task::spawn_blocking(move || tessera::cluster::up(&dir, port, 3, &common::tessera_bin()).expect("tessera up --workers 3")).await.unwrap();
+    let grown = tokio::task::spawn_blocking(move || tessera::cluster::up(&dir, port, 3, &common::tessera_bin()).expect("tessera up --workers 3"))
+        .await
+        .unwrap();
     let third = i32::from(grown.state.worker_ports[2]);
     // The new worker has the reference table before any shard lands there.
     let w3 = common::connect(grown.state.worker_ports[2]).await;
@@ -246,7 +274,11 @@ async fn the_cluster_grows_rebalances_and_drains_while_clients_write() {
 
     let e = c.batch_execute(&format!("SELECT citus_remove_node('127.0.0.1', {third})")).await.unwrap_err();
     assert_eq!(common::sqlstate(&e), "55006", "{}", common::error_text(&e));
-    assert!(common::error_text(&e).contains("accounts (shards ") && common::error_text(&e).contains("citus_drain_node"), "{}", common::error_text(&e));
+    assert!(
+        common::error_text(&e).contains("accounts (shards ") && common::error_text(&e).contains("citus_drain_node"),
+        "{}",
+        common::error_text(&e)
+    );
     c.batch_execute(&format!("SELECT citus_drain_node('127.0.0.1', {third})")).await.unwrap();
     assert!(!common::placement_ports(&c, "accounts").await.contains(&third));
     // New tables stay off a drained node.
@@ -260,7 +292,10 @@ async fn the_cluster_grows_rebalances_and_drains_while_clients_write() {
     }
     c.batch_execute(&format!("SELECT citus_remove_node('127.0.0.1', {third})")).await.unwrap();
 
-    assert_eq!(text_rows(&c, "SELECT sum(balance), count(*) FROM accounts").await, vec![vec![Some((1000 * ACCOUNTS).to_string()), Some(ACCOUNTS.to_string())]]);
+    assert_eq!(
+        text_rows(&c, "SELECT sum(balance), count(*) FROM accounts").await,
+        vec![vec![Some((1000 * ACCOUNTS).to_string()), Some(ACCOUNTS.to_string())]]
+    );
     let mut stored: Vec<i64> = c.query("SELECT id FROM events", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
     stored.sort();
     logged.sort();
@@ -303,7 +338,10 @@ async fn a_move_interrupted_by_a_crash_leaves_one_placement_and_no_leftovers() {
         cluster.restart_coordinator(|config| config.transactions.fault_injection = Some(fault));
         let c = cluster.connect().await;
         let (shard, from): (i64, i32) = {
-            let row = c.query_one("SELECT shardid, nodeport FROM citus_shards WHERE table_name = 'accounts'::regclass ORDER BY shardid LIMIT 1", &[]).await.unwrap();
+            let row = c
+                .query_one("SELECT shardid, nodeport FROM citus_shards WHERE table_name = 'accounts'::regclass ORDER BY shardid LIMIT 1", &[])
+                .await
+                .unwrap();
             (row.get(0), row.get(1))
         };
         let to = if from == i32::from(ports[0]) { ports[1] } else { ports[0] };
@@ -317,9 +355,19 @@ async fn a_move_interrupted_by_a_crash_leaves_one_placement_and_no_leftovers() {
 
         let placements = text_rows(&c, "SELECT shardid, count(*) FROM pg_dist_placement GROUP BY shardid HAVING count(*) <> 1").await;
         assert!(placements.is_empty(), "after {fault:?}: one placement per shard: {placements:?}");
-        let expected = vec![vec![Some(ACCOUNTS.to_string()), Some((1000 * ACCOUNTS).to_string()), Some(ACCOUNTS.to_string()), Some((ACCOUNTS * (ACCOUNTS + 1) / 2).to_string())]];
+        let expected = vec![vec![
+            Some(ACCOUNTS.to_string()),
+            Some((1000 * ACCOUNTS).to_string()),
+            Some(ACCOUNTS.to_string()),
+            Some((ACCOUNTS * (ACCOUNTS + 1) / 2).to_string()),
+        ]];
         assert_eq!(text_rows(&c, WHOLE).await, expected, "after {fault:?}");
-        assert_eq!(text_rows(&c, "SELECT count(*) FROM pg_dist_cleanup").await, vec![vec![Some("0".into())]], "after {fault:?}: {}", cluster.coordinator_log_tail());
+        assert_eq!(
+            text_rows(&c, "SELECT count(*) FROM pg_dist_cleanup").await,
+            vec![vec![Some("0".into())]],
+            "after {fault:?}: {}",
+            cluster.coordinator_log_tail()
+        );
         for i in 0..2 {
             let w = cluster.connect_worker(i).await;
             assert_eq!(leftovers(&w).await, vec![vec![Some("0".into())]], "after {fault:?}: nothing left on worker {i}");
@@ -331,12 +379,18 @@ async fn a_move_interrupted_by_a_crash_leaves_one_placement_and_no_leftovers() {
     // And the move goes through once nothing interrupts it.
     let c = cluster.connect().await;
     let (shard, from): (i64, i32) = {
-        let row = c.query_one("SELECT shardid, nodeport FROM citus_shards WHERE table_name = 'accounts'::regclass ORDER BY shardid LIMIT 1", &[]).await.unwrap();
+        let row = c
+            .query_one("SELECT shardid, nodeport FROM citus_shards WHERE table_name = 'accounts'::regclass ORDER BY shardid LIMIT 1", &[])
+            .await
+            .unwrap();
         (row.get(0), row.get(1))
     };
     let to = if from == i32::from(ports[0]) { ports[1] } else { ports[0] };
     c.batch_execute(&format!("SELECT citus_move_shard_placement({shard}, '127.0.0.1', {from}, '127.0.0.1', {to})")).await.unwrap();
-    assert_eq!(text_rows(&c, "SELECT count(*), sum(balance) FROM accounts").await, vec![vec![Some(ACCOUNTS.to_string()), Some((1000 * ACCOUNTS).to_string())]]);
+    assert_eq!(
+        text_rows(&c, "SELECT count(*), sum(balance) FROM accounts").await,
+        vec![vec![Some(ACCOUNTS.to_string()), Some((1000 * ACCOUNTS).to_string())]]
+    );
 }
 
 /// `citus_rebalance_start` in the background: the job outlives a crash of
@@ -353,7 +407,9 @@ async fn a_background_rebalance_survives_a_crash_and_stops_when_told() {
     drop(c);
     let dir = cluster.data_dir().to_path_buf();
     let port = cluster.port;
-    let grown = tokio::task::spawn_blocking(move || tessera::cluster::up(&dir, port, 3, &common::tessera_bin()).expect("tessera up --workers 3")).await.unwrap();
+    let grown = tokio::task::spawn_blocking(move || tessera::cluster::up(&dir, port, 3, &common::tessera_bin()).expect("tessera up --workers 3"))
+        .await
+        .unwrap();
     let third = i32::from(grown.state.worker_ports[2]);
 
     // The first move goes through; the second kills the coordinator.
@@ -434,12 +490,17 @@ async fn a_missing_reference_copy_is_repaired() {
     second_copy_serves(&cluster, 51).await;
     assert_eq!(text_rows(&c, &format!("SELECT count(*) FROM pg_dist_placement WHERE shardid = {shard}")).await, vec![vec![Some("2".into())]]);
 
-    let twice = c.batch_execute(&format!("SELECT citus_copy_shard_placement({shard}, '127.0.0.1', {}, '127.0.0.1', {})", ports[0], ports[1])).await.unwrap_err();
+    let twice = c
+        .batch_execute(&format!("SELECT citus_copy_shard_placement({shard}, '127.0.0.1', {}, '127.0.0.1', {})", ports[0], ports[1]))
+        .await
+        .unwrap_err();
     assert_eq!(common::sqlstate(&twice), "22023", "{}", common::error_text(&twice));
-    let items_shard: i64 = c.query_one("SELECT shardid FROM citus_shards WHERE table_name = 'items'::regclass ORDER BY shardid LIMIT 1", &[]).await.unwrap().get(0);
+    let items_shard: i64 =
+        c.query_one("SELECT shardid FROM citus_shards WHERE table_name = 'items'::regclass ORDER BY shardid LIMIT 1", &[]).await.unwrap().get(0);
     let from: i32 = c.query_one(&format!("SELECT nodeport FROM citus_shards WHERE shardid = {items_shard}"), &[]).await.unwrap().get(0);
     let to = if from == i32::from(ports[0]) { ports[1] } else { ports[0] };
-    let distributed = c.batch_execute(&format!("SELECT citus_copy_shard_placement({items_shard}, '127.0.0.1', {from}, '127.0.0.1', {to})")).await.unwrap_err();
+    let distributed =
+        c.batch_execute(&format!("SELECT citus_copy_shard_placement({items_shard}, '127.0.0.1', {from}, '127.0.0.1', {to})")).await.unwrap_err();
     assert_eq!(common::sqlstate(&distributed), "0A000", "{}", common::error_text(&distributed));
     assert!(common::error_text(&distributed).contains("citus_move_shard_placement"), "{}", common::error_text(&distributed));
 
@@ -498,21 +559,30 @@ async fn a_partitioned_table_moves_with_its_partitions() {
             let mut id = 1000;
             while !stop.load(SeqCst) {
                 id += 1;
-                c.execute("INSERT INTO events VALUES ($1, date '2025-12-30' + ($2 % 4)::int, $2, 'late')", &[&((id % 20 + 1) as i32), &id]).await.expect("an insert during the move");
+                c.execute("INSERT INTO events VALUES ($1, date '2025-12-30' + ($2 % 4)::int, $2, 'late')", &[&((id % 20 + 1) as i32), &id])
+                    .await
+                    .expect("an insert during the move");
             }
             id - 1000
         })
     };
     let ports = cluster.cluster.state.worker_ports.clone();
     for mode in ["auto", "block_writes"] {
-        let row = c.query_one("SELECT shardid, nodeport FROM citus_shards WHERE table_name = 'events'::regclass ORDER BY shardid LIMIT 1", &[]).await.unwrap();
+        let row = c
+            .query_one("SELECT shardid, nodeport FROM citus_shards WHERE table_name = 'events'::regclass ORDER BY shardid LIMIT 1", &[])
+            .await
+            .unwrap();
         let (shard, from): (i64, i32) = (row.get(0), row.get(1));
         let to = if from == i32::from(ports[0]) { ports[1] } else { ports[0] };
         c.batch_execute(&format!("SELECT citus_move_shard_placement({shard}, '127.0.0.1', {from}, '127.0.0.1', {to}, '{mode}')")).await.unwrap();
         let w = common::connect(to as u16).await;
         let attached = text_rows(&w, &format!("SELECT count(*) FROM pg_inherits WHERE inhparent = 'events_{shard}'::regclass")).await;
         assert_eq!(attached, vec![vec![Some("2".into())]], "{mode}: both partitions attached on the target");
-        let indexes = text_rows(&w, &format!("SELECT count(*) FROM pg_index i JOIN pg_inherits x ON x.inhrelid = i.indrelid WHERE x.inhparent = 'events_{shard}'::regclass")).await;
+        let indexes = text_rows(
+            &w,
+            &format!("SELECT count(*) FROM pg_index i JOIN pg_inherits x ON x.inhrelid = i.indrelid WHERE x.inhparent = 'events_{shard}'::regclass"),
+        )
+        .await;
         assert_eq!(indexes, vec![vec![Some("4".into())]], "{mode}: key and index on both partition shards there");
     }
     stop.store(true, SeqCst);
@@ -536,7 +606,8 @@ async fn a_partitioned_table_moves_with_its_partitions() {
     )
     .await
     .unwrap();
-    let row = c.query_one("SELECT shardid, nodeport FROM citus_shards WHERE table_name = 'spread'::regclass ORDER BY shardid LIMIT 1", &[]).await.unwrap();
+    let row =
+        c.query_one("SELECT shardid, nodeport FROM citus_shards WHERE table_name = 'spread'::regclass ORDER BY shardid LIMIT 1", &[]).await.unwrap();
     let (shard, from): (i64, i32) = (row.get(0), row.get(1));
     let to = if from == i32::from(ports[0]) { ports[1] } else { ports[0] };
     let e = c.batch_execute(&format!("SELECT citus_move_shard_placement({shard}, '127.0.0.1', {from}, '127.0.0.1', {to})")).await.unwrap_err();

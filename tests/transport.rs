@@ -3,9 +3,9 @@
 //! the coordinator's Unix sockets, and nodes reached over theirs.
 
 mod common;
+use bytes::BytesMut;
 use common::{sqlstate, text_rows, TestCluster};
 use std::process::Command;
-use bytes::BytesMut;
 use tessera::protocol::{backend, frontend};
 use tokio_postgres::NoTls;
 
@@ -60,7 +60,11 @@ async fn tls_for_clients_that_ask_and_required_when_configured() {
     let (ok, _, err) = psql(&app("require"), Some("wrong"), &["-c", "SELECT 1"]);
     assert!(!ok && err.contains("password authentication failed"), "{err}");
     // A local client over the Unix socket needs no TLS.
-    let (ok, out, err) = psql(&format!("host={} port={} user=tl_app dbname=postgres", socket_dir(), cluster.port), Some("secret"), &["-c", "SELECT count(*) FROM tl_t"]);
+    let (ok, out, err) = psql(
+        &format!("host={} port={} user=tl_app dbname=postgres", socket_dir(), cluster.port),
+        Some("secret"),
+        &["-c", "SELECT count(*) FROM tl_t"],
+    );
     assert!(ok && out.trim() == "50", "{out}{err}");
 }
 

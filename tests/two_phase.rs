@@ -44,10 +44,16 @@ async fn only_transactions_writing_on_several_nodes_prepare() {
     assert_eq!(base, 1, "create_distributed_table commits atomically across nodes");
     assert_eq!(cluster.worker_commit_records().await, 0);
     c.batch_execute(&format!("BEGIN; SELECT * FROM bank WHERE id = {a}; SELECT * FROM bank WHERE id = {b}; COMMIT")).await.unwrap();
-    c.batch_execute(&format!("BEGIN; UPDATE bank SET balance = balance - 1 WHERE id = {a}; SELECT * FROM bank WHERE id = {b}; COMMIT")).await.unwrap();
+    c.batch_execute(&format!("BEGIN; UPDATE bank SET balance = balance - 1 WHERE id = {a}; SELECT * FROM bank WHERE id = {b}; COMMIT"))
+        .await
+        .unwrap();
     // Two writing workers: one prepares, the other decides by committing
     // (how many prepare is shown by the crash tests below); no record.
-    c.batch_execute(&format!("BEGIN; UPDATE bank SET balance = balance - 1 WHERE id = {a}; UPDATE bank SET balance = balance + 1 WHERE id = {b}; COMMIT")).await.unwrap();
+    c.batch_execute(&format!(
+        "BEGIN; UPDATE bank SET balance = balance - 1 WHERE id = {a}; UPDATE bank SET balance = balance + 1 WHERE id = {b}; COMMIT"
+    ))
+    .await
+    .unwrap();
     assert_eq!(cluster.commit_records().await, base, "the coordinator database is off the write path");
     assert_eq!(cluster.worker_commit_records().await, 1, "the deciding worker recorded its commit");
     c.batch_execute(&format!("SET citus.multi_shard_commit_protocol = '1pc'; BEGIN; UPDATE bank SET balance = balance - 1 WHERE id = {a}; UPDATE bank SET balance = balance + 1 WHERE id = {b}; COMMIT; RESET citus.multi_shard_commit_protocol")).await.unwrap();
@@ -73,7 +79,11 @@ async fn crash_after_decision(cluster: &TestCluster, before: &str, left_prepared
     cluster.restart_coordinator(|c| c.transactions.fault_injection = Some(Fault::AfterDecision));
     let c2 = cluster.connect().await;
     drop(c);
-    let result = c2.batch_execute(&format!("BEGIN; {before} UPDATE bank SET balance = balance - 30 WHERE id = {a}; UPDATE bank SET balance = balance + 30 WHERE id = {b}; COMMIT")).await;
+    let result = c2
+        .batch_execute(&format!(
+            "BEGIN; {before} UPDATE bank SET balance = balance - 30 WHERE id = {a}; UPDATE bank SET balance = balance + 30 WHERE id = {b}; COMMIT"
+        ))
+        .await;
     assert!(result.is_err(), "the coordinator died during COMMIT");
     cluster.wait_for_coordinator_exit();
     assert_eq!(cluster.prepared_on_workers().await, left_prepared);
@@ -125,7 +135,8 @@ async fn a_crash_before_the_deciding_commit_is_rolled_back_by_recovery() {
     cluster.restart_coordinator(|c| c.transactions.fault_injection = Some(Fault::AfterPrepare));
     let c2 = cluster.connect().await;
     drop(c);
-    let result = c2.batch_execute(&format!("BEGIN; UPDATE bank SET balance = 0 WHERE id = {a}; UPDATE bank SET balance = 0 WHERE id = {b}; COMMIT")).await;
+    let result =
+        c2.batch_execute(&format!("BEGIN; UPDATE bank SET balance = 0 WHERE id = {a}; UPDATE bank SET balance = 0 WHERE id = {b}; COMMIT")).await;
     assert!(result.is_err());
     cluster.wait_for_coordinator_exit();
     assert_eq!(cluster.prepared_on_workers().await, 1);
@@ -158,7 +169,9 @@ async fn stalled_commit(before: &str, prepared: i64) {
     let c2 = cluster.connect().await;
     drop(c);
     let started = std::time::Instant::now();
-    let block = format!("BEGIN; {before} UPDATE bank SET balance = balance - 30 WHERE id = {a}; UPDATE bank SET balance = balance + 30 WHERE id = {b}; COMMIT");
+    let block = format!(
+        "BEGIN; {before} UPDATE bank SET balance = balance - 30 WHERE id = {a}; UPDATE bank SET balance = balance + 30 WHERE id = {b}; COMMIT"
+    );
     let commit = tokio::spawn(async move {
         let r = c2.batch_execute(&block).await;
         (c2, r)
@@ -314,7 +327,8 @@ async fn workers_down_at_coordinator_start_are_prepared_once_back() {
         cluster.start_worker(i);
     }
     let c = cluster.connect().await;
-    let transfer = format!("BEGIN; UPDATE bank SET balance = balance - 1 WHERE id = {a}; UPDATE bank SET balance = balance + 1 WHERE id = {b}; COMMIT");
+    let transfer =
+        format!("BEGIN; UPDATE bank SET balance = balance - 1 WHERE id = {a}; UPDATE bank SET balance = balance + 1 WHERE id = {b}; COMMIT");
     let started = std::time::Instant::now();
     loop {
         match c.batch_execute(&transfer).await {
@@ -366,12 +380,15 @@ async fn background_rounds_keep_their_node_connections() {
     // and delete, and a prepared part named after a transaction of the
     // coordinator database that ended long ago without a record, which
     // recovery rolls back.
-    let transfer = format!("BEGIN; UPDATE bank SET balance = balance - 1 WHERE id = {a}; UPDATE bank SET balance = balance + 1 WHERE id = {b}; COMMIT");
+    let transfer =
+        format!("BEGIN; UPDATE bank SET balance = balance - 1 WHERE id = {a}; UPDATE bank SET balance = balance + 1 WHERE id = {b}; COMMIT");
     for _ in 0..20 {
         c2.batch_execute(&transfer).await.unwrap();
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    w.batch_execute("CREATE TABLE orphan (x int); BEGIN; INSERT INTO orphan VALUES (1); PREPARE TRANSACTION 'tessera.decided_0_3_1_orphan'").await.unwrap();
+    w.batch_execute("CREATE TABLE orphan (x int); BEGIN; INSERT INTO orphan VALUES (1); PREPARE TRANSACTION 'tessera.decided_0_3_1_orphan'")
+        .await
+        .unwrap();
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     assert_eq!(text_rows(&w, background).await, first, "the same backends served every round");
     assert_eq!(cluster.prepared_on_workers().await, 0, "the orphan was rolled back");
@@ -462,7 +479,16 @@ async fn a_deadlock_across_coordinator_processes_reports_40p01() {
     let second_config = cluster.data_dir().join("second.toml");
     std::fs::write(&second_config, toml::to_string(&config).unwrap()).unwrap();
     let log = std::fs::File::create(cluster.data_dir().join("second.log")).unwrap();
-    let _second = StopOnDrop(std::process::Command::new(common::tessera_bin()).arg("serve").arg("--config").arg(&second_config).stdout(log.try_clone().unwrap()).stderr(log).spawn().unwrap());
+    let _second = StopOnDrop(
+        std::process::Command::new(common::tessera_bin())
+            .arg("serve")
+            .arg("--config")
+            .arg(&second_config)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
     let waiting = std::time::Instant::now();
     let s2 = loop {
         match common::try_connect(port).await {
@@ -486,7 +512,10 @@ async fn a_deadlock_across_coordinator_processes_reports_40p01() {
     let (s1, r1) = first.await.unwrap();
     r1.unwrap();
     s1.batch_execute("COMMIT").await.unwrap();
-    assert_eq!(text_rows(&s1, &format!("SELECT balance FROM bank WHERE id IN ({a}, {b}) ORDER BY id = {a}")).await, vec![vec![Some("101".into())], vec![Some("101".into())]]);
+    assert_eq!(
+        text_rows(&s1, &format!("SELECT balance FROM bank WHERE id IN ({a}, {b}) ORDER BY id = {a}")).await,
+        vec![vec![Some("101".into())], vec![Some("101".into())]]
+    );
 }
 
 /// A process the test started, stopped when the test ends (passing or not).
@@ -525,10 +554,19 @@ async fn distributed_writes_commit_while_the_coordinator_database_is_down() {
     let wrong = common::try_login(port, "teller", "wrong").await.err().expect("a wrong password is refused");
     assert_eq!(common::sqlstate(&wrong), "28P01");
     let unseen = common::try_login(port, "nobody", "secret").await.err().expect("a login never seen is refused");
-    assert!(common::sqlstate(&unseen).starts_with("08") && common::error_text(&unseen).contains("coordinator database"), "{}", common::error_text(&unseen));
+    assert!(
+        common::sqlstate(&unseen).starts_with("08") && common::error_text(&unseen).contains("coordinator database"),
+        "{}",
+        common::error_text(&unseen)
+    );
 
     teller.batch_execute(&format!("UPDATE bank SET balance = balance - 5 WHERE id = {a}")).await.unwrap();
-    teller.batch_execute(&format!("BEGIN; UPDATE bank SET balance = balance - 1 WHERE id = {a}; UPDATE bank SET balance = balance + 1 WHERE id = {b}; COMMIT")).await.unwrap();
+    teller
+        .batch_execute(&format!(
+            "BEGIN; UPDATE bank SET balance = balance - 1 WHERE id = {a}; UPDATE bank SET balance = balance + 1 WHERE id = {b}; COMMIT"
+        ))
+        .await
+        .unwrap();
     teller.batch_execute("UPDATE bank SET balance = balance + 1").await.unwrap();
     assert_eq!(text_rows(&teller, &format!("SELECT balance FROM bank WHERE id = {a}")).await, vec![vec![Some("95".into())]]);
     assert_eq!(text_rows(&teller, "SELECT id, balance FROM bank WHERE balance > 0").await.len(), 40);

@@ -60,10 +60,15 @@ async fn worker_side_relations_follow_every_change() {
 
     // A key's rows are found by partition pruning alone: on the worker that
     // holds its shard, no foreign scan.
-    let placement = text_rows(&c, "SELECT nodeport, shardid FROM citus_shards WHERE table_name = 'wr_orders'::regclass ORDER BY shardid LIMIT 1").await;
+    let placement =
+        text_rows(&c, "SELECT nodeport, shardid FROM citus_shards WHERE table_name = 'wr_orders'::regclass ORDER BY shardid LIMIT 1").await;
     let owner_port: u16 = placement[0][0].as_deref().unwrap().parse().unwrap();
     let shard_id = placement[0][1].clone().unwrap();
-    let key = text_rows(&owner_db(&cluster).await, "SELECT k FROM generate_series(1, 49) k WHERE satisfies_hash_partition('wr_orders'::regclass, 32, 0, k) LIMIT 1").await;
+    let key = text_rows(
+        &owner_db(&cluster).await,
+        "SELECT k FROM generate_series(1, 49) k WHERE satisfies_hash_partition('wr_orders'::regclass, 32, 0, k) LIMIT 1",
+    )
+    .await;
     let owner = connect(owner_port).await;
     assert!(!key.is_empty());
     let plan = text_rows(&owner, &format!("EXPLAIN SELECT * FROM wr_orders WHERE customer_id = {}", key[0][0].as_deref().unwrap())).await;
@@ -92,7 +97,10 @@ async fn worker_side_relations_follow_every_change() {
     assert_eq!(sqlstate(&err), "23503", "{err}");
     // Rows inserted on a worker through the parent take its defaults.
     owner.batch_execute(&format!("INSERT INTO wr_orders (id, customer_id) VALUES (9000, {})", key[0][0].as_deref().unwrap())).await.unwrap();
-    assert_eq!(text_rows(&c, "SELECT amount, remark, kind FROM wr_orders WHERE id = 9000").await, vec![vec![Some("1".into()), Some("none".into()), Some("1".into())]]);
+    assert_eq!(
+        text_rows(&c, "SELECT amount, remark, kind FROM wr_orders WHERE id = 9000").await,
+        vec![vec![Some("1".into()), Some("none".into()), Some("1".into())]]
+    );
 
     // Renamed tables keep their foreign tables pointing at the renamed shards.
     c.batch_execute("ALTER TABLE wr_orders RENAME TO wr_sales").await.unwrap();
@@ -125,7 +133,10 @@ async fn worker_side_relations_follow_every_change() {
     c.batch_execute("DROP TABLE wr_sales; SELECT undistribute_table('wr_late')").await.unwrap();
     for w in &workers {
         assert!(!exists_on(w, "wr_sales").await && !exists_on(w, "wr_late").await);
-        assert_eq!(text_rows(w, "SELECT count(*) FROM pg_class WHERE relname LIKE 'wr\\_sales%' OR relname LIKE 'wr\\_late%'").await[0][0].as_deref(), Some("0"));
+        assert_eq!(
+            text_rows(w, "SELECT count(*) FROM pg_class WHERE relname LIKE 'wr\\_sales%' OR relname LIKE 'wr\\_late%'").await[0][0].as_deref(),
+            Some("0")
+        );
     }
     assert_eq!(text_rows(&c, "SELECT count(*) FROM wr_late").await[0][0].as_deref(), Some("300"));
 }
@@ -172,7 +183,10 @@ async fn roles_see_on_a_worker_what_they_see_through_tessera() {
     assert_eq!(text_rows(&late, "SELECT count(*) FROM wr_secret").await[0][0].as_deref(), Some("100"));
     drop(late);
     c.batch_execute("REVOKE ALL ON wr_secret FROM wr_late; DROP POLICY wr_low ON wr_notes; DROP ROLE wr_late").await.unwrap();
-    assert_eq!(text_rows(&connect_as(cluster.cluster.state.worker_ports[1], "wr_app").await, "SELECT count(*) FROM wr_notes").await[0][0].as_deref(), Some("0"));
+    assert_eq!(
+        text_rows(&connect_as(cluster.cluster.state.worker_ports[1], "wr_app").await, "SELECT count(*) FROM wr_notes").await[0][0].as_deref(),
+        Some("0")
+    );
 
     // A node added later gets the tables' grants, row security and policies
     // on its relations too.

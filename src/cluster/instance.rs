@@ -89,7 +89,10 @@ pub fn prepare_dir(dir: &Path) -> Result<()> {
                 let mode = meta.permissions().mode();
                 let searchable = if meta.uid() == postgres_uid { mode & 0o100 != 0 } else { mode & 0o001 != 0 };
                 if !searchable {
-                    bail!("{} is not searchable by the postgres user; choose a data directory elsewhere (e.g. under /tmp or /var/lib)", parent.display());
+                    bail!(
+                        "{} is not searchable by the postgres user; choose a data directory elsewhere (e.g. under /tmp or /var/lib)",
+                        parent.display()
+                    );
                 }
             }
             p = parent.parent();

@@ -157,7 +157,9 @@ pub async fn rebalance(dir: &Path) -> Result<()> {
     let Some(cluster) = LocalCluster::open(dir)? else {
         bail!("no Tessera cluster in {}", dir.display());
     };
-    let mut conn = PgConnection::connect(&ServerAddr { host: "127.0.0.1".into(), port: cluster.state.coordinator_port }, &admin_login("tessera rebalance")).await?;
+    let mut conn =
+        PgConnection::connect(&ServerAddr { host: "127.0.0.1".into(), port: cluster.state.coordinator_port }, &admin_login("tessera rebalance"))
+            .await?;
     // table_name, shardid, shard_size, sourcename, sourceport, targetname, targetport
     let plan = conn.query("SELECT * FROM get_rebalance_table_shards_plan()").await?;
     if plan.is_empty() {
@@ -202,7 +204,11 @@ fn create(dir: &Path, port: u16, workers: usize) -> Result<LocalCluster> {
         bail!("port {port} is already in use; choose another with --port");
     }
     instance::prepare_dir(&dir)?;
-    let state = ClusterState { coordinator_port: port, coordinator_db_port: free_port()?, worker_ports: (0..workers).map(|_| free_port()).collect::<Result<_>>()? };
+    let state = ClusterState {
+        coordinator_port: port,
+        coordinator_db_port: free_port()?,
+        worker_ports: (0..workers).map(|_| free_port()).collect::<Result<_>>()?,
+    };
     let cluster = LocalCluster { dir, state };
     let mut all = vec![cluster.coordinator_db()];
     all.extend(cluster.workers());
@@ -222,7 +228,13 @@ fn create(dir: &Path, port: u16, workers: usize) -> Result<LocalCluster> {
         // Each node keeps its socket in its data directory.
         node_socket_directories: all.iter().map(|node| node.data_dir.display().to_string()).collect(),
         auth: Default::default(),
-        coordinator_db: DatabaseConfig { host: "127.0.0.1".into(), port: cluster.state.coordinator_db_port, user: "postgres".into(), database: "postgres".into(), password: None },
+        coordinator_db: DatabaseConfig {
+            host: "127.0.0.1".into(),
+            port: cluster.state.coordinator_db_port,
+            user: "postgres".into(),
+            database: "postgres".into(),
+            password: None,
+        },
         worker_links: None,
         workers: cluster.state.worker_ports.iter().map(|p| NodeConfig { host: "127.0.0.1".into(), port: *p }).collect(),
         transactions: Default::default(),
@@ -291,7 +303,10 @@ fn coordinator_answers(port: u16) -> bool {
     let mut request = bytes::BytesMut::new();
     crate::protocol::frontend::ssl_request(&mut request);
     let mut answer = [0u8; 1];
-    stream.set_read_timeout(Some(Duration::from_secs(5))).is_ok() && stream.write_all(&request).is_ok() && stream.read_exact(&mut answer).is_ok() && matches!(answer[0], b'N' | b'S')
+    stream.set_read_timeout(Some(Duration::from_secs(5))).is_ok()
+        && stream.write_all(&request).is_ok()
+        && stream.read_exact(&mut answer).is_ok()
+        && matches!(answer[0], b'N' | b'S')
 }
 
 /// Stops the coordinator process and every node.
@@ -331,14 +346,22 @@ pub async fn status(dir: &Path, env: bool) -> Result<()> {
     }
     let up = |b: bool| if b { "up" } else { "down" };
     println!("data directory   {}", cluster.dir.display());
-    println!("coordinator      127.0.0.1:{:<5}  {}", cluster.state.coordinator_port, pid.map(|p| format!("up (pid {p})")).unwrap_or_else(|| "down".into()));
+    println!(
+        "coordinator      127.0.0.1:{:<5}  {}",
+        cluster.state.coordinator_port,
+        pid.map(|p| format!("up (pid {p})")).unwrap_or_else(|| "down".into())
+    );
     let db = cluster.coordinator_db();
     println!("coordinator db   127.0.0.1:{:<5}  {}", db.port, up(db.is_running()));
     let placements = shard_placements(&cluster).await.unwrap_or_default();
     for w in cluster.workers() {
         let names: Vec<String> = placements.iter().filter(|(p, _)| *p == w.port).map(|(_, name)| name.clone()).collect();
         let addr = ServerAddr { host: "127.0.0.1".into(), port: w.port };
-        let bytes = if names.is_empty() || !w.is_running() { None } else { crate::operations::rebalance::shard_bytes(&addr, &admin_login("tessera status"), &names).await.ok() };
+        let bytes = if names.is_empty() || !w.is_running() {
+            None
+        } else {
+            crate::operations::rebalance::shard_bytes(&addr, &admin_login("tessera status"), &names).await.ok()
+        };
         let shards = match bytes {
             Some(bytes) => format!("{} shard placements, {:.1} MB", names.len(), bytes as f64 / 1_048_576.0),
             None => format!("{} shard placements", names.len()),
@@ -357,21 +380,29 @@ pub async fn status(dir: &Path, env: bool) -> Result<()> {
 /// The running coordinator's clients (how many, which pinned and why) and
 /// its connection pools, one line each.
 async fn coordinator_report(cluster: &LocalCluster) -> Result<Vec<String>> {
-    let mut conn = PgConnection::connect(&ServerAddr { host: "127.0.0.1".into(), port: cluster.state.coordinator_port }, &admin_login("tessera status")).await?;
+    let mut conn =
+        PgConnection::connect(&ServerAddr { host: "127.0.0.1".into(), port: cluster.state.coordinator_port }, &admin_login("tessera status")).await?;
     let clients = conn
         .query(
             "SELECT count(*) - 1, count(pinned_by), coalesce(string_agg(session_name || ' (' || user_name || ', ' || pinned_by || ')', ', ' ORDER BY session_name), '')
              FROM tessera.client_sessions",
         )
         .await?;
-    let pools = conn.query("SELECT node, open_connections, idle_connections, coalesce(max_connections::text, '?'), blocks, max_blocks FROM tessera.connection_pools").await?;
+    let pools = conn
+        .query(
+            "SELECT node, open_connections, idle_connections, coalesce(max_connections::text, '?'), blocks, max_blocks FROM tessera.connection_pools",
+        )
+        .await?;
     conn.terminate().await;
     let text = |row: &Vec<Option<String>>, i: usize| row.get(i).cloned().flatten().unwrap_or_default();
     let mut lines = Vec::new();
     if let Some(row) = clients.first() {
         let pinned = text(row, 1);
         let which = if pinned == "0" { String::new() } else { format!(": {}", text(row, 2)) };
-        lines.push(format!("clients          {} connected besides this one, {pinned} pinned to their coordinator database connection{which}", text(row, 0)));
+        lines.push(format!(
+            "clients          {} connected besides this one, {pinned} pinned to their coordinator database connection{which}",
+            text(row, 0)
+        ));
     }
     if let Some(row) = pools.first() {
         lines.push(format!("blocks           {} holding worker connections (at most {} at once)", text(row, 4), text(row, 5)));
@@ -384,7 +415,9 @@ async fn coordinator_report(cluster: &LocalCluster) -> Result<Vec<String>> {
 
 /// Every shard placement: its worker's port and the shard's qualified name.
 async fn shard_placements(cluster: &LocalCluster) -> Result<Vec<(u16, String)>> {
-    let mut conn = PgConnection::connect(&ServerAddr { host: "127.0.0.1".into(), port: cluster.state.coordinator_db_port }, &admin_login("tessera status")).await?;
+    let mut conn =
+        PgConnection::connect(&ServerAddr { host: "127.0.0.1".into(), port: cluster.state.coordinator_db_port }, &admin_login("tessera status"))
+            .await?;
     let rows = conn
         .query(
             "SELECT n.nodeport, format('%I.%I', ns.nspname, c.relname || '_' || s.shardid) FROM tessera.pg_dist_placement p

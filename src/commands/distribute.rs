@@ -4,12 +4,12 @@
 
 use super::table_ddl::TableDefinition;
 use super::{delete_catalog_rows_sql, finish_block, read_shard_rows, run_per_node, CommandContext};
-use crate::planner::DdlPlan;
-use crate::transaction::Access;
 use crate::connection::{quote_ident, quote_literal, PgConnection, QUALIFIED_NAMES};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::hash::{self, HashType};
-use crate::metadata::{Catalog, Distribution, DistributedTable, Node};
+use crate::metadata::{Catalog, DistributedTable, Distribution, Node};
+use crate::planner::DdlPlan;
+use crate::transaction::Access;
 use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -149,12 +149,17 @@ async fn check_distributable(ctx: &mut CommandContext<'_>, table: &LocalTable) -
     if let Some(fk) = blocking.into_iter().next() {
         let (name, from, to) = (fk[0].clone().unwrap_or_default(), fk[1].clone().unwrap_or_default(), fk[2].clone().unwrap_or_default());
         let hint = if fk[3].as_deref() == Some("t") {
-            format!("Distribute \"{to}\" first (create_reference_table for a small shared table, or create_distributed_table co-located with this one).")
+            format!(
+                "Distribute \"{to}\" first (create_reference_table for a small shared table, or create_distributed_table co-located with this one)."
+            )
         } else {
             format!("Distribute \"{from}\" while it is still empty, after this table; or drop the foreign key first.")
         };
-        return Err(PgError::not_supported(format!("cannot distribute \"{}\": foreign key \"{name}\" from \"{from}\" references \"{to}\", which is not distributed", table.name))
-            .with_hint(hint));
+        return Err(PgError::not_supported(format!(
+            "cannot distribute \"{}\": foreign key \"{name}\" from \"{from}\" references \"{to}\", which is not distributed",
+            table.name
+        ))
+        .with_hint(hint));
     }
     Ok(())
 }
@@ -187,7 +192,10 @@ pub(super) async fn follow_shell_onto_shards(ctx: &mut CommandContext<'_>, oid: 
 /// (`follow_shell_onto_shards`), every name in them qualified.
 async fn shell_statements(local: &mut PgConnection, oid: u32, qualified: &str) -> PgResult<Vec<String>> {
     let mut statements = Vec::new();
-    for key in local.query(&format!("SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint WHERE contype = 'f' AND conrelid = {} ORDER BY conname", oid)).await? {
+    for key in local
+        .query(&format!("SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint WHERE contype = 'f' AND conrelid = {} ORDER BY conname", oid))
+        .await?
+    {
         let (name, definition) = (key[0].clone().unwrap_or_default(), key[1].clone().unwrap_or_default());
         statements.push(format!("ALTER TABLE {} ADD CONSTRAINT {} {definition}", qualified, quote_ident(&name)));
     }
@@ -250,7 +258,13 @@ async fn carry_statements(ctx: &mut CommandContext<'_>, catalog: &Catalog, state
     Ok(())
 }
 
-pub async fn create_distributed_table(ctx: &mut CommandContext<'_>, table_name: &str, column: &str, colocate_with: &str, shard_count: Option<i32>) -> PgResult<()> {
+pub async fn create_distributed_table(
+    ctx: &mut CommandContext<'_>,
+    table_name: &str,
+    column: &str,
+    colocate_with: &str,
+    shard_count: Option<i32>,
+) -> PgResult<()> {
     if shard_count.is_some() {
         shard_count_setting(ctx, shard_count).await?;
     }
@@ -284,8 +298,11 @@ pub async fn create_distributed_table(ctx: &mut CommandContext<'_>, table_name: 
         ))
         .await?;
     if let Some(indexes) = bad_unique {
-        return Err(PgError::not_supported(format!("cannot distribute relation \"{}\": unique index {indexes} does not include the distribution column", table.name))
-            .with_detail("Distributed relations cannot have UNIQUE, EXCLUDE, or PRIMARY KEY constraints that do not include the partition column."));
+        return Err(PgError::not_supported(format!(
+            "cannot distribute relation \"{}\": unique index {indexes} does not include the distribution column",
+            table.name
+        ))
+        .with_detail("Distributed relations cannot have UNIQUE, EXCLUDE, or PRIMARY KEY constraints that do not include the partition column."));
     }
     check_distributable(ctx, &table).await?;
     for (partition, _) in &partitions {
@@ -316,12 +333,9 @@ pub async fn create_distributed_table(ctx: &mut CommandContext<'_>, table_name: 
         }
         other => {
             let target = resolve_table(ctx.parts.local().await?, other).await?;
-            let t = ctx
-                .catalog
-                .table_by_oid(target.oid)
-                .filter(|t| !t.is_reference())
-                .cloned()
-                .ok_or_else(|| PgError::new(sqlstate::INVALID_TABLE_DEFINITION, format!("cannot colocate with \"{other}\": it is not a distributed table")))?;
+            let t = ctx.catalog.table_by_oid(target.oid).filter(|t| !t.is_reference()).cloned().ok_or_else(|| {
+                PgError::new(sqlstate::INVALID_TABLE_DEFINITION, format!("cannot colocate with \"{other}\": it is not a distributed table"))
+            })?;
             if let Distribution::Hash { column_type: other_type, .. } = &t.distribution {
                 if *other_type != column_type {
                     return Err(PgError::new(sqlstate::DATATYPE_MISMATCH, format!("cannot colocate tables {} and {}", table.name, t.name))
@@ -329,7 +343,10 @@ pub async fn create_distributed_table(ctx: &mut CommandContext<'_>, table_name: 
                 }
             }
             if shard_count.is_some_and(|n| n as u32 != t.shard_count()) {
-                return Err(PgError::new(sqlstate::INVALID_PARAMETER_VALUE, format!("cannot colocate with \"{}\": it has {} shards", t.name, t.shard_count())));
+                return Err(PgError::new(
+                    sqlstate::INVALID_PARAMETER_VALUE,
+                    format!("cannot colocate with \"{}\": it has {} shards", t.name, t.shard_count()),
+                ));
             }
             colocation_id = Some(t.colocation_id);
             let n = t.shard_count() as i32;
@@ -379,8 +396,9 @@ fn by_hash(table: &LocalTable, column: &str, column_type: HashType, shards: u32)
         .ok_or_else(|| PgError::new(sqlstate::UNDEFINED_COLUMN, format!("column \"{column}\" of relation \"{}\" does not exist", table.name)))?;
     let column = column.to_string();
     Ok(move |row: &[u8]| {
-        let value = crate::copy::text_field(row, column_index)
-            .ok_or_else(|| PgError::new(sqlstate::NOT_NULL_VIOLATION, format!("cannot distribute a row with NULL in the distribution column \"{column}\"")))?;
+        let value = crate::copy::text_field(row, column_index).ok_or_else(|| {
+            PgError::new(sqlstate::NOT_NULL_VIOLATION, format!("cannot distribute a row with NULL in the distribution column \"{column}\""))
+        })?;
         let h = hash::hash_text(column_type, &value).map_err(|e| PgError::internal(format!("could not hash distribution value: {e}")))?;
         Ok(hash::shard_index(hash::row_hash(Some(h)), shards) as usize)
     })
@@ -403,7 +421,8 @@ async fn create_partition_shards(
 ) -> PgResult<()> {
     let mut shards_of: HashMap<u32, Vec<String>> = HashMap::from([(root.oid, root_shards.iter().map(|id| root.qualified_shard(*id)).collect())]);
     for (partition, parent) in partitions {
-        let parent_shards = shards_of.get(parent).ok_or_else(|| PgError::internal(format!("partition {} comes before its parent", partition.name)))?.clone();
+        let parent_shards =
+            shards_of.get(parent).ok_or_else(|| PgError::internal(format!("partition {} comes before its parent", partition.name)))?.clone();
         let ids = create_shards(ctx, partition, Some(column), colocation_id, placements, Some(&parent_shards), per_node).await?;
         shards_of.insert(partition.oid, ids.iter().map(|id| partition.qualified_shard(*id)).collect());
     }
@@ -453,7 +472,9 @@ pub async fn create_reference_table(ctx: &mut CommandContext<'_>, table_name: &s
     let implicit = ctx.parts.begin_implicit();
     let result = async {
         let local = ctx.parts.local().await?;
-        let existing = local.query_value("SELECT min(colocationid) FROM pg_catalog.pg_dist_colocation WHERE shardcount = 1 AND distributioncolumntype = 0").await?;
+        let existing = local
+            .query_value("SELECT min(colocationid) FROM pg_catalog.pg_dist_colocation WHERE shardcount = 1 AND distributioncolumntype = 0")
+            .await?;
         let colocation_id: i32 = match existing {
             Some(id) => id.parse().unwrap_or(0),
             None => new_colocation(local, 1, nodes.len(), 0, "0").await?,
@@ -521,7 +542,8 @@ async fn create_shards(
     per_node: &mut BTreeMap<i32, Vec<String>>,
 ) -> PgResult<Vec<i64>> {
     let local = ctx.parts.local().await?;
-    let rows: Vec<String> = placements.iter().map(|groups| format!("[{}]", groups.iter().map(i32::to_string).collect::<Vec<_>>().join(","))).collect();
+    let rows: Vec<String> =
+        placements.iter().map(|groups| format!("[{}]", groups.iter().map(i32::to_string).collect::<Vec<_>>().join(","))).collect();
     let (method, key) = match key {
         Some(column) => ("h", quote_literal(column)),
         None => ("n", "NULL".to_string()),
@@ -614,7 +636,9 @@ async fn move_rows_into_shards(
     }
     // TRUNCATE is refused while (empty) tables still reference this one.
     let local = ctx.parts.local().await?;
-    let referenced = local.query_value(&format!("SELECT EXISTS (SELECT 1 FROM pg_constraint WHERE contype = 'f' AND confrelid = {0} AND conrelid <> {0})", table.oid)).await?;
+    let referenced = local
+        .query_value(&format!("SELECT EXISTS (SELECT 1 FROM pg_constraint WHERE contype = 'f' AND confrelid = {0} AND conrelid <> {0})", table.oid))
+        .await?;
     let empty_out = match (referenced.as_deref() == Some("t"), table.partitioned) {
         (true, false) => "DELETE FROM ONLY",
         (true, true) => "DELETE FROM",
@@ -651,14 +675,20 @@ pub async fn undistribute_table(ctx: &mut CommandContext<'_>, table_name: &str) 
                 // Writes routed to the shard wait from here on rather than land
                 // after its rows were read; once it is dropped, they are planned
                 // again (outside a block) or fail.
-                ctx.parts.worker(&node, Access::Write).await?.conn.execute(&format!("LOCK TABLE {} IN EXCLUSIVE MODE", leaf.qualified_shard_name(shard))).await?;
+                ctx.parts
+                    .worker(&node, Access::Write)
+                    .await?
+                    .conn
+                    .execute(&format!("LOCK TABLE {} IN EXCLUSIVE MODE", leaf.qualified_shard_name(shard)))
+                    .await?;
                 let rows = read_shard_rows(ctx, &node, leaf, shard).await?;
                 if !rows.is_empty() {
                     ctx.parts.local().await?.copy_in(&format!("COPY {qualified} FROM STDIN"), rows).await?;
                 }
             }
         }
-        let mut per_node: BTreeMap<i32, Vec<String>> = ctx.catalog.active_nodes().map(|n| (n.group_id, tables.iter().map(|t| super::worker_relations::drop_sql(t)).collect())).collect();
+        let mut per_node: BTreeMap<i32, Vec<String>> =
+            ctx.catalog.active_nodes().map(|n| (n.group_id, tables.iter().map(|t| super::worker_relations::drop_sql(t)).collect())).collect();
         for t in &tables {
             for shard in &t.shards {
                 for g in &shard.placements {
@@ -671,7 +701,11 @@ pub async fn undistribute_table(ctx: &mut CommandContext<'_>, table_name: &str) 
         for t in tables.iter().rev() {
             local.execute(&delete_catalog_rows_sql(t)).await?;
             let name = t.qualified_name();
-            local.execute(&format!("DROP TRIGGER IF EXISTS tessera_distributed_shell ON {name}; DROP TRIGGER IF EXISTS tessera_distributed_shell_rows ON {name}")).await?;
+            local
+                .execute(&format!(
+                    "DROP TRIGGER IF EXISTS tessera_distributed_shell ON {name}; DROP TRIGGER IF EXISTS tessera_distributed_shell_rows ON {name}"
+                ))
+                .await?;
         }
         Ok(())
     }
@@ -696,14 +730,15 @@ pub struct TableChange {
 /// the table wait meanwhile.
 pub async fn alter_distributed_table(ctx: &mut CommandContext<'_>, table_name: &str, change: TableChange) -> PgResult<()> {
     let oid = resolve_table(ctx.parts.local().await?, table_name).await?.oid;
-    let table = ctx
-        .catalog
-        .table_by_oid(oid)
-        .cloned()
-        .ok_or_else(|| PgError::new(sqlstate::INVALID_TABLE_DEFINITION, format!("table \"{table_name}\" is not distributed")).with_hint("Distribute it with create_distributed_table."))?;
+    let table = ctx.catalog.table_by_oid(oid).cloned().ok_or_else(|| {
+        PgError::new(sqlstate::INVALID_TABLE_DEFINITION, format!("table \"{table_name}\" is not distributed"))
+            .with_hint("Distribute it with create_distributed_table.")
+    })?;
     let Distribution::Hash { column: current_column, key, .. } = &table.distribution else {
-        return Err(PgError::not_supported(format!("\"{table_name}\" is a reference table; alter_distributed_table changes hash-distributed tables"))
-            .with_hint("Run undistribute_table, then create_distributed_table."));
+        return Err(PgError::not_supported(format!(
+            "\"{table_name}\" is a reference table; alter_distributed_table changes hash-distributed tables"
+        ))
+        .with_hint("Run undistribute_table, then create_distributed_table."));
     };
     let column = change.distribution_column.clone().unwrap_or_else(|| current_column.clone());
     // A table named in colocate_with decides the shard count, unless one is given.
@@ -712,7 +747,9 @@ pub async fn alter_distributed_table(ctx: &mut CommandContext<'_>, table_name: &
         Some(other) => {
             let other = resolve_table(ctx.parts.local().await?, other).await?;
             let known = ctx.catalog.table_by_oid(other.oid).filter(|t| !t.is_reference()).cloned();
-            Some(known.ok_or_else(|| PgError::new(sqlstate::INVALID_TABLE_DEFINITION, format!("cannot colocate with \"{}\": it is not a distributed table", other.name)))?)
+            Some(known.ok_or_else(|| {
+                PgError::new(sqlstate::INVALID_TABLE_DEFINITION, format!("cannot colocate with \"{}\": it is not a distributed table", other.name))
+            })?)
         }
     };
     let shard_count = match (change.shard_count, &target) {
@@ -722,7 +759,10 @@ pub async fn alter_distributed_table(ctx: &mut CommandContext<'_>, table_name: &
     };
     let local = ctx.parts.local().await?;
     let column_type = local
-        .query_value(&format!("SELECT atttypid FROM pg_attribute WHERE attrelid = {oid} AND attname = {} AND attnum > 0 AND NOT attisdropped", quote_literal(&column)))
+        .query_value(&format!(
+            "SELECT atttypid FROM pg_attribute WHERE attrelid = {oid} AND attname = {} AND attnum > 0 AND NOT attisdropped",
+            quote_literal(&column)
+        ))
         .await?
         .ok_or_else(|| PgError::new(sqlstate::UNDEFINED_COLUMN, format!("column \"{column}\" of relation \"{}\" does not exist", table.name)))?;
     let type_changes = column_type.parse::<u32>().ok() != Some(key.oid);
@@ -736,7 +776,8 @@ pub async fn alter_distributed_table(ctx: &mut CommandContext<'_>, table_name: &
         return Err(PgError::new(sqlstate::INVALID_PARAMETER_VALUE, format!("alter_distributed_table would change nothing about \"{table_name}\""))
             .with_hint("Give a new distribution_column, shard_count or colocate_with."));
     }
-    let group: Vec<Arc<DistributedTable>> = ctx.catalog.tables().filter(|t| t.colocation_id == table.colocation_id && t.oid != oid && t.partition_of.is_none()).cloned().collect();
+    let group: Vec<Arc<DistributedTable>> =
+        ctx.catalog.tables().filter(|t| t.colocation_id == table.colocation_id && t.oid != oid && t.partition_of.is_none()).cloned().collect();
     let cascade = match change.cascade_to_colocated {
         Some(cascade) if shape_changes && !group.is_empty() => cascade,
         None if shape_changes && !group.is_empty() => {
@@ -746,8 +787,11 @@ pub async fn alter_distributed_table(ctx: &mut CommandContext<'_>, table_name: &
         _ => false,
     };
     if cascade && (type_changes || change.colocate_with.is_some()) {
-        return Err(PgError::new(sqlstate::INVALID_PARAMETER_VALUE, "cascade_to_colocated => true changes only the shard count of a co-location group")
-            .with_hint("Change the distribution column or the co-location of each table on its own, with cascade_to_colocated => false."));
+        return Err(PgError::new(
+            sqlstate::INVALID_PARAMETER_VALUE,
+            "cascade_to_colocated => true changes only the shard count of a co-location group",
+        )
+        .with_hint("Change the distribution column or the co-location of each table on its own, with cascade_to_colocated => false."));
     }
     refuse_foreign_keys(ctx, &table).await?;
     if cascade {
@@ -823,8 +867,14 @@ async fn refuse_foreign_keys(ctx: &mut CommandContext<'_>, table: &DistributedTa
         .await?;
     if let Some(key) = key.into_iter().next() {
         let text = |i: usize| key[i].clone().unwrap_or_default();
-        return Err(PgError::not_supported(format!("cannot distribute \"{}\" anew: foreign key \"{}\" from \"{}\" references \"{}\"", table.name, text(0), text(1), text(2)))
-            .with_hint("Drop the foreign key, alter the table, then add the key again."));
+        return Err(PgError::not_supported(format!(
+            "cannot distribute \"{}\" anew: foreign key \"{}\" from \"{}\" references \"{}\"",
+            table.name,
+            text(0),
+            text(1),
+            text(2)
+        ))
+        .with_hint("Drop the foreign key, alter the table, then add the key again."));
     }
     Ok(())
 }

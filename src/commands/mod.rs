@@ -5,8 +5,8 @@ pub(crate) mod distribute;
 pub(crate) mod nodes;
 mod objects;
 mod run_command;
-mod time_partitions;
 pub mod table_ddl;
+mod time_partitions;
 pub mod worker_relations;
 
 use crate::error::{sqlstate, PgError, PgResult};
@@ -63,7 +63,9 @@ impl CommandContext<'_> {
     /// the job has been stopped (clients cancel through their workers).
     pub fn check_stopped(&self) -> PgResult<()> {
         match &self.caller {
-            Caller::Job(task) if task.stop_requested() => Err(PgError::new(sqlstate::QUERY_CANCELED, "the background job was stopped (citus_rebalance_stop)")),
+            Caller::Job(task) if task.stop_requested() => {
+                Err(PgError::new(sqlstate::QUERY_CANCELED, "the background job was stopped (citus_rebalance_stop)"))
+            }
             _ => Ok(()),
         }
     }
@@ -105,10 +107,7 @@ const PG_LSN_OID: u32 = 3220;
 /// call (its arguments may be parameters).
 pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'_>, bound: Option<(&Bind, &[u32])>) -> PgResult<()> {
     if ctx.parts.in_block() && !call.function.changes_tables() {
-        return Err(PgError::new(
-            sqlstate::ACTIVE_SQL_TRANSACTION,
-            format!("{} cannot run inside a transaction block", call.column_name),
-        ));
+        return Err(PgError::new(sqlstate::ACTIVE_SQL_TRANSACTION, format!("{} cannot run inside a transaction block", call.column_name)));
     }
     if call.function.superuser_only() {
         require_superuser(ctx, &call.column_name).await?;
@@ -118,7 +117,10 @@ pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'
     let (fields, rows): (Vec<FieldDescription>, Vec<Vec<Option<String>>>) = match call.function {
         ClusterFunction::CreateDistributedTable | ClusterFunction::CreateDistributedTableConcurrently => {
             if call.function == ClusterFunction::CreateDistributedTableConcurrently && ctx.parts.in_block() {
-                return Err(PgError::new(sqlstate::ACTIVE_SQL_TRANSACTION, "create_distributed_table_concurrently cannot run inside a transaction block"));
+                return Err(PgError::new(
+                    sqlstate::ACTIVE_SQL_TRANSACTION,
+                    "create_distributed_table_concurrently cannot run inside a transaction block",
+                ));
             }
             let table = arg(0).ok_or_else(|| null_argument("table_name"))?;
             let column = arg(1).ok_or_else(|| null_argument("distribution_column"))?;
@@ -151,7 +153,12 @@ pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'
                 Some(n) => Some(n.parse::<i32>().map_err(|_| invalid("shard_count must be an integer"))?),
                 None => None,
             };
-            let change = distribute::TableChange { distribution_column: arg(1), shard_count, colocate_with: arg(3), cascade_to_colocated: arg(4).map(|v| v == "t") };
+            let change = distribute::TableChange {
+                distribution_column: arg(1),
+                shard_count,
+                colocate_with: arg(3),
+                cascade_to_colocated: arg(4).map(|v| v == "t"),
+            };
             distribute::alter_distributed_table(ctx, &table, change).await?;
             void_result(&call.column_name)
         }
@@ -217,10 +224,18 @@ pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'
                     .iter()
                     .zip(sizes)
                     .map(|(m, size)| {
-                        [m.table.clone(), m.shard_id.to_string(), size.to_string(), m.source.addr.host.clone(), m.source.addr.port.to_string(), m.target.addr.host.clone(), m.target.addr.port.to_string()]
-                            .into_iter()
-                            .map(Some)
-                            .collect()
+                        [
+                            m.table.clone(),
+                            m.shard_id.to_string(),
+                            size.to_string(),
+                            m.source.addr.host.clone(),
+                            m.source.addr.port.to_string(),
+                            m.target.addr.host.clone(),
+                            m.target.addr.port.to_string(),
+                        ]
+                        .into_iter()
+                        .map(Some)
+                        .collect()
                     })
                     .collect();
                 (fields, rows)
@@ -331,7 +346,8 @@ pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'
             backend::row_description(client.out(), &fields);
         }
         for row in &rows {
-            let values: Vec<Option<Vec<u8>>> = row.iter().zip(&fields).enumerate().map(|(i, (v, f))| encode_value(v.as_deref(), f.type_oid, column_format(formats, i))).collect();
+            let values: Vec<Option<Vec<u8>>> =
+                row.iter().zip(&fields).enumerate().map(|(i, (v, f))| encode_value(v.as_deref(), f.type_oid, column_format(formats, i))).collect();
             backend::data_row(client.out(), values.iter().map(|v| v.as_deref()));
         }
     }
@@ -351,7 +367,8 @@ async fn planned_moves(
     strategy: Option<String>,
 ) -> PgResult<Vec<crate::operations::rebalance::PlannedMove>> {
     if let Some(strategy) = strategy.filter(|s| s != "by_shard_count") {
-        return Err(PgError::not_supported(format!("rebalance strategy \"{strategy}\" is not supported")).with_hint("Tessera balances by shard count (\"by_shard_count\")."));
+        return Err(PgError::not_supported(format!("rebalance strategy \"{strategy}\" is not supported"))
+            .with_hint("Tessera balances by shard count (\"by_shard_count\")."));
     }
     let colocation = match relation {
         Some(relation) => {
@@ -420,12 +437,15 @@ fn rows_query(fields: &[FieldDescription], rows: &[Vec<Option<String>>]) -> Stri
         BOOL_OID => "bool",
         _ => "text",
     };
-    let value = |v: &Option<String>, field: &FieldDescription| format!("{}::{}", v.as_deref().map_or("NULL".into(), crate::connection::quote_literal), type_name(field));
+    let value = |v: &Option<String>, field: &FieldDescription| {
+        format!("{}::{}", v.as_deref().map_or("NULL".into(), crate::connection::quote_literal), type_name(field))
+    };
     if rows.is_empty() {
         let nulls: Vec<String> = fields.iter().map(|f| value(&None, f)).collect();
         return format!("SELECT {} WHERE false", nulls.join(", "));
     }
-    let rows: Vec<String> = rows.iter().map(|row| format!("({})", row.iter().zip(fields).map(|(v, f)| value(v, f)).collect::<Vec<_>>().join(", "))).collect();
+    let rows: Vec<String> =
+        rows.iter().map(|row| format!("({})", row.iter().zip(fields).map(|(v, f)| value(v, f)).collect::<Vec<_>>().join(", "))).collect();
     format!("VALUES {}", rows.join(", "))
 }
 
@@ -549,7 +569,10 @@ pub async fn run_ddl(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_>) ->
             }
             let indexes = distributed_indexes(drop, ctx).await?;
             let tag = ctx.parts.local().await?.execute(sql).await?;
-            let per_node = placement_groups(indexes.iter().map(|(_, t)| t)).into_iter().map(|group| Ok((group, drop.shard_statements(&indexes, group)?))).collect::<PgResult<_>>()?;
+            let per_node = placement_groups(indexes.iter().map(|(_, t)| t))
+                .into_iter()
+                .map(|group| Ok((group, drop.shard_statements(&indexes, group)?)))
+                .collect::<PgResult<_>>()?;
             if let Some((node, e)) = run_one_at_a_time(ctx, per_node).await?.into_iter().next() {
                 return Err(e.with_context(format!("while dropping the index's copy on {node}")));
             }
@@ -605,7 +628,12 @@ async fn distributed_indexes(drop: &DropIndex, ctx: &mut CommandContext<'_>) -> 
 
 /// Drops (or renames) the indexes on the shell tables and their copies on
 /// every shard.
-async fn drop_distributed_indexes(drop: &DropIndex, indexes: &[(String, Arc<DistributedTable>)], sql: &str, ctx: &mut CommandContext<'_>) -> PgResult<String> {
+async fn drop_distributed_indexes(
+    drop: &DropIndex,
+    indexes: &[(String, Arc<DistributedTable>)],
+    sql: &str,
+    ctx: &mut CommandContext<'_>,
+) -> PgResult<String> {
     let tag = ctx.parts.local().await?.execute(sql).await?;
     run_per_group(ctx, placement_groups(indexes.iter().map(|(_, t)| t)), |group| drop.node_sql(indexes, group)).await?;
     Ok(tag)
@@ -732,7 +760,11 @@ pub(crate) async fn propagate_to_nodes(
 /// Runs on every active node (only on node group `only_group`, when set)
 /// the statements `sql_for` gives for it, inside the current block: what
 /// the worker-side relations need.
-pub(crate) async fn run_on_nodes(ctx: &mut CommandContext<'_>, only_group: Option<i32>, sql_for: impl Fn(i32) -> PgResult<Vec<String>>) -> PgResult<()> {
+pub(crate) async fn run_on_nodes(
+    ctx: &mut CommandContext<'_>,
+    only_group: Option<i32>,
+    sql_for: impl Fn(i32) -> PgResult<Vec<String>>,
+) -> PgResult<()> {
     let mut per_node = BTreeMap::new();
     for node in ctx.catalog.active_nodes().filter(|n| only_group.is_none_or(|g| g == n.group_id)) {
         let statements = sql_for(node.group_id)?;
@@ -799,9 +831,12 @@ async fn create_index_concurrently(plan: &DdlPlan, sql: &str, ctx: &mut CommandC
         return Ok(tag);
     }
     let name = chosen.index.unwrap_or_else(|| "the index".into());
-    Err(PgError::new(failures[0].1.code(), format!("CREATE INDEX CONCURRENTLY failed on {} of {} shards of \"{}\"", failures.len(), table.shards.len(), table.name))
-        .with_detail(failures.iter().map(|(at, e)| format!("{at}: {}", e.message())).collect::<Vec<_>>().join("\n"))
-        .with_hint(format!("Fix the cause, then DROP INDEX CONCURRENTLY {name} and create it again.")))
+    Err(PgError::new(
+        failures[0].1.code(),
+        format!("CREATE INDEX CONCURRENTLY failed on {} of {} shards of \"{}\"", failures.len(), table.shards.len(), table.name),
+    )
+    .with_detail(failures.iter().map(|(at, e)| format!("{at}: {}", e.message())).collect::<Vec<_>>().join("\n"))
+    .with_hint(format!("Fix the cause, then DROP INDEX CONCURRENTLY {name} and create it again.")))
 }
 
 /// Runs each statement on its own (outside any transaction block, as
@@ -890,7 +925,12 @@ async fn run_per_group(ctx: &mut CommandContext<'_>, groups: BTreeSet<i32>, sql_
 }
 
 /// Every row of one shard placement, in COPY text format.
-pub(crate) async fn read_shard_rows(ctx: &mut CommandContext<'_>, node: &crate::metadata::Node, table: &DistributedTable, shard: &crate::metadata::Shard) -> PgResult<Vec<bytes::Bytes>> {
+pub(crate) async fn read_shard_rows(
+    ctx: &mut CommandContext<'_>,
+    node: &crate::metadata::Node,
+    table: &DistributedTable,
+    shard: &crate::metadata::Shard,
+) -> PgResult<Vec<bytes::Bytes>> {
     let mut rows = Vec::new();
     let worker = ctx.parts.worker(node, Access::Read).await?;
     worker
@@ -911,7 +951,11 @@ fn shard_statements(table: &DistributedTable, template: &ShardTemplate, chosen: 
 }
 
 /// `shard_statements`, each with the name of the shard it is for.
-fn labeled_shard_statements(table: &DistributedTable, template: &ShardTemplate, chosen: &ChosenNames) -> PgResult<BTreeMap<i32, Vec<(String, String)>>> {
+fn labeled_shard_statements(
+    table: &DistributedTable,
+    template: &ShardTemplate,
+    chosen: &ChosenNames,
+) -> PgResult<BTreeMap<i32, Vec<(String, String)>>> {
     let mut per_node: BTreeMap<i32, Vec<(String, String)>> = BTreeMap::new();
     for shard in &table.shards {
         let Some(stmt) = DdlPlan::shard_sql(table, template, shard.index, chosen)? else { continue };

@@ -2,10 +2,10 @@
 
 use super::table_ddl::TableDefinition;
 use super::{finish_block, read_shard_rows, CommandContext};
-use crate::transaction::Access;
 use crate::connection::{quote_literal, PgConnection, ServerAddr};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{DistributedTable, Node, Shard};
+use crate::transaction::Access;
 use std::sync::Arc;
 
 /// Registers a worker (idempotent) and copies every reference table to it.
@@ -88,8 +88,11 @@ async fn copy_reference_shard(ctx: &mut CommandContext<'_>, table: &DistributedT
 pub async fn copy_shard_placement(ctx: &mut CommandContext<'_>, shard_id: i64, source: (&str, u16), target: (&str, u16)) -> PgResult<()> {
     let (table, shard) = catalog_shard(ctx, shard_id)?;
     if !table.is_reference() {
-        return Err(PgError::not_supported(format!("shard {shard_id} belongs to distributed table {}, which keeps one placement per shard", table.name))
-            .with_hint("Copies are made of reference tables only; to move the shard, use citus_move_shard_placement."));
+        return Err(PgError::not_supported(format!(
+            "shard {shard_id} belongs to distributed table {}, which keeps one placement per shard",
+            table.name
+        ))
+        .with_hint("Copies are made of reference tables only; to move the shard, use citus_move_shard_placement."));
     }
     let source = active_node(ctx, source.0, source.1)?;
     let target = active_node(ctx, target.0, target.1)?;
@@ -180,12 +183,14 @@ pub async fn set_should_have_shards(ctx: &mut CommandContext<'_>, host: &str, po
 /// old address are not used again; blocks under way keep theirs to the end.
 pub async fn update_node(ctx: &mut CommandContext<'_>, node_id: i32, host: &str, port: u16) -> PgResult<()> {
     if !ctx.catalog.nodes.iter().any(|n| n.id == node_id) {
-        return Err(PgError::new(sqlstate::UNDEFINED_OBJECT, format!("node {node_id} does not exist")).with_hint("SELECT nodeid, nodename, nodeport FROM pg_dist_node lists the nodes."));
+        return Err(PgError::new(sqlstate::UNDEFINED_OBJECT, format!("node {node_id} does not exist"))
+            .with_hint("SELECT nodeid, nodename, nodeport FROM pg_dist_node lists the nodes."));
     }
     if let Some(other) = ctx.catalog.node_at(host, port).filter(|n| n.id != node_id) {
         return Err(PgError::new(sqlstate::INVALID_PARAMETER_VALUE, format!("node {} is at {host}:{port} already", other.id)));
     }
-    let sql = format!("UPDATE tessera.pg_dist_node SET nodename = {}, nodeport = {port} WHERE nodeid = {node_id}", crate::connection::quote_literal(host));
+    let sql =
+        format!("UPDATE tessera.pg_dist_node SET nodename = {}, nodeport = {port} WHERE nodeid = {node_id}", crate::connection::quote_literal(host));
     ctx.parts.local().await?.execute(&sql).await?;
     ctx.reload_after_commit().await;
     ctx.catalog = ctx.coordinator.catalog.snapshot();
@@ -223,5 +228,8 @@ pub(crate) fn check_placements(shard_id: i64, shard: &Shard, source: &Node, targ
 
 /// The node registered at `host`:`port`, or the error saying there is none.
 fn registered_node(ctx: &CommandContext<'_>, host: &str, port: u16) -> PgResult<Node> {
-    ctx.catalog.node_at(host, port).cloned().ok_or_else(|| PgError::new(sqlstate::UNDEFINED_OBJECT, format!("node at \"{host}:{port}\" does not exist")))
+    ctx.catalog
+        .node_at(host, port)
+        .cloned()
+        .ok_or_else(|| PgError::new(sqlstate::UNDEFINED_OBJECT, format!("node at \"{host}:{port}\" does not exist")))
 }

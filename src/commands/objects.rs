@@ -20,7 +20,6 @@ pub struct SharedObject {
     ddl: String,
 }
 
-
 /// Roles other than PostgreSQL's own, their memberships after all of them.
 /// Reading passwords needs a superuser, as node management does.
 const ROLES_SQL: &str = "
@@ -186,7 +185,10 @@ pub async fn create_missing(ctx: &mut CommandContext<'_>, nodes: &[Node], object
     if objects.is_empty() {
         return Ok(());
     }
-    let checks = super::connections_to(ctx.parts, nodes).await?.into_iter().map(|worker| async move { (worker.group_id, missing_on(&mut worker.conn, objects).await) });
+    let checks = super::connections_to(ctx.parts, nodes)
+        .await?
+        .into_iter()
+        .map(|worker| async move { (worker.group_id, missing_on(&mut worker.conn, objects).await) });
     let mut lacking = Vec::new();
     for (group, missing) in futures::future::join_all(checks).await {
         if !missing?.is_empty() {

@@ -26,7 +26,11 @@ struct Run {
 }
 
 /// The result columns and rows of a run_command function called with `args`.
-pub async fn run(function: ClusterFunction, args: &[Option<String>], ctx: &mut CommandContext<'_>) -> PgResult<(Vec<FieldDescription>, Vec<Vec<Option<String>>>)> {
+pub async fn run(
+    function: ClusterFunction,
+    args: &[Option<String>],
+    ctx: &mut CommandContext<'_>,
+) -> PgResult<(Vec<FieldDescription>, Vec<Vec<Option<String>>>)> {
     let arg = |i: usize| args.get(i).cloned().flatten();
     let text = |name: &str| FieldDescription::computed(name, TEXT_OID, -1);
     let int = |name: &str| FieldDescription::computed(name, INT4_OID, 4);
@@ -66,7 +70,11 @@ pub async fn run(function: ClusterFunction, args: &[Option<String>], ctx: &mut C
                     let (addr, node) = node_row(group);
                     let mut row = if every_placement { node } else { Vec::new() };
                     row.push(Some(shard.id.to_string()));
-                    runs.push(Run { addr: addr.ok_or_else(|| missing_node(&table, shard.id))?, command: fill_in(&command, &[&table.qualified_shard_name(shard)]), row });
+                    runs.push(Run {
+                        addr: addr.ok_or_else(|| missing_node(&table, shard.id))?,
+                        command: fill_in(&command, &[&table.qualified_shard_name(shard)]),
+                        row,
+                    });
                 }
             }
             runs.sort_by_key(|r| r.row.last().cloned().flatten().and_then(|id| id.parse::<i64>().ok()));
@@ -123,9 +131,10 @@ pub async fn run(function: ClusterFunction, args: &[Option<String>], ctx: &mut C
 /// The distributed or reference table an argument names.
 async fn distributed_table(ctx: &mut CommandContext<'_>, name: Option<String>, parameter: &str) -> PgResult<Arc<DistributedTable>> {
     let name = name.ok_or_else(|| null_argument(parameter))?;
-    super::named_table(ctx, &name)
-        .await?
-        .ok_or_else(|| PgError::new(crate::error::sqlstate::WRONG_OBJECT_TYPE, format!("\"{name}\" is not a distributed table")).with_hint("Distribute it first with create_distributed_table or create_reference_table."))
+    super::named_table(ctx, &name).await?.ok_or_else(|| {
+        PgError::new(crate::error::sqlstate::WRONG_OBJECT_TYPE, format!("\"{name}\" is not a distributed table"))
+            .with_hint("Distribute it first with create_distributed_table or create_reference_table.")
+    })
 }
 
 fn missing_node(table: &DistributedTable, shard: i64) -> PgError {
@@ -198,7 +207,10 @@ mod tests {
 
     #[test]
     fn a_result_set_must_be_one_value() {
-        let rows = |columns: usize, values: &[Option<&str>]| LastResult::Rows { columns, rows: values.iter().map(|v| vec![v.map(str::to_string)]).collect() };
+        let rows = |columns: usize, values: &[Option<&str>]| LastResult::Rows {
+            columns,
+            rows: values.iter().map(|v| vec![v.map(str::to_string)]).collect(),
+        };
         assert_eq!(outcome(Ok(rows(1, &[Some("42")]))), (true, "42".into()));
         assert_eq!(outcome(Ok(rows(1, &[None]))), (true, String::new()));
         assert_eq!(outcome(Ok(rows(1, &[]))), (true, String::new()));

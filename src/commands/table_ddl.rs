@@ -39,8 +39,9 @@ impl TableDefinition {
                  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = {oid}"
             ))
             .await?;
-        let [schema, partition_key, partition_bound] = <[Option<String>; 3]>::try_from(rows.into_iter().next().ok_or_else(|| PgError::internal(format!("table {oid} vanished")))?)
-            .map_err(|_| PgError::internal("unexpected row shape"))?;
+        let [schema, partition_key, partition_bound] =
+            <[Option<String>; 3]>::try_from(rows.into_iter().next().ok_or_else(|| PgError::internal(format!("table {oid} vanished")))?)
+                .map_err(|_| PgError::internal("unexpected row shape"))?;
         let schema = schema.unwrap_or_default();
         let mut columns = Vec::new();
         for r in conn

@@ -37,7 +37,8 @@ pub async fn drop_old(ctx: &mut CommandContext<'_>, table: &str, older_than: &st
 
 /// Runs the statements `planning_sql` yields, in one transaction; how many.
 async fn run_planned(ctx: &mut CommandContext<'_>, planning_sql: &str) -> PgResult<usize> {
-    let statements: Vec<String> = ctx.parts.local().await?.query(planning_sql).await?.into_iter().filter_map(|row| row.into_iter().next().flatten()).collect();
+    let statements: Vec<String> =
+        ctx.parts.local().await?.query(planning_sql).await?.into_iter().filter_map(|row| row.into_iter().next().flatten()).collect();
     let implicit = ctx.parts.begin_implicit();
     let result = async {
         for sql in &statements {

@@ -25,10 +25,10 @@ use super::table_ddl::TableDefinition;
 use super::{run_per_node, CommandContext};
 use crate::config::Config;
 use crate::connection::{quote_ident, quote_literal, PgConnection, ServerAddr, QUALIFIED_NAMES};
-use crate::transaction::links::link_application_name;
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable, Distribution, Node, Shard};
 use crate::planner::ForeignRetype;
+use crate::transaction::links::link_application_name;
 use std::collections::BTreeMap;
 
 /// Where the foreign tables standing for other nodes' shards live.
@@ -81,7 +81,8 @@ fn create_sql(table: &DistributedTable, shape: &Shape, group: i32) -> Vec<String
                 // Any shard of the parent has its partition key; a node with
                 // none of them goes without the view.
                 let Some(shard) = parent.shards.iter().find(|s| s.placements.contains(&group)) else { return Vec::new() };
-                constraint = constraint.replace(&format!("'{oid}'::oid"), &format!("{}::regclass::oid", quote_literal(&parent.qualified_shard_name(shard))));
+                constraint =
+                    constraint.replace(&format!("'{oid}'::oid"), &format!("{}::regclass::oid", quote_literal(&parent.qualified_shard_name(shard))));
             }
             vec![
                 format!("CREATE VIEW {name} WITH (security_invoker = true) AS SELECT {columns} FROM {root} WHERE {constraint} WITH CHECK OPTION"),
@@ -139,7 +140,9 @@ fn foreign_shards(table: &DistributedTable, group: i32) -> impl Iterator<Item = 
 /// `table`'s parent ahead of a column change it cannot pass on to them
 /// (`ForeignRetype`); `reattach_foreign_sql` brings them back.
 pub fn detach_foreign_sql(table: &DistributedTable, group: i32) -> Vec<String> {
-    foreign_shards(table, group).map(|shard| format!("ALTER TABLE {} DETACH PARTITION {}", table.qualified_name(), foreign_table_name(table, shard))).collect()
+    foreign_shards(table, group)
+        .map(|shard| format!("ALTER TABLE {} DETACH PARTITION {}", table.qualified_name(), foreign_table_name(table, shard)))
+        .collect()
 }
 
 /// Statements on node group `group` giving the foreign tables detached
@@ -149,7 +152,12 @@ pub fn reattach_foreign_sql(table: &DistributedTable, retype: &ForeignRetype, gr
     let mut out = Vec::new();
     for shard in foreign_shards(table, group) {
         out.push(retype.sql_for(REMOTE_SCHEMA, &table.shard_relname(shard))?);
-        out.push(format!("ALTER TABLE {} ATTACH PARTITION {} {}", table.qualified_name(), foreign_table_name(table, shard), partition_bound(table, shard)));
+        out.push(format!(
+            "ALTER TABLE {} ATTACH PARTITION {} {}",
+            table.qualified_name(),
+            foreign_table_name(table, shard),
+            partition_bound(table, shard)
+        ));
     }
     Ok(out)
 }
@@ -164,7 +172,9 @@ pub fn repoint_sql(table: &DistributedTable, shard: &Shard, from: i32, to: i32, 
     }
     let parent = table.qualified_name();
     let local = table.qualified_shard_name(shard);
-    let attached = |shard_table: &str| format!("EXISTS (SELECT FROM pg_catalog.pg_inherits WHERE inhrelid = pg_catalog.to_regclass({}))", quote_literal(shard_table));
+    let attached = |shard_table: &str| {
+        format!("EXISTS (SELECT FROM pg_catalog.pg_inherits WHERE inhrelid = pg_catalog.to_regclass({}))", quote_literal(shard_table))
+    };
     let mut out = Vec::new();
     if group == from {
         out.push(format!("DO $tessera$ BEGIN IF {} THEN ALTER TABLE {parent} DETACH PARTITION {local}; END IF; END $tessera$", attached(&local)));
@@ -207,7 +217,12 @@ pub(super) async fn create(ctx: &mut CommandContext<'_>, oid: u32, only_group: O
 /// The statements creating the relation of table `oid` on every active
 /// node of `catalog` (a catalog of the current block, which knows the
 /// table), or only on node group `only_group`, by node group.
-pub(super) async fn create_statements(ctx: &mut CommandContext<'_>, catalog: &Catalog, oid: u32, only_group: Option<i32>) -> PgResult<BTreeMap<i32, Vec<String>>> {
+pub(super) async fn create_statements(
+    ctx: &mut CommandContext<'_>,
+    catalog: &Catalog,
+    oid: u32,
+    only_group: Option<i32>,
+) -> PgResult<BTreeMap<i32, Vec<String>>> {
     let local = ctx.parts.local().await?;
     let table = catalog.table_by_oid(oid).cloned().ok_or_else(|| PgError::internal(format!("table {oid} is not in the catalog")))?;
     let shape = if table.is_reference() {
@@ -227,7 +242,11 @@ pub(super) async fn create_statements(ctx: &mut CommandContext<'_>, catalog: &Ca
             ))
             .await;
         let row = local.restore_after(saved, row).await?;
-        let value = |i: usize| row.first().and_then(|r| r.get(i).cloned().flatten()).ok_or_else(|| PgError::internal(format!("partition {oid} has no constraint or columns")));
+        let value = |i: usize| {
+            row.first()
+                .and_then(|r| r.get(i).cloned().flatten())
+                .ok_or_else(|| PgError::internal(format!("partition {oid} has no constraint or columns")))
+        };
         let constraint = value(0)?;
         let hash_parents = ancestors.into_iter().filter(|(oid, _)| constraint.contains(&format!("'{oid}'::oid"))).collect();
         Shape::PartitionView { root: root.qualified_name(), constraint, columns: value(1)?, hash_parents }
@@ -236,7 +255,11 @@ pub(super) async fn create_statements(ctx: &mut CommandContext<'_>, catalog: &Ca
         let owner = owner.first().and_then(|r| r.first().cloned().flatten()).ok_or_else(|| PgError::internal(format!("table {oid} has no owner")))?;
         Shape::Parent { columns: TableDefinition::read(local, oid).await?.columns().to_vec(), owner }
     };
-    Ok(catalog.active_nodes().filter(|n| only_group.is_none_or(|g| g == n.group_id)).map(|n| (n.group_id, create_sql(&table, &shape, n.group_id))).collect())
+    Ok(catalog
+        .active_nodes()
+        .filter(|n| only_group.is_none_or(|g| g == n.group_id))
+        .map(|n| (n.group_id, create_sql(&table, &shape, n.group_id)))
+        .collect())
 }
 
 /// The statement dropping `table`'s relation on a node, and what depends on
@@ -256,8 +279,12 @@ pub fn release_sql(table: &DistributedTable, group: i32) -> Vec<String> {
     if !table.has_worker_parent() {
         return vec![format!("DROP VIEW IF EXISTS {name}")];
     }
-    let mut out: Vec<String> =
-        table.shards.iter().filter(|s| s.placements.contains(&group)).map(|s| format!("ALTER TABLE {name} DETACH PARTITION {}", table.qualified_shard_name(s))).collect();
+    let mut out: Vec<String> = table
+        .shards
+        .iter()
+        .filter(|s| s.placements.contains(&group))
+        .map(|s| format!("ALTER TABLE {name} DETACH PARTITION {}", table.qualified_shard_name(s)))
+        .collect();
     out.push(format!("DROP TABLE IF EXISTS {name} CASCADE"));
     out
 }
@@ -372,7 +399,8 @@ fn setup_sql(node: &Node, nodes: &[Node], relay: &ServerAddr) -> String {
 
 /// Gives roles created or renamed in the current transaction their user
 /// mappings on a node (a no-op on a node not prepared yet).
-pub const MAP_ROLES_SQL: &str = "DO $tessera$ BEGIN IF to_regprocedure('tessera_remote.map_roles()') IS NOT NULL THEN PERFORM tessera_remote.map_roles(); END IF; END $tessera$";
+pub const MAP_ROLES_SQL: &str =
+    "DO $tessera$ BEGIN IF to_regprocedure('tessera_remote.map_roles()') IS NOT NULL THEN PERFORM tessera_remote.map_roles(); END IF; END $tessera$";
 
 /// Drops the user mappings of roles about to be dropped on a node.
 pub fn forget_roles_sql(roles: &[String]) -> String {

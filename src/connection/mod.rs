@@ -9,11 +9,11 @@ pub mod pool;
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::protocol::backend::{self, TxStatus};
 use crate::protocol::{frontend, take_message, Message};
+use crate::transport::{connect_node, Stream};
 use bytes::{Bytes, BytesMut};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use crate::transport::{connect_node, Stream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Where a PostgreSQL server listens, and how we log in to it.
@@ -101,13 +101,17 @@ impl PgConnection {
                 sqlstate::UNABLE_TO_CONNECT,
                 format!("could not connect to node {addr}: no answer within {:.1} s", timeout.as_secs_f64()),
             )
-            .with_hint("Check that the node is up and reachable from the coordinator; [connections] node_connect_timeout_secs sets how long to wait.")),
+            .with_hint(
+                "Check that the node is up and reachable from the coordinator; [connections] node_connect_timeout_secs sets how long to wait.",
+            )),
         }
     }
 
     async fn connect_unbounded(addr: &ServerAddr, login: &Login) -> PgResult<Self> {
         let label: Arc<str> = Arc::from(addr.to_string());
-        let stream = connect_node(&addr.host, addr.port).await.map_err(|e| PgError::new(sqlstate::CONNECTION_FAILURE, format!("could not connect to node {label}: {e}")))?;
+        let stream = connect_node(&addr.host, addr.port)
+            .await
+            .map_err(|e| PgError::new(sqlstate::CONNECTION_FAILURE, format!("could not connect to node {label}: {e}")))?;
         let mut conn = PgConnection {
             stream,
             rbuf: BytesMut::with_capacity(16 * 1024),
@@ -140,7 +144,9 @@ impl PgConnection {
                             frontend::password(&mut conn.wbuf, &data);
                             conn.flush().await?;
                         }
-                        other => return Err(conn.auth_error(&format!("authentication method {other} is not supported; use trust or password on the node"))),
+                        other => {
+                            return Err(conn.auth_error(&format!("authentication method {other} is not supported; use trust or password on the node")))
+                        }
                     }
                 }
                 b'S' => {
@@ -171,7 +177,9 @@ impl PgConnection {
         match e.code() {
             "57P03" => refused.with_hint("The node is still starting up (or recovering); retry in a moment."),
             "53300" => refused.with_hint("The node has no connection slots left: raise its max_connections or lower the number of clients."),
-            "28000" | "28P01" => refused.with_hint("Every role that connects through the coordinator must exist on every node, with the same password."),
+            "28000" | "28P01" => {
+                refused.with_hint("Every role that connects through the coordinator must exist on every node, with the same password.")
+            }
             _ => refused,
         }
     }
@@ -257,9 +265,7 @@ impl PgConnection {
 
     fn lost(&mut self, e: std::io::Error) -> PgError {
         self.broken = true;
-        self.farewell
-            .take()
-            .unwrap_or_else(|| PgError::new(sqlstate::CONNECTION_FAILURE, format!("connection to node {} was lost: {e}", self.label)))
+        self.farewell.take().unwrap_or_else(|| PgError::new(sqlstate::CONNECTION_FAILURE, format!("connection to node {} was lost: {e}", self.label)))
     }
 
     /// Whether the server closed this connection while it sat idle (nothing
@@ -269,7 +275,8 @@ impl PgConnection {
     /// non-blocking read at most, none when the socket is not known readable.
     pub fn is_dead_while_idle(&mut self) -> bool {
         if !self.broken {
-            let quiet = self.rbuf.is_empty() && matches!(self.stream.try_read_buf(&mut self.rbuf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+            let quiet =
+                self.rbuf.is_empty() && matches!(self.stream.try_read_buf(&mut self.rbuf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
             self.broken = !quiet;
         }
         self.broken
@@ -596,7 +603,8 @@ impl PgConnection {
     pub async fn set_for_now(&mut self, settings: &[(&str, &str)]) -> PgResult<SavedSettings> {
         let names: Vec<String> = settings.iter().map(|(name, _)| quote_literal(name)).collect();
         let current: Vec<String> = names.iter().enumerate().map(|(i, name)| format!("pg_catalog.current_setting({name}) AS s{i}")).collect();
-        let set: Vec<String> = names.iter().zip(settings).map(|(name, (_, value))| format!("pg_catalog.set_config({name}, {}, true)", quote_literal(value))).collect();
+        let set: Vec<String> =
+            names.iter().zip(settings).map(|(name, (_, value))| format!("pg_catalog.set_config({name}, {}, true)", quote_literal(value))).collect();
         // The subquery reads the old values before the outer query sets the new ones.
         let sql = format!("SELECT was.*, {} FROM (SELECT {} OFFSET 0) was", set.join(", "), current.join(", "));
         let row = self.query(&sql).await?.into_iter().next().unwrap_or_default();
@@ -609,7 +617,8 @@ impl PgConnection {
     /// is the outcome then.
     pub async fn restore_after<T>(&mut self, saved: SavedSettings, outcome: PgResult<T>) -> PgResult<T> {
         let value = outcome?;
-        let set: Vec<String> = saved.0.iter().map(|(name, value)| format!("pg_catalog.set_config({}, {}, true)", quote_literal(name), quote_literal(value))).collect();
+        let set: Vec<String> =
+            saved.0.iter().map(|(name, value)| format!("pg_catalog.set_config({}, {}, true)", quote_literal(name), quote_literal(value))).collect();
         self.execute(&format!("SELECT {}", set.join(", "))).await?;
         Ok(value)
     }

@@ -135,8 +135,11 @@ impl<T> NodePool<T> {
         }
         match tokio::time::timeout(wait, running.clone().acquire_owned()).await {
             Ok(Ok(permit)) => Ok(Some(permit)),
-            _ => Err(PgError::new(sqlstate::TOO_MANY_CONNECTIONS, format!("too many statements waiting for node {node}: none could start in {wait:.0?}"))
-                .with_hint("Raise [connections] active_per_node, or lower the load on the node.")),
+            _ => Err(PgError::new(
+                sqlstate::TOO_MANY_CONNECTIONS,
+                format!("too many statements waiting for node {node}: none could start in {wait:.0?}"),
+            )
+            .with_hint("Raise [connections] active_per_node, or lower the load on the node.")),
         }
     }
 
@@ -171,7 +174,14 @@ impl<T> NodePool<T> {
     /// holds another node's connection in its block, and waiting could wait
     /// forever on sessions waiting for that node in turn; it opens one over
     /// the limit instead, while the overflow lasts.
-    pub async fn checkout(&self, key: &str, prefer: &(dyn Fn(&T) -> bool + Sync), wait: Duration, may_exceed: bool, node: &str) -> PgResult<Checkout<T>> {
+    pub async fn checkout(
+        &self,
+        key: &str,
+        prefer: &(dyn Fn(&T) -> bool + Sync),
+        wait: Duration,
+        may_exceed: bool,
+        node: &str,
+    ) -> PgResult<Checkout<T>> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let returned = self.returned.notified();

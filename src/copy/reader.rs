@@ -94,9 +94,14 @@ struct Scan {
 enum Scanned {
     NeedMore,
     /// A complete line: its end in the buffer and the length before the line end.
-    Line { end: usize, content_len: usize },
+    Line {
+        end: usize,
+        content_len: usize,
+    },
     /// The end-of-data marker, after `content_len` bytes of a last row.
-    EndMarker { content_len: usize },
+    EndMarker {
+        content_len: usize,
+    },
 }
 
 enum Marker {
@@ -181,7 +186,13 @@ impl RowReader {
         self.take_back_lent();
         let Some(span) = self.next_span()? else { return Ok(None) };
         let data = self.buf.split_to(span.end).freeze();
-        Ok(Some(Row { data, content_len: span.content_len, line: span.line, quoted_newlines: span.quoted_newlines, quoted_returns: span.quoted_returns }))
+        Ok(Some(Row {
+            data,
+            content_len: span.content_len,
+            line: span.line,
+            quoted_newlines: span.quoted_newlines,
+            quoted_returns: span.quoted_returns,
+        }))
     }
 
     /// As `next`, but the row stays in the reader's buffer until the reader

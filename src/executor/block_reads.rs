@@ -52,7 +52,10 @@ async fn copy_into_block(table: &DistributedTable, catalog: &Catalog, parts: &mu
         ))
         .await?;
     for shard in &table.shards {
-        let group = *shard.placements.first().ok_or_else(|| PgError::internal(format!("shard {} of {} has no placement", shard.id, table.qualified_name())))?;
+        let group = *shard
+            .placements
+            .first()
+            .ok_or_else(|| PgError::internal(format!("shard {} of {} has no placement", shard.id, table.qualified_name())))?;
         let limits = parts.limits().clone();
         let worker = parts.worker(node_of_group(catalog, group)?, Access::Read).await?;
         let mut chunks = Vec::new();

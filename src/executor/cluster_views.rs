@@ -50,7 +50,15 @@ pub struct ProcessReport {
     pub blocks_limit: usize,
 }
 
-pub async fn run(needs: &ClusterData, report: Option<&ProcessReport>, sql: &str, catalog: &Catalog, parts: &mut Participants, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<()> {
+pub async fn run(
+    needs: &ClusterData,
+    report: Option<&ProcessReport>,
+    sql: &str,
+    catalog: &Catalog,
+    parts: &mut Participants,
+    mode: &Mode<'_>,
+    client: &mut ClientConn,
+) -> PgResult<()> {
     let mut script = String::new();
     if let Some(report) = report {
         script.push_str(&report_script(needs, report));
@@ -137,14 +145,26 @@ fn report_script(needs: &ClusterData, report: &ProcessReport) -> String {
         }
     };
     if needs.pools {
-        let rows = report.pools.iter().map(|p| format!("({}, {}, {}, {}, {}, {})", quote_literal(&p.node), p.open, p.idle, number(p.limit), report.blocks, report.blocks_limit)).collect();
+        let rows = report
+            .pools
+            .iter()
+            .map(|p| format!("({}, {}, {}, {}, {}, {})", quote_literal(&p.node), p.open, p.idle, number(p.limit), report.blocks, report.blocks_limit))
+            .collect();
         fill("pool_usage", rows);
     }
     if needs.sessions {
         let rows = report
             .sessions
             .iter()
-            .map(|s| format!("({}, {}, {}, {})", quote_literal(&s.name), quote_literal(&s.user), s.connections, s.pinned.map_or_else(|| "NULL".to_string(), quote_literal)))
+            .map(|s| {
+                format!(
+                    "({}, {}, {}, {})",
+                    quote_literal(&s.name),
+                    quote_literal(&s.user),
+                    s.connections,
+                    s.pinned.map_or_else(|| "NULL".to_string(), quote_literal)
+                )
+            })
             .collect();
         fill("client_session", rows);
     }
@@ -167,7 +187,8 @@ async fn activity_script(catalog: &Catalog, parts: &mut Participants) -> PgResul
 
 /// Every node's waiting backends and the backends they wait for, by global pid.
 async fn lock_waits_script(catalog: &Catalog, parts: &mut Participants) -> PgResult<String> {
-    const WAITS: &str = "SELECT pid, unnest(pg_catalog.pg_blocking_pids(pid)) AS blocker FROM pg_catalog.pg_stat_activity WHERE wait_event_type = 'Lock'";
+    const WAITS: &str =
+        "SELECT pid, unnest(pg_catalog.pg_blocking_pids(pid)) AS blocker FROM pg_catalog.pg_stat_activity WHERE wait_event_type = 'Lock'";
     let script = format!(
         "CREATE TEMP TABLE IF NOT EXISTS tessera_cluster_lock_wait (LIKE tessera.cluster_lock_wait);
          DELETE FROM pg_temp.tessera_cluster_lock_wait;
@@ -182,7 +203,13 @@ async fn lock_waits_script(catalog: &Catalog, parts: &mut Participants) -> PgRes
 /// `script` followed by an INSERT into the session's temporary table `table`
 /// of the rows `sql(node id)` gives on every active node, read through the
 /// session's connections.
-async fn node_rows_script(mut script: String, table: &str, catalog: &Catalog, parts: &mut Participants, sql: impl Fn(i32) -> String) -> PgResult<String> {
+async fn node_rows_script(
+    mut script: String,
+    table: &str,
+    catalog: &Catalog,
+    parts: &mut Participants,
+    sql: impl Fn(i32) -> String,
+) -> PgResult<String> {
     for node in catalog.active_nodes() {
         let worker = parts.worker(node, Access::Read).await?;
         let rows = worker.conn.query(&sql(node.id)).await?;

@@ -280,7 +280,12 @@ impl<'a> Load<'a> {
             return Ok(());
         }
         let sql = format!("SELECT {} FROM generate_series(1, {})", self.plan.fills.join(", "), waiting.len());
-        let values = parts.local().await?.query(&sql).await.map_err(|e| e.with_context(format!("filling the serial and identity columns of {}", self.plan.table.name)))?;
+        let values = parts
+            .local()
+            .await?
+            .query(&sql)
+            .await
+            .map_err(|e| e.with_context(format!("filling the serial and identity columns of {}", self.plan.table.name)))?;
         for (row, values) in waiting.into_iter().zip(values) {
             let mut data = BytesMut::with_capacity(row.data.len() + 16 * values.len());
             data.extend_from_slice(row.content());

@@ -11,16 +11,26 @@ use crate::server::client::ClientConn;
 use crate::server::Coordinator;
 use crate::transaction::{Access, Participants};
 
-pub async fn run(plan: &ExplainPlan, coordinator: &Coordinator, catalog: &Catalog, parts: &mut Participants, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<()> {
+pub async fn run(
+    plan: &ExplainPlan,
+    coordinator: &Coordinator,
+    catalog: &Catalog,
+    parts: &mut Participants,
+    mode: &Mode<'_>,
+    client: &mut ClientConn,
+) -> PgResult<()> {
     if let Mode::Extended { bind, .. } = mode {
         if !bind.params.is_empty() {
-            return Err(PgError::not_supported("EXPLAIN of distributed statements with bind parameters is not supported yet; write the values into the statement"));
+            return Err(PgError::not_supported(
+                "EXPLAIN of distributed statements with bind parameters is not supported yet; write the values into the statement",
+            ));
         }
     }
     let mut lines = Vec::new();
     plan_lines(plan, &plan.inner, coordinator, catalog, parts, mode, &mut lines).await?;
     if matches!(mode, Mode::Simple) {
-        let field = FieldDescription { name: "QUERY PLAN".into(), table_oid: 0, column: 0, type_oid: 25, type_size: -1, type_modifier: -1, format: 0 };
+        let field =
+            FieldDescription { name: "QUERY PLAN".into(), table_oid: 0, column: 0, type_oid: 25, type_size: -1, type_modifier: -1, format: 0 };
         backend::row_description(client.out(), &[field]);
     }
     for line in &lines {
@@ -31,12 +41,23 @@ pub async fn run(plan: &ExplainPlan, coordinator: &Coordinator, catalog: &Catalo
 }
 
 /// The lines of how `inner`, the explained statement (or what it became), runs.
-async fn plan_lines(plan: &ExplainPlan, inner: &Plan, coordinator: &Coordinator, catalog: &Catalog, parts: &mut Participants, mode: &Mode<'_>, lines: &mut Vec<String>) -> PgResult<()> {
+async fn plan_lines(
+    plan: &ExplainPlan,
+    inner: &Plan,
+    coordinator: &Coordinator,
+    catalog: &Catalog,
+    parts: &mut Participants,
+    mode: &Mode<'_>,
+    lines: &mut Vec<String>,
+) -> PgResult<()> {
     match inner {
         Plan::Fallback(fallback) => {
             if let Some(computed) = super::fallback::compute_subqueries(fallback, catalog, parts).await? {
                 lines.push("Custom Scan (Tessera Subqueries First)".to_string());
-                lines.push("  Each scalar subquery below ran once, as a distributed statement of its own; its value is a constant in the statement".to_string());
+                lines.push(
+                    "  Each scalar subquery below ran once, as a distributed statement of its own; its value is a constant in the statement"
+                        .to_string(),
+                );
                 for (i, (sql, sub_plan)) in computed.subqueries.iter().enumerate() {
                     lines.push(format!("  Subquery {}: {sql}", i + 1));
                     let mut sub_lines = Vec::new();
@@ -78,7 +99,10 @@ async fn plan_lines(plan: &ExplainPlan, inner: &Plan, coordinator: &Coordinator,
                 return Err(PgError::not_supported(format!("EXPLAIN of this statement, which runs {replanned}, is not supported yet")));
             }
             lines.push("Custom Scan (Tessera Local Rows)".to_string());
-            lines.push(format!("  Local tables: {}: read once and shipped to every task as VALUES", local.relations.iter().map(|rv| rv.relname.as_str()).collect::<Vec<_>>().join(", ")));
+            lines.push(format!(
+                "  Local tables: {}: read once and shipped to every task as VALUES",
+                local.relations.iter().map(|rv| rv.relname.as_str()).collect::<Vec<_>>().join(", ")
+            ));
             let mut pushed = Vec::new();
             explain_pushdown(plan, &replanned, catalog, parts, mode, &mut pushed).await?;
             push_plan(pushed, "  ", lines);
@@ -89,7 +113,14 @@ async fn plan_lines(plan: &ExplainPlan, inner: &Plan, coordinator: &Coordinator,
 }
 
 /// The lines of a router or multi-shard plan: header, tasks, one task's plan.
-async fn explain_pushdown(plan: &ExplainPlan, inner: &Plan, catalog: &Catalog, parts: &mut Participants, mode: &Mode<'_>, lines: &mut Vec<String>) -> PgResult<()> {
+async fn explain_pushdown(
+    plan: &ExplainPlan,
+    inner: &Plan,
+    catalog: &Catalog,
+    parts: &mut Participants,
+    mode: &Mode<'_>,
+    lines: &mut Vec<String>,
+) -> PgResult<()> {
     match inner {
         Plan::Router(_) | Plan::Delegated(_) => {
             let (router, header) = match inner {

@@ -10,16 +10,16 @@ use super::{node_of_group, plan_tasks, run_on_coordinator_db, Defaults, Mode};
 use crate::connection::{quote_ident, text_row_size, TextRows};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable};
-use crate::planner::rewrite::{rows_placeholder, ShardTemplate};
 use crate::planner::deparse::deparse_statement;
+use crate::planner::rewrite::{rows_placeholder, ShardTemplate};
 use crate::planner::{column_ref, plain_select, plan_tree, res_target, scalar_subqueries, Combine, FallbackPlan, Plan};
 use crate::protocol::backend::FieldDescription;
 use crate::protocol::frontend;
-use pg_query::protobuf;
-use pg_query::NodeEnum;
 use crate::server::client::ClientConn;
 use crate::server::Coordinator;
 use crate::transaction::Participants;
+use pg_query::protobuf;
+use pg_query::NodeEnum;
 use std::sync::Arc;
 
 /// Tables larger than this on disk (all shards, TOAST included) are not
@@ -51,7 +51,14 @@ pub async fn prepare_to_read(statement: &str, coordinator: &Coordinator, catalog
     coordinator.prepare_fallback(catalog.version, &parts.acting_role().await?).await
 }
 
-pub async fn run(plan: &FallbackPlan, coordinator: &Coordinator, catalog: &Catalog, parts: &mut Participants, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<()> {
+pub async fn run(
+    plan: &FallbackPlan,
+    coordinator: &Coordinator,
+    catalog: &Catalog,
+    parts: &mut Participants,
+    mode: &Mode<'_>,
+    client: &mut ClientConn,
+) -> PgResult<()> {
     if let Some(computed) = compute_subqueries(plan, catalog, parts).await? {
         tracing::debug!("fallback with {} scalar subqueries computed first", computed.subqueries.len());
         return match &computed.plan {
@@ -115,7 +122,12 @@ async fn declare_over_results(
 /// read through the session's connections (so that this transaction's own
 /// writes are in); None for another plan, or for aggregates that cannot be
 /// combined exactly.
-async fn query_rows(plan: &Plan, catalog: &Catalog, parts: &mut Participants, mode: &Mode<'_>) -> PgResult<Option<(Vec<FieldDescription>, TextRows)>> {
+async fn query_rows(
+    plan: &Plan,
+    catalog: &Catalog,
+    parts: &mut Participants,
+    mode: &Mode<'_>,
+) -> PgResult<Option<(Vec<FieldDescription>, TextRows)>> {
     let by_node = match plan {
         Plan::Router(router) => {
             let mut by_node: TasksByNode = Vec::new();
@@ -293,7 +305,13 @@ fn alias_with_columns(alias: &str, table: &DistributedTable) -> String {
 /// Every row of `table`, read through the session's connections (so this
 /// transaction's own writes are in), as a VALUES list, with how many rows
 /// it holds; None when it has more than `max_rows`.
-async fn table_as_relation(table: &Arc<DistributedTable>, version: i32, catalog: &Catalog, parts: &mut Participants, max_rows: usize) -> PgResult<Option<(String, usize)>> {
+async fn table_as_relation(
+    table: &Arc<DistributedTable>,
+    version: i32,
+    catalog: &Catalog,
+    parts: &mut Participants,
+    max_rows: usize,
+) -> PgResult<Option<(String, usize)>> {
     let columns: Vec<String> = table.columns.iter().map(|c| quote_ident(c)).collect();
     // Each shard stops one row past the budget: no more is read than needed to see it exceeded.
     let sql = format!("SELECT {} FROM {} LIMIT {}", columns.join(", "), table.qualified_name(), max_rows + 1);

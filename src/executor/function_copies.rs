@@ -11,7 +11,10 @@ use crate::config::Config;
 use crate::connection::{quote_literal, Login, PgConnection};
 use crate::error::{PgError, PgResult};
 use crate::metadata::Catalog;
-use crate::planner::function_copy::{copy_schema, copy_sql, helper_names, CopyTarget, drop_copies_sql, like_escaped, shard_id_named_in, tables_named_again, without_copy_schemas, COPY_LOCK, COPY_SCHEMA_PREFIX};
+use crate::planner::function_copy::{
+    copy_schema, copy_sql, drop_copies_sql, helper_names, like_escaped, shard_id_named_in, tables_named_again, without_copy_schemas, CopyTarget,
+    COPY_LOCK, COPY_SCHEMA_PREFIX,
+};
 use crate::planner::{CopiedCall, Delegation};
 use crate::protocol::{backend, Message};
 use crate::server::client::ClientConn;
@@ -21,7 +24,14 @@ use std::sync::atomic::Ordering;
 
 /// Runs a delegated call: on the per-shard copy of its function when it has
 /// one and the call is a transaction of its own, else on the function.
-pub async fn run_delegated(delegation: &Delegation, parts: &mut Participants, catalog: &Catalog, mode: &Mode<'_>, client: &mut ClientConn, config: &Config) -> PgResult<()> {
+pub async fn run_delegated(
+    delegation: &Delegation,
+    parts: &mut Participants,
+    catalog: &Catalog,
+    mode: &Mode<'_>,
+    client: &mut ClientConn,
+    config: &Config,
+) -> PgResult<()> {
     let alone = parts.holds_no_connection() && !matches!(mode, Mode::Extended { sync: false, .. });
     let usable = alone && !delegation.copy_failed.load(Ordering::Relaxed);
     let (Some(copy), true) = (delegation.copy.as_deref(), usable) else {
@@ -83,7 +93,8 @@ async fn make_copy(missing: &PgError, copied: &CopiedCall, catalog: &Catalog, lo
         let overloaded = overloaded_helpers(&mut conn, &helper_names(catalog, anchor.colocation_id)).await?;
         let target = CopyTarget { schema: &schema, anchor, index: shard.index, overloaded: &overloaded };
         let copy = copy_sql(&definition_of(&mut conn, &copied.signature).await?, &target, copied.argument, catalog)?;
-        let mut script = format!("{}; CREATE SCHEMA IF NOT EXISTS {schema}; GRANT USAGE ON SCHEMA {schema} TO PUBLIC", drop_older_sql(shard.id, &schema));
+        let mut script =
+            format!("{}; CREATE SCHEMA IF NOT EXISTS {schema}; GRANT USAGE ON SCHEMA {schema} TO PUBLIC", drop_older_sql(shard.id, &schema));
         // The SQL functions the copy calls through their copies.
         for function in &copy.calls {
             let Some((argument, _)) = function.distribution else { continue };

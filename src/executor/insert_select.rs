@@ -20,7 +20,14 @@ use crate::transaction::Participants;
 /// to keep each statement's text modest.
 const BATCH_ROWS: usize = 1000;
 
-pub async fn run(plan: &InsertSelectPlan, coordinator: &Coordinator, catalog: &Catalog, parts: &mut Participants, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<()> {
+pub async fn run(
+    plan: &InsertSelectPlan,
+    coordinator: &Coordinator,
+    catalog: &Catalog,
+    parts: &mut Participants,
+    mode: &Mode<'_>,
+    client: &mut ClientConn,
+) -> PgResult<()> {
     let rows_sql = super::block_reads::ready(&plan.rows, coordinator, catalog, parts).await?;
     let (fields, rows) = rows_to_insert(plan, rows_sql, parts, mode).await?;
     let types = type_names(parts, &fields).await?;
@@ -40,7 +47,16 @@ pub async fn run(plan: &InsertSelectPlan, coordinator: &Coordinator, catalog: &C
 /// Routes the rows as multi-row INSERTs, all nodes at once; rows the
 /// statement returns reach the client in the order of `rows`.
 #[allow(clippy::too_many_arguments)]
-async fn insert_batches(plan: &InsertSelectPlan, columns: &[String], types: &[String], rows: &[TextRow], catalog: &Catalog, parts: &mut Participants, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<u64> {
+async fn insert_batches(
+    plan: &InsertSelectPlan,
+    columns: &[String],
+    types: &[String],
+    rows: &[TextRow],
+    catalog: &Catalog,
+    parts: &mut Participants,
+    mode: &Mode<'_>,
+    client: &mut ClientConn,
+) -> PgResult<u64> {
     let mut routed = RoutedInsert::default();
     // The values of GENERATED ALWAYS identity columns came from the shell.
     let overriding = if plan.target.always_identity.is_empty() { "" } else { " OVERRIDING SYSTEM VALUE" };
@@ -56,7 +72,8 @@ async fn insert_batches(plan: &InsertSelectPlan, columns: &[String], types: &[St
             for (shard, rows) in by_shard {
                 let shard = &plan.target.shards[shard as usize];
                 let values = values_list(types, rows.iter().map(|&r| &batch[r]), parts.limits())?;
-                let sql: std::sync::Arc<str> = format!("INSERT INTO {} ({}){overriding} VALUES {values}", plan.target.qualified_shard_name(shard), columns.join(", ")).into();
+                let sql: std::sync::Arc<str> =
+                    format!("INSERT INTO {} ({}){overriding} VALUES {values}", plan.target.qualified_shard_name(shard), columns.join(", ")).into();
                 for (i, group) in shard.placements.iter().enumerate() {
                     let task = Task { group: *group, sql: sql.clone(), rows: rows.clone() };
                     routed.add(node_of_group(catalog, *group)?, task, first_row, i > 0);
@@ -65,7 +82,13 @@ async fn insert_batches(plan: &InsertSelectPlan, columns: &[String], types: &[St
             continue;
         }
         // Literals of the columns' own types: the router hashes keys exactly.
-        let sql = format!("INSERT INTO {} ({}){overriding} VALUES {}{}", plan.target.qualified_name(), columns.join(", "), values_list(types, batch.iter(), parts.limits())?, plan.shard_clauses);
+        let sql = format!(
+            "INSERT INTO {} ({}){overriding} VALUES {}{}",
+            plan.target.qualified_name(),
+            columns.join(", "),
+            values_list(types, batch.iter(), parts.limits())?,
+            plan.shard_clauses
+        );
         let router = match plan_query(&sql, catalog).into_iter().next().map(|p| p.plan) {
             Some(Plan::Router(router)) => router,
             // A row the router refuses (a NULL distribution column value).
@@ -137,7 +160,12 @@ impl<'p> DirectRouting<'p> {
 
 /// The rows the INSERT would store, from the coordinator database, which
 /// runs it against the shell table and rolls it back.
-async fn rows_to_insert(plan: &InsertSelectPlan, rows_sql: &str, parts: &mut Participants, mode: &Mode<'_>) -> PgResult<(Vec<FieldDescription>, TextRows)> {
+async fn rows_to_insert(
+    plan: &InsertSelectPlan,
+    rows_sql: &str,
+    parts: &mut Participants,
+    mode: &Mode<'_>,
+) -> PgResult<(Vec<FieldDescription>, TextRows)> {
     const SAVEPOINT: &str = "tessera_insert_select";
     // Inside the session's block (which the coordinator database joins
     // now), a savepoint keeps the block, where BEGIN … ROLLBACK would end it.
@@ -168,7 +196,9 @@ async fn rows_to_insert(plan: &InsertSelectPlan, rows_sql: &str, parts: &mut Par
     frontend::execute(out, "", 0);
     frontend::sync(out);
     let result = local.read_result(|row| limits.charge(text_row_size(row))).await;
-    local.execute(&if in_block { format!("ROLLBACK TO SAVEPOINT {SAVEPOINT}; RELEASE SAVEPOINT {SAVEPOINT}") } else { "ROLLBACK".to_string() }).await?;
+    local
+        .execute(&if in_block { format!("ROLLBACK TO SAVEPOINT {SAVEPOINT}; RELEASE SAVEPOINT {SAVEPOINT}") } else { "ROLLBACK".to_string() })
+        .await?;
     parts.observe_local_status();
     result
 }

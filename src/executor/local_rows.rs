@@ -49,7 +49,8 @@ pub async fn replanned(plan: &LocalRowsPlan, catalog: &Catalog, parts: &mut Part
     // takes the rows' text into each task's statement as it is
     // (`ShardTemplate::fill`), which costs a string copy per task where
     // the rows as parse-tree nodes would be deparsed once per shard.
-    let placeholders: Vec<String> = relations.iter().enumerate().map(|(i, (_, _, columns))| rows_placeholder(&format!("tessera_local_rows_{i}"), columns.len())).collect();
+    let placeholders: Vec<String> =
+        relations.iter().enumerate().map(|(i, (_, _, columns))| rows_placeholder(&format!("tessera_local_rows_{i}"), columns.len())).collect();
     let mut pushdown = plan_with(plan, catalog, &relations, &placeholders)?;
     if matches!(pushdown, Plan::Router(_) | Plan::MultiShard(_)) {
         for (placeholder, (_, rows, _)) in placeholders.iter().zip(relations) {
@@ -73,7 +74,9 @@ fn plan_with(plan: &LocalRowsPlan, catalog: &Catalog, relations: &[(&protobuf::R
         let Some(i) = relations.iter().position(|(r, _, _)| r.schemaname == rv.schemaname && r.relname == rv.relname) else { return };
         let columns = &relations[i].2;
         let (alias, columns) = match &rv.alias {
-            Some(protobuf::Alias { aliasname, colnames }) if !colnames.is_empty() => (aliasname.clone(), crate::planner::qualified_name(colnames).iter().map(|c| quote_ident(c)).collect()),
+            Some(protobuf::Alias { aliasname, colnames }) if !colnames.is_empty() => {
+                (aliasname.clone(), crate::planner::qualified_name(colnames).iter().map(|c| quote_ident(c)).collect())
+            }
             Some(a) => (a.aliasname.clone(), columns.clone()),
             None => (rv.relname.clone(), columns.clone()),
         };

@@ -15,7 +15,14 @@ use crate::server::client::ClientConn;
 use crate::server::Coordinator;
 use crate::transaction::Participants;
 
-pub async fn run(lent: &LentShards, sql: &str, coordinator: &Coordinator, catalog: &Catalog, parts: &mut Participants, client: &mut ClientConn) -> PgResult<()> {
+pub async fn run(
+    lent: &LentShards,
+    sql: &str,
+    coordinator: &Coordinator,
+    catalog: &Catalog,
+    parts: &mut Participants,
+    client: &mut ClientConn,
+) -> PgResult<()> {
     // The lent shards are read as the fallback tier's stand-ins are: through
     // its foreign servers, with a user mapping per role.
     prepare_to_read(lent.statement, coordinator, catalog, parts).await?;

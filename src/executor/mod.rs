@@ -5,12 +5,12 @@
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Catalog, Node};
 use crate::planner::{Command, Delegation, FilledValues, KeyRouting, KeyValue, RouterPlan, ShardTarget};
-use crate::protocol::Message;
-use bytes::{Bytes, BytesMut};
 use crate::protocol::backend;
 use crate::protocol::frontend::{self, Bind, Target};
+use crate::protocol::Message;
 use crate::server::client::ClientConn;
-use crate::transaction::{Participants, WorkerConnection, Access};
+use crate::transaction::{Access, Participants, WorkerConnection};
+use bytes::{Bytes, BytesMut};
 use std::sync::Arc;
 
 pub mod block_reads;
@@ -69,7 +69,13 @@ pub async fn run_router(plan: &RouterPlan, parts: &mut Participants, catalog: &C
 
 /// Runs a router plan, writing its rows (if any) to the client; returns the
 /// command tag for the caller to report or add up.
-pub(crate) async fn run_router_for_tag(plan: &RouterPlan, parts: &mut Participants, catalog: &Catalog, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<String> {
+pub(crate) async fn run_router_for_tag(
+    plan: &RouterPlan,
+    parts: &mut Participants,
+    catalog: &Catalog,
+    mode: &Mode<'_>,
+    client: &mut ClientConn,
+) -> PgResult<String> {
     let defaults = evaluate_defaults(plan, parts).await?;
     let tasks = plan_tasks(plan, parts, mode, defaults).await?;
     let implicit = tasks.len() > 1 && plan.is_write() && parts.begin_implicit();
@@ -105,7 +111,9 @@ async fn evaluate_defaults(plan: &RouterPlan, parts: &mut Participants) -> PgRes
     }
     let sql = parts_sql
         .iter()
-        .map(|(i, default_sql, n)| format!("(SELECT {i}, ({default_sql})::text FROM generate_series(1, {n}) WHERE has_table_privilege({}, 'INSERT'))", insert.table.0))
+        .map(|(i, default_sql, n)| {
+            format!("(SELECT {i}, ({default_sql})::text FROM generate_series(1, {n}) WHERE has_table_privilege({}, 'INSERT'))", insert.table.0)
+        })
         .collect::<Vec<_>>()
         .join(" UNION ALL ");
     let mut defaults = Defaults { key: Vec::new(), others: vec![Vec::new(); insert.fills.len()] };
@@ -143,10 +151,17 @@ fn null_key() -> PgError {
 /// succeeds (its writes reaching only that node's shards) always does.
 fn user_code_node(groups: &[i32], parts: &Participants) -> PgResult<i32> {
     match parts.block_writers().as_slice() {
-        [] => groups.iter().copied().find(|g| parts.has_worker_in_block(*g)).or(groups.first().copied()).ok_or_else(|| PgError::internal("no active node to run user code on")),
+        [] => groups
+            .iter()
+            .copied()
+            .find(|g| parts.has_worker_in_block(*g))
+            .or(groups.first().copied())
+            .ok_or_else(|| PgError::internal("no active node to run user code on")),
         [one] => Ok(*one),
-        _ => Err(PgError::not_supported("this transaction has written on several nodes, and user code running on one of them would not see the others' writes")
-            .with_hint("Call the function before the transaction's writes, or in a transaction of its own.")),
+        _ => Err(PgError::not_supported(
+            "this transaction has written on several nodes, and user code running on one of them would not see the others' writes",
+        )
+        .with_hint("Call the function before the transaction's writes, or in a transaction of its own.")),
     }
 }
 
@@ -166,8 +181,15 @@ fn key_input<'a>(key: &'a KeyValue, mode: &'a Mode<'_>) -> PgResult<KeyInput<'a>
         KeyValue::Literal { text, type_oid, .. } => Ok(KeyInput { value: Some(text.as_bytes()), type_oid: *type_oid, binary: false }),
         KeyValue::Param(index) => match mode {
             Mode::Extended { bind, param_types, .. } => {
-                let value = bind.params.get(*index).ok_or_else(|| PgError::new(sqlstate::PROTOCOL_VIOLATION, format!("no value bound for parameter ${}", index + 1)))?;
-                Ok(KeyInput { value: value.as_deref(), type_oid: param_types.get(*index).copied().unwrap_or(0), binary: bind.param_format(*index) == 1 })
+                let value = bind
+                    .params
+                    .get(*index)
+                    .ok_or_else(|| PgError::new(sqlstate::PROTOCOL_VIOLATION, format!("no value bound for parameter ${}", index + 1)))?;
+                Ok(KeyInput {
+                    value: value.as_deref(),
+                    type_oid: param_types.get(*index).copied().unwrap_or(0),
+                    binary: bind.param_format(*index) == 1,
+                })
             }
             Mode::Simple => Err(PgError::new(sqlstate::PROTOCOL_VIOLATION, format!("there is no parameter ${}", index + 1))),
         },
@@ -193,7 +215,13 @@ async fn shard_of(plan: &RouterPlan, parts: &mut Participants, input: KeyInput<'
 /// conversion is parsed once and bound once per value. Returns the converted
 /// values in binary form, or the position of the first value the type
 /// rejected with PostgreSQL's error.
-pub(crate) async fn coerce_keys(parts: &mut Participants, routing: &KeyRouting<'_>, type_oid: u32, binary: bool, values: &[&[u8]]) -> Result<Vec<Option<Bytes>>, (usize, PgError)> {
+pub(crate) async fn coerce_keys(
+    parts: &mut Participants,
+    routing: &KeyRouting<'_>,
+    type_oid: u32,
+    binary: bool,
+    values: &[&[u8]],
+) -> Result<Vec<Option<Bytes>>, (usize, PgError)> {
     const NAME: &str = "tessera_key";
     let local = parts.local().await.map_err(|e| (0, e))?;
     let out = local.out();
@@ -248,21 +276,34 @@ async fn plan_tasks(plan: &RouterPlan, parts: &mut Participants, mode: &Mode<'_>
         }
         ShardTarget::Reference => {
             let sql = match plan.insert_key.as_ref().filter(|_| defaults.others.iter().any(|v| !v.is_empty())) {
-                Some(insert) => plan.insert_rows_sql(0, &(0..insert.rows).collect::<Vec<_>>(), &FilledValues { key: Vec::new(), others: defaults.others })?,
+                Some(insert) => {
+                    plan.insert_rows_sql(0, &(0..insert.rows).collect::<Vec<_>>(), &FilledValues { key: Vec::new(), others: defaults.others })?
+                }
                 None => plan.sql_for_shard(0)?,
             };
-            let table = plan.template.tables().iter().find(|t| t.is_reference()).ok_or_else(|| PgError::internal("reference plan without a reference table"))?;
+            let table = plan
+                .template
+                .tables()
+                .iter()
+                .find(|t| t.is_reference())
+                .ok_or_else(|| PgError::internal("reference plan without a reference table"))?;
             let groups = &table.shards.first().ok_or_else(|| PgError::internal("reference table without shard"))?.placements;
             if plan.is_write() {
                 groups.iter().map(|g| Task { group: *g, sql: sql.clone(), rows: Vec::new() }).collect()
             } else {
                 // Prefer a node this transaction already uses, so it sees its own writes.
-                let g = groups.iter().find(|g| parts.has_worker_in_block(**g)).or(groups.first()).ok_or_else(|| PgError::internal("reference table without placement"))?;
+                let g = groups
+                    .iter()
+                    .find(|g| parts.has_worker_in_block(**g))
+                    .or(groups.first())
+                    .ok_or_else(|| PgError::internal("reference table without placement"))?;
                 vec![Task { group: *g, sql, rows: Vec::new() }]
             }
         }
         ShardTarget::SameKeys(keys) => {
-            let i = shard_of_all(plan, parts, keys, mode).await?.ok_or_else(|| PgError::internal("key values in different shard groups reached the router"))?;
+            let i = shard_of_all(plan, parts, keys, mode)
+                .await?
+                .ok_or_else(|| PgError::internal("key values in different shard groups reached the router"))?;
             vec![Task { group: group_node(i)?, sql: plan.sql_for_shard(i)?, rows: Vec::new() }]
         }
         ShardTarget::AnyNode(groups) => vec![Task { group: user_code_node(groups, parts)?, sql: plan.sql_for_shard(0)?, rows: Vec::new() }],
@@ -285,7 +326,9 @@ async fn plan_tasks(plan: &RouterPlan, parts: &mut Participants, mode: &Mode<'_>
                 add_row_to_shard(&mut by_shard, shard, row);
             }
             match by_shard.as_slice() {
-                [(shard, rows)] if filled.is_empty() => vec![Task { group: group_node(*shard)?, sql: plan.sql_for_shard(*shard)?, rows: rows.clone() }],
+                [(shard, rows)] if filled.is_empty() => {
+                    vec![Task { group: group_node(*shard)?, sql: plan.sql_for_shard(*shard)?, rows: rows.clone() }]
+                }
                 _ => by_shard
                     .into_iter()
                     .map(|(shard, rows)| Ok(Task { group: group_node(shard)?, sql: plan.insert_rows_sql(shard, &rows, &filled)?, rows }))
@@ -307,7 +350,13 @@ fn add_row_to_shard(by_shard: &mut Vec<(u32, Vec<usize>)>, shard: u32, row: usiz
 /// Runs the tasks of a multi-row INSERT that reaches several shard groups:
 /// each node gets its shards' INSERTs in one write and the nodes work in
 /// parallel, as multi-shard statements do.
-async fn run_insert_tasks(tasks: Vec<Task>, parts: &mut Participants, catalog: &Catalog, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<String> {
+async fn run_insert_tasks(
+    tasks: Vec<Task>,
+    parts: &mut Participants,
+    catalog: &Catalog,
+    mode: &Mode<'_>,
+    client: &mut ClientConn,
+) -> PgResult<String> {
     let mut routed = RoutedInsert::default();
     for task in tasks {
         routed.add(node_of_group(catalog, task.group)?, task, 0, false);
@@ -350,7 +399,14 @@ impl RoutedInsert {
 }
 
 /// Runs the tasks one after another and returns the combined command tag.
-async fn run_tasks(plan: &RouterPlan, tasks: Vec<Task>, parts: &mut Participants, catalog: &Catalog, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<String> {
+async fn run_tasks(
+    plan: &RouterPlan,
+    tasks: Vec<Task>,
+    parts: &mut Participants,
+    catalog: &Catalog,
+    mode: &Mode<'_>,
+    client: &mut ClientConn,
+) -> PgResult<String> {
     // Writes to every placement of a reference table return the same rows from
     // each; the client sees them once.
     let replicated = matches!(plan.target, ShardTarget::Reference) && plan.is_write();
@@ -391,7 +447,14 @@ fn split_tag(tag: &str) -> (&str, Option<u64>) {
 }
 
 /// Sends one statement to a worker and forwards its result rows.
-async fn run_task(w: &mut WorkerConnection, sql: &Arc<str>, mode: &Mode<'_>, client: &mut ClientConn, relay_rows: bool, first: bool) -> PgResult<String> {
+async fn run_task(
+    w: &mut WorkerConnection,
+    sql: &Arc<str>,
+    mode: &Mode<'_>,
+    client: &mut ClientConn,
+    relay_rows: bool,
+    first: bool,
+) -> PgResult<String> {
     let mut parse_pending = false;
     let synced = match mode {
         Mode::Simple => {
@@ -522,7 +585,11 @@ pub(crate) async fn run_on_coordinator_db(parts: &mut Participants, sql: &str, m
 /// Reads the coordinator database's answer up to ReadyForQuery, handing
 /// every other message to `relay`, which writes what the client gets of it;
 /// returns the first error.
-pub(crate) async fn relay_local_answer(parts: &mut Participants, client: &mut ClientConn, mut relay: impl FnMut(&Message, &mut BytesMut)) -> PgResult<()> {
+pub(crate) async fn relay_local_answer(
+    parts: &mut Participants,
+    client: &mut ClientConn,
+    mut relay: impl FnMut(&Message, &mut BytesMut),
+) -> PgResult<()> {
     let mut error = None;
     loop {
         let local = parts.held_local()?;

@@ -8,12 +8,14 @@ use crate::connection::{quote_ident, quote_literal, text_row_size, TextRow, Text
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable, Node};
 use crate::planner::rewrite::ShardTemplate;
-use crate::planner::{aggregate_placeholder, partial_column, sort_column, AggregateKind, Combine, CombineQuery, MultiShardPlan, PARTIALS_RELATION, VISIBLE_COLUMNS};
-use crate::server::Coordinator;
+use crate::planner::{
+    aggregate_placeholder, partial_column, sort_column, AggregateKind, Combine, CombineQuery, MultiShardPlan, PARTIALS_RELATION, VISIBLE_COLUMNS,
+};
 use crate::protocol::backend;
 use crate::protocol::frontend::{self, Target};
-use crate::server::client::ClientConn;
 use crate::protocol::Message;
+use crate::server::client::ClientConn;
+use crate::server::Coordinator;
 use crate::transaction::limits::StatementLimits;
 use crate::transaction::{Access, Participants, WorkerConnection};
 use std::sync::Arc;
@@ -66,14 +68,25 @@ pub(super) async fn take_connections(parts: &mut Participants, by_node: &[(Node,
 }
 
 /// Runs the tasks and collects their rows as text, with the columns.
-pub(super) async fn collect_rows(parts: &mut Participants, by_node: &TasksByNode, mode: &Mode<'_>) -> PgResult<(Vec<backend::FieldDescription>, TextRows)> {
+pub(super) async fn collect_rows(
+    parts: &mut Participants,
+    by_node: &TasksByNode,
+    mode: &Mode<'_>,
+) -> PgResult<(Vec<backend::FieldDescription>, TextRows)> {
     let mut sink = Sink::Partials { rows: Vec::new(), fields: Vec::new() };
     run_on_nodes(parts, by_node, Access::Read, mode, &mut sink).await?;
     let Sink::Partials { rows, fields } = sink else { unreachable!() };
     Ok((fields, rows))
 }
 
-pub async fn run(plan: &MultiShardPlan, coordinator: &Coordinator, parts: &mut Participants, catalog: &Catalog, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<()> {
+pub async fn run(
+    plan: &MultiShardPlan,
+    coordinator: &Coordinator,
+    parts: &mut Participants,
+    catalog: &Catalog,
+    mode: &Mode<'_>,
+    client: &mut ClientConn,
+) -> PgResult<()> {
     let by_node = tasks_by_node(&plan.template, &plan.anchor, catalog)?;
     match &plan.combine {
         Combine::Concatenate => {
@@ -101,7 +114,13 @@ pub async fn run(plan: &MultiShardPlan, coordinator: &Coordinator, parts: &mut P
 /// Runs the nodes' tasks with their rows going straight to the client: all
 /// nodes at once, or one after another for writes when the session asked for
 /// sequential multi-shard writes. Returns the rows the command tags report.
-pub(super) async fn run_concatenated(parts: &mut Participants, by_node: &TasksByNode, write: bool, mode: &Mode<'_>, client: &mut ClientConn) -> PgResult<u64> {
+pub(super) async fn run_concatenated(
+    parts: &mut Participants,
+    by_node: &TasksByNode,
+    write: bool,
+    mode: &Mode<'_>,
+    client: &mut ClientConn,
+) -> PgResult<u64> {
     let access = if write { Access::Write } else { Access::Read };
     let mut sink = Sink::Client { client, describe: matches!(mode, Mode::Simple) };
     let sequential = write && parts.citus_settings().await?.sequential_modify;
@@ -121,7 +140,14 @@ pub(super) async fn run_concatenated(parts: &mut Participants, by_node: &TasksBy
 /// table replicas). When a node returns a different number of rows (ON
 /// CONFLICT DO NOTHING), its rows follow in the order they came.
 /// `describe`: the client still needs the RowDescription.
-pub(super) async fn run_in_input_order(parts: &mut Participants, by_node: &TasksByNode, input_rows: &[Option<Vec<usize>>], mode: &Mode<'_>, describe: bool, client: &mut ClientConn) -> PgResult<u64> {
+pub(super) async fn run_in_input_order(
+    parts: &mut Participants,
+    by_node: &TasksByNode,
+    input_rows: &[Option<Vec<usize>>],
+    mode: &Mode<'_>,
+    describe: bool,
+    client: &mut ClientConn,
+) -> PgResult<u64> {
     let sequential = parts.citus_settings().await?.sequential_modify;
     let round_size = if sequential { 1 } else { by_node.len().max(1) };
     let (mut description, mut rows, mut counts) = (None, Vec::new(), Vec::new());
@@ -199,7 +225,13 @@ impl Sink<'_> {
 /// arrive. The first node to fail stops the others (through the statement's
 /// limits), whose work would be wasted. Returns the rows each node's command
 /// tags report.
-async fn run_on_nodes(parts: &mut Participants, by_node: &[(Node, Vec<Arc<str>>)], access: Access, mode: &Mode<'_>, sink: &mut Sink<'_>) -> PgResult<Vec<u64>> {
+async fn run_on_nodes(
+    parts: &mut Participants,
+    by_node: &[(Node, Vec<Arc<str>>)],
+    access: Access,
+    mode: &Mode<'_>,
+    sink: &mut Sink<'_>,
+) -> PgResult<Vec<u64>> {
     take_connections(parts, by_node, access).await?;
     let limits = parts.limits().clone();
     let text_results = matches!(sink, Sink::Partials { .. });
@@ -313,7 +345,12 @@ pub(super) fn send_tasks(w: &mut WorkerConnection, sqls: &[Arc<str>], mode: &Mod
 
 /// Reads the results of node `node` (its index in the task list) up to the
 /// batch's ReadyForQuery, passing rows on.
-async fn read_results(w: &mut WorkerConnection, node: usize, mut batch: SentBatch, rows_to: &tokio::sync::mpsc::Sender<(usize, Message)>) -> PgResult<u64> {
+async fn read_results(
+    w: &mut WorkerConnection,
+    node: usize,
+    mut batch: SentBatch,
+    rows_to: &tokio::sync::mpsc::Sender<(usize, Message)>,
+) -> PgResult<u64> {
     let mut rows = 0u64;
     let mut error = None;
     loop {
@@ -385,8 +422,11 @@ const RECORD_OID: u32 = 2249;
 /// oid may name another type.
 pub(super) async fn shard_type_names(parts: &mut Participants, catalog: &Catalog, fields: &[backend::FieldDescription]) -> PgResult<Vec<String>> {
     if let Some(f) = fields.iter().find(|f| f.type_oid >= crate::metadata::FIRST_USER_OID && !catalog.is_user_type(f.type_oid)) {
-        return Err(PgError::not_supported(format!("the column \"{}\" has a type only the shards have (a table's whole row), which cannot be combined across shards", f.name))
-            .with_hint("Select the table's columns instead of its whole row."));
+        return Err(PgError::not_supported(format!(
+            "the column \"{}\" has a type only the shards have (a table's whole row), which cannot be combined across shards",
+            f.name
+        ))
+        .with_hint("Select the table's columns instead of its whole row."));
     }
     type_names(parts, fields).await
 }
@@ -395,8 +435,11 @@ pub(super) async fn shard_type_names(parts: &mut Participants, catalog: &Catalog
 /// through `shard_type_names`, the shards), for typed literals.
 pub(super) async fn type_names(parts: &mut Participants, fields: &[backend::FieldDescription]) -> PgResult<Vec<String>> {
     if let Some(f) = fields.iter().find(|f| f.type_oid == RECORD_OID) {
-        return Err(PgError::not_supported(format!("the row value \"{}\" cannot be combined across shards: anonymous row values have no literal form", f.name))
-            .with_hint("Select the row's fields as columns of their own, or cast the row to a composite type."));
+        return Err(PgError::not_supported(format!(
+            "the row value \"{}\" cannot be combined across shards: anonymous row values have no literal form",
+            f.name
+        ))
+        .with_hint("Select the row's fields as columns of their own, or cast the row to a composite type."));
     }
     let unknown: Vec<String> = fields.iter().filter(|f| builtin_type_name(f.type_oid).is_none()).map(|f| f.type_oid.to_string()).collect();
     let mut looked_up = std::collections::HashMap::new();
@@ -477,12 +520,19 @@ pub(super) fn values_list<'r>(types: &[String], rows: impl ExactSizeIterator<Ite
 /// The combining statement with the shards' rows filled in, or None when an
 /// aggregate cannot be combined exactly from these partial types. The rows
 /// go in last, so that nothing searches their text.
-pub(super) fn combine_sql(query: &CombineQuery, fields: &[backend::FieldDescription], types: &[String], rows: &[TextRow], limits: &StatementLimits) -> PgResult<Option<String>> {
+pub(super) fn combine_sql(
+    query: &CombineQuery,
+    fields: &[backend::FieldDescription],
+    types: &[String],
+    rows: &[TextRow],
+    limits: &StatementLimits,
+) -> PgResult<Option<String>> {
     let visible = fields.len().saturating_sub(query.hidden);
     let columns: Vec<String> = (0..fields.len()).map(|i| if i < visible { partial_column(i) } else { sort_column(i - visible) }).collect();
     let mut sql = query.sql.clone();
     if sql.contains(VISIBLE_COLUMNS) {
-        let list: Vec<String> = fields[..visible].iter().enumerate().map(|(i, f)| format!("{} AS {}", partial_column(i), quote_ident(&f.name))).collect();
+        let list: Vec<String> =
+            fields[..visible].iter().enumerate().map(|(i, f)| format!("{} AS {}", partial_column(i), quote_ident(&f.name))).collect();
         sql = sql.replacen(VISIBLE_COLUMNS, &list.join(", "), 1);
     }
     for (j, aggregate) in query.aggregates.iter().enumerate().rev() {

@@ -72,10 +72,7 @@ impl Cursor<'_> {
     /// Reads a run of ASCII digits whose length must be within min..=max.
     /// Returns the value and the number of digits read.
     fn number(&mut self, min: usize, max: usize) -> Option<(u32, usize)> {
-        let run = self.s[self.pos..]
-            .iter()
-            .take_while(|b| b.is_ascii_digit())
-            .count();
+        let run = self.s[self.pos..].iter().take_while(|b| b.is_ascii_digit()).count();
         if run < min || run > max {
             return None;
         }
@@ -107,11 +104,7 @@ fn days_in_month(year: i64, month: u32) -> u32 {
 fn days_since_2000(year: i64, month: u32, day: u32) -> i64 {
     // Count years from March so that the leap day ends the year; then every
     // 400-year era has the same 146097 days.
-    let (y, m) = if month <= 2 {
-        (year - 1, month + 9)
-    } else {
-        (year, month - 3)
-    };
+    let (y, m) = if month <= 2 { (year - 1, month + 9) } else { (year, month - 3) };
     let era = y.div_euclid(400);
     let year_of_era = y.rem_euclid(400);
     let day_of_year = (153 * i64::from(m) + 2) / 5 + i64::from(day) - 1;
@@ -206,19 +199,10 @@ pub(crate) fn parse_date(text: &str) -> Result<i32, HashInputError> {
         Some(Special::NegInfinity) => return Ok(i32::MIN),
         Some(Special::Epoch) => EPOCH_DAYS,
         None => {
-            let mut cur = Cursor {
-                s: s.as_bytes(),
-                pos: 0,
-            };
+            let mut cur = Cursor { s: s.as_bytes(), pos: 0 };
             match parse_ymd(&mut cur) {
                 Some(days) if cur.at_end() => days,
-                _ => {
-                    return Err(text_error(
-                        HashType::Date,
-                        text,
-                        "only YYYY-MM-DD, infinity, -infinity and epoch are supported",
-                    ))
-                }
+                _ => return Err(text_error(HashType::Date, text, "only YYYY-MM-DD, infinity, -infinity and epoch are supported")),
             }
         }
     };
@@ -234,17 +218,8 @@ pub(crate) fn parse_timestamp(ty: HashType, text: &str) -> Result<i64, HashInput
         Some(Special::Epoch) => return Ok(EPOCH_DAYS * USECS_PER_DAY),
         None => {}
     }
-    let unsupported = || {
-        text_error(
-            ty,
-            text,
-            "only YYYY-MM-DD[( |T)HH:MM[:SS[.ffffff]]][Z|+HH[:MM]], infinity, -infinity and epoch are supported",
-        )
-    };
-    let mut cur = Cursor {
-        s: s.as_bytes(),
-        pos: 0,
-    };
+    let unsupported = || text_error(ty, text, "only YYYY-MM-DD[( |T)HH:MM[:SS[.ffffff]]][Z|+HH[:MM]], infinity, -infinity and epoch are supported");
+    let mut cur = Cursor { s: s.as_bytes(), pos: 0 };
     let days = parse_ymd(&mut cur).ok_or_else(unsupported)?;
     let mut time = 0;
     let mut zone = None;
@@ -269,13 +244,7 @@ pub(crate) fn parse_timestamp(ty: HashType, text: &str) -> Result<i64, HashInput
         // timestamp without time zone silently ignores a given zone.
         (HashType::Timestamp, _) => local,
         (_, Some(offset)) => local - offset * USECS_PER_SEC,
-        (_, None) => {
-            return Err(text_error(
-                ty,
-                text,
-                "no explicit UTC offset, so the value depends on the session TimeZone",
-            ))
-        }
+        (_, None) => return Err(text_error(ty, text, "no explicit UTC offset, so the value depends on the session TimeZone")),
     })
 }
 
@@ -284,10 +253,7 @@ pub(crate) fn check_date(days: i32) -> Result<i32, HashInputError> {
     if days == i32::MIN || days == i32::MAX || (DATE_MIN..DATE_END).contains(&days) {
         Ok(days)
     } else {
-        Err(binary_error(
-            HashType::Date,
-            format_args!("date out of range: {days}"),
-        ))
+        Err(binary_error(HashType::Date, format_args!("date out of range: {days}")))
     }
 }
 
@@ -349,10 +315,7 @@ mod tests {
         assert_eq!(ts("2000-01-01").unwrap(), 0);
         assert_eq!(ts("2000-01-01 00:00:01.5").unwrap(), 1_500_000);
         assert_eq!(ts("2000-01-01T01:02").unwrap(), 3_720_000_000);
-        assert_eq!(
-            ts("2000-01-01 12:00:00+05").unwrap(),
-            ts("2000-01-01 12:00").unwrap()
-        );
+        assert_eq!(ts("2000-01-01 12:00:00+05").unwrap(), ts("2000-01-01 12:00").unwrap());
         assert_eq!(tz("2000-01-01 05:00:00+05").unwrap(), 0);
         assert_eq!(tz("1999-12-31 19:00:00-05:00").unwrap(), 0);
         assert_eq!(tz("2000-01-01 05:30:00 +0530").unwrap(), 0);

@@ -25,11 +25,7 @@ struct State {
 impl State {
     fn new(len: u32, seed: u64) -> State {
         let init = GOLDEN.wrapping_add(len).wrapping_add(PG_INIT_OFFSET);
-        let mut s = State {
-            a: init,
-            b: init,
-            c: init,
-        };
+        let mut s = State { a: init, b: init, c: init };
         // A zero seed leaves the state untouched, so seeded and unseeded
         // hashing coincide for seed 0.
         if seed != 0 {
@@ -122,10 +118,7 @@ pub fn hash_u32(k: u32, seed: u64) -> u64 {
 
 /// `hash_combine64` from `common/hashfn.h`.
 pub fn hash_combine64(a: u64, b: u64) -> u64 {
-    a ^ b
-        .wrapping_add(0x49a0_f4dd_15e5_a8e3)
-        .wrapping_add(a << 54)
-        .wrapping_add(a >> 7)
+    a ^ b.wrapping_add(0x49a0_f4dd_15e5_a8e3).wrapping_add(a << 54).wrapping_add(a >> 7)
 }
 
 #[cfg(test)]
@@ -143,10 +136,7 @@ mod tests {
     #[test]
     fn byte_hash_matches_server() {
         assert_eq!(hash_bytes(b"", HASH_PARTITION_SEED) as i64, -5700645584453517373);
-        assert_eq!(
-            hash_bytes(b"hello world!", HASH_PARTITION_SEED) as i64,
-            -1886269529411655687
-        );
+        assert_eq!(hash_bytes(b"hello world!", HASH_PARTITION_SEED) as i64, -1886269529411655687);
     }
 
     #[test]

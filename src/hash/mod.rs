@@ -124,10 +124,7 @@ pub(crate) fn text_error(ty: HashType, input: &str, reason: impl fmt::Display) -
     const MAX_SHOWN: usize = 64;
     let shown: String = input.chars().take(MAX_SHOWN).collect();
     let ellipsis = if shown.len() < input.len() { "..." } else { "" };
-    HashInputError(format!(
-        "cannot hash {} text value \"{shown}{ellipsis}\": {reason}",
-        ty.sql_name()
-    ))
+    HashInputError(format!("cannot hash {} text value \"{shown}{ellipsis}\": {reason}", ty.sql_name()))
 }
 
 /// Builds the error for a binary-form input.
@@ -173,23 +170,14 @@ fn fold_int8(v: i64) -> u32 {
 /// already unescaped).
 pub fn hash_text(ty: HashType, text: &str) -> Result<u64, HashInputError> {
     let value = match ty {
-        HashType::Int2 => {
-            Hashable::Word(scalar::parse_int(ty, text, i16::MIN.into(), i16::MAX.into())? as i32 as u32)
-        }
-        HashType::Int4 => {
-            Hashable::Word(scalar::parse_int(ty, text, i32::MIN.into(), i32::MAX.into())? as i32 as u32)
-        }
+        HashType::Int2 => Hashable::Word(scalar::parse_int(ty, text, i16::MIN.into(), i16::MAX.into())? as i32 as u32),
+        HashType::Int4 => Hashable::Word(scalar::parse_int(ty, text, i32::MIN.into(), i32::MAX.into())? as i32 as u32),
         HashType::Int8 => Hashable::Int8(scalar::parse_int(ty, text, i64::MIN, i64::MAX)?),
         HashType::Oid => Hashable::Word(scalar::parse_oid(text)?),
         HashType::Bool => Hashable::Word(u32::from(scalar::parse_bool(text)?)),
-        HashType::Char => Hashable::Word(
-            scalar::char_word(scalar::parse_char(text))
-                .ok_or_else(|| text_error(ty, text, scalar::CHAR_HIGH_BIT))?,
-        ),
+        HashType::Char => Hashable::Word(scalar::char_word(scalar::parse_char(text)).ok_or_else(|| text_error(ty, text, scalar::CHAR_HIGH_BIT))?),
         HashType::Text => Hashable::Bytes(scalar::check_text(ty, text)?.as_bytes().into()),
-        HashType::Bpchar => {
-            Hashable::Bytes(scalar::strip_bpchar(scalar::check_text(ty, text)?.as_bytes()).into())
-        }
+        HashType::Bpchar => Hashable::Bytes(scalar::strip_bpchar(scalar::check_text(ty, text)?.as_bytes()).into()),
         HashType::Bytea => Hashable::Bytes(scalar::parse_bytea(text)?.into()),
         HashType::Uuid => Hashable::Bytes(scalar::parse_uuid(text)?.to_vec().into()),
         HashType::Numeric => Hashable::Numeric(numeric::parse_text(text)?),
@@ -209,30 +197,20 @@ pub fn hash_binary(ty: HashType, bytes: &[u8]) -> Result<u64, HashInputError> {
         HashType::Oid => Hashable::Word(u32::from_be_bytes(fixed(ty, bytes)?)),
         // boolrecv maps every non-zero byte to true.
         HashType::Bool => Hashable::Word(u32::from(fixed::<1>(ty, bytes)?[0] != 0)),
-        HashType::Char => Hashable::Word(
-            scalar::char_word(fixed::<1>(ty, bytes)?[0])
-                .ok_or_else(|| binary_error(ty, scalar::CHAR_HIGH_BIT))?,
-        ),
+        HashType::Char => Hashable::Word(scalar::char_word(fixed::<1>(ty, bytes)?[0]).ok_or_else(|| binary_error(ty, scalar::CHAR_HIGH_BIT))?),
         HashType::Text => Hashable::Bytes(scalar::check_text_bytes(ty, bytes)?.into()),
-        HashType::Bpchar => {
-            Hashable::Bytes(scalar::strip_bpchar(scalar::check_text_bytes(ty, bytes)?).into())
-        }
+        HashType::Bpchar => Hashable::Bytes(scalar::strip_bpchar(scalar::check_text_bytes(ty, bytes)?).into()),
         HashType::Bytea => Hashable::Bytes(bytes.into()),
         HashType::Uuid => Hashable::Bytes(fixed::<16>(ty, bytes)?.to_vec().into()),
         HashType::Numeric => Hashable::Numeric(numeric::parse_binary(bytes)?),
         HashType::Date => Hashable::Word(datetime::check_date(i32::from_be_bytes(fixed(ty, bytes)?))? as u32),
-        HashType::Timestamp | HashType::TimestampTz => Hashable::Int8(datetime::check_timestamp(
-            ty,
-            i64::from_be_bytes(fixed(ty, bytes)?),
-        )?),
+        HashType::Timestamp | HashType::TimestampTz => Hashable::Int8(datetime::check_timestamp(ty, i64::from_be_bytes(fixed(ty, bytes)?))?),
     };
     Ok(value.hash(HASH_PARTITION_SEED))
 }
 
 fn fixed<const N: usize>(ty: HashType, bytes: &[u8]) -> Result<[u8; N], HashInputError> {
-    bytes
-        .try_into()
-        .map_err(|_| binary_error(ty, format_args!("expected {N} bytes, got {}", bytes.len())))
+    bytes.try_into().map_err(|_| binary_error(ty, format_args!("expected {N} bytes, got {}", bytes.len())))
 }
 
 /// The partition row hash for a single-column key: `None` (NULL) -> 0,
@@ -275,29 +253,17 @@ mod tests {
     #[test]
     fn int8_fold_matches_int4() {
         for v in [0i32, 1, -1, 42, i32::MIN, i32::MAX] {
-            assert_eq!(
-                hash_text(HashType::Int8, &v.to_string()),
-                hash_text(HashType::Int4, &v.to_string())
-            );
+            assert_eq!(hash_text(HashType::Int8, &v.to_string()), hash_text(HashType::Int4, &v.to_string()));
         }
     }
 
     #[test]
     fn known_server_values() {
         // From PostgreSQL 15: SELECT hash_numeric_extended(x, 8816678312871386365)
-        assert_eq!(
-            hash_text(HashType::Numeric, "0").unwrap(),
-            HASH_PARTITION_SEED - 1
-        );
+        assert_eq!(hash_text(HashType::Numeric, "0").unwrap(), HASH_PARTITION_SEED - 1);
         assert_eq!(hash_text(HashType::Numeric, "NaN").unwrap(), HASH_PARTITION_SEED);
-        assert_eq!(
-            hash_text(HashType::Numeric, "-12.5").unwrap() as i64,
-            -7880450537691530978
-        );
-        assert_eq!(
-            hash_text(HashType::Int4, "1").unwrap() as i64,
-            5968994663651403477
-        );
+        assert_eq!(hash_text(HashType::Numeric, "-12.5").unwrap() as i64, -7880450537691530978);
+        assert_eq!(hash_text(HashType::Int4, "1").unwrap() as i64, 5968994663651403477);
         // satisfies_hash_partition('p_int4', 7, 5, 1) and (64, 56, 1) are true.
         let h = row_hash(Some(hash_text(HashType::Int4, "1").unwrap()));
         assert_eq!(shard_index(h, 7), 5);

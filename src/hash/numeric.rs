@@ -48,10 +48,7 @@ impl NumericValue {
         let last = digits.iter().rposition(|&d| d != 0).unwrap_or(first);
         weight -= first as i64;
         let weight = i16::try_from(weight).map_err(|_| "value overflows numeric format")?;
-        Ok(NumericValue::Finite {
-            weight,
-            digits: digits[first..=last].to_vec(),
-        })
+        Ok(NumericValue::Finite { weight, digits: digits[first..=last].to_vec() })
     }
 
     pub(crate) fn hash(&self, seed: u64) -> u64 {
@@ -78,10 +75,7 @@ pub(crate) fn parse_text(text: &str) -> Result<NumericValue, HashInputError> {
     let err = |reason: &str| text_error(HashType::Numeric, text, reason);
     let s = trim_c_space(text);
     // The special spellings numeric_in (and float8in) accept.
-    if matches!(
-        s.to_ascii_lowercase().as_str(),
-        "nan" | "infinity" | "+infinity" | "-infinity" | "inf" | "+inf" | "-inf"
-    ) {
+    if matches!(s.to_ascii_lowercase().as_str(), "nan" | "infinity" | "+infinity" | "-infinity" | "inf" | "+inf" | "-inf") {
         return Ok(NumericValue::Special);
     }
 
@@ -223,19 +217,13 @@ mod tests {
     use super::*;
 
     fn finite(weight: i16, digits: &[u16]) -> NumericValue {
-        NumericValue::Finite {
-            weight,
-            digits: digits.to_vec(),
-        }
+        NumericValue::Finite { weight, digits: digits.to_vec() }
     }
 
     #[test]
     fn text_forms() {
         assert_eq!(parse_text("12345.678").unwrap(), finite(1, &[1, 2345, 6780]));
-        assert_eq!(
-            parse_text(" -0012345.67800 ").unwrap(),
-            finite(1, &[1, 2345, 6780])
-        );
+        assert_eq!(parse_text(" -0012345.67800 ").unwrap(), finite(1, &[1, 2345, 6780]));
         assert_eq!(parse_text("1.2345678e4").unwrap(), finite(1, &[1, 2345, 6780]));
         assert_eq!(parse_text("0.0001").unwrap(), finite(-1, &[1]));
         assert_eq!(parse_text("0.00001").unwrap(), finite(-2, &[1000]));
@@ -245,16 +233,7 @@ mod tests {
         assert_eq!(parse_text("5.").unwrap(), finite(0, &[5]));
         assert_eq!(parse_text("0.000").unwrap(), NumericValue::Zero);
         assert_eq!(parse_text("-0e5").unwrap(), NumericValue::Zero);
-        for special in [
-            "NaN",
-            " nan ",
-            "Infinity",
-            "-infinity",
-            "+Infinity",
-            "inf",
-            "-INF",
-            "+inf",
-        ] {
+        for special in ["NaN", " nan ", "Infinity", "-infinity", "+Infinity", "inf", "-INF", "+inf"] {
             assert_eq!(parse_text(special).unwrap(), NumericValue::Special, "{special:?}");
         }
     }

@@ -42,14 +42,9 @@ fn parse_digits(s: &str) -> Option<Result<u64, ()>> {
 /// int2in / int4in / int8in: optional whitespace, sign, at least one digit.
 pub(crate) fn parse_int(ty: HashType, text: &str, min: i64, max: i64) -> Result<i64, HashInputError> {
     let (negative, digits) = split_sign(trim_c_space(text));
-    let magnitude = parse_digits(digits)
-        .ok_or_else(|| text_error(ty, text, "invalid integer syntax"))?
-        .map_err(|_| text_error(ty, text, "out of range"))?;
-    let value = if negative {
-        0i128 - i128::from(magnitude)
-    } else {
-        i128::from(magnitude)
-    };
+    let magnitude =
+        parse_digits(digits).ok_or_else(|| text_error(ty, text, "invalid integer syntax"))?.map_err(|_| text_error(ty, text, "out of range"))?;
+    let value = if negative { 0i128 - i128::from(magnitude) } else { i128::from(magnitude) };
     if value < i128::from(min) || value > i128::from(max) {
         return Err(text_error(ty, text, "out of range"));
     }
@@ -62,14 +57,9 @@ pub(crate) fn parse_int(ty: HashType, text: &str, min: i64, max: i64) -> Result<
 pub(crate) fn parse_oid(text: &str) -> Result<u32, HashInputError> {
     let ty = HashType::Oid;
     let (negative, digits) = split_sign(trim_c_space(text));
-    let magnitude = parse_digits(digits)
-        .ok_or_else(|| text_error(ty, text, "invalid oid syntax"))?
-        .map_err(|_| text_error(ty, text, "out of range"))?;
-    let converted = if negative {
-        magnitude.wrapping_neg()
-    } else {
-        magnitude
-    };
+    let magnitude =
+        parse_digits(digits).ok_or_else(|| text_error(ty, text, "invalid oid syntax"))?.map_err(|_| text_error(ty, text, "out of range"))?;
+    let converted = if negative { magnitude.wrapping_neg() } else { magnitude };
     let oid = converted as u32;
     if converted == u64::from(oid) || converted == oid as i32 as i64 as u64 {
         Ok(oid)
@@ -105,8 +95,7 @@ pub(crate) fn parse_char(text: &str) -> u8 {
     let is_octal = |c: u8| (b'0'..=b'7').contains(&c);
     if b.len() == 4 && b[0] == b'\\' && b[1..].iter().all(|&c| is_octal(c)) {
         // The server stores this in a C char, so 0o400 and up wrap.
-        (((u32::from(b[1] - b'0') << 6) | (u32::from(b[2] - b'0') << 3) | u32::from(b[3] - b'0')) & 0xff)
-            as u8
+        (((u32::from(b[1] - b'0') << 6) | (u32::from(b[2] - b'0') << 3) | u32::from(b[3] - b'0')) & 0xff) as u8
     } else {
         b.first().copied().unwrap_or(0)
     }
@@ -120,8 +109,7 @@ pub(crate) fn char_word(byte: u8) -> Option<u32> {
     (byte < 0x80).then_some(u32::from(byte))
 }
 
-pub(crate) const CHAR_HIGH_BIT: &str =
-    "bytes >= 0x80 hash differently on signed-char and unsigned-char servers";
+pub(crate) const CHAR_HIGH_BIT: &str = "bytes >= 0x80 hash differently on signed-char and unsigned-char servers";
 
 /// text values cannot contain NUL bytes.
 pub(crate) fn check_text(ty: HashType, text: &str) -> Result<&str, HashInputError> {
@@ -162,9 +150,7 @@ pub(crate) fn parse_bytea(text: &str) -> Result<Vec<u8>, HashInputError> {
                 continue;
             }
             let hi = hex_value(hex[i]).ok_or_else(|| text_error(ty, text, "invalid hexadecimal digit"))?;
-            let lo = hex
-                .get(i + 1)
-                .ok_or_else(|| text_error(ty, text, "odd number of hexadecimal digits"))?;
+            let lo = hex.get(i + 1).ok_or_else(|| text_error(ty, text, "odd number of hexadecimal digits"))?;
             let lo = hex_value(*lo).ok_or_else(|| text_error(ty, text, "invalid hexadecimal digit"))?;
             out.push(hi << 4 | lo);
             i += 2;
@@ -210,10 +196,7 @@ pub(crate) fn parse_uuid(text: &str) -> Result<[u8; 16], HashInputError> {
     let mut out = [0u8; 16];
     for (i, byte) in out.iter_mut().enumerate() {
         let (hi, lo) = match s {
-            [hi, lo, ..] => (
-                hex_value(*hi).ok_or_else(syntax)?,
-                hex_value(*lo).ok_or_else(syntax)?,
-            ),
+            [hi, lo, ..] => (hex_value(*hi).ok_or_else(syntax)?, hex_value(*lo).ok_or_else(syntax)?),
             _ => return Err(syntax()),
         };
         *byte = hi << 4 | lo;
@@ -244,19 +227,7 @@ mod tests {
         assert_eq!(int4(" +12 "), Some(12));
         assert_eq!(int4("\x0b-7\n"), Some(-7));
         assert_eq!(int4("-2147483648"), Some(-2147483648));
-        for bad in [
-            "",
-            " ",
-            "+",
-            "-",
-            "2147483648",
-            "1_000",
-            "0x10",
-            "1.0",
-            "- 1",
-            "1e3",
-            "99999999999999999999999",
-        ] {
+        for bad in ["", " ", "+", "-", "2147483648", "1_000", "0x10", "1.0", "- 1", "1e3", "99999999999999999999999"] {
             assert_eq!(int4(bad), None, "{bad:?}");
         }
     }
@@ -267,14 +238,7 @@ mod tests {
         assert_eq!(parse_oid(" 010 ").ok(), Some(10));
         assert_eq!(parse_oid("-2147483648").ok(), Some(2147483648));
         assert_eq!(parse_oid("4294967295").ok(), Some(u32::MAX));
-        for bad in [
-            "4294967296",
-            "-2147483649",
-            "",
-            "0x10",
-            "abc",
-            "18446744073709551616",
-        ] {
+        for bad in ["4294967296", "-2147483649", "", "0x10", "abc", "18446744073709551616"] {
             assert!(parse_oid(bad).is_err(), "{bad:?}");
         }
     }

@@ -133,7 +133,14 @@ pub fn produce_units(sources: Vec<Source>, format: &CopyFormat, header: bool, jo
         let (mut start, mut piece) = ((0u64, 0u64), 0);
         let mut piece_until = |end: (u64, u64)| -> anyhow::Result<()> {
             if end.0 > start.0 {
-                send(Unit { source: source.clone(), name: name.clone(), range: Some((start.0, end.0)), lines_before: start.1, header: header && start.0 == 0, order: Some((order.clone(), piece)) })?;
+                send(Unit {
+                    source: source.clone(),
+                    name: name.clone(),
+                    range: Some((start.0, end.0)),
+                    lines_before: start.1,
+                    header: header && start.0 == 0,
+                    order: Some((order.clone(), piece)),
+                })?;
                 piece += 1;
             }
             start = end;
@@ -154,7 +161,13 @@ fn is_compressed(path: &std::path::Path) -> bool {
 /// format — and gives each such offset, with the line count before it, to
 /// `cut`. It jumps from one interesting byte to the next rather than looking
 /// at each, as the readers wait for it.
-fn scan_row_boundaries(path: &std::path::Path, format: &CopyFormat, len: u64, parts: usize, cut: &mut dyn FnMut((u64, u64)) -> anyhow::Result<()>) -> anyhow::Result<()> {
+fn scan_row_boundaries(
+    path: &std::path::Path,
+    format: &CopyFormat,
+    len: u64,
+    parts: usize,
+    cut: &mut dyn FnMut((u64, u64)) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
     let step = len / parts as u64;
     let mut targets = (1..parts as u64).map(|i| i * step).peekable();
     let mut file = File::open(path)?;
@@ -211,7 +224,13 @@ impl Router {
     /// Reads one unit, sending full batches to the shards' writers. Returns
     /// the rows rejected here (bad key values), which only happens with a
     /// reject file; otherwise the first bad row is an error.
-    pub fn read_unit(&self, unit: &Unit, senders: &[Vec<(Arc<str>, Sender<Shipment>)>], progress: &super::Progress, rejects: Option<&Rejects>) -> anyhow::Result<u64> {
+    pub fn read_unit(
+        &self,
+        unit: &Unit,
+        senders: &[Vec<(Arc<str>, Sender<Shipment>)>],
+        progress: &super::Progress,
+        rejects: Option<&Rejects>,
+    ) -> anyhow::Result<u64> {
         let Some((order, piece)) = &unit.order else {
             return self.route_unit(unit, &mut |shard, batch| send(senders, shard, batch), progress, rejects);
         };
@@ -238,7 +257,13 @@ impl Router {
 
     /// Reads one unit, giving each full batch (and at the end each partial
     /// one) to `out`.
-    fn route_unit(&self, unit: &Unit, out: &mut dyn FnMut(u32, Batch) -> anyhow::Result<()>, progress: &super::Progress, rejects: Option<&Rejects>) -> anyhow::Result<u64> {
+    fn route_unit(
+        &self,
+        unit: &Unit,
+        out: &mut dyn FnMut(u32, Batch) -> anyhow::Result<()>,
+        progress: &super::Progress,
+        rejects: Option<&Rejects>,
+    ) -> anyhow::Result<u64> {
         let mut input = open(unit)?;
         let mut format = self.format.clone();
         format.header = unit.header;
@@ -305,7 +330,8 @@ impl Router {
 fn send(senders: &[Vec<(Arc<str>, Sender<Shipment>)>], shard: u32, batch: Batch) -> anyhow::Result<()> {
     let batch = Arc::new(batch);
     for (shard_table, tx) in &senders[shard as usize] {
-        tx.blocking_send(Shipment { shard_table: shard_table.clone(), batch: batch.clone() }).map_err(|_| anyhow::anyhow!("a shard writer stopped"))?;
+        tx.blocking_send(Shipment { shard_table: shard_table.clone(), batch: batch.clone() })
+            .map_err(|_| anyhow::anyhow!("a shard writer stopped"))?;
     }
     Ok(())
 }
@@ -380,7 +406,11 @@ mod tests {
                     assert!(row.is_some(), "{:?}, {parts} parts: {offset} is not a row start", format.format);
                     // Lines as PostgreSQL numbers them: every line feed in CSV
                     // (quoted ones too), only the rows' own in text format.
-                    let expected = if format.format == Format::Csv { input[..offset as usize].iter().filter(|&&b| b == b'\n').count() as u64 } else { row.unwrap() as u64 };
+                    let expected = if format.format == Format::Csv {
+                        input[..offset as usize].iter().filter(|&&b| b == b'\n').count() as u64
+                    } else {
+                        row.unwrap() as u64
+                    };
                     assert_eq!(lines, expected, "{:?}, {parts} parts: lines before {offset}", format.format);
                 }
             }

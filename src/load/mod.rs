@@ -93,7 +93,12 @@ struct Progress {
 
 pub async fn run(options: LoadOptions) -> anyhow::Result<Summary> {
     let started = Instant::now();
-    let login = Login { user: options.user.clone(), database: options.database.clone(), password: None, options: vec![("application_name".into(), "tessera load".into())] };
+    let login = Login {
+        user: options.user.clone(),
+        database: options.database.clone(),
+        password: None,
+        options: vec![("application_name".into(), "tessera load".into())],
+    };
     let mut coordinator = PgConnection::connect(&options.coordinator, &login).await.map_err(|e| anyhow::anyhow!("{e}"))?;
     let target = read_target(&mut coordinator, &options.table).await?;
     let mut format = CopyFormat::new(options.format);
@@ -148,7 +153,13 @@ pub async fn run(options: LoadOptions) -> anyhow::Result<Summary> {
         tokio::task::spawn_blocking(move || input::produce_units(sources, &format, header, jobs, unit_tx))
     };
     let queue = Arc::new(std::sync::Mutex::new(units));
-    let router = Arc::new(input::Router { format: format.clone(), key: target.key, shard_count: target.shards.len() as u32, columns: target.columns, batch_rows: options.batch_rows });
+    let router = Arc::new(input::Router {
+        format: format.clone(),
+        key: target.key,
+        shard_count: target.shards.len() as u32,
+        columns: target.columns,
+        batch_rows: options.batch_rows,
+    });
     let mut readers = Vec::new();
     for _ in 0..options.jobs.max(1) {
         let (queue, router, senders, progress, rejects) = (queue.clone(), router.clone(), senders.clone(), progress.clone(), rejects.clone());
@@ -232,13 +243,16 @@ async fn read_target(coordinator: &mut PgConnection, table: &str) -> anyhow::Res
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let Some(row) = rows.into_iter().next() else {
-        anyhow::bail!("\"{table}\" is not a distributed or reference table; distribute it first with create_distributed_table() or create_reference_table()");
+        anyhow::bail!(
+            "\"{table}\" is not a distributed or reference table; distribute it first with create_distributed_table() or create_reference_table()"
+        );
     };
     let text = |i: usize| row[i].clone().unwrap_or_default();
     let columns: usize = text(2).parse()?;
     let key = if text(0) == "h" {
         let type_oid: u32 = text(1).parse()?;
-        let hash_type = HashType::from_type_oid(type_oid).ok_or_else(|| anyhow::anyhow!("tessera load cannot hash distribution columns of type oid {type_oid}"))?;
+        let hash_type = HashType::from_type_oid(type_oid)
+            .ok_or_else(|| anyhow::anyhow!("tessera load cannot hash distribution columns of type oid {type_oid}"))?;
         Some((KeyField { index: text(3).parse()?, ..Default::default() }, hash_type))
     } else {
         None

@@ -113,7 +113,13 @@ pub enum Route {
 /// batch is one COPY inside the connection's transaction. With a reject file,
 /// a failing batch is retried row by row (each under a savepoint) and the
 /// failing rows are set aside.
-pub async fn write_placement(placement: Placement, login: Login, route: Route, mut batches: Receiver<Shipment>, rejects: Option<Rejects>) -> anyhow::Result<Written> {
+pub async fn write_placement(
+    placement: Placement,
+    login: Login,
+    route: Route,
+    mut batches: Receiver<Shipment>,
+    rejects: Option<Rejects>,
+) -> anyhow::Result<Written> {
     let node = format!("{}:{}", placement.addr.host, placement.addr.port);
     let fail = |e: PgError| anyhow::anyhow!("{} on {node}: {e}", placement.shard_table);
     let mut conn = PgConnection::connect(&placement.addr, &login).await.map_err(fail)?;
@@ -121,7 +127,9 @@ pub async fn write_placement(placement: Placement, login: Login, route: Route, m
     let copy_options = match route {
         Route::Copy { copy_options } => copy_options,
         Route::Compressed { copy_sql, socket } => {
-            let (rows, bytes_sent) = write_compressed(&mut conn, &copy_sql, socket, &mut batches).await.map_err(|e| anyhow::anyhow!("{} on {node}: {e}", placement.shard_table))?;
+            let (rows, bytes_sent) = write_compressed(&mut conn, &copy_sql, socket, &mut batches)
+                .await
+                .map_err(|e| anyhow::anyhow!("{} on {node}: {e}", placement.shard_table))?;
             return Ok(Written { placement, conn, rows, rejected: 0, bytes_sent });
         }
     };
@@ -189,7 +197,12 @@ async fn settle(conn: &mut PgConnection, in_flight: &mut VecDeque<Arc<Batch>>, o
 
 /// Runs the worker's COPY … FROM PROGRAM while feeding its receiver the
 /// batches as zstd frames; returns the rows copied and the bytes sent.
-async fn write_compressed(conn: &mut PgConnection, copy_sql: &str, socket: tokio::sync::oneshot::Receiver<tokio::net::TcpStream>, batches: &mut Receiver<Shipment>) -> anyhow::Result<(u64, u64)> {
+async fn write_compressed(
+    conn: &mut PgConnection,
+    copy_sql: &str,
+    socket: tokio::sync::oneshot::Receiver<tokio::net::TcpStream>,
+    batches: &mut Receiver<Shipment>,
+) -> anyhow::Result<(u64, u64)> {
     use tokio::io::AsyncWriteExt;
     let feed = async {
         let mut socket = tokio::time::timeout(std::time::Duration::from_secs(30), socket)
@@ -213,7 +226,11 @@ async fn write_compressed(conn: &mut PgConnection, copy_sql: &str, socket: tokio
 
 /// A worker's COPY error, naming the input line it is about.
 fn locate(e: PgError, batch: &Batch, node: &str) -> anyhow::Error {
-    let line = e.context().and_then(|c| c.split("line ").nth(1)).and_then(|rest| rest.split(|ch: char| !ch.is_ascii_digit()).next()).and_then(|n| n.parse().ok());
+    let line = e
+        .context()
+        .and_then(|c| c.split("line ").nth(1))
+        .and_then(|rest| rest.split(|ch: char| !ch.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok());
     match line.and_then(|n| batch.input_line(n)) {
         Some(line) => anyhow::anyhow!("{}:{line}: {} (on {node})", batch.source, e.message()),
         None => anyhow::anyhow!("{} (on {node}, rows from {})", e.message(), batch.source),
@@ -269,7 +286,10 @@ pub async fn commit(written: Vec<Written>) -> anyhow::Result<u64> {
             Ok(()) => {}
             // The commit may have happened: recovery reads its record.
             Err(Decision::InDoubt(e)) => {
-                return Err(anyhow::anyhow!("commit on {}: {e}; the coordinator's prepared-transaction recovery settles the load's outcome", decider.placement.addr))
+                return Err(anyhow::anyhow!(
+                    "commit on {}: {e}; the coordinator's prepared-transaction recovery settles the load's outcome",
+                    decider.placement.addr
+                ))
             }
             Err(Decision::RolledBack(e)) => failure = Some(anyhow::anyhow!("commit on {}: {e}", decider.placement.addr)),
         }
@@ -352,4 +372,3 @@ pub fn receive(connect: &str, token: &str) -> anyhow::Result<()> {
     zstd::stream::copy_decode(stream, stdout.lock())?;
     Ok(())
 }
-

@@ -116,7 +116,12 @@ const USER_TYPES_SQL: &str = "SELECT t.oid, format_type(t.oid, NULL) FROM pg_typ
 /// then carry its own oids) and is named in the log. When the coordinator
 /// database's types are those `previous` knew, its nodes' maps are kept
 /// (a reload after a view or function changed asks no node).
-pub async fn load_type_oids(catalog: &mut Catalog, coordinator_db: &mut PgConnection, login: &crate::connection::Login, previous: &Catalog) -> PgResult<()> {
+pub async fn load_type_oids(
+    catalog: &mut Catalog,
+    coordinator_db: &mut PgConnection,
+    login: &crate::connection::Login,
+    previous: &Catalog,
+) -> PgResult<()> {
     let by_name: HashMap<String, u32> =
         coordinator_db.query(USER_TYPES_SQL).await?.into_iter().filter_map(|r| Some((r[1].clone()?, int(&r[0])))).collect();
     if by_name.is_empty() {
@@ -126,7 +131,9 @@ pub async fn load_type_oids(catalog: &mut Catalog, coordinator_db: &mut PgConnec
     catalog.user_types = Arc::new(by_name);
     let by_name = catalog.user_types.clone();
     for node in catalog.nodes.iter_mut().filter(|n| n.active) {
-        if let Some(known) = previous.nodes.iter().find(|p| unchanged && p.active && p.group_id == node.group_id && p.addr == node.addr && !p.type_oids.is_empty()) {
+        if let Some(known) =
+            previous.nodes.iter().find(|p| unchanged && p.active && p.group_id == node.group_id && p.addr == node.addr && !p.type_oids.is_empty())
+        {
             node.type_oids = known.type_oids.clone();
             continue;
         }
@@ -429,7 +436,8 @@ impl Catalog {
     /// left to their defaults (None when none or several fit); an
     /// unqualified name looked up in schema public (as tables are).
     pub fn function(&self, schema: Option<&str>, name: &str, positional: usize, named: &[&str]) -> Option<&Arc<DistributedFunction>> {
-        let mut fitting = self.functions.get(&(schema.unwrap_or("public").to_string(), name.to_string()))?.iter().filter(|f| f.accepts(positional, named));
+        let mut fitting =
+            self.functions.get(&(schema.unwrap_or("public").to_string(), name.to_string()))?.iter().filter(|f| f.accepts(positional, named));
         match (fitting.next(), fitting.next()) {
             (Some(f), None) => Some(f),
             _ => None,
@@ -623,7 +631,11 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
         .await?;
     for r in functions {
         let colocation: i32 = int(&r[4]);
-        let table = catalog.tables().filter(|t| t.colocation_id == colocation && !t.is_reference() && t.partition_of.is_none()).min_by_key(|t| t.oid).cloned();
+        let table = catalog
+            .tables()
+            .filter(|t| t.colocation_id == colocation && !t.is_reference() && t.partition_of.is_none())
+            .min_by_key(|t| t.oid)
+            .cloned();
         let distribution = r[3].as_deref().and_then(|i| i.parse::<usize>().ok()).zip(table);
         let key_oid = distribution.as_ref().and_then(|(_, t)| match &t.distribution {
             Distribution::Hash { key, .. } => Some(key.oid),
@@ -631,7 +643,9 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
         });
         let copied_per_shard = match (r[8].as_deref(), r[9].as_deref(), r[10].as_deref()) {
             (Some("t"), Some("plpgsql"), _) => Some(CopiedLanguage::PlPgSql),
-            (Some("t"), Some("sql"), Some("f")) if key_oid.is_some() && r[11].as_deref().and_then(|o| o.parse().ok()) == key_oid => Some(CopiedLanguage::Sql),
+            (Some("t"), Some("sql"), Some("f")) if key_oid.is_some() && r[11].as_deref().and_then(|o| o.parse().ok()) == key_oid => {
+                Some(CopiedLanguage::Sql)
+            }
             _ => None,
         };
         let function = DistributedFunction {
@@ -804,7 +818,16 @@ mod tests {
 
     #[test]
     fn calls_fit_by_position_name_and_default() {
-        let f = DistributedFunction { schema: "public".into(), name: "f".into(), arg_names: vec!["k".into(), "amount".into(), "note".into()], defaults: 1, distribution: None, force_delegation: false, signature: String::new(), copied_per_shard: None };
+        let f = DistributedFunction {
+            schema: "public".into(),
+            name: "f".into(),
+            arg_names: vec!["k".into(), "amount".into(), "note".into()],
+            defaults: 1,
+            distribution: None,
+            force_delegation: false,
+            signature: String::new(),
+            copied_per_shard: None,
+        };
         assert!(f.accepts(3, &[]) && f.accepts(2, &[]) && f.accepts(0, &["amount", "k"]) && f.accepts(1, &["note", "amount"]));
         assert!(!f.accepts(1, &[]), "amount has no default");
         assert!(!f.accepts(1, &["k", "amount"]), "k given twice");

@@ -371,13 +371,20 @@ pub(super) async fn load(conn: &mut PgConnection, catalog: &Catalog) -> PgResult
             if reaching_views.contains(&candidate.oid) || materialized.contains(&candidate.oid) {
                 continue;
             }
-            let reaches = candidate.relations.iter().any(|r| distributed.contains(r) || reaching_views.contains(r)) || candidate.functions.iter().any(|f| by_oid.contains_key(f));
+            let reaches = candidate.relations.iter().any(|r| distributed.contains(r) || reaching_views.contains(r))
+                || candidate.functions.iter().any(|f| by_oid.contains_key(f));
             if reaches {
                 // What reads a materialized view reads its stored rows.
                 if candidate.materialized { &mut materialized } else { &mut reaching_views }.insert(candidate.oid);
                 let query = pg_query::parse(&candidate.definition).ok().and_then(|p| p.protobuf.stmts.into_iter().next()?.stmt?.node);
                 if let Some(query) = query {
-                    let view = View { oid: candidate.oid, schema: candidate.schema.clone(), name: candidate.name.clone(), check_option: candidate.check_option, query };
+                    let view = View {
+                        oid: candidate.oid,
+                        schema: candidate.schema.clone(),
+                        name: candidate.name.clone(),
+                        check_option: candidate.check_option,
+                        query,
+                    };
                     let kind = if candidate.materialized { &mut code.materialized } else { &mut code.views };
                     kind.insert((candidate.schema.clone(), candidate.name.clone()), Arc::new(view));
                 }
@@ -455,7 +462,14 @@ fn inline_sql(name: &str, signature: &str, r: &[Option<String>]) -> Option<Inlin
         return None;
     }
     let args: Vec<(String, String)> = serde_json::from_str(r[12].as_deref().unwrap_or("[]")).ok()?;
-    Some(InlineSql { name: name.to_string(), signature: signature.to_string(), args, return_type: r[11].clone()?, strict: r[10].as_deref() == Some("t"), body })
+    Some(InlineSql {
+        name: name.to_string(),
+        signature: signature.to_string(),
+        args,
+        return_type: r[11].clone()?,
+        strict: r[10].as_deref() == Some("t"),
+        body,
+    })
 }
 
 #[cfg(test)]

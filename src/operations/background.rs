@@ -115,7 +115,8 @@ pub async fn run_jobs(coordinator: Arc<Coordinator>) {
 async fn run_waiting_jobs(coordinator: &Coordinator) -> PgResult<()> {
     let config = &coordinator.config;
     let mut conn = PgConnection::connect(&config.coordinator_db_addr(), &config.service_login()).await?;
-    let waiting = conn.query("SELECT job_id FROM tessera.pg_dist_background_job WHERE state IN ('scheduled', 'running', 'cancelling') ORDER BY job_id").await?;
+    let waiting =
+        conn.query("SELECT job_id FROM tessera.pg_dist_background_job WHERE state IN ('scheduled', 'running', 'cancelling') ORDER BY job_id").await?;
     for job_id in waiting.into_iter().filter_map(|row| row[0].as_deref().and_then(|v| v.parse::<i64>().ok())) {
         if conn.query_value(&format!("SELECT pg_try_advisory_lock({JOB_LOCK_CLASS}, {job_id}::int)")).await?.as_deref() != Some("t") {
             continue; // another process runs it
@@ -169,7 +170,12 @@ async fn run_job(coordinator: &Coordinator, progress: &mut TaskProgress) -> PgRe
             break;
         }
         let number = |i: usize| row[i].as_deref().and_then(|v| v.parse::<i64>().ok()).unwrap_or_default();
-        let task = PlannedTask { shard_id: number(1), source_group: number(2) as i32, target_group: number(3) as i32, mode: TransferMode::parse(row[4].as_deref())? };
+        let task = PlannedTask {
+            shard_id: number(1),
+            source_group: number(2) as i32,
+            target_group: number(3) as i32,
+            mode: TransferMode::parse(row[4].as_deref())?,
+        };
         progress.task_id = number(0);
         progress.conn.execute(&format!("UPDATE tessera.pg_dist_background_task SET status = 'running' WHERE task_id = {}", progress.task_id)).await?;
         let (status, message) = match run_task(coordinator, progress, &task).await {
@@ -186,7 +192,11 @@ async fn run_job(coordinator: &Coordinator, progress: &mut TaskProgress) -> PgRe
         };
         progress
             .conn
-            .execute(&format!("UPDATE tessera.pg_dist_background_task SET status = '{status}', message = {} WHERE task_id = {}", quote_literal(&message), progress.task_id))
+            .execute(&format!(
+                "UPDATE tessera.pg_dist_background_task SET status = '{status}', message = {} WHERE task_id = {}",
+                quote_literal(&message),
+                progress.task_id
+            ))
             .await?;
         if outcome != Outcome::Finished {
             break;
@@ -233,12 +243,24 @@ async fn run_task(coordinator: &Coordinator, progress: &mut TaskProgress, task: 
     if !shard.placements.contains(&task.source_group) {
         return Ok(format!("skipped: shard {} left its source meanwhile", task.shard_id));
     }
-    let node = |group: i32| catalog.node_for_group(group).cloned().ok_or_else(|| PgError::new(sqlstate::UNDEFINED_OBJECT, format!("node group {group} has no node any more")));
+    let node = |group: i32| {
+        catalog
+            .node_for_group(group)
+            .cloned()
+            .ok_or_else(|| PgError::new(sqlstate::UNDEFINED_OBJECT, format!("node group {group} has no node any more")))
+    };
     let (source, target) = (node(task.source_group)?, node(task.target_group)?);
     let (key, mut parts) = coordinator.service_session();
     let mut ctx = CommandContext { coordinator, parts: &mut parts, caller: Caller::Job(progress), catalog: catalog.clone() };
     let started = std::time::Instant::now();
-    let result = shard_move::move_shard_placement(&mut ctx, task.shard_id, (&source.addr.host, source.addr.port), (&target.addr.host, target.addr.port), task.mode).await;
+    let result = shard_move::move_shard_placement(
+        &mut ctx,
+        task.shard_id,
+        (&source.addr.host, source.addr.port),
+        (&target.addr.host, target.addr.port),
+        task.mode,
+    )
+    .await;
     drop(parts);
     coordinator.end_service_session(key);
     result.map(|()| format!("moved shard {} from {} to {} in {:.1} s", task.shard_id, source.addr, target.addr, started.elapsed().as_secs_f64()))

@@ -108,7 +108,9 @@ async fn run_on(local: &mut PgConnection, config: &Config, catalog: &Catalog) ->
             "1" => {
                 // Never a placement the catalog names: that would be data.
                 let shard_id = name.rsplit('_').next().and_then(|id| id.trim_matches('"').parse::<i64>().ok()).unwrap_or(-1);
-                let placed = local.query_value(&format!("SELECT count(*) FROM tessera.pg_dist_placement WHERE shardid = {shard_id} AND groupid = {group}")).await?;
+                let placed = local
+                    .query_value(&format!("SELECT count(*) FROM tessera.pg_dist_placement WHERE shardid = {shard_id} AND groupid = {group}"))
+                    .await?;
                 if placed.as_deref() != Some("0") {
                     tracing::warn!("cleanup: {name} on {} is a placement in the catalog; kept", node.addr);
                     local.execute(&format!("DELETE FROM tessera.pg_dist_cleanup WHERE record_id = {record}")).await?;

@@ -65,7 +65,9 @@ impl Fences {
             return None;
         }
         list.iter()
-            .find(|f| plan.may_write_colocation(f.colocation) && !block.is_some_and(|(started, wrote_on)| started < f.raised && wrote_on(f.source_group)))
+            .find(|f| {
+                plan.may_write_colocation(f.colocation) && !block.is_some_and(|(started, wrote_on)| started < f.raised && wrote_on(f.source_group))
+            })
             .map(|f| f.lifted.clone())
     }
 }

@@ -61,7 +61,11 @@ pub fn plan(catalog: &Catalog, scope: Scope) -> PgResult<Vec<PlannedMove>> {
             }
         }
         loop {
-            let draining = held.iter().filter(|(g, shards)| !shards.is_empty() && !eligible.iter().any(|n| n.group_id == **g)).max_by_key(|(g, s)| (s.len(), -**g)).map(|(g, _)| *g);
+            let draining = held
+                .iter()
+                .filter(|(g, shards)| !shards.is_empty() && !eligible.iter().any(|n| n.group_id == **g))
+                .max_by_key(|(g, s)| (s.len(), -**g))
+                .map(|(g, _)| *g);
             let fewest = eligible.iter().min_by_key(|n| (held[&n.group_id].len(), n.group_id)).map(|n| n.group_id);
             let most = eligible.iter().max_by_key(|n| (held[&n.group_id].len(), -n.group_id)).map(|n| n.group_id);
             let (from, to) = match (draining, fewest, most) {
@@ -124,12 +128,14 @@ pub async fn run(ctx: &mut CommandContext<'_>, moves: &[PlannedMove], mode: Tran
     let mut moved_bytes = 0;
     for (i, (m, size)) in moves.iter().zip(&sizes).enumerate() {
         ctx.notice(format!("rebalance: move {} of {}: {m} ({})", i + 1, moves.len(), megabytes(*size))).await;
-        shard_move::move_shard_placement(ctx, m.shard_id, (&m.source.addr.host, m.source.addr.port), (&m.target.addr.host, m.target.addr.port), mode).await?;
+        shard_move::move_shard_placement(ctx, m.shard_id, (&m.source.addr.host, m.source.addr.port), (&m.target.addr.host, m.target.addr.port), mode)
+            .await?;
         ctx.catalog = ctx.coordinator.catalog.snapshot();
         moved_bytes += size;
         let elapsed = started.elapsed().as_secs_f64();
         let eta = if moved_bytes > 0 { elapsed * (total - moved_bytes) as f64 / moved_bytes as f64 } else { 0.0 };
-        ctx.notice(format!("rebalance: {} of {} moved, {} of {}, {:.0} s left", i + 1, moves.len(), megabytes(moved_bytes), megabytes(total), eta)).await;
+        ctx.notice(format!("rebalance: {} of {} moved, {} of {}, {:.0} s left", i + 1, moves.len(), megabytes(moved_bytes), megabytes(total), eta))
+            .await;
     }
     Ok(())
 }
@@ -146,7 +152,14 @@ mod tests {
     use std::sync::Arc;
 
     fn node(group: i32, should_have_shards: bool) -> Node {
-        Node { id: group, group_id: group, addr: ServerAddr { host: "h".into(), port: 5000 + group as u16 }, active: true, should_have_shards, type_oids: Default::default() }
+        Node {
+            id: group,
+            group_id: group,
+            addr: ServerAddr { host: "h".into(), port: 5000 + group as u16 },
+            active: true,
+            should_have_shards,
+            type_oids: Default::default(),
+        }
     }
 
     fn catalog(nodes: Vec<Node>, placements: &[i32]) -> Catalog {

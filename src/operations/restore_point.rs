@@ -39,7 +39,10 @@ const LOCK_NOT_AVAILABLE: &str = "55P03";
 /// database's WAL location of it, as Citus returns its coordinator's.
 pub async fn create(config: &Config, catalog: &Catalog, name: &str) -> PgResult<String> {
     if name.len() > MAX_NAME_BYTES {
-        return Err(PgError::new(sqlstate::INVALID_PARAMETER_VALUE, format!("value too long for restore point (maximum {MAX_NAME_BYTES} characters)")));
+        return Err(PgError::new(
+            sqlstate::INVALID_PARAMETER_VALUE,
+            format!("value too long for restore point (maximum {MAX_NAME_BYTES} characters)"),
+        ));
     }
     let mut nodes: Vec<(String, ServerAddr)> = vec![("the coordinator database".to_string(), config.coordinator_db_addr())];
     nodes.extend(catalog.active_nodes().map(|n| (format!("node {}", n.addr), n.addr.clone())));
@@ -62,7 +65,8 @@ pub async fn create(config: &Config, catalog: &Catalog, name: &str) -> PgResult<
             // point's WAL; the locking transaction is given an id so that
             // its COMMIT, which comes after the point, flushes it.
             Ok(()) => {
-                let sql = format!("SELECT pg_catalog.pg_create_restore_point({})::text, pg_catalog.pg_current_xact_id(); COMMIT", quote_literal(name));
+                let sql =
+                    format!("SELECT pg_catalog.pg_create_restore_point({})::text, pg_catalog.pg_current_xact_id(); COMMIT", quote_literal(name));
                 let created = futures::future::join_all(conns.iter_mut().map(|c| c.query(&sql))).await;
                 break created
                     .into_iter()

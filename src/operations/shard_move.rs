@@ -24,8 +24,8 @@
 //!    (and re-points the partitions first if the move could not).
 
 use super::cleanup::{self, Object, Operation, Policy};
-use crate::commands::worker_relations::{refuse_writes_sql, repoint_sql};
 use crate::commands::nodes::{active_node, catalog_shard, check_placements};
+use crate::commands::worker_relations::{refuse_writes_sql, repoint_sql};
 use crate::commands::{finish_block, CommandContext};
 use crate::config::Config;
 use crate::connection::{quote_ident, quote_literal, PgConnection};
@@ -105,7 +105,13 @@ fn shard_group(ctx: &CommandContext<'_>, shard_id: i64, source: &Node, target: &
     Ok(Group { colocation: table.colocation_id, index: shard.index, members })
 }
 
-pub async fn move_shard_placement(ctx: &mut CommandContext<'_>, shard_id: i64, source: (&str, u16), target: (&str, u16), mode: TransferMode) -> PgResult<()> {
+pub async fn move_shard_placement(
+    ctx: &mut CommandContext<'_>,
+    shard_id: i64,
+    source: (&str, u16),
+    target: (&str, u16),
+    mode: TransferMode,
+) -> PgResult<()> {
     let source = active_node(ctx, source.0, source.1)?;
     let target = active_node(ctx, target.0, target.1)?;
     let group = shard_group(ctx, shard_id, &source, &target)?;
@@ -159,7 +165,9 @@ async fn transfer(ctx: &mut CommandContext<'_>, op: &mut Operation, group: &Grou
     let leaves: Vec<&str> = copy_columns.iter().map(|(name, _)| name.as_str()).collect();
     let names = format!("tessera_move_{}", op.id);
     if mode == TransferMode::Logical {
-        for (object, group_id) in [(Object::Subscription, target.group_id), (Object::ReplicationSlot, source.group_id), (Object::Publication, source.group_id)] {
+        for (object, group_id) in
+            [(Object::Subscription, target.group_id), (Object::ReplicationSlot, source.group_id), (Object::Publication, source.group_id)]
+        {
             op.record(object, &names, group_id, Policy::Always).await?;
         }
         let unidentified = source_conn
@@ -172,7 +180,10 @@ async fn transfer(ctx: &mut CommandContext<'_>, op: &mut Operation, group: &Grou
         for row in unidentified {
             source_conn.execute(&format!("ALTER TABLE {} REPLICA IDENTITY FULL", row[0].clone().unwrap_or_default())).await?;
         }
-        source_conn.execute(&format!("CREATE PUBLICATION {} FOR TABLE {}", quote_ident(&names), leaves.join(", "))).await.map_err(|e| on_node(e, source, &names))?;
+        source_conn
+            .execute(&format!("CREATE PUBLICATION {} FOR TABLE {}", quote_ident(&names), leaves.join(", ")))
+            .await
+            .map_err(|e| on_node(e, source, &names))?;
         let password = login.password.as_deref().map(|p| format!(" password={}", conninfo_value(p))).unwrap_or_default();
         let conninfo = format!(
             "host={} port={} user={} dbname={}{password}",
@@ -225,7 +236,11 @@ async fn transfer(ctx: &mut CommandContext<'_>, op: &mut Operation, group: &Grou
     let catalog = ctx.coordinator.catalog.snapshot();
     for (table, shard) in &group.members {
         if let Err(e) = repoint_partitions(&ctx.coordinator.config, &catalog, table, shard, source.group_id, target.group_id).await {
-            tracing::warn!("re-pointing the workers' partitions of {} after its move: {}; cleanup retries", table.qualified_shard_name(shard), e.message());
+            tracing::warn!(
+                "re-pointing the workers' partitions of {} after its move: {}; cleanup retries",
+                table.qualified_shard_name(shard),
+                e.message()
+            );
         }
     }
     Ok(())
@@ -233,7 +248,14 @@ async fn transfer(ctx: &mut CommandContext<'_>, op: &mut Operation, group: &Grou
 
 /// Points every node's partition of `table` for `shard` at its placement on
 /// node group `to` instead of `from`, one node at a time.
-pub(super) async fn repoint_partitions(config: &Config, catalog: &Catalog, table: &DistributedTable, shard: &Shard, from: i32, to: i32) -> PgResult<()> {
+pub(super) async fn repoint_partitions(
+    config: &Config,
+    catalog: &Catalog,
+    table: &DistributedTable,
+    shard: &Shard,
+    from: i32,
+    to: i32,
+) -> PgResult<()> {
     for node in catalog.active_nodes() {
         let mut statements = repoint_sql(table, shard, from, to, node.group_id);
         if node.group_id == to && table.has_worker_parent() {
@@ -285,7 +307,11 @@ async fn cut_over(
     let implicit = ctx.parts.begin_implicit();
     let result = async {
         let worker = ctx.parts.worker(source, Access::Write).await?;
-        worker.conn.execute(&format!("SET LOCAL lock_timeout = '10s'; LOCK TABLE {} IN EXCLUSIVE MODE", group.names().join(", "))).await.map_err(|e| on_node(e, source, "the shards"))?;
+        worker
+            .conn
+            .execute(&format!("SET LOCAL lock_timeout = '10s'; LOCK TABLE {} IN EXCLUSIVE MODE", group.names().join(", ")))
+            .await
+            .map_err(|e| on_node(e, source, "the shards"))?;
         match mode {
             TransferMode::Logical => {
                 let lsn = worker.conn.query_value("SELECT pg_current_wal_lsn()").await?.unwrap_or_default();
@@ -297,11 +323,13 @@ async fn cut_over(
                 target_conn.execute("SET session_replication_role = replica").await?;
                 for (name, columns) in copy_columns {
                     let mut rows = Vec::new();
-                    worker.conn.copy_out(&format!("COPY {name} ({columns}) TO STDOUT"), |row| {
-                        rows.push(row);
-                        Ok(())
-                    })
-                    .await?;
+                    worker
+                        .conn
+                        .copy_out(&format!("COPY {name} ({columns}) TO STDOUT"), |row| {
+                            rows.push(row);
+                            Ok(())
+                        })
+                        .await?;
                     target_conn.copy_in(&format!("COPY {name} ({columns}) FROM STDIN"), rows).await.map_err(|e| on_node(e, target, name))?;
                 }
                 target_conn.execute("RESET session_replication_role").await?;
@@ -311,7 +339,12 @@ async fn cut_over(
         worker.conn.execute(&refuse.join(";\n")).await?;
         let local = ctx.parts.local().await?;
         let mut catalog_sql = vec![
-            format!("UPDATE tessera.pg_dist_placement SET groupid = {} WHERE groupid = {} AND shardid IN ({})", target.group_id, source.group_id, group.shard_ids()),
+            format!(
+                "UPDATE tessera.pg_dist_placement SET groupid = {} WHERE groupid = {} AND shardid IN ({})",
+                target.group_id,
+                source.group_id,
+                group.shard_ids()
+            ),
             format!("DELETE FROM tessera.pg_dist_cleanup WHERE operation_id = {} AND policy_type = {}", op.id, Policy::OnFailure as i32),
         ];
         catalog_sql.extend(group.names().iter().map(|name| cleanup::record_sql(op.id, Object::Shard, name, source.group_id, Policy::Always)));
@@ -321,7 +354,14 @@ async fn cut_over(
     }
     .await;
     finish_block(ctx, implicit, result).await?;
-    tracing::info!("shard group {} of co-location group {} moved from {} to {}; writes waited {} ms", group.index, group.colocation, source.addr, target.addr, cut_started.elapsed().as_millis());
+    tracing::info!(
+        "shard group {} of co-location group {} moved from {} to {}; writes waited {} ms",
+        group.index,
+        group.colocation,
+        source.addr,
+        target.addr,
+        cut_started.elapsed().as_millis()
+    );
     Ok(())
 }
 
@@ -346,7 +386,14 @@ async fn drain_writers(ctx: &CommandContext<'_>, source: &Node) -> PgResult<()> 
 
 /// Waits until the subscription has copied every table, telling the client
 /// how far it got.
-async fn wait_for_initial_copy(ctx: &mut CommandContext<'_>, target_conn: &mut PgConnection, subscription: &str, group: &Group, tables: usize, target: &Node) -> PgResult<()> {
+async fn wait_for_initial_copy(
+    ctx: &mut CommandContext<'_>,
+    target_conn: &mut PgConnection,
+    subscription: &str,
+    group: &Group,
+    tables: usize,
+    target: &Node,
+) -> PgResult<()> {
     let sql = format!(
         "SELECT count(*) FILTER (WHERE r.srsubstate IN ('r', 's')), count(*),
                 (SELECT coalesce(sum(sync_error_count + apply_error_count), 0) FROM pg_stat_subscription_stats WHERE subname = {name})
@@ -359,8 +406,11 @@ async fn wait_for_initial_copy(ctx: &mut CommandContext<'_>, target_conn: &mut P
         let number = |i: usize| row.get(i).cloned().flatten().and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
         let (ready, total, errors) = (number(0), number(1), number(2));
         if errors > 0 {
-            return Err(PgError::new(sqlstate::INTERNAL_ERROR, format!("the subscription copying shard group {} to {} failed", group.index, target.addr))
-                .with_hint(format!("See the server log of {}; the move can be started again.", target.addr)));
+            return Err(PgError::new(
+                sqlstate::INTERNAL_ERROR,
+                format!("the subscription copying shard group {} to {} failed", group.index, target.addr),
+            )
+            .with_hint(format!("See the server log of {}; the move can be started again.", target.addr)));
         }
         if reported != Some(ready) {
             ctx.notice(format!("copying shard group {}: {ready} of {tables} tables copied", group.index)).await;
@@ -384,8 +434,11 @@ async fn wait_for_replay(target_conn: &mut PgConnection, subscription: &str, lsn
     let deadline = Instant::now() + CATCH_UP_PATIENCE;
     while target_conn.query_value(&sql).await?.as_deref() != Some("t") {
         if Instant::now() > deadline {
-            return Err(PgError::new(sqlstate::INTERNAL_ERROR, format!("{} did not catch up with the source within {} s", target.addr, CATCH_UP_PATIENCE.as_secs()))
-                .with_hint("The move was rolled back; start it again when the target is less busy."));
+            return Err(PgError::new(
+                sqlstate::INTERNAL_ERROR,
+                format!("{} did not catch up with the source within {} s", target.addr, CATCH_UP_PATIENCE.as_secs()),
+            )
+            .with_hint("The move was rolled back; start it again when the target is less busy."));
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }

@@ -16,7 +16,8 @@ pub const SIZE_FUNCTIONS: [&str; 3] = ["citus_relation_size", "citus_table_size"
 /// distributed table they would measure its empty shell; the coordinator
 /// has them call `tessera.size_of` instead, which gives the shards' size
 /// for distributed tables and PostgreSQL's answer for any other relation.
-const POSTGRES_SIZE_FUNCTIONS: [(&str, &str); 4] = [("pg_relation_size", "relation"), ("pg_table_size", "table"), ("pg_total_relation_size", "total"), ("pg_indexes_size", "indexes")];
+const POSTGRES_SIZE_FUNCTIONS: [(&str, &str); 4] =
+    [("pg_relation_size", "relation"), ("pg_table_size", "table"), ("pg_total_relation_size", "total"), ("pg_indexes_size", "indexes")];
 
 /// What a statement needs gathered from the nodes before it runs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -97,7 +98,13 @@ pub(super) fn needed(text: &str, distributed_tables: bool) -> Option<ClusterData
 }
 
 fn string_constant(value: &str) -> Node {
-    Node { node: Some(NodeEnum::AConst(protobuf::AConst { isnull: false, val: Some(a_const::Val::Sval(protobuf::String { sval: value.to_string() })), location: -1 })) }
+    Node {
+        node: Some(NodeEnum::AConst(protobuf::AConst {
+            isnull: false,
+            val: Some(a_const::Val::Sval(protobuf::String { sval: value.to_string() })),
+            location: -1,
+        })),
+    }
 }
 
 #[cfg(test)]

@@ -5,14 +5,14 @@
 //! general fallback, which can answer any query. Files and programs on the
 //! server are refused: the shards live on other machines.
 
-use super::fallback::{self, FallbackPlan};
 use super::deparse::deparse_statement as deparse;
+use super::fallback::{self, FallbackPlan};
 use super::rewrite::name_shard;
 use super::walk::range_vars;
 use super::{resolve_range_var, Plan};
 use crate::copy::{CopyFormat, Format, KeyField};
 use crate::error::PgError;
-use crate::metadata::{Catalog, Distribution, DistributedTable};
+use crate::metadata::{Catalog, DistributedTable, Distribution};
 use pg_query::protobuf::{self, Node};
 use pg_query::NodeEnum;
 use std::fmt;
@@ -70,7 +70,8 @@ pub(super) fn plan(version: i32, stmt: &protobuf::CopyStmt, text: &str, catalog:
     }
     let format = read_format(&stmt.options);
     let columns: Vec<String> = if stmt.attlist.is_empty() { table.copy_columns.clone() } else { names(&stmt.attlist) };
-    let filled: Vec<&(String, String)> = if stmt.is_from { table.sequence_columns.iter().filter(|(name, _)| !columns.contains(name)).collect() } else { Vec::new() };
+    let filled: Vec<&(String, String)> =
+        if stmt.is_from { table.sequence_columns.iter().filter(|(name, _)| !columns.contains(name)).collect() } else { Vec::new() };
     let all_columns: Vec<&String> = columns.iter().chain(filled.iter().map(|(name, _)| name)).collect();
     let key = match &table.distribution {
         Distribution::Reference => KeyPosition::Everywhere,
@@ -108,7 +109,16 @@ pub(super) fn plan(version: i32, stmt: &protobuf::CopyStmt, text: &str, catalog:
         text.to_string()
     };
     let fills = filled.iter().map(|(_, default)| default.clone()).collect();
-    Some(Plan::Copy(Arc::new(CopyPlan { table: table.clone(), from_client: stmt.is_from, format, key, fields: columns.len(), shell_sql, shard_sql, fills })))
+    Some(Plan::Copy(Arc::new(CopyPlan {
+        table: table.clone(),
+        from_client: stmt.is_from,
+        format,
+        key,
+        fields: columns.len(),
+        shell_sql,
+        shard_sql,
+        fills,
+    })))
 }
 
 /// `COPY (query) TO STDOUT` whose query reads distributed tables: the query
@@ -149,7 +159,9 @@ fn refuse_server_file(from: bool) -> Plan {
     } else {
         "COPY TO a file or program on the server from a distributed table is not supported"
     };
-    Plan::Unsupported(PgError::not_supported(message).with_hint("Use psql's \\copy, or COPY ... FROM STDIN / COPY ... TO STDOUT, which go through the client."))
+    Plan::Unsupported(
+        PgError::not_supported(message).with_hint("Use psql's \\copy, or COPY ... FROM STDIN / COPY ... TO STDOUT, which go through the client."),
+    )
 }
 
 fn names(nodes: &[Node]) -> Vec<String> {

@@ -5,7 +5,7 @@ use super::rewrite::{name_shard, ShardTemplate};
 use super::{not_supported, referenced_tables, resolve_range_var, Plan};
 use crate::connection::{quote_ident, quote_literal};
 use crate::error::{PgError, PgResult};
-use crate::metadata::{Catalog, Distribution, DistributedTable, Shard};
+use crate::metadata::{Catalog, DistributedTable, Distribution, Shard};
 use pg_query::protobuf::{self, AlterTableType, ConstrType, ObjectType};
 use pg_query::NodeEnum;
 use std::collections::BTreeSet;
@@ -117,13 +117,25 @@ impl ForeignRetype {
             }
             cmds.push(self::node(NodeEnum::AlterTableCmd(cmd)));
         }
-        converts.then(|| ForeignRetype { version, stmt: Box::new(protobuf::AlterTableStmt { cmds, objtype: ObjectType::ObjectForeignTable as i32, ..alter.clone() }) })
+        converts.then(|| ForeignRetype {
+            version,
+            stmt: Box::new(protobuf::AlterTableStmt { cmds, objtype: ObjectType::ObjectForeignTable as i32, ..alter.clone() }),
+        })
     }
 
     /// The statement retyping the columns of foreign table `schema`.`name`.
     pub fn sql_for(&self, schema: &str, name: &str) -> PgResult<String> {
-        let relation = protobuf::RangeVar { schemaname: schema.to_string(), relname: name.to_string(), inh: true, relpersistence: "p".into(), ..Default::default() };
-        super::deparse::deparse_statement(self.version, NodeEnum::AlterTableStmt(protobuf::AlterTableStmt { relation: Some(relation), ..self.stmt.as_ref().clone() }))
+        let relation = protobuf::RangeVar {
+            schemaname: schema.to_string(),
+            relname: name.to_string(),
+            inh: true,
+            relpersistence: "p".into(),
+            ..Default::default()
+        };
+        super::deparse::deparse_statement(
+            self.version,
+            NodeEnum::AlterTableStmt(protobuf::AlterTableStmt { relation: Some(relation), ..self.stmt.as_ref().clone() }),
+        )
     }
 }
 
@@ -220,7 +232,8 @@ impl DdlPlan {
     /// Whether the statement changes what the catalog says about distributed
     /// tables (their columns, defaults, existence).
     pub fn changes_catalog(&self) -> bool {
-        matches!(self, DdlPlan::Propagate { .. } | DdlPlan::Drop { .. } | DdlPlan::AddPartition { .. }) || matches!(self, DdlPlan::Everywhere { forget, .. } if !forget.is_empty())
+        matches!(self, DdlPlan::Propagate { .. } | DdlPlan::Drop { .. } | DdlPlan::AddPartition { .. })
+            || matches!(self, DdlPlan::Everywhere { forget, .. } if !forget.is_empty())
     }
 
     /// The statement for shard `index` of a propagated DDL. pg_query 0.8's
@@ -340,7 +353,13 @@ impl DdlPlan {
     /// DROP POLICY's, run on every node: queries through a parent are
     /// checked against its privileges and policies, not its partitions'.
     pub fn parent_sql(&self) -> Option<String> {
-        let qualified = |t: &DistributedTable| protobuf::RangeVar { schemaname: t.schema.clone(), relname: t.name.clone(), inh: true, relpersistence: "p".into(), ..Default::default() };
+        let qualified = |t: &DistributedTable| protobuf::RangeVar {
+            schemaname: t.schema.clone(),
+            relname: t.name.clone(),
+            inh: true,
+            relpersistence: "p".into(),
+            ..Default::default()
+        };
         match self {
             DdlPlan::Grant { version, stmt, tables } => {
                 let mut stmt = stmt.clone();
@@ -371,7 +390,9 @@ impl DdlPlan {
         match self {
             DdlPlan::Propagate { table, .. } | DdlPlan::DropFromTable { table, .. } | DdlPlan::AddPartition { parent: table, .. } => vec![table],
             DdlPlan::Drop { tables } => tables.iter().collect(),
-            DdlPlan::Truncate { tables, .. } | DdlPlan::Lock { tables, .. } | DdlPlan::Grant { tables, .. } => tables.iter().map(|(t, _)| t).collect(),
+            DdlPlan::Truncate { tables, .. } | DdlPlan::Lock { tables, .. } | DdlPlan::Grant { tables, .. } => {
+                tables.iter().map(|(t, _)| t).collect()
+            }
             DdlPlan::DropIndex(_) | DdlPlan::Checkpoint | DdlPlan::Everywhere { .. } => vec![],
             DdlPlan::Vacuum { rels, .. } => rels.iter().map(|(t, _)| t).collect(),
         }
@@ -494,7 +515,9 @@ impl DropIndex {
                     .iter()
                     .flat_map(|(index, table)| {
                         shards_on(table, group).map(move |shard| {
-                            node(NodeEnum::List(protobuf::List { items: vec![string(table.schema.clone()), string(format!("{index}_{}", shard.id))] }))
+                            node(NodeEnum::List(protobuf::List {
+                                items: vec![string(table.schema.clone()), string(format!("{index}_{}", shard.id))],
+                            }))
                         })
                     })
                     .collect();
@@ -543,11 +566,7 @@ fn shards_on(table: &DistributedTable, group: i32) -> impl Iterator<Item = &Shar
 
 /// Copies of a statement's `items` that name distributed tables, one per shard
 /// of the table on node group `group`, renamed to that shard.
-fn for_shards_on<T: Clone>(
-    items: &[(Arc<DistributedTable>, T)],
-    group: i32,
-    relation: impl Fn(&mut T) -> Option<&mut protobuf::RangeVar>,
-) -> Vec<T> {
+fn for_shards_on<T: Clone>(items: &[(Arc<DistributedTable>, T)], group: i32, relation: impl Fn(&mut T) -> Option<&mut protobuf::RangeVar>) -> Vec<T> {
     let mut out = Vec::new();
     for (table, item) in items {
         for shard in shards_on(table, group) {
@@ -603,9 +622,10 @@ fn names_of(nodes: &[protobuf::Node]) -> Vec<String> {
 }
 
 fn unique_without_key() -> Plan {
-    Plan::Unsupported(PgError::not_supported("creating unique indexes on non-partition columns is currently unsupported").with_hint(
-        "Include the distribution column in the PRIMARY KEY or UNIQUE constraint; uniqueness is enforced per shard.",
-    ))
+    Plan::Unsupported(
+        PgError::not_supported("creating unique indexes on non-partition columns is currently unsupported")
+            .with_hint("Include the distribution column in the PRIMARY KEY or UNIQUE constraint; uniqueness is enforced per shard."),
+    )
 }
 
 pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Catalog) -> Option<Plan> {
@@ -622,7 +642,12 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
                 tables.push(t);
             }
         }
-        Plan::Ddl(Arc::new(DdlPlan::Propagate { table: table.clone(), template: ShardTemplate::for_utility(version, raw.clone(), tables), catalog_sql, relations }))
+        Plan::Ddl(Arc::new(DdlPlan::Propagate {
+            table: table.clone(),
+            template: ShardTemplate::for_utility(version, raw.clone(), tables),
+            catalog_sql,
+            relations,
+        }))
     };
     match node {
         // A new local table may reference distributed tables as its foreign
@@ -651,9 +676,14 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
             Some(propagate(table, vec![], None, RelationChanges::default()))
         }
         // A view over distributed tables exists on the workers too.
-        NodeEnum::AlterTableStmt(a) if names_view(a.relation.as_ref(), catalog) => {
-            Some(everywhere(version, NodeEnum::AlterTableStmt(protobuf::AlterTableStmt { missing_ok: true, relation: qualified_view(a.relation.as_ref(), catalog), ..a.clone() })))
-        }
+        NodeEnum::AlterTableStmt(a) if names_view(a.relation.as_ref(), catalog) => Some(everywhere(
+            version,
+            NodeEnum::AlterTableStmt(protobuf::AlterTableStmt {
+                missing_ok: true,
+                relation: qualified_view(a.relation.as_ref(), catalog),
+                ..a.clone()
+            }),
+        )),
         NodeEnum::AlterTableStmt(alter) => {
             let table = resolve_range_var(alter.relation.as_ref()?, catalog)?;
             let col = dist_column(table);
@@ -702,15 +732,22 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
         }
         // Views over distributed tables exist on the workers too: changes
         // of them follow (where a worker has the view).
-        NodeEnum::RenameStmt(r) if names_view(r.relation.as_ref(), catalog) => {
-            Some(everywhere(version, NodeEnum::RenameStmt(Box::new(protobuf::RenameStmt { missing_ok: true, relation: qualified_view(r.relation.as_ref(), catalog), ..r.as_ref().clone() }))))
-        }
-        NodeEnum::AlterObjectSchemaStmt(a) if names_view(a.relation.as_ref(), catalog) => {
-            Some(everywhere(
-                version,
-                NodeEnum::AlterObjectSchemaStmt(Box::new(protobuf::AlterObjectSchemaStmt { missing_ok: true, relation: qualified_view(a.relation.as_ref(), catalog), ..a.as_ref().clone() })),
-            ))
-        }
+        NodeEnum::RenameStmt(r) if names_view(r.relation.as_ref(), catalog) => Some(everywhere(
+            version,
+            NodeEnum::RenameStmt(Box::new(protobuf::RenameStmt {
+                missing_ok: true,
+                relation: qualified_view(r.relation.as_ref(), catalog),
+                ..r.as_ref().clone()
+            })),
+        )),
+        NodeEnum::AlterObjectSchemaStmt(a) if names_view(a.relation.as_ref(), catalog) => Some(everywhere(
+            version,
+            NodeEnum::AlterObjectSchemaStmt(Box::new(protobuf::AlterObjectSchemaStmt {
+                missing_ok: true,
+                relation: qualified_view(a.relation.as_ref(), catalog),
+                ..a.as_ref().clone()
+            })),
+        )),
         NodeEnum::RenameStmt(r) if r.rename_type == ObjectType::ObjectIndex as i32 => {
             Some(Plan::Ddl(Arc::new(DdlPlan::DropIndex(DropIndex { version, stmt: IndexStatement::Rename(r.clone()) }))))
         }
@@ -737,11 +774,7 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
                 }
                 Some(ObjectType::ObjectColumn) => {
                     let catalog_sql = (dist_column(table) == Some(r.subname.as_str())).then(|| {
-                        format!(
-                            "SELECT tessera.rename_distribution_column({1}, {0})",
-                            crate::connection::quote_literal(&r.newname),
-                            table.oid
-                        )
+                        format!("SELECT tessera.rename_distribution_column({1}, {0})", crate::connection::quote_literal(&r.newname), table.oid)
                     });
                     Some(propagate(table, vec![], catalog_sql, relations))
                 }
@@ -794,8 +827,14 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
             let mut relations = RelationChanges::default();
             if table.has_worker_parent() {
                 let parent = match node {
-                    NodeEnum::CreatePolicyStmt(p) => NodeEnum::CreatePolicyStmt(Box::new(protobuf::CreatePolicyStmt { table: Some(qualified(rv, &table.schema)), ..p.as_ref().clone() })),
-                    NodeEnum::AlterPolicyStmt(p) => NodeEnum::AlterPolicyStmt(Box::new(protobuf::AlterPolicyStmt { table: Some(qualified(rv, &table.schema)), ..p.as_ref().clone() })),
+                    NodeEnum::CreatePolicyStmt(p) => NodeEnum::CreatePolicyStmt(Box::new(protobuf::CreatePolicyStmt {
+                        table: Some(qualified(rv, &table.schema)),
+                        ..p.as_ref().clone()
+                    })),
+                    NodeEnum::AlterPolicyStmt(p) => NodeEnum::AlterPolicyStmt(Box::new(protobuf::AlterPolicyStmt {
+                        table: Some(qualified(rv, &table.schema)),
+                        ..p.as_ref().clone()
+                    })),
                     _ => return None,
                 };
                 relations.parent_sql = Some(super::deparse::deparse_statement(version, parent).ok()?);
@@ -817,7 +856,9 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
                 .rels
                 .iter()
                 .filter_map(|n| match n.node.as_ref() {
-                    Some(NodeEnum::VacuumRelation(vr)) => vr.relation.as_ref().and_then(|rv| resolve_range_var(rv, catalog)).map(|table| (table.clone(), vr.clone())),
+                    Some(NodeEnum::VacuumRelation(vr)) => {
+                        vr.relation.as_ref().and_then(|rv| resolve_range_var(rv, catalog)).map(|table| (table.clone(), vr.clone()))
+                    }
                     _ => None,
                 })
                 .collect();
@@ -927,12 +968,17 @@ pub(super) fn plan_cluster_wide(version: i32, node: &NodeEnum, catalog: &Catalog
             let stmt = protobuf::CreateSchemaStmt { schema_elts: vec![], if_not_exists: true, ..s.clone() };
             everywhere(version, NodeEnum::CreateSchemaStmt(stmt))
         }
-        NodeEnum::CreateExtensionStmt(e) => everywhere(version, NodeEnum::CreateExtensionStmt(protobuf::CreateExtensionStmt { if_not_exists: true, ..e.clone() })),
+        NodeEnum::CreateExtensionStmt(e) => {
+            everywhere(version, NodeEnum::CreateExtensionStmt(protobuf::CreateExtensionStmt { if_not_exists: true, ..e.clone() }))
+        }
         NodeEnum::CreateFunctionStmt(_) | NodeEnum::AlterFunctionStmt(_) => routine_everywhere(version, node.clone()),
         NodeEnum::GrantStmt(g) if is_routine(g.objtype) => routine_everywhere(version, node.clone()),
         // A database's privileges (CREATE for schemas and trusted
         // extensions) matter on every node's database of that name.
-        NodeEnum::GrantStmt(g) if ObjectType::from_i32(g.objtype).is_some_and(|t| matches!(t, ObjectType::ObjectSchema | ObjectType::ObjectDatabase) || is_shared_object(t)) => {
+        NodeEnum::GrantStmt(g)
+            if ObjectType::from_i32(g.objtype)
+                .is_some_and(|t| matches!(t, ObjectType::ObjectSchema | ObjectType::ObjectDatabase) || is_shared_object(t)) =>
+        {
             everywhere(version, node.clone())
         }
         NodeEnum::DropStmt(d) if ObjectType::from_i32(d.remove_type).is_some_and(|t| t == ObjectType::ObjectSchema || is_shared_object(t)) => {
@@ -961,8 +1007,20 @@ fn is_shared_object(t: ObjectType) -> bool {
     use protobuf::ObjectType::*;
     matches!(
         t,
-        protobuf::ObjectType::ObjectType | ObjectDomain | ObjectDomconstraint | ObjectExtension | ObjectFunction | ObjectProcedure | ObjectRoutine | ObjectAggregate
-            | ObjectCollation | ObjectOperator | ObjectCast | ObjectTsconfiguration | ObjectTsdictionary | ObjectLanguage
+        protobuf::ObjectType::ObjectType
+            | ObjectDomain
+            | ObjectDomconstraint
+            | ObjectExtension
+            | ObjectFunction
+            | ObjectProcedure
+            | ObjectRoutine
+            | ObjectAggregate
+            | ObjectCollation
+            | ObjectOperator
+            | ObjectCast
+            | ObjectTsconfiguration
+            | ObjectTsdictionary
+            | ObjectLanguage
     )
 }
 
@@ -982,10 +1040,14 @@ fn renames_shared_object(r: &protobuf::RenameStmt) -> bool {
 fn plan_drop_everywhere(version: i32, drop: &protobuf::DropStmt, catalog: &Catalog) -> Plan {
     let mut forget = Vec::new();
     if drop.remove_type == ObjectType::ObjectSchema as i32 {
-        let schemas: Vec<String> = drop.objects.iter().filter_map(|o| match o.node.as_ref() {
-            Some(NodeEnum::String(s)) => Some(s.sval.clone()),
-            _ => None,
-        }).collect();
+        let schemas: Vec<String> = drop
+            .objects
+            .iter()
+            .filter_map(|o| match o.node.as_ref() {
+                Some(NodeEnum::String(s)) => Some(s.sval.clone()),
+                _ => None,
+            })
+            .collect();
         forget = catalog.tables().filter(|t| schemas.contains(&t.schema)).cloned().collect();
     }
     let stmt = protobuf::DropStmt { missing_ok: true, ..drop.clone() };
@@ -1044,10 +1106,7 @@ fn routine_everywhere(version: i32, stmt: NodeEnum) -> Plan {
 
 /// A statement's text for the nodes, refused if it would not say the same.
 fn node_text(version: i32, stmt: NodeEnum) -> PgResult<String> {
-    let tree = protobuf::ParseResult {
-        version,
-        stmts: vec![protobuf::RawStmt { stmt: Some(Box::new(node(stmt))), stmt_location: 0, stmt_len: 0 }],
-    };
+    let tree = protobuf::ParseResult { version, stmts: vec![protobuf::RawStmt { stmt: Some(Box::new(node(stmt))), stmt_location: 0, stmt_len: 0 }] };
     super::deparse::deparse_faithfully(&tree)
 }
 
@@ -1090,7 +1149,10 @@ fn plan_partition_command(
     }
     match command.name.as_ref().and_then(|rv| resolve_range_var(rv, catalog)) {
         Some(partition) if partition.colocation_id == parent.colocation_id => Ok(Some(partition.clone())),
-        Some(partition) => Err(not_supported(format!("\"{}\" is not co-located with \"{}\"; only co-located tables can be its partitions", partition.name, parent.name))),
+        Some(partition) => Err(not_supported(format!(
+            "\"{}\" is not co-located with \"{}\"; only co-located tables can be its partitions",
+            partition.name, parent.name
+        ))),
         None if subtype == Some(AlterTableType::AtAttachPartition) && !parent.is_reference() => Ok(None),
         None => Err(not_supported("this partition command on a distributed table is not supported")),
     }
@@ -1141,7 +1203,10 @@ fn views_listing_columns(table: &Arc<DistributedTable>, catalog: &Catalog) -> Ve
 fn changes_columns(cmd: &protobuf::AlterTableCmd) -> bool {
     use AlterTableType as T;
     AlterTableType::from_i32(cmd.subtype).is_some_and(|t| {
-        matches!(t, T::AtAddColumn | T::AtDropColumn | T::AtAlterColumnType | T::AtColumnDefault | T::AtSetNotNull | T::AtDropNotNull | T::AtDropExpression)
+        matches!(
+            t,
+            T::AtAddColumn | T::AtDropColumn | T::AtAlterColumnType | T::AtColumnDefault | T::AtSetNotNull | T::AtDropNotNull | T::AtDropExpression
+        )
     })
 }
 
@@ -1149,8 +1214,9 @@ fn changes_columns(cmd: &protobuf::AlterTableCmd) -> bool {
 /// that a worker-side parent repeats, as well as its shards do.
 fn changes_table_settings(cmd: &protobuf::AlterTableCmd) -> bool {
     use AlterTableType as T;
-    AlterTableType::from_i32(cmd.subtype)
-        .is_some_and(|t| matches!(t, T::AtChangeOwner | T::AtEnableRowSecurity | T::AtDisableRowSecurity | T::AtForceRowSecurity | T::AtNoForceRowSecurity))
+    AlterTableType::from_i32(cmd.subtype).is_some_and(|t| {
+        matches!(t, T::AtChangeOwner | T::AtEnableRowSecurity | T::AtDisableRowSecurity | T::AtForceRowSecurity | T::AtNoForceRowSecurity)
+    })
 }
 
 /// The subcommands of an ALTER TABLE that the worker-side parent runs: column
@@ -1287,7 +1353,8 @@ fn check_constraint(
                     };
                     let to = names_of(&c.pk_attrs);
                     let (Some(key), Some(target_key)) = (dist_column(table), dist_column(t)) else { return Ok(Some(t.clone())) };
-                    let pairs_keys = if to.is_empty() { from.iter().any(|f| f == key) } else { from.iter().zip(&to).any(|(f, p)| f == key && p == target_key) };
+                    let pairs_keys =
+                        if to.is_empty() { from.iter().any(|f| f == key) } else { from.iter().zip(&to).any(|(f, p)| f == key && p == target_key) };
                     if pairs_keys {
                         Ok(Some(t.clone()))
                     } else {

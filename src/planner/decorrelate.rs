@@ -56,7 +56,11 @@ pub(super) fn decorrelate(stmt: &mut NodeEnum, catalog: &Catalog) -> usize {
 fn decorrelate_level(select: &mut protobuf::SelectStmt, catalog: &Catalog, numbered: usize) -> usize {
     // Row locks would apply to the joined subqueries too, and a bare `*`
     // would show their columns.
-    if select.op != protobuf::SetOperation::SetopNone as i32 || select.from_clause.is_empty() || !select.locking_clause.is_empty() || select.target_list.iter().any(is_bare_star) {
+    if select.op != protobuf::SetOperation::SetopNone as i32
+        || select.from_clause.is_empty()
+        || !select.locking_clause.is_empty()
+        || select.target_list.iter().any(is_bare_star)
+    {
         return 0;
     }
     // In a grouped query only WHERE sees rows before grouping.
@@ -132,7 +136,12 @@ struct Grouped {
 impl Grouped {
     /// The FROM item `(…) AS alias` and its join condition.
     fn join_parts(self, alias: &str) -> (Node, Node) {
-        let on = self.outer_keys.into_iter().enumerate().map(|(i, outer)| equals(column_ref(&[alias, &format!("{KEY_PREFIX}{}", i + 1)]), outer)).collect();
+        let on = self
+            .outer_keys
+            .into_iter()
+            .enumerate()
+            .map(|(i, outer)| equals(column_ref(&[alias, &format!("{KEY_PREFIX}{}", i + 1)]), outer))
+            .collect();
         let subquery = protobuf::RangeSubselect {
             lateral: false,
             subquery: Some(Box::new(Node { node: Some(NodeEnum::SelectStmt(Box::new(self.select))) })),
@@ -286,11 +295,18 @@ fn null_over_no_rows(expr: &Node) -> Option<bool> {
                 [name] | ["pg_catalog", name] => *name,
                 _ => return None,
             };
-            let plain = !call.agg_star && call.agg_filter.is_none() && call.agg_order.is_empty() && call.over.is_none() && !call.agg_within_group && !call.func_variadic;
+            let plain = !call.agg_star
+                && call.agg_filter.is_none()
+                && call.agg_order.is_empty()
+                && call.over.is_none()
+                && !call.agg_within_group
+                && !call.func_variadic;
             let of_column = matches!(call.args.as_slice(), [arg] if matches!(arg.node, Some(NodeEnum::ColumnRef(_))));
             (plain && of_column && matches!(name, "sum" | "avg" | "min" | "max")).then_some(true)
         }
-        NodeEnum::AConst(c) => (!c.isnull && matches!(c.val, Some(protobuf::a_const::Val::Ival(_) | protobuf::a_const::Val::Fval(_)))).then_some(false),
+        NodeEnum::AConst(c) => {
+            (!c.isnull && matches!(c.val, Some(protobuf::a_const::Val::Ival(_) | protobuf::a_const::Val::Fval(_)))).then_some(false)
+        }
         NodeEnum::TypeCast(cast) => null_over_no_rows(cast.arg.as_deref()?),
         NodeEnum::AExpr(e) if e.kind == protobuf::AExprKind::AexprOp as i32 => {
             let operator = match e.name.as_slice() {
@@ -370,7 +386,9 @@ pub(super) fn is_bare_star(target: &Node) -> bool {
 fn has_nested_query(query: &protobuf::SelectStmt) -> bool {
     let mut copy = NodeEnum::SelectStmt(Box::new(query.clone()));
     let mut selects = 0;
-    visit_mut(&mut copy, &mut |n| selects += usize::from(matches!(n, NodeEnum::SelectStmt(_) | NodeEnum::SubLink(_) | NodeEnum::RangeSubselect(_) | NodeEnum::RangeFunction(_))));
+    visit_mut(&mut copy, &mut |n| {
+        selects += usize::from(matches!(n, NodeEnum::SelectStmt(_) | NodeEnum::SubLink(_) | NodeEnum::RangeSubselect(_) | NodeEnum::RangeFunction(_)))
+    });
     selects > 1
 }
 
@@ -409,10 +427,23 @@ fn and(mut conditions: Vec<Node>) -> Node {
     if conditions.len() == 1 {
         return conditions.remove(0);
     }
-    Node { node: Some(NodeEnum::BoolExpr(Box::new(protobuf::BoolExpr { xpr: None, boolop: protobuf::BoolExprType::AndExpr as i32, args: conditions, location: -1 }))) }
+    Node {
+        node: Some(NodeEnum::BoolExpr(Box::new(protobuf::BoolExpr {
+            xpr: None,
+            boolop: protobuf::BoolExprType::AndExpr as i32,
+            args: conditions,
+            location: -1,
+        }))),
+    }
 }
 
 fn join(kind: protobuf::JoinType, left: Node, right: Node, on: Option<Node>) -> Node {
-    let j = protobuf::JoinExpr { jointype: kind as i32, larg: Some(Box::new(left)), rarg: Some(Box::new(right)), quals: on.map(Box::new), ..Default::default() };
+    let j = protobuf::JoinExpr {
+        jointype: kind as i32,
+        larg: Some(Box::new(left)),
+        rarg: Some(Box::new(right)),
+        quals: on.map(Box::new),
+        ..Default::default()
+    };
     Node { node: Some(NodeEnum::JoinExpr(Box::new(j))) }
 }

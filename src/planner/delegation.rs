@@ -39,7 +39,12 @@ pub struct Delegation {
 /// function with a distribution argument that picks one shard (to the
 /// function and to its per-shard copy); and whether the function is to be
 /// delegated inside transaction blocks too.
-pub(super) fn delegated_call(version: i32, raw: &protobuf::RawStmt, node: &NodeEnum, catalog: &Catalog) -> Option<(Arc<RouterPlan>, Option<Arc<RouterPlan>>, bool)> {
+pub(super) fn delegated_call(
+    version: i32,
+    raw: &protobuf::RawStmt,
+    node: &NodeEnum,
+    catalog: &Catalog,
+) -> Option<(Arc<RouterPlan>, Option<Arc<RouterPlan>>, bool)> {
     if !catalog.has_functions() {
         return None;
     }
@@ -81,7 +86,13 @@ pub(super) fn delegated_call(version: i32, raw: &protobuf::RawStmt, node: &NodeE
     let copy = function
         .copied_per_shard
         .is_some()
-        .then(|| routed(ShardTemplate::calling_copy(version, raw.clone(), CopiedCall { anchor: table.clone(), catalog_version: catalog.version, signature: function.signature.clone(), argument: *index })))
+        .then(|| {
+            routed(ShardTemplate::calling_copy(
+                version,
+                raw.clone(),
+                CopiedCall { anchor: table.clone(), catalog_version: catalog.version, signature: function.signature.clone(), argument: *index },
+            ))
+        })
         .flatten();
     Some((call, copy, function.force_delegation))
 }

@@ -7,11 +7,11 @@
 //! checks the result against the parser, and the corpus tests hold every
 //! statement we can find to it.
 
+use super::walk::visit_mut;
+use super::{function_names, plain_select, res_target};
 use crate::error::{PgError, PgResult};
 use pg_query::protobuf::{self, Node};
 use pg_query::NodeEnum;
-use super::walk::visit_mut;
-use super::{function_names, plain_select, res_target};
 
 /// The parse-result version stamped on trees the coordinator builds itself
 /// (PostgreSQL 15's grammar, as in pg_query's own results).
@@ -215,7 +215,15 @@ fn takes_indirection(node: &Node) -> bool {
 fn is_primary(node: &Node) -> bool {
     matches!(
         node.node.as_ref(),
-        Some(NodeEnum::ColumnRef(_) | NodeEnum::ParamRef(_) | NodeEnum::AConst(_) | NodeEnum::FuncCall(_) | NodeEnum::TypeCast(_) | NodeEnum::SubLink(_) | NodeEnum::AIndirection(_))
+        Some(
+            NodeEnum::ColumnRef(_)
+                | NodeEnum::ParamRef(_)
+                | NodeEnum::AConst(_)
+                | NodeEnum::FuncCall(_)
+                | NodeEnum::TypeCast(_)
+                | NodeEnum::SubLink(_)
+                | NodeEnum::AIndirection(_)
+        )
     )
 }
 

@@ -55,17 +55,27 @@ pub(super) fn plan(version: i32, e: &ExplainStmt, text: &str, catalog: &Catalog)
     let raw = protobuf::RawStmt { stmt: e.query.clone(), stmt_location: 0, stmt_len: 0 };
     let inner = plan_statement(version, raw, text, catalog);
     let text_format = e.options.iter().all(|o| match o.node.as_ref() {
-        Some(NodeEnum::DefElem(d)) if d.defname == "format" => matches!(d.arg.as_deref().and_then(|a| a.node.as_ref()), Some(NodeEnum::String(s)) if s.sval.eq_ignore_ascii_case("text")),
+        Some(NodeEnum::DefElem(d)) if d.defname == "format" => {
+            matches!(d.arg.as_deref().and_then(|a| a.node.as_ref()), Some(NodeEnum::String(s)) if s.sval.eq_ignore_ascii_case("text"))
+        }
         _ => true,
     });
     let explain = ExplainPlan { version, options: e.options.clone(), inner };
     let refusal = match &explain.inner {
         Plan::Local | Plan::Empty => return None,
         Plan::Unsupported(e) => return Some(Plan::Unsupported(e.clone())),
-        Plan::Router(_) | Plan::Delegated(_) | Plan::MultiShard(_) | Plan::Fallback(_) | Plan::InsertSelect(_) | Plan::WithLocalRows(_) if !text_format => "EXPLAIN of distributed statements supports only FORMAT TEXT",
+        Plan::Router(_) | Plan::Delegated(_) | Plan::MultiShard(_) | Plan::Fallback(_) | Plan::InsertSelect(_) | Plan::WithLocalRows(_)
+            if !text_format =>
+        {
+            "EXPLAIN of distributed statements supports only FORMAT TEXT"
+        }
         // Its rows are computed by inserting into the shell table: not for ANALYZE.
-        Plan::InsertSelect(_) if explain.analyze() => "EXPLAIN ANALYZE of an INSERT … SELECT that passes rows through the coordinator is not supported yet",
-        Plan::Router(_) | Plan::Delegated(_) | Plan::MultiShard(_) | Plan::Fallback(_) | Plan::InsertSelect(_) | Plan::WithLocalRows(_) => return Some(Plan::Explain(Arc::new(explain))),
+        Plan::InsertSelect(_) if explain.analyze() => {
+            "EXPLAIN ANALYZE of an INSERT … SELECT that passes rows through the coordinator is not supported yet"
+        }
+        Plan::Router(_) | Plan::Delegated(_) | Plan::MultiShard(_) | Plan::Fallback(_) | Plan::InsertSelect(_) | Plan::WithLocalRows(_) => {
+            return Some(Plan::Explain(Arc::new(explain)))
+        }
         _ => "EXPLAIN of this statement is not supported through the Tessera coordinator",
     };
     Some(not_supported(refusal))

@@ -84,7 +84,11 @@ pub struct CoordinatorRead {
 impl CoordinatorRead {
     /// `build` makes the statement with the tables read from a stand-in of
     /// the kind given (see `over_stand_ins`); None when it cannot.
-    pub(super) fn build(version: i32, tables: Vec<Arc<DistributedTable>>, build: impl Fn(StandIn) -> Option<NodeEnum>) -> Option<PgResult<CoordinatorRead>> {
+    pub(super) fn build(
+        version: i32,
+        tables: Vec<Arc<DistributedTable>>,
+        build: impl Fn(StandIn) -> Option<NodeEnum>,
+    ) -> Option<PgResult<CoordinatorRead>> {
         let sql = deparse(version, build(StandIn::ForeignTables)?);
         let block_sql = deparse(version, build(StandIn::BlockCopy)?);
         Some(sql.and_then(|sql| Ok(CoordinatorRead { sql, block_sql: block_sql?, tables })))
@@ -94,7 +98,8 @@ impl CoordinatorRead {
 /// A fallback plan for a statement the other tiers refused with `reason`, if
 /// the statement only reads distributed tables.
 pub(super) fn plan(version: i32, node: &NodeEnum, catalog: &Catalog, reason: &str) -> Option<Plan> {
-    let read = CoordinatorRead::build(version, super::distributed_among(&range_vars(node), catalog), |stand_in| over_stand_ins(node, catalog, stand_in))?;
+    let read =
+        CoordinatorRead::build(version, super::distributed_among(&range_vars(node), catalog), |stand_in| over_stand_ins(node, catalog, stand_in))?;
     let mut broadcast_candidates: Vec<Arc<DistributedTable>> = Vec::new();
     if matches!(node, NodeEnum::SelectStmt(_)) {
         for rv in range_vars(node) {
@@ -109,7 +114,9 @@ pub(super) fn plan(version: i32, node: &NodeEnum, catalog: &Catalog, reason: &st
         broadcast_candidates.clear();
     }
     Some(match read {
-        Ok(read) => Plan::Fallback(Arc::new(FallbackPlan { read, reason: reason.to_string(), statement: node.clone(), version, broadcast_candidates })),
+        Ok(read) => {
+            Plan::Fallback(Arc::new(FallbackPlan { read, reason: reason.to_string(), statement: node.clone(), version, broadcast_candidates }))
+        }
         Err(e) => Plan::Unsupported(e),
     })
 }
@@ -151,7 +158,10 @@ fn scroll_unless_told(declare: &mut protobuf::DeclareCursorStmt) {
 /// SELECTs, cursors over them, and writes to local tables, whose distributed
 /// tables are only read.
 fn only_reads_distributed_tables(node: &NodeEnum, catalog: &Catalog) -> bool {
-    if !matches!(node, NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) | NodeEnum::DeclareCursorStmt(_)) {
+    if !matches!(
+        node,
+        NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) | NodeEnum::DeclareCursorStmt(_)
+    ) {
         return false;
     }
     let targets_distributed = |rv: Option<&protobuf::RangeVar>| rv.is_some_and(|rv| resolve_range_var(rv, catalog).is_some());
@@ -200,4 +210,3 @@ fn point_at_stand_in(rv: &mut protobuf::RangeVar, catalog: &Catalog, stand_in: S
     // own rows are none; its partitions' shards are in its shards).
     rv.inh = rv.inh || catalog.partitions_under(table.oid).is_empty();
 }
-

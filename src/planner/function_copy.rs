@@ -37,10 +37,10 @@
 //! other cluster-wide objects (`drop_all_sql`).
 
 use super::deparse::deparse_expression;
+use super::{is_equals, qualified_name, string_node};
 use crate::connection::{quote_ident, quote_literal};
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, CopiedLanguage, DistributedFunction, DistributedTable, Distribution};
-use super::{is_equals, qualified_name, string_node};
 use pg_query::protobuf;
 use pg_query::NodeEnum;
 use serde_json::Value;
@@ -144,7 +144,8 @@ pub fn copy_sql(definition: &str, target: &CopyTarget, argument: usize, catalog:
     let CopyTarget { schema, anchor, index, .. } = *target;
     let parsed = pg_query::parse(definition).map_err(|e| PgError::internal(format!("cannot parse the definition of a distributed function: {e}")))?;
     let mut tree = parsed.protobuf;
-    let Some(NodeEnum::CreateFunctionStmt(function)) = tree.stmts.first_mut().and_then(|s| s.stmt.as_deref_mut()).and_then(|s| s.node.as_mut()) else {
+    let Some(NodeEnum::CreateFunctionStmt(function)) = tree.stmts.first_mut().and_then(|s| s.stmt.as_deref_mut()).and_then(|s| s.node.as_mut())
+    else {
         return Err(PgError::internal("a distributed function's definition is not CREATE FUNCTION"));
     };
     let name = match function.funcname.last().and_then(|n| n.node.as_ref()) {
@@ -233,7 +234,13 @@ struct Span {
 /// written twice behind a guard, and every call of a distributed SQL
 /// function of the group likewise (`guarded_calls`), with the functions so
 /// called; None when there is nothing to rewrite.
-fn rewrite_body(definition: &str, body: &str, target: &CopyTarget, group: &Group, catalog: &Catalog) -> Option<(String, Vec<Arc<DistributedFunction>>)> {
+fn rewrite_body(
+    definition: &str,
+    body: &str,
+    target: &CopyTarget,
+    group: &Group,
+    catalog: &Catalog,
+) -> Option<(String, Vec<Arc<DistributedFunction>>)> {
     // Under `#variable_conflict use_column` a name may mean a column where
     // the rewrite would take it for a variable.
     if body.contains("variable_conflict") {
@@ -277,7 +284,14 @@ fn rewrite_body(definition: &str, body: &str, target: &CopyTarget, group: &Group
 /// the function's copy when that value is in this shard group:
 /// such a copy reads the group's shards, where the function itself, planned
 /// anew at every call, would plan a scan of every partition of the parents.
-fn guarded_calls(body: &str, target: &CopyTarget, taken: &[(Span, String)], variables: &HashSet<String>, group: &Group, catalog: &Catalog) -> Vec<(Span, String, Arc<DistributedFunction>)> {
+fn guarded_calls(
+    body: &str,
+    target: &CopyTarget,
+    taken: &[(Span, String)],
+    variables: &HashSet<String>,
+    group: &Group,
+    catalog: &Catalog,
+) -> Vec<(Span, String, Arc<DistributedFunction>)> {
     use protobuf::Token;
     let Ok(scanned) = pg_query::scan(body) else { return Vec::new() };
     let tokens = &scanned.tokens;
@@ -317,7 +331,13 @@ fn guarded_calls(body: &str, target: &CopyTarget, taken: &[(Span, String)], vari
 /// distribution argument is in this shard group; None when it is no call
 /// of a distributed SQL function of the group by such a value, or the name
 /// may mean another function.
-fn guarded_call(written: &str, target: &CopyTarget, context: &Context, group: &Group, catalog: &Catalog) -> Option<(String, Arc<DistributedFunction>)> {
+fn guarded_call(
+    written: &str,
+    target: &CopyTarget,
+    context: &Context,
+    group: &Group,
+    catalog: &Catalog,
+) -> Option<(String, Arc<DistributedFunction>)> {
     if written.contains('\n') {
         return None;
     }
@@ -327,7 +347,8 @@ fn guarded_call(written: &str, target: &CopyTarget, context: &Context, group: &G
     let [item] = select.target_list.as_slice() else { return None };
     let Some(NodeEnum::ResTarget(item)) = item.node.as_ref() else { return None };
     let Some(NodeEnum::FuncCall(call)) = item.val.as_deref()?.node.as_ref() else { return None };
-    let plain = !call.agg_star && !call.agg_distinct && !call.func_variadic && call.over.is_none() && call.agg_order.is_empty() && call.agg_filter.is_none();
+    let plain =
+        !call.agg_star && !call.agg_distinct && !call.func_variadic && call.over.is_none() && call.agg_order.is_empty() && call.agg_filter.is_none();
     let [name] = call.funcname.as_slice() else { return None };
     let Some(NodeEnum::String(name)) = name.node.as_ref() else { return None };
     if !plain || target.overloaded.contains(&name.sval) || call.args.iter().any(|a| matches!(a.node.as_ref(), Some(NodeEnum::NamedArgExpr(_)))) {
@@ -390,7 +411,9 @@ fn locate(body: &str, query: &str, from: usize, taken: &[(Span, String)]) -> Opt
     let first = *q.first()?;
     let mut p = from;
     while p + q.len() <= b.len() {
-        let fits = b[p] == first && !taken.iter().any(|(s, _)| (s.start..s.end).contains(&p)) && q.iter().zip(&b[p..]).all(|(qc, bc)| qc == bc || *qc == b' ');
+        let fits = b[p] == first
+            && !taken.iter().any(|(s, _)| (s.start..s.end).contains(&p))
+            && q.iter().zip(&b[p..]).all(|(qc, bc)| qc == bc || *qc == b' ');
         if !fits {
             p += 1;
             continue;
@@ -406,7 +429,9 @@ fn locate(body: &str, query: &str, from: usize, taken: &[(Span, String)]) -> Opt
             (Some(&a), Some(&z), true) => Some(body[p + a..=p + z].trim_end()),
             _ => return None,
         };
-        if into.is_some_and(|i: &str| !i.get(..4).is_some_and(|w| w.eq_ignore_ascii_case("into")) || i.contains("--") || i.contains("/*") || i.contains('\n')) {
+        if into.is_some_and(|i: &str| {
+            !i.get(..4).is_some_and(|w| w.eq_ignore_ascii_case("into")) || i.contains("--") || i.contains("/*") || i.contains('\n')
+        }) {
             return None;
         }
         return Some(Span { start: p, end: semicolon + 1 });
@@ -453,7 +478,10 @@ fn relation(rv: &protobuf::RangeVar, group: &Group, catalog: &Catalog) -> Relati
 fn guarded_statement(query: &str, span: &Span, body: &str, variables: &HashSet<String>, group: &Group, catalog: &Catalog) -> Option<String> {
     // The statement is written once more on one line (below): no comment
     // or literal may span lines.
-    if query.contains("--") || query.contains("/*") || pg_query::scan(query).ok()?.tokens.iter().any(|t| query.get(t.start as usize..t.end as usize).is_none_or(|s| s.contains('\n'))) {
+    if query.contains("--")
+        || query.contains("/*")
+        || pg_query::scan(query).ok()?.tokens.iter().any(|t| query.get(t.start as usize..t.end as usize).is_none_or(|s| s.contains('\n')))
+    {
         return None;
     }
     let parsed = pg_query::parse(query).ok()?;
@@ -499,7 +527,9 @@ fn guarded_statement(query: &str, span: &Span, body: &str, variables: &HashSet<S
         }
         let pin = match &top.pins {
             Pins::Where(_) => pin_in_conditions(&conditions, at, &placed, &context).or_else(|| {
-                (0..placed.len()).filter(|other| *other != at && joined_on_keys(&conditions, at, *other, &placed)).find_map(|other| pin_in_conditions(&conditions, other, &placed, &context))
+                (0..placed.len())
+                    .filter(|other| *other != at && joined_on_keys(&conditions, at, *other, &placed))
+                    .find_map(|other| pin_in_conditions(&conditions, other, &placed, &context))
             })?,
             Pins::Row(insert) => pin_in_row(insert, table, column, &context)?,
         };
@@ -606,7 +636,10 @@ fn pinned_level(top: &TopLevel, body: &str, context: &Context, group: &Group, ca
         let Distribution::Hash { column, .. } = &p.table.distribution else { return None };
         let pinned = !top.assigned.contains(&column.as_str())
             && match &top.pins {
-                Pins::Where(_) => (0..placed.len()).any(|other| (other == at || joined_on_keys(&conditions, at, other, &placed)) && pin_in_conditions(&conditions, other, &placed, context).is_some()),
+                Pins::Where(_) => (0..placed.len()).any(|other| {
+                    (other == at || joined_on_keys(&conditions, at, other, &placed))
+                        && pin_in_conditions(&conditions, other, &placed, context).is_some()
+                }),
                 Pins::Row(insert) => pin_in_row(insert, &p.table, column, context).is_some(),
             };
         if !pinned {
@@ -693,10 +726,13 @@ impl<'a> TopLevel<'a> {
     /// Its tables with the tables they name; None when one is neither the
     /// group's nor a reference table.
     fn placed(&self, group: &Group, catalog: &Catalog) -> Option<Vec<Placed<'a>>> {
-        self.tables.iter().map(|rv| match relation(rv, group, catalog) {
-            Relation::InGroup(table) | Relation::Reference(table) => Some(Placed { rv, table }),
-            Relation::Other => None,
-        }).collect()
+        self.tables
+            .iter()
+            .map(|rv| match relation(rv, group, catalog) {
+                Relation::InGroup(table) | Relation::Reference(table) => Some(Placed { rv, table }),
+                Relation::Other => None,
+            })
+            .collect()
     }
 
     /// The conjuncts that may pin its tables (none for an INSERT's row).
@@ -732,7 +768,9 @@ fn from_list<'a>(items: &'a [protobuf::Node], tables: &mut Vec<&'a protobuf::Ran
     for item in items {
         match item.node.as_ref()? {
             NodeEnum::RangeVar(rv) => tables.push(rv),
-            NodeEnum::JoinExpr(j) if j.jointype == protobuf::JoinType::JoinInner as i32 && j.using_clause.is_empty() && !j.is_natural && j.alias.is_none() => {
+            NodeEnum::JoinExpr(j)
+                if j.jointype == protobuf::JoinType::JoinInner as i32 && j.using_clause.is_empty() && !j.is_natural && j.alias.is_none() =>
+            {
                 from_list(std::slice::from_ref(j.larg.as_deref()?), tables, conditions)?;
                 from_list(std::slice::from_ref(j.rarg.as_deref()?), tables, conditions)?;
                 if let Some(on) = j.quals.as_deref() {
@@ -747,12 +785,18 @@ fn from_list<'a>(items: &'a [protobuf::Node], tables: &mut Vec<&'a protobuf::Ran
 
 fn top_level(node: &NodeEnum) -> Option<TopLevel<'_>> {
     let (first, from, condition, assigned) = match node {
-        NodeEnum::SelectStmt(s) if s.with_clause.is_none() && s.larg.is_none() && s.values_lists.is_empty() => (None, &s.from_clause, s.where_clause.as_deref(), vec![]),
+        NodeEnum::SelectStmt(s) if s.with_clause.is_none() && s.larg.is_none() && s.values_lists.is_empty() => {
+            (None, &s.from_clause, s.where_clause.as_deref(), vec![])
+        }
         NodeEnum::UpdateStmt(u) if u.with_clause.is_none() => {
-            let assigned = u.target_list.iter().filter_map(|t| match t.node.as_ref() {
-                Some(NodeEnum::ResTarget(r)) => Some(r.name.as_str()),
-                _ => None,
-            }).collect();
+            let assigned = u
+                .target_list
+                .iter()
+                .filter_map(|t| match t.node.as_ref() {
+                    Some(NodeEnum::ResTarget(r)) => Some(r.name.as_str()),
+                    _ => None,
+                })
+                .collect();
             (Some(u.relation.as_ref()?), &u.from_clause, u.where_clause.as_deref(), assigned)
         }
         NodeEnum::DeleteStmt(d) if d.with_clause.is_none() => (Some(d.relation.as_ref()?), &d.using_clause, d.where_clause.as_deref(), vec![]),
@@ -790,7 +834,10 @@ fn pin_in_conditions<'a>(conditions: &[&'a protobuf::Node], at: usize, placed: &
 fn joined_on_keys(conditions: &[&protobuf::Node], a: usize, b: usize, placed: &[Placed]) -> bool {
     placed[b].table.colocation_id == placed[a].table.colocation_id
         && placed[b].table.has_worker_parent()
-        && conditions.iter().any(|c| equality(c).is_some_and(|(l, r)| (names_key(l, a, placed) && names_key(r, b, placed)) || (names_key(l, b, placed) && names_key(r, a, placed))))
+        && conditions.iter().any(|c| {
+            equality(c)
+                .is_some_and(|(l, r)| (names_key(l, a, placed) && names_key(r, b, placed)) || (names_key(l, b, placed) && names_key(r, a, placed)))
+        })
 }
 
 fn equality(condition: &protobuf::Node) -> Option<(&protobuf::Node, &protobuf::Node)> {
@@ -830,9 +877,12 @@ fn pin_in_row<'a>(insert: &'a protobuf::InsertStmt, table: &DistributedTable, co
 /// result: the function's variables and arguments, constants, casts and
 /// array elements of those.
 fn is_pin(node: &protobuf::Node, context: &Context) -> bool {
-    let names_value = |s: &str| !context.columns.contains(s) && match context.values {
-        Values::Variables(variables) => variables.contains(s),
-        Values::Argument(argument) => argument.name == s,
+    let names_value = |s: &str| {
+        !context.columns.contains(s)
+            && match context.values {
+                Values::Variables(variables) => variables.contains(s),
+                Values::Argument(argument) => argument.name == s,
+            }
     };
     match node.node.as_ref() {
         Some(NodeEnum::ColumnRef(c)) => match c.fields.as_slice() {
@@ -972,7 +1022,13 @@ $function$
         assert!(sql.contains(&by_argument), "{sql}");
         let by_element = format!("{}UPDATE stock SET s_quantity = s_quantity - 1      WHERE s_i_id = i AND s_w_id = p_ids[i] RETURNING s_quantity INTO STRICT n; ELSE UPDATE public.stock_102 stock SET s_quantity = s_quantity - 1\n     WHERE", guard("stock", "p_ids[i]"));
         assert!(sql.contains(&by_element), "{sql}");
-        assert!(sql.contains(&format!("{}INSERT INTO orders (o_w_id, o_id, o_c_id) VALUES (p_w_id, v, n); ELSE INSERT INTO public.orders_202 AS orders (o_w_id", guard("orders", "p_w_id"))), "{sql}");
+        assert!(
+            sql.contains(&format!(
+                "{}INSERT INTO orders (o_w_id, o_id, o_c_id) VALUES (p_w_id, v, n); ELSE INSERT INTO public.orders_202 AS orders (o_w_id",
+                guard("orders", "p_w_id")
+            )),
+            "{sql}"
+        );
         // A reference table, a column for a value, another group's table and
         // a moved key stay as written.
         // Joined on the key to a pinned table: pinned too (inner joins only).
@@ -985,15 +1041,20 @@ $function$
     fn shard_tables_are_named_again_in_errors() {
         let catalog = catalog();
         let anchor = catalog.table("public", "stock").unwrap();
-        let context = "SQL statement \"UPDATE public.stock_102 stock SET s_quantity = 1 / 0 FROM public.orders_202 o\"\nPL/pgSQL function f(integer) line 4";
-        assert_eq!(tables_named_again(context, anchor, &catalog), "SQL statement \"UPDATE stock SET s_quantity = 1 / 0 FROM orders o\"\nPL/pgSQL function f(integer) line 4");
+        let context =
+            "SQL statement \"UPDATE public.stock_102 stock SET s_quantity = 1 / 0 FROM public.orders_202 o\"\nPL/pgSQL function f(integer) line 4";
+        assert_eq!(
+            tables_named_again(context, anchor, &catalog),
+            "SQL statement \"UPDATE stock SET s_quantity = 1 / 0 FROM orders o\"\nPL/pgSQL function f(integer) line 4"
+        );
     }
 
     #[test]
     fn every_statement_keeps_its_line() {
         let original: Vec<u64> = statement_lines(FUNCTION).into_iter().filter(|(_, k)| k != "PLpgSQL_stmt_if").map(|(l, _)| l).collect();
         let copied = statement_lines(&copy());
-        let kept: Vec<u64> = copied.iter().filter(|(_, k)| k != "PLpgSQL_stmt_if").map(|(l, _)| *l).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+        let kept: Vec<u64> =
+            copied.iter().filter(|(_, k)| k != "PLpgSQL_stmt_if").map(|(l, _)| *l).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
         assert_eq!(original.iter().copied().collect::<std::collections::BTreeSet<_>>().into_iter().collect::<Vec<_>>(), kept);
     }
 
@@ -1058,10 +1119,19 @@ $function$
             copied_per_shard: Some(CopiedLanguage::Sql),
         });
         catalog.add_function_for_tests(by_name.clone());
-        let caller = FUNCTION.replace("RETURN v;", "v := by_name(p_ids[1], v) + By_Name(s_i_id, 1) + public.by_name(p_w_id, 1);\n  IF by_name(p_w_id,\n 2) > 0 THEN RETURN v; END IF;");
+        let caller = FUNCTION.replace(
+            "RETURN v;",
+            "v := by_name(p_ids[1], v) + By_Name(s_i_id, 1) + public.by_name(p_w_id, 1);\n  IF by_name(p_w_id,\n 2) > 0 THEN RETURN v; END IF;",
+        );
         let copy = copy_sql(&caller, &target("tessera_shard_102_v9", &orders, &HashSet::new()), 0, &catalog).unwrap();
         let guard = "(CASE WHEN pg_catalog.pg_typeof(p_ids[1]) = 'integer'::pg_catalog.regtype THEN pg_catalog.satisfies_hash_partition('public.orders'::pg_catalog.regclass, 4, 2, p_ids[1]) ELSE false END)";
-        assert!(copy.create.contains(&format!("v := (CASE WHEN {guard} THEN tessera_shard_102_v9.by_name(p_ids[1], v) ELSE by_name(p_ids[1], v) END) + By_Name(s_i_id, 1)")), "{}", copy.create);
+        assert!(
+            copy.create.contains(&format!(
+                "v := (CASE WHEN {guard} THEN tessera_shard_102_v9.by_name(p_ids[1], v) ELSE by_name(p_ids[1], v) END) + By_Name(s_i_id, 1)"
+            )),
+            "{}",
+            copy.create
+        );
         // A column for the argument, a qualified name, a call over lines: as written.
         assert_eq!(copy.create.matches("tessera_shard_102_v9.by_name").count(), 1, "{}", copy.create);
         assert!(copy.calls.len() == 1 && Arc::ptr_eq(&copy.calls[0], &by_name));
@@ -1076,7 +1146,10 @@ $function$
 
     #[test]
     fn copy_schemas_leave_the_names_the_client_called() {
-        assert_eq!(without_copy_schemas("PL/pgSQL function tessera_shard_102_v9.f(integer) line 4 at SQL statement"), "PL/pgSQL function f(integer) line 4 at SQL statement");
+        assert_eq!(
+            without_copy_schemas("PL/pgSQL function tessera_shard_102_v9.f(integer) line 4 at SQL statement"),
+            "PL/pgSQL function f(integer) line 4 at SQL statement"
+        );
         assert_eq!(without_copy_schemas("schema \"tessera_shard_102_v9\" does not exist"), "schema \"tessera_shard_102_v9\" does not exist");
         assert_eq!(shard_id_named_in("function tessera_shard_102_v9.f(integer) does not exist"), Some(102));
     }

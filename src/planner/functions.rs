@@ -66,7 +66,14 @@ impl ClusterFunction {
 
     /// run_command_on_workers and its kin.
     pub fn runs_commands(self) -> bool {
-        matches!(self, Self::RunCommandOnWorkers | Self::RunCommandOnAllNodes | Self::RunCommandOnShards | Self::RunCommandOnPlacements | Self::RunCommandOnColocatedPlacements)
+        matches!(
+            self,
+            Self::RunCommandOnWorkers
+                | Self::RunCommandOnAllNodes
+                | Self::RunCommandOnShards
+                | Self::RunCommandOnPlacements
+                | Self::RunCommandOnColocatedPlacements
+        )
     }
 
     fn by_name(name: &str) -> Option<Self> {
@@ -109,7 +116,9 @@ impl ClusterFunction {
     /// Parameter names in declaration order, for named-argument calls.
     pub fn parameters(self) -> &'static [&'static str] {
         match self {
-            Self::CreateDistributedTable | Self::CreateDistributedTableConcurrently => &["table_name", "distribution_column", "distribution_type", "colocate_with", "shard_count"],
+            Self::CreateDistributedTable | Self::CreateDistributedTableConcurrently => {
+                &["table_name", "distribution_column", "distribution_type", "colocate_with", "shard_count"]
+            }
             Self::CreateReferenceTable => &["table_name"],
             Self::UndistributeTable => &["table_name", "cascade_via_foreign_keys"],
             Self::AlterDistributedTable => &["table_name", "distribution_column", "shard_count", "colocate_with", "cascade_to_colocated"],
@@ -117,12 +126,20 @@ impl ClusterFunction {
             Self::RemoveNode => &["nodename", "nodeport"],
             Self::UpdateNode => &["node_id", "new_node_name", "new_node_port", "force", "lock_cooldown"],
             Self::RecoverPreparedTransactions | Self::CleanupOrphanedResources => &[],
-            Self::MoveShardPlacement => &["shard_id", "source_node_name", "source_node_port", "target_node_name", "target_node_port", "shard_transfer_mode"],
-            Self::GetRebalancePlan => &["relation", "threshold", "max_shard_moves", "excluded_shard_list", "drain_only", "rebalance_strategy", "improvement_threshold"],
-            Self::RebalanceTableShards => &["relation", "threshold", "max_shard_moves", "excluded_shard_list", "shard_transfer_mode", "drain_only", "rebalance_strategy"],
+            Self::MoveShardPlacement => {
+                &["shard_id", "source_node_name", "source_node_port", "target_node_name", "target_node_port", "shard_transfer_mode"]
+            }
+            Self::GetRebalancePlan => {
+                &["relation", "threshold", "max_shard_moves", "excluded_shard_list", "drain_only", "rebalance_strategy", "improvement_threshold"]
+            }
+            Self::RebalanceTableShards => {
+                &["relation", "threshold", "max_shard_moves", "excluded_shard_list", "shard_transfer_mode", "drain_only", "rebalance_strategy"]
+            }
             Self::DrainNode => &["nodename", "nodeport", "shard_transfer_mode", "rebalance_strategy"],
             Self::SetNodeProperty => &["nodename", "nodeport", "property", "value"],
-            Self::CopyShardPlacement => &["shard_id", "source_node_name", "source_node_port", "target_node_name", "target_node_port", "transfer_mode"],
+            Self::CopyShardPlacement => {
+                &["shard_id", "source_node_name", "source_node_port", "target_node_name", "target_node_port", "transfer_mode"]
+            }
             Self::ReplicateReferenceTables => &["shard_transfer_mode"],
             Self::RebalanceStart => &["rebalance_strategy", "drain_only", "shard_transfer_mode"],
             Self::RunCommandOnWorkers => &["command", "parallel"],
@@ -176,9 +193,19 @@ pub(super) fn cluster_call(select: &SelectStmt) -> Option<Plan> {
                 return None;
             }
             let Some(NodeEnum::List(list)) = f.functions[0].node.as_ref() else { return None };
-            let bare = select.where_clause.is_none() && select.target_list.len() == 1 && super::decorrelate::is_bare_star(&select.target_list[0]) && super::only_filters(select);
+            let bare = select.where_clause.is_none()
+                && select.target_list.len() == 1
+                && super::decorrelate::is_bare_star(&select.target_list[0])
+                && super::only_filters(select);
             let around = (!bare).then(|| {
-                let relation = protobuf::RangeVar { relname: RESULT_NAME.into(), inh: true, relpersistence: "p".into(), alias: f.alias.clone(), location: -1, ..Default::default() };
+                let relation = protobuf::RangeVar {
+                    relname: RESULT_NAME.into(),
+                    inh: true,
+                    relpersistence: "p".into(),
+                    alias: f.alias.clone(),
+                    location: -1,
+                    ..Default::default()
+                };
                 let mut around = select.clone();
                 around.from_clause = vec![protobuf::Node { node: Some(NodeEnum::RangeVar(relation)) }];
                 Box::new(around)
@@ -228,7 +255,14 @@ fn called_function(call: &protobuf::FuncCall) -> Option<(ClusterFunction, &str)>
     Some((ClusterFunction::by_name(name).filter(|_| schema_ok)?, name))
 }
 
-fn planned_call(call: &protobuf::FuncCall, function: ClusterFunction, name: &str, alias: String, in_select_list: bool, around: Option<Box<SelectStmt>>) -> Option<Plan> {
+fn planned_call(
+    call: &protobuf::FuncCall,
+    function: ClusterFunction,
+    name: &str,
+    alias: String,
+    in_select_list: bool,
+    around: Option<Box<SelectStmt>>,
+) -> Option<Plan> {
     let params = function.parameters();
     let mut slots: Vec<Option<protobuf::Node>> = vec![None; params.len()];
     for (i, arg) in call.args.iter().enumerate() {

@@ -7,8 +7,8 @@
 //! it. So the other columns of such a table that the query uses are added
 //! to its GROUP BY, which leaves the groups as they were.
 
-use super::walk::visit_mut;
 use super::resolve_range_var;
+use super::walk::visit_mut;
 use crate::metadata::{Catalog, DistributedTable};
 use pg_query::protobuf::{self, Node, SelectStmt};
 use pg_query::NodeEnum;
@@ -131,7 +131,14 @@ mod tests {
 
     fn catalog() -> Catalog {
         let table = Catalog::reference_table_for_tests;
-        Catalog::for_tests(vec![], vec![table(1, "author", &["id", "name", "born"], &["id"]), table(2, "book", &["tenant", "id", "title"], &["tenant", "id"]), table(3, "tag", &["name"], &[])])
+        Catalog::for_tests(
+            vec![],
+            vec![
+                table(1, "author", &["id", "name", "born"], &["id"]),
+                table(2, "book", &["tenant", "id", "title"], &["tenant", "id"]),
+                table(3, "tag", &["name"], &[]),
+            ],
+        )
     }
 
     fn expanded(sql: &str) -> Option<String> {
@@ -146,11 +153,18 @@ mod tests {
             expanded("SELECT a.id, a.name, count(b.id) FROM author a LEFT JOIN book b ON b.tenant = a.id GROUP BY a.id ORDER BY a.born").as_deref(),
             Some("SELECT a.id, a.name, count(b.id) FROM author a LEFT JOIN book b ON b.tenant = a.id GROUP BY a.id, a.name, a.born ORDER BY a.born")
         );
-        assert_eq!(expanded("SELECT id, name FROM author GROUP BY id HAVING count(*) > 1").as_deref(), Some("SELECT id, name FROM author GROUP BY id, author.name HAVING count(*) > 1"));
-        assert_eq!(expanded("SELECT author.* FROM author GROUP BY author.id").as_deref(), Some("SELECT author.* FROM author GROUP BY author.id, author.name, author.born"));
+        assert_eq!(
+            expanded("SELECT id, name FROM author GROUP BY id HAVING count(*) > 1").as_deref(),
+            Some("SELECT id, name FROM author GROUP BY id, author.name HAVING count(*) > 1")
+        );
+        assert_eq!(
+            expanded("SELECT author.* FROM author GROUP BY author.id").as_deref(),
+            Some("SELECT author.* FROM author GROUP BY author.id, author.name, author.born")
+        );
         // Every key column must be grouped, qualified as the query names the table.
         assert_eq!(expanded("SELECT b.id, b.title FROM book b GROUP BY b.id"), None);
-        assert!(expanded("SELECT b.tenant, b.id, b.title FROM book b GROUP BY b.tenant, b.id").is_some_and(|s| s.ends_with("GROUP BY b.tenant, b.id, b.title")));
+        assert!(expanded("SELECT b.tenant, b.id, b.title FROM book b GROUP BY b.tenant, b.id")
+            .is_some_and(|s| s.ends_with("GROUP BY b.tenant, b.id, b.title")));
         // Nothing to add, no key, grouping sets, or a name that might be another table's.
         assert_eq!(expanded("SELECT a.id, count(*) FROM author a GROUP BY a.id"), None);
         assert_eq!(expanded("SELECT name FROM tag GROUP BY name"), None);

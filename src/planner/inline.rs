@@ -67,7 +67,8 @@ pub(super) fn mentions(text: &str, name: &str) -> bool {
 fn inlinable(call: &protobuf::FuncCall, catalog: &Catalog) -> Option<(String, std::sync::Arc<InlineSql>)> {
     let name = super::function_names(call).last()?.to_string();
     let function = catalog.user_code.inlinable(&name)?.clone();
-    let plain = call.agg_order.is_empty() && call.agg_filter.is_none() && call.over.is_none() && !call.agg_star && !call.agg_distinct && !call.func_variadic;
+    let plain =
+        call.agg_order.is_empty() && call.agg_filter.is_none() && call.over.is_none() && !call.agg_star && !call.agg_distinct && !call.func_variadic;
     let positional = call.args.len() == function.args.len() && call.args.iter().all(|a| !matches!(a.node, Some(NodeEnum::NamedArgExpr(_))));
     (plain && positional).then_some((name, function))
 }
@@ -97,7 +98,8 @@ fn body_for(function: &InlineSql, args: &[Node], catalog: &Catalog) -> Option<No
     // on into what it puts in place, and an argument may itself hold a
     // parameter of the calling statement, or a column of a parameter's
     // name. No SQL text can spell a placeholder (it starts with NUL).
-    let placeholder = |i: usize| NodeEnum::ColumnRef(protobuf::ColumnRef { fields: vec![super::string_node(&format!("{PLACEHOLDER}{i}"))], location: -1 });
+    let placeholder =
+        |i: usize| NodeEnum::ColumnRef(protobuf::ColumnRef { fields: vec![super::string_node(&format!("{PLACEHOLDER}{i}"))], location: -1 });
     let mut ok = true;
     visit_mut(&mut body, &mut |n| match n {
         NodeEnum::ParamRef(p) if (1..=function.args.len() as i32).contains(&p.number) => *n = placeholder(p.number as usize - 1),

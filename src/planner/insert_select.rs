@@ -8,7 +8,7 @@
 use super::rewrite::ShardTemplate;
 use super::{deparse, fallback, not_supported, plan_tree, res_target, resolve_range_var, Combine, Command, MultiShardPlan, Plan};
 use crate::error::{PgError, PgResult};
-use crate::metadata::{Catalog, Distribution, DistributedTable};
+use crate::metadata::{Catalog, DistributedTable, Distribution};
 use pg_query::protobuf::{self, InsertStmt, SelectStmt};
 use pg_query::NodeEnum;
 use std::fmt;
@@ -49,7 +49,9 @@ pub(super) fn plan(insert: &InsertStmt, select: &SelectStmt, target: Arc<Distrib
     let stays_in_shard_group = match (&target.distribution, &source) {
         (Distribution::Reference, Plan::Router(r)) => r.template.tables().iter().all(|t| t.is_reference()),
         (Distribution::Hash { column, .. }, Plan::MultiShard(m)) => {
-            matches!(m.combine, Combine::Concatenate) && m.anchor.colocation_id == target.colocation_id && produces_key(insert, select, column, &target, catalog)
+            matches!(m.combine, Combine::Concatenate)
+                && m.anchor.colocation_id == target.colocation_id
+                && produces_key(insert, select, column, &target, catalog)
         }
         (Distribution::Hash { column, .. }, Plan::Router(r)) => {
             r.anchor.as_ref().is_some_and(|a| a.colocation_id == target.colocation_id) && produces_key(insert, select, column, &target, catalog)
@@ -59,7 +61,9 @@ pub(super) fn plan(insert: &InsertStmt, select: &SelectStmt, target: Arc<Distrib
     if stays_in_shard_group && !leaves_sequence_to_default(insert, &target, |position| select.target_list.get(position).is_some()) {
         return match &target.distribution {
             Distribution::Reference => super::router::reference_write(Command::Insert, template),
-            Distribution::Hash { .. } => Plan::MultiShard(Arc::new(MultiShardPlan { command: Command::Insert, anchor: target, template, combine: Combine::Concatenate })),
+            Distribution::Hash { .. } => {
+                Plan::MultiShard(Arc::new(MultiShardPlan { command: Command::Insert, anchor: target, template, combine: Combine::Concatenate }))
+            }
         };
     }
     // The SELECT's own rows are routed, and the router fills in sequence
@@ -104,12 +108,18 @@ pub(super) fn with_moved_into_rows(node: &NodeEnum, catalog: &Catalog) -> Option
     if select.with_clause.is_some() {
         return None;
     }
-    let names: Vec<&str> = with.ctes.iter().filter_map(|c| match c.node.as_ref() {
-        Some(NodeEnum::CommonTableExpr(c)) => Some(c.ctename.as_str()),
-        _ => None,
-    }).collect();
+    let names: Vec<&str> = with
+        .ctes
+        .iter()
+        .filter_map(|c| match c.node.as_ref() {
+            Some(NodeEnum::CommonTableExpr(c)) => Some(c.ctename.as_str()),
+            _ => None,
+        })
+        .collect();
     let values_only = !select.values_lists.is_empty() && select.from_clause.is_empty();
-    let read = crate::walk::range_vars(&NodeEnum::SelectStmt(select.clone())).iter().any(|rv| rv.schemaname.is_empty() && names.contains(&rv.relname.as_str()));
+    let read = crate::walk::range_vars(&NodeEnum::SelectStmt(select.clone()))
+        .iter()
+        .any(|rv| rv.schemaname.is_empty() && names.contains(&rv.relname.as_str()));
     if !values_only || read {
         select.with_clause = Some(with);
     }
@@ -130,7 +140,9 @@ fn yields_key_type(insert: &InsertStmt, select: &mut SelectStmt, target: &Distri
         _ => true,
     });
     let Some(type_name) = super::router::key_type_name(key) else { return false };
-    let Some(NodeEnum::ResTarget(item)) = select.target_list.get_mut(position).and_then(|t| t.node.as_mut()).filter(|_| plain && !has_star) else { return false };
+    let Some(NodeEnum::ResTarget(item)) = select.target_list.get_mut(position).and_then(|t| t.node.as_mut()).filter(|_| plain && !has_star) else {
+        return false;
+    };
     let Some(value) = item.val.take() else { return false };
     item.val = Some(Box::new(super::cast_to_catalog_type(*value, type_name)));
     true
@@ -139,7 +151,14 @@ fn yields_key_type(insert: &InsertStmt, select: &mut SelectStmt, target: &Distri
 /// An INSERT whose rows the coordinator computes before routing them: the
 /// SELECT (or VALUES) producing them (None for DEFAULT VALUES), and how the
 /// coordinator database computes them.
-pub(super) fn through_coordinator(insert: &InsertStmt, select: Option<NodeEnum>, rows: RowSource, target: Arc<DistributedTable>, catalog: &Catalog, version: i32) -> Plan {
+pub(super) fn through_coordinator(
+    insert: &InsertStmt,
+    select: Option<NodeEnum>,
+    rows: RowSource,
+    target: Arc<DistributedTable>,
+    catalog: &Catalog,
+    version: i32,
+) -> Plan {
     if insert.with_clause.is_some() {
         return not_supported("INSERT … SELECT with a WITH clause that must pass its rows through the coordinator is not supported yet");
     }
@@ -191,7 +210,14 @@ pub(super) fn through_coordinator(insert: &InsertStmt, select: Option<NodeEnum>,
         Ok(clauses) => clauses,
         Err(e) => return Plan::Unsupported(e),
     };
-    Plan::InsertSelect(Arc::new(InsertSelectPlan { target, rows: rows_read, check_sql, columns, shard_clauses, returns_rows: !insert.returning_list.is_empty() }))
+    Plan::InsertSelect(Arc::new(InsertSelectPlan {
+        target,
+        rows: rows_read,
+        check_sql,
+        columns,
+        shard_clauses,
+        returns_rows: !insert.returning_list.is_empty(),
+    }))
 }
 
 /// How the coordinator database computes an INSERT's rows.
@@ -229,7 +255,12 @@ fn shard_clauses(insert: &InsertStmt, version: i32) -> PgResult<String> {
 }
 
 fn column_ref_star() -> protobuf::Node {
-    protobuf::Node { node: Some(NodeEnum::ColumnRef(protobuf::ColumnRef { fields: vec![protobuf::Node { node: Some(NodeEnum::AStar(protobuf::AStar {})) }], location: -1 })) }
+    protobuf::Node {
+        node: Some(NodeEnum::ColumnRef(protobuf::ColumnRef {
+            fields: vec![protobuf::Node { node: Some(NodeEnum::AStar(protobuf::AStar {})) }],
+            location: -1,
+        })),
+    }
 }
 
 /// Whether a row of the INSERT leaves a column whose default draws from a
@@ -266,7 +297,9 @@ fn produces_key(insert: &InsertStmt, select: &SelectStmt, key: &str, target: &Di
         // A subquery or function in FROM could produce a column of that name.
         return false;
     };
-    let is_key_of = |t: &DistributedTable, column: &str| matches!(&t.distribution, Distribution::Hash { column: k, .. } if k == column) && t.colocation_id == target.colocation_id;
+    let is_key_of = |t: &DistributedTable, column: &str| {
+        matches!(&t.distribution, Distribution::Hash { column: k, .. } if k == column) && t.colocation_id == target.colocation_id
+    };
     match names.as_slice() {
         [qualifier, column] => sources.iter().any(|(name, t)| name == qualifier && is_key_of(t, column)),
         [column] => {

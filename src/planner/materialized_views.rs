@@ -75,7 +75,10 @@ fn lend_to(statement: &'static str, query: &NodeEnum, reader: String, catalog: &
     }
     // PostgreSQL lets no table inherit from a partitioned table or a partition.
     if let Some(t) = tables.iter().find(|t| t.partition_of.is_some() || catalog.tables().any(|p| p.partition_of == Some(t.oid))) {
-        return Some(not_supported(format!("{statement} over \"{}\", a partitioned distributed table or a partition of one, is not supported yet", t.name)));
+        return Some(not_supported(format!(
+            "{statement} over \"{}\", a partitioned distributed table or a partition of one, is not supported yet",
+            t.name
+        )));
     }
     Some(Plan::LocalOverShards(Arc::new(LentShards { statement, tables: tables.iter().map(|t| t.oid).collect(), reader })))
 }

@@ -62,10 +62,9 @@ impl MergePlan {
 /// one shard group.
 pub(super) fn through_coordinator(version: i32, merge: &protobuf::MergeStmt, target: &Arc<DistributedTable>, catalog: &Catalog, why: &str) -> Plan {
     let refuse = || {
-        Plan::Unsupported(
-            PgError::not_supported(why.to_string())
-                .with_hint("Join the target's distribution column to a value of the source in ON (ON t.key = s.key), or use INSERT … ON CONFLICT DO UPDATE."),
-        )
+        Plan::Unsupported(PgError::not_supported(why.to_string()).with_hint(
+            "Join the target's distribution column to a value of the source in ON (ON t.key = s.key), or use INSERT … ON CONFLICT DO UPDATE.",
+        ))
     };
     let Distribution::Hash { column, key, .. } = &target.distribution else {
         return refuse();
@@ -113,7 +112,13 @@ pub(super) fn through_coordinator(version: i32, merge: &protobuf::MergeStmt, tar
     let select = protobuf::SelectStmt {
         target_list: vec![
             res_target("", super::cast_to_catalog_type(node(key_value.clone()), type_name)),
-            res_target("", node(NodeEnum::ColumnRef(protobuf::ColumnRef { fields: vec![string_node(&alias), node(NodeEnum::AStar(protobuf::AStar {}))], location: -1 }))),
+            res_target(
+                "",
+                node(NodeEnum::ColumnRef(protobuf::ColumnRef {
+                    fields: vec![string_node(&alias), node(NodeEnum::AStar(protobuf::AStar {}))],
+                    location: -1,
+                })),
+            ),
         ],
         from_clause: vec![source.clone()],
         ..super::plain_select()

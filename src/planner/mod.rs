@@ -31,9 +31,10 @@ mod whole_rows;
 mod writing_with;
 use crate::walk;
 
+pub use cluster_views::{ClusterData, SIZE_FUNCTIONS};
+pub use copy::{CopyPlan, KeyPosition};
 pub use ddl::{placement_groups, ChosenNames, DdlPlan, DropIndex, ForeignRetype, RelationChanges, RoleChange};
 pub use delegation::Delegation;
-pub use rewrite::CopiedCall;
 pub use explain::ExplainPlan;
 pub use fallback::{block_copy_name, CoordinatorRead, FallbackPlan};
 pub use functions::{ClusterCall, ClusterFunction};
@@ -41,10 +42,12 @@ pub use insert_select::InsertSelectPlan;
 pub use local_rows::LocalRowsPlan;
 pub use materialized_views::LentShards;
 pub use merge::MergePlan;
-pub use multi_shard::{aggregate_placeholder, partial_column, sort_column, AggregateKind, Combine, CombineQuery, MultiShardPlan, SplitAggregate, PARTIALS_RELATION, VISIBLE_COLUMNS};
-pub use cluster_views::{ClusterData, SIZE_FUNCTIONS};
-pub use copy::{CopyPlan, KeyPosition};
+pub use multi_shard::{
+    aggregate_placeholder, partial_column, sort_column, AggregateKind, Combine, CombineQuery, MultiShardPlan, SplitAggregate, PARTIALS_RELATION,
+    VISIBLE_COLUMNS,
+};
 pub use prepared::{SqlExecute, SqlPrepare};
+pub use rewrite::CopiedCall;
 pub use router::{Command, FilledValues, InsertKey, KeyRouting, KeyValue, RouterPlan, SequenceFill, ShardTarget};
 
 use crate::error::{sqlstate, PgError, PgResult};
@@ -92,7 +95,19 @@ impl PlannedStatement {
     /// A statement with no effect on the session's state (text the parser
     /// rejects, or none at all).
     fn plain(sql: &str, plan: Plan) -> Self {
-        PlannedStatement { sql: sql.to_string(), plan, changes_settings: false, changes_role: false, changes_user_code: false, custom_settings: Vec::new(), changes_followed_settings: false, changes_search_path: false, changes_relations: false, uses_relations: false, pins: None }
+        PlannedStatement {
+            sql: sql.to_string(),
+            plan,
+            changes_settings: false,
+            changes_role: false,
+            changes_user_code: false,
+            custom_settings: Vec::new(),
+            changes_followed_settings: false,
+            changes_search_path: false,
+            changes_relations: false,
+            uses_relations: false,
+            pins: None,
+        }
     }
 }
 
@@ -156,14 +171,28 @@ impl Plan {
     pub fn may_write_colocation(&self, colocation: i32) -> bool {
         let anchored = |table: &Option<Arc<DistributedTable>>| table.as_ref().is_some_and(|t| t.colocation_id == colocation);
         match self {
-            Plan::Empty | Plan::Local | Plan::LocalWithClusterData(_) | Plan::LocalOverShards(_) | Plan::Transaction(_) | Plan::Explain(_) | Plan::SqlPrepare(_) | Plan::SqlDeallocate(_) | Plan::Unsupported(_) => false,
+            Plan::Empty
+            | Plan::Local
+            | Plan::LocalWithClusterData(_)
+            | Plan::LocalOverShards(_)
+            | Plan::Transaction(_)
+            | Plan::Explain(_)
+            | Plan::SqlPrepare(_)
+            | Plan::SqlDeallocate(_)
+            | Plan::Unsupported(_) => false,
             // A statement run whole on a worker may write any table there.
             Plan::Router(router) => router.command == Command::WholeOnWorker || router.is_write() && anchored(&router.anchor),
             Plan::MultiShard(multi) => multi.is_write() && multi.anchor.colocation_id == colocation,
             Plan::Copy(copy) => copy.from_client && copy.table.colocation_id == colocation,
             Plan::KeysMeet(meet) => meet.route.is_write() && anchored(&meet.route.anchor) || meet.otherwise.may_write_colocation(colocation),
             Plan::ClusterFunction(call) => call.function.changes_tables(),
-            Plan::Delegated(_) | Plan::Fallback(_) | Plan::InsertSelect(_) | Plan::MergeThroughCoordinator(_) | Plan::WithLocalRows(_) | Plan::Ddl(_) | Plan::SqlExecute(_) => true,
+            Plan::Delegated(_)
+            | Plan::Fallback(_)
+            | Plan::InsertSelect(_)
+            | Plan::MergeThroughCoordinator(_)
+            | Plan::WithLocalRows(_)
+            | Plan::Ddl(_)
+            | Plan::SqlExecute(_) => true,
         }
     }
 }
@@ -191,7 +220,9 @@ impl Plan {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TransactionCommand {
     /// BEGIN or START TRANSACTION, with the text to replay on each node it reaches.
-    Begin { sql: String },
+    Begin {
+        sql: String,
+    },
     Commit,
     Rollback,
     Savepoint(String),
@@ -264,7 +295,19 @@ pub fn plan_query(sql: &str, catalog: &Catalog) -> Vec<PlannedStatement> {
                 Plan::Local => cluster_views::needed(&text, catalog.has_tables()).map_or(Plan::Local, Plan::LocalWithClusterData),
                 plan => plan,
             });
-            PlannedStatement { sql: text, plan, changes_settings, changes_role, changes_user_code, custom_settings, changes_followed_settings, changes_search_path, changes_relations, uses_relations, pins }
+            PlannedStatement {
+                sql: text,
+                plan,
+                changes_settings,
+                changes_role,
+                changes_user_code,
+                custom_settings,
+                changes_followed_settings,
+                changes_search_path,
+                changes_relations,
+                uses_relations,
+                pins,
+            }
         })
         .collect()
 }
@@ -301,17 +344,30 @@ fn changes_role(raw: &protobuf::RawStmt) -> bool {
 fn changes_user_code(raw: &protobuf::RawStmt) -> bool {
     let reaches = |kind: i32| {
         use ObjectType as O;
-        O::from_i32(kind).is_some_and(|t| matches!(t, O::ObjectView | O::ObjectMatview | O::ObjectFunction | O::ObjectProcedure | O::ObjectRoutine | O::ObjectTrigger | O::ObjectAggregate))
+        O::from_i32(kind).is_some_and(|t| {
+            matches!(
+                t,
+                O::ObjectView | O::ObjectMatview | O::ObjectFunction | O::ObjectProcedure | O::ObjectRoutine | O::ObjectTrigger | O::ObjectAggregate
+            )
+        })
     };
     match raw.stmt.as_ref().and_then(|n| n.node.as_ref()) {
-        Some(NodeEnum::ViewStmt(_) | NodeEnum::CreateFunctionStmt(_) | NodeEnum::AlterFunctionStmt(_) | NodeEnum::CreateTrigStmt(_) | NodeEnum::DefineStmt(_)) => true,
+        Some(
+            NodeEnum::ViewStmt(_)
+            | NodeEnum::CreateFunctionStmt(_)
+            | NodeEnum::AlterFunctionStmt(_)
+            | NodeEnum::CreateTrigStmt(_)
+            | NodeEnum::DefineStmt(_),
+        ) => true,
         Some(NodeEnum::CreateTableAsStmt(c)) => c.objtype == ObjectType::ObjectMatview as i32,
         Some(NodeEnum::DropStmt(d)) => reaches(d.remove_type),
         Some(NodeEnum::RenameStmt(r)) => reaches(r.rename_type),
         Some(NodeEnum::AlterObjectSchemaStmt(a)) => reaches(a.object_type),
         // Which calls are delegated, or which tables are co-located, changes
         // with these catalog functions of the coordinator database.
-        Some(node @ NodeEnum::SelectStmt(_)) => crate::walk::called_functions(node).iter().any(|f| f == "create_distributed_function" || f == "update_distributed_table_colocation"),
+        Some(node @ NodeEnum::SelectStmt(_)) => {
+            crate::walk::called_functions(node).iter().any(|f| f == "create_distributed_function" || f == "update_distributed_table_colocation")
+        }
         _ => false,
     }
 }
@@ -343,7 +399,9 @@ fn plan_statement(version: i32, raw: protobuf::RawStmt, text: &str, catalog: &Ca
     let delegated = delegation::delegated_call(version, &raw, node, catalog);
     let plan = plan_undelegated(version, &raw, node, text, catalog);
     match delegated {
-        Some((call, copy, force_delegation)) => Plan::Delegated(Arc::new(Delegation { call, copy, copy_failed: Default::default(), force_delegation, otherwise: plan })),
+        Some((call, copy, force_delegation)) => {
+            Plan::Delegated(Arc::new(Delegation { call, copy, copy_failed: Default::default(), force_delegation, otherwise: plan }))
+        }
         None => plan,
     }
 }
@@ -388,9 +446,10 @@ fn plan_undelegated(version: i32, raw: &protobuf::RawStmt, node: &NodeEnum, text
         NodeEnum::ExplainStmt(e) => explain::plan(version, e, text, catalog),
         // A cursor lives in the coordinator database, over the fallback's
         // stand-ins, so FETCH and CLOSE pass through as they are.
-        NodeEnum::DeclareCursorStmt(_) if !referenced_tables(raw, catalog).is_empty() => {
-            Some(fallback::plan(version, node, catalog, "a cursor over distributed tables").unwrap_or_else(|| not_supported("this cursor over distributed tables is not supported")))
-        }
+        NodeEnum::DeclareCursorStmt(_) if !referenced_tables(raw, catalog).is_empty() => Some(
+            fallback::plan(version, node, catalog, "a cursor over distributed tables")
+                .unwrap_or_else(|| not_supported("this cursor over distributed tables is not supported")),
+        ),
         NodeEnum::CopyStmt(c) => copy::plan(version, c, text, catalog),
         NodeEnum::PrepareStmt(p) => prepared::plan_prepare(version, p, catalog),
         NodeEnum::ExecuteStmt(e) => Some(prepared::plan_execute(e)),
@@ -407,7 +466,8 @@ fn plan_undelegated(version: i32, raw: &protobuf::RawStmt, node: &NodeEnum, text
             .unwrap_or(Plan::Unsupported(refusal)),
         Some(Plan::Router(route)) if matches!(route.target, ShardTarget::SameKeys(_)) => {
             let why = "its tables are pinned to key values in different shard groups";
-            let otherwise = fallback::plan(version, node, catalog, why).unwrap_or_else(|| not_supported(format!("this query is supported only when {why} agree")));
+            let otherwise = fallback::plan(version, node, catalog, why)
+                .unwrap_or_else(|| not_supported(format!("this query is supported only when {why} agree")));
             Plan::KeysMeet(Arc::new(KeysMeet { route, otherwise }))
         }
         Some(plan) => plan,
@@ -470,11 +530,7 @@ fn plan_transaction(t: &protobuf::TransactionStmt, text: &str) -> Plan {
         Some(TransStmtSavepoint) => TransactionCommand::Savepoint(t.savepoint_name.clone()),
         Some(TransStmtRelease) => TransactionCommand::Release(t.savepoint_name.clone()),
         Some(TransStmtRollbackTo) => TransactionCommand::RollbackTo(t.savepoint_name.clone()),
-        _ => {
-            return Plan::Unsupported(PgError::not_supported(format!(
-                "\"{text}\" is not supported through the Tessera coordinator"
-            )))
-        }
+        _ => return Plan::Unsupported(PgError::not_supported(format!("\"{text}\" is not supported through the Tessera coordinator"))),
     };
     Plan::Transaction(command)
 }
@@ -499,7 +555,14 @@ fn refuse_unseen_references(node: &NodeEnum, text: &str, catalog: &Catalog) -> P
             None => Plan::Local,
         };
     }
-    if matches!(node, NodeEnum::CommentStmt(_) | NodeEnum::VariableSetStmt(_) | NodeEnum::VariableShowStmt(_) | NodeEnum::FetchStmt(_) | NodeEnum::ClosePortalStmt(_)) {
+    if matches!(
+        node,
+        NodeEnum::CommentStmt(_)
+            | NodeEnum::VariableSetStmt(_)
+            | NodeEnum::VariableShowStmt(_)
+            | NodeEnum::FetchStmt(_)
+            | NodeEnum::ClosePortalStmt(_)
+    ) {
         return Plan::Local;
     }
     let Ok(scan) = pg_query::scan(text) else { return Plan::Local };
@@ -607,7 +670,14 @@ pub(crate) fn only_filters(query: &protobuf::SelectStmt) -> bool {
 
 /// A target-list entry `val AS name` (no alias when `name` is empty).
 pub(crate) fn res_target(name: &str, val: protobuf::Node) -> protobuf::Node {
-    protobuf::Node { node: Some(NodeEnum::ResTarget(Box::new(protobuf::ResTarget { name: name.to_string(), indirection: vec![], val: Some(Box::new(val)), location: -1 }))) }
+    protobuf::Node {
+        node: Some(NodeEnum::ResTarget(Box::new(protobuf::ResTarget {
+            name: name.to_string(),
+            indirection: vec![],
+            val: Some(Box::new(val)),
+            location: -1,
+        }))),
+    }
 }
 
 /// A function call's name as written, schema first when one is given.
@@ -628,8 +698,11 @@ pub(crate) fn qualified_name(parts: &[protobuf::Node]) -> Vec<&str> {
 
 /// `value::pg_catalog.type_name`.
 pub(crate) fn cast_to_catalog_type(value: protobuf::Node, type_name: &str) -> protobuf::Node {
-    let type_name = protobuf::TypeName { names: vec![string_node("pg_catalog"), string_node(type_name)], typemod: -1, location: -1, ..Default::default() };
-    protobuf::Node { node: Some(NodeEnum::TypeCast(Box::new(protobuf::TypeCast { arg: Some(Box::new(value)), type_name: Some(type_name), location: -1 }))) }
+    let type_name =
+        protobuf::TypeName { names: vec![string_node("pg_catalog"), string_node(type_name)], typemod: -1, location: -1, ..Default::default() };
+    protobuf::Node {
+        node: Some(NodeEnum::TypeCast(Box::new(protobuf::TypeCast { arg: Some(Box::new(value)), type_name: Some(type_name), location: -1 }))),
+    }
 }
 
 /// Whether an operator's name is PostgreSQL's `=` (`a = b`, `OPERATOR(pg_catalog.=)`).

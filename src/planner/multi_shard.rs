@@ -33,7 +33,10 @@ pub enum AggregateKind {
     /// The variance and standard deviation family, from per-shard `sum(x)`
     /// (which tells the input's type), `count(x)`, and the exact numeric
     /// `sum(x)` and `sum(x * x)`.
-    Variance { sample: bool, root: bool },
+    Variance {
+        sample: bool,
+        root: bool,
+    },
 }
 
 /// One aggregate of the query: its kind and the worker columns holding its
@@ -172,7 +175,11 @@ fn split(select: &SelectStmt, keys: &ShardKeys, catalog: &Catalog) -> Result<Spl
         return Err("window functions across shards".into());
     }
     if (window || aggregated) && groups_whole {
-        return if !select.sort_clause.is_empty() || select.limit_count.is_some() || select.limit_offset.is_some() || !select.distinct_clause.is_empty() {
+        return if !select.sort_clause.is_empty()
+            || select.limit_count.is_some()
+            || select.limit_offset.is_some()
+            || !select.distinct_clause.is_empty()
+        {
             split_rows(select).map(Some)
         } else {
             Ok(None)
@@ -200,13 +207,18 @@ fn grouped_by_key(select: &SelectStmt, keys: &ShardKeys) -> bool {
 /// so that each partition lies in one shard group. A window naming another
 /// (`OVER (w ORDER BY …)`) takes that one's partitioning.
 fn windows_by_key(select: &SelectStmt, keys: &ShardKeys) -> bool {
-    let named: Vec<&protobuf::WindowDef> = select.window_clause.iter().filter_map(|w| match w.node.as_ref() {
-        Some(NodeEnum::WindowDef(w)) => Some(w.as_ref()),
-        _ => None,
-    }).collect();
+    let named: Vec<&protobuf::WindowDef> = select
+        .window_clause
+        .iter()
+        .filter_map(|w| match w.node.as_ref() {
+            Some(NodeEnum::WindowDef(w)) => Some(w.as_ref()),
+            _ => None,
+        })
+        .collect();
     let partitioned = |w: &protobuf::WindowDef| {
         let own = w.partition_clause.iter().any(|p| keys.is_key(p));
-        let inherited = !w.refname.is_empty() && named.iter().find(|n| n.name == w.refname).is_some_and(|n| n.partition_clause.iter().any(|p| keys.is_key(p)));
+        let inherited =
+            !w.refname.is_empty() && named.iter().find(|n| n.name == w.refname).is_some_and(|n| n.partition_clause.iter().any(|p| keys.is_key(p)));
         own || inherited
     };
     let mut all = named.iter().all(|w| partitioned(w));
@@ -257,7 +269,6 @@ fn column_ref(name: &str) -> Node {
     super::column_ref(&[name])
 }
 
-
 /// The relation the combining statement reads the shards' rows from.
 pub const PARTIALS_RELATION: &str = "tessera_partials";
 /// Stands for every non-hidden worker column under the worker's column name.
@@ -287,7 +298,21 @@ fn is_expression(node: &NodeEnum) -> bool {
     use NodeEnum::*;
     matches!(
         node,
-        ColumnRef(_) | FuncCall(_) | AExpr(_) | TypeCast(_) | CaseExpr(_) | CoalesceExpr(_) | MinMaxExpr(_) | BoolExpr(_) | NullTest(_) | BooleanTest(_) | AIndirection(_) | CollateClause(_) | RowExpr(_) | AArrayExpr(_) | SqlvalueFunction(_)
+        ColumnRef(_)
+            | FuncCall(_)
+            | AExpr(_)
+            | TypeCast(_)
+            | CaseExpr(_)
+            | CoalesceExpr(_)
+            | MinMaxExpr(_)
+            | BoolExpr(_)
+            | NullTest(_)
+            | BooleanTest(_)
+            | AIndirection(_)
+            | CollateClause(_)
+            | RowExpr(_)
+            | AArrayExpr(_)
+            | SqlvalueFunction(_)
     )
 }
 
@@ -342,8 +367,22 @@ fn is_star(t: &Node) -> bool {
 }
 
 /// Builds the combining statement: `targets` over `tessera_partials`.
-fn combine_statement(select: &SelectStmt, target_list: Vec<Node>, group_clause: Vec<Node>, having: Option<Box<Node>>, sort_clause: Vec<Node>) -> Result<String, Refusal> {
-    let from = Node { node: Some(NodeEnum::RangeVar(protobuf::RangeVar { relname: PARTIALS_RELATION.into(), inh: true, relpersistence: "p".into(), location: -1, ..Default::default() })) };
+fn combine_statement(
+    select: &SelectStmt,
+    target_list: Vec<Node>,
+    group_clause: Vec<Node>,
+    having: Option<Box<Node>>,
+    sort_clause: Vec<Node>,
+) -> Result<String, Refusal> {
+    let from = Node {
+        node: Some(NodeEnum::RangeVar(protobuf::RangeVar {
+            relname: PARTIALS_RELATION.into(),
+            inh: true,
+            relpersistence: "p".into(),
+            location: -1,
+            ..Default::default()
+        })),
+    };
     let combine = SelectStmt {
         distinct_clause: select.distinct_clause.clone(),
         target_list,
@@ -376,12 +415,23 @@ fn split_rows(select: &SelectStmt) -> Result<(NodeEnum, String, Vec<SplitAggrega
             // With DISTINCT, ORDER BY must name output columns; find the one it equals.
             let wanted = key.node.as_ref().and_then(expression_key);
             (!select.distinct_clause.is_empty())
-                .then(|| select.target_list.iter().position(|t| target_value(t).and_then(|v| v.node.as_ref()).and_then(expression_key) == wanted && wanted.is_some()))
+                .then(|| {
+                    select
+                        .target_list
+                        .iter()
+                        .position(|t| target_value(t).and_then(|v| v.node.as_ref()).and_then(expression_key) == wanted && wanted.is_some())
+                })
                 .flatten()
         });
         let column = match output {
             Some(i) if star_seen_before(i) => return Err("ORDER BY an output column after * across shards".into()),
-            Some(i) => Node { node: Some(NodeEnum::AConst(protobuf::AConst { isnull: false, location: -1, val: Some(a_const::Val::Ival(protobuf::Integer { ival: i as i32 + 1 })) })) },
+            Some(i) => Node {
+                node: Some(NodeEnum::AConst(protobuf::AConst {
+                    isnull: false,
+                    location: -1,
+                    val: Some(a_const::Val::Ival(protobuf::Integer { ival: i as i32 + 1 })),
+                })),
+            },
             None if !select.distinct_clause.is_empty() => return Err("DISTINCT with ORDER BY on other expressions".into()),
             None => {
                 let name = sort_column(hidden);
@@ -450,7 +500,14 @@ struct Aggregation<'c> {
 /// combine groups again and combines each aggregate's per-shard values, then
 /// applies HAVING, DISTINCT, ORDER BY and LIMIT.
 fn split_aggregation(select: &SelectStmt, catalog: &Catalog) -> Result<(NodeEnum, String, Vec<SplitAggregate>, usize), Refusal> {
-    let mut agg = Aggregation { catalog, groups: vec![], partials: vec![], aggregates: vec![], aggregate_keys: vec![], distinct_value: distinct_value(select, catalog)? };
+    let mut agg = Aggregation {
+        catalog,
+        groups: vec![],
+        partials: vec![],
+        aggregates: vec![],
+        aggregate_keys: vec![],
+        distinct_value: distinct_value(select, catalog)?,
+    };
     for g in &select.group_clause {
         let expr = match position(g) {
             Some(p) => target_value(select.target_list.get(p - 1).ok_or("GROUP BY position out of range")?).ok_or("GROUP BY a star")?.clone(),
@@ -509,11 +566,8 @@ fn split_aggregation(select: &SelectStmt, catalog: &Catalog) -> Result<(NodeEnum
         with_clause: select.with_clause.clone(),
         ..plain_select()
     };
-    let aggregates = agg
-        .aggregates
-        .into_iter()
-        .map(|a| SplitAggregate { kind: a.kind, columns: a.columns.into_iter().map(|c| c + offset).collect() })
-        .collect();
+    let aggregates =
+        agg.aggregates.into_iter().map(|a| SplitAggregate { kind: a.kind, columns: a.columns.into_iter().map(|c| c + offset).collect() }).collect();
     Ok((NodeEnum::SelectStmt(Box::new(worker)), sql, aggregates, 0))
 }
 
@@ -554,7 +608,12 @@ impl Aggregation<'_> {
                 Ok(column_ref(&aggregate_placeholder(j)).node)
             }
             // A DISTINCT aggregate's rewritten call reads the shards' values.
-            NodeEnum::ColumnRef(c) if self.distinct_value.is_some() && super::column_ref_names(c).as_deref() == Some(&[partial_column(self.groups.len()).as_str()][..]) => Ok(None),
+            NodeEnum::ColumnRef(c)
+                if self.distinct_value.is_some()
+                    && super::column_ref_names(c).as_deref() == Some(&[partial_column(self.groups.len()).as_str()][..]) =>
+            {
+                Ok(None)
+            }
             NodeEnum::ColumnRef(_) => Err("a column outside GROUP BY and aggregates".into()),
             NodeEnum::SubLink(_) => Err("a subquery over the grouped rows".into()),
             NodeEnum::GroupingFunc(_) => Err("GROUPING() across shards".into()),
@@ -729,9 +788,12 @@ pub(super) fn name_strength(node: &NodeEnum) -> (Option<String>, u8) {
         NodeEnum::RowExpr(_) => (Some("row".into()), 2),
         NodeEnum::MinMaxExpr(m) => (Some(if m.op == protobuf::MinMaxOp::IsGreatest as i32 { "greatest" } else { "least" }.into()), 2),
         NodeEnum::AExpr(e) if e.kind == protobuf::AExprKind::AexprNullif as i32 => (Some("nullif".into()), 2),
-        NodeEnum::AExpr(_) | NodeEnum::BoolExpr(_) | NodeEnum::NullTest(_) | NodeEnum::BooleanTest(_) | NodeEnum::AConst(_) | NodeEnum::ParamRef(_) => {
-            (Some("?column?".into()), 0)
-        }
+        NodeEnum::AExpr(_)
+        | NodeEnum::BoolExpr(_)
+        | NodeEnum::NullTest(_)
+        | NodeEnum::BooleanTest(_)
+        | NodeEnum::AConst(_)
+        | NodeEnum::ParamRef(_) => (Some("?column?".into()), 0),
         _ => (None, 0),
     }
 }

@@ -2,11 +2,11 @@
 //! distributed or reference table is pointed at the shard that lives on the
 //! target node, then the tree is deparsed back to SQL for the worker.
 
-use crate::error::{PgError, PgResult};
 use super::deparse::deparse_tree;
+use super::walk::{references_mut, Reference};
+use crate::error::{PgError, PgResult};
 use crate::metadata::{DistributedTable, Shard};
 use pg_query::protobuf::{self, Alias};
-use super::walk::{references_mut, Reference};
 use pg_query::NodeEnum;
 use std::sync::Arc;
 
@@ -48,12 +48,26 @@ impl ShardTemplate {
     /// A template for a query (SELECT/INSERT/UPDATE/DELETE).
     pub fn for_query(version: i32, mut stmt: protobuf::RawStmt, tables: Vec<Arc<DistributedTable>>) -> Self {
         let values_rows = insert_values(&mut stmt).map(std::mem::take).unwrap_or_default();
-        ShardTemplate { tree: protobuf::ParseResult { version, stmts: vec![stmt] }, values_rows, tables, alias_tables: true, copied_call: None, fills: Vec::new() }
+        ShardTemplate {
+            tree: protobuf::ParseResult { version, stmts: vec![stmt] },
+            values_rows,
+            tables,
+            alias_tables: true,
+            copied_call: None,
+            fills: Vec::new(),
+        }
     }
 
     /// A template for a utility statement (CREATE INDEX, ALTER TABLE, …).
     pub fn for_utility(version: i32, stmt: protobuf::RawStmt, tables: Vec<Arc<DistributedTable>>) -> Self {
-        ShardTemplate { tree: protobuf::ParseResult { version, stmts: vec![stmt] }, values_rows: Vec::new(), tables, alias_tables: false, copied_call: None, fills: Vec::new() }
+        ShardTemplate {
+            tree: protobuf::ParseResult { version, stmts: vec![stmt] },
+            values_rows: Vec::new(),
+            tables,
+            alias_tables: false,
+            copied_call: None,
+            fills: Vec::new(),
+        }
     }
 
     /// A statement that runs as it is, on a node whose worker-side relations
@@ -119,7 +133,13 @@ impl ShardTemplate {
     /// A multi-row INSERT for shard group `index` that keeps only the VALUES
     /// rows `rows` (positions in the statement), each changed by `edit_row`
     /// (given its position), after `edit` has changed the rest of the INSERT.
-    pub fn insert_rows_sql(&self, index: u32, rows: &[usize], edit: impl FnOnce(&mut protobuf::InsertStmt), mut edit_row: impl FnMut(usize, &mut protobuf::Node)) -> PgResult<String> {
+    pub fn insert_rows_sql(
+        &self,
+        index: u32,
+        rows: &[usize],
+        edit: impl FnOnce(&mut protobuf::InsertStmt),
+        mut edit_row: impl FnMut(usize, &mut protobuf::Node),
+    ) -> PgResult<String> {
         let mut tree = self.tree.clone();
         if let Some(values) = insert_values(&mut tree.stmts[0]) {
             values.extend(rows.iter().filter_map(|&i| {
@@ -158,7 +178,9 @@ impl ShardTemplate {
             }
             references_mut(stmt, |r| match r {
                 Reference::Table(rv) => self.point_at_shard(rv, index),
-                Reference::Column(c) if self.alias_tables => unqualify_schema(c, |schema, table| self.tables.iter().any(|t| t.schema == schema && t.name == table)),
+                Reference::Column(c) if self.alias_tables => {
+                    unqualify_schema(c, |schema, table| self.tables.iter().any(|t| t.schema == schema && t.name == table))
+                }
                 Reference::Column(_) => {}
             });
         }
@@ -175,7 +197,9 @@ impl ShardTemplate {
     /// `ON CONFLICT ON CONSTRAINT name` names the shard's copy of the
     /// constraint, which carries the shard id as suffix.
     fn name_conflict_constraint(&self, insert: &mut protobuf::InsertStmt, index: u32) {
-        let Some(infer) = insert.on_conflict_clause.as_deref_mut().and_then(|c| c.infer.as_deref_mut()).filter(|i| !i.conname.is_empty()) else { return };
+        let Some(infer) = insert.on_conflict_clause.as_deref_mut().and_then(|c| c.infer.as_deref_mut()).filter(|i| !i.conname.is_empty()) else {
+            return;
+        };
         let Some(rv) = insert.relation.as_ref() else { return };
         let schema = if rv.schemaname.is_empty() { None } else { Some(rv.schemaname.as_str()) };
         let Some(table) = self.tables.iter().find(|t| t.name == rv.relname && schema.is_none_or(|s| s == t.schema)) else { return };
@@ -234,7 +258,6 @@ pub fn name_shard(rv: &mut protobuf::RangeVar, table: &DistributedTable, shard: 
     rv.relname = table.shard_relname(shard);
     rv.schemaname = table.schema.clone();
 }
-
 
 /// The VALUES rows of an INSERT … VALUES statement.
 fn insert_values(stmt: &mut protobuf::RawStmt) -> Option<&mut Vec<protobuf::Node>> {

@@ -9,12 +9,12 @@ use super::rewrite::ShardTemplate;
 use super::{count_hash_references, distributed_among, is_equals, not_supported, resolve_range_var, Plan};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::hash::{self, HashType};
-use crate::metadata::{Catalog, Coercion, Distribution, DistributedTable, KeyType};
+use crate::metadata::{Catalog, Coercion, DistributedTable, Distribution, KeyType};
 use pg_query::protobuf::{self, a_const, AExprKind, BoolExprType, JoinType};
 use pg_query::NodeEnum;
-use std::fmt;
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -204,9 +204,15 @@ impl RouterPlan {
     fn deparse_insert_rows(&self, index: u32, rows: &[usize], filled: &FilledValues) -> PgResult<String> {
         let Some(key) = self.insert_key.as_ref() else { return self.template.sql_for_shard(index) };
         let constant = |value: &str| protobuf::Node {
-            node: Some(NodeEnum::AConst(protobuf::AConst { isnull: false, val: Some(a_const::Val::Sval(protobuf::String { sval: value.to_string() })), location: -1 })),
+            node: Some(NodeEnum::AConst(protobuf::AConst {
+                isnull: false,
+                val: Some(a_const::Val::Sval(protobuf::String { sval: value.to_string() })),
+                location: -1,
+            })),
         };
-        let column = |name: &str| protobuf::Node { node: Some(NodeEnum::ResTarget(Box::new(protobuf::ResTarget { name: name.to_string(), indirection: vec![], val: None, location: -1 }))) };
+        let column = |name: &str| protobuf::Node {
+            node: Some(NodeEnum::ResTarget(Box::new(protobuf::ResTarget { name: name.to_string(), indirection: vec![], val: None, location: -1 }))),
+        };
         // Each filled column: where its value goes, and its value per row.
         let mut columns: Vec<(Option<usize>, HashMap<usize, &str>)> = Vec::new();
         if !filled.key.is_empty() {
@@ -314,7 +320,10 @@ fn local_key_shard(ty: HashType, key: &KeyType, shards: u32, value: &[u8], type_
         // A typed value of another family (a bpchar parameter for a text key
         // drops trailing spaces, say) converts before comparing; leave that to
         // the server. Integer and numeric text forms are the same across types.
-        let compatible = type_oid == 0 || type_oid == key.oid || (is_text_oid(type_oid) && is_text_oid(key.oid)) || (is_number_oid(type_oid) && is_number_oid(key.oid));
+        let compatible = type_oid == 0
+            || type_oid == key.oid
+            || (is_text_oid(type_oid) && is_text_oid(key.oid))
+            || (is_number_oid(type_oid) && is_number_oid(key.oid));
         if !compatible {
             return None;
         }
@@ -379,7 +388,10 @@ pub(super) fn plan_dml(version: i32, raw: &protobuf::RawStmt, catalog: &Catalog)
         NodeEnum::InsertStmt(insert) => plan_insert(insert, node, template, catalog),
         NodeEnum::SelectStmt(s) => {
             if s.op != protobuf::SetOperation::SetopNone as i32 {
-                return Some(route_if_reference_only(Command::Select, template, &tables).unwrap_or_else(|| not_supported("set operations over distributed tables are not supported yet")));
+                return Some(
+                    route_if_reference_only(Command::Select, template, &tables)
+                        .unwrap_or_else(|| not_supported("set operations over distributed tables are not supported yet")),
+                );
             }
             let writes = s.with_clause.as_ref().and_then(modifying_cte);
             let mut scope = Vec::new();
@@ -523,7 +535,13 @@ pub(super) fn router(command: Command, target: ShardTarget, anchor: Option<Arc<D
     router_with_key(command, target, anchor, template, None)
 }
 
-fn router_with_key(command: Command, target: ShardTarget, anchor: Option<Arc<DistributedTable>>, template: ShardTemplate, insert_key: Option<InsertKey>) -> Plan {
+fn router_with_key(
+    command: Command,
+    target: ShardTarget,
+    anchor: Option<Arc<DistributedTable>>,
+    template: ShardTemplate,
+    insert_key: Option<InsertKey>,
+) -> Plan {
     let key_type = anchor.as_ref().and_then(|a| match &a.distribution {
         Distribution::Hash { column_type, .. } => Some(*column_type),
         Distribution::Reference => None,
@@ -563,7 +581,8 @@ fn plan_merge(merge: &protobuf::MergeStmt, node: &NodeEnum, template: ShardTempl
     };
     let Some(target) = resolve_range_var(rel, catalog) else {
         return Plan::Unsupported(
-            PgError::not_supported("MERGE into a local table from distributed tables is not supported yet").with_hint("Run an INSERT … SELECT and an UPDATE … FROM instead."),
+            PgError::not_supported("MERGE into a local table from distributed tables is not supported yet")
+                .with_hint("Run an INSERT … SELECT and an UPDATE … FROM instead."),
         );
     };
     let clauses: Vec<&protobuf::MergeWhenClause> = merge
@@ -582,7 +601,10 @@ fn plan_merge(merge: &protobuf::MergeStmt, node: &NodeEnum, template: ShardTempl
         flatten_and(on, &mut conjuncts, false);
     }
     if let Distribution::Hash { column, .. } = &target.distribution {
-        if clauses.iter().any(|c| is(c, protobuf::CmdType::CmdUpdate) && c.target_list.iter().any(|n| matches!(n.node.as_ref(), Some(NodeEnum::ResTarget(r)) if r.name == *column))) {
+        if clauses.iter().any(|c| {
+            is(c, protobuf::CmdType::CmdUpdate)
+                && c.target_list.iter().any(|n| matches!(n.node.as_ref(), Some(NodeEnum::ResTarget(r)) if r.name == *column))
+        }) {
             return not_supported("modifying the partition value of rows is not allowed");
         }
         let inserts: Vec<&&protobuf::MergeWhenClause> = clauses.iter().filter(|c| is(c, protobuf::CmdType::CmdInsert)).collect();
@@ -601,7 +623,9 @@ fn plan_merge(merge: &protobuf::MergeStmt, node: &NodeEnum, template: ShardTempl
                 );
             }
         }
-    } else if clauses.iter().any(|c| is(c, protobuf::CmdType::CmdInsert)) && scope[1..].iter().any(|e| e.table.as_ref().is_some_and(|t| !t.is_reference())) {
+    } else if clauses.iter().any(|c| is(c, protobuf::CmdType::CmdInsert))
+        && scope[1..].iter().any(|e| e.table.as_ref().is_some_and(|t| !t.is_reference()))
+    {
         return not_supported("MERGE into a reference table from distributed tables is not supported yet");
     }
     let version = template.version();
@@ -664,7 +688,13 @@ fn collect_from<'a>(items: &'a [protobuf::Node], catalog: &Catalog, scope: &mut 
 /// tie to the preserved side are not restricted. An outer join's own ON clause
 /// restricts only its nullable side, so only its equalities between columns
 /// count (they tie tables pinned by conditions on the result).
-fn collect_joined<'a>(items: &'a [protobuf::Node], catalog: &Catalog, scope: &mut Vec<ScopeEntry>, conjuncts: &mut Vec<Conjunct<'a>>, nullable: bool) -> bool {
+fn collect_joined<'a>(
+    items: &'a [protobuf::Node],
+    catalog: &Catalog,
+    scope: &mut Vec<ScopeEntry>,
+    conjuncts: &mut Vec<Conjunct<'a>>,
+    nullable: bool,
+) -> bool {
     let mut replicated_preserved = false;
     for item in items {
         match item.node.as_ref() {
@@ -790,16 +820,17 @@ fn flatten_and<'a>(node: &'a protobuf::Node, out: &mut Vec<Conjunct<'a>>, may_pi
 fn dist_column_owner(node: &protobuf::Node, scope: &[ScopeEntry]) -> Option<usize> {
     let Some(NodeEnum::ColumnRef(c)) = node.node.as_ref() else { return None };
     let parts = super::column_ref_names(c)?;
-    let is_key = |e: &ScopeEntry, col: &str| matches!(e.table.as_deref().map(|t| &t.distribution), Some(Distribution::Hash { column, .. }) if column == col);
+    let is_key =
+        |e: &ScopeEntry, col: &str| matches!(e.table.as_deref().map(|t| &t.distribution), Some(Distribution::Hash { column, .. }) if column == col);
     match parts.as_slice() {
         [col] => {
             let owners: Vec<usize> = scope.iter().enumerate().filter(|(_, e)| is_key(e, col)).map(|(i, _)| i).collect();
             (owners.len() == 1).then(|| owners[0])
         }
         [qual, col] => scope.iter().position(|e| e.name == *qual && is_key(e, col)),
-        [schema, table, col] => scope.iter().position(|e| {
-            e.table.as_ref().is_some_and(|t| t.schema == *schema && t.name == *table && e.name == t.name) && is_key(e, col)
-        }),
+        [schema, table, col] => {
+            scope.iter().position(|e| e.table.as_ref().is_some_and(|t| t.schema == *schema && t.name == *table && e.name == t.name) && is_key(e, col))
+        }
         _ => None,
     }
 }
@@ -906,8 +937,17 @@ fn find(parent: &mut [usize], i: usize) -> usize {
     root
 }
 
-fn plan_pinned(command: Command, node: &NodeEnum, scope: Vec<ScopeEntry>, conjuncts: &[Conjunct], template: ShardTemplate, catalog: &Catalog, replicated_preserved: bool) -> Plan {
-    let hash_entries: Vec<usize> = scope.iter().enumerate().filter(|(_, e)| e.table.as_ref().is_some_and(|t| !t.is_reference())).map(|(i, _)| i).collect();
+fn plan_pinned(
+    command: Command,
+    node: &NodeEnum,
+    scope: Vec<ScopeEntry>,
+    conjuncts: &[Conjunct],
+    template: ShardTemplate,
+    catalog: &Catalog,
+    replicated_preserved: bool,
+) -> Plan {
+    let hash_entries: Vec<usize> =
+        scope.iter().enumerate().filter(|(_, e)| e.table.as_ref().is_some_and(|t| !t.is_reference())).map(|(i, _)| i).collect();
     // Subqueries naming distributed tables route with the statement when
     // each reads one shard group by its own conditions.
     let mut nested = Nested::default();
@@ -1126,14 +1166,16 @@ fn nested_parts(node: &NodeEnum, catalog: &Catalog, outer: &[ScopeEntry], outer_
             (NodeEnum::SelectStmt(select), NestedPlace::InFrom(alias)) => outer_conjuncts
                 .iter()
                 .filter_map(|c| {
-                    let (column, other) = [(&c.left, &c.right), (&c.right, &c.left)].into_iter().find_map(|(a, b)| Some((column_of(a, alias)?, b)))?;
+                    let (column, other) =
+                        [(&c.left, &c.right), (&c.right, &c.left)].into_iter().find_map(|(a, b)| Some((column_of(a, alias)?, b)))?;
                     dist_column_owner(other, outer)?;
                     keyed_output(select, &scope, Some(&column), catalog)
                 })
                 .collect(),
             _ => Vec::new(),
         };
-        let hash_entries: Vec<usize> = scope.iter().enumerate().filter(|(_, e)| e.table.as_ref().is_some_and(|t| !t.is_reference())).map(|(i, _)| i).collect();
+        let hash_entries: Vec<usize> =
+            scope.iter().enumerate().filter(|(_, e)| e.table.as_ref().is_some_and(|t| !t.is_reference())).map(|(i, _)| i).collect();
         let Pinning::Groups(groups) = pinning_within(&scope, &conjuncts, &hash_entries, outer, &given) else { return None };
         for group in groups {
             match (group.pin, group.follows) {
@@ -1169,7 +1211,8 @@ fn collect_nested(node: &mut NodeEnum, top: bool, out: &mut Vec<(NodeEnum, Neste
         }
         let (statement, place) = match n {
             NodeEnum::SubLink(link) => {
-                let is_in = link.sub_link_type == protobuf::SubLinkType::AnySublink as i32 && (link.oper_name.is_empty() || is_equals(&link.oper_name));
+                let is_in =
+                    link.sub_link_type == protobuf::SubLinkType::AnySublink as i32 && (link.oper_name.is_empty() || is_equals(&link.oper_name));
                 let place = match link.testexpr.as_deref() {
                     Some(test) if top && is_in => NestedPlace::InTest(Box::new(test.clone())),
                     _ => NestedPlace::Elsewhere,
@@ -1183,7 +1226,9 @@ fn collect_nested(node: &mut NodeEnum, top: bool, out: &mut Vec<(NodeEnum, Neste
                 };
                 (r.subquery.take().and_then(|s| s.node), place)
             }
-            NodeEnum::SelectStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) => (Some(std::mem::replace(n, NodeEnum::SelectStmt(Box::default()))), NestedPlace::Elsewhere),
+            NodeEnum::SelectStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) => {
+                (Some(std::mem::replace(n, NodeEnum::SelectStmt(Box::default()))), NestedPlace::Elsewhere)
+            }
             _ => (None, NestedPlace::Elsewhere),
         };
         if let Some(mut statement) = statement {
@@ -1209,10 +1254,14 @@ fn column_of(node: &protobuf::Node, alias: &str) -> Option<String> {
 /// operation. Then each shard group holds the subquery's rows for its own
 /// keys.
 fn keyed_output(select: &protobuf::SelectStmt, scope: &[ScopeEntry], column: Option<&str>, catalog: &Catalog) -> Option<usize> {
-    let targets: Vec<&protobuf::ResTarget> = select.target_list.iter().filter_map(|t| match t.node.as_ref() {
-        Some(NodeEnum::ResTarget(r)) => Some(r.as_ref()),
-        _ => None,
-    }).collect();
+    let targets: Vec<&protobuf::ResTarget> = select
+        .target_list
+        .iter()
+        .filter_map(|t| match t.node.as_ref() {
+            Some(NodeEnum::ResTarget(r)) => Some(r.as_ref()),
+            _ => None,
+        })
+        .collect();
     let target = match column {
         None if targets.len() == 1 => targets[0],
         None => return None,
@@ -1233,17 +1282,18 @@ fn keyed_output(select: &protobuf::SelectStmt, scope: &[ScopeEntry], column: Opt
         && select.window_clause.is_empty()
         && !windowed
         && select.distinct_clause.iter().all(|n| n.node.is_none())
-        && (select.group_clause.is_empty() || select.group_clause.iter().any(|g| {
-            // GROUP BY 1 names the first output.
-            let grouped = match g.node.as_ref() {
-                Some(NodeEnum::AConst(c)) => match &c.val {
-                    Some(a_const::Val::Ival(i)) => usize::try_from(i.ival - 1).ok().and_then(|i| targets.get(i)).and_then(|t| t.val.as_deref()),
-                    _ => None,
-                },
-                _ => Some(g),
-            };
-            grouped.is_some_and(|g| dist_column_owner(g, scope) == Some(entry))
-        }))
+        && (select.group_clause.is_empty()
+            || select.group_clause.iter().any(|g| {
+                // GROUP BY 1 names the first output.
+                let grouped = match g.node.as_ref() {
+                    Some(NodeEnum::AConst(c)) => match &c.val {
+                        Some(a_const::Val::Ival(i)) => usize::try_from(i.ival - 1).ok().and_then(|i| targets.get(i)).and_then(|t| t.val.as_deref()),
+                        _ => None,
+                    },
+                    _ => Some(g),
+                };
+                grouped.is_some_and(|g| dist_column_owner(g, scope) == Some(entry))
+            }))
         && (select.having_clause.is_none() || !select.group_clause.is_empty());
     rowwise.then_some(entry)
 }
@@ -1264,13 +1314,21 @@ fn needs_coordinator_values(insert: &protobuf::InsertStmt, rows: &[&[protobuf::N
     if rows.is_empty() {
         return table.key_default.is_some() || !table.sequence_columns.is_empty();
     }
-    let given = |column: &str| super::insert_select::insert_position(insert, table, column).map(|p| rows.iter().filter_map(move |row| row.get(p)).filter(|v| !is_set_to_default(v)));
-    let sets_identity = insert.r#override != protobuf::OverridingKind::OverridingSystemValue as i32 && table.always_identity.iter().any(|c| given(c).is_some_and(|mut values| values.next().is_some()));
+    let given = |column: &str| {
+        super::insert_select::insert_position(insert, table, column)
+            .map(|p| rows.iter().filter_map(move |row| row.get(p)).filter(|v| !is_set_to_default(v)))
+    };
+    let sets_identity = insert.r#override != protobuf::OverridingKind::OverridingSystemValue as i32
+        && table.always_identity.iter().any(|c| given(c).is_some_and(|mut values| values.next().is_some()));
     let computes_key = match &table.distribution {
         Distribution::Hash { column, key, .. } => given(column).is_some_and(|mut values| values.any(|v| key_value(v, key).is_none())),
         Distribution::Reference => false,
     };
-    let reads_tables = || rows.iter().flat_map(|row| row.iter()).any(|v| v.node.as_ref().is_some_and(|n| !distributed_among(&super::walk::range_vars(n), catalog).is_empty()));
+    let reads_tables = || {
+        rows.iter()
+            .flat_map(|row| row.iter())
+            .any(|v| v.node.as_ref().is_some_and(|n| !distributed_among(&super::walk::range_vars(n), catalog).is_empty()))
+    };
     sets_identity || computes_key && !reads_tables()
 }
 
@@ -1282,7 +1340,12 @@ fn is_set_to_default(n: &protobuf::Node) -> bool {
 /// some VALUES rows leave to it (the shards have no such default: the
 /// coordinator fills the values in). None when a row is too short to take
 /// the value where it belongs (no column list, fewer values than columns).
-fn sequence_fills(insert: &protobuf::InsertStmt, rows: &[&[protobuf::Node]], table: &DistributedTable, key: Option<&str>) -> Option<Vec<SequenceFill>> {
+fn sequence_fills(
+    insert: &protobuf::InsertStmt,
+    rows: &[&[protobuf::Node]],
+    table: &DistributedTable,
+    key: Option<&str>,
+) -> Option<Vec<SequenceFill>> {
     let mut fills = Vec::new();
     for (column, default_sql) in table.sequence_columns.iter().filter(|(c, _)| Some(c.as_str()) != key) {
         let position = super::insert_select::insert_position(insert, table, column);
@@ -1333,11 +1396,19 @@ fn plan_insert(insert: &protobuf::InsertStmt, node: &NodeEnum, template: ShardTe
         Some(fills) if !needs_coordinator_values(insert, &rows, &table, catalog) => fills,
         _ => {
             let values = insert.select_stmt.as_deref().and_then(|s| s.node.clone());
-            return super::insert_select::through_coordinator(insert, values, super::insert_select::RowSource::Shell, table, catalog, template.version());
+            return super::insert_select::through_coordinator(
+                insert,
+                values,
+                super::insert_select::RowSource::Shell,
+                table,
+                catalog,
+                template.version(),
+            );
         }
     };
     let Distribution::Hash { column, column_type, key, .. } = &table.distribution else {
-        let insert_key = InsertKey { table: (table.oid, table.name.clone()), column: String::new(), position: None, default_sql: None, fills, rows: rows.len() };
+        let insert_key =
+            InsertKey { table: (table.oid, table.name.clone()), column: String::new(), position: None, default_sql: None, fills, rows: rows.len() };
         return router_with_key(Command::Insert, ShardTarget::Reference, None, template, Some(insert_key));
     };
     if let Some(conflict) = &insert.on_conflict_clause {
@@ -1357,7 +1428,14 @@ fn plan_insert(insert: &protobuf::InsertStmt, node: &NodeEnum, template: ShardTe
         return no_key();
     }
     let fills_rows = !fills.is_empty();
-    let insert_key = InsertKey { table: (table.oid, table.name.clone()), column: column.clone(), position, default_sql: table.key_default.clone(), fills, rows: rows.len() };
+    let insert_key = InsertKey {
+        table: (table.oid, table.name.clone()),
+        column: column.clone(),
+        position,
+        default_sql: table.key_default.clone(),
+        fills,
+        rows: rows.len(),
+    };
     let mut keys = Vec::with_capacity(rows.len());
     for row in &rows {
         let value = match position {

@@ -11,8 +11,8 @@
 //! (joined or not), and every column they name belongs to one of those
 //! tables; no subquery of their own, no parameter.
 
-use super::walk::visit_mut;
 use super::multi_shard::name_strength;
+use super::walk::visit_mut;
 use super::{column_ref_names, resolve_range_var};
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable};
@@ -80,7 +80,9 @@ pub fn typed_constant(value: Option<&str>, type_name: &str) -> PgResult<NodeEnum
     let select = parsed.protobuf.stmts.into_iter().next().and_then(|s| s.stmt).and_then(|s| s.node);
     let Some(NodeEnum::SelectStmt(select)) = select else { return Err(PgError::internal("a subquery's value did not parse as a SELECT")) };
     match select.target_list.into_iter().next().and_then(|t| t.node) {
-        Some(NodeEnum::ResTarget(target)) => target.val.and_then(|v| v.node).ok_or_else(|| PgError::internal("a subquery's value without an expression")),
+        Some(NodeEnum::ResTarget(target)) => {
+            target.val.and_then(|v| v.node).ok_or_else(|| PgError::internal("a subquery's value without an expression"))
+        }
         _ => Err(PgError::internal("a subquery's value without a target")),
     }
 }
@@ -148,7 +150,13 @@ mod tests {
     use super::*;
 
     fn catalog() -> Catalog {
-        Catalog::for_tests(vec![], vec![Catalog::reference_table_for_tests(1, "a", &["id", "two"], &[]), Catalog::reference_table_for_tests(2, "b", &["id", "two", "v"], &[])])
+        Catalog::for_tests(
+            vec![],
+            vec![
+                Catalog::reference_table_for_tests(1, "a", &["id", "two"], &[]),
+                Catalog::reference_table_for_tests(2, "b", &["id", "two", "v"], &[]),
+            ],
+        )
     }
 
     fn statement(sql: &str) -> NodeEnum {
@@ -179,7 +187,8 @@ mod tests {
         let sql = crate::planner::deparse::deparse_statement(version, stmt).unwrap();
         assert_eq!(sql, "SELECT count(*) FROM a WHERE a.id = '10000'::int4");
         // An output column keeps the subquery's name.
-        let mut stmt = statement("SELECT (SELECT min(v) FROM b), (SELECT max(id) AS top FROM b)::int8 + 1, (SELECT max(id) FROM b)::text AS named FROM a");
+        let mut stmt =
+            statement("SELECT (SELECT min(v) FROM b), (SELECT max(id) AS top FROM b)::int8 + 1, (SELECT max(id) FROM b)::text AS named FROM a");
         replace(&mut stmt, &catalog(), |_| typed_constant(Some("x"), "text").ok());
         let sql = crate::planner::deparse::deparse_statement(version, stmt).unwrap();
         assert_eq!(sql, "SELECT 'x'::text AS min, 'x'::text::int8 + 1 AS \"?column?\", 'x'::text::text AS named FROM a");

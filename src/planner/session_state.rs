@@ -29,7 +29,8 @@ pub(super) fn changes_settings(node: &NodeEnum) -> bool {
 /// may have hidden another of its name).
 pub(super) fn changes_search_path(node: &NodeEnum) -> bool {
     use protobuf::ObjectType as O;
-    let relation = |kind: O| matches!(kind, O::ObjectSchema | O::ObjectTable | O::ObjectView | O::ObjectMatview | O::ObjectForeignTable | O::ObjectSequence);
+    let relation =
+        |kind: O| matches!(kind, O::ObjectSchema | O::ObjectTable | O::ObjectView | O::ObjectMatview | O::ObjectForeignTable | O::ObjectSequence);
     match node {
         NodeEnum::VariableSetStmt(set) => matches!(set.name.as_str(), "" | "search_path" | "role" | "session_authorization"),
         NodeEnum::DiscardStmt(_) | NodeEnum::CreateSchemaStmt(_) => true,
@@ -99,7 +100,8 @@ pub(super) fn custom_settings(node: &NodeEnum) -> Vec<String> {
         if !is_set_config {
             return;
         }
-        if let Some(NodeEnum::AConst(protobuf::AConst { val: Some(a_const::Val::Sval(name)), .. })) = call.args.first().and_then(|a| a.node.as_ref()) {
+        if let Some(NodeEnum::AConst(protobuf::AConst { val: Some(a_const::Val::Sval(name)), .. })) = call.args.first().and_then(|a| a.node.as_ref())
+        {
             if name.sval.contains('.') {
                 names.push(name.sval.clone());
             }

@@ -85,7 +85,12 @@ pub(super) fn on_worker(version: i32, raw: &protobuf::RawStmt, node: &NodeEnum, 
     }
     let runs_there = matches!(
         node,
-        NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) | NodeEnum::CallStmt(_) | NodeEnum::DoStmt(_)
+        NodeEnum::SelectStmt(_)
+            | NodeEnum::InsertStmt(_)
+            | NodeEnum::UpdateStmt(_)
+            | NodeEnum::DeleteStmt(_)
+            | NodeEnum::CallStmt(_)
+            | NodeEnum::DoStmt(_)
     );
     if !runs_there {
         return Some(refuse(

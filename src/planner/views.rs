@@ -200,7 +200,12 @@ impl SimpleView {
     fn and_filter(&self, filter: Option<Box<Node>>) -> Option<Box<Node>> {
         match (self.query.where_clause.clone(), filter) {
             (Some(v), Some(s)) => Some(Box::new(Node {
-                node: Some(NodeEnum::BoolExpr(Box::new(protobuf::BoolExpr { xpr: None, boolop: protobuf::BoolExprType::AndExpr as i32, args: vec![*v, *s], location: -1 }))),
+                node: Some(NodeEnum::BoolExpr(Box::new(protobuf::BoolExpr {
+                    xpr: None,
+                    boolop: protobuf::BoolExprType::AndExpr as i32,
+                    args: vec![*v, *s],
+                    location: -1,
+                }))),
             })),
             (v, s) => v.or(s),
         }
@@ -286,7 +291,14 @@ impl SimpleView {
                 let mut i = i.clone();
                 i.relation = Some(base);
                 if i.cols.is_empty() {
-                    let column = |name: &String| Node { node: Some(NodeEnum::ResTarget(Box::new(protobuf::ResTarget { name: name.clone(), indirection: vec![], val: None, location: -1 }))) };
+                    let column = |name: &String| Node {
+                        node: Some(NodeEnum::ResTarget(Box::new(protobuf::ResTarget {
+                            name: name.clone(),
+                            indirection: vec![],
+                            val: None,
+                            location: -1,
+                        }))),
+                    };
                     i.cols = self.columns.iter().map(|(name, _)| column(name)).collect();
                     if let Some(width) = values_width(&i.select_stmt) {
                         i.cols.truncate(width);
@@ -341,8 +353,11 @@ pub(super) fn write_through(node: &NodeEnum, catalog: &Catalog) -> Option<Result
     let view = catalog.view(schema_of(rv), &rv.relname)?;
     let refuse = |why: &str| {
         Some(Err(Plan::Unsupported(
-            crate::error::PgError::not_supported(format!("writing through the view \"{}\", which reads distributed tables, is not supported: {why}", view.name))
-                .with_hint("Write to the view's table itself."),
+            crate::error::PgError::not_supported(format!(
+                "writing through the view \"{}\", which reads distributed tables, is not supported: {why}",
+                view.name
+            ))
+            .with_hint("Write to the view's table itself."),
         )))
     };
     if view.check_option {
@@ -363,7 +378,9 @@ pub(super) fn write_through(node: &NodeEnum, catalog: &Catalog) -> Option<Result
 fn is_star(c: &protobuf::ColumnRef, name: &str) -> bool {
     match c.fields.as_slice() {
         [star] => matches!(star.node, Some(NodeEnum::AStar(_))),
-        [qualifier, star] => matches!(star.node, Some(NodeEnum::AStar(_))) && matches!(qualifier.node.as_ref(), Some(NodeEnum::String(s)) if s.sval == name),
+        [qualifier, star] => {
+            matches!(star.node, Some(NodeEnum::AStar(_))) && matches!(qualifier.node.as_ref(), Some(NodeEnum::String(s)) if s.sval == name)
+        }
         _ => false,
     }
 }
@@ -375,5 +392,9 @@ fn subselect(view: &View, query: NodeEnum, rv: &protobuf::RangeVar) -> NodeEnum 
         Some(a) => a.clone(),
         None => protobuf::Alias { aliasname: view.name.clone(), colnames: vec![] },
     };
-    NodeEnum::RangeSubselect(Box::new(protobuf::RangeSubselect { lateral: false, subquery: Some(Box::new(Node { node: Some(query) })), alias: Some(alias) }))
+    NodeEnum::RangeSubselect(Box::new(protobuf::RangeSubselect {
+        lateral: false,
+        subquery: Some(Box::new(Node { node: Some(query) })),
+        alias: Some(alias),
+    }))
 }

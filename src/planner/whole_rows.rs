@@ -94,8 +94,20 @@ fn whole_row_of(node: &Node, aliases: &[(String, String)], star: bool) -> Option
 /// `ROW(alias.*)::schema.table`.
 fn spelled(alias: &str, aliases: &[(String, String)]) -> Node {
     let table = aliases.iter().find(|(a, _)| a == alias).map(|(_, t)| t.clone()).unwrap_or_default();
-    let star = Node { node: Some(NodeEnum::ColumnRef(protobuf::ColumnRef { fields: vec![string_node(alias), Node { node: Some(NodeEnum::AStar(protobuf::AStar {})) }], location: -1 })) };
-    let row = Node { node: Some(NodeEnum::RowExpr(Box::new(protobuf::RowExpr { args: vec![star], row_format: protobuf::CoercionForm::CoerceExplicitCall as i32, location: -1, ..Default::default() }))) };
+    let star = Node {
+        node: Some(NodeEnum::ColumnRef(protobuf::ColumnRef {
+            fields: vec![string_node(alias), Node { node: Some(NodeEnum::AStar(protobuf::AStar {})) }],
+            location: -1,
+        })),
+    };
+    let row = Node {
+        node: Some(NodeEnum::RowExpr(Box::new(protobuf::RowExpr {
+            args: vec![star],
+            row_format: protobuf::CoercionForm::CoerceExplicitCall as i32,
+            location: -1,
+            ..Default::default()
+        }))),
+    };
     let names = pg_query::parse(&format!("SELECT NULL::{table}")).ok().and_then(|p| {
         let select = p.protobuf.stmts.into_iter().next()?.stmt?.node?;
         let NodeEnum::SelectStmt(s) = select else { return None };

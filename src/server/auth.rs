@@ -158,7 +158,12 @@ impl ScramExchange {
         };
         let nonce = format!("{client_nonce}{}", self.server_nonce);
         let server_first = format!("r={nonce},s={},i={}", BASE64.encode(&self.verifier.salt), self.verifier.iterations);
-        self.state = State::Challenged { gs2_header: gs2_header.to_string(), client_first_bare: client_first_bare.to_string(), server_first: server_first.clone(), nonce };
+        self.state = State::Challenged {
+            gs2_header: gs2_header.to_string(),
+            client_first_bare: client_first_bare.to_string(),
+            server_first: server_first.clone(),
+            nonce,
+        };
         Ok(server_first)
     }
 

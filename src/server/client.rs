@@ -1,10 +1,10 @@
 //! The client side of a session: framed reads and buffered writes on the socket.
 
 use crate::error::PgResult;
-use crate::transaction::limits::StatementLimits;
 use crate::protocol::{take_message_within, take_startup_packet, Message, ProtocolError, MAX_MESSAGE_LEN, MAX_UNAUTHENTICATED_MESSAGE_LEN};
-use bytes::{Bytes, BytesMut};
+use crate::transaction::limits::StatementLimits;
 use crate::transport::Stream;
+use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Results are sent on as they arrive once this much is buffered.
@@ -24,7 +24,13 @@ pub struct ClientConn {
 
 impl ClientConn {
     pub fn new(stream: Stream) -> Self {
-        ClientConn { stream, rbuf: BytesMut::with_capacity(16 * 1024), wbuf: BytesMut::with_capacity(16 * 1024), max_message_len: MAX_UNAUTHENTICATED_MESSAGE_LEN, holding: None }
+        ClientConn {
+            stream,
+            rbuf: BytesMut::with_capacity(16 * 1024),
+            wbuf: BytesMut::with_capacity(16 * 1024),
+            max_message_len: MAX_UNAUTHENTICATED_MESSAGE_LEN,
+            holding: None,
+        }
     }
 
     /// The socket, to start TLS on after SSLRequest. Bytes the client sent
@@ -65,7 +71,9 @@ impl ClientConn {
     pub fn buffered(&mut self) -> std::io::Result<Option<Message>> {
         match take_message_within(&mut self.rbuf, self.max_message_len) {
             Ok(m) => Ok(m),
-            Err(e @ ProtocolError::BadLength(_)) | Err(e @ ProtocolError::Malformed(_)) => Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
+            Err(e @ ProtocolError::BadLength(_)) | Err(e @ ProtocolError::Malformed(_)) => {
+                Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+            }
         }
     }
 

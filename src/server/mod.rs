@@ -8,18 +8,18 @@ mod session;
 
 use crate::config::Config;
 use crate::connection::kept::KeptConnections;
+use crate::connection::Login;
 use crate::connection::{send_cancel, PgConnection};
 use crate::error::{sqlstate, PgError, PgResult};
-use crate::metadata::{self, CatalogHandle};
 use crate::executor::cluster_views::{ClientSession, PoolUsage, ProcessReport};
-use crate::connection::Login;
+use crate::metadata::{self, CatalogHandle};
 use crate::transaction::coordinator_db::{CoordinatorDb, LocalSource, PinReason};
 use crate::transaction::limits::{CancelOutcome, ProcessMemory, StatementLimits};
 use crate::transaction::{CancelTargets, Participants, TwoPhase};
+use crate::transport::{Stream, UnixSocket};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use crate::transport::{Stream, UnixSocket};
 use tokio::net::TcpListener;
 
 /// State shared by every session of one coordinator process. None of it has to
@@ -94,10 +94,23 @@ impl Coordinator {
         let catalog = Arc::new(CatalogHandle::new(catalog));
         let transactions = &config.transactions;
         let fault = transactions.fault();
-        let links = crate::transaction::links::LinkRelay::start(&config.worker_links_listen(), catalog.clone(), config.service_login(), config.coordinator_db.password.clone(), fault).await?;
+        let links = crate::transaction::links::LinkRelay::start(
+            &config.worker_links_listen(),
+            catalog.clone(),
+            config.service_login(),
+            config.coordinator_db.password.clone(),
+            fault,
+        )
+        .await?;
         let reloads = tokio::sync::Mutex::new(KeptConnections::new(config.service_login(), "tessera catalog reload", Duration::from_secs(60)));
         let statement_memory = ProcessMemory::new(config.statements.total_memory_limit());
-        Ok(Arc::new(Coordinator { config, catalog, sessions: Mutex::new(HashMap::new()), reloads, unreliable_catalog: Mutex::new(None), process_id: rand::random(),
+        Ok(Arc::new(Coordinator {
+            config,
+            catalog,
+            sessions: Mutex::new(HashMap::new()),
+            reloads,
+            unreliable_catalog: Mutex::new(None),
+            process_id: rand::random(),
             deadlock_victims: Mutex::new(HashMap::new()),
             fallback_ready: tokio::sync::Mutex::new((0, HashSet::new())),
             tls,
@@ -157,9 +170,11 @@ impl Coordinator {
         let e = self.reload_catalog().await.err()?;
         tracing::warn!("could not reload the catalog after a change committed: {}", e.message());
         let refusal = self.catalog_refusal(&e);
-        Some(PgError::warning("01000", format!("the change committed, but {}", refusal.message())).with_hint(
-            "Statements that could read a distributed table are refused until the catalog can be reloaded; each statement tries again.",
-        ))
+        Some(
+            PgError::warning("01000", format!("the change committed, but {}", refusal.message())).with_hint(
+                "Statements that could read a distributed table are refused until the catalog can be reloaded; each statement tries again.",
+            ),
+        )
     }
 
     /// The error refusing statements while the catalog cannot be reloaded
@@ -226,10 +241,23 @@ impl Coordinator {
     fn participants(&self, key: (i32, i32), local_login: Login, mut worker_login: Login) -> Participants {
         let local_source = LocalSource { pool: self.local_pool.clone(), addr: self.config.coordinator_db_addr(), wait: self.worker_pools.wait };
         let transactions = &self.config.transactions;
-        let two_phase = TwoPhase::new(self.process_id, key.0, Duration::from_secs_f64(transactions.recovery_interval_secs), transactions.fault(), self.links.clone());
+        let two_phase = TwoPhase::new(
+            self.process_id,
+            key.0,
+            Duration::from_secs_f64(transactions.recovery_interval_secs),
+            transactions.fault(),
+            self.links.clone(),
+        );
         worker_login.options.push(("application_name".into(), two_phase.session_name().to_string()));
         let (cancel_targets, limits, pinned) = self.register_session(key, two_phase.session_name(), &worker_login.user);
-        Participants::new(CoordinatorDb::new(local_source, local_login, pinned), worker_login, cancel_targets, limits, two_phase, self.worker_pools.clone())
+        Participants::new(
+            CoordinatorDb::new(local_source, local_login, pinned),
+            worker_login,
+            cancel_targets,
+            limits,
+            two_phase,
+            self.worker_pools.clone(),
+        )
     }
 
     /// A session of the service role for work no client asked for (a
@@ -349,7 +377,8 @@ impl Coordinator {
         let mut workers: Vec<(i32, _)> = self.worker_pools.all();
         workers.sort_by_key(|(group, _)| *group);
         for (group, node_pool) in workers {
-            let node = catalog.nodes.iter().find(|n| n.group_id == group).map(|n| n.addr.to_string()).unwrap_or_else(|| format!("node group {group}"));
+            let node =
+                catalog.nodes.iter().find(|n| n.group_id == group).map(|n| n.addr.to_string()).unwrap_or_else(|| format!("node group {group}"));
             pools.push(pool(node, node_pool.usage()));
         }
         let (blocks, blocks_limit) = self.worker_pools.blocks.usage();
@@ -358,7 +387,12 @@ impl Coordinator {
             .lock()
             .unwrap()
             .values()
-            .map(|s| ClientSession { name: s.name.clone(), user: s.user.clone(), connections: s.cancel_targets.lock().unwrap().len(), pinned: s.pinned.get().copied() })
+            .map(|s| ClientSession {
+                name: s.name.clone(),
+                user: s.user.clone(),
+                connections: s.cancel_targets.lock().unwrap().len(),
+                pinned: s.pinned.get().copied(),
+            })
             .collect();
         sessions.sort_by(|a, b| a.name.cmp(&b.name));
         ProcessReport { pools, sessions, blocks, blocks_limit }
@@ -497,7 +531,11 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     tokio::spawn(recover_periodically(coordinator.clone()));
     tokio::spawn(detect_deadlocks_periodically(coordinator.clone()));
     tokio::spawn(crate::operations::background::run_jobs(coordinator.clone()));
-    tracing::info!("tessera coordinator listening on {}{}", coordinator.config.listen, sockets.iter().map(|s| format!(" and {}", s.path.display())).collect::<String>());
+    tracing::info!(
+        "tessera coordinator listening on {}{}",
+        coordinator.config.listen,
+        sockets.iter().map(|s| format!(" and {}", s.path.display())).collect::<String>()
+    );
     use tokio::signal::unix::{signal, SignalKind};
     let (mut terminate, mut interrupt) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
     loop {

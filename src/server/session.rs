@@ -18,12 +18,12 @@ use crate::protocol::backend::{self, FieldDescription};
 use crate::protocol::frontend::{self, Bind, StartupPacket, Target};
 use crate::protocol::Message;
 use crate::transaction::{Participants, WORKER_PARAMETERS};
+use crate::transport::Stream;
 use futures::FutureExt;
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
-use crate::transport::Stream;
 
 /// Cached plans per session; cleared when it grows past this (statements that
 /// embed literals never repeat).
@@ -77,7 +77,11 @@ enum Statement {
 enum Portal {
     Local,
     /// `pending`: what is left of a run that an Execute's row limit suspended.
-    Distributed { statement: Arc<DistributedStatement>, bind: Bind, pending: Option<PendingRows> },
+    Distributed {
+        statement: Arc<DistributedStatement>,
+        bind: Bind,
+        pending: Option<PendingRows>,
+    },
 }
 
 /// The rows of a suspended portal not yet sent, and its CommandComplete.
@@ -163,7 +167,6 @@ struct SearchPath {
     catalog: std::cell::RefCell<Option<(Arc<Catalog>, Arc<Catalog>)>>,
 }
 
-
 pub async fn run(coordinator: Arc<Coordinator>, stream: Stream) -> anyhow::Result<()> {
     let mut client = ClientConn::new(stream);
     let counted = ClientCount::enter(&coordinator);
@@ -194,15 +197,18 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: Stream) -> anyhow::Resul
     if counted.over_limit {
         return refuse(
             &mut client,
-            PgError::new(sqlstate::TOO_MANY_CONNECTIONS, "sorry, too many clients already")
-                .with_hint(format!("The coordinator accepts {} clients at once ([connections] max_clients).", coordinator.config.connections.max_clients)),
+            PgError::new(sqlstate::TOO_MANY_CONNECTIONS, "sorry, too many clients already").with_hint(format!(
+                "The coordinator accepts {} clients at once ([connections] max_clients).",
+                coordinator.config.connections.max_clients
+            )),
         )
         .await;
     }
     if client.is_clear_tcp() && coordinator.config.tls.as_ref().is_some_and(|tls| tls.mode == TlsMode::Require) {
         return refuse(
             &mut client,
-            PgError::new("28000", format!("the coordinator accepts user \"{user}\" over TCP only with TLS (tls.mode = \"require\")")).with_hint("Connect with sslmode=require, or over the Unix socket."),
+            PgError::new("28000", format!("the coordinator accepts user \"{user}\" over TCP only with TLS (tls.mode = \"require\")"))
+                .with_hint("Connect with sslmode=require, or over the Unix socket."),
         )
         .await;
     }
@@ -220,10 +226,21 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: Stream) -> anyhow::Resul
         }
     }
     let options: Vec<(String, String)> = params.iter().filter(|(k, _)| k != "user" && k != "database").cloned().collect();
-    let local_login = Login { user: user.clone(), database: database.clone(), password: coordinator.config.coordinator_db.password.clone(), options: options.clone() };
+    let local_login = Login {
+        user: user.clone(),
+        database: database.clone(),
+        password: coordinator.config.coordinator_db.password.clone(),
+        options: options.clone(),
+    };
     let key = super::new_session_key();
-    let worker_options: Vec<(String, String)> = options.into_iter().filter(|(k, _)| WORKER_PARAMETERS.iter().any(|p| p.eq_ignore_ascii_case(k))).collect();
-    let worker_login = Login { user, database: coordinator.config.coordinator_db.database.clone(), password: coordinator.config.coordinator_db.password.clone(), options: worker_options };
+    let worker_options: Vec<(String, String)> =
+        options.into_iter().filter(|(k, _)| WORKER_PARAMETERS.iter().any(|p| p.eq_ignore_ascii_case(k))).collect();
+    let worker_login = Login {
+        user,
+        database: coordinator.config.coordinator_db.database.clone(),
+        password: coordinator.config.coordinator_db.password.clone(),
+        options: worker_options,
+    };
     let mut parts = coordinator.participants(key, local_login, worker_login);
     let facts = match parts.check_login().await {
         Ok(facts) => {
@@ -232,7 +249,11 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: Stream) -> anyhow::Resul
         }
         Err(e) => match coordinator.logins.recall_login(parts.login_key()).filter(|_| e.is_node_unreachable()) {
             Some(facts) => {
-                tracing::warn!("the coordinator database is unreachable ({}); a login of user \"{}\" goes ahead as the last one did", e.message(), parts.login().user);
+                tracing::warn!(
+                    "the coordinator database is unreachable ({}); a login of user \"{}\" goes ahead as the last one did",
+                    e.message(),
+                    parts.login().user
+                );
                 parts.assume_login(&facts);
                 facts
             }
@@ -312,9 +333,11 @@ enum ShellCheck {
 fn shell_check(plan: &Plan) -> Option<ShellCheck> {
     match plan {
         Plan::Fallback(fallback) => match &fallback.statement {
-            pg_query::NodeEnum::SelectStmt(_) | pg_query::NodeEnum::InsertStmt(_) | pg_query::NodeEnum::UpdateStmt(_) | pg_query::NodeEnum::DeleteStmt(_) | pg_query::NodeEnum::DeclareCursorStmt(_) => {
-                Some(ShellCheck::Explain)
-            }
+            pg_query::NodeEnum::SelectStmt(_)
+            | pg_query::NodeEnum::InsertStmt(_)
+            | pg_query::NodeEnum::UpdateStmt(_)
+            | pg_query::NodeEnum::DeleteStmt(_)
+            | pg_query::NodeEnum::DeclareCursorStmt(_) => Some(ShellCheck::Explain),
             _ => Some(ShellCheck::Parse),
         },
         Plan::MultiShard(multi) if matches!(multi.combine, planner::Combine::Query(_)) => Some(ShellCheck::Explain),
@@ -374,7 +397,10 @@ async fn scram_login(coordinator: &Coordinator, client: &mut ClientConn, user: &
         }
         Err(e) => match coordinator.logins.recall_verifier(user).filter(|_| e.is_node_unreachable()) {
             Some(stored) => {
-                tracing::warn!("the coordinator database is unreachable ({}); user \"{user}\" is checked against the password it had last time", e.message());
+                tracing::warn!(
+                    "the coordinator database is unreachable ({}); user \"{user}\" is checked against the password it had last time",
+                    e.message()
+                );
                 stored
             }
             None => {
@@ -422,7 +448,8 @@ fn password_failed(user: &str, why: auth::Rejected) -> Authentication {
 async fn stored_password(coordinator: &Coordinator, user: &str) -> PgResult<Option<String>> {
     let config = &coordinator.config;
     let addr = config.coordinator_db_addr();
-    let mut conn = PgConnection::connect(&addr, &config.service_login()).await.map_err(|e| crate::transaction::coordinator_db::unavailable(&addr, e))?;
+    let mut conn =
+        PgConnection::connect(&addr, &config.service_login()).await.map_err(|e| crate::transaction::coordinator_db::unavailable(&addr, e))?;
     let sql = format!(
         "SELECT rolpassword FROM pg_catalog.pg_authid WHERE rolname = {} AND (rolvaliduntil IS NULL OR rolvaliduntil > now())",
         quote_literal(user)
@@ -452,7 +479,8 @@ impl Drop for ClientCount<'_> {
 }
 
 async fn refuse(client: &mut ClientConn, e: PgError) -> anyhow::Result<()> {
-    let fatal = PgError::from_fields(e.fields().map(|(c, v)| (c, if c == b'S' || c == b'V' { "FATAL".to_string() } else { v.to_string() })).collect());
+    let fatal =
+        PgError::from_fields(e.fields().map(|(c, v)| (c, if c == b'S' || c == b'V' { "FATAL".to_string() } else { v.to_string() })).collect());
     backend::error_response(client.out(), &fatal);
     client.flush().await?;
     Ok(())
@@ -683,7 +711,9 @@ impl Session {
             self.parts.role_may_have_changed();
         }
         // The end of a block (or of a savepoint) may undo a SET in it.
-        let undoes = |s: &PlannedStatement| matches!(s.plan, Plan::Transaction(TransactionCommand::Commit | TransactionCommand::Rollback | TransactionCommand::RollbackTo(_)));
+        let undoes = |s: &PlannedStatement| {
+            matches!(s.plan, Plan::Transaction(TransactionCommand::Commit | TransactionCommand::Rollback | TransactionCommand::RollbackTo(_)))
+        };
         if self.search_path.changed_since_block_end && planned.statements.iter().any(undoes) {
             self.search_path.stale = true;
             self.search_path.changed_since_block_end = false;
@@ -713,7 +743,11 @@ impl Session {
         if self.plans.len() >= PLAN_CACHE_LIMIT {
             self.plans.clear();
         }
-        let planned = Arc::new(CachedPlan { version: catalog.version, search_path: self.search_path.generation, statements: planner::plan_query(sql, &catalog) });
+        let planned = Arc::new(CachedPlan {
+            version: catalog.version,
+            search_path: self.search_path.generation,
+            statements: planner::plan_query(sql, &catalog),
+        });
         self.plans.insert(sql.to_string(), planned.clone());
         planned
     }
@@ -741,9 +775,9 @@ impl Session {
             Some(cycle) => {
                 self.release_work = true;
                 Failure::Error(
-                PgError::new(sqlstate::DEADLOCK_DETECTED, "deadlock detected")
-                    .with_detail(format!("Distributed transactions wait for each other across workers: {cycle}; this one was cancelled."))
-                    .with_hint("Retry the transaction."),
+                    PgError::new(sqlstate::DEADLOCK_DETECTED, "deadlock detected")
+                        .with_detail(format!("Distributed transactions wait for each other across workers: {cycle}; this one was cancelled."))
+                        .with_hint("Retry the transaction."),
                 )
             }
             None => failure,
@@ -918,7 +952,8 @@ impl Session {
     }
 
     fn check_not_failed(&self, plan: &Plan) -> Result<(), Failure> {
-        let ends_block = matches!(plan, Plan::Transaction(TransactionCommand::Commit | TransactionCommand::Rollback | TransactionCommand::RollbackTo(_)));
+        let ends_block =
+            matches!(plan, Plan::Transaction(TransactionCommand::Commit | TransactionCommand::Rollback | TransactionCommand::RollbackTo(_)));
         if self.parts.is_failed() && !ends_block {
             return Err(Participants::failed_error().into());
         }
@@ -980,7 +1015,15 @@ impl Session {
             Plan::Delegated(delegation) => {
                 if executor::delegates(delegation, &mut self.parts).await? {
                     let mode = execution_mode(extended, self.client.peek_tag() == Some(b'S'));
-                    let result = executor::function_copies::run_delegated(delegation, &mut self.parts, &catalog, &mode, &mut self.client, &self.coordinator.config).await;
+                    let result = executor::function_copies::run_delegated(
+                        delegation,
+                        &mut self.parts,
+                        &catalog,
+                        &mode,
+                        &mut self.client,
+                        &self.coordinator.config,
+                    )
+                    .await;
                     if result.is_err() {
                         self.parts.discard_broken();
                     }
@@ -1012,7 +1055,9 @@ impl Session {
                 let report = (needs.pools || needs.sessions).then(|| self.coordinator.process_report(&catalog));
                 executor::cluster_views::run(needs, report.as_ref(), sql, &catalog, &mut self.parts, &mode, &mut self.client).await?;
             }
-            Plan::LocalOverShards(lent) => executor::materialized_views::run(lent, sql, &self.coordinator, &catalog, &mut self.parts, &mut self.client).await?,
+            Plan::LocalOverShards(lent) => {
+                executor::materialized_views::run(lent, sql, &self.coordinator, &catalog, &mut self.parts, &mut self.client).await?
+            }
             Plan::Fallback(fallback) => {
                 let mode = execution_mode(extended, false);
                 executor::fallback::run(fallback, &self.coordinator, &catalog, &mut self.parts, &mode, &mut self.client).await?;
@@ -1032,7 +1077,9 @@ impl Session {
                 let mode = execution_mode(extended, false);
                 executor::insert_select::run(insert, &self.coordinator, &catalog, &mut self.parts, &mode, &mut self.client).await?;
             }
-            Plan::MergeThroughCoordinator(merge) => executor::merge::run(merge, &self.coordinator, &catalog, &mut self.parts, &mut self.client).await?,
+            Plan::MergeThroughCoordinator(merge) => {
+                executor::merge::run(merge, &self.coordinator, &catalog, &mut self.parts, &mut self.client).await?
+            }
             Plan::WithLocalRows(local) => {
                 let replanned = executor::local_rows::replanned(local, &catalog, &mut self.parts).await?;
                 Box::pin(self.execute_distributed(sql, &replanned, extended)).await?;
@@ -1064,7 +1111,8 @@ impl Session {
                 return Err(refusal.into());
             }
             Plan::ClusterFunction(call) => {
-                let mut ctx = CommandContext { coordinator: &self.coordinator, parts: &mut self.parts, caller: Caller::Client(&mut self.client), catalog };
+                let mut ctx =
+                    CommandContext { coordinator: &self.coordinator, parts: &mut self.parts, caller: Caller::Client(&mut self.client), catalog };
                 let bound = extended.map(|(bind, shape)| (bind, shape.param_types.as_slice()));
                 commands::run_cluster_function(call, &mut ctx, bound).await?;
                 if call.function.changes_tables() && self.parts.in_block() {
@@ -1072,7 +1120,8 @@ impl Session {
                 }
             }
             Plan::Ddl(ddl) => {
-                let mut ctx = CommandContext { coordinator: &self.coordinator, parts: &mut self.parts, caller: Caller::Client(&mut self.client), catalog };
+                let mut ctx =
+                    CommandContext { coordinator: &self.coordinator, parts: &mut self.parts, caller: Caller::Client(&mut self.client), catalog };
                 commands::run_ddl(ddl, sql, &mut ctx).await?;
                 if ddl.changes_catalog() && self.parts.in_block() {
                     self.load_block_catalog().await?;
@@ -1091,9 +1140,11 @@ impl Session {
             return Ok(executor::run_on_coordinator_db(&mut self.parts, sql, &mode, &mut self.client).await?);
         };
         if extended.is_some() {
-            return Err(PgError::not_supported("EXECUTE of a statement prepared over distributed tables works through the simple query protocol only")
-                .with_hint("Use the extended protocol's own prepared statements (Parse/Bind/Execute).")
-                .into());
+            return Err(PgError::not_supported(
+                "EXECUTE of a statement prepared over distributed tables works through the simple query protocol only",
+            )
+            .with_hint("Use the extended protocol's own prepared statements (Parse/Bind/Execute).")
+            .into());
         }
         let local = self.parts.local().await?;
         // One row per parameter (one with NULLs when there are none); no row
@@ -1121,7 +1172,8 @@ impl Session {
         let params = if types.is_empty() {
             Vec::new()
         } else {
-            let casts: Vec<String> = execute.arguments.iter().zip(&types).map(|(arg, t)| format!("(({arg})::{})::text", t[1].as_deref().unwrap_or("text"))).collect();
+            let casts: Vec<String> =
+                execute.arguments.iter().zip(&types).map(|(arg, t)| format!("(({arg})::{})::text", t[1].as_deref().unwrap_or("text"))).collect();
             let values = local.query(&format!("SELECT {}", casts.join(", "))).await?;
             values.into_iter().next().unwrap_or_default().into_iter().map(|v| v.map(bytes::Bytes::from)).collect()
         };
@@ -1255,7 +1307,11 @@ impl Session {
             match msg.tag() {
                 b'Z' => break,
                 b'E' => {
-                    if withhold_distributed && !answered && !failed && backend::decode_error_fields(&msg).is_ok_and(|e| e.code() == "40001" && e.message().ends_with(DISTRIBUTED_MEANWHILE)) {
+                    if withhold_distributed
+                        && !answered
+                        && !failed
+                        && backend::decode_error_fields(&msg).is_ok_and(|e| e.code() == "40001" && e.message().ends_with(DISTRIBUTED_MEANWHILE))
+                    {
                         withheld = true;
                         continue;
                     }
@@ -1815,4 +1871,3 @@ impl Session {
         Ok(())
     }
 }
-

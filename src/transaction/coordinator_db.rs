@@ -8,10 +8,10 @@
 //! connection the session takes next gets them (after `DISCARD ALL`, which
 //! clears what another session left).
 
+use super::CitusSettings;
 use crate::connection::pool::{Checkout, NodePool};
 use crate::connection::{Login, PgConnection, ServerAddr};
 use crate::error::{PgError, PgResult};
-use super::CitusSettings;
 use crate::protocol::backend::TxStatus;
 use std::sync::Arc;
 use std::time::Duration;
@@ -82,7 +82,20 @@ impl CoordinatorDb {
         let mut options: Vec<String> = login.options.iter().map(|(k, v)| format!("{}={v}", k.to_lowercase())).collect();
         options.sort();
         let key = format!("{}\0{}\0{}", login.user, login.database, options.join("\0"));
-        CoordinatorDb { source, login, key, held: None, pinned, settings: Vec::new(), idle_in_transaction_default: None, idle_in_transaction_set: None, state_epoch: 0, settings_unknown: false, custom: Default::default(), last_backend: None }
+        CoordinatorDb {
+            source,
+            login,
+            key,
+            held: None,
+            pinned,
+            settings: Vec::new(),
+            idle_in_transaction_default: None,
+            idle_in_transaction_set: None,
+            state_epoch: 0,
+            settings_unknown: false,
+            custom: Default::default(),
+            last_backend: None,
+        }
     }
 
     /// The connection, taken from the pool (or opened) if the session holds
@@ -97,7 +110,12 @@ impl CoordinatorDb {
         let last = self.last_backend;
         let label = self.source.addr.to_string();
         let taken = loop {
-            match self.source.pool.checkout(&self.key, &|c: &LocalConnection| Some(c.conn.backend_key()) == last, self.source.wait, may_exceed, &label).await? {
+            match self
+                .source
+                .pool
+                .checkout(&self.key, &|c: &LocalConnection| Some(c.conn.backend_key()) == last, self.source.wait, may_exceed, &label)
+                .await?
+            {
                 Checkout::Idle(mut local) => {
                     if local.conn.is_dead_while_idle() {
                         continue;
@@ -230,7 +248,10 @@ impl CoordinatorDb {
             match held.conn.query(&query).await {
                 Ok(rows) => {
                     self.settings = rows.iter().filter_map(|r| r.first().cloned().flatten()).collect();
-                    self.idle_in_transaction_set = rows.iter().find(|r| r.get(1).cloned().flatten().as_deref() == Some(IDLE_IN_TRANSACTION)).map(|r| r.get(2).cloned().flatten().as_deref().and_then(parse_duration));
+                    self.idle_in_transaction_set = rows
+                        .iter()
+                        .find(|r| r.get(1).cloned().flatten().as_deref() == Some(IDLE_IN_TRANSACTION))
+                        .map(|r| r.get(2).cloned().flatten().as_deref().and_then(parse_duration));
                     self.settings_unknown = false;
                     self.state_epoch += 1;
                     held.state_epoch = self.state_epoch;

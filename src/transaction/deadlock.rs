@@ -67,8 +67,18 @@ pub async fn gather_waits(catalog: &Catalog, nodes: &mut KeptConnections) -> PgR
         let sql = sql.clone();
         for r in nodes.on(&node.addr, |conn| Box::pin(async move { conn.query(&sql).await })).await? {
             let number = |i: usize| r[i].as_deref().and_then(|v| v.parse::<i64>().ok());
-            if let (Some(pid), Some(waiter), Some(waiter_started), Some(holder), Some(holder_started)) = (number(0), r[1].clone(), number(2), r[3].clone(), number(4)) {
-                waits.push(Wait { node: node.addr.clone(), pid: pid as i32, backend: waiter.clone(), waiter, waiter_started, holder, holder_started });
+            if let (Some(pid), Some(waiter), Some(waiter_started), Some(holder), Some(holder_started)) =
+                (number(0), r[1].clone(), number(2), r[3].clone(), number(4))
+            {
+                waits.push(Wait {
+                    node: node.addr.clone(),
+                    pid: pid as i32,
+                    backend: waiter.clone(),
+                    waiter,
+                    waiter_started,
+                    holder,
+                    holder_started,
+                });
             }
         }
     }
@@ -139,7 +149,8 @@ pub fn choose_victims(waits: &[Wait]) -> Vec<Victim> {
         }
         if let Some(cycle) = find_cycle(&graph, start, &broken) {
             let youngest = cycle.iter().max_by_key(|t| (started.get(t.as_str()).copied().unwrap_or(0), t.to_string())).unwrap().clone();
-            let where_waiting = waits.iter().filter(|w| w.waiter == youngest).map(|w| (w.node.clone(), w.pid, w.waiter_started, w.backend.clone())).collect();
+            let where_waiting =
+                waits.iter().filter(|w| w.waiter == youngest).map(|w| (w.node.clone(), w.pid, w.waiter_started, w.backend.clone())).collect();
             broken.insert(youngest.clone());
             victims.push(Victim { session: youngest, waits: where_waiting, cycle });
         }
@@ -151,7 +162,13 @@ pub fn choose_victims(waits: &[Wait]) -> Vec<Victim> {
 fn find_cycle(graph: &BTreeMap<&str, BTreeSet<&str>>, start: &str, broken: &BTreeSet<String>) -> Option<Vec<String>> {
     let mut path = vec![start.to_string()];
     let mut seen = BTreeSet::new();
-    fn walk(graph: &BTreeMap<&str, BTreeSet<&str>>, start: &str, path: &mut Vec<String>, seen: &mut BTreeSet<String>, broken: &BTreeSet<String>) -> bool {
+    fn walk(
+        graph: &BTreeMap<&str, BTreeSet<&str>>,
+        start: &str,
+        path: &mut Vec<String>,
+        seen: &mut BTreeSet<String>,
+        broken: &BTreeSet<String>,
+    ) -> bool {
         let current = path.last().unwrap().clone();
         for next in graph.get(current.as_str()).into_iter().flatten() {
             if *next == start {
@@ -178,7 +195,15 @@ mod tests {
     /// On node `port`, session `waiter` (its transaction there began at
     /// `waiter_started`; its pid is the port) waits for `holder`.
     fn wait(waiter: (&str, i64), holder: (&str, i64), port: u16) -> Wait {
-        Wait { node: ServerAddr { host: "127.0.0.1".into(), port }, pid: port as i32, backend: waiter.0.into(), waiter: waiter.0.into(), waiter_started: waiter.1, holder: holder.0.into(), holder_started: holder.1 }
+        Wait {
+            node: ServerAddr { host: "127.0.0.1".into(), port },
+            pid: port as i32,
+            backend: waiter.0.into(),
+            waiter: waiter.0.into(),
+            waiter_started: waiter.1,
+            holder: holder.0.into(),
+            holder_started: holder.1,
+        }
     }
 
     #[test]

@@ -213,7 +213,9 @@ pub fn deciding_objects_sql() -> String {
 /// The connection's current transaction as a deciding transaction.
 pub async fn identify(conn: &mut PgConnection) -> PgResult<DecidingTransaction> {
     let text = conn.query_value(IDENTITY_SQL).await?;
-    text.as_deref().and_then(DecidingTransaction::parse).ok_or_else(|| PgError::internal(format!("the deciding transaction could not be read on {}", conn.label())))
+    text.as_deref()
+        .and_then(DecidingTransaction::parse)
+        .ok_or_else(|| PgError::internal(format!("the deciding transaction could not be read on {}", conn.label())))
 }
 
 /// What to do with the parts of deciding transactions `deciders`, in

@@ -123,7 +123,8 @@ impl StatementLimits {
             stopped: AtomicBool::new(false),
             running: AtomicBool::new(false),
             memory_limit: AtomicUsize::new(usize::MAX),
-            wake: tokio::sync::Notify::new(), held: AtomicUsize::new(0),
+            wake: tokio::sync::Notify::new(),
+            held: AtomicUsize::new(0),
             process,
             targets,
         }))
@@ -246,8 +247,14 @@ impl StatementLimits {
                 .with_detail("The coordinator holds the rows it combines, broadcasts or passes on in memory while the statement runs.")
                 .with_hint("Narrow the statement, or raise tessera.max_statement_memory (SET for the session, [statements] max_memory_mb for every session).")
         } else {
-            PgError::new(sqlstate::OUT_OF_MEMORY, format!("the coordinator holds more than {} for running statements; this one was stopped: {statement}", megabytes(self.0.process.limit)))
-                .with_hint("Retry when fewer large statements run at once, or raise [statements] max_total_memory_mb.")
+            PgError::new(
+                sqlstate::OUT_OF_MEMORY,
+                format!(
+                    "the coordinator holds more than {} for running statements; this one was stopped: {statement}",
+                    megabytes(self.0.process.limit)
+                ),
+            )
+            .with_hint("Retry when fewer large statements run at once, or raise [statements] max_total_memory_mb.")
         };
         self.stop(Stop::Memory(e.clone()));
         Err(self.error().unwrap_or(e))
@@ -394,8 +401,10 @@ impl MemorySetting {
         match self {
             MemorySetting::Unset => Ok(default),
             MemorySetting::Limit(limit) => Ok(limit),
-            MemorySetting::Invalid => Err(PgError::new(sqlstate::INVALID_PARAMETER_VALUE, "invalid value for parameter \"tessera.max_statement_memory\"")
-                .with_hint("Give a size such as '256MB' or '1GB' (a bare number counts kB), or -1 for no limit of the statement's own.")),
+            MemorySetting::Invalid => {
+                Err(PgError::new(sqlstate::INVALID_PARAMETER_VALUE, "invalid value for parameter \"tessera.max_statement_memory\"")
+                    .with_hint("Give a size such as '256MB' or '1GB' (a bare number counts kB), or -1 for no limit of the statement's own."))
+            }
         }
     }
 }
@@ -458,7 +467,8 @@ mod tests {
     #[test]
     fn the_process_limit_holds_across_statements() {
         let process = ProcessMemory::new(1000);
-        let (a, b) = (StatementLimits::new(CancelTargets::default(), process.clone()), StatementLimits::new(CancelTargets::default(), process.clone()));
+        let (a, b) =
+            (StatementLimits::new(CancelTargets::default(), process.clone()), StatementLimits::new(CancelTargets::default(), process.clone()));
         a.arm("a", None, None);
         b.arm("b", None, None);
         assert!(a.charge(700).is_ok());

@@ -117,7 +117,13 @@ const SETTLE_AFTER: Duration = Duration::from_millis(100);
 
 impl LinkRelay {
     /// Binds `listen` and serves links from there on.
-    pub async fn start(listen: &str, catalog: Arc<CatalogHandle>, service: Login, password: Option<String>, fault: Option<(Fault, u32)>) -> anyhow::Result<Arc<LinkRelay>> {
+    pub async fn start(
+        listen: &str,
+        catalog: Arc<CatalogHandle>,
+        service: Login,
+        password: Option<String>,
+        fault: Option<(Fault, u32)>,
+    ) -> anyhow::Result<Arc<LinkRelay>> {
         let listener = TcpListener::bind(listen).await.map_err(|e| anyhow::anyhow!("could not listen for worker links on {listen}: {e}"))?;
         let bound = listener.local_addr()?;
         // Bound to every interface, the relay is reached by this host's name.
@@ -199,7 +205,10 @@ impl LinkRelay {
         let ends = get("application_name").as_deref().and_then(LinkEnds::parse);
         let target = ends.and_then(|e| self.catalog.snapshot().node_for_group(e.to).map(|n| n.addr.clone()));
         let (Some(ends), Some(target), Some(user), true) = (ends, target, get("user"), self.is_node(peer, from_this_host).await) else {
-            let refusal = PgError::new(sqlstate::INVALID_AUTHORIZATION, "this port relays the Tessera workers' links to other nodes; clients connect to the coordinator's own port");
+            let refusal = PgError::new(
+                sqlstate::INVALID_AUTHORIZATION,
+                "this port relays the Tessera workers' links to other nodes; clients connect to the coordinator's own port",
+            );
             backend::error_response(link.out(), &refusal);
             link.flush().await?;
             return Ok(());
@@ -264,7 +273,13 @@ impl LinkRelay {
         result
     }
 
-    async fn relay_transactions(&self, link: &mut ClientConn, node: &mut PgConnection, ends: LinkEnds, in_transaction: &mut bool) -> anyhow::Result<()> {
+    async fn relay_transactions(
+        &self,
+        link: &mut ClientConn,
+        node: &mut PgConnection,
+        ends: LinkEnds,
+        in_transaction: &mut bool,
+    ) -> anyhow::Result<()> {
         let mut wrote = false;
         // The node's transaction status once the statements queued for it
         // have run: what an answer given ahead reports.
@@ -374,7 +389,10 @@ impl LinkRelay {
             }
             Err(e) => {
                 let status = if node.tx_status() == TxStatus::Idle { TxStatus::Idle } else { TxStatus::Failed };
-                backend::error_response(link.out(), &e.with_context(format!("while preparing the write of a worker transaction on node {}", node.label())));
+                backend::error_response(
+                    link.out(),
+                    &e.with_context(format!("while preparing the write of a worker transaction on node {}", node.label())),
+                );
                 backend::ready_for_query(link.out(), status);
             }
         }
@@ -403,7 +421,10 @@ impl LinkRelay {
         let field = |i: usize| rows.first().and_then(|r| r.get(i).cloned().flatten());
         match (field(0).and_then(|x| x.parse().ok()), field(1).and_then(|s| s.parse().ok())) {
             (Some(xid), Some(backend_started)) => Ok(DecidingTransaction { xid, backend_started }),
-            _ => Err(PgError::new(sqlstate::INTERNAL_ERROR, format!("backend {} on node group {} has no transaction id for its writes on other nodes", ends.pid, ends.from))),
+            _ => Err(PgError::new(
+                sqlstate::INTERNAL_ERROR,
+                format!("backend {} on node group {} has no transaction id for its writes on other nodes", ends.pid, ends.from),
+            )),
         }
     }
 
@@ -480,13 +501,19 @@ impl LinkRelay {
     /// Runs `work` on an idle service connection to node group `group` (a
     /// new one if none is idle), keeping the connection for later unless it
     /// broke.
-    async fn with_service<T>(&self, group: i32, work: impl for<'c> FnOnce(&'c mut PgConnection) -> futures::future::BoxFuture<'c, PgResult<T>>) -> PgResult<T> {
+    async fn with_service<T>(
+        &self,
+        group: i32,
+        work: impl for<'c> FnOnce(&'c mut PgConnection) -> futures::future::BoxFuture<'c, PgResult<T>>,
+    ) -> PgResult<T> {
         let idle = self.idle.lock().unwrap().get_mut(&group).and_then(Vec::pop);
         let mut conn = match idle {
             Some(conn) => conn,
             None => {
                 let catalog = self.catalog.snapshot();
-                let node = catalog.node_for_group(group).ok_or_else(|| PgError::new(sqlstate::CONNECTION_FAILURE, format!("node group {group} is not in the catalog")))?;
+                let node = catalog
+                    .node_for_group(group)
+                    .ok_or_else(|| PgError::new(sqlstate::CONNECTION_FAILURE, format!("node group {group} is not in the catalog")))?;
                 PgConnection::connect(&node.addr, &self.service).await?
             }
         };
@@ -538,7 +565,11 @@ async fn relay_answer(node: &mut PgConnection, link: &mut ClientConn) -> anyhow:
 
 /// The first keyword of a statement, upper-cased.
 fn leading_keyword(sql: &str) -> String {
-    sql.trim_start_matches(|c: char| c.is_whitespace() || c == '(').split(|c: char| !c.is_ascii_alphabetic()).next().unwrap_or("").to_ascii_uppercase()
+    sql.trim_start_matches(|c: char| c.is_whitespace() || c == '(')
+        .split(|c: char| !c.is_ascii_alphabetic())
+        .next()
+        .unwrap_or("")
+        .to_ascii_uppercase()
 }
 
 /// Whether a statement ends the link's remote transaction (a rollback to

@@ -5,19 +5,19 @@
 //! node keeps the one connection for the whole block (read-your-writes), and
 //! COMMIT/ROLLBACK go to exactly the nodes that were touched.
 
-pub mod decided;
 pub mod coordinator_db;
 pub mod deadlock;
+pub mod decided;
 pub mod limits;
 pub mod links;
 pub mod recovery;
 
-use decided::{Decision, DecidingTransaction};
 use crate::connection::{Login, PgConnection, ServerAddr};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Node, TypeOids, FIRST_USER_OID};
 use crate::protocol::backend::{self, TxStatus};
 use crate::protocol::{frontend, Message};
+use decided::{DecidingTransaction, Decision};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -34,7 +34,8 @@ pub const WORKER_PARAMETERS: &[&str] = &["DateStyle", "TimeZone", "IntervalStyle
 /// and the limits have to hold there, and the output formats PostgreSQL
 /// does not report when they change (the reported ones are followed as
 /// they change).
-pub const FOLLOWED_SETTINGS: [(&str, &str); 4] = [("statement_timeout", "0"), ("lock_timeout", "0"), ("extra_float_digits", "1"), ("bytea_output", "hex")];
+pub const FOLLOWED_SETTINGS: [(&str, &str); 4] =
+    [("statement_timeout", "0"), ("lock_timeout", "0"), ("extra_float_digits", "1"), ("bytea_output", "hex")];
 
 /// Points in two-phase commit and in shard moves where a test can make the
 /// coordinator process die, as it might crash in production. Test-only: set by
@@ -105,13 +106,14 @@ pub struct TwoPhase {
 static FAULT_POINT_REACHED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 impl TwoPhase {
-    pub fn new(process_id: u32, session_id: i32, recovery_interval: std::time::Duration, fault: Option<(Fault, u32)>, links: Arc<links::LinkRelay>) -> Self {
-        TwoPhase {
-            stall: recovery_interval * 10,
-            fault,
-            session_name: Arc::from(format!("{TRANSACTION_ID_PREFIX}{process_id}:{session_id}")),
-            links,
-        }
+    pub fn new(
+        process_id: u32,
+        session_id: i32,
+        recovery_interval: std::time::Duration,
+        fault: Option<(Fault, u32)>,
+        links: Arc<links::LinkRelay>,
+    ) -> Self {
+        TwoPhase { stall: recovery_interval * 10, fault, session_name: Arc::from(format!("{TRANSACTION_ID_PREFIX}{process_id}:{session_id}")), links }
     }
 
     pub fn session_name(&self) -> &str {
@@ -391,15 +393,52 @@ impl CitusSettings {
 }
 
 impl Participants {
-    pub fn new(local: coordinator_db::CoordinatorDb, login: Login, cancel_targets: CancelTargets, limits: limits::StatementLimits, two_phase: TwoPhase, pools: Arc<WorkerPools>) -> Self {
-        let mut startup: Vec<String> =
-            login.options.iter().filter(|(name, _)| WORKER_PARAMETERS.iter().any(|p| p.eq_ignore_ascii_case(name))).map(|(name, value)| format!("{}={value}", name.to_lowercase())).collect();
+    pub fn new(
+        local: coordinator_db::CoordinatorDb,
+        login: Login,
+        cancel_targets: CancelTargets,
+        limits: limits::StatementLimits,
+        two_phase: TwoPhase,
+        pools: Arc<WorkerPools>,
+    ) -> Self {
+        let mut startup: Vec<String> = login
+            .options
+            .iter()
+            .filter(|(name, _)| WORKER_PARAMETERS.iter().any(|p| p.eq_ignore_ascii_case(name)))
+            .map(|(name, value)| format!("{}={value}", name.to_lowercase()))
+            .collect();
         startup.sort();
         let pool_key = format!("{}\0{}", login.user, startup.join("\0"));
         let startup_state = login_state(&login);
         Participants {
             pool_key,
-            startup_login: login.clone(), local, local_in_block: false, workers: HashMap::new(), pools, node_pools: HashMap::new(), last_backends: HashMap::new(), catalog_version: 0, login_state: startup_state, startup_state, login, block: None, cancel_targets, two_phase, settings: None, worker_role: None, role_unknown: false, role_changed_in_block: false, settings_epoch: 0, settings_changed_in_block: false, followed_unknown: false, followed_changed_in_block: false, session_settings: None, admission: None, limits, statement_timeout: None }
+            startup_login: login.clone(),
+            local,
+            local_in_block: false,
+            workers: HashMap::new(),
+            pools,
+            node_pools: HashMap::new(),
+            last_backends: HashMap::new(),
+            catalog_version: 0,
+            login_state: startup_state,
+            startup_state,
+            login,
+            block: None,
+            cancel_targets,
+            two_phase,
+            settings: None,
+            worker_role: None,
+            role_unknown: false,
+            role_changed_in_block: false,
+            settings_epoch: 0,
+            settings_changed_in_block: false,
+            followed_unknown: false,
+            followed_changed_in_block: false,
+            session_settings: None,
+            admission: None,
+            limits,
+            statement_timeout: None,
+        }
     }
 
     /// The identity worker connections log in with.
@@ -483,7 +522,9 @@ impl Participants {
     /// The coordinator database connection the session holds in the middle
     /// of an exchange with it (after `local()` started the exchange).
     pub fn held_local(&mut self) -> PgResult<&mut PgConnection> {
-        self.local.held().ok_or_else(|| PgError::internal("the session holds no coordinator database connection in the middle of an exchange with it"))
+        self.local
+            .held()
+            .ok_or_else(|| PgError::internal("the session holds no coordinator database connection in the middle of an exchange with it"))
     }
 
     /// The coordinator database connection for describing a statement: the
@@ -553,7 +594,8 @@ impl Participants {
         let Some(status) = self.local.held().map(|l| l.tx_status()) else { return };
         if self.block.is_none() && status != TxStatus::Idle {
             // The statement opened a block on its own (e.g. a procedure); follow it.
-            self.block = Some(Block { begin_sql: "BEGIN".into(), started: std::time::Instant::now(), implicit: false, failed: false, savepoints: vec![] });
+            self.block =
+                Some(Block { begin_sql: "BEGIN".into(), started: std::time::Instant::now(), implicit: false, failed: false, savepoints: vec![] });
             self.local_in_block = true;
         }
         if self.local_in_block && status == TxStatus::Failed {
@@ -636,7 +678,16 @@ impl Participants {
         let holds_nothing = self.holds_no_connection();
         let running = if holds_nothing { pool.run_outside_block(self.pools.wait, &label).await? } else { None };
         let slot = loop {
-            let mut worker = match pool.checkout(&self.pool_key, &|w: &WorkerConnection| Some(w.conn.backend_key()) == last, self.pools.wait, holds_block_connections, &label).await? {
+            let mut worker = match pool
+                .checkout(
+                    &self.pool_key,
+                    &|w: &WorkerConnection| Some(w.conn.backend_key()) == last,
+                    self.pools.wait,
+                    holds_block_connections,
+                    &label,
+                )
+                .await?
+            {
                 Checkout::Open(slot) => break slot,
                 Checkout::Idle(worker) => worker,
             };
@@ -712,7 +763,8 @@ impl Participants {
     /// state: its settings as at login (and as SET since, for those the
     /// workers follow), its role, and its name.
     fn handover_sql(&self) -> String {
-        let mut sql = vec!["RESET ALL".to_string(), format!("SET application_name TO {}", crate::connection::quote_literal(self.two_phase.session_name()))];
+        let mut sql =
+            vec!["RESET ALL".to_string(), format!("SET application_name TO {}", crate::connection::quote_literal(self.two_phase.session_name()))];
         let mut role = "SET ROLE NONE".to_string();
         for (name, value) in &self.login.options {
             if name == "role" {
@@ -752,7 +804,8 @@ impl Participants {
             return;
         }
         self.admission = None;
-        let idle: Vec<i32> = self.workers.iter().filter(|(_, w)| !w.in_block && !w.needs_sync && !w.conn.is_broken()).map(|(group, _)| *group).collect();
+        let idle: Vec<i32> =
+            self.workers.iter().filter(|(_, w)| !w.in_block && !w.needs_sync && !w.conn.is_broken()).map(|(group, _)| *group).collect();
         for group in idle {
             let Some(mut w) = self.workers.remove(&group) else { continue };
             w.running = None;
@@ -876,7 +929,8 @@ impl Participants {
         if self.block.as_ref().is_some_and(|b| !b.implicit) {
             return Some(PgError::warning("25001", "there is already a transaction in progress"));
         }
-        self.block = Some(Block { begin_sql: sql.to_string(), started: std::time::Instant::now(), implicit: false, failed: false, savepoints: vec![] });
+        self.block =
+            Some(Block { begin_sql: sql.to_string(), started: std::time::Instant::now(), implicit: false, failed: false, savepoints: vec![] });
         None
     }
 
@@ -1128,7 +1182,8 @@ impl Participants {
             _ => {
                 let query = self.local.settings_query();
                 let rows = self.local_outside_block().await?.query(&query).await?;
-                let settings: Arc<str> = rows.into_iter().filter_map(|r| r.into_iter().next().flatten()).map(|s| format!("; {s}")).collect::<String>().into();
+                let settings: Arc<str> =
+                    rows.into_iter().filter_map(|r| r.into_iter().next().flatten()).map(|s| format!("; {s}")).collect::<String>().into();
                 self.session_settings = Some((epoch, settings.clone()));
                 settings
             }
@@ -1210,7 +1265,12 @@ impl Participants {
             None => (decided::COORDINATOR_GROUP, decided::identify(self.held_local()?).await?),
         };
         // One part per node; a link's parts there are numbered instead.
-        Ok(self.workers.values().filter(|w| w.in_block && w.wrote && Some(w.group_id) != decider).map(|w| (w.group_id, decided::gid(group, &deciding, "block"))).collect())
+        Ok(self
+            .workers
+            .values()
+            .filter(|w| w.in_block && w.wrote && Some(w.group_id) != decider)
+            .map(|w| (w.group_id, decided::gid(group, &deciding, "block")))
+            .collect())
     }
 
     /// PREPARE TRANSACTION on each worker named in `gids`, COMMIT on the
@@ -1249,7 +1309,10 @@ impl Participants {
     async fn commit_decider(&mut self, decider: Option<i32>) -> Result<(), Decision> {
         let conn = match decider {
             Some(group) => {
-                let w = self.workers.get_mut(&group).ok_or_else(|| Decision::RolledBack(PgError::internal(format!("no connection to node group {group}"))))?;
+                let w = self
+                    .workers
+                    .get_mut(&group)
+                    .ok_or_else(|| Decision::RolledBack(PgError::internal(format!("no connection to node group {group}"))))?;
                 w.in_block = false;
                 w.wrote = false;
                 &mut w.conn

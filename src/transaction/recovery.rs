@@ -81,7 +81,12 @@ async fn commit_records(nodes: &mut KeptConnections, deciders: &HashMap<i32, Ser
 
 /// Deletes the commit records no prepared part `named` (node group, xid):
 /// their transactions' parts are all finished.
-async fn forget_commit_records(nodes: &mut KeptConnections, deciders: &HashMap<i32, ServerAddr>, records: HashMap<i32, Vec<u64>>, named: &HashSet<(i32, u64)>) {
+async fn forget_commit_records(
+    nodes: &mut KeptConnections,
+    deciders: &HashMap<i32, ServerAddr>,
+    records: HashMap<i32, Vec<u64>>,
+    named: &HashSet<(i32, u64)>,
+) {
     for (group, xids) in records {
         let finished: Vec<u64> = xids.into_iter().filter(|xid| !named.contains(&(group, *xid))).collect();
         let Some(addr) = deciders.get(&group) else { continue };
@@ -99,7 +104,10 @@ async fn forget_commit_records(nodes: &mut KeptConnections, deciders: &HashMap<i
 /// name, deciding node group, deciding transaction.
 async fn decided_parts(conn: &mut PgConnection) -> PgResult<Vec<(String, i32, DecidingTransaction)>> {
     let gids = conn
-        .query(&format!("SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND starts_with(gid, {})", quote_literal(decided::GID_PREFIX)))
+        .query(&format!(
+            "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND starts_with(gid, {})",
+            quote_literal(decided::GID_PREFIX)
+        ))
         .await?;
     Ok(gids
         .into_iter()
@@ -111,7 +119,12 @@ async fn decided_parts(conn: &mut PgConnection) -> PgResult<Vec<(String, i32, De
 /// Settles the prepared parts on `node` whose deciding transaction (see
 /// `decided`) has ended: committed with it, or rolled back. Adds every
 /// deciding transaction its parts name to `named`.
-async fn recover_decided_parts(nodes: &mut KeptConnections, deciders: &HashMap<i32, ServerAddr>, node: &Node, named: &mut HashSet<(i32, u64)>) -> PgResult<u64> {
+async fn recover_decided_parts(
+    nodes: &mut KeptConnections,
+    deciders: &HashMap<i32, ServerAddr>,
+    node: &Node,
+    named: &mut HashSet<(i32, u64)>,
+) -> PgResult<u64> {
     let parts = nodes.on(&node.addr, |conn| Box::pin(decided_parts(conn))).await?;
     let mut by_decider: HashMap<i32, Vec<(String, DecidingTransaction)>> = HashMap::new();
     for (gid, from, decider) in parts {

@@ -91,7 +91,11 @@ pub fn parse_file(text: &str) -> Result<Vec<Record>, String> {
 /// Every `tests/slt/*.slt` file, sorted by name.
 pub fn suite_files() -> Vec<std::path::PathBuf> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/slt");
-    let mut files: Vec<_> = std::fs::read_dir(&dir).expect("tests/slt").filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "slt")).collect();
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("tests/slt")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "slt"))
+        .collect();
     files.sort();
     files
 }
