@@ -167,7 +167,7 @@ async fn coordinator_database_connections_are_shared_and_keep_each_sessions_sett
                     let shown = text_rows(&c, "SELECT current_setting('app.tenant'), current_setting('search_path')").await;
                     assert_eq!(shown, vec![vec![Some(tenant.clone()), Some(path.to_string())]], "session {i} round {round}");
                     let n = c.query("SELECT count(*)::text FROM pl_items WHERE tenant = $1", &[&tenant.parse::<i32>().unwrap()]).await.unwrap();
-                    let n = vec![vec![Some(n[0].get::<_, String>(0))]];
+                    let n = [vec![Some(n[0].get::<_, String>(0))]];
                     assert_eq!(n[0][0].as_deref(), Some("10"), "session {i} round {round}");
                 }
             })

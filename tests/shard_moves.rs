@@ -559,7 +559,7 @@ async fn a_partitioned_table_moves_with_its_partitions() {
             let mut id = 1000;
             while !stop.load(SeqCst) {
                 id += 1;
-                c.execute("INSERT INTO events VALUES ($1, date '2025-12-30' + ($2 % 4)::int, $2, 'late')", &[&((id % 20 + 1) as i32), &id])
+                c.execute("INSERT INTO events VALUES ($1, date '2025-12-30' + ($2 % 4)::int, $2, 'late')", &[&(id % 20 + 1), &id])
                     .await
                     .expect("an insert during the move");
             }
@@ -575,7 +575,7 @@ async fn a_partitioned_table_moves_with_its_partitions() {
         let (shard, from): (i64, i32) = (row.get(0), row.get(1));
         let to = if from == i32::from(ports[0]) { ports[1] } else { ports[0] };
         c.batch_execute(&format!("SELECT citus_move_shard_placement({shard}, '127.0.0.1', {from}, '127.0.0.1', {to}, '{mode}')")).await.unwrap();
-        let w = common::connect(to as u16).await;
+        let w = common::connect(to).await;
         let attached = text_rows(&w, &format!("SELECT count(*) FROM pg_inherits WHERE inhparent = 'events_{shard}'::regclass")).await;
         assert_eq!(attached, vec![vec![Some("2".into())]], "{mode}: both partitions attached on the target");
         let indexes = text_rows(

@@ -551,9 +551,9 @@ async fn distributed_writes_commit_while_the_coordinator_database_is_down() {
 
     cluster.cluster.coordinator_db().stop().unwrap();
     let teller = common::try_login(port, "teller", "teller-secret").await.expect("a login seen before gets in");
-    let wrong = common::try_login(port, "teller", "wrong").await.err().expect("a wrong password is refused");
+    let wrong = common::try_login(port, "teller", "wrong").await.expect_err("a wrong password is refused");
     assert_eq!(common::sqlstate(&wrong), "28P01");
-    let unseen = common::try_login(port, "nobody", "secret").await.err().expect("a login never seen is refused");
+    let unseen = common::try_login(port, "nobody", "secret").await.expect_err("a login never seen is refused");
     assert!(
         common::sqlstate(&unseen).starts_with("08") && common::error_text(&unseen).contains("coordinator database"),
         "{}",

@@ -384,7 +384,7 @@ async fn planned_moves(
         let catalog = ctx.catalog.clone();
         let group_of = |shard: i64| catalog.shard(shard).map(|(t, s)| (t.colocation_id, s.index));
         let excluded_groups: Vec<_> = excluded.iter().filter_map(|s| group_of(*s)).collect();
-        moves.retain(|m| group_of(m.shard_id).map_or(true, |g| !excluded_groups.contains(&g)));
+        moves.retain(|m| group_of(m.shard_id).is_none_or(|g| !excluded_groups.contains(&g)));
     }
     if let Some(max) = max_moves.and_then(|v| v.parse::<usize>().ok()) {
         moves.truncate(max);
@@ -909,7 +909,7 @@ async fn run_node_statements(plan: &DdlPlan, ctx: &mut CommandContext<'_>) -> Pg
 /// Carries a GRANT/REVOKE (or TRUNCATE) to the shards and to the worker-side
 /// relations, on every node or only on node group `only_group`.
 pub(crate) async fn grant_on_nodes(plan: &DdlPlan, ctx: &mut CommandContext<'_>, only_group: Option<i32>) -> PgResult<()> {
-    let groups = placement_groups(plan.tables()).into_iter().filter(|g| only_group.map_or(true, |only| only == *g)).collect();
+    let groups = placement_groups(plan.tables()).into_iter().filter(|g| only_group.is_none_or(|only| only == *g)).collect();
     run_per_group(ctx, groups, |group| plan.node_sql(group)).await?;
     if let Some(parent_sql) = plan.parent_sql() {
         run_on_nodes(ctx, only_group, |_| Ok(vec![parent_sql.clone()])).await?;

@@ -107,7 +107,7 @@ enum Scanned {
 enum Marker {
     NeedMore,
     End,
-    NotMarker,
+    Absent,
 }
 
 pub struct RowReader {
@@ -182,7 +182,7 @@ impl RowReader {
 
     /// The next complete row; None until more input arrives (or, after
     /// `finish`, when there are no more rows).
-    pub fn next(&mut self) -> PgResult<Option<Row>> {
+    pub fn next_row(&mut self) -> PgResult<Option<Row>> {
         self.take_back_lent();
         let Some(span) = self.next_span()? else { return Ok(None) };
         let data = self.buf.split_to(span.end).freeze();
@@ -323,7 +323,7 @@ impl RowReader {
                     Some(b'.') => match end_marker(&buf[s.pos + 2..], self.eol, csv, self.at_eof)? {
                         Marker::NeedMore => return Ok(Scanned::NeedMore),
                         Marker::End => return Ok(Scanned::EndMarker { content_len: s.pos }),
-                        Marker::NotMarker => {}
+                        Marker::Absent => {}
                     },
                     // Whatever follows a backslash in text format is data, line ends included.
                     Some(_) if !csv => {
@@ -425,7 +425,7 @@ impl RowReader {
 /// everything after it is ignored). In CSV, anything else makes it data; in
 /// text format, an error.
 fn end_marker(rest: &[u8], eol: Eol, csv: bool, at_eof: bool) -> PgResult<Marker> {
-    let corrupt = |message: &str| if csv { Ok(Marker::NotMarker) } else { Err(PgError::new(BAD_COPY_FILE_FORMAT, message.to_string())) };
+    let corrupt = |message: &str| if csv { Ok(Marker::Absent) } else { Err(PgError::new(BAD_COPY_FILE_FORMAT, message.to_string())) };
     let mut i = 0;
     let mut next = || {
         let c = rest.get(i).copied();
@@ -477,17 +477,20 @@ mod tests {
     use super::*;
 
     /// Feeds `input` in pieces of `piece` bytes; returns (header, rows as (data, line)).
-    fn read(format: CopyFormat, input: &[u8], piece: usize) -> PgResult<(Option<Vec<u8>>, Vec<(Vec<u8>, u64)>)> {
+    type Header = Option<Vec<u8>>;
+    type RowsAndLines = Vec<(Vec<u8>, u64)>;
+
+    fn read(format: CopyFormat, input: &[u8], piece: usize) -> PgResult<(Header, RowsAndLines)> {
         let mut reader = RowReader::new(format, 2);
         let mut rows = Vec::new();
         for chunk in input.chunks(piece.max(1)) {
             reader.push(chunk);
-            while let Some(row) = reader.next()? {
+            while let Some(row) = reader.next_row()? {
                 rows.push((row.data.to_vec(), row.line));
             }
         }
         reader.finish();
-        while let Some(row) = reader.next()? {
+        while let Some(row) = reader.next_row()? {
             rows.push((row.data.to_vec(), row.line));
         }
         Ok((reader.header().map(|h| h.to_vec()), rows))

@@ -220,7 +220,7 @@ impl<'a> Load<'a> {
                 }
             }
             loop {
-                let row = self.reader.next().map_err(|e| self.at_line(e, self.reader.current_line(), None))?;
+                let row = self.reader.next_row().map_err(|e| self.at_line(e, self.reader.current_line(), None))?;
                 let Some(row) = row else { break };
                 if self.plan.fills.is_empty() {
                     self.route(parts, client, row).await?;

@@ -165,7 +165,7 @@ fn user_code_node(groups: &[i32], parts: &Participants) -> PgResult<i32> {
     }
 }
 
-fn node_of_group<'c>(catalog: &'c Catalog, group: i32) -> PgResult<&'c Node> {
+fn node_of_group(catalog: &Catalog, group: i32) -> PgResult<&Node> {
     catalog.node_for_group(group).ok_or_else(|| PgError::internal(format!("no node for group {group} in the catalog")))
 }
 
@@ -481,16 +481,12 @@ async fn run_task(
         let msg = w.conn.recv().await?;
         match msg.tag() {
             b'1' => parse_pending = false,
-            b'T' => {
-                if relay_rows && first {
-                    client.out().extend_from_slice(w.client_row_description(msg)?.frame());
-                }
+            b'T' if relay_rows && first => {
+                client.out().extend_from_slice(w.client_row_description(msg)?.frame());
             }
-            b'D' => {
-                if relay_rows {
-                    client.out().extend_from_slice(msg.frame());
-                    client.flush_if_large().await?;
-                }
+            b'D' if relay_rows => {
+                client.out().extend_from_slice(msg.frame());
+                client.flush_if_large().await?;
             }
             b'C' => {
                 tag = Some(backend::decode_command_complete(&msg)?.to_string());

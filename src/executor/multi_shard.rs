@@ -32,7 +32,9 @@ enum Sink<'a> {
 }
 
 /// Each node with the SQL of the shard tasks it runs.
-pub(super) type TasksByNode = Vec<(Node, Vec<Arc<str>>)>;
+/// One node and the shard statements it runs.
+pub(super) type NodeTasks = (Node, Vec<Arc<str>>);
+pub(super) type TasksByNode = Vec<NodeTasks>;
 
 /// One task per shard of `anchor` (and its co-located shard group).
 pub(super) fn tasks_by_node(template: &ShardTemplate, anchor: &DistributedTable, catalog: &Catalog) -> PgResult<TasksByNode> {
@@ -58,7 +60,7 @@ pub(super) fn add_task(by_node: &mut TasksByNode, node: &Node, sql: Arc<str>) {
 /// RETURNING gives): every statement takes them in that one order, so that
 /// waiting for a node's pool never closes a cycle of sessions waiting for
 /// each other.
-pub(super) async fn take_connections(parts: &mut Participants, by_node: &[(Node, Vec<Arc<str>>)], access: Access) -> PgResult<()> {
+pub(super) async fn take_connections(parts: &mut Participants, by_node: &[NodeTasks], access: Access) -> PgResult<()> {
     let mut nodes: Vec<&Node> = by_node.iter().map(|(node, _)| node).collect();
     nodes.sort_by_key(|node| node.group_id);
     for node in nodes {
@@ -124,7 +126,7 @@ pub(super) async fn run_concatenated(
     let access = if write { Access::Write } else { Access::Read };
     let mut sink = Sink::Client { client, describe: matches!(mode, Mode::Simple) };
     let sequential = write && parts.citus_settings().await?.sequential_modify;
-    let rounds: Vec<&[(Node, Vec<Arc<str>>)]> = if sequential { by_node.chunks(1).collect() } else { vec![by_node] };
+    let rounds: Vec<&[NodeTasks]> = if sequential { by_node.chunks(1).collect() } else { vec![by_node] };
     let mut total = 0;
     for round in rounds {
         total += run_on_nodes(parts, round, access, mode, &mut sink).await?.iter().sum::<u64>();
@@ -197,11 +199,9 @@ impl Sink<'_> {
                 limits.charge(msg.frame().len())?;
                 rows[node].push(msg.clone());
             }
-            (b'T', Sink::Client { client, describe }) => {
-                if *describe {
-                    client.out().extend_from_slice(msg.frame());
-                    *describe = false;
-                }
+            (b'T', Sink::Client { client, describe }) if *describe => {
+                client.out().extend_from_slice(msg.frame());
+                *describe = false;
             }
             (b'D', Sink::Client { client, .. }) => {
                 client.out().extend_from_slice(msg.frame());
@@ -225,13 +225,7 @@ impl Sink<'_> {
 /// arrive. The first node to fail stops the others (through the statement's
 /// limits), whose work would be wasted. Returns the rows each node's command
 /// tags report.
-async fn run_on_nodes(
-    parts: &mut Participants,
-    by_node: &[(Node, Vec<Arc<str>>)],
-    access: Access,
-    mode: &Mode<'_>,
-    sink: &mut Sink<'_>,
-) -> PgResult<Vec<u64>> {
+async fn run_on_nodes(parts: &mut Participants, by_node: &[NodeTasks], access: Access, mode: &Mode<'_>, sink: &mut Sink<'_>) -> PgResult<Vec<u64>> {
     take_connections(parts, by_node, access).await?;
     let limits = parts.limits().clone();
     let text_results = matches!(sink, Sink::Partials { .. });

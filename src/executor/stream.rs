@@ -141,10 +141,8 @@ impl RowStream {
                     let e = worker.conn.server_error(&msg);
                     self.error.get_or_insert(e);
                 }
-                b'D' => {
-                    if take(&msg) {
-                        return Ok(());
-                    }
+                b'D' if take(&msg) => {
+                    return Ok(());
                 }
                 b'N' => {
                     take(&msg);

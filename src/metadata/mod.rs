@@ -292,9 +292,7 @@ impl DistributedFunction {
     fn accepts(&self, positional: usize, named: &[&str]) -> bool {
         let count = self.arg_names.len();
         let mut given = vec![false; count];
-        for i in 0..positional.min(count) {
-            given[i] = true;
-        }
+        given[..positional.min(count)].fill(true);
         for name in named {
             match self.arg_names.iter().position(|a| !a.is_empty() && a == name) {
                 Some(i) if !given[i] => given[i] = true,

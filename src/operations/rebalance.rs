@@ -45,7 +45,7 @@ pub fn plan(catalog: &Catalog, scope: Scope) -> PgResult<Vec<PlannedMove>> {
     let eligible: Vec<&Node> = catalog.active_nodes().filter(|n| n.should_have_shards).collect();
     let mut groups: BTreeMap<i32, Vec<_>> = BTreeMap::new();
     for table in catalog.tables().filter(|t| !t.is_reference() && t.partition_of.is_none()) {
-        if scope.colocation.map_or(true, |c| c == table.colocation_id) {
+        if scope.colocation.is_none_or(|c| c == table.colocation_id) {
             groups.entry(table.colocation_id).or_default().push(table);
         }
     }

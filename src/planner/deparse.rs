@@ -150,10 +150,8 @@ fn leave_out_defaults(stmt: &mut NodeEnum) {
 fn reshape_for_deparser(stmt: &mut NodeEnum) -> PgResult<()> {
     let mut crashing = None;
     visit_mut(stmt, &mut |node| match node {
-        NodeEnum::RangeTableSample(sample) => {
-            if !matches!(sample.relation.as_deref().and_then(|r| r.node.as_ref()), Some(NodeEnum::RangeVar(_))) {
-                crashing = Some("TABLESAMPLE of something other than a table");
-            }
+        NodeEnum::RangeTableSample(sample) if !matches!(sample.relation.as_deref().and_then(|r| r.node.as_ref()), Some(NodeEnum::RangeVar(_))) => {
+            crashing = Some("TABLESAMPLE of something other than a table");
         }
         // `(ARRAY[1,2])[1]`, `(CASE … END)[1]`: only column and parameter
         // references and scalar subqueries take a subscript or field directly.

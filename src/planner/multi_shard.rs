@@ -328,7 +328,7 @@ fn position(node: &Node) -> Option<usize> {
 }
 
 /// A bare name in ORDER BY that names an output column.
-fn output_alias<'a>(node: &Node, targets: &'a [Node]) -> Option<usize> {
+fn output_alias(node: &Node, targets: &[Node]) -> Option<usize> {
     let NodeEnum::ColumnRef(c) = node.node.as_ref()? else { return None };
     let [field] = c.fields.as_slice() else { return None };
     let NodeEnum::String(name) = field.node.as_ref()? else { return None };

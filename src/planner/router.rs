@@ -413,7 +413,7 @@ pub(super) fn plan_dml(version: i32, raw: &protobuf::RawStmt, catalog: &Catalog)
             }
         }
         NodeEnum::UpdateStmt(u) => {
-            let Some(rel) = u.relation.as_ref() else { return None };
+            let rel = u.relation.as_ref()?;
             if sets_distribution_column(u, catalog) {
                 return Some(Plan::Unsupported(PgError::not_supported("modifying the partition value of rows is not allowed")));
             }
@@ -426,7 +426,7 @@ pub(super) fn plan_dml(version: i32, raw: &protobuf::RawStmt, catalog: &Catalog)
             plan_pinned(Command::Update, node, scope, &conjuncts, template, catalog, replicated_preserved)
         }
         NodeEnum::DeleteStmt(d) => {
-            let Some(rel) = d.relation.as_ref() else { return None };
+            let rel = d.relation.as_ref()?;
             let mut scope = vec![scope_entry(rel, catalog)];
             let mut conjuncts = Vec::new();
             let replicated_preserved = collect_from(&d.using_clause, catalog, &mut scope, &mut conjuncts);
@@ -1111,7 +1111,7 @@ fn outer_dist_column_owner(node: &protobuf::Node, scope: &[ScopeEntry], outer: &
 /// distributed tables it names (so that it reads one shard group).
 /// Correlation with the outer query does not matter then: the subquery's
 /// rows all live in that group.
-pub(super) fn nested_pins(node: &NodeEnum, catalog: &Catalog) -> Option<(Vec<Arc<DistributedTable>>, Vec<(ShardTarget, KeyValue)>)> {
+pub(super) fn nested_pins(node: &NodeEnum, catalog: &Catalog) -> Option<(Vec<Arc<DistributedTable>>, Vec<Pin>)> {
     nested_parts(node, catalog, &[], &[]).map(|n| (n.tables, n.pins))
 }
 
@@ -1120,8 +1120,11 @@ pub(super) fn nested_pins(node: &NodeEnum, catalog: &Catalog) -> Option<(Vec<Arc
 struct Nested {
     tables: Vec<Arc<DistributedTable>>,
     /// The pins of the groups pinned by their own conditions.
-    pins: Vec<(ShardTarget, KeyValue)>,
+    pins: Vec<Pin>,
 }
+
+/// A shard group pinned by conditions, with the key value that pins it.
+pub(super) type Pin = (ShardTarget, KeyValue);
 
 /// `nested_pins` for a statement whose top level has scope `outer`: a
 /// subquery's group may instead follow a distributed table of the top level,

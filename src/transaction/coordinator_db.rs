@@ -104,6 +104,9 @@ impl CoordinatorDb {
     /// `may_exceed`: the session holds worker connections in its block, and
     /// must not wait for this one (see `NodePool::checkout`).
     pub async fn acquire(&mut self, owner: &Arc<str>, may_exceed: bool) -> PgResult<(&mut PgConnection, Option<(i32, i32)>)> {
+        // `if let Some(held) = &mut self.held` would keep self.held borrowed
+        // for the rest of the function (a known limit of the borrow checker).
+        #[allow(clippy::unnecessary_unwrap)]
         if self.held.is_some() {
             return Ok((&mut self.held.as_mut().unwrap().conn, None));
         }

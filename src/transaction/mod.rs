@@ -151,6 +151,9 @@ pub const TRANSACTION_ID_PREFIX: &str = "tessera:";
 /// Backends a client's CancelRequest must reach.
 pub type CancelTargets = Arc<Mutex<Vec<(ServerAddr, (i32, i32))>>>;
 
+/// A shard statement's parameter types, and the name it is prepared under.
+type PreparedAs = (Box<[u32]>, String);
+
 /// One worker connection and the statements prepared on it.
 pub struct WorkerConnection {
     pub conn: PgConnection,
@@ -170,7 +173,7 @@ pub struct WorkerConnection {
     /// version the session last ran under. The types are part of the key: a
     /// client may bind the same text with an int2 once and an int4 next
     /// (psycopg picks the type by the value), in binary.
-    prepared: HashMap<Arc<str>, Vec<(Box<[u32]>, String)>>,
+    prepared: HashMap<Arc<str>, Vec<PreparedAs>>,
     /// Statements ever prepared here: names are never reused, since those
     /// forgotten after a catalog change still exist on the worker.
     statements_made: u32,
