@@ -9,13 +9,13 @@ pub mod table_ddl;
 mod time_partitions;
 pub mod worker_relations;
 
+use crate::connection::client::ClientConn;
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable};
 use crate::planner::rewrite::ShardTemplate;
 use crate::planner::{placement_groups, ChosenNames, ClusterCall, ClusterFunction, DdlPlan, DropIndex, RelationChanges, RoleChange};
 use crate::protocol::backend::{self, FieldDescription};
 use crate::protocol::frontend::{self, Bind};
-use crate::server::client::ClientConn;
 use crate::server::Coordinator;
 use crate::transaction::{Access, Participants, WorkerConnection};
 use std::collections::{BTreeMap, BTreeSet};

@@ -3,6 +3,7 @@
 //! the executor's forwarding paths plus a few conveniences for the coordinator's own
 //! catalog and DDL statements.
 
+pub mod client;
 pub mod kept;
 pub mod pool;
 

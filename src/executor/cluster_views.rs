@@ -9,11 +9,11 @@
 //! way, from the report the session hands over.
 
 use super::{run_on_coordinator_db, Mode};
+use crate::connection::client::ClientConn;
 use crate::connection::quote_literal;
 use crate::error::PgResult;
 use crate::metadata::{Catalog, DistributedTable};
 use crate::planner::ClusterData;
-use crate::server::client::ClientConn;
 use crate::transaction::{Access, Participants};
 use std::fmt::Write as _;
 use std::sync::Arc;

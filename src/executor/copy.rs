@@ -19,13 +19,13 @@
 //! (and any header) the client gets.
 
 use super::node_of_group;
+use crate::connection::client::{client_lost, ClientConn};
 use crate::connection::PgConnection;
 use crate::copy::{self, Row, RowReader, BATCH_BYTES, BINARY_TRAILER, MAX_IN_FLIGHT};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Catalog, Node};
 use crate::planner::{CopyPlan, KeyPosition, KeyRouting};
 use crate::protocol::{backend, frontend, Message};
-use crate::server::client::{client_lost, ClientConn};
 use crate::transaction::{Access, Participants};
 use bytes::{Bytes, BytesMut};
 use std::collections::VecDeque;

@@ -2,12 +2,12 @@
 //! one task's plan as the node that runs it explains it.
 
 use super::{evaluate_defaults, node_of_group, plan_tasks, Mode};
+use crate::connection::client::ClientConn;
 use crate::connection::TextRows;
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, Node};
 use crate::planner::{Command, ExplainPlan, Plan};
 use crate::protocol::backend::{self, FieldDescription};
-use crate::server::client::ClientConn;
 use crate::server::Coordinator;
 use crate::transaction::{Access, Participants};
 

@@ -7,6 +7,7 @@
 
 use super::multi_shard::{add_task, collect_rows, combine_sql, rows_as_relation, shard_type_names, tasks_by_node, TasksByNode};
 use super::{node_of_group, plan_tasks, run_on_coordinator_db, Defaults, Mode};
+use crate::connection::client::ClientConn;
 use crate::connection::{quote_ident, text_row_size, TextRows};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable};
@@ -15,7 +16,6 @@ use crate::planner::rewrite::{rows_placeholder, ShardTemplate};
 use crate::planner::{column_ref, plain_select, plan_tree, res_target, scalar_subqueries, Combine, FallbackPlan, Plan};
 use crate::protocol::backend::FieldDescription;
 use crate::protocol::frontend;
-use crate::server::client::ClientConn;
 use crate::server::Coordinator;
 use crate::transaction::Participants;
 use pg_query::protobuf;

@@ -8,6 +8,7 @@
 
 use super::{run_router, Mode};
 use crate::config::Config;
+use crate::connection::client::ClientConn;
 use crate::connection::{quote_literal, Login, PgConnection};
 use crate::error::{PgError, PgResult};
 use crate::metadata::Catalog;
@@ -17,7 +18,6 @@ use crate::planner::function_copy::{
 };
 use crate::planner::{CopiedCall, Delegation};
 use crate::protocol::{backend, Message};
-use crate::server::client::ClientConn;
 use crate::transaction::Participants;
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;

@@ -5,6 +5,7 @@
 
 use super::multi_shard::{type_names, values_list};
 use super::{add_row_to_shard, evaluate_defaults, node_of_group, plan_tasks, Mode, RoutedInsert, Task};
+use crate::connection::client::ClientConn;
 use crate::connection::{quote_ident, text_row_size, TextRow, TextRows};
 use crate::error::{PgError, PgResult};
 use crate::metadata::Catalog;
@@ -12,7 +13,6 @@ use crate::metadata::Distribution;
 use crate::planner::{plan_query, InsertSelectPlan, KeyRouting, Plan, ShardTarget};
 use crate::protocol::backend::{self, FieldDescription};
 use crate::protocol::frontend::{self, Bind};
-use crate::server::client::ClientConn;
 use crate::server::Coordinator;
 use crate::transaction::Participants;
 

@@ -7,11 +7,11 @@
 
 use super::fallback::prepare_to_read;
 use super::relay_local_answer;
+use crate::connection::client::ClientConn;
 use crate::error::PgResult;
 use crate::metadata::Catalog;
 use crate::planner::LentShards;
 use crate::protocol::frontend;
-use crate::server::client::ClientConn;
 use crate::server::Coordinator;
 use crate::transaction::Participants;
 

@@ -5,13 +5,13 @@
 
 use super::multi_shard::{type_names, values_list};
 use super::node_of_group;
+use crate::connection::client::ClientConn;
 use crate::connection::{quote_ident, text_row_size, TextRow};
 use crate::error::{PgError, PgResult};
 use crate::hash;
 use crate::metadata::{Catalog, Distribution};
 use crate::planner::MergePlan;
 use crate::protocol::{backend, frontend};
-use crate::server::client::ClientConn;
 use crate::server::Coordinator;
 use crate::transaction::{Access, Participants};
 

@@ -2,13 +2,13 @@
 //! client. Result rows are passed on as the frames the worker sent, never
 //! decoded; only command tags are combined when a statement ran as several tasks.
 
+use crate::connection::client::ClientConn;
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Catalog, Node};
 use crate::planner::{Command, Delegation, FilledValues, KeyRouting, KeyValue, RouterPlan, ShardTarget};
 use crate::protocol::backend;
 use crate::protocol::frontend::{self, Bind, Target};
 use crate::protocol::Message;
-use crate::server::client::ClientConn;
 use crate::transaction::{Access, Participants, WorkerConnection};
 use bytes::{Bytes, BytesMut};
 use std::sync::Arc;

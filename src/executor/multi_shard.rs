@@ -4,6 +4,7 @@
 //! arithmetic are exactly PostgreSQL's.
 
 use super::Mode;
+use crate::connection::client::ClientConn;
 use crate::connection::{quote_ident, quote_literal, text_row_size, TextRow, TextRows};
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable, Node};
@@ -14,7 +15,6 @@ use crate::planner::{
 use crate::protocol::backend;
 use crate::protocol::frontend::{self, Target};
 use crate::protocol::Message;
-use crate::server::client::ClientConn;
 use crate::server::Coordinator;
 use crate::transaction::limits::StatementLimits;
 use crate::transaction::{Access, Participants, WorkerConnection};

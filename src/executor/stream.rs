@@ -11,11 +11,11 @@
 
 use super::multi_shard::{add_task, send_tasks, take_connections, tasks_by_node, SentBatch, TasksByNode};
 use super::{node_of_group, plan_tasks, Defaults, Mode};
+use crate::connection::client::ClientConn;
 use crate::error::{PgError, PgResult};
 use crate::metadata::Catalog;
 use crate::planner::{Combine, Command, Plan};
 use crate::protocol::{backend, Message};
-use crate::server::client::ClientConn;
 use crate::transaction::{Access, Participants};
 use bytes::Bytes;
 use std::collections::VecDeque;

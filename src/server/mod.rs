@@ -2,7 +2,6 @@
 //! connection; keeps the catalog snapshot fresh.
 
 mod auth;
-pub mod client;
 mod login_memory;
 mod session;
 

@@ -4,10 +4,11 @@
 //! rest run through the executor or the command layer.
 
 use super::auth;
-use super::client::{client_lost, ClientConn};
 use super::Coordinator;
 use crate::commands::{self, Caller, CommandContext};
 use crate::config::{AuthMethod, TlsMode};
+use crate::connection::client::MemoryCharge;
+use crate::connection::client::{client_lost, ClientConn};
 use crate::connection::{quote_literal, Login, PgConnection};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::executor::stream::{self as row_stream, Progress, RowStream};
@@ -1658,7 +1659,7 @@ impl Session {
         // Otherwise, with a row limit, the whole result is held here and handed
         // out max_rows at a time, as a suspended portal of PostgreSQL's would.
         let start = self.client.out().len();
-        self.client.hold_output(limited.then(|| self.parts.limits().clone()));
+        self.client.hold_output(limited.then(|| Box::new(self.parts.limits().clone()) as Box<dyn MemoryCharge>));
         let mut result = match self.check_not_failed(&stmt.plan) {
             Ok(()) => self.execute_distributed(&stmt.sql, &stmt.plan, Some((&bind, &statement.shape))).await,
             Err(f) => Err(f),

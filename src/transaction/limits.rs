@@ -430,6 +430,12 @@ pub fn parse_memory(value: &str) -> Result<Option<usize>, String> {
     number.checked_mul(unit).map(Some).ok_or_else(|| format!("memory size \"{value}\" is out of range"))
 }
 
+impl crate::connection::client::MemoryCharge for StatementLimits {
+    fn charge(&self, bytes: usize) -> PgResult<()> {
+        StatementLimits::charge(self, bytes)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,12 +21,12 @@
 
 use super::decided::{self, DecidingTransaction};
 use super::{inject_fault, Fault};
+use crate::connection::client::ClientConn;
 use crate::connection::{quote_ident, quote_literal, Login, PgConnection, ServerAddr};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::CatalogHandle;
 use crate::protocol::backend::{self, TxStatus};
 use crate::protocol::frontend::{self, StartupPacket};
-use crate::server::client::ClientConn;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

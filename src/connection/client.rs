@@ -2,13 +2,19 @@
 
 use crate::error::PgResult;
 use crate::protocol::{take_message_within, take_startup_packet, Message, ProtocolError, MAX_MESSAGE_LEN, MAX_UNAUTHENTICATED_MESSAGE_LEN};
-use crate::transaction::limits::StatementLimits;
 use crate::transport::Stream;
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Results are sent on as they arrive once this much is buffered.
 const FLUSH_THRESHOLD: usize = 64 * 1024;
+
+/// Counts memory held for the running statement; past its bound, the
+/// statement stops with the error returned (the statement's limits, from
+/// the transaction layer, implement it).
+pub trait MemoryCharge: Send + Sync {
+    fn charge(&self, bytes: usize) -> PgResult<()>;
+}
 
 pub struct ClientConn {
     stream: Stream,
@@ -18,8 +24,8 @@ pub struct ClientConn {
     max_message_len: usize,
     /// While set, results stay in the buffer however large they grow (a row
     /// limit on a portal needs them all before sending any), counted against
-    /// the statement's memory: the limits, and the bytes counted so far.
-    holding: Option<(StatementLimits, usize)>,
+    /// the statement's memory: what counts it, and the bytes counted so far.
+    holding: Option<(Box<dyn MemoryCharge>, usize)>,
 }
 
 impl ClientConn {
@@ -114,10 +120,10 @@ impl ClientConn {
         Ok(())
     }
 
-    /// Keeps results in the buffer for the statement `limits` bound (or,
-    /// with None, stops keeping them): see `holding`.
-    pub fn hold_output(&mut self, limits: Option<StatementLimits>) {
-        self.holding = limits.map(|limits| (limits, 0));
+    /// Keeps results in the buffer, counted by `memory` (or, with None,
+    /// stops keeping them): see `holding`.
+    pub fn hold_output(&mut self, memory: Option<Box<dyn MemoryCharge>>) {
+        self.holding = memory.map(|memory| (memory, 0));
     }
 
     /// Sends buffered results once enough have piled up, so large results
