@@ -14,6 +14,7 @@ pub mod load;
 pub mod metadata;
 pub mod operations;
 pub mod planner;
+pub mod process;
 pub mod protocol;
 pub mod server;
 pub mod transaction;

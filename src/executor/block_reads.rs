@@ -15,7 +15,7 @@ use crate::connection::quote_ident;
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable};
 use crate::planner::{block_copy_name, CoordinatorRead};
-use crate::server::Coordinator;
+use crate::process::Coordinator;
 use crate::transaction::{Access, Participants};
 
 /// The form of `read` the coordinator database can run now, with what it

@@ -14,41 +14,13 @@ use crate::connection::quote_literal;
 use crate::error::PgResult;
 use crate::metadata::{Catalog, DistributedTable};
 use crate::planner::ClusterData;
+use crate::process::report::ProcessReport;
 use crate::transaction::{Access, Participants};
 use std::fmt::Write as _;
 use std::sync::Arc;
 
 /// Citus numbers a backend cluster-wide as node id × 10¹⁰ + process id.
 const GLOBAL_PID_FACTOR: i64 = 10_000_000_000;
-
-/// One node's connection pool in this coordinator process.
-pub struct PoolUsage {
-    pub node: String,
-    /// Connections open, in use or idle.
-    pub open: usize,
-    pub idle: usize,
-    /// None until the pool has read the node's `max_connections`.
-    pub limit: Option<usize>,
-}
-
-/// One client session of this coordinator process.
-pub struct ClientSession {
-    pub name: String,
-    pub user: String,
-    /// Node connections it holds now (coordinator database included).
-    pub connections: usize,
-    /// Why it keeps its coordinator database connection, if it does.
-    pub pinned: Option<&'static str>,
-}
-
-/// What the coordinator process knows of its pools and sessions.
-pub struct ProcessReport {
-    pub pools: Vec<PoolUsage>,
-    pub sessions: Vec<ClientSession>,
-    /// Transaction blocks holding worker connections, and the most admitted at once.
-    pub blocks: usize,
-    pub blocks_limit: usize,
-}
 
 pub async fn run(
     needs: &ClusterData,

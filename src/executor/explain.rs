@@ -7,8 +7,8 @@ use crate::connection::TextRows;
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, Node};
 use crate::planner::{Command, ExplainPlan, Plan};
+use crate::process::Coordinator;
 use crate::protocol::backend::{self, FieldDescription};
-use crate::server::Coordinator;
 use crate::transaction::{Access, Participants};
 
 pub async fn run(

@@ -11,9 +11,9 @@ use crate::error::{PgError, PgResult};
 use crate::metadata::Catalog;
 use crate::metadata::Distribution;
 use crate::planner::{plan_query, InsertSelectPlan, KeyRouting, Plan, ShardTarget};
+use crate::process::Coordinator;
 use crate::protocol::backend::{self, FieldDescription};
 use crate::protocol::frontend::{self, Bind};
-use crate::server::Coordinator;
 use crate::transaction::Participants;
 
 /// Rows per routed INSERT: large enough to amortise planning, small enough

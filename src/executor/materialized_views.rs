@@ -11,8 +11,8 @@ use crate::connection::client::ClientConn;
 use crate::error::PgResult;
 use crate::metadata::Catalog;
 use crate::planner::LentShards;
+use crate::process::Coordinator;
 use crate::protocol::frontend;
-use crate::server::Coordinator;
 use crate::transaction::Participants;
 
 pub async fn run(

@@ -11,8 +11,8 @@ use crate::error::{PgError, PgResult};
 use crate::hash;
 use crate::metadata::{Catalog, Distribution};
 use crate::planner::MergePlan;
+use crate::process::Coordinator;
 use crate::protocol::{backend, frontend};
-use crate::server::Coordinator;
 use crate::transaction::{Access, Participants};
 
 pub async fn run(plan: &MergePlan, coordinator: &Coordinator, catalog: &Catalog, parts: &mut Participants, client: &mut ClientConn) -> PgResult<()> {

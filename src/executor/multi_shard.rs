@@ -12,10 +12,10 @@ use crate::planner::rewrite::ShardTemplate;
 use crate::planner::{
     aggregate_placeholder, partial_column, sort_column, AggregateKind, Combine, CombineQuery, MultiShardPlan, PARTIALS_RELATION, VISIBLE_COLUMNS,
 };
+use crate::process::Coordinator;
 use crate::protocol::backend;
 use crate::protocol::frontend::{self, Target};
 use crate::protocol::Message;
-use crate::server::Coordinator;
 use crate::transaction::limits::StatementLimits;
 use crate::transaction::{Access, Participants, WorkerConnection};
 use std::sync::Arc;

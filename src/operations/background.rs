@@ -18,7 +18,7 @@ use crate::commands::{Caller, CommandContext};
 use crate::config::Config;
 use crate::connection::{quote_literal, PgConnection};
 use crate::error::{sqlstate, PgError, PgResult};
-use crate::server::Coordinator;
+use crate::process::Coordinator;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,7 +4,6 @@
 
 pub mod background;
 pub mod cleanup;
-pub mod fence;
 pub mod rebalance;
 pub mod restore_point;
 pub mod shard_move;

@@ -4,7 +4,8 @@
 //! rest run through the executor or the command layer.
 
 use super::auth;
-use super::Coordinator;
+use super::login_memory::LoginMemory;
+use super::Front;
 use crate::commands::{self, Caller, CommandContext};
 use crate::config::{AuthMethod, TlsMode};
 use crate::connection::client::MemoryCharge;
@@ -15,6 +16,7 @@ use crate::executor::stream::{self as row_stream, Progress, RowStream};
 use crate::executor::{self, Mode};
 use crate::metadata::{self, Catalog, FoundRelation, UnqualifiedNames};
 use crate::planner::{self, Plan, PlannedStatement, RouterPlan, SqlExecute, TransactionCommand};
+use crate::process::Coordinator;
 use crate::protocol::backend::{self, FieldDescription};
 use crate::protocol::frontend::{self, Bind, StartupPacket, Target};
 use crate::protocol::Message;
@@ -168,13 +170,13 @@ struct SearchPath {
     catalog: std::cell::RefCell<Option<(Arc<Catalog>, Arc<Catalog>)>>,
 }
 
-pub async fn run(coordinator: Arc<Coordinator>, stream: Stream) -> anyhow::Result<()> {
+pub async fn run(coordinator: Arc<Coordinator>, front: Arc<Front>, stream: Stream) -> anyhow::Result<()> {
     let mut client = ClientConn::new(stream);
     let counted = ClientCount::enter(&coordinator);
     let params = loop {
         let Some(packet) = client.recv_startup().await? else { return Ok(()) };
         match frontend::decode_startup(&packet)? {
-            StartupPacket::SslRequest => match &coordinator.tls {
+            StartupPacket::SslRequest => match &front.tls {
                 Some(tls) if client.is_clear_tcp() => {
                     client.write_now(b"S").await?;
                     client = ClientConn::new(client.into_stream()?.accept_tls(tls).await?);
@@ -217,7 +219,7 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: Stream) -> anyhow::Resul
         return refuse(&mut client, PgError::not_supported("replication connections are not supported by the Tessera coordinator")).await;
     }
     if coordinator.config.auth == AuthMethod::ScramSha256 {
-        let outcome = tokio::time::timeout(AUTH_TIMEOUT, scram_login(&coordinator, &mut client, &user)).await;
+        let outcome = tokio::time::timeout(AUTH_TIMEOUT, scram_login(&coordinator, &front.logins, &mut client, &user)).await;
         match outcome {
             Ok(Ok(Authentication::Passed)) => {}
             Ok(Ok(Authentication::Refused(e))) => return refuse(&mut client, e).await,
@@ -233,7 +235,7 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: Stream) -> anyhow::Resul
         password: coordinator.config.coordinator_db.password.clone(),
         options: options.clone(),
     };
-    let key = super::new_session_key();
+    let key = crate::process::new_session_key();
     let worker_options: Vec<(String, String)> =
         options.into_iter().filter(|(k, _)| WORKER_PARAMETERS.iter().any(|p| p.eq_ignore_ascii_case(k))).collect();
     let worker_login = Login {
@@ -245,10 +247,10 @@ pub async fn run(coordinator: Arc<Coordinator>, stream: Stream) -> anyhow::Resul
     let mut parts = coordinator.participants(key, local_login, worker_login);
     let facts = match parts.check_login().await {
         Ok(facts) => {
-            coordinator.logins.remember_login(parts.login_key(), &facts);
+            front.logins.remember_login(parts.login_key(), &facts);
             facts
         }
-        Err(e) => match coordinator.logins.recall_login(parts.login_key()).filter(|_| e.is_node_unreachable()) {
+        Err(e) => match front.logins.recall_login(parts.login_key()).filter(|_| e.is_node_unreachable()) {
             Some(facts) => {
                 tracing::warn!(
                     "the coordinator database is unreachable ({}); a login of user \"{}\" goes ahead as the last one did",
@@ -390,13 +392,13 @@ enum Authentication {
 /// Runs SASL SCRAM-SHA-256 with the client against the role's verifier in the
 /// coordinator database. Every way of failing looks the same to the client,
 /// as in PostgreSQL; the reason goes to the log.
-async fn scram_login(coordinator: &Coordinator, client: &mut ClientConn, user: &str) -> anyhow::Result<Authentication> {
+async fn scram_login(coordinator: &Coordinator, logins: &LoginMemory, client: &mut ClientConn, user: &str) -> anyhow::Result<Authentication> {
     let stored = match stored_password(coordinator, user).await {
         Ok(stored) => {
-            coordinator.logins.remember_verifier(user, stored.clone());
+            logins.remember_verifier(user, stored.clone());
             stored
         }
-        Err(e) => match coordinator.logins.recall_verifier(user).filter(|_| e.is_node_unreachable()) {
+        Err(e) => match logins.recall_verifier(user).filter(|_| e.is_node_unreachable()) {
             Some(stored) => {
                 tracing::warn!(
                     "the coordinator database is unreachable ({}); user \"{user}\" is checked against the password it had last time",
