@@ -3,12 +3,13 @@
 //! recording it all in the catalog in the same transaction.
 
 use super::table_ddl::TableDefinition;
-use super::{delete_catalog_rows_sql, finish_block, read_shard_rows, run_per_node, CommandContext};
+use super::{delete_catalog_rows_sql, read_shard_rows, run_per_node};
 use crate::connection::{quote_ident, quote_literal, PgConnection, QUALIFIED_NAMES};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::hash::{self, HashType};
 use crate::metadata::{Catalog, DistributedTable, Distribution, Node};
 use crate::planner::DdlPlan;
+use crate::process::context::CommandContext;
 use crate::transaction::Access;
 use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap};
@@ -383,7 +384,7 @@ pub async fn create_distributed_table(
         Ok(())
     }
     .await;
-    finish_block(ctx, implicit, result).await
+    ctx.finish_block(implicit, result).await
 }
 
 /// Which of `shards` shards a COPY text row of `table` goes to, by its
@@ -489,7 +490,7 @@ pub async fn create_reference_table(ctx: &mut CommandContext<'_>, table_name: &s
         follow_shell_onto_shards(ctx, table.oid, &table.qualified(), None).await
     }
     .await;
-    finish_block(ctx, implicit, result).await
+    ctx.finish_block(implicit, result).await
 }
 
 async fn shard_count_setting(ctx: &mut CommandContext<'_>, explicit: Option<i32>) -> PgResult<i32> {
@@ -687,8 +688,11 @@ pub async fn undistribute_table(ctx: &mut CommandContext<'_>, table_name: &str) 
                 }
             }
         }
-        let mut per_node: BTreeMap<i32, Vec<String>> =
-            ctx.catalog.active_nodes().map(|n| (n.group_id, tables.iter().map(|t| super::worker_relations::drop_sql(t)).collect())).collect();
+        let mut per_node: BTreeMap<i32, Vec<String>> = ctx
+            .catalog
+            .active_nodes()
+            .map(|n| (n.group_id, tables.iter().map(|t| crate::planner::worker_relations::drop_sql(t)).collect()))
+            .collect();
         for t in &tables {
             for shard in &t.shards {
                 for g in &shard.placements {
@@ -710,7 +714,7 @@ pub async fn undistribute_table(ctx: &mut CommandContext<'_>, table_name: &str) 
         Ok(())
     }
     .await;
-    finish_block(ctx, implicit, result).await
+    ctx.finish_block(implicit, result).await
 }
 
 /// What `alter_distributed_table` is asked to change; None keeps it as it is.
@@ -826,7 +830,7 @@ pub async fn alter_distributed_table(ctx: &mut CommandContext<'_>, table_name: &
         Ok(())
     }
     .await;
-    finish_block(ctx, implicit, result).await
+    ctx.finish_block(implicit, result).await
 }
 
 /// `undistribute_table` then `create_distributed_table`, each seeing what

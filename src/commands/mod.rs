@@ -9,89 +9,16 @@ pub mod table_ddl;
 mod time_partitions;
 pub mod worker_relations;
 
-use crate::connection::client::ClientConn;
 use crate::error::{sqlstate, PgError, PgResult};
-use crate::metadata::{Catalog, DistributedTable};
+use crate::metadata::DistributedTable;
 use crate::planner::rewrite::ShardTemplate;
 use crate::planner::{placement_groups, ChosenNames, ClusterCall, ClusterFunction, DdlPlan, DropIndex, RelationChanges, RoleChange};
-use crate::process::Coordinator;
+use crate::process::context::{Caller, CommandContext};
 use crate::protocol::backend::{self, FieldDescription};
 use crate::protocol::frontend::{self, Bind};
 use crate::transaction::{Access, Participants, WorkerConnection};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-
-/// What a command needs from the session running it.
-pub struct CommandContext<'a> {
-    pub coordinator: &'a Coordinator,
-    pub parts: &'a mut Participants,
-    pub caller: Caller<'a>,
-    pub catalog: Arc<Catalog>,
-}
-
-/// Who a command works for: a client, which gets its results and progress
-/// NOTICEs, or a background job, whose progress goes into its task's row.
-pub enum Caller<'a> {
-    Client(&'a mut ClientConn),
-    Job(&'a mut crate::operations::background::TaskProgress),
-}
-
-impl CommandContext<'_> {
-    /// Tells the caller how a long operation is getting on, right away.
-    pub async fn notice(&mut self, message: String) {
-        match &mut self.caller {
-            Caller::Client(client) => {
-                backend::notice_response(client.out(), &PgError::notice(message));
-                let _ = client.flush().await;
-            }
-            Caller::Job(task) => task.report(message).await,
-        }
-    }
-
-    /// Reloads the catalog once the command's change has committed. A
-    /// failure does not undo the change: the caller hears it as a WARNING
-    /// (`Coordinator::reload_after_commit`).
-    pub async fn reload_after_commit(&mut self) {
-        let Some(warning) = self.coordinator.reload_after_commit().await else { return };
-        match &mut self.caller {
-            Caller::Client(client) => backend::notice_response(client.out(), &warning),
-            Caller::Job(task) => task.report(warning.message().to_string()).await,
-        }
-    }
-
-    /// The error that ends a background job's operation at a safe point once
-    /// the job has been stopped (clients cancel through their workers).
-    pub fn check_stopped(&self) -> PgResult<()> {
-        match &self.caller {
-            Caller::Job(task) if task.stop_requested() => {
-                Err(PgError::new(sqlstate::QUERY_CANCELED, "the background job was stopped (citus_rebalance_stop)"))
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// The statement giving a node's connection the session's search_path
-    /// for the rest of its transaction, when that is not `public` alone and
-    /// a block is open (statements that cannot run in one name everything
-    /// they use): what a node runs of a client's statement (a function it
-    /// creates, a function a column's default or an index expression calls)
-    /// then names what it named in the coordinator database.
-    async fn search_path_sql(&mut self) -> PgResult<Option<String>> {
-        if !self.catalog.follows_search_path() || !self.parts.in_block() {
-            return Ok(None);
-        }
-        let path = self.parts.local().await?.query_value("SELECT pg_catalog.current_setting('search_path')").await?.unwrap_or_default();
-        Ok(Some(format!("SELECT pg_catalog.set_config('search_path', {}, true)", crate::connection::quote_literal(&path))))
-    }
-
-    /// The client's connection, for the results of a statement it sent.
-    fn client(&mut self) -> PgResult<&mut ClientConn> {
-        match &mut self.caller {
-            Caller::Client(client) => Ok(client),
-            Caller::Job(_) => Err(PgError::internal("a background job has no client to answer")),
-        }
-    }
-}
 
 const VOID_OID: u32 = 2278;
 const BOOL_OID: u32 = 16;
@@ -586,13 +513,13 @@ pub async fn run_ddl(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_>) ->
             } else {
                 let implicit = ctx.parts.begin_implicit();
                 let result = drop_distributed_indexes(drop, &indexes, sql, ctx).await;
-                finish_block(ctx, implicit, result).await?
+                ctx.finish_block(implicit, result).await?
             }
         }
         _ => {
             let implicit = ctx.parts.begin_implicit();
             let result = run_ddl_in_block(plan, sql, ctx).await;
-            finish_block(ctx, implicit, result).await?
+            ctx.finish_block(implicit, result).await?
         }
     };
     backend::command_complete(ctx.client()?.out(), &tag);
@@ -639,20 +566,6 @@ async fn drop_distributed_indexes(
     Ok(tag)
 }
 
-/// Commits (or rolls back) the block a command opened for itself, then refreshes
-/// the catalog snapshot so the session's next statement sees the change. Inside
-/// the client's own block the session loads the block's catalog instead: a
-/// reload from another connection would not see the change, and would wait on
-/// the locks the block holds.
-pub(crate) async fn finish_block<T>(ctx: &mut CommandContext<'_>, implicit: bool, result: PgResult<T>) -> PgResult<T> {
-    if !implicit {
-        return result;
-    }
-    let value = ctx.parts.end_implicit(implicit, result).await?;
-    ctx.reload_after_commit().await;
-    Ok(value)
-}
-
 async fn run_ddl_in_block(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_>) -> PgResult<String> {
     match plan {
         DdlPlan::Propagate { table, template, catalog_sql, relations } => {
@@ -669,7 +582,7 @@ async fn run_ddl_in_block(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_
         }
         DdlPlan::Drop { tables } => {
             for t in tables {
-                run_on_nodes(ctx, None, |_| Ok(vec![worker_relations::drop_sql(t)])).await?;
+                run_on_nodes(ctx, None, |_| Ok(vec![crate::planner::worker_relations::drop_sql(t)])).await?;
             }
             run_node_statements(plan, ctx).await?;
             let local = ctx.parts.local().await?;
@@ -727,20 +640,20 @@ pub(crate) async fn propagate_to_nodes(
     only_group: Option<i32>,
 ) -> PgResult<()> {
     for table in relations.reshaped.iter().chain(&relations.rebuild_views) {
-        run_on_nodes(ctx, only_group, |group| Ok(worker_relations::release_sql(table, group))).await?;
+        run_on_nodes(ctx, only_group, |group| Ok(crate::planner::worker_relations::release_sql(table, group))).await?;
     }
     if let Some(parent_sql) = &relations.parent_sql {
         run_on_nodes(ctx, only_group, |group| {
             let mut statements = Vec::new();
             if relations.foreign_retype.is_some() {
-                statements.extend(worker_relations::detach_foreign_sql(table, group));
+                statements.extend(crate::planner::worker_relations::detach_foreign_sql(table, group));
             }
             statements.push(parent_sql.clone());
             if let Some(new_name) = &relations.renamed_to {
-                statements.extend(worker_relations::rename_foreign_sql(table, new_name, group));
+                statements.extend(crate::planner::worker_relations::rename_foreign_sql(table, new_name, group));
             }
             if let Some(retype) = &relations.foreign_retype {
-                statements.extend(worker_relations::reattach_foreign_sql(table, retype, group)?);
+                statements.extend(crate::planner::worker_relations::reattach_foreign_sql(table, retype, group)?);
             }
             Ok(statements)
         })
@@ -883,11 +796,11 @@ async fn run_everywhere(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_>)
         // Function copies may follow what changes; they are made again on demand.
         let mut statements = vec![crate::planner::function_copy::drop_all_sql()];
         if let RoleChange::Dropped(names) = roles {
-            statements.push(worker_relations::forget_roles_sql(names));
+            statements.push(crate::planner::worker_relations::forget_roles_sql(names));
         }
         statements.push(plan.node_sql(node.group_id)?);
         if *roles == RoleChange::Named {
-            statements.push(worker_relations::MAP_ROLES_SQL.to_string());
+            statements.push(crate::planner::worker_relations::MAP_ROLES_SQL.to_string());
         }
         per_node.insert(node.group_id, statements);
     }

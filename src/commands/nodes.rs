@@ -1,10 +1,11 @@
 //! citus_add_node, citus_remove_node, citus_update_node and citus_set_node_property.
 
+use super::read_shard_rows;
 use super::table_ddl::TableDefinition;
-use super::{finish_block, read_shard_rows, CommandContext};
 use crate::connection::{quote_literal, PgConnection, ServerAddr};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{DistributedTable, Node, Shard};
+use crate::process::context::CommandContext;
 use crate::transaction::Access;
 use std::sync::Arc;
 
@@ -58,7 +59,7 @@ pub async fn add_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) -> Pg
         Ok(id)
     }
     .await;
-    finish_block(ctx, implicit, result).await
+    ctx.finish_block(implicit, result).await
 }
 
 /// Makes `node` hold a copy of reference table `table` (shard `shard`), read
@@ -86,7 +87,7 @@ async fn copy_reference_shard(ctx: &mut CommandContext<'_>, table: &DistributedT
 /// shard, so theirs move instead). The copy is made under a write block
 /// whatever the transfer mode.
 pub async fn copy_shard_placement(ctx: &mut CommandContext<'_>, shard_id: i64, source: (&str, u16), target: (&str, u16)) -> PgResult<()> {
-    let (table, shard) = catalog_shard(ctx, shard_id)?;
+    let (table, shard) = ctx.catalog.existing_shard(shard_id)?;
     if !table.is_reference() {
         return Err(PgError::not_supported(format!(
             "shard {shard_id} belongs to distributed table {}, which keeps one placement per shard",
@@ -94,9 +95,9 @@ pub async fn copy_shard_placement(ctx: &mut CommandContext<'_>, shard_id: i64, s
         ))
         .with_hint("Copies are made of reference tables only; to move the shard, use citus_move_shard_placement."));
     }
-    let source = active_node(ctx, source.0, source.1)?;
-    let target = active_node(ctx, target.0, target.1)?;
-    check_placements(shard_id, &shard, &source, &target)?;
+    let source = ctx.catalog.active_node(source.0, source.1)?;
+    let target = ctx.catalog.active_node(target.0, target.1)?;
+    shard.check_movable(&source, &target)?;
     copy_reference_placements(ctx, &[(table, shard, source, target)]).await
 }
 
@@ -132,13 +133,13 @@ async fn copy_reference_placements(ctx: &mut CommandContext<'_>, copies: &[(Arc<
         Ok(())
     }
     .await;
-    finish_block(ctx, implicit, result).await
+    ctx.finish_block(implicit, result).await
 }
 
 /// Unregisters a worker that holds no shards of distributed tables; its copies
 /// of reference tables are forgotten.
 pub async fn remove_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) -> PgResult<()> {
-    let node = registered_node(ctx, host, port)?;
+    let node = ctx.catalog.registered_node(host, port)?;
     let holding: Vec<String> = ctx
         .catalog
         .tables()
@@ -165,13 +166,13 @@ pub async fn remove_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) ->
         Ok(())
     }
     .await;
-    finish_block(ctx, implicit, result).await
+    ctx.finish_block(implicit, result).await
 }
 
 /// `citus_set_node_property(…, 'shouldhaveshards', value)`: whether new
 /// shard groups land on the node and the rebalancer leaves shards there.
 pub async fn set_should_have_shards(ctx: &mut CommandContext<'_>, host: &str, port: u16, value: bool) -> PgResult<()> {
-    let node = registered_node(ctx, host, port)?;
+    let node = ctx.catalog.registered_node(host, port)?;
     ctx.parts.local().await?.execute(&format!("UPDATE tessera.pg_dist_node SET shouldhaveshards = {value} WHERE nodeid = {}", node.id)).await?;
     ctx.reload_after_commit().await;
     ctx.catalog = ctx.coordinator.catalog.snapshot();
@@ -195,41 +196,4 @@ pub async fn update_node(ctx: &mut CommandContext<'_>, node_id: i32, host: &str,
     ctx.reload_after_commit().await;
     ctx.catalog = ctx.coordinator.catalog.snapshot();
     Ok(())
-}
-
-/// The active node at `host`:`port`, or the error saying there is none.
-pub(crate) fn active_node(ctx: &CommandContext<'_>, host: &str, port: u16) -> PgResult<Node> {
-    ctx.catalog
-        .node_at(host, port)
-        .filter(|n| n.active)
-        .cloned()
-        .ok_or_else(|| PgError::new(sqlstate::UNDEFINED_OBJECT, format!("node {host}:{port} is not an active node of the cluster")))
-}
-
-/// Shard `shard_id` and its table, or the error saying there is none.
-pub(crate) fn catalog_shard(ctx: &CommandContext<'_>, shard_id: i64) -> PgResult<(Arc<DistributedTable>, Shard)> {
-    ctx.catalog
-        .shard(shard_id)
-        .map(|(t, s)| (t.clone(), s.clone()))
-        .ok_or_else(|| PgError::new(sqlstate::UNDEFINED_OBJECT, format!("shard {shard_id} does not exist")))
-}
-
-/// Refuses to move or copy shard `shard_id` unless it is placed on `source`
-/// and not yet on `target`.
-pub(crate) fn check_placements(shard_id: i64, shard: &Shard, source: &Node, target: &Node) -> PgResult<()> {
-    if !shard.placements.contains(&source.group_id) {
-        return Err(PgError::new(sqlstate::INVALID_PARAMETER_VALUE, format!("shard {shard_id} is not placed on {}", source.addr)));
-    }
-    if shard.placements.contains(&target.group_id) {
-        return Err(PgError::new(sqlstate::INVALID_PARAMETER_VALUE, format!("shard {shard_id} is already placed on {}", target.addr)));
-    }
-    Ok(())
-}
-
-/// The node registered at `host`:`port`, or the error saying there is none.
-fn registered_node(ctx: &CommandContext<'_>, host: &str, port: u16) -> PgResult<Node> {
-    ctx.catalog
-        .node_at(host, port)
-        .cloned()
-        .ok_or_else(|| PgError::new(sqlstate::UNDEFINED_OBJECT, format!("node at \"{host}:{port}\" does not exist")))
 }

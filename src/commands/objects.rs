@@ -6,10 +6,10 @@
 //! propagation. Each object is read back as the DDL that recreates it, with
 //! a check that tells whether a node has it already.
 
-use super::CommandContext;
 use crate::connection::{PgConnection, QUALIFIED_NAMES};
 use crate::error::PgResult;
 use crate::metadata::{Node, SYSTEM_SCHEMAS};
+use crate::process::context::CommandContext;
 use crate::transaction::Access;
 
 /// One object: a boolean SQL expression true where it exists, and the

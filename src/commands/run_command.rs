@@ -8,11 +8,12 @@
 //! or shard gives a row saying whether it succeeded and its one value, its
 //! command tag or its error.
 
-use super::{invalid, null_argument, CommandContext, BOOL_OID, INT4_OID, INT8_OID, TEXT_OID};
+use super::{invalid, null_argument, BOOL_OID, INT4_OID, INT8_OID, TEXT_OID};
 use crate::connection::{LastResult, Login, PgConnection, ServerAddr};
 use crate::error::{PgError, PgResult};
 use crate::metadata::DistributedTable;
 use crate::planner::ClusterFunction;
+use crate::process::context::CommandContext;
 use crate::protocol::backend::FieldDescription;
 use crate::transaction::CancelTargets;
 use std::sync::Arc;

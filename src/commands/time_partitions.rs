@@ -5,10 +5,11 @@
 //! own would, so that a distributed table's partitions get or lose their
 //! shards, all in one distributed transaction.
 
-use super::{finish_block, run_ddl_in_block, CommandContext};
+use super::run_ddl_in_block;
 use crate::connection::quote_literal;
 use crate::error::{PgError, PgResult};
 use crate::planner::Plan;
+use crate::process::context::CommandContext;
 
 /// Creates the partitions of `table` missing between `start_from` (now when
 /// None) and `end_at`; whether it created any.
@@ -57,5 +58,5 @@ async fn run_planned(ctx: &mut CommandContext<'_>, planning_sql: &str) -> PgResu
         Ok(statements.len())
     }
     .await;
-    finish_block(ctx, implicit, result).await
+    ctx.finish_block(implicit, result).await
 }

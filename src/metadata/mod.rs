@@ -5,7 +5,7 @@
 //! then loads a fresh snapshot and swaps it in atomically.
 
 use crate::connection::{quote_ident, PgConnection, ServerAddr};
-use crate::error::PgResult;
+use crate::error::{sqlstate, PgError, PgResult};
 use crate::hash::HashType;
 use arc_swap::ArcSwap;
 use std::collections::HashMap;
@@ -189,6 +189,20 @@ pub struct Shard {
     pub index: u32,
     /// Node groups holding a copy (one for hash shards, all for reference tables).
     pub placements: Vec<i32>,
+}
+
+impl Shard {
+    /// Refuses to move or copy this shard unless it is placed on `source`
+    /// and not yet on `target`.
+    pub fn check_movable(&self, source: &Node, target: &Node) -> PgResult<()> {
+        if !self.placements.contains(&source.group_id) {
+            return Err(PgError::new(sqlstate::INVALID_PARAMETER_VALUE, format!("shard {} is not placed on {}", self.id, source.addr)));
+        }
+        if self.placements.contains(&target.group_id) {
+            return Err(PgError::new(sqlstate::INVALID_PARAMETER_VALUE, format!("shard {} is already placed on {}", self.id, target.addr)));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug)]
@@ -490,6 +504,26 @@ impl Catalog {
     /// The node registered at `host`:`port`, active or not.
     pub fn node_at(&self, host: &str, port: u16) -> Option<&Node> {
         self.nodes.iter().find(|n| n.addr.host == host && n.addr.port == port)
+    }
+
+    /// The active node at `host`:`port`, or the error saying there is none.
+    pub fn active_node(&self, host: &str, port: u16) -> PgResult<Node> {
+        self.node_at(host, port)
+            .filter(|n| n.active)
+            .cloned()
+            .ok_or_else(|| PgError::new(sqlstate::UNDEFINED_OBJECT, format!("node {host}:{port} is not an active node of the cluster")))
+    }
+
+    /// The node registered at `host`:`port`, or the error saying there is none.
+    pub fn registered_node(&self, host: &str, port: u16) -> PgResult<Node> {
+        self.node_at(host, port).cloned().ok_or_else(|| PgError::new(sqlstate::UNDEFINED_OBJECT, format!("node at \"{host}:{port}\" does not exist")))
+    }
+
+    /// Shard `shard_id` and its table, or the error saying there is none.
+    pub fn existing_shard(&self, shard_id: i64) -> PgResult<(Arc<DistributedTable>, Shard)> {
+        self.shard(shard_id)
+            .map(|(t, s)| (t.clone(), s.clone()))
+            .ok_or_else(|| PgError::new(sqlstate::UNDEFINED_OBJECT, format!("shard {shard_id} does not exist")))
     }
 
     /// The shard with id `shard_id`, and its table.

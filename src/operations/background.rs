@@ -14,10 +14,10 @@
 
 use super::rebalance::PlannedMove;
 use super::shard_move::{self, TransferMode};
-use crate::commands::{Caller, CommandContext};
 use crate::config::Config;
 use crate::connection::{quote_literal, PgConnection};
 use crate::error::{sqlstate, PgError, PgResult};
+use crate::process::context::{Caller, CommandContext, TaskProgress};
 use crate::process::Coordinator;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -73,30 +73,6 @@ pub async fn schedule_rebalance(config: &Config, moves: &[PlannedMove], mode: Tr
     };
     conn.terminate().await;
     result
-}
-
-/// Where a running task reports: its row in `pg_dist_background_task`
-/// (the message `citus_rebalance_status` shows) and the log. The connection
-/// holds the job's lock.
-pub struct TaskProgress {
-    conn: PgConnection,
-    job_id: i64,
-    task_id: i64,
-    stop: Arc<AtomicBool>,
-}
-
-impl TaskProgress {
-    pub async fn report(&mut self, message: String) {
-        tracing::info!("rebalance job {} task {}: {message}", self.job_id, self.task_id);
-        let sql = format!("UPDATE tessera.pg_dist_background_task SET message = {} WHERE task_id = {}", quote_literal(&message), self.task_id);
-        if let Err(e) = self.conn.execute(&sql).await {
-            tracing::warn!("recording the progress of rebalance job {}: {}", self.job_id, e.message());
-        }
-    }
-
-    pub fn stop_requested(&self) -> bool {
-        self.stop.load(Ordering::Relaxed)
-    }
 }
 
 /// Runs jobs that nobody runs, for as long as the process lives.

@@ -5,10 +5,10 @@
 //! made from the catalog alone, then carried out one move at a time.
 
 use super::shard_move::{self, TransferMode};
-use crate::commands::CommandContext;
 use crate::connection::{quote_literal, Login, PgConnection, ServerAddr};
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, Node};
+use crate::process::context::CommandContext;
 use std::collections::BTreeMap;
 use std::fmt;
 

@@ -24,13 +24,12 @@
 //!    (and re-points the partitions first if the move could not).
 
 use super::cleanup::{self, Object, Operation, Policy};
-use crate::commands::nodes::{active_node, catalog_shard, check_placements};
-use crate::commands::worker_relations::{refuse_writes_sql, repoint_sql};
-use crate::commands::{finish_block, CommandContext};
 use crate::config::Config;
 use crate::connection::{quote_ident, quote_literal, PgConnection};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable, Node, Shard};
+use crate::planner::worker_relations::{refuse_writes_sql, repoint_sql};
+use crate::process::context::CommandContext;
 use crate::transaction::{Access, Fault};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -87,12 +86,12 @@ impl Group {
 
 /// The shard `shard_id` and its co-located shards, on `source` now.
 fn shard_group(ctx: &CommandContext<'_>, shard_id: i64, source: &Node, target: &Node) -> PgResult<Group> {
-    let (table, shard) = catalog_shard(ctx, shard_id)?;
+    let (table, shard) = ctx.catalog.existing_shard(shard_id)?;
     if table.is_reference() {
         return Err(PgError::not_supported(format!("shard {shard_id} belongs to reference table {}, which every node holds a copy of", table.name))
             .with_hint("Reference tables are copied to nodes when they are added; they do not move."));
     }
-    check_placements(shard_id, &shard, source, target)?;
+    shard.check_movable(source, target)?;
     let mut members = Vec::new();
     for t in ctx.catalog.tables().filter(|t| t.colocation_id == table.colocation_id && !t.is_reference()) {
         if let Some(s) = t.shards.get(shard.index as usize) {
@@ -112,8 +111,8 @@ pub async fn move_shard_placement(
     target: (&str, u16),
     mode: TransferMode,
 ) -> PgResult<()> {
-    let source = active_node(ctx, source.0, source.1)?;
-    let target = active_node(ctx, target.0, target.1)?;
+    let source = ctx.catalog.active_node(source.0, source.1)?;
+    let target = ctx.catalog.active_node(target.0, target.1)?;
     let group = shard_group(ctx, shard_id, &source, &target)?;
     let config = &ctx.coordinator.config;
     // Leftovers of earlier moves first: they may hold the names this one uses.
@@ -353,7 +352,7 @@ async fn cut_over(
         Ok(())
     }
     .await;
-    finish_block(ctx, implicit, result).await?;
+    ctx.finish_block(implicit, result).await?;
     tracing::info!(
         "shard group {} of co-location group {} moved from {} to {}; writes waited {} ms",
         group.index,

@@ -28,6 +28,7 @@ mod session_state;
 mod user_code;
 mod views;
 mod whole_rows;
+pub mod worker_relations;
 mod writing_with;
 use crate::walk;
 

@@ -6,6 +6,7 @@
 //! reloaded from the coordinator database.
 
 mod catalog_reload;
+pub mod context;
 pub mod fence;
 pub mod report;
 mod sessions;

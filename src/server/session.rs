@@ -6,7 +6,7 @@
 use super::auth;
 use super::login_memory::LoginMemory;
 use super::Front;
-use crate::commands::{self, Caller, CommandContext};
+use crate::commands;
 use crate::config::{AuthMethod, TlsMode};
 use crate::connection::client::MemoryCharge;
 use crate::connection::client::{client_lost, ClientConn};
@@ -16,6 +16,7 @@ use crate::executor::stream::{self as row_stream, Progress, RowStream};
 use crate::executor::{self, Mode};
 use crate::metadata::{self, Catalog, FoundRelation, UnqualifiedNames};
 use crate::planner::{self, Plan, PlannedStatement, RouterPlan, SqlExecute, TransactionCommand};
+use crate::process::context::{Caller, CommandContext};
 use crate::process::Coordinator;
 use crate::protocol::backend::{self, FieldDescription};
 use crate::protocol::frontend::{self, Bind, StartupPacket, Target};
