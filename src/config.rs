@@ -2,7 +2,6 @@
 //! and the workers to register at start-up. `tessera up` writes one of these for
 //! the embedded cluster; multi-host clusters write their own.
 
-use crate::connection::{Login, ServerAddr};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -170,7 +169,7 @@ pub struct TransactionConfig {
     /// worker link's commit ("after-link-prepare", "after-link-reply") or of a
     /// shard move ("move-after-subscribe", "move-before-switch", "move-after-switch").
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fault_injection: Option<crate::transaction::Fault>,
+    pub fault_injection: Option<Fault>,
     /// For fault-injection tests only: how many commits get past the fault point
     /// before it fires, so that the crash lands in the middle of a workload.
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -183,7 +182,7 @@ fn is_zero(n: &u32) -> bool {
 
 impl TransactionConfig {
     /// The fault to inject, with the commits to let past it first.
-    pub fn fault(&self) -> Option<(crate::transaction::Fault, u32)> {
+    pub fn fault(&self) -> Option<(Fault, u32)> {
         self.fault_injection.map(|f| (f, self.fault_after_commits))
     }
 }
@@ -303,6 +302,61 @@ impl Config {
             options: vec![("application_name".into(), "tessera".into())],
         }
     }
+}
+
+/// Where a PostgreSQL server listens.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ServerAddr {
+    pub host: String,
+    pub port: u16,
+}
+
+impl std::fmt::Display for ServerAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.host, self.port)
+    }
+}
+
+/// Login details shared by every connection a session opens.
+#[derive(Clone, Debug)]
+pub struct Login {
+    pub user: String,
+    pub database: String,
+    pub password: Option<String>,
+    /// Extra start-up parameters (DateStyle, TimeZone, application_name, …).
+    pub options: Vec<(String, String)>,
+}
+
+/// Points in two-phase commit and in shard moves where a test can make the
+/// coordinator process die, as it might crash in production. Test-only: set by
+/// `[transactions] fault_injection` (and `fault_after_commits`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fault {
+    /// After every writer but the deciding node prepared, before the
+    /// deciding commit.
+    AfterPrepare,
+    /// After the deciding commit (a worker's or the coordinator database's),
+    /// before COMMIT PREPARED.
+    AfterDecision,
+    /// Not a crash: after the PREPAREs the committing session stalls for ten
+    /// recovery intervals (as a coordinator might, swapped out or paused),
+    /// then goes on.
+    StallAfterPrepare,
+    /// After a worker link's remote transaction is prepared, before
+    /// postgres_fdw on the worker hears back (`links`).
+    AfterLinkPrepare,
+    /// After postgres_fdw on the worker heard that commit went through (the
+    /// part prepared), before the part is settled.
+    AfterLinkReply,
+    /// A shard move: the subscription copying the shard group is made.
+    MoveAfterSubscribe,
+    /// A shard move: writes to the old shards are locked and the new ones
+    /// complete, before the catalog switch commits.
+    MoveBeforeSwitch,
+    /// A shard move: the catalog names the new placement; the workers'
+    /// partitions and the old shards are not dealt with yet.
+    MoveAfterSwitch,
 }
 
 #[cfg(test)]

@@ -257,12 +257,6 @@ impl fmt::Display for PgError {
 
 impl std::error::Error for PgError {}
 
-impl From<crate::protocol::ProtocolError> for PgError {
-    fn from(e: crate::protocol::ProtocolError) -> Self {
-        PgError::new(sqlstate::PROTOCOL_VIOLATION, e.to_string())
-    }
-}
-
 pub type PgResult<T> = Result<T, PgError>;
 
 #[cfg(test)]

@@ -136,7 +136,7 @@ fn main() -> anyhow::Result<()> {
                 reject_file,
                 batch_rows: batch_size.max(1),
                 compress: compress.is_some(),
-                coordinator: tessera::connection::ServerAddr { host, port },
+                coordinator: tessera::config::ServerAddr { host, port },
                 user,
                 database: dbname,
             };

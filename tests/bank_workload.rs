@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tessera::transaction::Fault;
+use tessera::config::Fault;
 use tokio_postgres::{Client, Statement};
 
 const ACCOUNTS: i32 = 200;

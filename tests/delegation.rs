@@ -4,7 +4,7 @@
 
 mod common;
 use common::{connect_as, connect_with, placement_ports, shard_of_int4, sqlstate, text_rows, TestCluster};
-use tessera::transaction::Fault;
+use tessera::config::Fault;
 
 async fn answer(c: &tokio_postgres::Client, sql: &str) -> String {
     text_rows(c, sql).await[0][0].clone().unwrap_or_default()

@@ -329,7 +329,7 @@ const WHOLE: &str = "SELECT (SELECT count(*) FROM accounts), (SELECT sum(balance
 /// on any node, and the move can be made again.
 #[tokio::test]
 async fn a_move_interrupted_by_a_crash_leaves_one_placement_and_no_leftovers() {
-    use tessera::transaction::Fault;
+    use tessera::config::Fault;
     let cluster = TestCluster::start(2);
     let c = accounts_and_notes(&cluster, 2).await;
     drop(c);
@@ -400,7 +400,7 @@ async fn a_move_interrupted_by_a_crash_leaves_one_placement_and_no_leftovers() {
 /// with every shard in one place and nothing left behind.
 #[tokio::test]
 async fn a_background_rebalance_survives_a_crash_and_stops_when_told() {
-    use tessera::transaction::Fault;
+    use tessera::config::Fault;
     let cluster = TestCluster::start(2);
     let c = accounts_and_notes(&cluster, 6).await;
     let expected = text_rows(&c, WHOLE).await;

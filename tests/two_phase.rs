@@ -3,7 +3,7 @@
 
 mod common;
 use common::{text_rows, TestCluster};
-use tessera::transaction::Fault;
+use tessera::config::Fault;
 
 /// Two keys whose shards live on different workers (shard count 4 over 2
 /// workers puts shards 0 and 2 on one, 1 and 3 on the other).

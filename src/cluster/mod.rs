@@ -6,7 +6,8 @@
 pub mod instance;
 
 use crate::config::{Config, DatabaseConfig, NodeConfig, TlsConfig, TlsMode};
-use crate::connection::{Login, PgConnection, ServerAddr};
+use crate::config::{Login, ServerAddr};
+use crate::connection::PgConnection;
 use anyhow::{bail, Context, Result};
 use instance::{free_port, Instance};
 use serde::{Deserialize, Serialize};

@@ -7,7 +7,7 @@ use super::{delete_catalog_rows_sql, read_shard_rows, run_per_node};
 use crate::connection::{quote_ident, quote_literal, PgConnection, QUALIFIED_NAMES};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::hash::{self, HashType};
-use crate::metadata::{Catalog, DistributedTable, Distribution, Node};
+use crate::metadata::{Catalog, DistributedTable, Distribution, Node, ALLOW_SHELL_WRITES};
 use crate::planner::DdlPlan;
 use crate::process::context::CommandContext;
 use crate::transaction::Access;
@@ -16,9 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 const DEFAULT_SHARD_COUNT: i32 = 32;
-/// Lets this transaction write distributed tables' shells, which their
-/// guard triggers refuse otherwise (schema.sql, `tessera.refuse_shell_write`).
-pub(crate) const ALLOW_SHELL_WRITES: &str = "SET LOCAL tessera.shell_writes = on";
+
 const MAX_SHARD_COUNT: i32 = 64000;
 /// Tables with more rows than this get progress notices while their rows move.
 const PROGRESS_ROWS: u64 = 100_000;

@@ -618,7 +618,8 @@ async fn run_ddl_in_block(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_
             Ok(tag)
         }
         DdlPlan::Truncate { .. } | DdlPlan::Grant { .. } => {
-            let sql = if matches!(plan, DdlPlan::Truncate { .. }) { format!("{}; {sql}", distribute::ALLOW_SHELL_WRITES) } else { sql.to_string() };
+            let sql =
+                if matches!(plan, DdlPlan::Truncate { .. }) { format!("{}; {sql}", crate::metadata::ALLOW_SHELL_WRITES) } else { sql.to_string() };
             let tag = ctx.parts.local().await?.execute(&sql).await?;
             grant_on_nodes(plan, ctx, None).await?;
             Ok(tag)

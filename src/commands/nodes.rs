@@ -2,7 +2,8 @@
 
 use super::read_shard_rows;
 use super::table_ddl::TableDefinition;
-use crate::connection::{quote_literal, PgConnection, ServerAddr};
+use crate::config::ServerAddr;
+use crate::connection::{quote_literal, PgConnection};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{DistributedTable, Node, Shard};
 use crate::process::context::CommandContext;

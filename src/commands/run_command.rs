@@ -9,7 +9,8 @@
 //! command tag or its error.
 
 use super::{invalid, null_argument, BOOL_OID, INT4_OID, INT8_OID, TEXT_OID};
-use crate::connection::{LastResult, Login, PgConnection, ServerAddr};
+use crate::config::{Login, ServerAddr};
+use crate::connection::{LastResult, PgConnection};
 use crate::error::{PgError, PgResult};
 use crate::metadata::DistributedTable;
 use crate::planner::ClusterFunction;

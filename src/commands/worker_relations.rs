@@ -24,7 +24,8 @@
 use super::run_per_node;
 use super::table_ddl::TableDefinition;
 use crate::config::Config;
-use crate::connection::{quote_literal, PgConnection, ServerAddr, QUALIFIED_NAMES};
+use crate::config::ServerAddr;
+use crate::connection::{quote_literal, PgConnection, QUALIFIED_NAMES};
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, Node};
 use crate::planner::worker_relations::*;

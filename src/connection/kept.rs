@@ -4,7 +4,8 @@
 //! start a backend on every node several times a second, per coordinator
 //! process.
 
-use super::{Login, PgConnection, ServerAddr};
+use super::PgConnection;
+use crate::config::{Login, ServerAddr};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::protocol::backend::TxStatus;
 use futures::future::BoxFuture;

@@ -7,6 +7,7 @@ pub mod client;
 pub mod kept;
 pub mod pool;
 
+use crate::config::{Login, ServerAddr};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::protocol::backend::{self, TxStatus};
 use crate::protocol::{frontend, take_message, Message};
@@ -17,28 +18,15 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// Where a PostgreSQL server listens, and how we log in to it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct ServerAddr {
-    pub host: String,
-    pub port: u16,
-}
-
-impl std::fmt::Display for ServerAddr {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}", self.host, self.port)
-    }
-}
-
-/// Login details shared by every connection a session opens.
-#[derive(Clone, Debug)]
-pub struct Login {
-    pub user: String,
-    pub database: String,
-    pub password: Option<String>,
-    /// Extra start-up parameters (DateStyle, TimeZone, application_name, …).
-    pub options: Vec<(String, String)>,
-}
+/// Settings the worker connections keep as the session set them on the
+/// coordinator database, read again after any statement that may change
+/// them, with each one's value on a server where nobody set it: the
+/// timeouts, as the workers' backends run the session's shard statements
+/// and the limits have to hold there, and the output formats PostgreSQL
+/// does not report when they change (the reported ones are followed as
+/// they change).
+pub const FOLLOWED_SETTINGS: [(&str, &str); 4] =
+    [("statement_timeout", "0"), ("lock_timeout", "0"), ("extra_float_digits", "1"), ("bytea_output", "hex")];
 
 /// What the last statement of a query string returned.
 #[derive(Debug, PartialEq, Eq)]

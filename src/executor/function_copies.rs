@@ -8,8 +8,9 @@
 
 use super::{run_router, Mode};
 use crate::config::Config;
+use crate::config::Login;
 use crate::connection::client::ClientConn;
-use crate::connection::{quote_literal, Login, PgConnection};
+use crate::connection::{quote_literal, PgConnection};
 use crate::error::{PgError, PgResult};
 use crate::metadata::Catalog;
 use crate::planner::function_copy::{

@@ -172,7 +172,7 @@ async fn rows_to_insert(
     let in_block = parts.in_block();
     let limits = parts.limits().clone();
     let local = parts.local().await?;
-    let allow = crate::commands::distribute::ALLOW_SHELL_WRITES;
+    let allow = crate::metadata::ALLOW_SHELL_WRITES;
     local.execute(&if in_block { format!("SAVEPOINT {SAVEPOINT}; {allow}") } else { format!("BEGIN; {allow}") }).await?;
     let out = local.out();
     if let Some(check) = &plan.check_sql {

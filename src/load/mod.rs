@@ -10,7 +10,8 @@
 mod input;
 mod writer;
 
-use crate::connection::{quote_literal, Login, PgConnection, ServerAddr};
+use crate::config::{Login, ServerAddr};
+use crate::connection::{quote_literal, PgConnection};
 use crate::copy::{CopyFormat, Format, KeyField};
 use crate::hash::HashType;
 use input::Unit;

@@ -2,7 +2,8 @@
 //! when compressed), each in a transaction that takes its shards' rows batch
 //! by batch with COPY, and the commit that makes all of them visible at once.
 
-use crate::connection::{quote_literal, Login, PgConnection, ServerAddr};
+use crate::config::{Login, ServerAddr};
+use crate::connection::{quote_literal, PgConnection};
 use crate::copy::MAX_IN_FLIGHT;
 use crate::error::PgError;
 use crate::protocol::{backend, frontend};

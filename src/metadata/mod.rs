@@ -4,7 +4,8 @@
 //! bumps `tessera.catalog_version` and notifies `tessera_catalog`; a listener task
 //! then loads a fresh snapshot and swaps it in atomically.
 
-use crate::connection::{quote_ident, PgConnection, ServerAddr};
+use crate::config::ServerAddr;
+use crate::connection::{quote_ident, PgConnection};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::hash::HashType;
 use arc_swap::ArcSwap;
@@ -19,9 +20,14 @@ pub const SCHEMA_SQL: &str = include_str!("schema.sql");
 /// as an SQL list; names starting `pg_` are PostgreSQL's too.
 pub const SYSTEM_SCHEMAS: &str = "('pg_catalog', 'information_schema', 'tessera', 'tessera_fallback', 'tessera_lent', 'tessera_commit')";
 
+/// Lets this transaction write distributed tables' shells, which their
+/// guard triggers refuse otherwise (schema.sql, `tessera.refuse_shell_write`).
+pub const ALLOW_SHELL_WRITES: &str = "SET LOCAL tessera.shell_writes = on";
+
 /// Creates or upgrades the catalog, with its user-facing names (`pg_dist_node`,
-/// `citus_shards`, the cluster functions) in pg_catalog as Citus has them.
-pub async fn install(conn: &mut PgConnection) -> PgResult<()> {
+/// `citus_shards`, the cluster functions) in pg_catalog as Citus has them,
+/// and the objects deciding two-phase commits (`deciding_objects_sql`).
+pub async fn install(conn: &mut PgConnection, deciding_objects_sql: &str) -> PgResult<()> {
     // Concurrent first starts of several coordinator processes must not race.
     conn.execute("SELECT pg_advisory_lock(7482910)").await?;
     let type_oids: Vec<String> = crate::hash::DISTRIBUTABLE_TYPES.iter().map(|(oid, _)| oid.to_string()).collect();
@@ -32,7 +38,7 @@ pub async fn install(conn: &mut PgConnection) -> PgResult<()> {
         .execute(&format!(
             "{schema}\n{}\nGRANT EXECUTE ON FUNCTION tessera.forget_roles(text[]) TO PUBLIC;\n{}",
             forget_roles_function("tessera"),
-            crate::transaction::decided::deciding_objects_sql()
+            deciding_objects_sql
         ))
         .await;
     conn.execute("SELECT pg_advisory_unlock(7482910)").await?;
@@ -119,7 +125,7 @@ const USER_TYPES_SQL: &str = "SELECT t.oid, format_type(t.oid, NULL) FROM pg_typ
 pub async fn load_type_oids(
     catalog: &mut Catalog,
     coordinator_db: &mut PgConnection,
-    login: &crate::connection::Login,
+    login: &crate::config::Login,
     previous: &Catalog,
 ) -> PgResult<()> {
     let by_name: HashMap<String, u32> =

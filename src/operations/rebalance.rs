@@ -5,7 +5,8 @@
 //! made from the catalog alone, then carried out one move at a time.
 
 use super::shard_move::{self, TransferMode};
-use crate::connection::{quote_literal, Login, PgConnection, ServerAddr};
+use crate::config::{Login, ServerAddr};
+use crate::connection::{quote_literal, PgConnection};
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, Node};
 use crate::process::context::CommandContext;
@@ -147,7 +148,7 @@ fn megabytes(bytes: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::connection::ServerAddr;
+    use crate::config::ServerAddr;
     use crate::metadata::{Coercion, DistributedTable, Distribution, KeyType, Shard};
     use std::sync::Arc;
 

@@ -14,7 +14,8 @@
 //! nothing: each node's restore point is consistent in itself.
 
 use crate::config::Config;
-use crate::connection::{quote_literal, PgConnection, ServerAddr};
+use crate::config::ServerAddr;
+use crate::connection::{quote_literal, PgConnection};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::Catalog;
 use crate::protocol::backend::TxStatus;

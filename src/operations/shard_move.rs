@@ -25,12 +25,13 @@
 
 use super::cleanup::{self, Object, Operation, Policy};
 use crate::config::Config;
+use crate::config::Fault;
 use crate::connection::{quote_ident, quote_literal, PgConnection};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable, Node, Shard};
 use crate::planner::worker_relations::{refuse_writes_sql, repoint_sql};
 use crate::process::context::CommandContext;
-use crate::transaction::{Access, Fault};
+use crate::transaction::Access;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -76,7 +76,7 @@ pub struct PlannedStatement {
     /// Settings no module defines that it sets (`app.tenant`).
     pub custom_settings: Vec<String>,
     /// It may change the settings the workers' connections follow
-    /// (`transaction::FOLLOWED_SETTINGS`).
+    /// (`connection::FOLLOWED_SETTINGS`).
     pub changes_followed_settings: bool,
     /// It may change where unqualified table names lead (search_path).
     pub changes_search_path: bool,

@@ -4,7 +4,7 @@
 //! (which keeps the session on its connection; see
 //! transaction/coordinator_db.rs).
 
-use crate::transaction::FOLLOWED_SETTINGS;
+use crate::connection::FOLLOWED_SETTINGS;
 use crate::walk::{called_functions, visit_mut};
 use pg_query::protobuf::{self, a_const};
 use pg_query::NodeEnum;

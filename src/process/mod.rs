@@ -68,7 +68,9 @@ impl Coordinator {
     pub async fn start(config: Config) -> anyhow::Result<Arc<Coordinator>> {
         crate::connection::set_connect_timeout(Duration::from_secs_f64(config.connections.node_connect_timeout_secs.max(0.001)));
         let mut conn = connect_with_retry(&config, Duration::from_secs(60)).await?;
-        metadata::install(&mut conn).await.map_err(|e| anyhow::anyhow!("could not install the catalog: {e}"))?;
+        metadata::install(&mut conn, &crate::transaction::decided::deciding_objects_sql())
+            .await
+            .map_err(|e| anyhow::anyhow!("could not install the catalog: {e}"))?;
         for w in &config.workers {
             conn.execute(&format!(
                 "INSERT INTO tessera.pg_dist_node (nodename, nodeport) VALUES ({}, {}) ON CONFLICT (nodename, nodeport) DO NOTHING",

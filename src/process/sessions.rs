@@ -2,7 +2,8 @@
 //! node backends its cancel requests reach, and what bounds its statements.
 
 use super::Coordinator;
-use crate::connection::{send_cancel, Login};
+use crate::config::Login;
+use crate::connection::send_cancel;
 use crate::transaction::coordinator_db::{CoordinatorDb, LocalSource, PinReason};
 use crate::transaction::limits::{CancelOutcome, StatementLimits};
 use crate::transaction::{CancelTargets, Participants, TwoPhase};

@@ -167,6 +167,12 @@ impl<'a> Reader<'a> {
     }
 }
 
+impl From<ProtocolError> for crate::error::PgError {
+    fn from(e: ProtocolError) -> Self {
+        crate::error::PgError::new(crate::error::sqlstate::PROTOCOL_VIOLATION, e.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,8 +9,9 @@
 //! clears what another session left).
 
 use super::CitusSettings;
+use crate::config::{Login, ServerAddr};
 use crate::connection::pool::{Checkout, NodePool};
-use crate::connection::{Login, PgConnection, ServerAddr};
+use crate::connection::PgConnection;
 use crate::error::{PgError, PgResult};
 use crate::protocol::backend::TxStatus;
 use std::sync::Arc;

@@ -7,8 +7,9 @@
 //! cancels the youngest transaction of each cycle on the nodes where it waits.
 
 use super::{links, TRANSACTION_ID_PREFIX};
+use crate::config::ServerAddr;
 use crate::connection::kept::KeptConnections;
-use crate::connection::{quote_literal, ServerAddr};
+use crate::connection::quote_literal;
 use crate::error::PgResult;
 use crate::metadata::Catalog;
 use std::collections::{BTreeMap, BTreeSet, HashMap};

@@ -20,9 +20,11 @@
 //! prepared-transaction recovery for whatever a crash left.
 
 use super::decided::{self, DecidingTransaction};
-use super::{inject_fault, Fault};
+use super::inject_fault;
+use crate::config::Fault;
+use crate::config::{Login, ServerAddr};
 use crate::connection::client::ClientConn;
-use crate::connection::{quote_ident, quote_literal, Login, PgConnection, ServerAddr};
+use crate::connection::{quote_ident, quote_literal, PgConnection};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::CatalogHandle;
 use crate::protocol::backend::{self, TxStatus};

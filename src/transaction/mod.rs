@@ -12,7 +12,10 @@ pub mod limits;
 pub mod links;
 pub mod recovery;
 
-use crate::connection::{Login, PgConnection, ServerAddr};
+use crate::config::Fault;
+use crate::config::{Login, ServerAddr};
+use crate::connection::PgConnection;
+use crate::connection::FOLLOWED_SETTINGS;
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Node, TypeOids, FIRST_USER_OID};
 use crate::protocol::backend::{self, TxStatus};
@@ -26,48 +29,6 @@ use std::sync::{Arc, Mutex};
 /// (application_name is not among them: worker connections carry the
 /// session's name instead, see `TwoPhase::session_name`.)
 pub const WORKER_PARAMETERS: &[&str] = &["DateStyle", "TimeZone", "IntervalStyle", "extra_float_digits", "client_encoding", "bytea_output"];
-
-/// Settings the worker connections keep as the session set them on the
-/// coordinator database, read again after any statement that may change
-/// them, with each one's value on a server where nobody set it: the
-/// timeouts, as the workers' backends run the session's shard statements
-/// and the limits have to hold there, and the output formats PostgreSQL
-/// does not report when they change (the reported ones are followed as
-/// they change).
-pub const FOLLOWED_SETTINGS: [(&str, &str); 4] =
-    [("statement_timeout", "0"), ("lock_timeout", "0"), ("extra_float_digits", "1"), ("bytea_output", "hex")];
-
-/// Points in two-phase commit and in shard moves where a test can make the
-/// coordinator process die, as it might crash in production. Test-only: set by
-/// `[transactions] fault_injection` (and `fault_after_commits`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Fault {
-    /// After every writer but the deciding node prepared, before the
-    /// deciding commit.
-    AfterPrepare,
-    /// After the deciding commit (a worker's or the coordinator database's),
-    /// before COMMIT PREPARED.
-    AfterDecision,
-    /// Not a crash: after the PREPAREs the committing session stalls for ten
-    /// recovery intervals (as a coordinator might, swapped out or paused),
-    /// then goes on.
-    StallAfterPrepare,
-    /// After a worker link's remote transaction is prepared, before
-    /// postgres_fdw on the worker hears back (`links`).
-    AfterLinkPrepare,
-    /// After postgres_fdw on the worker heard that commit went through (the
-    /// part prepared), before the part is settled.
-    AfterLinkReply,
-    /// A shard move: the subscription copying the shard group is made.
-    MoveAfterSubscribe,
-    /// A shard move: writes to the old shards are locked and the new ones
-    /// complete, before the catalog switch commits.
-    MoveBeforeSwitch,
-    /// A shard move: the catalog names the new placement; the workers'
-    /// partitions and the old shards are not dealt with yet.
-    MoveAfterSwitch,
-}
 
 /// Test-only: dies like a `kill -9` at `at` when `configured` names it and
 /// enough commits got there first. Abort runs no destructors, flushes

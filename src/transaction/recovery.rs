@@ -9,8 +9,9 @@
 
 use super::decided::{self, DecidingTransaction};
 use crate::config::Config;
+use crate::config::ServerAddr;
 use crate::connection::kept::KeptConnections;
-use crate::connection::{quote_literal, PgConnection, ServerAddr};
+use crate::connection::{quote_literal, PgConnection};
 use crate::error::PgResult;
 use crate::metadata::{Catalog, Node};
 use std::collections::{HashMap, HashSet};
