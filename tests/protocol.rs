@@ -4,7 +4,8 @@
 mod common;
 use common::{sqlstate, text_rows, TestCluster};
 use std::time::{Duration, Instant};
-use tessera::connection::{Login, PgConnection, ServerAddr};
+use tessera::config::{Login, ServerAddr};
+use tessera::connection::PgConnection;
 use tessera::protocol::frontend;
 
 /// A connection that speaks the protocol message by message (Tessera's own
