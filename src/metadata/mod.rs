@@ -474,6 +474,11 @@ impl Catalog {
     pub fn add_function_for_tests(&mut self, function: Arc<DistributedFunction>) {
         self.functions.entry((function.schema.clone(), function.name.clone())).or_default().push(function);
     }
+    /// Makes `names` aggregates, as `load` reads them from `pg_proc`.
+    #[cfg(test)]
+    pub fn add_aggregates_for_tests(&mut self, names: &[&str]) {
+        self.aggregates.extend(names.iter().map(|n| n.to_string()));
+    }
     /// A catalog of just these nodes and tables, for unit tests of what is
     /// planned from it.
     #[cfg(test)]
