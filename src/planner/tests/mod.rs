@@ -14,6 +14,9 @@ macro_rules! planned_as {
     };
 }
 
+mod fallback;
+mod insert_select;
+mod multi_shard;
 mod plan;
 mod router;
 

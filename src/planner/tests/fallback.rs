@@ -1,0 +1,111 @@
+//! The general fallback: reads no pushdown tier can split run in the
+//! coordinator database over the foreign-table stand-ins of the shards,
+//! each with the reason the cheaper tiers refused it. Joins of several
+//! distributed tables may be broadcast at run time instead: the plan names
+//! the candidates.
+
+use crate::planner::{FallbackPlan, Plan};
+use std::sync::Arc;
+
+fn fallback(sql: &str) -> Arc<FallbackPlan> {
+    planned_as!(sql, Plan::Fallback)
+}
+
+/// The names of the tables a broadcast may ship to the others' shards.
+fn broadcast_candidates(plan: &FallbackPlan) -> Vec<&str> {
+    plan.broadcast_candidates.iter().map(|t| t.name.as_str()).collect()
+}
+
+#[test]
+fn shapes_no_tier_splits_fall_back_with_their_reason() {
+    for (sql, reason, stand_in_sql) in [
+        (
+            "SELECT k, rank() OVER (ORDER BY v) FROM ea",
+            "cannot split over the shards: window functions across shards",
+            "SELECT k, rank() OVER (ORDER BY v) FROM tessera_fallback.dist_1 ea",
+        ),
+        (
+            "SELECT count(DISTINCT g), count(DISTINCT v) FROM ea",
+            "cannot split over the shards: DISTINCT aggregates of different values, or with FILTER, across shards",
+            "SELECT count(DISTINCT g), count(DISTINCT v) FROM tessera_fallback.dist_1 ea",
+        ),
+        (
+            "SELECT string_agg(k::text, ',' ORDER BY k) FROM ea",
+            "cannot split over the shards: string_agg(k::text, ',' ORDER BY k) across shards",
+            "SELECT string_agg(k::text, ',' ORDER BY k) FROM tessera_fallback.dist_1 ea",
+        ),
+        (
+            "SELECT g, count(*) FROM ea GROUP BY ROLLUP (g)",
+            "cannot split over the shards: grouping sets across shards",
+            "SELECT g, count(*) FROM tessera_fallback.dist_1 ea GROUP BY ROLLUP (g)",
+        ),
+        (
+            "WITH m AS (SELECT * FROM ea) SELECT count(*) FROM m",
+            "WITH queries over distributed tables are supported only when every part reads one shard group, pinned by its own conditions on the distribution column",
+            "WITH m AS (SELECT * FROM tessera_fallback.dist_1 ea) SELECT count(*) FROM m",
+        ),
+        // The local table stays itself in the coordinator database.
+        (
+            "SELECT e.k FROM ea e JOIN elocal l ON l.id = e.k",
+            "queries that combine distributed tables with the local table \"elocal\" are not supported yet",
+            "SELECT e.k FROM tessera_fallback.dist_1 e JOIN elocal l ON l.id = e.k",
+        ),
+    ] {
+        let plan = fallback(sql);
+        assert_eq!((plan.reason.as_str(), plan.read.sql.as_str()), (reason, stand_in_sql), "{sql}");
+        assert!(broadcast_candidates(&plan).is_empty(), "{sql}: one distributed table, nothing to broadcast");
+    }
+}
+
+#[test]
+fn joins_of_distributed_tables_not_on_co_located_keys_may_be_broadcast() {
+    for (sql, reason, candidates) in [
+        ("SELECT * FROM ea JOIN ec ON ea.k = ec.k", "joins between distributed tables that are not co-located are not supported yet", ["ea", "ec"]),
+        (
+            "SELECT * FROM ea JOIN eb ON ea.g = eb.w",
+            "joins between distributed tables that are not on their distribution columns are not supported yet",
+            ["ea", "eb"],
+        ),
+    ] {
+        let plan = fallback(sql);
+        assert_eq!((plan.reason.as_str(), broadcast_candidates(&plan)), (reason, candidates.to_vec()), "{sql}");
+    }
+    // A subquery not row for row by key is read apart, then shipped.
+    let plan = fallback("SELECT count(*) FROM ea WHERE k IN (SELECT max(k) FROM eb GROUP BY w)");
+    assert!(plan.reason.starts_with("subqueries over distributed tables are only supported when each reads one shard group"), "{}", plan.reason);
+    assert_eq!(broadcast_candidates(&plan), ["ea", "eb"]);
+    assert_eq!(
+        plan.read.sql,
+        "SELECT count(*) FROM tessera_fallback.dist_1 ea WHERE k IN (SELECT max(k) FROM tessera_fallback.dist_2 eb GROUP BY w)"
+    );
+}
+
+/// The stand-ins hold no transaction's uncommitted writes: a transaction
+/// block that wrote reads its own copies of the tables instead.
+#[test]
+fn a_block_that_wrote_reads_its_own_copies() {
+    let plan = fallback("SELECT * FROM ea JOIN ec ON ea.k = ec.k");
+    assert_eq!(plan.read.block_sql, "SELECT * FROM pg_temp.tessera_block_1_0 ea JOIN pg_temp.tessera_block_3_0 ec ON ea.k = ec.k");
+    assert_eq!(plan.read.tables.iter().map(|t| t.oid).collect::<Vec<_>>(), [1, 3]);
+}
+
+#[test]
+fn cursors_and_copy_of_a_query_read_through_the_fallback() {
+    let cursor = fallback("DECLARE c CURSOR FOR SELECT * FROM ea");
+    assert_eq!(cursor.reason, "a cursor over distributed tables");
+    // Foreign scans cannot run backward: the cursor keeps its rows.
+    assert_eq!(cursor.read.sql, "DECLARE c SCROLL CURSOR FOR SELECT * FROM tessera_fallback.dist_1 ea");
+    let copy = fallback("COPY (SELECT * FROM ea) TO STDOUT");
+    assert_eq!(copy.read.sql, "COPY (SELECT * FROM tessera_fallback.dist_1 ea) TO STDOUT");
+    // The cursor lives in the coordinator database, which fetches and closes it.
+    assert!(matches!(super::plan("FETCH 10 FROM c"), Plan::Local));
+    assert!(matches!(super::plan("CLOSE c"), Plan::Local));
+}
+
+/// Writes to distributed tables never go through the stand-ins, which would
+/// bypass the coordinator's transactions: what no tier runs is refused.
+#[test]
+fn writes_no_tier_runs_are_refused() {
+    let refusal = planned_as!("UPDATE ea SET v = ec.z FROM ec WHERE ec.k = ea.g", Plan::Unsupported);
+    assert_eq!(refusal.message(), "joins between distributed tables that are not co-located are not supported yet");
+}

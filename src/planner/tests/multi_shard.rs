@@ -1,0 +1,140 @@
+//! The multi-shard tier: a query over co-located tables (and reference
+//! tables) joined on their keys but not pinned to one shard group runs on
+//! every shard group; the coordinator database combines what the shards
+//! computed, or the rows are concatenated when each group's are final.
+
+use super::SHARD_COUNT;
+use crate::planner::{Command, MultiShardPlan, Plan};
+
+/// The plan's tier line (as `Plan`'s Display prints it) and the statement
+/// shard 0 runs, in which the others differ only by their shards' names.
+fn planned(sql: &str) -> (String, String) {
+    let multi: std::sync::Arc<MultiShardPlan> = planned_as!(sql, Plan::MultiShard);
+    assert_eq!(multi.anchor.shard_count(), SHARD_COUNT, "{sql}: one task per shard group");
+    (multi.to_string(), multi.template.sql_for_shard(0).unwrap())
+}
+
+#[test]
+fn aggregates_are_computed_per_shard_and_combined() {
+    assert_eq!(
+        planned("SELECT count(*), sum(v) FROM ea"),
+        (
+            "Select, 4 tasks, SELECT tessera_agg_000 AS count, tessera_agg_001 AS sum FROM tessera_partials".into(),
+            "SELECT count(*) AS tessera_p_000, sum(v) AS tessera_p_001 FROM public.ea_100 ea".into()
+        )
+    );
+    // avg from a sum and a count per shard.
+    assert_eq!(
+        planned("SELECT avg(v), min(v), max(v), bool_and(v > 0) FROM ea"),
+        (
+            "Select, 4 tasks, SELECT tessera_agg_000 AS avg, tessera_agg_001 AS min, tessera_agg_002 AS max, tessera_agg_003 AS bool_and FROM tessera_partials".into(),
+            "SELECT sum(v) AS tessera_p_000, count(v) AS tessera_p_001, min(v) AS tessera_p_002, max(v) AS tessera_p_003, bool_and(v > 0) AS tessera_p_004 FROM public.ea_100 ea".into()
+        )
+    );
+}
+
+#[test]
+fn groups_across_shards_are_merged_by_the_combine() {
+    assert_eq!(
+        planned("SELECT g, count(*), avg(v) FROM ea GROUP BY g HAVING sum(v) > 1 ORDER BY 3 DESC LIMIT 2"),
+        (
+            "Select, 4 tasks, SELECT tessera_p_000 AS g, tessera_agg_000 AS count, tessera_agg_001 AS avg FROM tessera_partials GROUP BY tessera_p_000 HAVING tessera_agg_002 > 1 ORDER BY 3 DESC LIMIT 2".into(),
+            "SELECT g AS tessera_p_000, count(*) AS tessera_p_001, sum(v) AS tessera_p_002, count(v) AS tessera_p_003, sum(v) AS tessera_p_004 FROM public.ea_100 ea GROUP BY g".into()
+        )
+    );
+}
+
+/// Grouped or partitioned by the distribution column, each group lives in
+/// one shard group: its rows are final there, however heavy the aggregate.
+#[test]
+fn groups_and_windows_by_the_key_are_pushed_down_whole() {
+    for sql in ["SELECT k, count(*) FROM ea GROUP BY k", "SELECT k, rank() OVER (PARTITION BY k ORDER BY v) FROM ea"] {
+        let (tier, shard_sql) = planned(sql);
+        assert_eq!(tier, "Select, 4 tasks, concatenate", "{sql}");
+        assert_eq!(shard_sql, sql.replace("FROM ea", "FROM public.ea_100 ea"));
+    }
+    // An ordered-set aggregate too; the primary key's table may have its
+    // other columns grouped along (tests of planner/group_keys.rs).
+    let (tier, shard_sql) = planned("SELECT k, percentile_cont(0.5) WITHIN GROUP (ORDER BY v) FROM ea GROUP BY k");
+    assert_eq!(tier, "Select, 4 tasks, concatenate");
+    assert!(shard_sql.starts_with("SELECT k, percentile_cont(0.5) WITHIN GROUP (ORDER BY v) FROM public.ea_100 ea GROUP BY k"), "{shard_sql}");
+}
+
+#[test]
+fn distinct_aggregates_of_one_value_run_in_two_phases() {
+    // Each shard gives its distinct values; the combine counts them.
+    assert_eq!(
+        planned("SELECT count(DISTINCT g) FROM ea"),
+        (
+            "Select, 4 tasks, SELECT count(DISTINCT tessera_p_000) AS count FROM tessera_partials".into(),
+            "SELECT g AS tessera_p_000 FROM public.ea_100 ea GROUP BY g".into()
+        )
+    );
+    assert_eq!(
+        planned("SELECT DISTINCT g FROM ea"),
+        ("Select, 4 tasks, SELECT DISTINCT tessera_visible_columns FROM tessera_partials".into(), "SELECT DISTINCT g FROM public.ea_100 ea".into())
+    );
+}
+
+#[test]
+fn each_shard_sends_its_own_top_rows() {
+    // With OFFSET, a shard's top rows must cover the skipped ones too.
+    assert_eq!(
+        planned("SELECT k, v FROM ea ORDER BY v DESC, k LIMIT 5 OFFSET 1"),
+        (
+            "Select, 4 tasks, SELECT tessera_visible_columns FROM tessera_partials ORDER BY 2 DESC, 1 LIMIT 5 OFFSET 1".into(),
+            "SELECT k, v FROM public.ea_100 ea ORDER BY v DESC, k LIMIT 5 + 1".into()
+        )
+    );
+    // A sort key the output hides travels as a hidden column.
+    assert_eq!(
+        planned("SELECT * FROM ea ORDER BY k LIMIT 3"),
+        (
+            "Select, 4 tasks, SELECT tessera_visible_columns FROM tessera_partials ORDER BY tessera_s_000 LIMIT 3".into(),
+            "SELECT *, k AS tessera_s_000 FROM public.ea_100 ea ORDER BY k LIMIT 3".into()
+        )
+    );
+}
+
+#[test]
+fn co_located_and_reference_joins_run_per_shard_group() {
+    for (sql, shard_sql) in [
+        ("SELECT ea.k, eb.w FROM ea JOIN eb ON ea.k = eb.k", "SELECT ea.k, eb.w FROM public.ea_100 ea JOIN public.eb_200 eb ON ea.k = eb.k"),
+        ("SELECT ea.k, er.name FROM ea JOIN er ON er.id = ea.g", "SELECT ea.k, er.name FROM public.ea_100 ea JOIN public.er_400 er ON er.id = ea.g"),
+        // A subquery joined on the key to the query around it goes along.
+        (
+            "SELECT ea.k FROM ea WHERE EXISTS (SELECT 1 FROM eb WHERE eb.k = ea.k AND eb.w > 1)",
+            "SELECT ea.k FROM public.ea_100 ea WHERE EXISTS (SELECT 1 FROM public.eb_200 eb WHERE eb.k = ea.k AND eb.w > 1)",
+        ),
+    ] {
+        assert_eq!(planned(sql), ("Select, 4 tasks, concatenate".into(), shard_sql.into()), "{sql}");
+    }
+}
+
+#[test]
+fn unpinned_writes_run_on_every_shard_group() {
+    for (sql, command, shard_sql) in [
+        ("UPDATE ea SET v = v + 1", Command::Update, "UPDATE public.ea_100 ea SET v = v + 1"),
+        ("DELETE FROM ea WHERE v > 10", Command::Delete, "DELETE FROM public.ea_100 ea WHERE v > 10"),
+        (
+            "UPDATE ea SET v = eb.w FROM eb WHERE eb.k = ea.k",
+            Command::Update,
+            "UPDATE public.ea_100 ea SET v = eb.w FROM public.eb_200 eb WHERE eb.k = ea.k",
+        ),
+        (
+            "DELETE FROM ea USING er WHERE er.id = ea.g AND er.name = 'x'",
+            Command::Delete,
+            "DELETE FROM public.ea_100 ea USING public.er_400 er WHERE er.id = ea.g AND er.name = 'x'",
+        ),
+    ] {
+        assert_eq!(planned(sql), (format!("{command:?}, 4 tasks, concatenate"), shard_sql.into()), "{sql}");
+    }
+}
+
+/// A key compared with a value of another type is not hashed when planning
+/// (the comparison converts it first): the query reads every shard group
+/// rather than risk routing to the wrong one.
+#[test]
+fn a_key_compared_across_types_reads_every_shard() {
+    assert_eq!(planned("SELECT * FROM ea WHERE k = 5::bigint").0, "Select, 4 tasks, concatenate");
+}
