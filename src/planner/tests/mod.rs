@@ -14,8 +14,11 @@ macro_rules! planned_as {
     };
 }
 
+mod copy;
+mod ddl;
 mod fallback;
 mod insert_select;
+mod merge;
 mod multi_shard;
 mod plan;
 mod router;
