@@ -1,6 +1,30 @@
 //! Unit tests of the planner as a whole: SQL text and an in-memory catalog
 //! in, a `Plan` out, no server anywhere. Each file covers one planner
 //! concern; this one holds the catalog they all plan against.
+//!
+//! Where each `Plan` variant is shown (`every_plan_variant_is_planned`
+//! below fails to compile when a variant is added, until it is listed):
+//!
+//! | variant                 | tests                                                                  |
+//! |-------------------------|------------------------------------------------------------------------|
+//! | Empty, Local            | session::nothing_to_run_and_local_statements                           |
+//! | LocalWithClusterData    | session::the_coordinator_database_runs_some_statements_over_cluster_data |
+//! | LocalOverShards         | session::the_coordinator_database_runs_some_statements_over_cluster_data |
+//! | Transaction             | session::transaction_control_is_the_coordinators                       |
+//! | ClusterFunction         | session::cluster_functions_are_carried_out_by_the_coordinator          |
+//! | Ddl                     | ddl.rs                                                                 |
+//! | Router                  | router.rs                                                              |
+//! | Delegated               | session::calls_of_distributed_functions_are_delegated_by_their_argument |
+//! | KeysMeet                | router::keys_known_only_at_run_time_meet_or_fall_back                  |
+//! | MultiShard              | multi_shard.rs, insert_select.rs, merge.rs                             |
+//! | Fallback                | fallback.rs                                                            |
+//! | Explain                 | session::explain_shows_the_plan_of_the_statement_it_explains           |
+//! | InsertSelect            | insert_select.rs                                                       |
+//! | MergeThroughCoordinator | merge::a_merge_from_other_rows_sends_each_to_its_shard                 |
+//! | WithLocalRows           | merge::writes_reading_local_tables_wait_for_their_rows                 |
+//! | Copy                    | copy.rs                                                                |
+//! | SqlPrepare, SqlExecute, SqlDeallocate | session::sql_prepared_statements_over_distributed_tables_are_the_sessions |
+//! | Unsupported             | the refusals of every file                                             |
 
 /// The inner plan of `sql`'s plan, which must be of `variant`
 /// (`planned_as!("SELECT …", Plan::Router)`); the test fails naming the
@@ -22,6 +46,7 @@ mod merge;
 mod multi_shard;
 mod plan;
 mod router;
+mod session;
 
 use super::{plan_query, Plan};
 use crate::connection::ServerAddr;
@@ -217,4 +242,59 @@ pub(crate) fn shard_of(key: i32) -> u32 {
 #[test]
 fn the_keys_the_tests_use_land_where_they_say() {
     assert_eq!([1, 2, 3, 5].map(shard_of), [0, 2, 1, 1]);
+}
+
+/// One statement planned as each variant. The match lists every variant,
+/// so a new one fails to compile until a statement planning it is here.
+#[test]
+fn every_plan_variant_is_planned() {
+    let variant = |plan: &Plan| match plan {
+        Plan::Empty => "Empty",
+        Plan::Local => "Local",
+        Plan::LocalWithClusterData(_) => "LocalWithClusterData",
+        Plan::LocalOverShards(_) => "LocalOverShards",
+        Plan::Transaction(_) => "Transaction",
+        Plan::ClusterFunction(_) => "ClusterFunction",
+        Plan::Ddl(_) => "Ddl",
+        Plan::Router(_) => "Router",
+        Plan::Delegated(_) => "Delegated",
+        Plan::KeysMeet(_) => "KeysMeet",
+        Plan::MultiShard(_) => "MultiShard",
+        Plan::Fallback(_) => "Fallback",
+        Plan::Explain(_) => "Explain",
+        Plan::InsertSelect(_) => "InsertSelect",
+        Plan::MergeThroughCoordinator(_) => "MergeThroughCoordinator",
+        Plan::WithLocalRows(_) => "WithLocalRows",
+        Plan::Copy(_) => "Copy",
+        Plan::SqlPrepare(_) => "SqlPrepare",
+        Plan::SqlExecute(_) => "SqlExecute",
+        Plan::SqlDeallocate(_) => "SqlDeallocate",
+        Plan::Unsupported(_) => "Unsupported",
+    };
+    for (sql, expected) in [
+        ("", "Empty"),
+        ("SELECT * FROM elocal", "Local"),
+        ("SELECT * FROM citus_stat_activity", "LocalWithClusterData"),
+        ("CREATE MATERIALIZED VIEW mv AS SELECT * FROM ea", "LocalOverShards"),
+        ("BEGIN", "Transaction"),
+        ("SELECT create_reference_table('t')", "ClusterFunction"),
+        ("CREATE INDEX ea_v ON ea (v)", "Ddl"),
+        ("SELECT * FROM ea WHERE k = 5", "Router"),
+        ("SELECT ea_credit(5, 10)", "Delegated"),
+        ("SELECT * FROM ea a, eb b WHERE a.k = $1 AND b.k = $2", "KeysMeet"),
+        ("SELECT count(*) FROM ea", "MultiShard"),
+        ("SELECT k, rank() OVER (ORDER BY v) FROM ea", "Fallback"),
+        ("EXPLAIN SELECT count(*) FROM ea", "Explain"),
+        ("INSERT INTO ea (k) SELECT id FROM elocal", "InsertSelect"),
+        ("MERGE INTO ea USING (VALUES (1, 2)) s(k, v) ON ea.k = s.k WHEN NOT MATCHED THEN INSERT VALUES (s.k, 0, s.v)", "MergeThroughCoordinator"),
+        ("DELETE FROM ea WHERE g IN (SELECT id FROM elocal)", "WithLocalRows"),
+        ("COPY ea FROM STDIN", "Copy"),
+        ("PREPARE q AS SELECT * FROM ea", "SqlPrepare"),
+        ("EXECUTE q", "SqlExecute"),
+        ("DEALLOCATE q", "SqlDeallocate"),
+        ("UPDATE ea SET k = 2 WHERE k = 1", "Unsupported"),
+    ] {
+        let planned = plan(sql);
+        assert_eq!(variant(&planned), expected, "{sql}: planned {planned}");
+    }
 }
