@@ -491,27 +491,6 @@ impl Catalog {
         catalog
     }
 
-    /// A reference table in `public` with these columns and primary key,
-    /// for unit tests.
-    #[cfg(test)]
-    pub fn reference_table_for_tests(oid: u32, name: &str, columns: &[&str], key: &[&str]) -> Arc<DistributedTable> {
-        Arc::new(DistributedTable {
-            oid,
-            schema: "public".into(),
-            name: name.into(),
-            distribution: Distribution::Reference,
-            colocation_id: 1,
-            columns: columns.iter().map(|c| c.to_string()).collect(),
-            copy_columns: columns.iter().map(|c| c.to_string()).collect(),
-            key_default: None,
-            sequence_columns: vec![],
-            always_identity: vec![],
-            shards: vec![Shard { id: oid as i64, index: 0, placements: vec![1] }],
-            partition_of: None,
-            primary_key: key.iter().map(|c| c.to_string()).collect(),
-        })
-    }
-
     /// The node registered at `host`:`port`, active or not.
     pub fn node_at(&self, host: &str, port: u16) -> Option<&Node> {
         self.nodes.iter().find(|n| n.addr.host == host && n.addr.port == port)

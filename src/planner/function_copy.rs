@@ -908,47 +908,15 @@ fn is_pin(node: &protobuf::Node, context: &Context) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metadata::{Coercion, KeyType, Shard};
 
-    fn table(oid: u32, name: &str, key: &str, columns: &[&str], colocation_id: i32, first_shard: i64) -> Arc<DistributedTable> {
-        let distribution = if key.is_empty() {
-            Distribution::Reference
-        } else {
-            Distribution::Hash {
-                column: key.into(),
-                column_index: columns.iter().position(|c| *c == key).unwrap(),
-                column_type: crate::hash::HashType::Int4,
-                key: KeyType { sql: "integer".into(), base_sql: "integer".into(), oid: 23, coercion: Coercion::None },
-            }
-        };
-        let count = if key.is_empty() { 1 } else { 4 };
-        Arc::new(DistributedTable {
-            oid,
-            schema: "public".into(),
-            name: name.into(),
-            distribution,
-            colocation_id,
-            columns: columns.iter().map(|c| c.to_string()).collect(),
-            copy_columns: columns.iter().map(|c| c.to_string()).collect(),
-            key_default: None,
-            sequence_columns: vec![],
-            always_identity: vec![],
-            shards: (0..count).map(|i| Shard { id: first_shard + i as i64, index: i, placements: vec![1] }).collect(),
-            partition_of: None,
-            primary_key: vec![],
-        })
-    }
-
+    /// Shards 100 … 103 of stock, 200 … 203 of orders, 300 of item.
     fn catalog() -> Catalog {
-        Catalog::for_tests(
-            vec![],
-            vec![
-                table(1, "stock", "s_w_id", &["s_w_id", "s_i_id", "s_quantity"], 1, 100),
-                table(2, "orders", "o_w_id", &["o_w_id", "o_id", "o_c_id"], 1, 200),
-                table(3, "item", "", &["i_id", "i_price"], 2, 300),
-                table(4, "other", "x_id", &["x_id", "x"], 3, 400),
-            ],
-        )
+        crate::planner::tests::CatalogBuilder::new()
+            .distributed("stock", &["s_w_id", "s_i_id", "s_quantity"], "s_w_id", 1)
+            .distributed("orders", &["o_w_id", "o_id", "o_c_id"], "o_w_id", 1)
+            .reference("item", &["i_id", "i_price"])
+            .distributed("other", &["x_id", "x"], "x_id", 3)
+            .build()
     }
 
     const FUNCTION: &str = "CREATE OR REPLACE FUNCTION public.f(p_w_id integer, p_ids integer[])

@@ -130,15 +130,13 @@ mod tests {
     use super::*;
 
     fn catalog() -> Catalog {
-        let table = Catalog::reference_table_for_tests;
-        Catalog::for_tests(
-            vec![],
-            vec![
-                table(1, "author", &["id", "name", "born"], &["id"]),
-                table(2, "book", &["tenant", "id", "title"], &["tenant", "id"]),
-                table(3, "tag", &["name"], &[]),
-            ],
-        )
+        crate::planner::tests::CatalogBuilder::new()
+            .reference("author", &["id", "name", "born"])
+            .primary_key(&["id"])
+            .reference("book", &["tenant", "id", "title"])
+            .primary_key(&["tenant", "id"])
+            .reference("tag", &["name"])
+            .build()
     }
 
     fn expanded(sql: &str) -> Option<String> {

@@ -150,13 +150,7 @@ mod tests {
     use super::*;
 
     fn catalog() -> Catalog {
-        Catalog::for_tests(
-            vec![],
-            vec![
-                Catalog::reference_table_for_tests(1, "a", &["id", "two"], &[]),
-                Catalog::reference_table_for_tests(2, "b", &["id", "two", "v"], &[]),
-            ],
-        )
+        crate::planner::tests::CatalogBuilder::new().reference("a", &["id", "two"]).reference("b", &["id", "two", "v"]).build()
     }
 
     fn statement(sql: &str) -> NodeEnum {
