@@ -74,7 +74,7 @@ pub(crate) struct CatalogBuilder {
 struct FunctionSpec {
     name: String,
     arg_names: Vec<String>,
-    distribution: Option<(usize, String)>,
+    distribution: (usize, String),
 }
 
 impl CatalogBuilder {
@@ -154,7 +154,7 @@ impl CatalogBuilder {
         self.functions.push(FunctionSpec {
             name: name.into(),
             arg_names: arg_names.iter().map(|a| a.to_string()).collect(),
-            distribution: Some((argument, colocated_with.into())),
+            distribution: (argument, colocated_with.into()),
         });
         self
     }
@@ -177,16 +177,15 @@ impl CatalogBuilder {
         let mut catalog = Catalog::for_tests(nodes.collect(), self.tables.into_iter().map(Arc::new).collect());
         catalog.add_aggregates_for_tests(&self.aggregates);
         for spec in self.functions {
-            let distribution = spec.distribution.map(|(argument, table)| {
-                (argument, catalog.table("public", &table).unwrap_or_else(|| panic!("{table} is not in the catalog")).clone())
-            });
+            let (argument, table) = spec.distribution;
+            let table = catalog.table("public", &table).unwrap_or_else(|| panic!("{table} is not in the catalog")).clone();
             let signature = format!("public.{}({})", spec.name, vec!["integer"; spec.arg_names.len()].join(", "));
             catalog.add_function_for_tests(Arc::new(DistributedFunction {
                 schema: "public".into(),
                 name: spec.name,
                 arg_names: spec.arg_names,
                 defaults: 0,
-                distribution,
+                distribution: Some((argument, table)),
                 force_delegation: false,
                 signature,
                 copied_per_shard: Some(CopiedLanguage::PlPgSql),
