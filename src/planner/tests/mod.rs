@@ -49,7 +49,7 @@ mod router;
 mod session;
 
 use super::{plan_query, Plan};
-use crate::connection::ServerAddr;
+use crate::config::ServerAddr;
 use crate::hash::{self, HashType};
 use crate::metadata::{Catalog, Coercion, CopiedLanguage, DistributedFunction, DistributedTable, Distribution, KeyType, Node, Shard};
 use std::sync::Arc;
