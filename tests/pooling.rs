@@ -177,11 +177,11 @@ async fn coordinator_database_connections_are_shared_and_keep_each_sessions_sett
     let db = common::connect(cluster.cluster.state.coordinator_db_port).await;
     while sessions.iter().any(|s| !s.is_finished()) {
         // Sessions' connections log in with the client's options, not as the
-        // coordinator's own service connections ("tessera", and recovery's
-        // kept one, "tessera recovery").
+        // coordinator's own service connections ("tessera", and the kept
+        // ones of recovery and catalog reloads, "tessera recovery" …).
         let rows = text_rows(
             &db,
-            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND application_name NOT IN ('tessera', 'tessera recovery') AND pid <> pg_backend_pid()",
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND application_name NOT LIKE 'tessera%' AND pid <> pg_backend_pid()",
         )
         .await;
         most = most.max(rows[0][0].as_deref().unwrap().parse::<usize>().unwrap());
