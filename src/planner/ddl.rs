@@ -928,7 +928,7 @@ fn view_runs_on_workers(node: &NodeEnum, catalog: &Catalog) -> bool {
     let reaches = !views.is_empty()
         || others.iter().any(|rv| resolve_range_var(rv, catalog).is_some())
         || super::walk::called_functions(query).iter().any(|f| catalog.user_code.touching(f).is_some());
-    reaches && super::router::first_local_table(query, &others, catalog).is_none()
+    reaches && super::dml::first_local_table(query, &others, catalog).is_none()
 }
 
 /// Statements that every node must run, whether or not tables are

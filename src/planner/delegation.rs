@@ -12,8 +12,10 @@
 //! when its function reaches distributed tables (it would run on some worker
 //! anyway), and the block goes on as any distributed block.
 
+use super::keys::key_value;
+use super::keys::ShardTarget;
 use super::rewrite::{CopiedCall, ShardTemplate};
-use super::router::{key_value, router, Command, RouterPlan, ShardTarget};
+use super::router::{router, Command, RouterPlan};
 use super::{function_names, Plan};
 use crate::metadata::{Catalog, Distribution};
 use pg_query::protobuf;

@@ -139,7 +139,7 @@ fn yields_key_type(insert: &InsertStmt, select: &mut SelectStmt, target: &Distri
         Some(NodeEnum::ResTarget(r)) => matches!(r.val.as_deref().and_then(|v| v.node.as_ref()), Some(NodeEnum::ColumnRef(c)) if c.fields.iter().any(|f| matches!(f.node, Some(NodeEnum::AStar(_))))),
         _ => true,
     });
-    let Some(type_name) = super::router::key_type_name(key) else { return false };
+    let Some(type_name) = super::keys::key_type_name(key) else { return false };
     let Some(NodeEnum::ResTarget(item)) = select.target_list.get_mut(position).and_then(|t| t.node.as_mut()).filter(|_| plain && !has_star) else {
         return false;
     };

@@ -106,7 +106,7 @@ pub(super) fn through_coordinator(version: i32, merge: &protobuf::MergeStmt, tar
     if contains_param(&NodeEnum::MergeStmt(Box::new(merge.clone()))) {
         return not_supported("MERGE through the coordinator with bind parameters is not supported yet; give the values in the statement");
     }
-    let Some(type_name) = super::router::key_type_name(key) else {
+    let Some(type_name) = super::keys::key_type_name(key) else {
         return refuse();
     };
     let select = protobuf::SelectStmt {

@@ -9,6 +9,7 @@ mod ddl;
 mod decorrelate;
 mod delegation;
 pub mod deparse;
+mod dml;
 mod explain;
 mod fallback;
 pub mod function_copy;
@@ -16,6 +17,7 @@ mod functions;
 mod group_keys;
 mod inline;
 mod insert_select;
+mod keys;
 mod local_rows;
 mod materialized_views;
 mod merge;
@@ -40,6 +42,7 @@ pub use explain::ExplainPlan;
 pub use fallback::{block_copy_name, CoordinatorRead, FallbackPlan};
 pub use functions::{ClusterCall, ClusterFunction};
 pub use insert_select::InsertSelectPlan;
+pub use keys::{KeyRouting, KeyValue, ShardTarget};
 pub use local_rows::LocalRowsPlan;
 pub use materialized_views::LentShards;
 pub use merge::MergePlan;
@@ -49,7 +52,7 @@ pub use multi_shard::{
 };
 pub use prepared::{SqlExecute, SqlPrepare};
 pub use rewrite::CopiedCall;
-pub use router::{Command, FilledValues, InsertKey, KeyRouting, KeyValue, RouterPlan, SequenceFill, ShardTarget};
+pub use router::{Command, FilledValues, InsertKey, RouterPlan, SequenceFill};
 
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable};
@@ -456,7 +459,7 @@ fn plan_undelegated(version: i32, raw: &protobuf::RawStmt, node: &NodeEnum, text
         NodeEnum::ExecuteStmt(e) => Some(prepared::plan_execute(e)),
         NodeEnum::DeallocateStmt(d) => Some(Plan::SqlDeallocate((!d.name.is_empty()).then(|| d.name.clone()))),
         NodeEnum::SelectStmt(_) | NodeEnum::InsertStmt(_) | NodeEnum::UpdateStmt(_) | NodeEnum::DeleteStmt(_) | NodeEnum::MergeStmt(_) => {
-            router::plan_dml(version, raw, catalog)
+            dml::plan_dml(version, raw, catalog)
         }
         _ => ddl::plan_utility(version, raw, catalog),
     };

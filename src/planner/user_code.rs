@@ -8,8 +8,8 @@
 //! simple) is refused, naming the code and what it reaches. Materialized
 //! views have a module of their own (`materialized_views.rs`).
 
+use super::dml::{first_local_table, whole_on_any_worker};
 use super::rewrite::ShardTemplate;
-use super::router::{first_local_table, whole_on_any_worker};
 use super::walk::{called_functions, range_vars};
 use super::Plan;
 use crate::error::PgError;

@@ -9,8 +9,9 @@
 //! The worker is the one holding the statement's pinned shard group when all
 //! its parts agree on one, so that a tenant's statement stays local.
 
+use super::dml::{first_local_table, modifying_cte, top_level_with, whole_on_any_worker};
 use super::rewrite::ShardTemplate;
-use super::router::{first_local_table, modifying_cte, nested_pins, router, sets_distribution_column, top_level_with, whole_on_any_worker, Command};
+use super::router::{nested_pins, router, sets_distribution_column, Command};
 use super::{resolve_range_var, walk, Plan};
 use crate::metadata::{Catalog, Distribution};
 use pg_query::protobuf;
