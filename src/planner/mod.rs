@@ -6,6 +6,7 @@ mod cluster_views;
 mod copy;
 mod cte_names;
 mod ddl;
+mod ddl_plan;
 mod decorrelate;
 mod delegation;
 pub mod deparse;
@@ -36,7 +37,8 @@ use crate::walk;
 
 pub use cluster_views::{ClusterData, SIZE_FUNCTIONS};
 pub use copy::{CopyPlan, KeyPosition};
-pub use ddl::{placement_groups, ChosenNames, DdlPlan, DropIndex, ForeignRetype, RelationChanges, RoleChange};
+pub use ddl::placement_groups;
+pub use ddl_plan::{ChosenNames, DdlPlan, DropIndex, ForeignRetype, RelationChanges, RoleChange};
 pub use delegation::Delegation;
 pub use explain::ExplainPlan;
 pub use fallback::{block_copy_name, CoordinatorRead, FallbackPlan};
