@@ -10,7 +10,7 @@
 //! the block's writes, as PostgreSQL would show them. The copies cost a
 //! full read of each table per statement; they are made only in this case.
 
-use super::node_of_group;
+use super::router::node_of_group;
 use crate::connection::quote_ident;
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable};

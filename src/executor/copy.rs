@@ -18,7 +18,7 @@
 //! options and privileges and writes the CopyInResponse / CopyOutResponse
 //! (and any header) the client gets.
 
-use super::node_of_group;
+use super::router::node_of_group;
 use crate::connection::client::{client_lost, ClientConn};
 use crate::connection::PgConnection;
 use crate::copy::{self, Row, RowReader, BATCH_BYTES, BINARY_TRAILER, MAX_IN_FLIGHT};
@@ -309,7 +309,7 @@ impl<'a> Load<'a> {
         let binary = self.plan.format.is_binary();
         let type_oid = if binary { routing.type_oid() } else { 0 };
         let values: Vec<&[u8]> = waiting.iter().map(|(_, v)| v.as_ref()).collect();
-        let converted = match super::coerce_keys(parts, &routing, type_oid, binary, &values).await {
+        let converted = match super::router::coerce_keys(parts, &routing, type_oid, binary, &values).await {
             Ok(converted) => converted,
             Err((i, e)) => {
                 let (row, value) = &waiting[i.min(waiting.len() - 1)];

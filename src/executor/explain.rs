@@ -1,7 +1,8 @@
 //! EXPLAIN of distributed statements: a Citus-style header for the tier, then
 //! one task's plan as the node that runs it explains it.
 
-use super::{evaluate_defaults, node_of_group, plan_tasks, Mode};
+use super::router::{evaluate_defaults, node_of_group, plan_tasks};
+use super::Mode;
 use crate::connection::client::ClientConn;
 use crate::connection::TextRows;
 use crate::error::{PgError, PgResult};

@@ -6,7 +6,8 @@
 //! foreign-table stand-ins of the shards.
 
 use super::multi_shard::{add_task, collect_rows, combine_sql, rows_as_relation, shard_type_names, tasks_by_node, TasksByNode};
-use super::{node_of_group, plan_tasks, run_on_coordinator_db, Defaults, Mode};
+use super::router::{node_of_group, plan_tasks, Defaults};
+use super::{run_on_coordinator_db, Mode};
 use crate::connection::client::ClientConn;
 use crate::connection::{quote_ident, text_row_size, TextRows};
 use crate::error::{sqlstate, PgError, PgResult};
@@ -62,7 +63,7 @@ pub async fn run(
     if let Some(computed) = compute_subqueries(plan, catalog, parts).await? {
         tracing::debug!("fallback with {} scalar subqueries computed first", computed.subqueries.len());
         return match &computed.plan {
-            Plan::Router(router) => super::run_router(router, parts, catalog, mode, client).await,
+            Plan::Router(router) => super::router::run_router(router, parts, catalog, mode, client).await,
             Plan::MultiShard(multi) => Box::pin(super::multi_shard::run(multi, coordinator, parts, catalog, mode, client)).await,
             Plan::Fallback(rest) => Box::pin(run(rest, coordinator, catalog, parts, mode, client)).await,
             _ => unreachable!("compute_subqueries returns only these plans"),
@@ -71,7 +72,7 @@ pub async fn run(
     if let Some(broadcast) = broadcast_plan(plan, catalog, parts).await? {
         tracing::debug!("fallback by broadcast: {}", plan.reason);
         return match &broadcast {
-            Plan::Router(router) => super::run_router(router, parts, catalog, mode, client).await,
+            Plan::Router(router) => super::router::run_router(router, parts, catalog, mode, client).await,
             Plan::MultiShard(multi) => Box::pin(super::multi_shard::run(multi, coordinator, parts, catalog, mode, client)).await,
             _ => unreachable!("broadcast_plan returns only pushdown plans"),
         };

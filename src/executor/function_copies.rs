@@ -6,7 +6,8 @@
 //! serve calls outside transaction blocks and outside pipelines; the others
 //! call the function itself.
 
-use super::{run_router, Mode};
+use super::router::run_router;
+use super::Mode;
 use crate::config::Config;
 use crate::config::Login;
 use crate::connection::client::ClientConn;
@@ -86,7 +87,7 @@ async fn make_copy(missing: &PgError, copied: &CopiedCall, catalog: &Catalog, lo
         .and_then(|id| anchor.shards.iter().find(|s| s.id == id))
         .ok_or_else(|| PgError::internal(format!("no shard of {} for {}", anchor.name, missing.message())))?;
     let group = *shard.placements.first().ok_or_else(|| PgError::internal(format!("shard {} has no placement", shard.id)))?;
-    let node = super::node_of_group(catalog, group)?;
+    let node = super::router::node_of_group(catalog, group)?;
     let schema = copy_schema(shard.id, copied.catalog_version);
     let mut conn = PgConnection::connect(&node.addr, login).await?;
     let result = async {

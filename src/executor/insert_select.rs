@@ -4,7 +4,8 @@
 //! multi-row INSERTs, in batches, all in one distributed transaction.
 
 use super::multi_shard::{type_names, values_list};
-use super::{add_row_to_shard, evaluate_defaults, node_of_group, plan_tasks, Mode, RoutedInsert, Task};
+use super::router::{add_row_to_shard, evaluate_defaults, node_of_group, plan_tasks, RoutedInsert, Task};
+use super::Mode;
 use crate::connection::client::ClientConn;
 use crate::connection::{quote_ident, text_row_size, TextRow, TextRows};
 use crate::error::{PgError, PgResult};

@@ -4,7 +4,7 @@
 //! distributed transaction.
 
 use super::multi_shard::{type_names, values_list};
-use super::node_of_group;
+use super::router::node_of_group;
 use crate::connection::client::ClientConn;
 use crate::connection::{quote_ident, text_row_size, TextRow};
 use crate::error::{PgError, PgResult};

@@ -10,7 +10,8 @@
 //! (`hold_rest`), the way the whole result was held before streaming.
 
 use super::multi_shard::{add_task, send_tasks, take_connections, tasks_by_node, SentBatch, TasksByNode};
-use super::{node_of_group, plan_tasks, Defaults, Mode};
+use super::router::{node_of_group, plan_tasks, Defaults};
+use super::Mode;
 use crate::connection::client::ClientConn;
 use crate::error::{PgError, PgResult};
 use crate::metadata::Catalog;

@@ -13,15 +13,6 @@ impl Session {
         Ok(())
     }
 
-    pub(super) async fn run_router(&mut self, router: &RouterPlan, catalog: &Catalog, extended: Option<(&Bind, &Shape)>) -> Result<(), Failure> {
-        let mode = execution_mode(extended, self.client.peek_tag() == Some(b'S'));
-        let result = executor::run_router(router, &mut self.parts, catalog, &mode, &mut self.client).await;
-        if result.is_err() {
-            self.parts.discard_broken();
-        }
-        Ok(result?)
-    }
-
     /// Runs a statement that is not plain pass-through. `extended` carries the
     /// client's Bind and the statement's shape for the extended protocol.
     /// One whose work spans several nodes or the coordinator runs under its
@@ -64,79 +55,6 @@ impl Session {
                 let tag = self.transaction_command(command).await?;
                 backend::command_complete(self.client.out(), tag);
             }
-            Plan::Router(router) => self.run_router(router, &catalog, extended).await?,
-            Plan::Delegated(delegation) => {
-                if executor::delegates(delegation, &mut self.parts).await? {
-                    let mode = execution_mode(extended, self.client.peek_tag() == Some(b'S'));
-                    let result = executor::function_copies::run_delegated(
-                        delegation,
-                        &mut self.parts,
-                        &catalog,
-                        &mode,
-                        &mut self.client,
-                        &self.coordinator.config,
-                    )
-                    .await;
-                    if result.is_err() {
-                        self.parts.discard_broken();
-                    }
-                    result?;
-                } else if matches!(delegation.otherwise, Plan::Local) {
-                    executor::run_on_coordinator_db(&mut self.parts, sql, &execution_mode(extended, false), &mut self.client).await?;
-                } else {
-                    Box::pin(self.execute_distributed(sql, &delegation.otherwise, extended)).await?;
-                }
-            }
-            Plan::KeysMeet(meet) => {
-                let meets = executor::keys_meet(&meet.route, &mut self.parts, &execution_mode(extended, false)).await?;
-                if meets {
-                    self.run_router(&meet.route, &catalog, extended).await?;
-                } else {
-                    Box::pin(self.execute_distributed(sql, &meet.otherwise, extended)).await?;
-                }
-            }
-            Plan::MultiShard(multi) => {
-                let mode = execution_mode(extended, false);
-                let result = executor::multi_shard::run(multi, &self.coordinator, &mut self.parts, &catalog, &mode, &mut self.client).await;
-                if result.is_err() {
-                    self.parts.discard_broken();
-                }
-                result?;
-            }
-            Plan::LocalWithClusterData(needs) => {
-                let mode = execution_mode(extended, false);
-                let report = (needs.pools || needs.sessions).then(|| self.coordinator.process_report(&catalog));
-                executor::cluster_views::run(needs, report.as_ref(), sql, &catalog, &mut self.parts, &mode, &mut self.client).await?;
-            }
-            Plan::LocalOverShards(lent) => {
-                executor::materialized_views::run(lent, sql, &self.coordinator, &catalog, &mut self.parts, &mut self.client).await?
-            }
-            Plan::Fallback(fallback) => {
-                let mode = execution_mode(extended, false);
-                executor::fallback::run(fallback, &self.coordinator, &catalog, &mut self.parts, &mode, &mut self.client).await?;
-            }
-            Plan::Copy(copy) => {
-                let result = executor::copy::run(copy, &mut self.parts, &catalog, &mut self.client).await;
-                if result.is_err() {
-                    self.parts.discard_broken();
-                }
-                result?;
-            }
-            Plan::Explain(explain) => {
-                let mode = execution_mode(extended, false);
-                executor::explain::run(explain, &self.coordinator, &catalog, &mut self.parts, &mode, &mut self.client).await?;
-            }
-            Plan::InsertSelect(insert) => {
-                let mode = execution_mode(extended, false);
-                executor::insert_select::run(insert, &self.coordinator, &catalog, &mut self.parts, &mode, &mut self.client).await?;
-            }
-            Plan::MergeThroughCoordinator(merge) => {
-                executor::merge::run(merge, &self.coordinator, &catalog, &mut self.parts, &mut self.client).await?
-            }
-            Plan::WithLocalRows(local) => {
-                let replanned = executor::local_rows::replanned(local, &catalog, &mut self.parts).await?;
-                Box::pin(self.execute_distributed(sql, &replanned, extended)).await?;
-            }
             Plan::SqlPrepare(prepare) => {
                 // Prepared on the coordinator database too: checked against the
                 // shells, typed, and listed in pg_prepared_statements.
@@ -178,6 +96,22 @@ impl Session {
                 commands::run_ddl(ddl, sql, &mut ctx).await?;
                 if ddl.changes_catalog() && self.parts.in_block() {
                     self.load_block_catalog().await?;
+                }
+            }
+            executed_plan => {
+                let mode = execution_mode(extended, self.client.peek_tag() == Some(b'S'));
+                let mut ctx = ExecutionContext {
+                    coordinator: &self.coordinator,
+                    catalog: &catalog,
+                    parts: &mut self.parts,
+                    client: &mut self.client,
+                    sql,
+                    mode,
+                };
+                match executor::execute(executed_plan, &mut ctx).await? {
+                    Executed::Done => {}
+                    Executed::Instead(instead) => Box::pin(self.execute_distributed(sql, instead, extended)).await?,
+                    Executed::Replanned(replanned) => Box::pin(self.execute_distributed(sql, &replanned, extended)).await?,
                 }
             }
         }
