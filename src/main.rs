@@ -1,3 +1,6 @@
+//! The `tessera` command line: `up`/`down`/`status` of the embedded local
+//! cluster, `serve` (the coordinator process), `rebalance` and `load`.
+
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
