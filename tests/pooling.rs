@@ -178,10 +178,10 @@ async fn coordinator_database_connections_are_shared_and_keep_each_sessions_sett
     while sessions.iter().any(|s| !s.is_finished()) {
         // Sessions' connections log in with the client's options, not as the
         // coordinator's own service connections ("tessera", and the kept
-        // ones of recovery and catalog reloads, "tessera recovery" …).
+        // ones of recovery and catalog reloads).
         let rows = text_rows(
             &db,
-            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND application_name NOT LIKE 'tessera%' AND pid <> pg_backend_pid()",
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND application_name NOT IN ('tessera', 'tessera recovery', 'tessera catalog reload') AND pid <> pg_backend_pid()",
         )
         .await;
         most = most.max(rows[0][0].as_deref().unwrap().parse::<usize>().unwrap());
