@@ -214,3 +214,81 @@ async fn ddl_on_one_table_leaves_the_other_tables_fallback_stand_ins_alone() {
         .get::<_, i64>(0);
     assert_eq!(left, 2, "the dropped table's stand-in went with it");
 }
+
+/// The rows of `sql`, one per line, columns separated by `|`.
+async fn rows(c: &Observed, sql: &str) -> String {
+    common::text_rows(&c.client, sql)
+        .await
+        .into_iter()
+        .map(|r| r.into_iter().map(|v| v.unwrap_or_else(|| "NULL".into())).collect::<Vec<_>>().join("|"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test]
+async fn the_catalog_follows_ddl_that_changes_no_catalog_row() {
+    let cluster = TestCluster::start(2);
+    let c = Observed::connect(&cluster).await;
+    c.run("CREATE SCHEMA s1; CREATE TABLE s1.t (id int PRIMARY KEY, k int); SELECT create_distributed_table('s1.t', 'id', shard_count => 4)").await;
+    c.run("INSERT INTO s1.t SELECT g, g % 3 FROM generate_series(1, 9) g").await;
+
+    c.run("ALTER SCHEMA s1 RENAME TO s2").await;
+    assert_eq!(c.value("SELECT count(*) FROM s2.t").await, "9", "a renamed schema's table is found under the new name");
+    c.run("ALTER TABLE s2.t RENAME TO u").await;
+    assert_eq!(c.value("SELECT k FROM s2.u WHERE id = 5").await, "2");
+    c.run("ALTER TABLE s2.u RENAME COLUMN k TO kind").await;
+    assert_eq!(c.value("SELECT sum(kind) FROM s2.u").await, "9");
+
+    // Dropped with the schema: the name is free for a local table.
+    c.run("DROP SCHEMA s2 CASCADE").await;
+    c.run("CREATE SCHEMA s2; CREATE TABLE s2.u (id int, kind int); INSERT INTO s2.u VALUES (1, 1)").await;
+    assert_eq!(c.value("SELECT count(*) FROM s2.u").await, "1", "the dropped distributed table is forgotten");
+
+    // A detached partition stands on its own.
+    c.run(
+        "CREATE TABLE p (id int, k int) PARTITION BY RANGE (id);
+         CREATE TABLE p1 PARTITION OF p FOR VALUES FROM (0) TO (100);
+         CREATE TABLE p2 PARTITION OF p FOR VALUES FROM (100) TO (200);
+         SELECT create_distributed_table('p', 'id', shard_count => 4);
+         INSERT INTO p SELECT g, g FROM generate_series(1, 150) g",
+    )
+    .await;
+    c.run("ALTER TABLE p DETACH PARTITION p1").await;
+    assert_eq!(rows(&c, "SELECT count(*), min(id) FROM p").await, "51|100");
+    assert_eq!(rows(&c, "SELECT count(*), max(id) FROM p1").await, "99|99");
+    c.run("ALTER TABLE p ADD COLUMN extra int DEFAULT 7").await;
+    assert_eq!(rows(&c, "SELECT sum(extra) FROM p2").await, "357", "a partition's new column is known");
+}
+
+#[tokio::test]
+async fn a_reload_reads_only_the_changed_tables_unless_it_is_too_far_behind() {
+    let cluster = TestCluster::start(2);
+    let c = Observed::connect(&cluster).await;
+    for t in ["a", "b"] {
+        c.run(&format!("CREATE TABLE {t} (id int PRIMARY KEY, k int); SELECT create_distributed_table('{t}', 'id', shard_count => 4)")).await;
+        c.run(&format!("INSERT INTO {t} SELECT g, g % 3 FROM generate_series(1, 9) g")).await;
+    }
+    // The catalog rows of b go without any change being recorded (no
+    // trigger fires for a replica session), as if a change had been lost.
+    let db = cluster.connect_coordinator_db().await;
+    db.batch_execute(
+        "SET session_replication_role = replica;
+         DELETE FROM tessera.pg_dist_placement WHERE shardid IN (SELECT shardid FROM tessera.pg_dist_shard WHERE logicalrelid = 'b'::regclass);
+         DELETE FROM tessera.pg_dist_shard WHERE logicalrelid = 'b'::regclass;
+         DELETE FROM tessera.pg_dist_partition WHERE logicalrelid = 'b'::regclass;
+         RESET session_replication_role",
+    )
+    .await
+    .unwrap();
+    // A change of another table reloads (before the statement returns)
+    // only that table: b still reads its shards.
+    c.run("ALTER TABLE a ADD COLUMN extra int").await;
+    assert_eq!(c.value("SELECT count(*) FROM b").await, "9", "the reload read only the table that changed");
+
+    // A coordinator further behind than the changes kept reads everything:
+    // b is now a local table (its empty shell).
+    db.batch_execute("UPDATE tessera.catalog_version SET version = version + 2000, changes_kept_from = version + 2000").await.unwrap();
+    c.run("ALTER TABLE a ADD COLUMN more int").await;
+    assert_eq!(c.value("SELECT count(*) FROM b").await, "0", "the whole catalog was read");
+    assert_eq!(c.value("SELECT count(*) FROM a WHERE extra IS NULL AND more IS NULL").await, "9");
+}

@@ -575,9 +575,13 @@ async fn run_ddl_in_block(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_
             if let Some(catalog_sql) = catalog_sql {
                 local.execute(catalog_sql).await?;
             }
-            // Columns may have changed: coordinators reload, and the fallback
-            // tier's foreign tables get rebuilt.
-            local.execute("SELECT tessera.catalog_changed()").await?;
+            // Columns may have changed: coordinators read the table again,
+            // and the fallback tier's foreign tables get rebuilt. Its
+            // partitions are named as they were before the statement, which
+            // may have detached one.
+            let changed: Vec<String> =
+                std::iter::once(table.oid).chain(ctx.catalog.partitions_under(table.oid).iter().map(|t| t.oid)).map(|oid| oid.to_string()).collect();
+            local.execute(&format!("SELECT tessera.tables_changed('{{{}}}')", changed.join(","))).await?;
             Ok(tag)
         }
         DdlPlan::Drop { tables } => {

@@ -1,8 +1,9 @@
 //! The distribution catalog: its tables in the coordinator database, and the
 //! immutable in-memory snapshot of them that the query path reads without locks.
 //! A change anywhere (this process, another coordinator process, a manual UPDATE)
-//! bumps `tessera.catalog_version` and notifies `tessera_catalog`; a listener task
-//! then loads a fresh snapshot and swaps it in atomically.
+//! bumps `tessera.catalog_version`, records which distributed tables it touched
+//! in `tessera.catalog_changes`, and notifies `tessera_catalog`; a listener task
+//! then reads those tables again into a fresh snapshot and swaps it in atomically.
 
 use crate::config::ServerAddr;
 use crate::connection::{quote_ident, PgConnection};
@@ -419,6 +420,24 @@ impl Catalog {
     pub fn follows_search_path(&self) -> bool {
         self.unqualified.is_some()
     }
+    /// Adds `table`, in place of what the catalog held under its oid.
+    fn put_table(&mut self, table: Arc<DistributedTable>) {
+        self.forget_table(table.oid);
+        self.tables.insert((table.schema.clone(), table.name.clone()), table.clone());
+        self.by_oid.insert(table.oid, table);
+    }
+
+    /// Removes the table `oid`, leaving its name to any other table now
+    /// holding it.
+    fn forget_table(&mut self, oid: u32) {
+        if let Some(old) = self.by_oid.remove(&oid) {
+            let name = (old.schema.clone(), old.name.clone());
+            if self.tables.get(&name).is_some_and(|t| t.oid == oid) {
+                self.tables.remove(&name);
+            }
+        }
+    }
+
     pub fn table_by_oid(&self, oid: u32) -> Option<&Arc<DistributedTable>> {
         self.by_oid.get(&oid)
     }
@@ -543,19 +562,42 @@ impl Catalog {
 /// running it.
 const LOADING: [(&str, &str); 1] = [("jit", "off")];
 
-/// Reads the whole catalog in one transaction so the snapshot is consistent.
-pub async fn load(conn: &mut PgConnection) -> PgResult<Catalog> {
+/// Reads the catalog as committed now, in one transaction so the snapshot
+/// is consistent. Starting from `previous`, only the tables that the
+/// versions since changed are read again (`tessera.catalog_changes`),
+/// unless a change did not say which tables it touched or `previous` is
+/// older than the changes kept; the rest (nodes, user code, functions) is
+/// small and read whole.
+pub async fn load_since(conn: &mut PgConnection, previous: &Catalog) -> PgResult<Catalog> {
     let rows = conn
         .query(
             "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY;
              SET LOCAL jit = off;
-             SELECT version FROM tessera.catalog_version;",
+             SELECT version, changes_kept_from FROM tessera.catalog_version;",
         )
         .await?;
-    let version = rows.first().and_then(|r| r[0].as_deref()).and_then(|v| v.parse().ok()).unwrap_or(0);
-    let result = load_in_transaction(conn, version).await;
+    let result = async {
+        let (version, kept_from): (i64, i64) = rows.first().map(|r| (int(&r[0]), int(&r[1]))).unwrap_or_default();
+        let changed = match previous.version {
+            0 => None,
+            known if known + 1 < kept_from => None,
+            known => changed_tables(conn, known).await?,
+        };
+        match changed {
+            Some(oids) => load_changes(conn, version, previous, &oids).await,
+            None => load_in_transaction(conn, version).await,
+        }
+    }
+    .await;
     conn.execute("COMMIT").await?;
     result
+}
+
+/// The tables changed since version `known`, or None when some change
+/// named none (read everything).
+async fn changed_tables(conn: &mut PgConnection, known: i64) -> PgResult<Option<Vec<u32>>> {
+    let rows = conn.query(&format!("SELECT DISTINCT relid FROM tessera.catalog_changes WHERE version > {known}")).await?;
+    Ok(rows.into_iter().map(|r| r[0].as_deref().and_then(|v| v.parse().ok())).collect())
 }
 
 /// The catalog version committed now, to tell whether a snapshot is current.
@@ -591,11 +633,7 @@ pub async fn load_tables_in_block(conn: &mut PgConnection, committed: &Catalog, 
     let mut catalog = Catalog { nodes, unqualified: None, ..committed.clone() };
     keep_type_oids(&mut catalog, committed);
     for table in tables {
-        if let Some(old) = catalog.by_oid.remove(&table.oid) {
-            catalog.tables.remove(&(old.schema.clone(), old.name.clone()));
-        }
-        catalog.tables.insert((table.schema.clone(), table.name.clone()), table.clone());
-        catalog.by_oid.insert(table.oid, table);
+        catalog.put_table(table);
     }
     Ok(catalog)
 }
@@ -623,17 +661,40 @@ fn int<T: std::str::FromStr + Default>(v: &Option<String>) -> T {
 /// read: a block's catalog is read as the client's role.
 async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<Catalog> {
     let mut catalog = Catalog { version, nodes: read_nodes(conn).await?, ..Default::default() };
+    for table in read_tables(conn, None).await? {
+        catalog.put_table(table);
+    }
+    read_code(conn, &mut catalog).await?;
+    Ok(catalog)
+}
+
+/// `previous` with the tables `changed` read again (gone when they no
+/// longer are distributed), and everything else but tables read whole.
+async fn load_changes(conn: &mut PgConnection, version: i64, previous: &Catalog, changed: &[u32]) -> PgResult<Catalog> {
+    let mut catalog =
+        Catalog { version, nodes: read_nodes(conn).await?, tables: previous.tables.clone(), by_oid: previous.by_oid.clone(), ..Default::default() };
+    for oid in changed {
+        catalog.forget_table(*oid);
+    }
+    if !changed.is_empty() {
+        for table in read_tables(conn, Some(changed)).await? {
+            catalog.put_table(table);
+        }
+    }
+    read_code(conn, &mut catalog).await?;
+    Ok(catalog)
+}
+
+/// What the catalog holds besides nodes and tables: aggregates, the user
+/// code that reaches the tables, and distributed functions.
+async fn read_code(conn: &mut PgConnection, catalog: &mut Catalog) -> PgResult<()> {
     for r in conn.query("SELECT DISTINCT proname FROM pg_proc WHERE prokind IN ('a', 'w')").await? {
         if let Some(name) = &r[0] {
             catalog.aggregates.insert(name.clone());
         }
     }
-    for table in read_tables(conn, None).await? {
-        catalog.tables.insert((table.schema.clone(), table.name.clone()), table.clone());
-        catalog.by_oid.insert(table.oid, table);
-    }
     if catalog.has_tables() {
-        catalog.user_code = user_code::load(conn, &catalog).await?;
+        catalog.user_code = user_code::load(conn, catalog).await?;
     }
     let functions = conn
         .query(
@@ -682,7 +743,7 @@ async fn load_in_transaction(conn: &mut PgConnection, version: i64) -> PgResult<
         };
         catalog.functions.entry((function.schema.clone(), function.name.clone())).or_default().push(Arc::new(function));
     }
-    Ok(catalog)
+    Ok(())
 }
 
 async fn read_nodes(conn: &mut PgConnection) -> PgResult<Vec<Node>> {
@@ -705,11 +766,15 @@ async fn read_nodes(conn: &mut PgConnection) -> PgResult<Vec<Node>> {
 async fn read_tables(conn: &mut PgConnection, oids: Option<&[u32]>) -> PgResult<Vec<Arc<DistributedTable>>> {
     let among = match oids {
         None => "pg_catalog.pg_dist_partition".to_string(),
+        // Materialized: else the planner works out every table's columns
+        // before it picks the few asked for.
         Some(oids) => format!(
-            "(SELECT p.* FROM pg_catalog.pg_dist_partition p
-               WHERE p.logicalrelid IN (WITH RECURSIVE up(relid) AS (SELECT unnest(ARRAY[{}]::oid[])
-                                                                     UNION SELECT i.inhparent FROM pg_inherits i JOIN up ON i.inhrelid = up.relid)
-                                        SELECT relid FROM up))",
+            "(WITH chosen AS MATERIALIZED (
+                 SELECT p.* FROM pg_catalog.pg_dist_partition p
+                  WHERE p.logicalrelid IN (WITH RECURSIVE up(relid) AS (SELECT unnest(ARRAY[{}]::oid[])
+                                                                        UNION SELECT i.inhparent FROM pg_inherits i JOIN up ON i.inhrelid = up.relid)
+                                           SELECT relid FROM up))
+              SELECT * FROM chosen)",
             oids.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
         ),
     };

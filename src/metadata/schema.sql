@@ -259,14 +259,42 @@ INSERT INTO tessera.catalog_version SELECT 1 WHERE NOT EXISTS (SELECT FROM tesse
 ALTER TABLE tessera.catalog_version ADD COLUMN IF NOT EXISTS tables_version bigint;
 UPDATE tessera.catalog_version SET tables_version = version WHERE tables_version IS NULL;
 
--- Called by the triggers below, and by the coordinator after DDL that changes
--- a distributed table's columns or the types nodes share (which no catalog
--- row records). Any role's DDL may call for it.
+-- Which distributed tables each catalog version changed, so that a
+-- coordinator whose snapshot is a few versions behind reads only those
+-- tables again (`metadata::load_since`): with hundreds of tables and tens
+-- of thousands of shards, reading the whole catalog after every DDL
+-- statement cost more than the statement. A row without a relid stands for
+-- a change whose tables are not known: the whole catalog is read then.
+CREATE TABLE IF NOT EXISTS tessera.catalog_changes (version bigint NOT NULL, relid oid);
+CREATE INDEX IF NOT EXISTS catalog_changes_version ON tessera.catalog_changes (version);
+-- The first version whose changes are all still recorded (older ones are pruned).
+ALTER TABLE tessera.catalog_version ADD COLUMN IF NOT EXISTS changes_kept_from bigint;
+UPDATE tessera.catalog_version SET changes_kept_from = version + 1 WHERE changes_kept_from IS NULL;
+
+-- Records a change of the distributed tables `relids` (NULL: of any), which
+-- the fallback tier's stand-ins follow too. The version row is locked until
+-- commit, so versions are handed out in commit order and a reader sees
+-- every change up to the version it reads.
+CREATE OR REPLACE FUNCTION tessera.tables_changed(relids oid[]) RETURNS void LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, tessera AS $$
+DECLARE
+    changed bigint;
+BEGIN
+    UPDATE tessera.catalog_version SET version = version + 1, tables_version = tables_version + 1 RETURNING version INTO changed;
+    INSERT INTO tessera.catalog_changes SELECT changed, r FROM unnest(coalesce(relids, ARRAY[NULL::oid])) r;
+    -- A coordinator a thousand versions behind reads the whole catalog.
+    IF changed % 100 = 0 THEN
+        DELETE FROM tessera.catalog_changes WHERE version <= changed - 1000;
+        UPDATE tessera.catalog_version SET changes_kept_from = greatest(changes_kept_from, changed - 999);
+    END IF;
+    PERFORM pg_notify('tessera_catalog', '');
+END $$;
+
+-- A change of distributed tables that are not named. Any role's DDL may call for it.
 CREATE OR REPLACE FUNCTION tessera.catalog_changed() RETURNS void LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, tessera AS $$
 BEGIN
-    UPDATE tessera.catalog_version SET version = version + 1, tables_version = tables_version + 1;
-    PERFORM pg_notify('tessera_catalog', '');
+    PERFORM tessera.tables_changed(NULL);
 END $$;
 
 -- After DDL on views, functions, triggers or aggregates: the coordinators
@@ -280,19 +308,55 @@ BEGIN
     PERFORM pg_notify('tessera_catalog', '');
 END $$;
 
+-- Nodes, co-location groups and distributed objects: coordinators read
+-- them whole on every reload, so a change names no table; a TRUNCATE of
+-- any catalog table calls for reading everything.
 CREATE OR REPLACE FUNCTION tessera.bump_catalog_version() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM tessera.catalog_changed();
+    PERFORM tessera.tables_changed(CASE WHEN TG_OP = 'TRUNCATE' THEN NULL ELSE '{}'::oid[] END);
+    RETURN NULL;
+END $$;
+
+-- Rows of pg_dist_partition, pg_dist_shard and pg_dist_placement changed:
+-- their tables are recorded, from the statement's rows (an UPDATE's old
+-- rows: no command changes which table a row belongs to).
+CREATE OR REPLACE FUNCTION tessera.record_changed_rows() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    relids oid[];
+BEGIN
+    IF TG_TABLE_NAME = 'pg_dist_placement' THEN
+        -- A placement whose shard row is already gone was recorded with the shard.
+        SELECT array_agg(DISTINCT s.logicalrelid::oid) INTO relids FROM changed_rows r JOIN tessera.pg_dist_shard s USING (shardid);
+    ELSE
+        SELECT array_agg(DISTINCT r.logicalrelid::oid) INTO relids FROM changed_rows r;
+    END IF;
+    PERFORM tessera.tables_changed(coalesce(relids, '{}'));
     RETURN NULL;
 END $$;
 
 DO $$
-DECLARE t text;
+DECLARE
+    t text;
+    event text;
 BEGIN
-    FOREACH t IN ARRAY ARRAY['pg_dist_node', 'pg_dist_colocation', 'pg_dist_partition', 'pg_dist_shard', 'pg_dist_placement', 'pg_dist_object'] LOOP
+    FOREACH t IN ARRAY ARRAY['pg_dist_node', 'pg_dist_colocation', 'pg_dist_object'] LOOP
         IF NOT EXISTS (SELECT FROM pg_trigger WHERE tgname = t || '_changed') THEN
             EXECUTE format('CREATE TRIGGER %I AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON tessera.%I FOR EACH STATEMENT EXECUTE FUNCTION tessera.bump_catalog_version()', t || '_changed', t);
         END IF;
+    END LOOP;
+    FOREACH t IN ARRAY ARRAY['pg_dist_partition', 'pg_dist_shard', 'pg_dist_placement'] LOOP
+        -- Catalogs from before changes were recorded per table.
+        EXECUTE format('DROP TRIGGER IF EXISTS %I ON tessera.%I', t || '_changed', t);
+        IF NOT EXISTS (SELECT FROM pg_trigger WHERE tgname = t || '_truncated') THEN
+            EXECUTE format('CREATE TRIGGER %I AFTER TRUNCATE ON tessera.%I FOR EACH STATEMENT EXECUTE FUNCTION tessera.bump_catalog_version()', t || '_truncated', t);
+        END IF;
+        -- PostgreSQL gives transition tables to triggers of one event only.
+        FOREACH event IN ARRAY ARRAY['INSERT', 'UPDATE', 'DELETE'] LOOP
+            IF NOT EXISTS (SELECT FROM pg_trigger WHERE tgname = t || '_' || lower(event)) THEN
+                EXECUTE format('CREATE TRIGGER %I AFTER %s ON tessera.%I REFERENCING %s TABLE AS changed_rows FOR EACH STATEMENT EXECUTE FUNCTION tessera.record_changed_rows()',
+                               t || '_' || lower(event), event, t, CASE event WHEN 'INSERT' THEN 'NEW' ELSE 'OLD' END);
+            END IF;
+        END LOOP;
     END LOOP;
 END $$;
 
@@ -885,7 +949,7 @@ RESET allow_system_table_mods;
 -- in the schema: its tables stay unreadable.
 GRANT USAGE ON SCHEMA tessera TO PUBLIC;
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA tessera FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION tessera.check_owner(regclass), tessera.catalog_changed(), tessera.user_code_changed(), tessera.new_colocation(int, int, oid, oid),
+GRANT EXECUTE ON FUNCTION tessera.check_owner(regclass), tessera.catalog_changed(), tessera.tables_changed(oid[]), tessera.user_code_changed(), tessera.new_colocation(int, int, oid, oid),
     tessera.record_distribution(regclass, "char", text, int, int[]), tessera.forget_distribution(regclass), tessera.rename_distribution_column(regclass, text),
     tessera.follow_colocation(int, int), tessera.change_colocation(regclass, regclass), tessera.coordinator_only(),
     tessera.refuse_shell_write(), tessera.guard_shell(regclass),
@@ -910,6 +974,58 @@ CREATE EVENT TRIGGER tessera_user_code_changed ON ddl_command_end
                  'CREATE PROCEDURE', 'ALTER PROCEDURE', 'DROP PROCEDURE',
                  'CREATE TRIGGER', 'ALTER TRIGGER', 'DROP TRIGGER')
     EXECUTE FUNCTION tessera.bump_catalog_version_on_ddl();
+
+-- DDL that changes what coordinators know of distributed tables without a
+-- catalog row changing (columns, names, schemas, keys) records the tables
+-- it touched, with the partitions below them, whichever path ran it; a
+-- type's change (its name, an enum's values) calls for reading everything.
+-- A detached partition is no longer below its parent here: the coordinator
+-- names it itself (commands/mod.rs).
+CREATE OR REPLACE FUNCTION tessera.record_ddl_tables() RETURNS event_trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, tessera AS $$
+DECLARE
+    touched oid[] := '{}';
+    command record;
+BEGIN
+    FOR command IN SELECT classid, objid FROM pg_event_trigger_ddl_commands() LOOP
+        IF command.classid = 'pg_type'::regclass THEN
+            PERFORM tessera.catalog_changed();
+            RETURN;
+        ELSIF command.classid = 'pg_namespace'::regclass THEN
+            touched := touched || ARRAY(SELECT c.oid FROM pg_class c WHERE c.relnamespace = command.objid);
+        ELSIF command.classid = 'pg_class'::regclass THEN
+            touched := touched || command.objid;
+        END IF;
+    END LOOP;
+    SELECT array_agg(DISTINCT p.logicalrelid::oid) INTO touched
+    FROM (WITH RECURSIVE down(relid) AS (SELECT unnest(touched) UNION SELECT i.inhrelid FROM pg_inherits i JOIN down ON i.inhparent = down.relid)
+          SELECT relid FROM down) d
+    JOIN tessera.pg_dist_partition p ON p.logicalrelid::oid = d.relid;
+    IF touched IS NOT NULL THEN
+        PERFORM tessera.tables_changed(touched);
+    END IF;
+END $$;
+DROP EVENT TRIGGER IF EXISTS tessera_tables_altered;
+CREATE EVENT TRIGGER tessera_tables_altered ON ddl_command_end
+    WHEN TAG IN ('ALTER TABLE', 'ALTER SCHEMA', 'ALTER TYPE', 'ALTER DOMAIN')
+    EXECUTE FUNCTION tessera.record_ddl_tables();
+
+-- Distributed tables dropped with their catalog rows left behind (DROP
+-- SCHEMA … CASCADE, DROP OWNED): coordinators forget them.
+CREATE OR REPLACE FUNCTION tessera.record_dropped_tables() RETURNS event_trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, tessera AS $$
+DECLARE
+    dropped oid[];
+BEGIN
+    SELECT array_agg(d.objid) INTO dropped FROM pg_event_trigger_dropped_objects() d
+    WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND EXISTS (SELECT FROM tessera.pg_dist_partition p WHERE p.logicalrelid::oid = d.objid);
+    IF dropped IS NOT NULL THEN
+        PERFORM tessera.tables_changed(dropped);
+    END IF;
+END $$;
+DROP EVENT TRIGGER IF EXISTS tessera_tables_dropped;
+CREATE EVENT TRIGGER tessera_tables_dropped ON sql_drop
+    EXECUTE FUNCTION tessera.record_dropped_tables();
 
 -- A view's query with every relation qualified by its schema, whatever the
 -- caller's search_path, so that the coordinator can expand it into the

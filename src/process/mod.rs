@@ -80,7 +80,8 @@ impl Coordinator {
             .await
             .map_err(|e| anyhow::anyhow!("could not register worker {}:{}: {e}", w.host, w.port))?;
         }
-        let catalog = metadata::load(&mut conn).await.map_err(|e| anyhow::anyhow!("could not load the catalog: {e}"))?;
+        let catalog =
+            metadata::load_since(&mut conn, &metadata::Catalog::default()).await.map_err(|e| anyhow::anyhow!("could not load the catalog: {e}"))?;
         conn.terminate().await;
         let pool_wait = Duration::from_secs_f64(config.connections.pool_wait_secs.max(0.0));
         let worker_pools = crate::transaction::WorkerPools::new(config.connections.max_per_node, config.connections.active_per_node(), pool_wait);
