@@ -78,7 +78,7 @@ async fn rows_move_into_the_shards_the_hash_assigns() {
 }
 
 /// `get_shard_id_for_distribution_column` names the shard that holds each
-/// value, for keys of several types, given as typed values, as literals of
+/// value, for keys of several types (arrays too), given as typed values, as literals of
 /// unknown type, as bind parameters and row by row in a query, to a role that
 /// is not a superuser; a reference table has its one shard.
 #[tokio::test]
@@ -87,22 +87,25 @@ async fn shard_ids_of_values_are_where_the_rows_live() {
     let c = cluster.connect().await;
     c.batch_execute(
         "CREATE TABLE by_int (k int); CREATE TABLE by_text (k text); CREATE TABLE by_uuid (k uuid); CREATE TABLE by_day (k date);
-         CREATE TABLE by_name (k varchar(20)); CREATE TABLE lookup (k int);
+         CREATE TABLE by_name (k varchar(20)); CREATE TABLE by_letters (k char(1)[]); CREATE TABLE lookup (k int);
          SELECT create_distributed_table('by_int', 'k', shard_count => 6); SELECT create_distributed_table('by_text', 'k');
          SELECT create_distributed_table('by_uuid', 'k'); SELECT create_distributed_table('by_day', 'k', shard_count => 5);
-         SELECT create_distributed_table('by_name', 'k'); SELECT create_reference_table('lookup');
+         SELECT create_distributed_table('by_name', 'k'); SELECT create_distributed_table('by_letters', 'k', shard_count => 7);
+         SELECT create_reference_table('lookup');
          INSERT INTO by_int SELECT g - 20 FROM generate_series(1, 40) g;
          INSERT INTO by_text SELECT 'tenant-' || g || repeat('ż', g % 3) FROM generate_series(1, 40) g;
          INSERT INTO by_uuid SELECT md5(g::text)::uuid FROM generate_series(1, 40) g;
          INSERT INTO by_day SELECT date '2024-02-20' + g FROM generate_series(1, 40) g;
          INSERT INTO by_name SELECT 'n' || g FROM generate_series(1, 40) g;
+         INSERT INTO by_letters SELECT ARRAY[chr(97 + g % 26), chr(97 + g % 5), NULL]::char(1)[] FROM generate_series(1, 37) g;
+         INSERT INTO by_letters VALUES ('{}'), ('{{a,b},{c,d}}'), ('{\" \"}');
          CREATE ROLE shard_reader LOGIN;",
     )
     .await
     .unwrap();
     let reader = common::connect_as(cluster.port, "shard_reader").await;
     let worker = cluster.connect_worker(0).await;
-    for table in ["by_int", "by_text", "by_uuid", "by_day", "by_name"] {
+    for table in ["by_int", "by_text", "by_uuid", "by_day", "by_name", "by_letters"] {
         // The worker's view of the table: every row with the shard it is in.
         let placed = text_rows(&worker, &format!("SELECT k::text, substring(tableoid::regclass::text FROM '_([0-9]+)$') FROM {table}")).await;
         assert_eq!(placed.len(), 40);

@@ -137,8 +137,12 @@ const SESSION: &str = "SET TimeZone = 'America/New_York'; SET DateStyle = 'SQL, 
 /// call them on our values directly; we declare a wrapper named
 /// `{prefix}_{type}` over the very same built-in C function.
 fn catalog_functions(pg: &PgServer, sql_type: &str, prefix: &str) -> (String, String) {
-    // varchar has no hash opclass of its own; it uses text's.
-    let opclass_type = if sql_type == "varchar" { "text" } else { sql_type };
+    // varchar has no hash opclass of its own; it uses text's. Arrays share one.
+    let opclass_type = match sql_type {
+        "varchar" => "text",
+        t if t.ends_with("[]") => "anyarray",
+        t => t,
+    };
     let wrapper = format!("{prefix}_{}", table_suffix(sql_type));
     let rows = pg.query(&format!(
         "SELECT p.prosrc, (SELECT typsend::regproc FROM pg_type WHERE oid = '{sql_type}'::regtype)
@@ -167,7 +171,7 @@ struct Case {
 }
 
 fn table_suffix(sql_type: &str) -> String {
-    sql_type.trim_matches('"').to_owned()
+    sql_type.trim_matches('"').replace(|c: char| !c.is_ascii_alphanumeric(), "_")
 }
 
 /// Runs every comparison for one type; returns a summary line.
@@ -718,6 +722,49 @@ parity!(
 );
 parity!(parity_bytea, HashType::Bytea, "bytea", bytea_values(17));
 parity!(parity_oid, HashType::Oid, "oid", oid_values(26));
+/// Array literals of `elements`, a few at a time, quoted or not, with NULLs,
+/// two dimensions and explicit bounds among them.
+fn array_values(elements: &[String], seed: u64) -> Vec<String> {
+    let mut rng = Rng::new(seed);
+    let mut v = strs(&["{}", "{NULL}", "{NULL,NULL}"]);
+    let mut rest = elements;
+    while !rest.is_empty() {
+        let (chunk, tail) = rest.split_at((1 + rng.below(3) as usize).min(rest.len()));
+        rest = tail;
+        let items: Vec<String> = chunk
+            .iter()
+            .map(|e| {
+                let bare = !e.is_empty() && e.chars().all(|c| c.is_ascii_alphanumeric() || "-:.+".contains(c)) && !e.eq_ignore_ascii_case("null");
+                if rng.chance(15) {
+                    "NULL".to_string()
+                } else if bare && rng.chance(50) {
+                    e.clone()
+                } else {
+                    format!("\"{}\"", e.replace('\\', "\\\\").replace('"', "\\\""))
+                }
+            })
+            .collect();
+        v.push(format!("{{{}}}", items.join(",")));
+        if items.len() == 2 {
+            v.push(format!("{{{{{}}},{{{}}}}}", items.join(","), items.iter().rev().cloned().collect::<Vec<_>>().join(",")));
+            v.push(format!("[3:4]={{{}}}", items.join(" , ")));
+        }
+    }
+    v
+}
+
+parity!(parity_int4_array, HashType::Array(&HashType::Int4), "int4[]", array_values(&int_values(32, &["0", "-1", "7"], 41), 1007));
+parity!(parity_int8_array, HashType::Array(&HashType::Int8), "int8[]", array_values(&int_values(64, &["0", "-1"], 42), 1016));
+parity!(parity_text_array, HashType::Array(&HashType::Text), "text[]", array_values(&text_values(43), 1009));
+parity!(
+    parity_bpchar1_array,
+    HashType::Array(&HashType::Bpchar),
+    "char(1)[]",
+    array_values(&strs(&["a", "b", " ", "z", "0", "ż", "Q", "x", "y"]), 1014)
+);
+parity!(parity_uuid_array, HashType::Array(&HashType::Uuid), "uuid[]", array_values(&uuid_values(44), 2951));
+parity!(parity_numeric_array, HashType::Array(&HashType::Numeric), "numeric[]", array_values(&numeric_values(45), 1231));
+
 parity!(parity_char, HashType::Char, "\"char\"", strs(&["a", "A", "", " ", "\\101", "\\000", "\\177", "ab", "\\", "\\12", "z", "0", "~", "\\x"]));
 
 // ---------------------------------------------------------------------------

@@ -285,7 +285,7 @@ pub async fn create_distributed_table(
     let collation = attr[1].clone().unwrap_or_else(|| "0".into());
     let Some(column_type) = HashType::from_type_oid(type_oid) else {
         return Err(PgError::not_supported(format!(
-            "the distribution column type {} is not supported; use an integer, text, uuid, numeric, date, timestamp, boolean or bytea column",
+            "the distribution column type {} is not supported; use an integer, text, uuid, numeric, date, timestamp, boolean or bytea column, or an array of one",
             attr[3].as_deref().unwrap_or("?")
         )));
     };

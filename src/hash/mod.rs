@@ -27,6 +27,7 @@
 //! apply the coercion first or ask the server. (`char(n)` is safe: its hash
 //! ignores trailing spaces anyway.)
 
+mod array;
 mod datetime;
 mod jenkins;
 mod numeric;
@@ -56,12 +57,14 @@ pub enum HashType {
     Oid,
     /// The single-byte `"char"` type.
     Char,
+    /// A one- or more-dimensional array of one of the types above.
+    Array(&'static HashType),
 }
 
 /// The types a table can be distributed by, by oid, with their hash type:
 /// the one list of them (the coordinator database's shard lookup makes its
 /// probe tables from it too, see metadata::install).
-pub const DISTRIBUTABLE_TYPES: [(u32, HashType); 15] = [
+pub const DISTRIBUTABLE_TYPES: [(u32, HashType); 30] = [
     (16, HashType::Bool),
     (17, HashType::Bytea),
     (18, HashType::Char),
@@ -77,10 +80,24 @@ pub const DISTRIBUTABLE_TYPES: [(u32, HashType); 15] = [
     (1184, HashType::TimestampTz),
     (1700, HashType::Numeric),
     (2950, HashType::Uuid),
+    (1000, HashType::Array(&HashType::Bool)),
+    (1001, HashType::Array(&HashType::Bytea)),
+    (1002, HashType::Array(&HashType::Char)),
+    (1016, HashType::Array(&HashType::Int8)),
+    (1005, HashType::Array(&HashType::Int2)),
+    (1007, HashType::Array(&HashType::Int4)),
+    (1009, HashType::Array(&HashType::Text)),
+    (1015, HashType::Array(&HashType::Text)),
+    (1028, HashType::Array(&HashType::Oid)),
+    (1014, HashType::Array(&HashType::Bpchar)),
+    (1182, HashType::Array(&HashType::Date)),
+    (1115, HashType::Array(&HashType::Timestamp)),
+    (1185, HashType::Array(&HashType::TimestampTz)),
+    (1231, HashType::Array(&HashType::Numeric)),
+    (2951, HashType::Array(&HashType::Uuid)),
 ];
 
 impl HashType {
-    /// Maps a PostgreSQL type oid to its hash type; `None` when unsupported.
     pub fn from_type_oid(oid: u32) -> Option<HashType> {
         DISTRIBUTABLE_TYPES.iter().find(|(o, _)| *o == oid).map(|(_, ty)| *ty)
     }
@@ -102,6 +119,7 @@ impl HashType {
             HashType::Bytea => "bytea",
             HashType::Oid => "oid",
             HashType::Char => "\"char\"",
+            HashType::Array(_) => "array",
         }
     }
 }
@@ -183,6 +201,7 @@ pub fn hash_text(ty: HashType, text: &str) -> Result<u64, HashInputError> {
         HashType::Numeric => Hashable::Numeric(numeric::parse_text(text)?),
         HashType::Date => Hashable::Word(datetime::parse_date(text)? as u32),
         HashType::Timestamp | HashType::TimestampTz => Hashable::Int8(datetime::parse_timestamp(ty, text)?),
+        HashType::Array(element) => return array::hash_array_text(ty, *element, text),
     };
     Ok(value.hash(HASH_PARTITION_SEED))
 }
@@ -205,6 +224,7 @@ pub fn hash_binary(ty: HashType, bytes: &[u8]) -> Result<u64, HashInputError> {
         HashType::Numeric => Hashable::Numeric(numeric::parse_binary(bytes)?),
         HashType::Date => Hashable::Word(datetime::check_date(i32::from_be_bytes(fixed(ty, bytes)?))? as u32),
         HashType::Timestamp | HashType::TimestampTz => Hashable::Int8(datetime::check_timestamp(ty, i64::from_be_bytes(fixed(ty, bytes)?))?),
+        HashType::Array(element) => return array::hash_array_binary(ty, *element, bytes),
     };
     Ok(value.hash(HASH_PARTITION_SEED))
 }

@@ -840,7 +840,8 @@ async fn read_tables(conn: &mut PgConnection, oids: Option<&[u32]>) -> PgResult<
             match HashType::from_type_oid(type_oid) {
                 Some(column_type) => {
                     let coercion = match (typmod, column_type) {
-                        (-1, _) | (_, HashType::Bpchar) => Coercion::None,
+                        // char(n) only drops trailing spaces, which its hash ignores.
+                        (-1, _) | (_, HashType::Bpchar | HashType::Array(HashType::Bpchar)) => Coercion::None,
                         (_, HashType::Text) => Coercion::TrailingSpaces,
                         _ => Coercion::Always,
                     };

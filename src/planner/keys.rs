@@ -139,7 +139,7 @@ pub(super) fn key_value(node: &protobuf::Node, key: &KeyType) -> Option<Result<K
         NodeEnum::ParamRef(p) => Some(Ok(KeyValue::Param((p.number - 1).max(0) as usize))),
         NodeEnum::TypeCast(c) => {
             let type_name = c.type_name.as_ref()?;
-            if !type_name.typmods.is_empty() || !type_name.array_bounds.is_empty() {
+            if !type_name.typmods.is_empty() || (!type_name.array_bounds.is_empty() && !names_key_type(type_name, key)) {
                 return None;
             }
             match c.arg.as_deref()?.node.as_ref()? {
@@ -168,15 +168,47 @@ pub(super) fn key_value(node: &protobuf::Node, key: &KeyType) -> Option<Result<K
     }
 }
 
-/// Whether a cast's type is the key column's own type.
+/// Whether a cast's type is the key column's own type (`'{a}'::bpchar[]`
+/// for a `char(1)[]` key).
 pub(super) fn names_key_type(type_name: &protobuf::TypeName, key: &KeyType) -> bool {
     let Some(NodeEnum::String(last)) = type_name.names.last().and_then(|n| n.node.as_ref()) else { return false };
-    key_type_name(key).is_some_and(|internal| last.sval == internal)
+    let named = match type_name.array_bounds.as_slice() {
+        [] => internal_type_name(key.oid),
+        [_] => array_element_oid(key.oid).and_then(internal_type_name),
+        _ => None,
+    };
+    named.is_some_and(|internal| last.sval == internal)
 }
 
 /// The internal name of a distribution column's type (as in `'5'::int8`).
 pub(super) fn key_type_name(key: &KeyType) -> Option<&'static str> {
-    Some(match key.oid {
+    internal_type_name(key.oid)
+}
+
+/// The element type of an array type a table can be distributed by.
+fn array_element_oid(oid: u32) -> Option<u32> {
+    Some(match oid {
+        1000 => 16,
+        1001 => 17,
+        1002 => 18,
+        1005 => 21,
+        1007 => 23,
+        1016 => 20,
+        1009 => 25,
+        1015 => 1043,
+        1028 => 26,
+        1014 => 1042,
+        1182 => 1082,
+        1115 => 1114,
+        1185 => 1184,
+        1231 => 1700,
+        2951 => 2950,
+        _ => return None,
+    })
+}
+
+fn internal_type_name(oid: u32) -> Option<&'static str> {
+    Some(match oid {
         21 => "int2",
         23 => "int4",
         20 => "int8",
