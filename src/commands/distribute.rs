@@ -569,12 +569,21 @@ async fn create_shards(
 
 /// Adds to `per_node` the statements making the worker-side relations of
 /// the tables `oids`, distributed in the current block (after their shards'
-/// statements, which they attach).
+/// statements, which they attach), and then the functions over their row
+/// types.
 async fn add_relation_statements(ctx: &mut CommandContext<'_>, oids: &[u32], per_node: &mut BTreeMap<i32, Vec<String>>) -> PgResult<()> {
     let catalog = crate::metadata::load_tables_in_block(ctx.parts.local().await?, &ctx.catalog, oids).await?;
     for oid in oids {
         for (group, statements) in super::worker_relations::create_statements(ctx, &catalog, *oid, None).await? {
             per_node.entry(group).or_default().extend(statements);
+        }
+    }
+    let functions = super::objects::functions_over_tables(ctx.parts.local().await?, oids).await?;
+    if !functions.is_empty() {
+        for statements in per_node.values_mut() {
+            // A body may read what only the coordinator database has.
+            statements.push("SET LOCAL check_function_bodies = off".into());
+            statements.extend(functions.iter().cloned());
         }
     }
     Ok(())

@@ -127,21 +127,43 @@ fn types_and_functions_sql() -> String {
          WHERE n.nspname NOT IN {SYSTEM_SCHEMAS} AND n.nspname !~ '^pg_' AND {}
            AND (t.typtype IN ('e', 'd', 'r') OR (t.typtype = 'c' AND (SELECT relkind FROM pg_class WHERE oid = t.typrelid) = 'c'))
          UNION ALL
-         SELECT format('to_regprocedure(%L) IS NOT NULL', p.oid::regprocedure::text),
-                format('DO $tessera$ BEGIN EXECUTE %L; EXECUTE %L; EXCEPTION WHEN undefined_object THEN NULL; END $tessera$',
-                       pg_get_functiondef(p.oid),
-                       format('ALTER %s %s OWNER TO %I', CASE p.prokind WHEN 'p' THEN 'PROCEDURE' ELSE 'FUNCTION' END, p.oid::regprocedure, pg_get_userbyid(p.proowner))),
-                p.oid
+         SELECT format('to_regprocedure(%L) IS NOT NULL', p.oid::regprocedure::text), {FUNCTION_DDL}, p.oid
          FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
          WHERE p.prokind IN ('f', 'p', 'w') AND n.nspname NOT IN {SYSTEM_SCHEMAS} AND n.nspname !~ '^pg_' AND {}
-           AND NOT EXISTS (SELECT FROM unnest(coalesce(p.proallargtypes, p.proargtypes::oid[]) || p.prorettype) sig(t)
-                           JOIN pg_type st ON st.oid = sig.t OR st.typarray = sig.t
-                           JOIN pg_class sc ON sc.oid = st.typrelid WHERE sc.relkind <> 'c')
+           AND NOT EXISTS (SELECT FROM {SIGNATURE_TABLES} WHERE sc.relkind <> 'c')
          ORDER BY 3",
         not_from_extension("pg_type", "t"),
         // Nor made along with a type (a range type's constructors).
         not_from_extension("pg_proc", "p").replace("= 'e'", "IN ('e', 'i')")
     )
+}
+
+/// The statement making the function `p` on a node, with its owner; a
+/// function whose types the node lacks is skipped.
+const FUNCTION_DDL: &str = "format('DO $tessera$ BEGIN EXECUTE %L; EXECUTE %L; EXCEPTION WHEN undefined_object THEN NULL; END $tessera$',
+                       pg_get_functiondef(p.oid),
+                       format('ALTER %s %s OWNER TO %I', CASE p.prokind WHEN 'p' THEN 'PROCEDURE' ELSE 'FUNCTION' END, p.oid::regprocedure, pg_get_userbyid(p.proowner)))";
+
+/// The relations (`sc`) whose row type, or an array of it, the function
+/// `p` takes or returns.
+const SIGNATURE_TABLES: &str = "unnest(coalesce(p.proallargtypes, p.proargtypes::oid[]) || p.prorettype) sig(t)
+                           JOIN pg_type st ON st.oid = sig.t OR st.typarray = sig.t
+                           JOIN pg_class sc ON sc.oid = st.typrelid";
+
+/// The statements making, on a node, the functions over the row types of
+/// the tables `oids`: a node has such a table's row type only once the
+/// table is distributed, so a function created before could not reach it.
+pub async fn functions_over_tables(local: &mut PgConnection, oids: &[u32]) -> PgResult<Vec<String>> {
+    let list = oids.iter().map(u32::to_string).collect::<Vec<_>>().join(", ");
+    let sql = format!(
+        "SELECT {FUNCTION_DDL} FROM pg_proc p
+          WHERE p.prokind IN ('f', 'p', 'w') AND EXISTS (SELECT FROM {SIGNATURE_TABLES} WHERE sc.oid IN ({list}))
+          ORDER BY p.oid"
+    );
+    let saved = local.set_for_now(&QUALIFIED_NAMES).await?;
+    let rows = local.query(&sql).await;
+    let rows = local.restore_after(saved, rows).await?;
+    Ok(rows.into_iter().filter_map(|r| r.into_iter().next().flatten()).collect())
 }
 
 /// Every shared object of the coordinator database, in an order that creates
