@@ -357,6 +357,23 @@ impl BlockGate {
 mod tests {
     use super::*;
 
+    #[test]
+    fn try_checkout_takes_only_what_is_free_now() {
+        let pool: NodePool<&str> = NodePool::new(Some(2)).with_active_limit(10);
+        pool.give_back("alice", "idle of alice");
+        let Some((Checkout::Idle(conn), Some(_running))) = pool.try_checkout("alice") else { panic!("alice's idle connection first") };
+        assert_eq!(conn, "idle of alice");
+        let first = pool.try_checkout("bob").expect("a free slot");
+        let second = pool.try_checkout("bob").expect("the second slot");
+        assert!(matches!((&first.0, &second.0), (Checkout::Open(_), Checkout::Open(_))));
+        assert!(pool.try_checkout("bob").is_none(), "every slot taken: no overflow slot, no waiting");
+        drop(first);
+        assert!(pool.try_checkout("bob").is_some());
+        let busy: NodePool<&str> = NodePool::new(Some(5)).with_active_limit(1);
+        let _running = busy.try_checkout("bob").expect("the one run permit");
+        assert!(busy.try_checkout("bob").is_none(), "slots are free, but the run permit is taken");
+    }
+
     #[tokio::test]
     async fn the_block_gate_shrinks_to_the_smallest_pool() {
         let gate = BlockGate::new();

@@ -734,3 +734,40 @@ pub(super) fn combine_sql(
     limits.charge(filled.capacity())?;
     Ok(Some(filled))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk_sizes(tasks: &SharedTasks) -> Vec<usize> {
+        std::iter::from_fn(|| tasks.take().map(<[_]>::len)).collect()
+    }
+
+    #[test]
+    fn one_connection_takes_every_task_in_one_batch() {
+        let sqls: Vec<Arc<str>> = (0..16).map(|i| Arc::from(format!("SELECT {i}"))).collect();
+        assert_eq!(chunk_sizes(&SharedTasks::new(&sqls, 1)), vec![16]);
+    }
+
+    #[test]
+    fn shares_shrink_as_the_tasks_run_out() {
+        let sqls: Vec<Arc<str>> = (0..8).map(|i| Arc::from(format!("SELECT {i}"))).collect();
+        let tasks = SharedTasks::new(&sqls, 4);
+        assert_eq!(chunk_sizes(&tasks), vec![2, 2, 1, 1, 1, 1]);
+        assert!(tasks.is_drained());
+        let tasks = SharedTasks::new(&sqls, 3);
+        assert_eq!(tasks.take().map(<[_]>::len), Some(3));
+        tasks.lose_sharer();
+        tasks.lose_sharer();
+        assert_eq!(tasks.take().map(<[_]>::len), Some(5), "alone, a connection takes the rest");
+    }
+
+    #[test]
+    fn a_failure_leaves_the_rest_untaken() {
+        let sqls: Vec<Arc<str>> = (0..8).map(|i| Arc::from(format!("SELECT {i}"))).collect();
+        let tasks = SharedTasks::new(&sqls, 2);
+        assert!(tasks.take().is_some());
+        tasks.fail();
+        assert!(tasks.take().is_none() && tasks.is_drained());
+    }
+}

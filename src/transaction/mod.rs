@@ -922,3 +922,17 @@ fn replay_sql(block: &Block) -> String {
     }
     sql
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_executor_pool_size_setting() {
+        assert_eq!(PoolSizeSetting::from_value(None), PoolSizeSetting::Unset);
+        assert_eq!(PoolSizeSetting::from_value(Some("")), PoolSizeSetting::Unset, "after RESET");
+        assert_eq!(PoolSizeSetting::from_value(Some("4")), PoolSizeSetting::Size(4));
+        assert_eq!(PoolSizeSetting::from_value(Some("0")), PoolSizeSetting::Invalid);
+        assert_eq!(PoolSizeSetting::from_value(Some("lots")), PoolSizeSetting::Invalid);
+    }
+}
