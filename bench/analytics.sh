@@ -19,7 +19,9 @@
 # (EXPLAIN).
 #
 # Environment: SCALE=10 (pgbench -i -s), RUNS=7, BENCH_LOG_DIR, TESSERA_BIN,
-# PG_BIN, TESSERA_START_TIMEOUT — as for bench/pgbench.sh.
+# PG_BIN, TESSERA_START_TIMEOUT — as for bench/pgbench.sh. POOL_SIZE=N sets
+# citus.max_adaptive_executor_pool_size for Tessera's session (connections per
+# worker one read runs its shard statements on; default: the coordinator's).
 # Quick smoke run from the repo root:  SCALE=1 RUNS=3 bench/analytics.sh
 set -euo pipefail
 
@@ -49,18 +51,24 @@ declare -A SQL=(
 )
 # One history row for every tenth account, half of them with a positive delta.
 HISTORY_SQL="INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) SELECT 1, 1, aid, CASE WHEN aid % 20 = 0 THEN 5 ELSE -5 END, now() FROM pgbench_accounts WHERE aid % 10 = 0"
-declare -A MEDIAN=() ANSWER=()
+POOL_SIZE=${POOL_SIZE:-}
+if [[ -n $POOL_SIZE ]] && { ! is_uint "$POOL_SIZE" || [[ $POOL_SIZE -eq 0 ]]; }; then die "POOL_SIZE must be a positive integer (got '$POOL_SIZE')"; fi
+declare -A MIN=() MEDIAN=() MAX=() ANSWER=()
 
-# measure TARGET PORT QUERY: the median wall time (ms) of RUNS runs.
+# measure TARGET PORT QUERY: the fastest, median and slowest wall time (ms) of RUNS runs.
 measure() {
-    local target=$1 port=$2 name=$3 out
+    local target=$1 port=$2 name=$3 out times
     out=$BENCH_LOG_DIR/$target-$name.log
     {
         echo '\timing on'
+        if [[ $target == tessera && -n $POOL_SIZE ]]; then echo "SET citus.max_adaptive_executor_pool_size = $POOL_SIZE;"; fi
         for ((i = 0; i <= RUNS; i++)); do echo "${SQL[$name]};"; done
     } | psql_at "$port" -At >"$out" 2>&1 || die "$target: $name failed" "$out"
     # The first run warms caches and connections; it does not count.
-    MEDIAN[$target:$name]=$(sed -n 's/^Time: \([0-9.]*\) ms.*/\1/p' "$out" | tail -n +2 | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
+    times=$(sed -n 's/^Time: \([0-9.]*\) ms.*/\1/p' "$out" | tail -n +2 | sort -g)
+    MIN[$target:$name]=$(head -n 1 <<<"$times")
+    MAX[$target:$name]=$(tail -n 1 <<<"$times")
+    MEDIAN[$target:$name]=$(awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }' <<<"$times")
     ANSWER[$target:$name]=$(grep -v '^Time:' "$out" | head -n 12 | md5sum | cut -c1-12)
     log "$target: $name: median ${MEDIAN[$target:$name]} ms over $RUNS runs"
 }
@@ -84,12 +92,14 @@ done
 stop_tessera
 
 echo
-printf 'Analytical queries, pgbench scale %s (32 shards, 2 workers), median of %s runs\n' "$SCALE" "$RUNS"
-printf '%-12s %14s %14s %10s %8s\n' query plain_ms tessera_ms ratio same
+printf 'Analytical queries, pgbench scale %s (32 shards, 2 workers), %s runs, citus.max_adaptive_executor_pool_size %s\n' "$SCALE" "$RUNS" "${POOL_SIZE:-default}"
+printf '%-12s %14s %14s %20s %8s\n' query plain_ms tessera_ms ratio_min/med/max same
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 for q in "${QUERIES[@]}"; do
     p=${MEDIAN[plain:$q]} t=${MEDIAN[tessera:$q]}
     same=no
     [[ ${ANSWER[plain:$q]} == "${ANSWER[tessera:$q]}" ]] && same=yes
-    printf '%-12s %14s %14s %9sx %8s\n' "$q" "$p" "$t" "$(awk -v a="$t" -v b="$p" 'BEGIN { printf "%.2f", a / b }')" "$same"
+    ratios="$(ratio "${MIN[tessera:$q]}" "${MIN[plain:$q]}")/$(ratio "$t" "$p")/$(ratio "${MAX[tessera:$q]}" "${MAX[plain:$q]}")"
+    printf '%-12s %14s %14s %20s %8s\n' "$q" "$p" "$t" "$ratios" "$same"
 done
-echo "(ratio = Tessera time / plain PostgreSQL time; lower is better. same = identical answers. Raw outputs and plans: $BENCH_LOG_DIR)"
+echo "(plain_ms, tessera_ms: medians. ratio = Tessera time / plain PostgreSQL time of the fastest, median and slowest runs; lower is better. same = identical answers. Raw outputs and plans: $BENCH_LOG_DIR)"

@@ -109,6 +109,15 @@ pub struct ConnectionConfig {
     /// running at once only share the same CPUs less efficiently.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_per_node: Option<usize>,
+    /// Connections to each worker that one read outside a transaction
+    /// block runs its shard tasks on at most (Citus's name; a session may
+    /// set its own with `SET citus.max_adaptive_executor_pool_size`); 1
+    /// runs them one after another on the session's one connection.
+    /// Absent: the CPUs of the coordinator's host, which are the workers'
+    /// in the embedded cluster; set it to the workers' core count when
+    /// they run elsewhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_adaptive_executor_pool_size: Option<usize>,
     /// How long a statement waits for a node connection when the node has
     /// its limit open and all busy, before failing with 53300.
     #[serde(default = "default_pool_wait")]
@@ -128,6 +137,7 @@ impl Default for ConnectionConfig {
             max_per_node: None,
             max_coordinator_db: None,
             active_per_node: None,
+            max_adaptive_executor_pool_size: None,
             pool_wait_secs: default_pool_wait(),
             max_clients: default_max_clients(),
             node_connect_timeout_secs: default_node_connect_timeout(),
@@ -138,8 +148,18 @@ impl Default for ConnectionConfig {
 impl ConnectionConfig {
     /// `active_per_node`, or its default for this host.
     pub fn active_per_node(&self) -> usize {
-        self.active_per_node.unwrap_or_else(|| 4 * std::thread::available_parallelism().map_or(2, |n| n.get())).max(1)
+        self.active_per_node.unwrap_or_else(|| 4 * host_cpus()).max(1)
     }
+
+    /// `max_adaptive_executor_pool_size`, or its default for this host.
+    pub fn executor_pool_size(&self) -> usize {
+        self.max_adaptive_executor_pool_size.unwrap_or_else(host_cpus).max(1)
+    }
+}
+
+/// The CPUs this process may run on (2 when unknown).
+fn host_cpus() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
 }
 
 fn default_pool_wait() -> f64 {

@@ -23,6 +23,11 @@ enum Command {
         port: u16,
         #[arg(long, default_value_t = 2)]
         workers: usize,
+        /// Connections per worker one read outside a transaction block runs
+        /// its shard tasks on at most (1: one after another); written to the
+        /// configuration. Default: this machine's CPUs.
+        #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+        max_adaptive_executor_pool_size: Option<usize>,
     },
     /// Stop the local cluster.
     Down {
@@ -104,8 +109,8 @@ fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::try_from_env("TESSERA_LOG").unwrap_or_else(|_| "info".into())).init();
     let cli = Cli::parse();
     match cli.command {
-        Command::Up { data_dir, port, workers } => {
-            let cluster = tessera::cluster::up(&data_dir, port, workers, &std::env::current_exe()?)?;
+        Command::Up { data_dir, port, workers, max_adaptive_executor_pool_size } => {
+            let cluster = tessera::cluster::up(&data_dir, port, workers, max_adaptive_executor_pool_size, &std::env::current_exe()?)?;
             println!(
                 "Tessera is running: coordinator on 127.0.0.1:{port}, {} workers, data in {}",
                 cluster.state.worker_ports.len(),

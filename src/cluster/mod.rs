@@ -92,8 +92,9 @@ fn absolute(dir: &Path) -> Result<PathBuf> {
 /// coordinator process.
 /// A running cluster with fewer workers than asked for gets new ones,
 /// added with `citus_add_node` (shards stay where they are until
-/// `tessera rebalance`).
-pub fn up(dir: &Path, port: u16, workers: usize, exe: &Path) -> Result<LocalCluster> {
+/// `tessera rebalance`). `executor_pool_size`, when given, is written to
+/// the configuration as `[connections] max_adaptive_executor_pool_size`.
+pub fn up(dir: &Path, port: u16, workers: usize, executor_pool_size: Option<usize>, exe: &Path) -> Result<LocalCluster> {
     let mut cluster = match LocalCluster::open(dir)? {
         Some(c) => {
             if c.state.worker_ports.len() > workers {
@@ -107,6 +108,16 @@ pub fn up(dir: &Path, port: u16, workers: usize, exe: &Path) -> Result<LocalClus
         }
         None => create(dir, port, workers)?,
     };
+    if let Some(size) = executor_pool_size {
+        let mut config = Config::load(&cluster.config_path())?;
+        if config.connections.max_adaptive_executor_pool_size != Some(size) {
+            config.connections.max_adaptive_executor_pool_size = Some(size);
+            std::fs::write(cluster.config_path(), toml::to_string(&config)?)?;
+            if cluster.coordinator_pid().is_some() {
+                eprintln!("note: the running coordinator keeps its executor pool size until it restarts (tessera down, then up)");
+            }
+        }
+    }
     cluster.coordinator_db().start()?;
     for w in cluster.workers() {
         w.start()?;
@@ -368,6 +379,16 @@ pub async fn status(dir: &Path, env: bool) -> Result<()> {
             None => format!("{} shard placements", names.len()),
         };
         println!("worker           127.0.0.1:{:<5}  {:<5} {}", w.port, up(w.is_running()), shards);
+    }
+    if let Ok(config) = Config::load(&cluster.config_path()) {
+        let source = match config.connections.max_adaptive_executor_pool_size {
+            Some(_) => "[connections] max_adaptive_executor_pool_size",
+            None => "this machine's CPUs",
+        };
+        println!(
+            "parallel reads   up to {} connections per worker for one statement's shard tasks ({source}; a session may SET citus.max_adaptive_executor_pool_size)",
+            config.connections.executor_pool_size()
+        );
     }
     if pid.is_some() {
         match coordinator_report(&cluster).await {

@@ -26,6 +26,10 @@ pub struct Pools<T> {
     pub blocks: Arc<BlockGate>,
     /// Statements outside blocks running at once per node at most.
     active: usize,
+    /// Connections one read outside a block may run its tasks on per node
+    /// at most, unless the session sets `citus.max_adaptive_executor_pool_size`
+    /// (1: the session's own connection only).
+    pub per_statement: usize,
 }
 
 /// One node's connections: the idle ones, by what they logged in with (the
@@ -70,7 +74,13 @@ impl<T> Pools<T> {
         if let Some(limit) = limit {
             blocks.fit(limit.max(1));
         }
-        Pools { nodes: Mutex::new(HashMap::new()), limit, wait, blocks, active }
+        Pools { nodes: Mutex::new(HashMap::new()), limit, wait, blocks, active, per_statement: 1 }
+    }
+
+    /// Lets a statement run on up to `per_statement` connections per node.
+    pub fn with_per_statement(mut self, per_statement: usize) -> Self {
+        self.per_statement = per_statement.max(1);
+        self
     }
 
     /// Sizes `pool` as `NodePool::size_from` does, and the block gate to
@@ -141,6 +151,28 @@ impl<T> NodePool<T> {
             )
             .with_hint("Raise [connections] active_per_node, or lower the load on the node.")),
         }
+    }
+
+    /// One more connection for a statement that already holds this node's
+    /// connection (and maybe others), to share its tasks: an idle one of
+    /// `key`, else room to open one, with the right to run outside a block,
+    /// all only if free right now. Never waits: the session holds
+    /// connections already, and a session waiting for more while holding
+    /// some could wait on another that waits for what this one holds, as
+    /// the pool fills with such sessions; not waiting, a statement runs its
+    /// tasks on what it has, and its own connection can always run them
+    /// all. Takes no overflow slot either: those are for blocks that
+    /// cannot do without.
+    pub fn try_checkout(&self, key: &str) -> Option<(Checkout<T>, Option<OwnedSemaphorePermit>)> {
+        let running = match &self.running {
+            Some(running) => Some(running.clone().try_acquire_owned().ok()?),
+            None => None,
+        };
+        if let Some(conn) = self.take_idle(key, &|_| false) {
+            return Some((Checkout::Idle(conn), running));
+        }
+        let slot = self.slots.clone().try_acquire_owned().ok()?;
+        Some((Checkout::Open(slot), running))
     }
 
     fn take_idle(&self, key: &str, prefer: &(dyn Fn(&T) -> bool + Sync)) -> Option<T> {
@@ -324,6 +356,23 @@ impl BlockGate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn try_checkout_takes_only_what_is_free_now() {
+        let pool: NodePool<&str> = NodePool::new(Some(2)).with_active_limit(10);
+        pool.give_back("alice", "idle of alice");
+        let Some((Checkout::Idle(conn), Some(_running))) = pool.try_checkout("alice") else { panic!("alice's idle connection first") };
+        assert_eq!(conn, "idle of alice");
+        let first = pool.try_checkout("bob").expect("a free slot");
+        let second = pool.try_checkout("bob").expect("the second slot");
+        assert!(matches!((&first.0, &second.0), (Checkout::Open(_), Checkout::Open(_))));
+        assert!(pool.try_checkout("bob").is_none(), "every slot taken: no overflow slot, no waiting");
+        drop(first);
+        assert!(pool.try_checkout("bob").is_some());
+        let busy: NodePool<&str> = NodePool::new(Some(5)).with_active_limit(1);
+        let _running = busy.try_checkout("bob").expect("the one run permit");
+        assert!(busy.try_checkout("bob").is_none(), "slots are free, but the run permit is taken");
+    }
 
     #[tokio::test]
     async fn the_block_gate_shrinks_to_the_smallest_pool() {

@@ -1,7 +1,8 @@
 //! Multi-shard statements: one task per shard group, pipelined on each node's
-//! connection, all nodes at once; rows are concatenated, or the shards' partial
-//! results are combined by the coordinator database so that types and
-//! arithmetic are exactly PostgreSQL's.
+//! connection (a read's shared among several connections per node), all
+//! nodes at once; rows are concatenated, or the shards' partial results are
+//! combined by the coordinator database so that types and arithmetic are
+//! exactly PostgreSQL's.
 
 use super::Mode;
 use crate::connection::client::ClientConn;
@@ -16,8 +17,10 @@ use crate::process::Coordinator;
 use crate::protocol::backend;
 use crate::protocol::frontend::{self, Target};
 use crate::protocol::Message;
+use crate::transaction::extra::ExtraWorker;
 use crate::transaction::limits::StatementLimits;
 use crate::transaction::{Access, Participants, WorkerConnection};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// What a node's results are for.
@@ -220,28 +223,42 @@ impl Sink<'_> {
     }
 }
 
-/// Runs every node's tasks at once: each node gets all its tasks in one
-/// write, the nodes work in parallel, and their rows reach the sink as they
-/// arrive. The first node to fail stops the others (through the statement's
-/// limits), whose work would be wasted. Returns the rows each node's command
-/// tags report.
+/// Runs every node's tasks at once, and their rows reach the sink as they
+/// arrive. A read may run a node's tasks on several connections (see
+/// `SharedTasks`); anything else sends all of a node's tasks in one write
+/// on the session's connection. The first part to fail stops the others
+/// (through the statement's limits), whose work would be wasted. Returns
+/// the rows each node's command tags report.
 async fn run_on_nodes(parts: &mut Participants, by_node: &[NodeTasks], access: Access, mode: &Mode<'_>, sink: &mut Sink<'_>) -> PgResult<Vec<u64>> {
+    let per_node = if access == Access::Read { parts.executor_pool_size().await? } else { 1 };
     take_connections(parts, by_node, access).await?;
     let limits = parts.limits().clone();
     let text_results = matches!(sink, Sink::Partials { .. });
     let groups: Vec<i32> = by_node.iter().map(|(n, _)| n.group_id).collect();
+    let mut extras: Vec<Vec<ExtraWorker>> = by_node.iter().map(|_| Vec::new()).collect();
+    for ((node, sqls), extras) in by_node.iter().zip(&mut extras) {
+        while extras.len() + 1 < per_node.min(sqls.len()) {
+            match parts.try_extra_worker(node) {
+                Some(extra) => extras.push(extra),
+                None => break,
+            }
+        }
+    }
+    let shared: Vec<SharedTasks> = by_node.iter().zip(&extras).map(|((_, sqls), extras)| SharedTasks::new(sqls, 1 + extras.len())).collect();
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(usize, Message)>(1024);
     let tasks = parts.workers_for(&groups).into_iter().filter_map(|w| {
         let node = by_node.iter().position(|(n, _)| n.group_id == w.group_id)?;
-        let sqls = &by_node[node].1;
-        let tx = tx.clone();
-        let limits = &limits;
+        let node_extras = std::mem::take(&mut extras[node]);
+        let (tasks, tx, limits) = (&shared[node], tx.clone(), &limits);
         Some(async move {
-            let batch = send_tasks(w, sqls, mode, text_results);
-            let result = read_results(w, node, batch, &tx).await;
-            if let Err(e) = &result {
-                limits.part_failed(e);
-            }
+            let own = run_shared(w, node, tasks, mode, text_results, &tx, limits);
+            let others =
+                futures::future::join_all(node_extras.into_iter().map(|extra| run_extra(extra, node, tasks, mode, text_results, &tx, limits)));
+            let (own, others) = tokio::join!(own, others);
+            let result = others.into_iter().fold(own, |sum, other| match (sum, other) {
+                (Ok(a), Ok(b)) => Ok(a + b),
+                (Err(e), _) | (_, Err(e)) => Err(e),
+            });
             (node, result)
         })
     });
@@ -273,6 +290,150 @@ async fn run_on_nodes(parts: &mut Participants, by_node: &[NodeTasks], access: A
         Some(e) => Err(limits.reported(e)),
         None => Ok(rows),
     }
+}
+
+/// One node's tasks, taken in chunks by the connections that run them (as
+/// in guided self-scheduling): each takes its share of the tasks left,
+/// `left / sharers` rounded up, as one batch, and comes back for more when
+/// it is done. With one connection that is every task in one batch, as
+/// the node runs them in one backend anyway; with several, a slower shard
+/// holds up only its chunk, while the last chunks, small, even out the
+/// connections' ends. All connections of a statement are driven by the
+/// session's one task, so the counters need no more than relaxed atomics.
+struct SharedTasks<'a> {
+    sqls: &'a [Arc<str>],
+    /// The first task no connection has taken.
+    next: AtomicUsize,
+    /// Connections running the tasks, or about to (being opened).
+    sharers: AtomicUsize,
+    /// A task failed: the rest are not taken.
+    failed: AtomicBool,
+    /// Wakes connections still being opened once nothing is left to take.
+    drained: tokio::sync::Notify,
+}
+
+impl<'a> SharedTasks<'a> {
+    fn new(sqls: &'a [Arc<str>], sharers: usize) -> Self {
+        SharedTasks {
+            sqls,
+            next: AtomicUsize::new(0),
+            sharers: AtomicUsize::new(sharers),
+            failed: AtomicBool::new(false),
+            drained: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// The next chunk for a connection to run; None once every task is taken or one failed.
+    fn take(&self) -> Option<&'a [Arc<str>]> {
+        let start = self.next.load(Ordering::Relaxed);
+        if start >= self.sqls.len() || self.failed.load(Ordering::Relaxed) {
+            return None;
+        }
+        let end = start + (self.sqls.len() - start).div_ceil(self.sharers.load(Ordering::Relaxed).max(1));
+        self.next.store(end, Ordering::Relaxed);
+        if end == self.sqls.len() {
+            self.drained.notify_waiters();
+        }
+        Some(&self.sqls[start..end])
+    }
+
+    fn is_drained(&self) -> bool {
+        self.next.load(Ordering::Relaxed) >= self.sqls.len() || self.failed.load(Ordering::Relaxed)
+    }
+
+    fn fail(&self) {
+        self.failed.store(true, Ordering::Relaxed);
+        self.drained.notify_waiters();
+    }
+
+    /// A connection being opened will not come (it failed to open): the
+    /// others take larger shares.
+    fn lose_sharer(&self) {
+        self.sharers.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Resolves once nothing is left to take.
+    async fn until_drained(&self) {
+        loop {
+            let woken = self.drained.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            if self.is_drained() {
+                return;
+            }
+            woken.await;
+        }
+    }
+}
+
+/// Runs chunks of a node's tasks on `w` while any are left. A failure
+/// stops the statement's other parts and leaves the node's remaining
+/// tasks untaken.
+async fn run_shared(
+    w: &mut WorkerConnection,
+    node: usize,
+    tasks: &SharedTasks<'_>,
+    mode: &Mode<'_>,
+    text_results: bool,
+    rows_to: &tokio::sync::mpsc::Sender<(usize, Message)>,
+    limits: &StatementLimits,
+) -> PgResult<u64> {
+    let mut rows = 0;
+    loop {
+        // A cancel request sent between two chunks found nothing to cancel.
+        if limits.is_stopped() {
+            tasks.fail();
+            limits.check()?;
+        }
+        let Some(chunk) = tasks.take() else { return Ok(rows) };
+        let batch = send_tasks(w, chunk, mode, text_results);
+        match read_results(w, node, batch, rows_to).await {
+            Ok(n) => rows += n,
+            Err(e) => {
+                tasks.fail();
+                limits.part_failed(&e);
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// Runs chunks of a node's tasks on an extra connection, once it is there
+/// and while tasks are left, then gives it back to the pool.
+async fn run_extra(
+    extra: ExtraWorker,
+    node: usize,
+    tasks: &SharedTasks<'_>,
+    mode: &Mode<'_>,
+    text_results: bool,
+    rows_to: &tokio::sync::mpsc::Sender<(usize, Message)>,
+    limits: &StatementLimits,
+) -> PgResult<u64> {
+    let mut conn = match extra {
+        ExtraWorker::Ready(conn) => *conn,
+        ExtraWorker::Opening(mut opening) => {
+            tokio::select! {
+                arrived = &mut opening => match arrived {
+                    Ok(conn) => conn,
+                    Err(_) => {
+                        tasks.lose_sharer();
+                        return Ok(0);
+                    }
+                },
+                _ = tasks.until_drained() => {
+                    // Not needed after all: it goes to the pool when it arrives.
+                    opening.close();
+                    if let Ok(conn) = opening.try_recv() {
+                        conn.finish();
+                    }
+                    return Ok(0);
+                }
+            }
+        }
+    };
+    let rows = run_shared(conn.worker(), node, tasks, mode, text_results, rows_to, limits).await;
+    conn.finish();
+    rows
 }
 
 /// A node's tasks as sent in one batch: the statements whose Parse it
@@ -572,4 +733,41 @@ pub(super) fn combine_sql(
     filled.push_str(&sql[at + from.len()..]);
     limits.charge(filled.capacity())?;
     Ok(Some(filled))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk_sizes(tasks: &SharedTasks) -> Vec<usize> {
+        std::iter::from_fn(|| tasks.take().map(<[_]>::len)).collect()
+    }
+
+    #[test]
+    fn one_connection_takes_every_task_in_one_batch() {
+        let sqls: Vec<Arc<str>> = (0..16).map(|i| Arc::from(format!("SELECT {i}"))).collect();
+        assert_eq!(chunk_sizes(&SharedTasks::new(&sqls, 1)), vec![16]);
+    }
+
+    #[test]
+    fn shares_shrink_as_the_tasks_run_out() {
+        let sqls: Vec<Arc<str>> = (0..8).map(|i| Arc::from(format!("SELECT {i}"))).collect();
+        let tasks = SharedTasks::new(&sqls, 4);
+        assert_eq!(chunk_sizes(&tasks), vec![2, 2, 1, 1, 1, 1]);
+        assert!(tasks.is_drained());
+        let tasks = SharedTasks::new(&sqls, 3);
+        assert_eq!(tasks.take().map(<[_]>::len), Some(3));
+        tasks.lose_sharer();
+        tasks.lose_sharer();
+        assert_eq!(tasks.take().map(<[_]>::len), Some(5), "alone, a connection takes the rest");
+    }
+
+    #[test]
+    fn a_failure_leaves_the_rest_untaken() {
+        let sqls: Vec<Arc<str>> = (0..8).map(|i| Arc::from(format!("SELECT {i}"))).collect();
+        let tasks = SharedTasks::new(&sqls, 2);
+        assert!(tasks.take().is_some());
+        tasks.fail();
+        assert!(tasks.take().is_none() && tasks.is_drained());
+    }
 }

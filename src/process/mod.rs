@@ -84,7 +84,8 @@ impl Coordinator {
             metadata::load_since(&mut conn, &metadata::Catalog::default()).await.map_err(|e| anyhow::anyhow!("could not load the catalog: {e}"))?;
         conn.terminate().await;
         let pool_wait = Duration::from_secs_f64(config.connections.pool_wait_secs.max(0.0));
-        let worker_pools = crate::transaction::WorkerPools::new(config.connections.max_per_node, config.connections.active_per_node(), pool_wait);
+        let worker_pools = crate::transaction::WorkerPools::new(config.connections.max_per_node, config.connections.active_per_node(), pool_wait)
+            .with_per_statement(config.connections.executor_pool_size());
         let local_pool = crate::connection::pool::NodePool::new(config.connections.max_coordinator_db);
         let catalog = Arc::new(CatalogHandle::new(catalog));
         let transactions = &config.transactions;

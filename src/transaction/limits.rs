@@ -4,8 +4,8 @@
 //! memory the coordinator process holds for it. Any of them *stops* the
 //! statement: the session's watchdog (`StatementLimits::enforce`) sends a
 //! cancel request to every node backend the session holds, which ends the
-//! statement's work there at once (the shard statements a node runs for it
-//! form one batch, which one cancellation ends whole), and the
+//! statement's work there at once (the shard statements a connection runs
+//! for it form one batch, which one cancellation ends whole), and the
 //! coordinator's own loops see the stop at their next check. The statement
 //! then fails with the stop's error, and its connections are in step for
 //! the next one.

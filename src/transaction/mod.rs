@@ -9,6 +9,7 @@ mod block;
 pub mod coordinator_db;
 pub mod deadlock;
 pub mod decided;
+pub mod extra;
 pub mod limits;
 pub mod links;
 pub mod recovery;
@@ -281,7 +282,7 @@ pub struct Participants {
     /// Which pooled connections the session may take: those logged in as
     /// its user with its start-up settings, which `RESET ALL` returns them
     /// to before the session's own are applied.
-    pool_key: String,
+    pool_key: Arc<str>,
     /// The login as the session began: new connections log in with it, so
     /// that `RESET ALL` takes every connection of a key to the same state.
     startup_login: Login,
@@ -338,12 +339,34 @@ pub struct CitusSettings {
     pub function_delegation: bool,
     /// The most memory the coordinator may hold for one statement.
     pub max_statement_memory: limits::MemorySetting,
+    /// `citus.max_adaptive_executor_pool_size`.
+    pub executor_pool_size: PoolSizeSetting,
+}
+
+/// `citus.max_adaptive_executor_pool_size` as the session has it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolSizeSetting {
+    /// Not set: the configuration's `[connections] max_adaptive_executor_pool_size`.
+    Unset,
+    Size(usize),
+    /// Set to what is not a positive whole number.
+    Invalid,
+}
+
+impl PoolSizeSetting {
+    /// From `current_setting(…, true)`: NULL while never set, empty once reset.
+    fn from_value(value: Option<&str>) -> Self {
+        match value.map(str::trim) {
+            None | Some("") => PoolSizeSetting::Unset,
+            Some(value) => value.parse().ok().filter(|n| *n > 0).map_or(PoolSizeSetting::Invalid, PoolSizeSetting::Size),
+        }
+    }
 }
 
 impl CitusSettings {
     /// The select list that reads them.
     pub const COLUMNS: &'static str =
-        "current_setting('citus.multi_shard_commit_protocol', true), current_setting('citus.multi_shard_modify_mode', true), current_setting('citus.enable_function_delegation', true), current_setting('tessera.max_statement_memory', true)";
+        "current_setting('citus.multi_shard_commit_protocol', true), current_setting('citus.multi_shard_modify_mode', true), current_setting('citus.enable_function_delegation', true), current_setting('tessera.max_statement_memory', true), current_setting('citus.max_adaptive_executor_pool_size', true)";
 
     /// From the values `COLUMNS` gives, in order.
     pub fn from_values(values: &[Option<String>]) -> Self {
@@ -354,6 +377,7 @@ impl CitusSettings {
             sequential_modify: value(1).as_deref() == Some("sequential"),
             function_delegation: !off(value(2)),
             max_statement_memory: limits::MemorySetting::from_value(value(3).as_deref()),
+            executor_pool_size: PoolSizeSetting::from_value(value(4).as_deref()),
         }
     }
 }
@@ -374,7 +398,7 @@ impl Participants {
             .map(|(name, value)| format!("{}={value}", name.to_lowercase()))
             .collect();
         startup.sort();
-        let pool_key = format!("{}\0{}", login.user, startup.join("\0"));
+        let pool_key: Arc<str> = Arc::from(format!("{}\0{}", login.user, startup.join("\0")));
         let startup_state = login_state(&login);
         Participants {
             pool_key,
@@ -633,7 +657,7 @@ impl Participants {
     /// state, or a new one when none is idle (waiting for room if the node
     /// has its limit of connections open).
     async fn take_worker(&mut self, node: &Node) -> PgResult<WorkerConnection> {
-        let pool = self.node_pools.entry(node.group_id).or_insert_with(|| self.pools.node(node.group_id)).clone();
+        let pool = self.node_pool(node.group_id);
         let last = self.last_backends.get(&node.group_id).copied();
         let label = node.addr.to_string();
         let holds_block_connections = self.holds_block_connections();
@@ -657,50 +681,84 @@ impl Participants {
                 Checkout::Open(slot) => break slot,
                 Checkout::Idle(worker) => worker,
             };
-            // The node moved (citus_update_node): not its old address again.
-            if worker.died_while_idle() || **worker.conn.label() != *label {
+            if !self.adopt(&mut worker, &label) {
                 continue;
-            }
-            if worker.login_state != self.login_state {
-                worker.conn.queue_silent(&self.handover_sql());
-                worker.login_state = self.login_state;
-                worker.named = self.two_phase.session_name.clone();
-            }
-            if *worker.owner != *self.two_phase.session_name() {
-                worker.owner = self.two_phase.session_name.clone();
-                worker.settings_epoch = u64::MAX;
-            }
-            if worker.prepared_version != self.catalog_version {
-                worker.prepared.clear();
-                worker.prepared_version = self.catalog_version;
             }
             worker.running = running;
             return Ok(worker);
         };
-        let mut conn = PgConnection::connect(&node.addr, &self.startup_login).await?;
-        if self.login_state != self.startup_state {
-            conn.queue_silent(&self.handover_sql());
+        let mut worker = self.open_worker(node, slot, running).await?;
+        self.pools.size_from(&pool, &mut worker.conn).await?;
+        Ok(worker)
+    }
+
+    /// The pool of node group `group`, kept at hand.
+    fn node_pool(&mut self, group: i32) -> Arc<crate::connection::pool::NodePool<WorkerConnection>> {
+        self.node_pools.entry(group).or_insert_with(|| self.pools.node(group)).clone()
+    }
+
+    /// Makes an idle connection to the node at `label` carry this session's
+    /// state (queued, sent ahead of its next statement); false when it is
+    /// no use: closed by the node meanwhile, or to the node's old address
+    /// (citus_update_node moved it).
+    fn adopt(&self, worker: &mut WorkerConnection, label: &str) -> bool {
+        if worker.died_while_idle() || **worker.conn.label() != *label {
+            return false;
         }
-        self.pools.size_from(&pool, &mut conn).await?;
-        Ok(WorkerConnection {
-            conn,
-            group_id: node.group_id,
-            type_oids: node.type_oids.clone(),
-            in_block: false,
-            wrote: false,
-            decider: None,
-            prepared: HashMap::new(),
-            statements_made: 0,
-            needs_sync: false,
-            settings_epoch: 0,
-            last_used: std::time::Instant::now(),
-            owner: self.two_phase.session_name.clone(),
-            login_state: self.login_state,
-            named: self.two_phase.session_name.clone(),
-            prepared_version: self.catalog_version,
-            running,
-            _slot: slot,
-        })
+        if worker.login_state != self.login_state {
+            worker.conn.queue_silent(&self.handover_sql());
+            worker.login_state = self.login_state;
+            worker.named = self.two_phase.session_name.clone();
+        }
+        if *worker.owner != *self.two_phase.session_name() {
+            worker.owner = self.two_phase.session_name.clone();
+            worker.settings_epoch = u64::MAX;
+        }
+        if worker.prepared_version != self.catalog_version {
+            worker.prepared.clear();
+            worker.prepared_version = self.catalog_version;
+        }
+        true
+    }
+
+    /// Opens a new connection to `node` in `slot` of its pool, acting as
+    /// this session does. The future borrows nothing of the session, so
+    /// that it may run on while the session does other work.
+    fn open_worker(
+        &self,
+        node: &Node,
+        slot: tokio::sync::OwnedSemaphorePermit,
+        running: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> impl std::future::Future<Output = PgResult<WorkerConnection>> + Send + 'static {
+        let (addr, login) = (node.addr.clone(), self.startup_login.clone());
+        let handover = (self.login_state != self.startup_state).then(|| self.handover_sql());
+        let (group_id, type_oids, name) = (node.group_id, node.type_oids.clone(), self.two_phase.session_name.clone());
+        let (login_state, catalog_version) = (self.login_state, self.catalog_version);
+        async move {
+            let mut conn = PgConnection::connect(&addr, &login).await?;
+            if let Some(sql) = handover {
+                conn.queue_silent(&sql);
+            }
+            Ok(WorkerConnection {
+                conn,
+                group_id,
+                type_oids,
+                in_block: false,
+                wrote: false,
+                decider: None,
+                prepared: HashMap::new(),
+                statements_made: 0,
+                needs_sync: false,
+                settings_epoch: 0,
+                last_used: std::time::Instant::now(),
+                owner: name.clone(),
+                login_state,
+                named: name,
+                prepared_version: catalog_version,
+                running,
+                _slot: slot,
+            })
+        }
     }
 
     /// The login of connections that act as this session does (its role, the
@@ -863,4 +921,18 @@ fn replay_sql(block: &Block) -> String {
         sql.push_str(&format!("; SAVEPOINT {}", crate::connection::quote_ident(s)));
     }
     sql
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_executor_pool_size_setting() {
+        assert_eq!(PoolSizeSetting::from_value(None), PoolSizeSetting::Unset);
+        assert_eq!(PoolSizeSetting::from_value(Some("")), PoolSizeSetting::Unset, "after RESET");
+        assert_eq!(PoolSizeSetting::from_value(Some("4")), PoolSizeSetting::Size(4));
+        assert_eq!(PoolSizeSetting::from_value(Some("0")), PoolSizeSetting::Invalid);
+        assert_eq!(PoolSizeSetting::from_value(Some("lots")), PoolSizeSetting::Invalid);
+    }
 }

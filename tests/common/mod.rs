@@ -38,7 +38,7 @@ impl TestCluster {
             let dir = temp_dir("tessera-test-");
             let data = dir.path().join("cluster");
             let port = free_port().unwrap();
-            match cluster::up(&data, port, workers, &tessera_bin()) {
+            match cluster::up(&data, port, workers, None, &tessera_bin()) {
                 Ok(cluster) => return TestCluster { cluster, port, _dir: dir },
                 Err(e) => {
                     eprintln!("tessera up failed, retrying: {e:#}");
