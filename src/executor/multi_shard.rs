@@ -251,9 +251,9 @@ async fn run_on_nodes(parts: &mut Participants, by_node: &[NodeTasks], access: A
         let node_extras = std::mem::take(&mut extras[node]);
         let (tasks, tx, limits) = (&shared[node], tx.clone(), &limits);
         Some(async move {
-            let own = run_shared(w, node, tasks, mode, text_results, &tx, limits);
-            let others =
-                futures::future::join_all(node_extras.into_iter().map(|extra| run_extra(extra, node, tasks, mode, text_results, &tx, limits)));
+            let run = NodeRun { node, tasks, mode, text_results, rows_to: &tx, limits };
+            let own = run_shared(w, &run);
+            let others = futures::future::join_all(node_extras.into_iter().map(|extra| run_extra(extra, &run)));
             let (own, others) = tokio::join!(own, others);
             let result = others.into_iter().fold(own, |sum, other| match (sum, other) {
                 (Ok(a), Ok(b)) => Ok(a + b),
@@ -366,18 +366,23 @@ impl<'a> SharedTasks<'a> {
     }
 }
 
+/// One node's part of a statement, as each connection running its tasks
+/// sees it: the node's index in the task list, its shared tasks, and where
+/// their results go.
+struct NodeRun<'r, 'm> {
+    node: usize,
+    tasks: &'r SharedTasks<'r>,
+    mode: &'r Mode<'m>,
+    text_results: bool,
+    rows_to: &'r tokio::sync::mpsc::Sender<(usize, Message)>,
+    limits: &'r StatementLimits,
+}
+
 /// Runs chunks of a node's tasks on `w` while any are left. A failure
 /// stops the statement's other parts and leaves the node's remaining
 /// tasks untaken.
-async fn run_shared(
-    w: &mut WorkerConnection,
-    node: usize,
-    tasks: &SharedTasks<'_>,
-    mode: &Mode<'_>,
-    text_results: bool,
-    rows_to: &tokio::sync::mpsc::Sender<(usize, Message)>,
-    limits: &StatementLimits,
-) -> PgResult<u64> {
+async fn run_shared(w: &mut WorkerConnection, run: &NodeRun<'_, '_>) -> PgResult<u64> {
+    let NodeRun { node, tasks, mode, text_results, rows_to, limits } = *run;
     let mut rows = 0;
     loop {
         // A cancel request sent between two chunks found nothing to cancel.
@@ -400,15 +405,8 @@ async fn run_shared(
 
 /// Runs chunks of a node's tasks on an extra connection, once it is there
 /// and while tasks are left, then gives it back to the pool.
-async fn run_extra(
-    extra: ExtraWorker,
-    node: usize,
-    tasks: &SharedTasks<'_>,
-    mode: &Mode<'_>,
-    text_results: bool,
-    rows_to: &tokio::sync::mpsc::Sender<(usize, Message)>,
-    limits: &StatementLimits,
-) -> PgResult<u64> {
+async fn run_extra(extra: ExtraWorker, run: &NodeRun<'_, '_>) -> PgResult<u64> {
+    let tasks = run.tasks;
     let mut conn = match extra {
         ExtraWorker::Ready(conn) => *conn,
         ExtraWorker::Opening(mut opening) => {
@@ -431,7 +429,7 @@ async fn run_extra(
             }
         }
     };
-    let rows = run_shared(conn.worker(), node, tasks, mode, text_results, rows_to, limits).await;
+    let rows = run_shared(conn.worker(), run).await;
     conn.finish();
     rows
 }
