@@ -61,10 +61,11 @@ pub enum HashType {
     Array(&'static HashType),
 }
 
-/// The types a table can be distributed by, by oid, with their hash type:
-/// the one list of them (the coordinator database's shard lookup makes its
-/// probe tables from it too, see metadata::install).
-pub const DISTRIBUTABLE_TYPES: [(u32, HashType); 30] = [
+/// The scalar types a table can be distributed by, by oid, with their hash
+/// type; arrays of them too (`DISTRIBUTABLE_ARRAYS`). The coordinator
+/// database's shard lookup makes its probe tables from both lists (see
+/// metadata::install).
+pub static DISTRIBUTABLE_TYPES: [(u32, HashType); 15] = [
     (16, HashType::Bool),
     (17, HashType::Bytea),
     (18, HashType::Char),
@@ -80,26 +81,45 @@ pub const DISTRIBUTABLE_TYPES: [(u32, HashType); 30] = [
     (1184, HashType::TimestampTz),
     (1700, HashType::Numeric),
     (2950, HashType::Uuid),
-    (1000, HashType::Array(&HashType::Bool)),
-    (1001, HashType::Array(&HashType::Bytea)),
-    (1002, HashType::Array(&HashType::Char)),
-    (1016, HashType::Array(&HashType::Int8)),
-    (1005, HashType::Array(&HashType::Int2)),
-    (1007, HashType::Array(&HashType::Int4)),
-    (1009, HashType::Array(&HashType::Text)),
-    (1015, HashType::Array(&HashType::Text)),
-    (1028, HashType::Array(&HashType::Oid)),
-    (1014, HashType::Array(&HashType::Bpchar)),
-    (1182, HashType::Array(&HashType::Date)),
-    (1115, HashType::Array(&HashType::Timestamp)),
-    (1185, HashType::Array(&HashType::TimestampTz)),
-    (1231, HashType::Array(&HashType::Numeric)),
-    (2951, HashType::Array(&HashType::Uuid)),
 ];
 
+/// The array types of `DISTRIBUTABLE_TYPES`: (array oid, element oid).
+pub const DISTRIBUTABLE_ARRAYS: [(u32, u32); 15] = [
+    (1000, 16),
+    (1001, 17),
+    (1002, 18),
+    (1016, 20),
+    (1005, 21),
+    (1007, 23),
+    (1009, 25),
+    (1015, 1043),
+    (1028, 26),
+    (1014, 1042),
+    (1182, 1082),
+    (1115, 1114),
+    (1185, 1184),
+    (1231, 1700),
+    (2951, 2950),
+];
+
+/// Every type oid a table can be distributed by.
+pub fn distributable_type_oids() -> impl Iterator<Item = u32> {
+    DISTRIBUTABLE_TYPES.iter().map(|(oid, _)| *oid).chain(DISTRIBUTABLE_ARRAYS.iter().map(|(oid, _)| *oid))
+}
+
+/// The element type of a distributable array type.
+pub fn array_element_oid(oid: u32) -> Option<u32> {
+    DISTRIBUTABLE_ARRAYS.iter().find(|(array, _)| *array == oid).map(|(_, element)| *element)
+}
+
 impl HashType {
+    /// Maps a PostgreSQL type oid to its hash type; `None` when unsupported.
     pub fn from_type_oid(oid: u32) -> Option<HashType> {
-        DISTRIBUTABLE_TYPES.iter().find(|(o, _)| *o == oid).map(|(_, ty)| *ty)
+        let scalar = |oid: u32| DISTRIBUTABLE_TYPES.iter().find(|(o, _)| *o == oid).map(|(_, ty)| ty);
+        match array_element_oid(oid) {
+            Some(element) => scalar(element).map(HashType::Array),
+            None => scalar(oid).copied(),
+        }
     }
 
     /// The PostgreSQL type name, as used in error messages.

@@ -31,7 +31,7 @@ pub const ALLOW_SHELL_WRITES: &str = "SET LOCAL tessera.shell_writes = on";
 pub async fn install(conn: &mut PgConnection, deciding_objects_sql: &str) -> PgResult<()> {
     // Concurrent first starts of several coordinator processes must not race.
     conn.execute("SELECT pg_advisory_lock(7482910)").await?;
-    let type_oids: Vec<String> = crate::hash::DISTRIBUTABLE_TYPES.iter().map(|(oid, _)| oid.to_string()).collect();
+    let type_oids: Vec<String> = crate::hash::distributable_type_oids().map(|oid| oid.to_string()).collect();
     let schema = SCHEMA_SQL.replace("@TESSERA_VERSION@", env!("CARGO_PKG_VERSION")).replace("@DISTRIBUTABLE_TYPE_OIDS@", &type_oids.join(", "));
     // The commit records of the transactions this database decides
     // (`transaction::decided`) live in a schema of their own, as on workers.

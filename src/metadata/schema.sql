@@ -774,7 +774,7 @@ CREATE OR REPLACE FUNCTION pg_catalog.citus_get_active_worker_nodes(OUT node_nam
 -- The shard of a table that holds a distribution value, found by PostgreSQL's
 -- own hash partitioning: satisfies_hash_partition over an empty table
 -- partitioned by a key of the column's type (one per type a table can be
--- distributed by: hash::DISTRIBUTABLE_TYPES fills in their oids) tells which
+-- distributed by: hash::distributable_type_oids fills them in) tells which
 -- remainder the value has. The value arrives as text (a literal of unknown
 -- type picks this signature) and is cast to the column's type here.
 DO $$

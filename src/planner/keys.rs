@@ -174,7 +174,7 @@ pub(super) fn names_key_type(type_name: &protobuf::TypeName, key: &KeyType) -> b
     let Some(NodeEnum::String(last)) = type_name.names.last().and_then(|n| n.node.as_ref()) else { return false };
     let named = match type_name.array_bounds.as_slice() {
         [] => internal_type_name(key.oid),
-        [_] => array_element_oid(key.oid).and_then(internal_type_name),
+        [_] => hash::array_element_oid(key.oid).and_then(internal_type_name),
         _ => None,
     };
     named.is_some_and(|internal| last.sval == internal)
@@ -183,28 +183,6 @@ pub(super) fn names_key_type(type_name: &protobuf::TypeName, key: &KeyType) -> b
 /// The internal name of a distribution column's type (as in `'5'::int8`).
 pub(super) fn key_type_name(key: &KeyType) -> Option<&'static str> {
     internal_type_name(key.oid)
-}
-
-/// The element type of an array type a table can be distributed by.
-fn array_element_oid(oid: u32) -> Option<u32> {
-    Some(match oid {
-        1000 => 16,
-        1001 => 17,
-        1002 => 18,
-        1005 => 21,
-        1007 => 23,
-        1016 => 20,
-        1009 => 25,
-        1015 => 1043,
-        1028 => 26,
-        1014 => 1042,
-        1182 => 1082,
-        1115 => 1114,
-        1185 => 1184,
-        1231 => 1700,
-        2951 => 2950,
-        _ => return None,
-    })
 }
 
 fn internal_type_name(oid: u32) -> Option<&'static str> {
