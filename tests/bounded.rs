@@ -138,18 +138,7 @@ async fn a_cancel_request_stops_every_part(cluster: &TestCluster) {
     for heavy in [HEAVY_JOIN, HEAVY_SHARDS] {
         for extended in [false, true] {
             let c = cluster.connect().await;
-            let token = c.cancel_token();
-            let cancelled = tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                token.cancel_query(tokio_postgres::NoTls).await.unwrap();
-                Instant::now()
-            });
-            let result = if extended { c.query(heavy, &[]).await.map(|_| ()) } else { c.simple_query(heavy).await.map(|_| ()) };
-            let ended = Instant::now();
-            let e = result.expect_err(heavy);
-            let after_cancel = ended.saturating_duration_since(cancelled.await.unwrap());
-            assert_eq!(sqlstate(&e), "57014", "{heavy}: {}", error_text(&e));
-            assert_eq!(e.as_db_error().unwrap().message(), "canceling statement due to user request");
+            let after_cancel = common::cancelled_after_request(&c, heavy, extended).await;
             assert!(after_cancel < Duration::from_millis(1500), "{heavy} (extended: {extended}) ended {after_cancel:?} after the cancel request");
             assert_eq!(text_rows(&c, "SELECT count(*) FROM a").await, vec![vec![Some(ROWS.to_string())]]);
         }

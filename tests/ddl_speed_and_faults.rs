@@ -89,6 +89,15 @@ async fn break_reload(cluster: &TestCluster, broken: bool) {
     db.batch_execute(&format!("SET session_replication_role = replica; ALTER FUNCTION pg_catalog.{from}(oid) RENAME TO {to}")).await.unwrap();
 }
 
+/// Distributes a table `id int PRIMARY KEY, k int` of each name over 4
+/// shards, with the rows 1 to 9 (`k` = id % 3).
+async fn distribute_with_rows(c: &Observed, tables: &[&str]) {
+    for t in tables {
+        c.run(&format!("CREATE TABLE {t} (id int PRIMARY KEY, k int); SELECT create_distributed_table('{t}', 'id', shard_count => 4)")).await;
+        c.run(&format!("INSERT INTO {t} SELECT g, g % 3 FROM generate_series(1, 9) g")).await;
+    }
+}
+
 fn is_reload_warning(notice: &(String, String)) -> bool {
     notice.0 == "WARNING" && notice.1.contains("the change committed, but the catalog could not be reloaded from the coordinator database")
 }
@@ -172,10 +181,7 @@ async fn a_block_whose_catalog_cannot_be_loaded_fails_and_commits_nothing() {
 async fn ddl_on_one_table_leaves_the_other_tables_fallback_stand_ins_alone() {
     let cluster = TestCluster::start(2);
     let c = Observed::connect(&cluster).await;
-    for t in ["a", "b"] {
-        c.run(&format!("CREATE TABLE {t} (id int PRIMARY KEY, k int); SELECT create_distributed_table('{t}', 'id', shard_count => 4)")).await;
-        c.run(&format!("INSERT INTO {t} SELECT g, g % 3 FROM generate_series(1, 9) g")).await;
-    }
+    distribute_with_rows(&c, &["a", "b"]).await;
     // A window over the whole table: the general fallback, over the stand-ins.
     let window = |t: &str| format!("SELECT sum(r) FROM (SELECT row_number() OVER (ORDER BY id) AS r FROM {t}) s");
     assert_eq!(c.value(&window("a")).await, "45");
@@ -264,10 +270,7 @@ async fn the_catalog_follows_ddl_that_changes_no_catalog_row() {
 async fn a_reload_reads_only_the_changed_tables_unless_it_is_too_far_behind() {
     let cluster = TestCluster::start(2);
     let c = Observed::connect(&cluster).await;
-    for t in ["a", "b"] {
-        c.run(&format!("CREATE TABLE {t} (id int PRIMARY KEY, k int); SELECT create_distributed_table('{t}', 'id', shard_count => 4)")).await;
-        c.run(&format!("INSERT INTO {t} SELECT g, g % 3 FROM generate_series(1, 9) g")).await;
-    }
+    distribute_with_rows(&c, &["a", "b"]).await;
     // The catalog rows of b go without any change being recorded (no
     // trigger fires for a replica session), as if a change had been lost.
     let db = cluster.connect_coordinator_db().await;

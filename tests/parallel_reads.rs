@@ -197,19 +197,8 @@ async fn a_cancel_request_stops_every_connection(cluster: &TestCluster) {
     for extended in [false, true] {
         let c = cluster.connect().await;
         c.batch_execute("SET citus.max_adaptive_executor_pool_size = 4").await.unwrap();
-        let token = c.cancel_token();
-        let cancelled = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            token.cancel_query(tokio_postgres::NoTls).await.unwrap();
-            Instant::now()
-        });
         let sql = "SELECT pg_backend_pid() FROM sleepy WHERE pg_sleep(3) IS NOT NULL";
-        let result = if extended { c.query(sql, &[]).await.map(|_| ()) } else { c.simple_query(sql).await.map(|_| ()) };
-        let ended = Instant::now();
-        let e = result.expect_err(sql);
-        let after_cancel = ended.saturating_duration_since(cancelled.await.unwrap());
-        assert_eq!(sqlstate(&e), "57014", "{}", error_text(&e));
-        assert_eq!(e.as_db_error().unwrap().message(), "canceling statement due to user request");
+        let after_cancel = common::cancelled_after_request(&c, sql, extended).await;
         assert!(after_cancel < Duration::from_millis(1500), "(extended: {extended}) ended {after_cancel:?} after the cancel request");
         workers_go_quiet(cluster, Duration::from_secs(1), "the cancel request").await;
         assert_eq!(text_rows(&c, "SELECT count(*) FROM sleepy").await, vec![vec![Some(SHARDS.to_string())]]);

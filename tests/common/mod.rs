@@ -322,6 +322,25 @@ pub async fn outcome(c: &Client, sql: &str) -> Result<Vec<Vec<Option<String>>>, 
     }
 }
 
+/// Runs `sql` on `c` (in the extended protocol or the simple one), sends a
+/// cancel request for it half a second in, and checks that the statement
+/// failed as PostgreSQL's cancelled statements do; returns how long after
+/// the request it ended.
+pub async fn cancelled_after_request(c: &Client, sql: &str, extended: bool) -> std::time::Duration {
+    let token = c.cancel_token();
+    let cancelled = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        token.cancel_query(NoTls).await.unwrap();
+        std::time::Instant::now()
+    });
+    let result = if extended { c.query(sql, &[]).await.map(|_| ()) } else { c.simple_query(sql).await.map(|_| ()) };
+    let ended = std::time::Instant::now();
+    let e = result.expect_err(sql);
+    assert_eq!(sqlstate(&e), "57014", "{sql}: {}", error_text(&e));
+    assert_eq!(e.as_db_error().unwrap().message(), "canceling statement due to user request");
+    ended.saturating_duration_since(cancelled.await.unwrap())
+}
+
 /// A server error's message, detail, hint and context, for assertions on wording.
 pub fn error_text(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
