@@ -2,7 +2,8 @@
 //! its own name as a partitioned parent of the worker's shards and foreign
 //! tables for the others', each reference table as a view of its copy. Any
 //! SQL run on a worker sees whole tables, kept exact through DDL, partition
-//! changes and node changes; roles see there what they see through Tessera.
+//! changes and node changes; user code there writes every copy of a
+//! reference table; roles see there what they see through Tessera.
 
 mod common;
 use common::{connect, connect_as, sqlstate, text_rows, PlainPostgres, TestCluster};
@@ -20,6 +21,25 @@ async fn workers_agree(coordinator: &Client, workers: &[Client], table: &str, wh
     for (i, w) in workers.iter().enumerate() {
         assert_eq!(fingerprint(w, table).await, expected, "worker {i} reads {table} differently {when}");
     }
+}
+
+/// `workers_agree` once the other nodes' parts of writes made by sessions
+/// on a worker itself are settled: the link relay commits them on its
+/// interval (a session through Tessera has them settled before its answer).
+async fn workers_agree_when_settled(coordinator: &Client, workers: &[Client], table: &str, when: &str) {
+    let started = std::time::Instant::now();
+    while started.elapsed() < std::time::Duration::from_secs(10) {
+        let expected = fingerprint(coordinator, table).await;
+        let mut agreeing = true;
+        for w in workers {
+            agreeing &= fingerprint(w, table).await == expected;
+        }
+        if agreeing {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    workers_agree(coordinator, workers, table, when).await;
 }
 
 /// A worker's connection (its parents know the modulus and remainders).
@@ -124,6 +144,32 @@ async fn worker_side_relations_follow_every_change() {
     for table in ["wr_kinds", "wr_sales", "wr_events", "wr_events_feb"] {
         workers_agree(&c, &workers, table, "after citus_add_node").await;
     }
+    // User code on any worker writes every copy of a reference table, the
+    // new node's too: a function called through Tessera, a trigger on a
+    // distributed table, and a statement run on a worker itself.
+    c.batch_execute(
+        "CREATE FUNCTION wr_add_kind(k int) RETURNS int LANGUAGE sql AS $$ INSERT INTO wr_kinds (k, label) VALUES (k, 'f' || k) RETURNING k $$;
+         SELECT wr_add_kind(10);
+         CREATE FUNCTION wr_log_sale() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN UPDATE wr_kinds SET label = label || '+' WHERE k = NEW.kind; RETURN NEW; END $$;
+         CREATE TRIGGER wr_log_sale AFTER INSERT ON wr_sales FOR EACH ROW EXECUTE FUNCTION wr_log_sale();
+         INSERT INTO wr_sales (id, customer_id, kind) VALUES (9001, 7, 10), (9002, 8, 10);",
+    )
+    .await
+    .unwrap();
+    workers[2].batch_execute("INSERT INTO wr_kinds (k, label) VALUES (11, 'on the new node'); DELETE FROM wr_kinds WHERE k = 0").await.unwrap();
+    workers_agree_when_settled(&c, &workers, "wr_kinds", "after writes on the workers").await;
+    assert_eq!(
+        text_rows(&c, "SELECT k, label, rank FROM wr_kinds WHERE k >= 10 ORDER BY k").await,
+        vec![
+            vec![Some("10".into()), Some("f10++".into()), Some("7".into())],
+            vec![Some("11".into()), Some("on the new node".into()), Some("7".into())]
+        ]
+    );
+    // A write that fails on the way leaves no copy changed.
+    let err = workers[0].batch_execute("INSERT INTO wr_kinds (k) VALUES (12), (11)").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "23505", "{err}");
+    workers_agree(&c, &workers, "wr_kinds", "after a failed write on a worker").await;
     c.batch_execute("CREATE TABLE wr_late (id int, v text); SELECT create_distributed_table('wr_late', 'id'); INSERT INTO wr_late SELECT g, 'v' FROM generate_series(1, 300) g")
         .await
         .unwrap();
@@ -139,6 +185,13 @@ async fn worker_side_relations_follow_every_change() {
         );
     }
     assert_eq!(text_rows(&c, "SELECT count(*) FROM wr_late").await[0][0].as_deref(), Some("300"));
+
+    // A node removed with its copy is written no more.
+    c.execute("SELECT citus_remove_node('127.0.0.1', $1)", &[&(extra.instance.port as i32)]).await.unwrap();
+    let removed = workers.pop().unwrap();
+    workers[1].batch_execute("INSERT INTO wr_kinds (k, label) VALUES (13, 'after the removal')").await.unwrap();
+    workers_agree_when_settled(&c, &workers, "wr_kinds", "after citus_remove_node").await;
+    assert_eq!(text_rows(&removed, "SELECT count(*) FROM wr_kinds WHERE k = 13").await[0][0].as_deref(), Some("0"));
 }
 
 #[tokio::test]

@@ -698,7 +698,7 @@ pub async fn undistribute_table(ctx: &mut CommandContext<'_>, table_name: &str) 
         let mut per_node: BTreeMap<i32, Vec<String>> = ctx
             .catalog
             .active_nodes()
-            .map(|n| (n.group_id, tables.iter().map(|t| crate::planner::worker_relations::drop_sql(t)).collect()))
+            .map(|n| (n.group_id, tables.iter().flat_map(|t| crate::planner::worker_relations::drop_sql(t)).collect()))
             .collect();
         for t in &tables {
             for shard in &t.shards {

@@ -586,7 +586,7 @@ async fn run_ddl_in_block(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_
         }
         DdlPlan::Drop { tables } => {
             for t in tables {
-                run_on_nodes(ctx, None, |_| Ok(vec![crate::planner::worker_relations::drop_sql(t)])).await?;
+                run_on_nodes(ctx, None, |_| Ok(crate::planner::worker_relations::drop_sql(t))).await?;
             }
             run_node_statements(plan, ctx).await?;
             let local = ctx.parts.local().await?;

@@ -57,6 +57,8 @@ pub async fn add_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) -> Pg
         for (_, oid, name) in &tables {
             super::distribute::follow_shell_onto_shards(ctx, *oid, name, Some(group)).await?;
         }
+        let references: Vec<u32> = ctx.catalog.tables().filter(|t| t.is_reference()).map(|t| t.oid).collect();
+        super::worker_relations::link_reference_copies(ctx, &references).await?;
         Ok(id)
     }
     .await;
@@ -131,7 +133,8 @@ async fn copy_reference_placements(ctx: &mut CommandContext<'_>, copies: &[(Arc<
             super::worker_relations::create(ctx, table.oid, Some(target.group_id)).await?;
             super::distribute::follow_shell_onto_shards(ctx, table.oid, &table.qualified_name(), Some(target.group_id)).await?;
         }
-        Ok(())
+        let copied: Vec<u32> = copies.iter().map(|(table, ..)| table.oid).collect();
+        super::worker_relations::link_reference_copies(ctx, &copied).await
     }
     .await;
     ctx.finish_block(implicit, result).await
@@ -164,7 +167,8 @@ pub async fn remove_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) ->
                 node.group_id, node.id
             ))
             .await?;
-        Ok(())
+        let references: Vec<u32> = ctx.catalog.tables().filter(|t| t.is_reference()).map(|t| t.oid).collect();
+        super::worker_relations::link_reference_copies(ctx, &references).await
     }
     .await;
     ctx.finish_block(implicit, result).await

@@ -17,9 +17,10 @@
 //! the coordinator's link relay (`transaction::links`), which makes writes
 //! into foreign partitions commit with the worker's own transaction, all or
 //! nothing; a trigger on each foreign table gives that transaction the xid
-//! the relay names the writes after. Reference tables are written only
-//! through the coordinator, which writes every copy: their views refuse
-//! writes.
+//! the relay names the writes after. A reference table's view writes
+//! what user code on a worker writes into it to every copy the same way,
+//! through foreign tables over the other nodes' copies
+//! (`REFERENCE_WRITES_SQL`).
 
 use super::run_per_node;
 use super::table_ddl::TableDefinition;
@@ -40,6 +41,23 @@ use std::collections::BTreeMap;
 pub(super) async fn create(ctx: &mut CommandContext<'_>, oid: u32, only_group: Option<i32>) -> PgResult<()> {
     let catalog = crate::metadata::load_tables_in_block(ctx.parts.local().await?, &ctx.catalog, &[oid]).await?;
     let per_node = create_statements(ctx, &catalog, oid, only_group).await?;
+    let committed = std::mem::replace(&mut ctx.catalog, std::sync::Arc::new(catalog));
+    let result = run_per_node(ctx, per_node).await;
+    ctx.catalog = committed;
+    result
+}
+
+/// Points the views of reference tables `oids` on every node holding a copy
+/// at the copies as the current block places them (after a copy was added
+/// or a node removed), so that writes on a worker reach every copy.
+pub(super) async fn link_reference_copies(ctx: &mut CommandContext<'_>, oids: &[u32]) -> PgResult<()> {
+    let catalog = crate::metadata::load_tables_in_block(ctx.parts.local().await?, &ctx.catalog, oids).await?;
+    let mut per_node: BTreeMap<i32, Vec<String>> = BTreeMap::new();
+    for table in oids.iter().filter_map(|oid| catalog.table_by_oid(*oid)) {
+        for group in table.shards.first().map(|s| s.placements.as_slice()).unwrap_or_default() {
+            per_node.entry(*group).or_default().push(link_reference_sql(table, *group));
+        }
+    }
     let committed = std::mem::replace(&mut ctx.catalog, std::sync::Arc::new(catalog));
     let result = run_per_node(ctx, per_node).await;
     ctx.catalog = committed;
@@ -127,11 +145,7 @@ fn setup_sql(node: &Node, nodes: &[Node], relay: &ServerAddr) -> String {
            RAISE EXCEPTION 'this shard of % moved to another node while the statement waited for it', TG_ARGV[0]
              USING ERRCODE = '40001', HINT = 'Retry the transaction: the coordinator now routes it to the new node.';
          END $tessera$;
-         CREATE OR REPLACE FUNCTION {REMOTE_SCHEMA}.refuse_reference_write() RETURNS trigger LANGUAGE plpgsql AS $tessera$
-         BEGIN
-           RAISE EXCEPTION 'the reference table % cannot be written on a worker: every node holds a copy of it', TG_ARGV[0]
-             USING ERRCODE = '0A000', HINT = 'Write to it through the Tessera coordinator, which writes every copy in one transaction.';
-         END $tessera$;
+         {reference_writes}
          {forget_roles}
          -- Every role gets a mapping that logs it in as itself, so that the
          -- other node checks its privileges. Only a superuser may waive the
@@ -154,6 +168,7 @@ fn setup_sql(node: &Node, nodes: &[Node], relay: &ServerAddr) -> String {
         forget_roles = crate::metadata::forget_roles_function(REMOTE_SCHEMA),
         decisions = crate::transaction::decided::deciding_objects_sql(),
         record_once = crate::transaction::decided::RECORD_ONCE_SQL,
+        reference_writes = REFERENCE_WRITES_SQL,
     );
     for other in nodes.iter().filter(|n| n.group_id != node.group_id) {
         let server = server_name(other.group_id);
@@ -179,6 +194,79 @@ fn setup_sql(node: &Node, nodes: &[Node], relay: &ServerAddr) -> String {
     sql.push_str(&format!("\nSELECT {REMOTE_SCHEMA}.map_roles();"));
     sql
 }
+
+/// The functions that let user code on a worker write a reference table
+/// through its view: `link_reference_copies(view, copy, groups)` makes a
+/// foreign table over the copy on each of the other node groups `groups`
+/// (dropping those of groups no longer holding one), gives the view the
+/// copy's column defaults (an INSTEAD OF trigger sees a view's defaults,
+/// not its table's) and points the view's trigger at the copies;
+/// `write_reference` is that trigger: it applies the row to the local copy
+/// and then to every other copy, in the worker's transaction, which the
+/// link relay commits everywhere or nowhere. Rows are found by primary key,
+/// or by all their columns when the table has none.
+const REFERENCE_WRITES_SQL: &str = "
+CREATE OR REPLACE FUNCTION tessera_remote.drop_reference_links(copy_name text) RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog AS $tessera$
+DECLARE t regclass;
+BEGIN
+  FOR t IN SELECT c.oid FROM pg_class c WHERE c.relnamespace = 'tessera_remote'::regnamespace AND c.relkind = 'f'
+              AND left(c.relname, length(copy_name) + 4) = copy_name || '_on_' LOOP
+    EXECUTE format('DROP FOREIGN TABLE %s', t);
+  END LOOP;
+END $tessera$;
+CREATE OR REPLACE FUNCTION tessera_remote.link_reference_copies(view regclass, copy regclass, groups int[]) RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog AS $tessera$
+DECLARE
+  copy_schema text; copy_name text; columns text; remote text; targets text[]; g int; r record;
+BEGIN
+  SELECT n.nspname, c.relname INTO copy_schema, copy_name FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = copy;
+  targets := ARRAY[copy::text];
+  PERFORM tessera_remote.drop_reference_links(copy_name);
+  SELECT string_agg(format('%I %s', attname, format_type(atttypid, atttypmod)), ', ' ORDER BY attnum) INTO columns
+    FROM pg_attribute WHERE attrelid = copy AND attnum > 0 AND NOT attisdropped AND attgenerated = '';
+  FOREACH g IN ARRAY groups LOOP
+    remote := format('tessera_remote.%I', copy_name || '_on_' || g);
+    EXECUTE format('CREATE FOREIGN TABLE %s (%s) SERVER %I OPTIONS (schema_name %L, table_name %L)', remote, columns, 'tessera_node_' || g, copy_schema, copy_name);
+    EXECUTE format('CREATE TRIGGER tessera_remote_write BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION tessera_remote.remote_write()', remote);
+    EXECUTE format('GRANT ALL ON %s TO PUBLIC', remote);
+    targets := targets || remote;
+  END LOOP;
+  FOR r IN SELECT a.attname, pg_get_expr(d.adbin, d.adrelid) AS expr FROM pg_attrdef d
+             JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+            WHERE d.adrelid = copy AND a.attgenerated = '' AND NOT a.attisdropped LOOP
+    EXECUTE format('ALTER VIEW %s ALTER COLUMN %I SET DEFAULT %s', view, r.attname, r.expr);
+  END LOOP;
+  EXECUTE format('CREATE OR REPLACE TRIGGER tessera_reference_write INSTEAD OF INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION tessera_remote.write_reference(%s)',
+                 view, (SELECT string_agg(quote_literal(t), ', ') FROM unnest(targets) AS t));
+END $tessera$;
+CREATE OR REPLACE FUNCTION tessera_remote.write_reference() RETURNS trigger LANGUAGE plpgsql AS $tessera$
+DECLARE
+  copy regclass := TG_ARGV[0]::regclass; target text; columns text; row_values text; assignments text; matches text;
+BEGIN
+  SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum),
+         string_agg(format('($1).%I', attname), ', ' ORDER BY attnum),
+         string_agg(format('%I = ($2).%1$I', attname), ', ' ORDER BY attnum)
+    INTO columns, row_values, assignments
+    FROM pg_catalog.pg_attribute WHERE attrelid = copy AND attnum > 0 AND NOT attisdropped AND attgenerated = '';
+  SELECT string_agg(format('%I IS NOT DISTINCT FROM ($1).%1$I', a.attname), ' AND ') INTO matches
+    FROM pg_catalog.pg_index i JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
+   WHERE i.indrelid = copy AND i.indisprimary;
+  IF matches IS NULL THEN
+    SELECT string_agg(format('%I IS NOT DISTINCT FROM ($1).%1$I', attname), ' AND ') INTO matches
+      FROM pg_catalog.pg_attribute WHERE attrelid = copy AND attnum > 0 AND NOT attisdropped AND attgenerated = '';
+  END IF;
+  FOREACH target IN ARRAY TG_ARGV LOOP
+    IF TG_OP = 'INSERT' THEN
+      EXECUTE format('INSERT INTO %s (%s) VALUES (%s)', target, columns, row_values) USING NEW;
+    ELSIF TG_OP = 'UPDATE' THEN
+      EXECUTE format('UPDATE %s SET %s WHERE %s', target, assignments, matches) USING OLD, NEW;
+    ELSE
+      EXECUTE format('DELETE FROM %s WHERE %s', target, matches) USING OLD;
+    END IF;
+  END LOOP;
+  IF TG_OP = 'DELETE' THEN RETURN OLD; END IF;
+  RETURN NEW;
+END $tessera$;
+";
 
 /// Makes `nodes` ready for worker-side relations among each other
 /// (`setup_sql`) inside the current block, on the session's connections:

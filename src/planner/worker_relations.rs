@@ -47,10 +47,7 @@ pub fn create_sql(table: &DistributedTable, shape: &Shape, group: i32) -> Vec<St
             vec![
                 format!("CREATE VIEW {name} WITH (security_invoker = true) AS SELECT * FROM {}", table.qualified_shard_name(shard)),
                 format!("GRANT ALL ON {name} TO PUBLIC"),
-                format!(
-                    "CREATE TRIGGER tessera_reference_write INSTEAD OF INSERT OR UPDATE OR DELETE ON {name} FOR EACH ROW EXECUTE FUNCTION {REMOTE_SCHEMA}.refuse_reference_write({})",
-                    quote_literal(&name)
-                ),
+                link_reference_sql(table, group),
             ]
         }
         Shape::PartitionView { root, columns, constraint, hash_parents } => {
@@ -101,6 +98,21 @@ pub fn partition_sql(table: &DistributedTable, shard: &Shard, placements: &[i32]
         ),
         remote_write_trigger_sql(&foreign),
     ]
+}
+
+/// The statement on node `group` that makes reference table `table`'s view
+/// there write every copy: the local one and, through foreign tables, the
+/// other nodes' (`REFERENCE_WRITES_SQL` in `commands::worker_relations`).
+/// Run again whenever the copies' nodes or columns change.
+pub fn link_reference_sql(table: &DistributedTable, group: i32) -> String {
+    let Some(shard) = table.shards.first() else { return String::new() };
+    let others: Vec<String> = shard.placements.iter().filter(|g| **g != group).map(|g| g.to_string()).collect();
+    format!(
+        "SELECT {REMOTE_SCHEMA}.link_reference_copies({}::regclass, {}::regclass, '{{{}}}')",
+        quote_literal(&table.qualified_name()),
+        quote_literal(&table.qualified_shard_name(shard)),
+        others.join(",")
+    )
 }
 
 /// What a shard of `table` holds, as a partition of its parent.
@@ -179,12 +191,23 @@ pub fn refuse_writes_sql(table: &DistributedTable, shard: &Shard) -> String {
     )
 }
 
-/// The statement dropping `table`'s relation on a node, and what depends on
+/// The statements dropping `table`'s relation on a node, and what depends on
 /// it there (as DROP TABLE … CASCADE or undistribute_table drop it), with
 /// the table's shards: attached ones go with their parent.
-pub fn drop_sql(table: &DistributedTable) -> String {
-    let kind = if table.has_worker_parent() { "TABLE" } else { "VIEW" };
-    format!("DROP {kind} IF EXISTS {} CASCADE", table.qualified_name())
+pub fn drop_sql(table: &DistributedTable) -> Vec<String> {
+    if table.has_worker_parent() {
+        return vec![format!("DROP TABLE IF EXISTS {} CASCADE", table.qualified_name())];
+    }
+    let mut out = vec![format!("DROP VIEW IF EXISTS {} CASCADE", table.qualified_name())];
+    out.extend(drop_reference_links_sql(table));
+    out
+}
+
+/// The statement dropping the foreign tables over the other nodes' copies
+/// of `table`, when it is a reference table.
+fn drop_reference_links_sql(table: &DistributedTable) -> Option<String> {
+    let shard = table.shards.first().filter(|_| table.is_reference())?;
+    Some(format!("SELECT {REMOTE_SCHEMA}.drop_reference_links({})", quote_literal(&table.shard_relname(shard))))
 }
 
 /// Statements dropping `table`'s relation on node `group` while keeping its
@@ -194,7 +217,7 @@ pub fn drop_sql(table: &DistributedTable) -> String {
 pub fn release_sql(table: &DistributedTable, group: i32) -> Vec<String> {
     let name = table.qualified_name();
     if !table.has_worker_parent() {
-        return vec![format!("DROP VIEW IF EXISTS {name}")];
+        return std::iter::once(format!("DROP VIEW IF EXISTS {name}")).chain(drop_reference_links_sql(table)).collect();
     }
     let mut out: Vec<String> = table
         .shards
