@@ -56,8 +56,7 @@ async fn plan_lines(
             if let Some(computed) = super::fallback::compute_subqueries(fallback, catalog, parts).await? {
                 lines.push("Custom Scan (Tessera Subqueries First)".to_string());
                 lines.push(
-                    "  Each scalar subquery below ran once, as a distributed statement of its own; its value is a constant in the statement"
-                        .to_string(),
+                    "  Each subquery below ran once, as a distributed statement of its own; its result is a constant in the statement".to_string(),
                 );
                 for (i, (sql, sub_plan)) in computed.subqueries.iter().enumerate() {
                     lines.push(format!("  Subquery {}: {sql}", i + 1));

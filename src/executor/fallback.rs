@@ -14,7 +14,8 @@ use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable};
 use crate::planner::deparse::deparse_statement;
 use crate::planner::rewrite::{rows_placeholder, ShardTemplate};
-use crate::planner::{column_ref, plain_select, plan_tree, res_target, scalar_subqueries, Combine, FallbackPlan, Plan};
+use crate::planner::uncorrelated_subqueries::{self, Subquery, SubqueryUse};
+use crate::planner::{column_ref, plain_select, plan_tree, res_target, Combine, FallbackPlan, Plan};
 use crate::process::Coordinator;
 use crate::protocol::backend::FieldDescription;
 use crate::protocol::frontend;
@@ -158,8 +159,8 @@ async fn query_rows(
     Ok(Some(combined?))
 }
 
-/// A statement whose uncorrelated scalar subqueries over distributed tables
-/// were computed first and written in as constants.
+/// A statement whose uncorrelated subqueries over distributed tables were
+/// computed first and written in as constants.
 pub(super) struct ComputedSubqueries {
     /// How the statement runs now.
     pub plan: Plan,
@@ -167,9 +168,15 @@ pub(super) struct ComputedSubqueries {
     pub subqueries: Vec<(String, Plan)>,
 }
 
-/// Computes the statement's uncorrelated scalar subqueries over distributed
-/// tables (planner/scalar_subqueries.rs) that a router or multi-shard plan
-/// runs, each once, through the session's connections, writes their values
+/// The most values an `IN (SELECT …)` is written into the statement with,
+/// and the most text they take: the statement goes to every task, whose
+/// node parses them. A subquery giving more stays in place.
+const SUBQUERY_MAX_VALUES: usize = 10_000;
+const SUBQUERY_MAX_BYTES: usize = 1 << 20;
+
+/// Computes the statement's uncorrelated subqueries over distributed tables
+/// (planner/uncorrelated_subqueries.rs) that a router or multi-shard plan
+/// runs, each once, through the session's connections, writes their results
 /// in as constants, and plans the statement again; None when it has no
 /// such subquery, or it then plans no better.
 pub(super) async fn compute_subqueries(plan: &FallbackPlan, catalog: &Catalog, parts: &mut Participants) -> PgResult<Option<ComputedSubqueries>> {
@@ -178,46 +185,88 @@ pub(super) async fn compute_subqueries(plan: &FallbackPlan, catalog: &Catalog, p
     }
     let mut values = Vec::new();
     let mut subqueries = Vec::new();
-    for subquery in scalar_subqueries::subqueries(&plan.statement, catalog) {
-        let stmt = NodeEnum::SelectStmt(Box::new(subquery));
+    for Subquery { used_as, mut select } in uncorrelated_subqueries::subqueries(&plan.statement, catalog) {
+        if used_as == SubqueryUse::Exists {
+            // Whether there is a row, not what it holds; the shards' plans
+            // want a column to send.
+            let one = Some(uncorrelated_subqueries::typed_constant(Some("1"), "int8")?);
+            if select.target_list.is_empty() {
+                select.target_list = vec![res_target("", protobuf::Node { node: one.clone() })];
+            }
+            if select.limit_count.is_none() && select.limit_offset.is_none() {
+                select.limit_count = Some(Box::new(protobuf::Node { node: one }));
+                select.limit_option = protobuf::LimitOption::Count as i32;
+            }
+        }
+        let stmt = NodeEnum::SelectStmt(Box::new(select));
         let sql = deparse_statement(plan.version, stmt.clone())?;
         let sub_plan = plan_tree(plan.version, stmt, catalog);
         let Some((fields, rows)) = query_rows(&sub_plan, catalog, parts, &Mode::Simple).await? else {
             values.push(None);
             continue;
         };
-        if fields.len() != 1 {
-            return Err(PgError::internal(format!("the scalar subquery {sql} gave {} columns", fields.len())));
-        }
-        if rows.len() > 1 {
-            // An error only if PostgreSQL evaluates it (not over no rows, say):
-            // the statement runs with the subquery in place.
-            values.push(None);
-            continue;
-        }
-        let types = match shard_type_names(parts, catalog, &fields).await {
-            Ok(types) => types,
-            // A value no literal can spell (an anonymous or a shard's row) stays a subquery.
-            Err(e) if e.code() == sqlstate::FEATURE_NOT_SUPPORTED => {
-                values.push(None);
-                continue;
-            }
-            Err(e) => return Err(e),
+        let value = match used_as {
+            SubqueryUse::Exists => Some(uncorrelated_subqueries::typed_constant(Some(if rows.is_empty() { "false" } else { "true" }), "bool")?),
+            _ => subquery_constant(used_as, &sql, &fields, rows, catalog, parts).await?,
         };
-        let value = rows.into_iter().next().and_then(|row| row.into_iter().next().flatten());
-        values.push(Some(scalar_subqueries::typed_constant(value.as_deref(), &types[0])?));
-        subqueries.push((sql, sub_plan));
+        let computed = value.is_some();
+        values.push(value);
+        if computed {
+            subqueries.push((sql, sub_plan));
+        }
     }
     if subqueries.is_empty() {
         return Ok(None);
     }
     let mut stmt = plan.statement.clone();
     let mut values = values.into_iter();
-    scalar_subqueries::replace(&mut stmt, catalog, |_| values.next().flatten());
+    uncorrelated_subqueries::replace(&mut stmt, catalog, |_, _| values.next().flatten());
     Ok(match plan_tree(plan.version, stmt, catalog) {
         plan @ (Plan::Router(_) | Plan::MultiShard(_) | Plan::Fallback(_)) => Some(ComputedSubqueries { plan, subqueries }),
         _ => None,
     })
+}
+
+/// The constant standing for a scalar, ANY or ALL subquery that gave
+/// `rows`: its value, or the array of its distinct values. None leaves the
+/// subquery in place: a scalar one giving more than one row (an error only
+/// if PostgreSQL evaluates it, not over no rows, say), too many values,
+/// or values no literal can spell (an anonymous or a shard's row, arrays
+/// of arrays).
+async fn subquery_constant(
+    used_as: SubqueryUse,
+    sql: &str,
+    fields: &[FieldDescription],
+    rows: TextRows,
+    catalog: &Catalog,
+    parts: &mut Participants,
+) -> PgResult<Option<NodeEnum>> {
+    if fields.len() != 1 {
+        return Err(PgError::internal(format!("the subquery {sql} gave {} columns", fields.len())));
+    }
+    let scalar = used_as == SubqueryUse::Scalar;
+    if (scalar && rows.len() > 1) || rows.len() > SUBQUERY_MAX_VALUES {
+        return Ok(None);
+    }
+    let type_name = match shard_type_names(parts, catalog, fields).await {
+        Ok(mut types) => types.remove(0),
+        Err(e) if e.code() == sqlstate::FEATURE_NOT_SUPPORTED => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut values: Vec<Option<String>> = rows.into_iter().map(|row| row.into_iter().next().flatten()).collect();
+    if scalar {
+        return uncorrelated_subqueries::typed_constant(values.first().and_then(|v| v.as_deref()), &type_name).map(Some);
+    }
+    if type_name.ends_with(']') {
+        return Ok(None);
+    }
+    values.sort_unstable();
+    values.dedup();
+    let array = uncorrelated_subqueries::array_text(&values);
+    if array.len() > SUBQUERY_MAX_BYTES {
+        return Ok(None);
+    }
+    uncorrelated_subqueries::typed_constant(Some(&array), &format!("{type_name}[]")).map(Some)
 }
 
 /// A pushdown plan for the statement with some of its distributed tables

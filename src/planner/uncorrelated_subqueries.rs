@@ -1,10 +1,15 @@
-//! Uncorrelated scalar subqueries over distributed tables, such as the one in
-//! `SELECT count(*) FROM a WHERE a.id = (SELECT max(b.id) FROM b)`.
-//! PostgreSQL computes such a subquery once per statement (an InitPlan). The
-//! coordinator does the same, as a distributed statement of its own, and
-//! writes the value into the statement as a typed constant: the statement
-//! can then route to one shard group, or run on the shards, where it would
-//! otherwise move whole tables (see executor/fallback.rs).
+//! Uncorrelated subqueries over distributed tables, such as the ones in
+//! `SELECT count(*) FROM a WHERE a.id = (SELECT max(b.id) FROM b)` and
+//! `SELECT count(*) FROM a WHERE a.two IN (SELECT b.v FROM b WHERE …)`.
+//! PostgreSQL computes such a subquery once per statement (an InitPlan, or
+//! a hashed SubPlan). The coordinator does the same, as a distributed
+//! statement of its own, and writes its result into the statement as a
+//! typed constant: a scalar subquery becomes its value, `x IN (…)` (any
+//! `x op ANY/ALL (…)`) becomes `x op ANY/ALL ('{…}'::type[])`, which
+//! PostgreSQL evaluates with the same three-valued logic, and `EXISTS (…)`
+//! becomes true or false. The statement can then route to one shard group,
+//! or run on the shards, where it would otherwise move whole tables (see
+//! executor/fallback.rs).
 //!
 //! Only subqueries that provably name nothing of the query around them
 //! count: their FROM clause holds distributed or reference tables alone
@@ -19,23 +24,44 @@ use crate::metadata::{Catalog, DistributedTable};
 use pg_query::protobuf::{self, SubLinkType};
 use pg_query::NodeEnum;
 
-/// The uncorrelated scalar subqueries over distributed tables of `stmt`, in
-/// the order `replace` meets them.
-pub fn subqueries(stmt: &NodeEnum, catalog: &Catalog) -> Vec<protobuf::SelectStmt> {
+/// What the statement uses of a subquery, which says what its result
+/// becomes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SubqueryUse {
+    /// `(SELECT …)`: its one value.
+    Scalar,
+    /// `x op ANY (SELECT …)`, `x IN (SELECT …)`: the array of its values.
+    Any,
+    /// `x op ALL (SELECT …)`, `x NOT IN`'s counterpart: the same array.
+    All,
+    /// `EXISTS (SELECT …)`: whether it gives a row.
+    Exists,
+}
+
+/// An uncorrelated subquery over distributed tables, as `subqueries` finds it.
+pub struct Subquery {
+    pub used_as: SubqueryUse,
+    pub select: protobuf::SelectStmt,
+}
+
+/// The uncorrelated subqueries over distributed tables of `stmt`, in the
+/// order `replace` meets them.
+pub fn subqueries(stmt: &NodeEnum, catalog: &Catalog) -> Vec<Subquery> {
     let mut found = Vec::new();
-    replace(&mut stmt.clone(), catalog, |select| {
-        found.push(select.clone());
+    replace(&mut stmt.clone(), catalog, |used_as, select| {
+        found.push(Subquery { used_as, select: select.clone() });
         None
     });
     found
 }
 
-/// Replaces each uncorrelated scalar subquery over distributed tables of
-/// `stmt` for which `value` (called with each, in the order of the walk,
-/// outer ones first) gives an expression with that expression.
-/// Output columns holding such a subquery keep the name PostgreSQL gives
-/// them (the subquery's own column's, not the constant's type).
-pub fn replace(stmt: &mut NodeEnum, catalog: &Catalog, mut value: impl FnMut(&protobuf::SelectStmt) -> Option<NodeEnum>) {
+/// Replaces each uncorrelated subquery over distributed tables of `stmt`
+/// for which `value` (called with each, in the order of the walk, outer
+/// ones first) gives its result as a constant (`typed_constant`; an array
+/// for `Any` and `All`, a boolean for `Exists`). Output columns holding
+/// such a subquery keep the name PostgreSQL gives them (the subquery's own
+/// column's, not the constant's type).
+pub fn replace(stmt: &mut NodeEnum, catalog: &Catalog, mut value: impl FnMut(SubqueryUse, &protobuf::SelectStmt) -> Option<NodeEnum>) {
     visit_mut(stmt, &mut |n| {
         if let NodeEnum::ResTarget(target) = n {
             let val = target.val.as_deref().and_then(|v| v.node.as_ref());
@@ -46,21 +72,49 @@ pub fn replace(stmt: &mut NodeEnum, catalog: &Catalog, mut value: impl FnMut(&pr
             }
             return;
         }
-        let Some(select) = candidate(n, catalog) else { return };
-        if let Some(expr) = value(select) {
-            *n = expr;
-        }
+        let Some((used_as, select)) = candidate(n, catalog) else { return };
+        let Some(constant) = value(used_as, select) else { return };
+        let NodeEnum::SubLink(link) = n else { return };
+        *n = match used_as {
+            SubqueryUse::Scalar | SubqueryUse::Exists => constant,
+            SubqueryUse::Any | SubqueryUse::All => {
+                let kind = if used_as == SubqueryUse::Any { protobuf::AExprKind::AexprOpAny } else { protobuf::AExprKind::AexprOpAll };
+                // `IN` carries no operator name: it is `= ANY`.
+                let name = if link.oper_name.is_empty() { vec![string_node("=")] } else { link.oper_name.clone() };
+                NodeEnum::AExpr(Box::new(protobuf::AExpr {
+                    kind: kind as i32,
+                    name,
+                    lexpr: link.testexpr.clone(),
+                    rexpr: Some(Box::new(protobuf::Node { node: Some(constant) })),
+                    location: link.location,
+                }))
+            }
+        };
     });
 }
 
-/// The query of an uncorrelated scalar subquery over distributed tables.
-fn candidate<'n>(n: &'n NodeEnum, catalog: &Catalog) -> Option<&'n protobuf::SelectStmt> {
+fn string_node(s: &str) -> protobuf::Node {
+    protobuf::Node { node: Some(NodeEnum::String(protobuf::String { sval: s.to_string() })) }
+}
+
+/// How an uncorrelated subquery over distributed tables is used, and its query.
+fn candidate<'n>(n: &'n NodeEnum, catalog: &Catalog) -> Option<(SubqueryUse, &'n protobuf::SelectStmt)> {
     let NodeEnum::SubLink(link) = n else { return None };
-    if link.sub_link_type != SubLinkType::ExprSublink as i32 {
-        return None;
-    }
+    let used_as = match SubLinkType::from_i32(link.sub_link_type)? {
+        SubLinkType::ExprSublink => SubqueryUse::Scalar,
+        SubLinkType::ExistsSublink => SubqueryUse::Exists,
+        // A row on the left (`(a, b) IN (SELECT …)`) compares column by column.
+        SubLinkType::AnySublink | SubLinkType::AllSublink
+            if matches!(link.testexpr.as_deref().and_then(|t| t.node.as_ref()), Some(NodeEnum::RowExpr(_))) =>
+        {
+            return None
+        }
+        SubLinkType::AnySublink => SubqueryUse::Any,
+        SubLinkType::AllSublink => SubqueryUse::All,
+        _ => return None,
+    };
     match link.subselect.as_deref().and_then(|s| s.node.as_ref()) {
-        Some(NodeEnum::SelectStmt(select)) if self_contained(select, catalog) => Some(select),
+        Some(NodeEnum::SelectStmt(select)) if self_contained(select, used_as, catalog) => Some((used_as, select)),
         _ => None,
     }
 }
@@ -70,6 +124,31 @@ fn holds_candidate(expr: &NodeEnum, catalog: &Catalog) -> bool {
     let mut found = false;
     visit_mut(&mut expr.clone(), &mut |n| found |= candidate(n, catalog).is_some());
     found
+}
+
+/// The text of an array of `values`, as `array_in` reads it.
+pub fn array_text(values: &[Option<String>]) -> String {
+    let mut out = String::from("{");
+    for (i, v) in values.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        match v {
+            None => out.push_str("NULL"),
+            Some(v) => {
+                out.push('"');
+                for c in v.chars() {
+                    if c == '"' || c == '\\' {
+                        out.push('\\');
+                    }
+                    out.push(c);
+                }
+                out.push('"');
+            }
+        }
+    }
+    out.push('}');
+    out
 }
 
 /// `'value'::type` (NULL for None), as an expression node.
@@ -87,15 +166,16 @@ pub fn typed_constant(value: Option<&str>, type_name: &str) -> PgResult<NodeEnum
     }
 }
 
-/// Whether a scalar subquery names nothing outside itself (see the module
-/// comment), and reads at least one distributed table.
-fn self_contained(select: &protobuf::SelectStmt, catalog: &Catalog) -> bool {
+/// Whether a subquery names nothing outside itself (see the module
+/// comment), gives one column (but for EXISTS), and reads at least one
+/// distributed table.
+fn self_contained(select: &protobuf::SelectStmt, used_as: SubqueryUse, catalog: &Catalog) -> bool {
     let plain = select.op == protobuf::SetOperation::SetopNone as i32
         && select.with_clause.is_none()
         && select.into_clause.is_none()
         && select.values_lists.is_empty()
         && select.locking_clause.is_empty()
-        && select.target_list.len() == 1;
+        && (select.target_list.len() == 1 || used_as == SubqueryUse::Exists);
     let mut scope = Vec::new();
     if !plain || !select.from_clause.iter().all(|item| collect_scope(item, catalog, &mut scope)) || scope.is_empty() {
         return false;
@@ -166,25 +246,49 @@ mod tests {
         // Correlated: it names the outer query's table or a column b does not have.
         assert_eq!(found("SELECT * FROM a WHERE a.id = (SELECT max(b.id) FROM b WHERE b.two = a.two)"), 0);
         assert_eq!(found("SELECT * FROM a WHERE a.id = (SELECT max(id) FROM b WHERE v = nope)"), 0);
-        // Not scalar, not over distributed tables, or with a subquery or parameter of its own.
-        assert_eq!(found("SELECT * FROM a WHERE a.id IN (SELECT id FROM b)"), 0);
+        // IN, ANY, ALL and EXISTS count too; a row compared with IN does not.
+        assert_eq!(found("SELECT * FROM a WHERE a.id IN (SELECT id FROM b) AND a.two <> ALL (SELECT v FROM b)"), 2);
+        assert_eq!(found("SELECT * FROM a WHERE EXISTS (SELECT * FROM b WHERE v > 3)"), 1);
+        assert_eq!(found("SELECT * FROM a WHERE (a.id, a.two) IN (SELECT id, two FROM b)"), 0);
+        assert_eq!(found("SELECT * FROM a WHERE a.id IN (SELECT id, two FROM b)"), 0);
+        // Not over distributed tables, or with a subquery or parameter of its own.
         assert_eq!(found("SELECT * FROM a WHERE a.id = (SELECT max(x) FROM generate_series(1, 3) x)"), 0);
-        assert_eq!(found("SELECT * FROM a WHERE a.id = (SELECT max(id) FROM b WHERE two IN (SELECT two FROM a))"), 0);
+        // Only the inner one of nested subqueries, at first: computed, it
+        // makes the outer one self-contained.
+        assert_eq!(found("SELECT * FROM a WHERE a.id = (SELECT max(id) FROM b WHERE two IN (SELECT two FROM a))"), 1);
         assert_eq!(found("SELECT * FROM a WHERE a.id = (SELECT max(id) FROM b WHERE two = $1)"), 0);
     }
 
     #[test]
     fn values_replace_their_subqueries() {
         let mut stmt = statement("SELECT count(*) FROM a WHERE a.id = (SELECT max(b.id) FROM b)");
-        replace(&mut stmt, &catalog(), |_| typed_constant(Some("10000"), "int4").ok());
+        replace(&mut stmt, &catalog(), |_, _| typed_constant(Some("10000"), "int4").ok());
         let version = pg_query::parse("SELECT 1").unwrap().protobuf.version;
         let sql = crate::planner::deparse::deparse_statement(version, stmt).unwrap();
         assert_eq!(sql, "SELECT count(*) FROM a WHERE a.id = '10000'::int4");
         // An output column keeps the subquery's name.
         let mut stmt =
             statement("SELECT (SELECT min(v) FROM b), (SELECT max(id) AS top FROM b)::int8 + 1, (SELECT max(id) FROM b)::text AS named FROM a");
-        replace(&mut stmt, &catalog(), |_| typed_constant(Some("x"), "text").ok());
+        replace(&mut stmt, &catalog(), |_, _| typed_constant(Some("x"), "text").ok());
         let sql = crate::planner::deparse::deparse_statement(version, stmt).unwrap();
         assert_eq!(sql, "SELECT 'x'::text AS min, 'x'::text::int8 + 1 AS \"?column?\", 'x'::text::text AS named FROM a");
+    }
+
+    #[test]
+    fn arrays_replace_in_any_and_all_subqueries() {
+        let version = pg_query::parse("SELECT 1").unwrap().protobuf.version;
+        let mut stmt = statement("SELECT a.id IN (SELECT id FROM b), EXISTS (SELECT FROM b) FROM a WHERE a.two < ALL (SELECT v FROM b) AND NOT a.id IN (SELECT two FROM b)");
+        let values = [Some("1"), None, Some("3"), Some("a\"b\\c")];
+        let array = array_text(&values.iter().map(|v| v.map(str::to_string)).collect::<Vec<_>>());
+        assert_eq!(array, r#"{"1",NULL,"3","a\"b\\c"}"#);
+        replace(&mut stmt, &catalog(), |used_as, _| match used_as {
+            SubqueryUse::Exists => typed_constant(Some("true"), "bool").ok(),
+            _ => typed_constant(Some("{1,2}"), "int4[]").ok(),
+        });
+        let sql = crate::planner::deparse::deparse_statement(version, stmt).unwrap();
+        assert_eq!(
+            sql,
+            "SELECT a.id = ANY('{1,2}'::int4[]) AS \"?column?\", 'true'::bool AS \"exists\" FROM a WHERE a.two < ALL('{1,2}'::int4[]) AND NOT a.id = ANY('{1,2}'::int4[])"
+        );
     }
 }
