@@ -173,19 +173,55 @@ pub(super) struct ComputedSubqueries {
 /// node parses them. A subquery giving more stays in place.
 const SUBQUERY_MAX_VALUES: usize = 10_000;
 const SUBQUERY_MAX_BYTES: usize = 1 << 20;
+/// The most rows a WITH query is written into the statement with (as a
+/// VALUES list, in every task's statement); one giving more stays, and the
+/// statement falls back.
+const WITH_QUERY_MAX_ROWS: usize = 10_000;
 
-/// Computes the statement's uncorrelated subqueries over distributed tables
-/// (planner/uncorrelated_subqueries.rs) that a router or multi-shard plan
-/// runs, each once, through the session's connections, writes their results
-/// in as constants, and plans the statement again; None when it has no
-/// such subquery, or it then plans no better.
+/// Computes the statement's WITH queries and uncorrelated subqueries over
+/// distributed tables (planner/uncorrelated_subqueries.rs) that a router
+/// or multi-shard plan runs, each once, through the session's connections,
+/// writes their results in as constants (a WITH query's as its rows, a
+/// VALUES list), and plans the statement again; None when it has none, or
+/// it then plans no better.
 pub(super) async fn compute_subqueries(plan: &FallbackPlan, catalog: &Catalog, parts: &mut Participants) -> PgResult<Option<ComputedSubqueries>> {
     if !matches!(plan.statement, NodeEnum::SelectStmt(_)) {
         return Ok(None);
     }
-    let mut values = Vec::new();
     let mut subqueries = Vec::new();
-    for Subquery { used_as, mut select } in uncorrelated_subqueries::subqueries(&plan.statement, catalog) {
+    let mut stmt = plan.statement.clone();
+    let mut fills = Vec::new();
+    while let Some(with_query) = uncorrelated_subqueries::next_with_query(&stmt, catalog) {
+        let query = NodeEnum::SelectStmt(Box::new(with_query.select));
+        let sql = deparse_statement(plan.version, query.clone())?;
+        let sub_plan = plan_tree(plan.version, query, catalog);
+        let Some((fields, rows)) = query_rows(&sub_plan, catalog, parts, &Mode::Simple).await? else { break };
+        if rows.len() > WITH_QUERY_MAX_ROWS {
+            break;
+        }
+        let types = match shard_type_names(parts, catalog, &fields).await {
+            Ok(types) => types,
+            Err(e) if e.code() == sqlstate::FEATURE_NOT_SUPPORTED => break,
+            Err(e) => return Err(e),
+        };
+        let relation = rows_as_relation(&types, &rows, parts.limits())?;
+        let placeholder = rows_placeholder(&format!("tessera_with_{}", fills.len()), fields.len());
+        let own_columns: Vec<String> = fields.iter().map(|f| f.name.clone()).collect();
+        let mut failure = None;
+        uncorrelated_subqueries::inline_with_query(&mut stmt, &with_query.name, |alias, columns| {
+            // Names the reference gives win over the WITH query's, which win over its query's.
+            let names = own_columns.iter().enumerate().map(|(i, own)| quote_ident(columns.get(i).or(with_query.columns.get(i)).unwrap_or(own)));
+            let item = format!("{placeholder} AS {}({})", quote_ident(alias), names.collect::<Vec<_>>().join(", "));
+            crate::planner::subselect_node(&item).map_err(|e| failure = Some(e)).ok()
+        });
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        fills.push((placeholder, relation));
+        subqueries.push((sql, sub_plan));
+    }
+    let mut values = Vec::new();
+    for Subquery { used_as, mut select } in uncorrelated_subqueries::subqueries(&stmt, catalog) {
         if used_as == SubqueryUse::Exists {
             // Whether there is a row, not what it holds; the shards' plans
             // want a column to send.
@@ -218,13 +254,32 @@ pub(super) async fn compute_subqueries(plan: &FallbackPlan, catalog: &Catalog, p
     if subqueries.is_empty() {
         return Ok(None);
     }
-    let mut stmt = plan.statement.clone();
     let mut values = values.into_iter();
     uncorrelated_subqueries::replace(&mut stmt, catalog, |_, _| values.next().flatten());
-    Ok(match plan_tree(plan.version, stmt, catalog) {
-        plan @ (Plan::Router(_) | Plan::MultiShard(_) | Plan::Fallback(_)) => Some(ComputedSubqueries { plan, subqueries }),
-        _ => None,
-    })
+    let mut plan = match plan_tree(plan.version, stmt, catalog) {
+        plan @ (Plan::Router(_) | Plan::MultiShard(_) | Plan::Fallback(_)) => plan,
+        _ => return Ok(None),
+    };
+    if !fills.is_empty() {
+        // The WITH queries' rows go to every task; a statement that still
+        // falls back runs as it came (its placeholders cannot be filled).
+        let tasks = match &plan {
+            Plan::MultiShard(multi) => multi.anchor.shard_count().max(1) as usize,
+            Plan::Router(_) => 1,
+            _ => return Ok(None),
+        };
+        let shipped_bytes = fills.iter().map(|(_, relation)| relation.len()).sum::<usize>() * tasks;
+        if shipped_bytes > BROADCAST_MAX_BYTES_SHIPPED {
+            return Ok(None);
+        }
+        parts.limits().charge(shipped_bytes)?;
+        for (placeholder, relation) in fills {
+            if !plan.fill_placeholder(&placeholder, Arc::from(relation)) {
+                return Err(PgError::internal("a plan with WITH queries computed first is shared"));
+            }
+        }
+    }
+    Ok(Some(ComputedSubqueries { plan, subqueries }))
 }
 
 /// The constant standing for a scalar, ANY or ALL subquery that gave

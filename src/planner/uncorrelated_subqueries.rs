@@ -7,7 +7,8 @@
 //! typed constant: a scalar subquery becomes its value, `x IN (…)` (any
 //! `x op ANY/ALL (…)`) becomes `x op ANY/ALL ('{…}'::type[])`, which
 //! PostgreSQL evaluates with the same three-valued logic, and `EXISTS (…)`
-//! becomes true or false. The statement can then route to one shard group,
+//! becomes true or false. A WITH query becomes its rows (`next_with_query`,
+//! `inline_with_query`). The statement can then route to one shard group,
 //! or run on the shards, where it would otherwise move whole tables (see
 //! executor/fallback.rs).
 //!
@@ -170,12 +171,20 @@ pub fn typed_constant(value: Option<&str>, type_name: &str) -> PgResult<NodeEnum
 /// comment), gives one column (but for EXISTS), and reads at least one
 /// distributed table.
 fn self_contained(select: &protobuf::SelectStmt, used_as: SubqueryUse, catalog: &Catalog) -> bool {
+    contained_query(select, used_as == SubqueryUse::Exists, catalog) && (select.target_list.len() == 1 || used_as == SubqueryUse::Exists)
+}
+
+/// Whether a query names nothing outside itself: its FROM clause holds
+/// distributed or reference tables alone, every column it names is theirs,
+/// no subquery, function in FROM or parameter; without `any_columns`, it
+/// gives a column or more.
+fn contained_query(select: &protobuf::SelectStmt, any_columns: bool, catalog: &Catalog) -> bool {
     let plain = select.op == protobuf::SetOperation::SetopNone as i32
         && select.with_clause.is_none()
         && select.into_clause.is_none()
         && select.values_lists.is_empty()
         && select.locking_clause.is_empty()
-        && (select.target_list.len() == 1 || used_as == SubqueryUse::Exists);
+        && (any_columns || !select.target_list.is_empty());
     let mut scope = Vec::new();
     if !plain || !select.from_clause.iter().all(|item| collect_scope(item, catalog, &mut scope)) || scope.is_empty() {
         return false;
@@ -189,6 +198,92 @@ fn self_contained(select: &protobuf::SelectStmt, used_as: SubqueryUse, catalog: 
         }
     });
     contained
+}
+
+/// A WITH query of the statement, computed first: its name, its query and
+/// the names it gives its columns (none: its query's own).
+pub struct WithQuery {
+    pub name: String,
+    pub select: protobuf::SelectStmt,
+    pub columns: Vec<String>,
+}
+
+/// The first WITH query of `stmt`'s own WITH clause (not a recursive one),
+/// when every one of them is a SELECT naming only its own distributed or
+/// reference tables, whose name no inner WITH clause hides: computed and
+/// inlined one by one (`inline_with_query`), they leave no WITH query, and
+/// the statement can be pushed down. One of another kind (reading another
+/// WITH query, say) would keep the statement in the fallback: none is
+/// computed then.
+pub fn next_with_query(stmt: &NodeEnum, catalog: &Catalog) -> Option<WithQuery> {
+    let NodeEnum::SelectStmt(select) = stmt else { return None };
+    let with = select.with_clause.as_ref().filter(|w| !w.recursive)?;
+    let mut inner_names = Vec::new();
+    let mut body = select.clone();
+    body.with_clause = None;
+    let mut nodes: Vec<NodeEnum> = vec![NodeEnum::SelectStmt(body)];
+    nodes.extend(with.ctes.iter().filter_map(|c| match c.node.as_ref() {
+        Some(NodeEnum::CommonTableExpr(cte)) => cte.ctequery.as_deref().and_then(|q| q.node.clone()),
+        _ => None,
+    }));
+    for node in &mut nodes {
+        visit_mut(node, &mut |n| {
+            if let NodeEnum::CommonTableExpr(inner) = n {
+                inner_names.push(inner.ctename.clone());
+            }
+        });
+    }
+    let mut computable = with.ctes.iter().map(|c| {
+        let Some(NodeEnum::CommonTableExpr(cte)) = c.node.as_ref() else { return None };
+        let Some(NodeEnum::SelectStmt(query)) = cte.ctequery.as_deref().and_then(|q| q.node.as_ref()) else { return None };
+        if inner_names.contains(&cte.ctename) || !contained_query(query, false, catalog) {
+            return None;
+        }
+        let columns = cte
+            .aliascolnames
+            .iter()
+            .filter_map(|n| match n.node.as_ref() {
+                Some(NodeEnum::String(s)) => Some(s.sval.clone()),
+                _ => None,
+            })
+            .collect();
+        Some(WithQuery { name: cte.ctename.clone(), select: query.as_ref().clone(), columns })
+    });
+    let first = computable.next()??;
+    computable.all(|c| c.is_some()).then_some(first)
+}
+
+/// Takes WITH query `name` out of `stmt`'s WITH clause and puts the FROM
+/// item `item(alias, columns)` gives in place of every reference to it
+/// (`alias`: the name the reference goes by; `columns`: the names it gives
+/// the columns, if any).
+pub fn inline_with_query(stmt: &mut NodeEnum, name: &str, mut item: impl FnMut(&str, &[String]) -> Option<NodeEnum>) {
+    let NodeEnum::SelectStmt(select) = stmt else { return };
+    if let Some(with) = select.with_clause.as_mut() {
+        with.ctes.retain(|c| !matches!(c.node.as_ref(), Some(NodeEnum::CommonTableExpr(cte)) if cte.ctename == name));
+        if with.ctes.is_empty() {
+            select.with_clause = None;
+        }
+    }
+    visit_mut(stmt, &mut |n| {
+        let NodeEnum::RangeVar(rv) = n else { return };
+        if !rv.schemaname.is_empty() || rv.relname != name {
+            return;
+        }
+        let alias = rv.alias.as_ref().map_or_else(|| rv.relname.clone(), |a| a.aliasname.clone());
+        let columns: Vec<String> = rv
+            .alias
+            .iter()
+            .flat_map(|a| &a.colnames)
+            .filter_map(|n| match n.node.as_ref() {
+                Some(NodeEnum::String(s)) => Some(s.sval.clone()),
+                _ => None,
+            })
+            .collect();
+        if let Some(replacement) = item(&alias, &columns) {
+            *n = replacement;
+        }
+    });
 }
 
 /// Adds the tables of a FROM item to `scope` (the name the query knows each
@@ -290,5 +385,32 @@ mod tests {
             sql,
             "SELECT a.id = ANY('{1,2}'::int4[]) AS \"?column?\", 'true'::bool AS \"exists\" FROM a WHERE a.two < ALL('{1,2}'::int4[]) AND NOT a.id = ANY('{1,2}'::int4[])"
         );
+    }
+
+    #[test]
+    fn with_queries_over_their_own_tables_are_inlined_one_by_one() {
+        let version = pg_query::parse("SELECT 1").unwrap().protobuf.version;
+        // One reading another is not computable: none is computed.
+        let chained = "WITH top AS (SELECT id FROM b), near AS (SELECT id FROM top) SELECT * FROM a JOIN near USING (id)";
+        assert!(next_with_query(&statement(chained), &catalog()).is_none());
+        let mut stmt = statement(
+            "WITH top(k) AS (SELECT id FROM b ORDER BY v LIMIT 3), near AS (SELECT two FROM a) SELECT * FROM a JOIN top t ON a.id = t.k WHERE a.two IN (SELECT k FROM top x(kk))",
+        );
+        let first = next_with_query(&stmt, &catalog()).unwrap();
+        assert_eq!((first.name.as_str(), first.columns.clone()), ("top", vec!["k".to_string()]));
+        inline_with_query(&mut stmt, "top", |alias, columns| {
+            let names = if columns.is_empty() { "k".to_string() } else { columns.join(", ") };
+            crate::planner::subselect_node(&format!("(VALUES (1)) AS {alias}({names})")).ok()
+        });
+        let sql = crate::planner::deparse::deparse_statement(version, stmt.clone()).unwrap();
+        assert_eq!(
+            sql,
+            "WITH near AS (SELECT two FROM a) SELECT * FROM a JOIN (VALUES (1)) t(k) ON a.id = t.k WHERE a.two IN (SELECT k FROM (VALUES (1)) x(kk))"
+        );
+        assert_eq!(next_with_query(&stmt, &catalog()).map(|w| w.name), Some("near".to_string()));
+        // Recursive WITH clauses, and names an inner WITH clause hides, stay.
+        assert!(next_with_query(&statement("WITH RECURSIVE top AS (SELECT id FROM b) SELECT * FROM top"), &catalog()).is_none());
+        assert!(next_with_query(&statement("WITH top AS (SELECT id FROM b) SELECT * FROM (WITH top AS (SELECT 1) SELECT * FROM top) s"), &catalog())
+            .is_none());
     }
 }
