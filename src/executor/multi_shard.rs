@@ -594,15 +594,22 @@ pub(super) async fn type_names(parts: &mut Participants, fields: &[backend::Fiel
         ))
         .with_hint("Select the row's fields as columns of their own, or cast the row to a composite type."));
     }
-    let unknown: Vec<String> = fields.iter().filter(|f| builtin_type_name(f.type_oid).is_none()).map(|f| f.type_oid.to_string()).collect();
+    let unknown: Vec<String> =
+        fields.iter().filter(|f| builtin_type_name(f.type_oid).is_none()).map(|f| format!("({}::oid, {})", f.type_oid, f.type_modifier)).collect();
     let mut looked_up = std::collections::HashMap::new();
     if !unknown.is_empty() {
-        let sql = format!("SELECT oid, format_type(oid, NULL) FROM pg_type WHERE oid IN ({})", unknown.join(", "));
+        // With the column's modifier where it has one: `'0101'::bit` would
+        // be a bit(1); a bit string of unknown length is a varbit.
+        let sql = format!(
+            "SELECT v.oid, v.m, CASE WHEN v.oid = 'bit'::regtype AND v.m < 0 THEN 'varbit' ELSE format_type(v.oid, nullif(v.m, -1)) END
+               FROM (VALUES {}) AS v(oid, m)",
+            unknown.join(", ")
+        );
         let rows = parts.local().await?.query(&sql).await;
         parts.observe_local_status();
         for row in rows? {
-            if let [Some(oid), Some(name)] = row.as_slice() {
-                looked_up.insert(oid.parse::<u32>().unwrap_or_default(), name.clone());
+            if let [Some(oid), Some(modifier), Some(name)] = row.as_slice() {
+                looked_up.insert((oid.parse::<u32>().unwrap_or_default(), modifier.parse::<i32>().unwrap_or(-1)), name.clone());
             }
         }
     }
@@ -611,7 +618,7 @@ pub(super) async fn type_names(parts: &mut Participants, fields: &[backend::Fiel
         .map(|f| {
             builtin_type_name(f.type_oid)
                 .map(str::to_string)
-                .or_else(|| looked_up.get(&f.type_oid).cloned())
+                .or_else(|| looked_up.get(&(f.type_oid, f.type_modifier)).cloned())
                 .ok_or_else(|| PgError::internal(format!("unknown type oid {} of column \"{}\"", f.type_oid, f.name)))
         })
         .collect()
@@ -693,10 +700,7 @@ pub(super) fn combine_sql(
         let expr = match aggregate.kind {
             AggregateKind::Count => format!("sum({})::int8", col(0)),
             AggregateKind::Sum => format!("sum({})::{}", col(0), types[aggregate.columns[0]]),
-            AggregateKind::Min => format!("min({})", col(0)),
-            AggregateKind::Max => format!("max({})", col(0)),
-            AggregateKind::BoolAnd => format!("bool_and({})", col(0)),
-            AggregateKind::BoolOr => format!("bool_or({})", col(0)),
+            AggregateKind::Reapplied(name) => format!("{name}({})", col(0)),
             AggregateKind::Variance { sample, root } => {
                 // PostgreSQL's own formula for integer and numeric input,
                 // (N·Σx² − (Σx)²) / (N·(N−1)), whose SQL division rounds as its

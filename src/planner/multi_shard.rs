@@ -24,12 +24,12 @@ use std::sync::Arc;
 pub enum AggregateKind {
     Count,
     Sum,
-    Min,
-    Max,
+    /// An aggregate whose per-shard results combine by the same aggregate
+    /// (`min`, `max`, `bool_and` for `every` too, `bool_or`, `bit_and`,
+    /// `bit_or`, `bit_xor`), by that name.
+    Reapplied(&'static str),
     /// Sum and count per shard; divided after the combine.
     Avg,
-    BoolAnd,
-    BoolOr,
     /// The variance and standard deviation family, from per-shard `sum(x)`
     /// (which tells the input's type), `count(x)`, and the exact numeric
     /// `sum(x)` and `sum(x * x)`.
@@ -662,11 +662,14 @@ impl Aggregation<'_> {
         let kind = match (function_name(call).unwrap_or_default(), call.args.len()) {
             ("count", 0 | 1) => AggregateKind::Count,
             ("sum", 1) => AggregateKind::Sum,
-            ("min", 1) => AggregateKind::Min,
-            ("max", 1) => AggregateKind::Max,
+            ("min", 1) => AggregateKind::Reapplied("min"),
+            ("max", 1) => AggregateKind::Reapplied("max"),
             ("avg", 1) => AggregateKind::Avg,
-            ("bool_and" | "every", 1) => AggregateKind::BoolAnd,
-            ("bool_or", 1) => AggregateKind::BoolOr,
+            ("bool_and" | "every", 1) => AggregateKind::Reapplied("bool_and"),
+            ("bool_or", 1) => AggregateKind::Reapplied("bool_or"),
+            ("bit_and", 1) => AggregateKind::Reapplied("bit_and"),
+            ("bit_or", 1) => AggregateKind::Reapplied("bit_or"),
+            ("bit_xor", 1) => AggregateKind::Reapplied("bit_xor"),
             ("var_samp" | "variance", 1) => AggregateKind::Variance { sample: true, root: false },
             ("var_pop", 1) => AggregateKind::Variance { sample: false, root: false },
             ("stddev_samp" | "stddev", 1) => AggregateKind::Variance { sample: true, root: true },
@@ -684,7 +687,7 @@ impl Aggregation<'_> {
                 self.partials.push(renamed("sum"));
                 self.partials.push(renamed("count"));
             }
-            AggregateKind::BoolAnd => self.partials.push(renamed("bool_and")),
+            AggregateKind::Reapplied(name) => self.partials.push(renamed(name)),
             AggregateKind::Variance { .. } => {
                 let exact = |square: bool| {
                     let value = super::cast_to_catalog_type(call.args[0].clone(), "numeric");
