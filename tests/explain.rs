@@ -87,9 +87,9 @@ async fn each_shape_takes_its_tier() {
         ("SELECT count(*) FROM ea JOIN (SELECT k, count(*) AS n FROM eb GROUP BY k) s ON s.k = ea.k", "Custom Scan (Tessera Multi-Shard)"),
         ("UPDATE ea SET v = (SELECT max(w) FROM eb WHERE eb.k = ea.k)", "Custom Scan (Tessera Multi-Shard)"),
         ("DELETE FROM ea WHERE NOT EXISTS (SELECT 1 FROM eb WHERE eb.k = ea.k)", "Custom Scan (Tessera Multi-Shard)"),
-        // Not row for row by key (an aggregate over several keys): read
-        // apart and shipped to the shards.
-        ("SELECT count(*) FROM ea WHERE k IN (SELECT max(k) FROM eb GROUP BY w)", "Custom Scan (Tessera Broadcast)"),
+        // Not row for row by key (an aggregate over several keys), but
+        // uncorrelated: computed first, its values an array constant.
+        ("SELECT count(*) FROM ea WHERE k IN (SELECT max(k) FROM eb GROUP BY w)", "Custom Scan (Tessera Subqueries First)"),
         // An uncorrelated scalar subquery is computed first, its value a constant.
         ("SELECT * FROM ea WHERE v > (SELECT avg(z) FROM ec)", "Custom Scan (Tessera Subqueries First)"),
         ("SELECT * FROM ea WHERE v > (SELECT avg(w) FROM eb WHERE eb.k = ea.g)", "Custom Scan (Tessera Broadcast)"),

@@ -173,17 +173,17 @@ pub(super) struct ComputedSubqueries {
 /// node parses them. A subquery giving more stays in place.
 const SUBQUERY_MAX_VALUES: usize = 10_000;
 const SUBQUERY_MAX_BYTES: usize = 1 << 20;
-/// The most rows a WITH query is written into the statement with (as a
-/// VALUES list, in every task's statement); one giving more stays, and the
-/// statement falls back.
-const WITH_QUERY_MAX_ROWS: usize = 10_000;
+/// The most rows a WITH query or a subquery in FROM is written into the
+/// statement with (as a VALUES list, in every task's statement); one giving
+/// more stays, and the statement falls back.
+const SHIPPED_ROWS_MAX: usize = 10_000;
 
 /// Computes the statement's WITH queries and uncorrelated subqueries over
 /// distributed tables (planner/uncorrelated_subqueries.rs) that a router
 /// or multi-shard plan runs, each once, through the session's connections,
-/// writes their results in as constants (a WITH query's as its rows, a
-/// VALUES list), and plans the statement again; None when it has none, or
-/// it then plans no better.
+/// writes their results in as constants (a WITH query's or a subquery in
+/// FROM's as its rows, a VALUES list), and plans the statement again; None
+/// when it has none, or it then plans no better.
 pub(super) async fn compute_subqueries(plan: &FallbackPlan, catalog: &Catalog, parts: &mut Participants) -> PgResult<Option<ComputedSubqueries>> {
     if !matches!(plan.statement, NodeEnum::SelectStmt(_)) {
         return Ok(None);
@@ -191,21 +191,16 @@ pub(super) async fn compute_subqueries(plan: &FallbackPlan, catalog: &Catalog, p
     let mut subqueries = Vec::new();
     let mut stmt = plan.statement.clone();
     let mut fills = Vec::new();
-    while let Some(with_query) = uncorrelated_subqueries::next_with_query(&stmt, catalog) {
+    let rows_help = uncorrelated_subqueries::reads_tables_beyond_its_rows(&stmt, catalog);
+    while let Some(mut with_query) = uncorrelated_subqueries::next_with_query(&stmt, catalog).filter(|_| rows_help) {
+        if !uncorrelated_subqueries::cap_rows(&mut with_query.select, SHIPPED_ROWS_MAX) {
+            break;
+        }
         let query = NodeEnum::SelectStmt(Box::new(with_query.select));
         let sql = deparse_statement(plan.version, query.clone())?;
         let sub_plan = plan_tree(plan.version, query, catalog);
         let Some((fields, rows)) = query_rows(&sub_plan, catalog, parts, &Mode::Simple).await? else { break };
-        if rows.len() > WITH_QUERY_MAX_ROWS {
-            break;
-        }
-        let types = match shard_type_names(parts, catalog, &fields).await {
-            Ok(types) => types,
-            Err(e) if e.code() == sqlstate::FEATURE_NOT_SUPPORTED => break,
-            Err(e) => return Err(e),
-        };
-        let relation = rows_as_relation(&types, &rows, parts.limits())?;
-        let placeholder = rows_placeholder(&format!("tessera_with_{}", fills.len()), fields.len());
+        let Some(placeholder) = rows_to_ship(&fields, &rows, catalog, parts, &mut fills).await? else { break };
         let own_columns: Vec<String> = fields.iter().map(|f| f.name.clone()).collect();
         let mut failure = None;
         uncorrelated_subqueries::inline_with_query(&mut stmt, &with_query.name, |alias, columns| {
@@ -217,22 +212,30 @@ pub(super) async fn compute_subqueries(plan: &FallbackPlan, catalog: &Catalog, p
         if let Some(e) = failure {
             return Err(e);
         }
-        fills.push((placeholder, relation));
         subqueries.push((sql, sub_plan));
     }
     let mut values = Vec::new();
     for Subquery { used_as, mut select } in uncorrelated_subqueries::subqueries(&stmt, catalog) {
-        if used_as == SubqueryUse::Exists {
-            // Whether there is a row, not what it holds; the shards' plans
-            // want a column to send.
-            let one = Some(uncorrelated_subqueries::typed_constant(Some("1"), "int8")?);
-            if select.target_list.is_empty() {
-                select.target_list = vec![res_target("", protobuf::Node { node: one.clone() })];
-            }
-            if select.limit_count.is_none() && select.limit_offset.is_none() {
-                select.limit_count = Some(Box::new(protobuf::Node { node: one }));
-                select.limit_option = protobuf::LimitOption::Count as i32;
-            }
+        // Whether EXISTS has a row, whether a scalar one has a second, whether
+        // IN has too many values: no more is read than tells.
+        if used_as == SubqueryUse::Rows && !rows_help {
+            values.push(None);
+            continue;
+        }
+        let most = match used_as {
+            SubqueryUse::Exists => 0,
+            SubqueryUse::Scalar => 1,
+            SubqueryUse::Any | SubqueryUse::All => SUBQUERY_MAX_VALUES,
+            SubqueryUse::Rows => SHIPPED_ROWS_MAX,
+        };
+        if !uncorrelated_subqueries::cap_rows(&mut select, most) {
+            values.push(None);
+            continue;
+        }
+        if used_as == SubqueryUse::Exists && select.target_list.is_empty() {
+            // The shards' plans want a column to send.
+            let one = uncorrelated_subqueries::typed_constant(Some("1"), "int8")?;
+            select.target_list = vec![res_target("", protobuf::Node { node: Some(one) })];
         }
         let stmt = NodeEnum::SelectStmt(Box::new(select));
         let sql = deparse_statement(plan.version, stmt.clone())?;
@@ -243,6 +246,14 @@ pub(super) async fn compute_subqueries(plan: &FallbackPlan, catalog: &Catalog, p
         };
         let value = match used_as {
             SubqueryUse::Exists => Some(uncorrelated_subqueries::typed_constant(Some(if rows.is_empty() { "false" } else { "true" }), "bool")?),
+            SubqueryUse::Rows => match rows_to_ship(&fields, &rows, catalog, parts, &mut fills).await? {
+                // `replace` gives the item the subquery's alias.
+                Some(placeholder) => {
+                    let names: Vec<String> = fields.iter().map(|f| quote_ident(&f.name)).collect();
+                    Some(crate::planner::subselect_node(&format!("{placeholder} AS tessera_rows({})", names.join(", ")))?)
+                }
+                None => None,
+            },
             _ => subquery_constant(used_as, &sql, &fields, rows, catalog, parts).await?,
         };
         let computed = value.is_some();
@@ -280,6 +291,31 @@ pub(super) async fn compute_subqueries(plan: &FallbackPlan, catalog: &Catalog, p
         }
     }
     Ok(Some(ComputedSubqueries { plan, subqueries }))
+}
+
+/// Readies `rows` (of a WITH query or a subquery in FROM) to go into every
+/// task's statement: their VALUES list joins `fills`, under the placeholder
+/// returned, which stands for them while the statement is planned. None
+/// when there are too many, or of a type no literal can spell.
+async fn rows_to_ship(
+    fields: &[FieldDescription],
+    rows: &TextRows,
+    catalog: &Catalog,
+    parts: &mut Participants,
+    fills: &mut Vec<(String, String)>,
+) -> PgResult<Option<String>> {
+    if rows.len() > SHIPPED_ROWS_MAX {
+        return Ok(None);
+    }
+    let types = match shard_type_names(parts, catalog, fields).await {
+        Ok(types) => types,
+        Err(e) if e.code() == sqlstate::FEATURE_NOT_SUPPORTED => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let relation = rows_as_relation(&types, rows, parts.limits())?;
+    let placeholder = rows_placeholder(&format!("tessera_rows_{}", fills.len()), fields.len());
+    fills.push((placeholder.clone(), relation));
+    Ok(Some(placeholder))
 }
 
 /// The constant standing for a scalar, ANY or ALL subquery that gave

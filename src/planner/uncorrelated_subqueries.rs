@@ -8,7 +8,7 @@
 //! `x op ANY/ALL (…)`) becomes `x op ANY/ALL ('{…}'::type[])`, which
 //! PostgreSQL evaluates with the same three-valued logic, and `EXISTS (…)`
 //! becomes true or false. A WITH query becomes its rows (`next_with_query`,
-//! `inline_with_query`). The statement can then route to one shard group,
+//! `inline_with_query`), and so does a subquery in FROM. The statement can then route to one shard group,
 //! or run on the shards, where it would otherwise move whole tables (see
 //! executor/fallback.rs).
 //!
@@ -17,9 +17,10 @@
 //! (joined or not), and every column they name belongs to one of those
 //! tables; no subquery of their own, no parameter.
 
+use super::ddl_plan::names_of;
 use super::multi_shard::name_strength;
 use super::walk::visit_mut;
-use super::{column_ref_names, resolve_range_var};
+use super::{column_ref_names, resolve_range_var, string_node};
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable};
 use pg_query::protobuf::{self, SubLinkType};
@@ -37,6 +38,8 @@ pub enum SubqueryUse {
     All,
     /// `EXISTS (SELECT …)`: whether it gives a row.
     Exists,
+    /// `FROM (SELECT …) AS alias`: its rows, as a FROM item.
+    Rows,
 }
 
 /// An uncorrelated subquery over distributed tables, as `subqueries` finds it.
@@ -75,9 +78,22 @@ pub fn replace(stmt: &mut NodeEnum, catalog: &Catalog, mut value: impl FnMut(Sub
         }
         let Some((used_as, select)) = candidate(n, catalog) else { return };
         let Some(constant) = value(used_as, select) else { return };
+        if let (NodeEnum::RangeSubselect(original), NodeEnum::RangeSubselect(mut rows)) = (&*n, constant.clone()) {
+            // The rows go by the subquery's alias, with the column names it gives.
+            if let (Some(alias), Some(own)) = (original.alias.as_ref(), rows.alias.as_mut()) {
+                own.aliasname = alias.aliasname.clone();
+                for (i, name) in alias.colnames.iter().enumerate() {
+                    if let Some(slot) = own.colnames.get_mut(i) {
+                        *slot = name.clone();
+                    }
+                }
+            }
+            *n = NodeEnum::RangeSubselect(rows);
+            return;
+        }
         let NodeEnum::SubLink(link) = n else { return };
         *n = match used_as {
-            SubqueryUse::Scalar | SubqueryUse::Exists => constant,
+            SubqueryUse::Scalar | SubqueryUse::Exists | SubqueryUse::Rows => constant,
             SubqueryUse::Any | SubqueryUse::All => {
                 let kind = if used_as == SubqueryUse::Any { protobuf::AExprKind::AexprOpAny } else { protobuf::AExprKind::AexprOpAll };
                 // `IN` carries no operator name: it is `= ANY`.
@@ -94,12 +110,14 @@ pub fn replace(stmt: &mut NodeEnum, catalog: &Catalog, mut value: impl FnMut(Sub
     });
 }
 
-fn string_node(s: &str) -> protobuf::Node {
-    protobuf::Node { node: Some(NodeEnum::String(protobuf::String { sval: s.to_string() })) }
-}
-
 /// How an uncorrelated subquery over distributed tables is used, and its query.
 fn candidate<'n>(n: &'n NodeEnum, catalog: &Catalog) -> Option<(SubqueryUse, &'n protobuf::SelectStmt)> {
+    if let NodeEnum::RangeSubselect(from) = n {
+        return match from.subquery.as_deref().and_then(|s| s.node.as_ref()) {
+            Some(NodeEnum::SelectStmt(select)) if !from.lateral && contained_query(select, false, catalog) => Some((SubqueryUse::Rows, select)),
+            _ => None,
+        };
+    }
     let NodeEnum::SubLink(link) = n else { return None };
     let used_as = match SubLinkType::from_i32(link.sub_link_type)? {
         SubLinkType::ExprSublink => SubqueryUse::Scalar,
@@ -125,6 +143,25 @@ fn holds_candidate(expr: &NodeEnum, catalog: &Catalog) -> bool {
     let mut found = false;
     visit_mut(&mut expr.clone(), &mut |n| found |= candidate(n, catalog).is_some());
     found
+}
+
+/// Makes `select` give at most `most + 1` rows, so that computing it tells
+/// whether it gives more than `most` without reading them all (a subquery
+/// over a large table stays in place, and PostgreSQL reads it as it would).
+/// False when it already has a LIMIT other than a constant that small, or
+/// an OFFSET without one: it is not computed then.
+pub fn cap_rows(select: &mut protobuf::SelectStmt, most: usize) -> bool {
+    let cap = i32::try_from(most + 1).unwrap_or(i32::MAX);
+    match select.limit_count.as_deref().and_then(|l| l.node.as_ref()) {
+        None if select.limit_offset.is_none() => {
+            let limit = protobuf::AConst { val: Some(protobuf::a_const::Val::Ival(protobuf::Integer { ival: cap })), ..Default::default() };
+            select.limit_count = Some(Box::new(protobuf::Node { node: Some(NodeEnum::AConst(limit)) }));
+            select.limit_option = protobuf::LimitOption::Count as i32;
+            true
+        }
+        Some(NodeEnum::AConst(c)) => matches!(&c.val, Some(protobuf::a_const::Val::Ival(i)) if i.ival <= cap),
+        _ => false,
+    }
 }
 
 /// The text of an array of `values`, as `array_in` reads it.
@@ -239,15 +276,7 @@ pub fn next_with_query(stmt: &NodeEnum, catalog: &Catalog) -> Option<WithQuery> 
         if inner_names.contains(&cte.ctename) || !contained_query(query, false, catalog) {
             return None;
         }
-        let columns = cte
-            .aliascolnames
-            .iter()
-            .filter_map(|n| match n.node.as_ref() {
-                Some(NodeEnum::String(s)) => Some(s.sval.clone()),
-                _ => None,
-            })
-            .collect();
-        Some(WithQuery { name: cte.ctename.clone(), select: query.as_ref().clone(), columns })
+        Some(WithQuery { name: cte.ctename.clone(), select: query.as_ref().clone(), columns: names_of(&cte.aliascolnames) })
     });
     let first = computable.next()??;
     computable.all(|c| c.is_some()).then_some(first)
@@ -271,19 +300,32 @@ pub fn inline_with_query(stmt: &mut NodeEnum, name: &str, mut item: impl FnMut(&
             return;
         }
         let alias = rv.alias.as_ref().map_or_else(|| rv.relname.clone(), |a| a.aliasname.clone());
-        let columns: Vec<String> = rv
-            .alias
-            .iter()
-            .flat_map(|a| &a.colnames)
-            .filter_map(|n| match n.node.as_ref() {
-                Some(NodeEnum::String(s)) => Some(s.sval.clone()),
-                _ => None,
-            })
-            .collect();
+        let columns = rv.alias.as_ref().map(|a| names_of(&a.colnames)).unwrap_or_default();
         if let Some(replacement) = item(&alias, &columns) {
             *n = replacement;
         }
     });
+}
+
+/// Whether `stmt` still reads a distributed table of its own once its WITH
+/// queries (`next_with_query`) and subqueries in FROM are rows, and its
+/// other uncorrelated subqueries constants: only then
+/// can it be pushed down after they are computed (otherwise it would fall
+/// back all the same, and computing them first would be work thrown away).
+pub fn reads_tables_beyond_its_rows(stmt: &NodeEnum, catalog: &Catalog) -> bool {
+    let mut rest = stmt.clone();
+    let rows = || super::subselect_node("(VALUES (NULL)) AS tessera_rows").ok();
+    while let Some(with_query) = next_with_query(&rest, catalog) {
+        inline_with_query(&mut rest, &with_query.name, |_, _| rows());
+    }
+    replace(&mut rest, catalog, |used_as, _| if used_as == SubqueryUse::Rows { rows() } else { typed_constant(None, "int4").ok() });
+    let mut reads = false;
+    visit_mut(&mut rest, &mut |n| {
+        if let NodeEnum::RangeVar(rv) = n {
+            reads |= resolve_range_var(rv, catalog).is_some();
+        }
+    });
+    reads
 }
 
 /// Adds the tables of a FROM item to `scope` (the name the query knows each
@@ -412,5 +454,45 @@ mod tests {
         assert!(next_with_query(&statement("WITH RECURSIVE top AS (SELECT id FROM b) SELECT * FROM top"), &catalog()).is_none());
         assert!(next_with_query(&statement("WITH top AS (SELECT id FROM b) SELECT * FROM (WITH top AS (SELECT 1) SELECT * FROM top) s"), &catalog())
             .is_none());
+    }
+
+    #[test]
+    fn computed_subqueries_read_one_row_past_their_limit() {
+        let version = pg_query::parse("SELECT 1").unwrap().protobuf.version;
+        let capped = |sql: &str, most: usize| {
+            let NodeEnum::SelectStmt(mut select) = statement(sql) else { panic!("{sql}") };
+            let kept = cap_rows(&mut select, most);
+            (kept, crate::planner::deparse::deparse_statement(version, NodeEnum::SelectStmt(select)).unwrap())
+        };
+        assert_eq!(capped("SELECT id FROM b ORDER BY v", 10), (true, "SELECT id FROM b ORDER BY v LIMIT 11".to_string()));
+        assert_eq!(capped("SELECT id FROM b LIMIT 5", 10), (true, "SELECT id FROM b LIMIT 5".to_string()));
+        assert!(!capped("SELECT id FROM b LIMIT 50", 10).0);
+        assert!(!capped("SELECT id FROM b OFFSET 5", 10).0);
+        assert!(!capped("SELECT id FROM b LIMIT ALL", 10).0);
+    }
+
+    #[test]
+    fn subqueries_in_from_become_rows_under_their_alias() {
+        let version = pg_query::parse("SELECT 1").unwrap().protobuf.version;
+        let sql =
+            "SELECT * FROM a JOIN (SELECT id, two FROM b LIMIT 3) AS s(x) ON a.id = s.x CROSS JOIN LATERAL (SELECT v FROM b WHERE b.id = a.id) l";
+        let found = subqueries(&statement(sql), &catalog());
+        assert_eq!(found.iter().map(|s| s.used_as).collect::<Vec<_>>(), vec![SubqueryUse::Rows], "LATERAL ones read the query around them");
+        let mut stmt = statement(sql);
+        replace(&mut stmt, &catalog(), |_, _| crate::planner::subselect_node("(VALUES (1, 2)) AS tessera_rows(id, two)").ok());
+        assert_eq!(
+            crate::planner::deparse::deparse_statement(version, stmt).unwrap(),
+            "SELECT * FROM a JOIN (VALUES (1, 2)) s(x, two) ON a.id = s.x CROSS JOIN LATERAL (SELECT v FROM b WHERE b.id = a.id) l"
+        );
+    }
+
+    #[test]
+    fn rows_are_computed_only_for_statements_that_keep_a_table() {
+        let keeps = |sql: &str| reads_tables_beyond_its_rows(&statement(sql), &catalog());
+        assert!(keeps("SELECT * FROM a JOIN (SELECT id FROM b LIMIT 3) s ON a.id = s.id"));
+        assert!(keeps("WITH top AS (SELECT id FROM b LIMIT 3) SELECT * FROM a JOIN top USING (id)"));
+        assert!(!keeps("SELECT * FROM (SELECT two, count(*) FROM a GROUP BY two) per_two"));
+        assert!(!keeps("WITH top AS (SELECT id FROM b LIMIT 3) SELECT * FROM top x CROSS JOIN top y"));
+        assert!(!keeps("SELECT * FROM (SELECT id FROM a) s WHERE s.id IN (SELECT id FROM b)"));
     }
 }
