@@ -6,6 +6,7 @@
 //! foreign-table stand-ins of the shards.
 
 use super::multi_shard::{add_task, collect_rows, combine_sql, rows_as_relation, shard_type_names, tasks_by_node, TasksByNode};
+use super::partials;
 use super::router::{node_of_group, plan_tasks, Defaults};
 use super::{run_on_coordinator_db, Mode};
 use crate::connection::client::ClientConn;
@@ -145,18 +146,26 @@ async fn query_rows(
     let Plan::MultiShard(multi) = plan else { return Ok(Some((fields, rows))) };
     let Combine::Query(combine) = &multi.combine else { return Ok(Some((fields, rows))) };
     let types = shard_type_names(parts, catalog, &fields).await?;
-    let Some(sql) = combine_sql(combine, &fields, &types, &rows, parts.limits())? else { return Ok(None) };
+    let Some(combine) = combine_sql(combine, &fields, &types)? else { return Ok(None) };
+    let staged = partials::stage(parts, &types, &rows).await?;
     drop(rows);
+    let combined = match combine.read_from(&staged.relation, parts.limits()) {
+        Ok(sql) => combined_rows(parts, &sql).await,
+        Err(e) => Err(e),
+    };
+    partials::release(parts, staged, combined).await.map(Some)
+}
+
+/// Runs a combining statement on the coordinator database and keeps its rows.
+async fn combined_rows(parts: &mut Participants, sql: &str) -> PgResult<(Vec<FieldDescription>, TextRows)> {
     let limits = parts.limits().clone();
     let local = parts.local().await?;
-    frontend::parse(local.out(), "", &sql, &[]);
+    frontend::parse(local.out(), "", sql, &[]);
     frontend::bind(local.out(), "", "", &[], &[], &[]);
     frontend::describe(local.out(), frontend::Target::Portal, "");
     frontend::execute(local.out(), "", 0);
     frontend::sync(local.out());
-    let combined = local.read_result(|row| limits.charge(text_row_size(row))).await;
-    parts.observe_local_status();
-    Ok(Some(combined?))
+    local.read_result(|row| limits.charge(text_row_size(row))).await
 }
 
 /// A statement whose uncorrelated subqueries over distributed tables were

@@ -14,6 +14,7 @@ pub mod local_rows;
 pub mod materialized_views;
 pub mod merge;
 pub mod multi_shard;
+mod partials;
 pub mod router;
 pub mod stream;
 

@@ -4,7 +4,7 @@
 //! combined by the coordinator database so that types and arithmetic are
 //! exactly PostgreSQL's.
 
-use super::Mode;
+use super::{partials, Mode};
 use crate::connection::client::ClientConn;
 use crate::connection::{quote_ident, quote_literal, text_row_size, TextRow, TextRows};
 use crate::error::{PgError, PgResult};
@@ -105,8 +105,16 @@ pub async fn run(
         Combine::Query(query) => {
             let (fields, rows) = collect_rows(parts, &by_node, mode).await?;
             let types = shard_type_names(parts, catalog, &fields).await?;
-            match combine_sql(query, &fields, &types, &rows, parts.limits())? {
-                Some(sql) => super::run_on_coordinator_db(parts, &sql, mode, client).await,
+            match combine_sql(query, &fields, &types)? {
+                Some(combine) => {
+                    let staged = partials::stage(parts, &types, &rows).await?;
+                    drop(rows);
+                    let outcome = match combine.read_from(&staged.relation, parts.limits()) {
+                        Ok(sql) => super::run_on_coordinator_db(parts, &sql, mode, client).await,
+                        Err(e) => Err(e),
+                    };
+                    partials::release(parts, staged, outcome).await
+                }
                 None => match &query.fallback {
                     Some(fallback) => Box::pin(super::fallback::run(fallback, coordinator, catalog, parts, mode, client)).await,
                     None => Err(PgError::not_supported("these aggregates cannot be combined exactly across shards")),
@@ -677,16 +685,10 @@ pub(super) fn values_list<'r>(types: &[String], rows: impl ExactSizeIterator<Ite
     }
 }
 
-/// The combining statement with the shards' rows filled in, or None when an
-/// aggregate cannot be combined exactly from these partial types. The rows
-/// go in last, so that nothing searches their text.
-pub(super) fn combine_sql(
-    query: &CombineQuery,
-    fields: &[backend::FieldDescription],
-    types: &[String],
-    rows: &[TextRow],
-    limits: &StatementLimits,
-) -> PgResult<Option<String>> {
+/// The combining statement for shard rows of these columns and types, or
+/// None when an aggregate cannot be combined exactly from these partial
+/// types. It still reads `tessera_partials`, which `read_from` names.
+pub(super) fn combine_sql(query: &CombineQuery, fields: &[backend::FieldDescription], types: &[String]) -> PgResult<Option<CombineSql>> {
     let visible = fields.len().saturating_sub(query.hidden);
     let columns: Vec<String> = (0..fields.len()).map(|i| if i < visible { partial_column(i) } else { sort_column(i - visible) }).collect();
     let mut sql = query.sql.clone();
@@ -726,15 +728,28 @@ pub(super) fn combine_sql(
         };
         sql = sql.replace(&aggregate_placeholder(j), &format!("({expr})"));
     }
-    let source = rows_as_relation(types, rows, limits)?;
-    let from = format!("FROM {PARTIALS_RELATION}");
-    let Some(at) = sql.find(&from) else { return Err(PgError::internal("a combining statement without its partial results")) };
-    let mut filled = String::with_capacity(sql.len() + source.len() + 64);
-    filled.push_str(&sql[..at]);
-    filled.push_str(&format!("FROM {source} AS {PARTIALS_RELATION}({})", columns.join(", ")));
-    filled.push_str(&sql[at + from.len()..]);
-    limits.charge(filled.capacity())?;
-    Ok(Some(filled))
+    Ok(Some(CombineSql { sql, columns }))
+}
+
+/// A combining statement and the names it gives the shard rows' columns.
+pub(super) struct CombineSql {
+    sql: String,
+    columns: Vec<String>,
+}
+
+impl CombineSql {
+    /// The statement reading the shards' rows from `relation`. The rows'
+    /// text goes in last, so that nothing searches it.
+    pub(super) fn read_from(&self, relation: &str, limits: &StatementLimits) -> PgResult<String> {
+        let from = format!("FROM {PARTIALS_RELATION}");
+        let Some(at) = self.sql.find(&from) else { return Err(PgError::internal("a combining statement without its partial results")) };
+        let mut filled = String::with_capacity(self.sql.len() + relation.len() + 64);
+        filled.push_str(&self.sql[..at]);
+        filled.push_str(&format!("FROM {relation} AS {PARTIALS_RELATION}({})", self.columns.join(", ")));
+        filled.push_str(&self.sql[at + from.len()..]);
+        limits.charge(filled.capacity())?;
+        Ok(filled)
+    }
 }
 
 #[cfg(test)]

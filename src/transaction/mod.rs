@@ -263,6 +263,10 @@ pub struct Participants {
     /// The session's coordinator database connection, held while needed.
     local: coordinator_db::CoordinatorDb,
     local_in_block: bool,
+    /// The coordinator database connection is in a transaction the
+    /// executor began for its own work (see `begin_local_work`), not the
+    /// client's.
+    local_in_own_work: bool,
     /// The worker connections the session holds now (taken from `pools`).
     workers: HashMap<i32, WorkerConnection>,
     pools: Arc<WorkerPools>,
@@ -405,6 +409,7 @@ impl Participants {
             startup_login: login.clone(),
             local,
             local_in_block: false,
+            local_in_own_work: false,
             workers: HashMap::new(),
             pools,
             node_pools: HashMap::new(),
@@ -577,12 +582,20 @@ impl Participants {
         self.local.pin(why);
     }
 
+    /// Begins (`true`) or ends a transaction on the coordinator database
+    /// connection that holds the executor's own work inside one statement,
+    /// outside any block: the session does not take it for a block the
+    /// statement opened.
+    pub fn begin_local_work(&mut self, begun: bool) {
+        self.local_in_own_work = begun;
+    }
+
     /// Called after forwarding client SQL (which may itself hold BEGIN/COMMIT, e.g.
     /// inside a function) to keep our view in line with the coordinator database.
     pub fn observe_local_status(&mut self) {
         self.follow_settings();
         let Some(status) = self.local.held().map(|l| l.tx_status()) else { return };
-        if self.block.is_none() && status != TxStatus::Idle {
+        if self.block.is_none() && status != TxStatus::Idle && !self.local_in_own_work {
             // The statement opened a block on its own (e.g. a procedure); follow it.
             self.block =
                 Some(Block { begin_sql: "BEGIN".into(), started: std::time::Instant::now(), implicit: false, failed: false, savepoints: vec![] });
