@@ -70,15 +70,22 @@ async fn each_shape_takes_its_tier() {
         // Joins that are not co-located ship the smaller side to the shards.
         ("SELECT * FROM ea JOIN ec ON ea.k = ec.k", "Custom Scan (Tessera Broadcast)"),
         ("SELECT * FROM ea JOIN eb ON ea.g = eb.w", "Custom Scan (Tessera Broadcast)"),
-        ("SELECT k, rank() OVER (ORDER BY v) FROM ea", "Custom Scan (Tessera General Fallback)"),
         // Heavy aggregates and windows keyed by the distribution column run
-        // whole per shard; DISTINCT aggregates of one value in two phases.
+        // whole per shard; DISTINCT aggregates of one value in two phases;
+        // other windows, aggregates and grouping sets over the columns the
+        // shards send.
         ("SELECT k, rank() OVER (PARTITION BY k ORDER BY v) FROM ea", "Custom Scan (Tessera Multi-Shard)"),
         ("SELECT k, percentile_cont(0.5) WITHIN GROUP (ORDER BY v) FROM ea GROUP BY k", "Custom Scan (Tessera Multi-Shard)"),
         ("SELECT count(DISTINCT g) FROM ea", "Custom Scan (Tessera Multi-Shard)"),
-        ("SELECT count(DISTINCT g), count(DISTINCT v) FROM ea", "Custom Scan (Tessera General Fallback)"),
-        ("SELECT string_agg(k::text, ',' ORDER BY k) FROM ea", "Custom Scan (Tessera General Fallback)"),
-        ("SELECT g, count(*) FROM ea GROUP BY ROLLUP (g)", "Custom Scan (Tessera General Fallback)"),
+        ("SELECT count(DISTINCT g), count(DISTINCT v) FROM ea", "Custom Scan (Tessera Multi-Shard)"),
+        ("SELECT string_agg(k::text, ',' ORDER BY k) FROM ea", "Custom Scan (Tessera Multi-Shard)"),
+        ("SELECT g, count(*) FROM ea GROUP BY ROLLUP (g)", "Custom Scan (Tessera Multi-Shard)"),
+        ("SELECT k, rank() OVER (ORDER BY v) FROM ea", "Custom Scan (Tessera Multi-Shard)"),
+        ("SELECT DISTINCT ON (g) g, k FROM ea ORDER BY g, v", "Custom Scan (Tessera Multi-Shard)"),
+        (
+            "SELECT g, percentile_disc(0.5) WITHIN GROUP (ORDER BY v), mode() WITHIN GROUP (ORDER BY v) FROM ea GROUP BY g",
+            "Custom Scan (Tessera Multi-Shard)",
+        ),
         // Subqueries joined on the distribution column to the query around
         // them read each row's own shard group: they go along.
         ("SELECT count(*) FROM ea WHERE EXISTS (SELECT 1 FROM eb WHERE eb.k = ea.k AND eb.w > 1)", "Custom Scan (Tessera Multi-Shard)"),
@@ -126,8 +133,12 @@ async fn each_shape_takes_its_tier() {
     assert!(text.contains(&format!("port={port}")) || text.contains(&format!("port={other}")), "{text}");
     assert!(text.contains("Aggregate") && text.contains("Seq Scan on ea_"), "the worker's own plan of its shard:\n{text}");
     // The fallback shows the coordinator database's plan over the foreign shards.
-    let text = explain(&c, "SELECT k, rank() OVER (ORDER BY v) FROM ea").await.join("\n");
+    let text = explain(&c, "SELECT e.k FROM ea e JOIN elocal l ON l.id = e.k").await.join("\n");
     assert!(text.contains("Foreign Scan"), "{text}");
+    // Shipped columns: the shards send only what the combine reads.
+    let text = explain(&c, "SELECT g, rank() OVER (ORDER BY v) FROM ea WHERE v > 1").await.join("\n");
+    assert!(text.contains("Combine: SELECT tessera_p_000 AS g, rank() OVER (ORDER BY tessera_p_001) AS rank FROM tessera_partials"), "{text}");
+    assert!(text.contains("Filter: (v > 1)"), "the shards filter:\n{text}");
     // A broadcast shows the pushdown it turned into, with the shipped rows in the task.
     let text = explain(&c, "SELECT * FROM ea JOIN ec ON ea.g = ec.z").await.join("\n");
     assert!(

@@ -27,6 +27,7 @@ mod prepared;
 pub mod rewrite;
 mod router;
 mod session_state;
+mod shipped_columns;
 pub mod uncorrelated_subqueries;
 mod user_code;
 mod views;

@@ -11,6 +11,7 @@
 use super::deparse::{deparse_expression, deparse_statement, BUILT_TREE_VERSION};
 use super::fallback::{self, FallbackPlan};
 use super::rewrite::ShardTemplate;
+use super::shipped_columns;
 use super::walk::visit_mut;
 use super::{plain_select, res_target, string_node, Command, Plan};
 use crate::metadata::{Catalog, DistributedTable};
@@ -107,7 +108,7 @@ pub(super) fn plan_modify(command: Command, anchor: Arc<DistributedTable>, templ
 }
 
 /// Why a query cannot be split over the shards; the general fallback takes it.
-type Refusal = String;
+pub(super) type Refusal = String;
 
 /// The column references whose value a row takes from its shard group
 /// (router.rs `shard_keys`): a GROUP BY or window PARTITION BY holding one
@@ -159,10 +160,10 @@ fn split(select: &SelectStmt, keys: &ShardKeys, catalog: &Catalog) -> Result<Spl
         return Err("SELECT INTO across shards".into());
     }
     if select.group_clause.iter().any(|g| matches!(g.node, Some(NodeEnum::GroupingSet(_)))) {
-        return Err("grouping sets across shards".into());
+        return ship_columns(select, "grouping sets across shards");
     }
     if is_distinct_on(select) {
-        return Err("DISTINCT ON across shards".into());
+        return ship_columns(select, "DISTINCT ON across shards");
     }
     let (aggregate, window) = calls_in(select, catalog);
     let window = window || !select.window_clause.is_empty();
@@ -172,7 +173,7 @@ fn split(select: &SelectStmt, keys: &ShardKeys, catalog: &Catalog) -> Result<Spl
     // across shard groups remain.
     let groups_whole = !aggregated || grouped_by_key(select, keys);
     if window && !(groups_whole && windows_by_key(select, keys)) {
-        return Err("window functions across shards".into());
+        return ship_columns(select, "window functions across shards");
     }
     if (window || aggregated) && groups_whole {
         return if !select.sort_clause.is_empty()
@@ -186,11 +187,24 @@ fn split(select: &SelectStmt, keys: &ShardKeys, catalog: &Catalog) -> Result<Spl
         };
     }
     if aggregated {
-        split_aggregation(select, catalog).map(Some)
+        match split_aggregation(select, catalog) {
+            Ok(split) => Ok(Some(split)),
+            Err(refusal) => ship_columns(select, &refusal),
+        }
     } else if !select.sort_clause.is_empty() || select.limit_count.is_some() || select.limit_offset.is_some() || !select.distinct_clause.is_empty() {
         split_rows(select).map(Some)
     } else {
         Ok(None)
+    }
+}
+
+/// The split that ships the columns the query reads (shipped_columns.rs),
+/// for a query the partial forms cannot take; refused with `refusal` (why
+/// they cannot) when that split cannot take it either.
+fn ship_columns(select: &SelectStmt, refusal: &str) -> Result<Split, Refusal> {
+    match shipped_columns::split(select) {
+        Ok((worker, sql)) => Ok(Some((worker, sql, vec![], 0))),
+        Err(also) => Err(format!("{refusal} ({also})")),
     }
 }
 
@@ -317,7 +331,7 @@ fn is_expression(node: &NodeEnum) -> bool {
 }
 
 /// The integer of `ORDER BY 2` / `GROUP BY 2`.
-fn position(node: &Node) -> Option<usize> {
+pub(super) fn position(node: &Node) -> Option<usize> {
     match node.node.as_ref()? {
         NodeEnum::AConst(c) => match c.val.as_ref()? {
             a_const::Val::Ival(i) if i.ival > 0 => Some(i.ival as usize),
@@ -328,7 +342,7 @@ fn position(node: &Node) -> Option<usize> {
 }
 
 /// A bare name in ORDER BY that names an output column.
-fn output_alias(node: &Node, targets: &[Node]) -> Option<usize> {
+pub(super) fn output_alias(node: &Node, targets: &[Node]) -> Option<usize> {
     let NodeEnum::ColumnRef(c) = node.node.as_ref()? else { return None };
     let [field] = c.fields.as_slice() else { return None };
     let NodeEnum::String(name) = field.node.as_ref()? else { return None };
@@ -339,7 +353,7 @@ fn output_alias(node: &Node, targets: &[Node]) -> Option<usize> {
 /// the name PostgreSQL gives an unnamed one (`o.user_id` is `user_id`):
 /// PostgreSQL looks ORDER BY names up among the output columns before the
 /// input columns. None when no column, or several, go by the name.
-fn sort_output(node: &Node, targets: &[Node]) -> Option<usize> {
+pub(super) fn sort_output(node: &Node, targets: &[Node]) -> Option<usize> {
     let NodeEnum::ColumnRef(c) = node.node.as_ref()? else { return None };
     let [field] = c.fields.as_slice() else { return None };
     let NodeEnum::String(name) = field.node.as_ref()? else { return None };
@@ -355,7 +369,7 @@ fn sort_output(node: &Node, targets: &[Node]) -> Option<usize> {
     }
 }
 
-fn target_value(t: &Node) -> Option<&Node> {
+pub(super) fn target_value(t: &Node) -> Option<&Node> {
     match t.node.as_ref()? {
         NodeEnum::ResTarget(r) => r.val.as_deref(),
         _ => None,
@@ -366,6 +380,19 @@ fn is_star(t: &Node) -> bool {
     matches!(target_value(t).and_then(|v| v.node.as_ref()), Some(NodeEnum::ColumnRef(c)) if c.fields.iter().any(|f| matches!(f.node, Some(NodeEnum::AStar(_)))))
 }
 
+/// `tessera_partials` as a FROM item.
+pub(super) fn partials_relation() -> Node {
+    Node {
+        node: Some(NodeEnum::RangeVar(protobuf::RangeVar {
+            relname: PARTIALS_RELATION.into(),
+            inh: true,
+            relpersistence: "p".into(),
+            location: -1,
+            ..Default::default()
+        })),
+    }
+}
+
 /// Builds the combining statement: `targets` over `tessera_partials`.
 fn combine_statement(
     select: &SelectStmt,
@@ -374,19 +401,10 @@ fn combine_statement(
     having: Option<Box<Node>>,
     sort_clause: Vec<Node>,
 ) -> Result<String, Refusal> {
-    let from = Node {
-        node: Some(NodeEnum::RangeVar(protobuf::RangeVar {
-            relname: PARTIALS_RELATION.into(),
-            inh: true,
-            relpersistence: "p".into(),
-            location: -1,
-            ..Default::default()
-        })),
-    };
     let combine = SelectStmt {
         distinct_clause: select.distinct_clause.clone(),
         target_list,
-        from_clause: vec![from],
+        from_clause: vec![partials_relation()],
         group_clause,
         having_clause: having,
         sort_clause,
@@ -773,6 +791,7 @@ pub(super) fn name_strength(node: &NodeEnum) -> (Option<String>, u8) {
             _ => (Some("case".into()), 1),
         },
         NodeEnum::CoalesceExpr(_) => (Some("coalesce".into()), 2),
+        NodeEnum::GroupingFunc(_) => (Some("grouping".into()), 2),
         // A scalar subquery is named as its one output column.
         NodeEnum::SubLink(link) if link.sub_link_type == protobuf::SubLinkType::ExprSublink as i32 => {
             let target = match link.subselect.as_deref().and_then(|s| s.node.as_ref()) {

@@ -1,0 +1,147 @@
+//! The split of a multi-shard SELECT that the partial forms cannot take:
+//! windows over rows of several shard groups, aggregates with no partial form
+//! (percentiles, mode, array_agg or string_agg with their ORDER BY, DISTINCT
+//! aggregates of several values), grouping sets, DISTINCT ON. The shards run
+//! the FROM and WHERE, joins and filters included, and send only the columns
+//! the rest of the query reads; the coordinator database computes the rest
+//! over those rows, exactly as PostgreSQL would over the table. Unlike the
+//! general fallback, the shards read in parallel and only the needed columns
+//! of the matching rows move.
+
+use super::multi_shard::{name_strength, output_alias, partial_column, partials_relation, position, sort_output, target_value, Refusal};
+use super::walk::visit_mut;
+use super::{column_ref_names, deparse, plain_select, res_target};
+use pg_query::protobuf::{self, Node, SelectStmt};
+use pg_query::NodeEnum;
+
+/// The worker statement and the combining statement.
+pub(super) fn split(select: &SelectStmt) -> Result<(NodeEnum, String), Refusal> {
+    if select.op != protobuf::SetOperation::SetopNone as i32 || !select.values_lists.is_empty() {
+        return Err("a set operation across shards".into());
+    }
+    if select.target_list.iter().any(|t| target_value(t).is_none_or(is_star)) {
+        return Err("* beside windows or aggregates across shards".into());
+    }
+    let mut shipped = Shipped { columns: vec![], row_names: from_names(&select.from_clause), refusal: None };
+    let mut combine = select.clone();
+    for target in &mut combine.target_list {
+        if let Some(NodeEnum::ResTarget(t)) = target.node.as_mut() {
+            if t.name.is_empty() {
+                // The combine's expression names no column of the query.
+                let value = t.val.as_deref().and_then(|v| v.node.as_ref()).ok_or("an empty target")?;
+                t.name = name_strength(value).0.ok_or("an output column whose name is hard to tell")?;
+            }
+            shipped.rewrite(t.val.as_deref_mut());
+        }
+    }
+    for group in &mut combine.group_clause {
+        if position(group).is_none() {
+            if output_alias(group, &select.target_list).is_some() {
+                return Err("GROUP BY an output column name".into());
+            }
+            shipped.rewrite(Some(group));
+        }
+    }
+    shipped.rewrite(combine.having_clause.as_deref_mut());
+    for window in &mut combine.window_clause {
+        shipped.rewrite(Some(window));
+    }
+    // ORDER BY and DISTINCT ON may name output columns, which the combine still has.
+    for sort in &mut combine.sort_clause {
+        if let Some(NodeEnum::SortBy(by)) = sort.node.as_mut() {
+            let key = by.node.as_deref_mut().ok_or("empty ORDER BY")?;
+            if position(key).is_none() && sort_output(key, &select.target_list).is_none() {
+                shipped.rewrite(Some(key));
+            }
+        }
+    }
+    for on in combine.distinct_clause.iter_mut().filter(|n| n.node.is_some()) {
+        if position(on).is_none() && sort_output(on, &select.target_list).is_none() {
+            shipped.rewrite(Some(on));
+        }
+    }
+    if let Some(refusal) = shipped.refusal {
+        return Err(refusal);
+    }
+    let mut columns: Vec<Node> = shipped.columns.into_iter().enumerate().map(|(i, (column, _))| res_target(&partial_column(i), column)).collect();
+    if columns.is_empty() {
+        // Only the number of rows counts (count(*) alone).
+        let one = protobuf::AConst { isnull: false, location: -1, val: Some(protobuf::a_const::Val::Ival(protobuf::Integer { ival: 1 })) };
+        columns.push(res_target(&partial_column(0), Node { node: Some(NodeEnum::AConst(one)) }));
+    }
+    let worker = SelectStmt {
+        target_list: columns,
+        from_clause: select.from_clause.clone(),
+        where_clause: select.where_clause.clone(),
+        with_clause: select.with_clause.clone(),
+        ..plain_select()
+    };
+    combine.from_clause = vec![partials_relation()];
+    combine.where_clause = None;
+    combine.with_clause = None;
+    let sql =
+        deparse::deparse_statement(deparse::BUILT_TREE_VERSION, NodeEnum::SelectStmt(Box::new(combine))).map_err(|e| e.message().to_string())?;
+    Ok((NodeEnum::SelectStmt(Box::new(worker)), sql))
+}
+
+/// The columns the combine reads, each sent once.
+struct Shipped {
+    /// Column references and their names, in shipped order.
+    columns: Vec<(Node, Vec<String>)>,
+    /// The FROM items' names: a bare one of these is a whole row.
+    row_names: Vec<String>,
+    refusal: Option<Refusal>,
+}
+
+impl Shipped {
+    /// Makes every column reference under `node` read its shipped column.
+    fn rewrite(&mut self, node: Option<&mut Node>) {
+        let Some(n) = node.and_then(|n| n.node.as_mut()) else { return };
+        visit_mut(n, &mut |n| {
+            if self.refusal.is_some() {
+                return;
+            }
+            match n {
+                NodeEnum::SubLink(_) => self.refusal = Some("a subquery over the shards' rows".into()),
+                NodeEnum::ColumnRef(c) => match column_ref_names(c).map(|names| names.iter().map(|n| n.to_string()).collect::<Vec<String>>()) {
+                    Some(names) if names.len() == 1 && self.row_names.contains(&names[0]) => {
+                        self.refusal = Some("a whole row across shards".into());
+                    }
+                    Some(names) => {
+                        let i = match self.columns.iter().position(|(_, n)| *n == names) {
+                            Some(i) => i,
+                            None => {
+                                self.columns.push((Node { node: Some(NodeEnum::ColumnRef(c.clone())) }, names));
+                                self.columns.len() - 1
+                            }
+                        };
+                        *n = super::column_ref(&[&partial_column(i)]).node.expect("a column reference");
+                    }
+                    None => self.refusal = Some("a whole row across shards".into()),
+                },
+                _ => {}
+            }
+        });
+    }
+}
+
+fn is_star(value: &Node) -> bool {
+    matches!(value.node.as_ref(), Some(NodeEnum::ColumnRef(c)) if c.fields.iter().any(|f| matches!(f.node, Some(NodeEnum::AStar(_)))))
+}
+
+/// The names the FROM items go by (aliases, else relation names).
+fn from_names(from: &[Node]) -> Vec<String> {
+    let mut names = Vec::new();
+    for item in from {
+        let mut item = item.node.clone();
+        let Some(item) = item.as_mut() else { continue };
+        visit_mut(item, &mut |n| match n {
+            NodeEnum::RangeVar(r) => names.push(r.alias.as_ref().map_or_else(|| r.relname.clone(), |a| a.aliasname.clone())),
+            NodeEnum::RangeSubselect(s) => names.extend(s.alias.as_ref().map(|a| a.aliasname.clone())),
+            NodeEnum::RangeFunction(f) => names.extend(f.alias.as_ref().map(|a| a.aliasname.clone())),
+            NodeEnum::JoinExpr(j) => names.extend(j.alias.as_ref().map(|a| a.aliasname.clone())),
+            _ => {}
+        });
+    }
+    names
+}
