@@ -700,7 +700,8 @@ pub(super) fn combine_sql(query: &CombineQuery, fields: &[backend::FieldDescript
     for (j, aggregate) in query.aggregates.iter().enumerate().rev() {
         let col = |k: usize| partial_column(aggregate.columns[k]);
         let expr = match aggregate.kind {
-            AggregateKind::Count => format!("sum({})::int8", col(0)),
+            // A grouping set's total over shards that had no rows has no partial count.
+            AggregateKind::Count => format!("coalesce(sum({}), 0)::int8", col(0)),
             AggregateKind::Sum => format!("sum({})::{}", col(0), types[aggregate.columns[0]]),
             AggregateKind::Reapplied(name) => format!("{name}({})", col(0)),
             AggregateKind::Variance { sample, root } => {

@@ -159,9 +159,6 @@ fn split(select: &SelectStmt, keys: &ShardKeys, catalog: &Catalog) -> Result<Spl
     if select.into_clause.is_some() {
         return Err("SELECT INTO across shards".into());
     }
-    if select.group_clause.iter().any(|g| matches!(g.node, Some(NodeEnum::GroupingSet(_)))) {
-        return ship_columns(select, "grouping sets across shards");
-    }
     if is_distinct_on(select) {
         return ship_columns(select, "DISTINCT ON across shards");
     }
@@ -527,6 +524,17 @@ fn split_aggregation(select: &SelectStmt, catalog: &Catalog) -> Result<(NodeEnum
         distinct_value: distinct_value(select, catalog)?,
     };
     for g in &select.group_clause {
+        if let Some(NodeEnum::GroupingSet(set)) = g.node.as_ref() {
+            // The shards group by every expression of every set; the
+            // combine forms the sets from those finest groups.
+            for expr in grouping_set_expressions(set)? {
+                let key = expr.node.as_ref().and_then(expression_key);
+                if key.is_none() || !agg.groups.iter().any(|(_, k)| *k == key) {
+                    agg.groups.push((expr, key));
+                }
+            }
+            continue;
+        }
         let expr = match position(g) {
             Some(p) => target_value(select.target_list.get(p - 1).ok_or("GROUP BY position out of range")?).ok_or("GROUP BY a star")?.clone(),
             None => {
@@ -568,7 +576,18 @@ fn split_aggregation(select: &SelectStmt, catalog: &Catalog) -> Result<(NodeEnum
         }
         sorts.push(Node { node: Some(NodeEnum::SortBy(Box::new(by))) });
     }
-    let group_columns: Vec<Node> = (0..agg.groups.len()).map(|i| column_ref(&partial_column(i))).collect();
+    let group_columns: Vec<Node> = if select.group_clause.iter().any(|g| matches!(g.node, Some(NodeEnum::GroupingSet(_)))) {
+        let mut sets = select.group_clause.clone();
+        for set in &mut sets {
+            if position(set).is_some() {
+                return Err("GROUP BY a position beside grouping sets".into());
+            }
+            agg.rewrite(set)?;
+        }
+        sets
+    } else {
+        (0..agg.groups.len()).map(|i| column_ref(&partial_column(i))).collect()
+    };
     let sql = combine_statement(select, targets, group_columns, having, sorts)?;
     // The worker groups by the same expressions (and the DISTINCT
     // aggregates' value) and computes the partials.
@@ -634,7 +653,6 @@ impl Aggregation<'_> {
             }
             NodeEnum::ColumnRef(_) => Err("a column outside GROUP BY and aggregates".into()),
             NodeEnum::SubLink(_) => Err("a subquery over the grouped rows".into()),
-            NodeEnum::GroupingFunc(_) => Err("GROUPING() across shards".into()),
             _ => Ok(None),
         }
     }
@@ -723,6 +741,24 @@ impl Aggregation<'_> {
         self.aggregate_keys.push(key);
         Ok(self.aggregates.len() - 1)
     }
+}
+
+/// The expressions a grouping set groups by, nested sets and the
+/// parenthesised lists of ROLLUP, CUBE and GROUPING SETS opened.
+fn grouping_set_expressions(set: &protobuf::GroupingSet) -> Result<Vec<Node>, Refusal> {
+    let mut expressions = Vec::new();
+    for item in &set.content {
+        match item.node.as_ref() {
+            Some(NodeEnum::GroupingSet(inner)) => expressions.extend(grouping_set_expressions(inner)?),
+            Some(NodeEnum::RowExpr(row)) if row.row_format == protobuf::CoercionForm::CoerceImplicitCast as i32 => {
+                expressions.extend(row.args.iter().cloned())
+            }
+            Some(NodeEnum::AConst(_)) => return Err("a position in a grouping set".into()),
+            Some(_) => expressions.push(item.clone()),
+            None => {}
+        }
+    }
+    Ok(expressions)
 }
 
 /// The one value every DISTINCT aggregate of the query aggregates (its
