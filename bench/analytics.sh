@@ -17,11 +17,22 @@
 #   distinct     SELECT count(DISTINCT bid) FROM pgbench_accounts
 #   window_key   SELECT aid, abalance, rank() OVER (PARTITION BY aid ORDER BY abalance)
 #                FROM pgbench_accounts ORDER BY abalance DESC, aid DESC LIMIT 10
+#   window_other SELECT bid, aid, rank() OVER (PARTITION BY bid ORDER BY aid DESC) AS r
+#                FROM pgbench_accounts ORDER BY r, bid LIMIT 10
+#   percentile   SELECT bid, percentile_cont(0.5) WITHIN GROUP (ORDER BY aid) FROM
+#                pgbench_accounts GROUP BY bid ORDER BY bid
+#   rollup       SELECT bid, count(*), sum(abalance) FROM pgbench_accounts GROUP BY
+#                ROLLUP (bid) ORDER BY bid
+#   distinct_two SELECT count(DISTINCT bid), count(DISTINCT aid % 1000) FROM pgbench_accounts
 #
 # pgbench_accounts is distributed by aid and pgbench_tellers by tid (32 shards,
-# 2 workers), so the join is not co-located: Tessera runs it in its general
-# fallback. The IN subquery and the WITH query over the tellers are computed
-# first, each as a statement of its own, and the rest runs on the shards.
+# 2 workers), so the join is not co-located: Tessera sends the (small) tellers
+# to every shard. The IN subquery and the WITH query over the tellers are
+# computed first, each as a statement of its own, and the rest runs on the
+# shards. window_other, percentile and distinct_two have no per-shard partial
+# form: the shards send the columns they read and the coordinator database
+# computes the rest; rollup runs in two phases (groups per shard, then the
+# sets).
 # pgbench_history (filled with one row for every tenth account before the
 # queries) is co-located with the accounts, and the EXISTS is joined to them
 # on aid. The plan of each query through Tessera is logged (EXPLAIN).
@@ -34,7 +45,8 @@
 # TESSERA_BIN, PG_BIN, TESSERA_START_TIMEOUT — as for bench/pgbench.sh.
 # POOL_SIZE=N sets citus.max_adaptive_executor_pool_size for Tessera's session
 # (connections per worker one read runs its shard statements on; default: the
-# coordinator's). Quick smoke run from the repo root:
+# coordinator's). ONLY="percentile rollup" runs just those queries. Quick smoke
+# run from the repo root:
 #   SCALE=1 ROUNDS=1 RUNS=1 bench/analytics.sh
 set -euo pipefail
 
@@ -56,7 +68,9 @@ if ! is_uint "$SCALE" || [[ $SCALE -eq 0 ]]; then die "SCALE must be a positive 
 if ! is_uint "$RUNS" || [[ $RUNS -eq 0 ]]; then die "RUNS must be a positive integer (got '$RUNS')"; fi
 if ! is_uint "$ROUNDS" || [[ $ROUNDS -eq 0 ]]; then die "ROUNDS must be a positive integer (got '$ROUNDS')"; fi
 
-QUERIES=(aggregates group_by top10 join exists in_other cte_top distinct window_key)
+ALL_QUERIES=(aggregates group_by top10 join exists in_other cte_top distinct window_key window_other percentile rollup distinct_two)
+read -r -a QUERIES <<<"${ONLY:-${ALL_QUERIES[*]}}"
+
 declare -A SQL=(
     [aggregates]="SELECT count(*), sum(abalance), avg(aid) FROM pgbench_accounts"
     [group_by]="SELECT bid, count(*) FROM pgbench_accounts GROUP BY bid ORDER BY bid"
@@ -67,6 +81,10 @@ declare -A SQL=(
     [distinct]="SELECT count(DISTINCT bid) FROM pgbench_accounts"
     [cte_top]="WITH top AS (SELECT bid FROM pgbench_tellers GROUP BY bid ORDER BY count(*) DESC, bid LIMIT 3) SELECT count(*) FROM pgbench_accounts JOIN top USING (bid)"
     [window_key]="SELECT aid, abalance, rank() OVER (PARTITION BY aid ORDER BY abalance) FROM pgbench_accounts ORDER BY abalance DESC, aid DESC LIMIT 10"
+    [window_other]="SELECT bid, aid, rank() OVER (PARTITION BY bid ORDER BY aid DESC) AS r FROM pgbench_accounts ORDER BY r, bid LIMIT 10"
+    [percentile]="SELECT bid, percentile_cont(0.5) WITHIN GROUP (ORDER BY aid) FROM pgbench_accounts GROUP BY bid ORDER BY bid"
+    [rollup]="SELECT bid, count(*), sum(abalance) FROM pgbench_accounts GROUP BY ROLLUP (bid) ORDER BY bid"
+    [distinct_two]="SELECT count(DISTINCT bid), count(DISTINCT aid % 1000) FROM pgbench_accounts"
 )
 # One history row for every tenth account, half of them with a positive delta.
 HISTORY_SQL="INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) SELECT 1, 1, aid, CASE WHEN aid % 20 = 0 THEN 5 ELSE -5 END, now() FROM pgbench_accounts WHERE aid % 10 = 0"

@@ -5,7 +5,7 @@
 //! Otherwise the coordinator database runs the rewritten statement over the
 //! foreign-table stand-ins of the shards.
 
-use super::multi_shard::{add_task, collect_rows, combine_sql, rows_as_relation, shard_type_names, tasks_by_node, TasksByNode};
+use super::multi_shard::{add_task, collect_partials, collect_rows, combine_sql, rows_as_relation, shard_type_names, tasks_by_node, TasksByNode};
 use super::partials;
 use super::router::{node_of_group, plan_tasks, Defaults};
 use super::{run_on_coordinator_db, Mode};
@@ -142,13 +142,18 @@ async fn query_rows(
         Plan::MultiShard(multi) => tasks_by_node(&multi.template, &multi.anchor, catalog)?,
         _ => return Ok(None),
     };
-    let (fields, rows) = collect_rows(parts, &by_node, mode).await?;
-    let Plan::MultiShard(multi) = plan else { return Ok(Some((fields, rows))) };
-    let Combine::Query(combine) = &multi.combine else { return Ok(Some((fields, rows))) };
+    let combine = match plan {
+        Plan::MultiShard(multi) => match &multi.combine {
+            Combine::Query(combine) => Some(combine),
+            Combine::Concatenate => None,
+        },
+        _ => None,
+    };
+    let Some(combine) = combine else { return collect_rows(parts, &by_node, mode).await.map(Some) };
+    let (fields, rows) = collect_partials(parts, &by_node, mode).await?;
     let types = shard_type_names(parts, catalog, &fields).await?;
     let Some(combine) = combine_sql(combine, &fields, &types)? else { return Ok(None) };
-    let staged = partials::stage(parts, &types, &rows).await?;
-    drop(rows);
+    let staged = partials::stage(parts, &types, rows).await?;
     let combined = match combine.read_from(&staged.relation, parts.limits()) {
         Ok(sql) => combined_rows(parts, &sql).await,
         Err(e) => Err(e),

@@ -4,9 +4,10 @@
 //! combined by the coordinator database so that types and arithmetic are
 //! exactly PostgreSQL's.
 
-use super::{partials, Mode};
+use super::partials::{self, PartialRows};
+use super::Mode;
 use crate::connection::client::ClientConn;
-use crate::connection::{quote_ident, quote_literal, text_row_size, TextRow, TextRows};
+use crate::connection::{quote_ident, quote_literal, TextRow, TextRows};
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable, Node};
 use crate::planner::rewrite::ShardTemplate;
@@ -27,8 +28,8 @@ use std::sync::Arc;
 enum Sink<'a> {
     /// Forwarded to the client; `describe` says whether a RowDescription is still owed.
     Client { client: &'a mut ClientConn, describe: bool },
-    /// Collected as text rows with their column types and names.
-    Partials { rows: TextRows, fields: Vec<backend::FieldDescription> },
+    /// Collected, with their column types and names.
+    Partials { rows: PartialRows, fields: Vec<backend::FieldDescription> },
     /// Held per node (by its index in the task list), to reach the client in
     /// the order of the rows the statement was given.
     PerNode { description: Option<Message>, rows: Vec<Vec<Message>> },
@@ -78,7 +79,28 @@ pub(super) async fn collect_rows(
     by_node: &TasksByNode,
     mode: &Mode<'_>,
 ) -> PgResult<(Vec<backend::FieldDescription>, TextRows)> {
-    let mut sink = Sink::Partials { rows: Vec::new(), fields: Vec::new() };
+    let (fields, rows) = collect(parts, by_node, mode, PartialRows::new(false)).await?;
+    Ok((fields, rows.into_text()?))
+}
+
+/// Runs the tasks and collects their rows for a combining statement
+/// (`partials::stage`), with the columns.
+pub(super) async fn collect_partials(
+    parts: &mut Participants,
+    by_node: &TasksByNode,
+    mode: &Mode<'_>,
+) -> PgResult<(Vec<backend::FieldDescription>, PartialRows)> {
+    let rows = PartialRows::new(!parts.in_block());
+    collect(parts, by_node, mode, rows).await
+}
+
+async fn collect(
+    parts: &mut Participants,
+    by_node: &TasksByNode,
+    mode: &Mode<'_>,
+    rows: PartialRows,
+) -> PgResult<(Vec<backend::FieldDescription>, PartialRows)> {
+    let mut sink = Sink::Partials { rows, fields: Vec::new() };
     run_on_nodes(parts, by_node, Access::Read, mode, &mut sink).await?;
     let Sink::Partials { rows, fields } = sink else { unreachable!() };
     Ok((fields, rows))
@@ -103,12 +125,11 @@ pub async fn run(
             Ok(())
         }
         Combine::Query(query) => {
-            let (fields, rows) = collect_rows(parts, &by_node, mode).await?;
+            let (fields, rows) = collect_partials(parts, &by_node, mode).await?;
             let types = shard_type_names(parts, catalog, &fields).await?;
             match combine_sql(query, &fields, &types)? {
                 Some(combine) => {
-                    let staged = partials::stage(parts, &types, &rows).await?;
-                    drop(rows);
+                    let staged = partials::stage(parts, &types, rows).await?;
                     let outcome = match combine.read_from(&staged.relation, parts.limits()) {
                         Ok(sql) => super::run_on_coordinator_db(parts, &sql, mode, client).await,
                         Err(e) => Err(e),
@@ -220,11 +241,7 @@ impl Sink<'_> {
             }
             (b'N', Sink::Client { client, .. }) => client.out().extend_from_slice(msg.frame()),
             (b'T', Sink::Partials { fields, .. }) => *fields = backend::decode_row_description(msg)?,
-            (b'D', Sink::Partials { rows, .. }) => {
-                let row = backend::decode_text_row(msg)?;
-                limits.charge(text_row_size(&row))?;
-                rows.push(row);
-            }
+            (b'D', Sink::Partials { rows, .. }) => rows.push(msg, limits)?,
             _ => {}
         }
         Ok(())

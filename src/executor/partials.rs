@@ -7,13 +7,14 @@
 //! gone when the statement ends, whatever happens.
 
 use super::multi_shard::rows_as_relation;
-use crate::connection::{quote_ident, TextRow};
-use crate::copy::{write_field, CopyFormat, Format};
-use crate::error::PgResult;
-use crate::protocol::backend::TxStatus;
+use crate::connection::{quote_ident, text_row_size, TextRows};
+use crate::copy::{text_field, write_field, CopyFormat, Format};
+use crate::error::{PgError, PgResult};
+use crate::protocol::backend::{self, TxStatus};
+use crate::protocol::Message;
 use crate::transaction::limits::StatementLimits;
 use crate::transaction::Participants;
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 
 /// Above this many rows the rows are copied into a temporary table.
 const VALUES_ROWS_MAX: usize = 2_000;
@@ -24,6 +25,57 @@ const STAGED_TABLE: &str = "tessera_staged_rows";
 /// COPY data chunks of about this size.
 const CHUNK_BYTES: usize = 256 * 1024;
 
+/// The shards' rows as they arrive: text values, for statements that read
+/// them as such and for combines inside transaction blocks; else lines of
+/// COPY's text format, which take no allocation per value and a fraction
+/// of the memory.
+pub(super) enum PartialRows {
+    Text(TextRows),
+    Copy { data: BytesMut, rows: usize, format: CopyFormat },
+}
+
+impl PartialRows {
+    pub fn new(as_copy_lines: bool) -> Self {
+        if as_copy_lines {
+            PartialRows::Copy { data: BytesMut::new(), rows: 0, format: CopyFormat::new(Format::Text) }
+        } else {
+            PartialRows::Text(Vec::new())
+        }
+    }
+
+    /// Adds a DataRow of text values, counted against the statement's memory.
+    pub fn push(&mut self, msg: &Message, limits: &StatementLimits) -> PgResult<()> {
+        match self {
+            PartialRows::Text(rows) => {
+                let row = backend::decode_text_row(msg)?;
+                limits.charge(text_row_size(&row))?;
+                rows.push(row);
+            }
+            PartialRows::Copy { data, rows, format } => {
+                let before = data.len();
+                backend::each_data_row_value(msg, |i, value| {
+                    if i > 0 {
+                        data.extend_from_slice(b"\t");
+                    }
+                    write_field(format, value, data);
+                })?;
+                data.extend_from_slice(b"\n");
+                *rows += 1;
+                limits.charge(data.len() - before)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The rows as text values, for statements that take them as such.
+    pub fn into_text(self) -> PgResult<TextRows> {
+        match self {
+            PartialRows::Text(rows) => Ok(rows),
+            PartialRows::Copy { .. } => Err(PgError::internal("shard rows kept as COPY lines where text rows were wanted")),
+        }
+    }
+}
+
 /// Where the rows are for the combining statement.
 pub(super) struct Staged {
     /// A relation to read them from; the caller names its columns.
@@ -33,16 +85,26 @@ pub(super) struct Staged {
 }
 
 /// Makes `rows` (of column `types`) readable by the next statement the
-/// coordinator database connection runs. A session in a transaction block
-/// gets the VALUES list: its block may be read-only, where no table can be
-/// made, and its end is the client's to decide.
-pub(super) async fn stage(parts: &mut Participants, types: &[String], rows: &[TextRow]) -> PgResult<Staged> {
-    if rows.len() <= VALUES_ROWS_MAX || parts.in_block() || parts.local().await?.tx_status() != TxStatus::Idle {
-        return Ok(Staged { relation: rows_as_relation(types, rows, parts.limits())?, in_own_transaction: false });
+/// coordinator database connection runs. The rows were kept as COPY lines
+/// only outside a transaction block (a block may be read-only, where no
+/// table can be made, and its end is the client's to decide); a few of them
+/// still become a VALUES list.
+pub(super) async fn stage(parts: &mut Participants, types: &[String], rows: PartialRows) -> PgResult<Staged> {
+    let (data, count) = match rows {
+        PartialRows::Text(rows) => return Ok(Staged { relation: rows_as_relation(types, &rows, parts.limits())?, in_own_transaction: false }),
+        PartialRows::Copy { data, rows, .. } => (data, rows),
+    };
+    if count <= VALUES_ROWS_MAX {
+        let text: TextRows = data[..].split(|b| *b == b'\n').take(count).map(|line| (0..types.len()).map(|i| text_field(line, i).map(|v| v.into_owned())).collect()).collect();
+        return Ok(Staged { relation: rows_as_relation(types, &text, parts.limits())?, in_own_transaction: false });
+    }
+    if parts.in_block() || parts.local().await?.tx_status() != TxStatus::Idle {
+        return Err(PgError::internal("shard rows to copy into a temporary table inside a transaction block"));
     }
     let columns: Vec<String> = types.iter().enumerate().map(|(i, t)| format!("c{i} {t}")).collect();
     let create = format!("BEGIN READ WRITE; CREATE TEMP TABLE {STAGED_TABLE} ({}) ON COMMIT DROP", columns.join(", "));
-    let chunks = copy_chunks(rows, parts.limits())?;
+    let mut data = data.freeze();
+    let chunks = std::iter::from_fn(move || (!data.is_empty()).then(|| data.split_to(CHUNK_BYTES.min(data.len()))));
     parts.begin_local_work(true);
     let local = parts.local().await?;
     let copied = match local.execute(&create).await {
@@ -73,31 +135,4 @@ pub(super) async fn release<T>(parts: &mut Participants, staged: Staged, outcome
     let value = outcome?;
     ended?;
     Ok(value)
-}
-
-/// The rows in COPY's text format, in chunks, counted against the
-/// statement's memory.
-fn copy_chunks(rows: &[TextRow], limits: &StatementLimits) -> PgResult<Vec<Bytes>> {
-    let format = CopyFormat::new(Format::Text);
-    let mut chunks = Vec::new();
-    let mut chunk = BytesMut::with_capacity(CHUNK_BYTES + 1024);
-    for row in rows {
-        for (i, value) in row.iter().enumerate() {
-            if i > 0 {
-                chunk.extend_from_slice(b"\t");
-            }
-            write_field(&format, value.as_deref().map(str::as_bytes), &mut chunk);
-        }
-        chunk.extend_from_slice(b"\n");
-        if chunk.len() >= CHUNK_BYTES {
-            limits.charge(chunk.len())?;
-            limits.check()?;
-            chunks.push(chunk.split().freeze());
-        }
-    }
-    if !chunk.is_empty() {
-        limits.charge(chunk.len())?;
-        chunks.push(chunk.freeze());
-    }
-    Ok(chunks)
 }

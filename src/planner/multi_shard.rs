@@ -160,7 +160,7 @@ fn split(select: &SelectStmt, keys: &ShardKeys, catalog: &Catalog) -> Result<Spl
         return Err("SELECT INTO across shards".into());
     }
     if is_distinct_on(select) {
-        return ship_columns(select, "DISTINCT ON across shards");
+        return ship_columns(select, catalog, "DISTINCT ON across shards");
     }
     let (aggregate, window) = calls_in(select, catalog);
     let window = window || !select.window_clause.is_empty();
@@ -170,7 +170,7 @@ fn split(select: &SelectStmt, keys: &ShardKeys, catalog: &Catalog) -> Result<Spl
     // across shard groups remain.
     let groups_whole = !aggregated || grouped_by_key(select, keys);
     if window && !(groups_whole && windows_by_key(select, keys)) {
-        return ship_columns(select, "window functions across shards");
+        return ship_columns(select, catalog, "window functions across shards");
     }
     if (window || aggregated) && groups_whole {
         return if !select.sort_clause.is_empty()
@@ -186,7 +186,7 @@ fn split(select: &SelectStmt, keys: &ShardKeys, catalog: &Catalog) -> Result<Spl
     if aggregated {
         match split_aggregation(select, catalog) {
             Ok(split) => Ok(Some(split)),
-            Err(refusal) => ship_columns(select, &refusal),
+            Err(refusal) => ship_columns(select, catalog, &refusal),
         }
     } else if !select.sort_clause.is_empty() || select.limit_count.is_some() || select.limit_offset.is_some() || !select.distinct_clause.is_empty() {
         split_rows(select).map(Some)
@@ -198,8 +198,8 @@ fn split(select: &SelectStmt, keys: &ShardKeys, catalog: &Catalog) -> Result<Spl
 /// The split that ships the columns the query reads (shipped_columns.rs),
 /// for a query the partial forms cannot take; refused with `refusal` (why
 /// they cannot) when that split cannot take it either.
-fn ship_columns(select: &SelectStmt, refusal: &str) -> Result<Split, Refusal> {
-    match shipped_columns::split(select) {
+fn ship_columns(select: &SelectStmt, catalog: &Catalog, refusal: &str) -> Result<Split, Refusal> {
+    match shipped_columns::split(select, catalog) {
         Ok((worker, sql)) => Ok(Some((worker, sql, vec![], 0))),
         Err(also) => Err(format!("{refusal} ({also})")),
     }

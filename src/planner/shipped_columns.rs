@@ -11,11 +11,12 @@
 use super::multi_shard::{name_strength, output_alias, partial_column, partials_relation, position, sort_output, target_value, Refusal};
 use super::walk::visit_mut;
 use super::{column_ref_names, deparse, plain_select, res_target};
+use crate::metadata::Catalog;
 use pg_query::protobuf::{self, Node, SelectStmt};
 use pg_query::NodeEnum;
 
 /// The worker statement and the combining statement.
-pub(super) fn split(select: &SelectStmt) -> Result<(NodeEnum, String), Refusal> {
+pub(super) fn split(select: &SelectStmt, catalog: &Catalog) -> Result<(NodeEnum, String), Refusal> {
     if select.op != protobuf::SetOperation::SetopNone as i32 || !select.values_lists.is_empty() {
         return Err("a set operation across shards".into());
     }
@@ -69,7 +70,11 @@ pub(super) fn split(select: &SelectStmt) -> Result<(NodeEnum, String), Refusal> 
         let one = protobuf::AConst { isnull: false, location: -1, val: Some(protobuf::a_const::Val::Ival(protobuf::Integer { ival: 1 })) };
         columns.push(res_target(&partial_column(0), Node { node: Some(NodeEnum::AConst(one)) }));
     }
+    // When every aggregate ignores repeated inputs, each shard sends each
+    // combination of values once.
+    let distinct = if only_repeat_blind_aggregates(select, catalog) { vec![Node { node: None }] } else { vec![] };
     let worker = SelectStmt {
+        distinct_clause: distinct,
         target_list: columns,
         from_clause: select.from_clause.clone(),
         where_clause: select.where_clause.clone(),
@@ -123,6 +128,32 @@ impl Shipped {
             }
         });
     }
+}
+
+/// Whether the query aggregates, has no window, and each of its aggregates
+/// gives the same value when an input row is repeated: DISTINCT ones, and
+/// min, max and the boolean and bitwise AND/OR.
+fn only_repeat_blind_aggregates(select: &SelectStmt, catalog: &Catalog) -> bool {
+    let (mut aggregates, mut blind) = (0, true);
+    let parts = select.target_list.iter().chain(select.having_clause.as_deref()).chain(&select.sort_clause);
+    for part in parts {
+        let Some(mut n) = part.node.clone() else { continue };
+        visit_mut(&mut n, &mut |n| {
+            let NodeEnum::FuncCall(call) = n else { return };
+            let name = match call.funcname.last().and_then(|f| f.node.as_ref()) {
+                Some(NodeEnum::String(s)) => s.sval.as_str(),
+                _ => "",
+            };
+            if call.over.is_some() {
+                blind = false;
+            } else if call.agg_star || catalog.is_aggregate(name) {
+                aggregates += 1;
+                let repeat_blind = matches!(name, "min" | "max" | "bool_and" | "bool_or" | "every" | "bit_and" | "bit_or") && call.funcname.len() == 1;
+                blind &= (call.agg_distinct && !call.agg_within_group) || repeat_blind;
+            }
+        });
+    }
+    blind && aggregates > 0
 }
 
 fn is_star(value: &Node) -> bool {

@@ -235,6 +235,17 @@ pub fn decode_data_row(msg: &Message) -> Result<Vec<Option<Bytes>>, ProtocolErro
     Ok(values)
 }
 
+/// Hands each value of a DataRow (None: NULL), with its column index, to
+/// `f`, without copying it.
+pub fn each_data_row_value(msg: &Message, mut f: impl FnMut(usize, Option<&[u8]>)) -> Result<(), ProtocolError> {
+    let mut r = Reader::new(msg.body(), "DataRow");
+    let n = r.i16()?.max(0) as usize;
+    for i in 0..n {
+        f(i, r.nullable_bytes()?);
+    }
+    Ok(())
+}
+
 /// Decodes a DataRow of text-format values.
 pub fn decode_text_row(msg: &Message) -> Result<Vec<Option<String>>, ProtocolError> {
     Ok(decode_data_row(msg)?.into_iter().map(|v| v.map(|b| String::from_utf8_lossy(&b).into_owned())).collect())
