@@ -139,6 +139,13 @@ async fn each_shape_takes_its_tier() {
     let text = explain(&c, "SELECT g, rank() OVER (ORDER BY v) FROM ea WHERE v > 1").await.join("\n");
     assert!(text.contains("Combine: SELECT tessera_p_000 AS g, rank() OVER (ORDER BY tessera_p_001) AS rank FROM tessera_partials"), "{text}");
     assert!(text.contains("Filter: (v > 1)"), "the shards filter:\n{text}");
+    // Aggregate arguments go whole; aggregates blind to repeats let each shard send each value once.
+    let text = explain(&c, "SELECT count(DISTINCT g % 3), count(DISTINCT v) FROM ea").await.join("\n");
+    assert!(
+        text.contains("Combine: SELECT count(DISTINCT tessera_p_000) AS count, count(DISTINCT tessera_p_001) AS count FROM tessera_partials"),
+        "{text}"
+    );
+    assert!(text.contains("HashAggregate") || text.contains("Unique"), "the shards send distinct values:\n{text}");
     // A broadcast shows the pushdown it turned into, with the shipped rows in the task.
     let text = explain(&c, "SELECT * FROM ea JOIN ec ON ea.g = ec.z").await.join("\n");
     assert!(

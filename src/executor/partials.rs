@@ -95,7 +95,11 @@ pub(super) async fn stage(parts: &mut Participants, types: &[String], rows: Part
         PartialRows::Copy { data, rows, .. } => (data, rows),
     };
     if count <= VALUES_ROWS_MAX {
-        let text: TextRows = data[..].split(|b| *b == b'\n').take(count).map(|line| (0..types.len()).map(|i| text_field(line, i).map(|v| v.into_owned())).collect()).collect();
+        let text: TextRows = data[..]
+            .split(|b| *b == b'\n')
+            .take(count)
+            .map(|line| (0..types.len()).map(|i| text_field(line, i).map(|v| v.into_owned())).collect())
+            .collect();
         return Ok(Staged { relation: rows_as_relation(types, &text, parts.limits())?, in_own_transaction: false });
     }
     if parts.in_block() || parts.local().await?.tx_status() != TxStatus::Idle {

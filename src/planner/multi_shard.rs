@@ -269,7 +269,7 @@ pub(super) fn calls_in(select: &SelectStmt, catalog: &Catalog) -> (bool, bool) {
     (aggregate, window)
 }
 
-fn function_name(call: &protobuf::FuncCall) -> Option<&str> {
+pub(super) fn function_name(call: &protobuf::FuncCall) -> Option<&str> {
     match call.funcname.last()?.node.as_ref()? {
         NodeEnum::String(s) => Some(&s.sval),
         _ => None,
@@ -301,7 +301,7 @@ pub fn aggregate_placeholder(j: usize) -> String {
 }
 
 /// An expression's text, to tell equal expressions apart from different ones.
-fn expression_key(node: &NodeEnum) -> Option<String> {
+pub(super) fn expression_key(node: &NodeEnum) -> Option<String> {
     deparse_expression(node).ok()
 }
 
@@ -745,7 +745,7 @@ impl Aggregation<'_> {
 
 /// The expressions a grouping set groups by, nested sets and the
 /// parenthesised lists of ROLLUP, CUBE and GROUPING SETS opened.
-fn grouping_set_expressions(set: &protobuf::GroupingSet) -> Result<Vec<Node>, Refusal> {
+pub(super) fn grouping_set_expressions(set: &protobuf::GroupingSet) -> Result<Vec<Node>, Refusal> {
     let mut expressions = Vec::new();
     for item in &set.content {
         match item.node.as_ref() {

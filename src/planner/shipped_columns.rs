@@ -8,7 +8,10 @@
 //! general fallback, the shards read in parallel and only the needed columns
 //! of the matching rows move.
 
-use super::multi_shard::{name_strength, output_alias, partial_column, partials_relation, position, sort_output, target_value, Refusal};
+use super::multi_shard::{
+    expression_key, grouping_set_expressions, name_strength, output_alias, partial_column, partials_relation, position, sort_output, target_value,
+    Refusal,
+};
 use super::walk::visit_mut;
 use super::{column_ref_names, deparse, plain_select, res_target};
 use crate::metadata::Catalog;
@@ -23,7 +26,18 @@ pub(super) fn split(select: &SelectStmt, catalog: &Catalog) -> Result<(NodeEnum,
     if select.target_list.iter().any(|t| target_value(t).is_none_or(is_star)) {
         return Err("* beside windows or aggregates across shards".into());
     }
-    let mut shipped = Shipped { columns: vec![], row_names: from_names(&select.from_clause), refusal: None };
+    let mut whole = Vec::new();
+    for group in &select.group_clause {
+        let expressions = match group.node.as_ref() {
+            Some(NodeEnum::GroupingSet(set)) => grouping_set_expressions(set)?,
+            _ => match position(group) {
+                Some(p) => target_value(select.target_list.get(p - 1).ok_or("GROUP BY position out of range")?).into_iter().cloned().collect(),
+                None => vec![group.clone()],
+            },
+        };
+        whole.extend(expressions.iter().filter_map(|e| e.node.as_ref().and_then(expression_key)));
+    }
+    let mut shipped = Shipped { catalog, columns: vec![], whole, row_names: from_names(&select.from_clause), refusal: None };
     let mut combine = select.clone();
     for target in &mut combine.target_list {
         if let Some(NodeEnum::ResTarget(t)) = target.node.as_mut() {
@@ -90,44 +104,98 @@ pub(super) fn split(select: &SelectStmt, catalog: &Catalog) -> Result<(NodeEnum,
 }
 
 /// The columns the combine reads, each sent once.
-struct Shipped {
-    /// Column references and their names, in shipped order.
-    columns: Vec<(Node, Vec<String>)>,
+struct Shipped<'c> {
+    catalog: &'c Catalog,
+    /// The expressions sent (column references, and the whole GROUP BY
+    /// expressions and aggregate arguments), with their text.
+    columns: Vec<(Node, String)>,
+    /// The text of expressions sent whole wherever they appear: the
+    /// GROUP BY expressions, which the combine must group by as they are.
+    whole: Vec<String>,
     /// The FROM items' names: a bare one of these is a whole row.
     row_names: Vec<String>,
     refusal: Option<Refusal>,
 }
 
-impl Shipped {
-    /// Makes every column reference under `node` read its shipped column.
+impl Shipped<'_> {
+    /// Makes every column reference under `node` read its shipped column;
+    /// GROUP BY expressions and aggregates' arguments are read whole, so
+    /// that shards send (and de-duplicate) their values rather than the
+    /// columns under them.
     fn rewrite(&mut self, node: Option<&mut Node>) {
         let Some(n) = node.and_then(|n| n.node.as_mut()) else { return };
         visit_mut(n, &mut |n| {
-            if self.refusal.is_some() {
+            if self.refusal.is_some() || self.is_shipped_column(n) {
+                return;
+            }
+            if let Some(key) = expression_key(n).filter(|k| self.whole.contains(k)) {
+                *n = self.ship(n.clone(), key);
                 return;
             }
             match n {
                 NodeEnum::SubLink(_) => self.refusal = Some("a subquery over the shards' rows".into()),
-                NodeEnum::ColumnRef(c) => match column_ref_names(c).map(|names| names.iter().map(|n| n.to_string()).collect::<Vec<String>>()) {
-                    Some(names) if names.len() == 1 && self.row_names.contains(&names[0]) => {
+                NodeEnum::FuncCall(call) if call.over.is_none() && (call.agg_star || self.catalog.is_aggregate(function_name(call))) => {
+                    let sort_keys = call.agg_order.iter_mut().filter_map(|o| match o.node.as_mut() {
+                        Some(NodeEnum::SortBy(by)) => by.node.as_deref_mut(),
+                        _ => None,
+                    });
+                    for arg in call.args.iter_mut().chain(sort_keys).chain(call.agg_filter.as_deref_mut()) {
+                        let Some(value) = arg.node.as_ref().filter(|v| self.row_level(v)) else { continue };
+                        if let Some(key) = expression_key(value) {
+                            arg.node = Some(self.ship(value.clone(), key));
+                        }
+                    }
+                }
+                NodeEnum::ColumnRef(c) => match column_ref_names(c) {
+                    Some(names) if names.len() == 1 && self.row_names.iter().any(|r| r == names[0]) => {
                         self.refusal = Some("a whole row across shards".into());
                     }
-                    Some(names) => {
-                        let i = match self.columns.iter().position(|(_, n)| *n == names) {
-                            Some(i) => i,
-                            None => {
-                                self.columns.push((Node { node: Some(NodeEnum::ColumnRef(c.clone())) }, names));
-                                self.columns.len() - 1
-                            }
-                        };
-                        *n = super::column_ref(&[&partial_column(i)]).node.expect("a column reference");
-                    }
+                    Some(_) => match expression_key(n) {
+                        Some(key) => *n = self.ship(n.clone(), key),
+                        None => self.refusal = Some("a column that cannot be printed".into()),
+                    },
                     None => self.refusal = Some("a whole row across shards".into()),
                 },
                 _ => {}
             }
         });
     }
+
+    /// The column the combine reads `value` from, sending it if new.
+    fn ship(&mut self, value: NodeEnum, key: String) -> NodeEnum {
+        let i = match self.columns.iter().position(|(_, k)| *k == key) {
+            Some(i) => i,
+            None => {
+                self.columns.push((Node { node: Some(value) }, key));
+                self.columns.len() - 1
+            }
+        };
+        super::column_ref(&[&partial_column(i)]).node.expect("a column reference")
+    }
+
+    /// A column this rewrite already put in place.
+    fn is_shipped_column(&self, n: &NodeEnum) -> bool {
+        let NodeEnum::ColumnRef(c) = n else { return false };
+        matches!(column_ref_names(c).as_deref(), Some([name]) if (0..self.columns.len()).any(|i| partial_column(i) == *name))
+    }
+
+    /// Whether the shards can compute `value` per row and it reads a
+    /// column: no aggregate, window or subquery in it.
+    fn row_level(&self, value: &NodeEnum) -> bool {
+        let (mut reads, mut plain) = (false, true);
+        let mut value = value.clone();
+        visit_mut(&mut value, &mut |n| match n {
+            NodeEnum::ColumnRef(_) => reads = true,
+            NodeEnum::SubLink(_) => plain = false,
+            NodeEnum::FuncCall(c) => plain &= c.over.is_none() && !c.agg_star && !self.catalog.is_aggregate(function_name(c)),
+            _ => {}
+        });
+        reads && plain
+    }
+}
+
+fn function_name(call: &protobuf::FuncCall) -> &str {
+    super::multi_shard::function_name(call).unwrap_or_default()
 }
 
 /// Whether the query aggregates, has no window, and each of its aggregates
@@ -140,15 +208,13 @@ fn only_repeat_blind_aggregates(select: &SelectStmt, catalog: &Catalog) -> bool 
         let Some(mut n) = part.node.clone() else { continue };
         visit_mut(&mut n, &mut |n| {
             let NodeEnum::FuncCall(call) = n else { return };
-            let name = match call.funcname.last().and_then(|f| f.node.as_ref()) {
-                Some(NodeEnum::String(s)) => s.sval.as_str(),
-                _ => "",
-            };
+            let name = function_name(call);
             if call.over.is_some() {
                 blind = false;
             } else if call.agg_star || catalog.is_aggregate(name) {
                 aggregates += 1;
-                let repeat_blind = matches!(name, "min" | "max" | "bool_and" | "bool_or" | "every" | "bit_and" | "bit_or") && call.funcname.len() == 1;
+                let repeat_blind =
+                    matches!(name, "min" | "max" | "bool_and" | "bool_or" | "every" | "bit_and" | "bit_or") && call.funcname.len() == 1;
                 blind &= (call.agg_distinct && !call.agg_within_group) || repeat_blind;
             }
         });
