@@ -170,4 +170,14 @@ async fn each_shape_takes_its_tier() {
     assert!(text.contains("Index Scan") || text.contains("Seq Scan"), "{text}");
     let analyzed = explain_with(&c, "ANALYZE", "SELECT * FROM ea WHERE k = 2").await;
     assert!(analyzed.iter().any(|l| l.contains("actual time")), "{analyzed:?}");
+    // Across shards every task runs; each node's share is reported.
+    c.batch_execute("INSERT INTO ea SELECT g, g % 3, g FROM generate_series(3, 400) g").await.unwrap();
+    let analyzed = explain_with(&c, "ANALYZE", "SELECT g, v FROM ea WHERE v > 100").await.join("\n");
+    assert!(analyzed.contains("Tasks Run: all, in ") && analyzed.contains("300 rows, "), "{analyzed}");
+    let nodes: Vec<&str> = analyzed.lines().filter(|l| l.starts_with("  Node host=")).collect();
+    assert_eq!(nodes.len(), 2, "{analyzed}");
+    let rows: u64 = nodes.iter().map(|l| l.split(", ").nth(1).and_then(|r| r.strip_suffix(" rows")).unwrap().parse::<u64>().unwrap()).sum();
+    assert_eq!(rows, 300, "{analyzed}");
+    assert!(nodes.iter().all(|l| l.contains(" tasks on ") && l.contains(" bytes, done at ")), "{analyzed}");
+    assert!(analyzed.contains("actual time"), "one task's own analyzed plan:\n{analyzed}");
 }

@@ -7,7 +7,7 @@ use crate::connection::client::ClientConn;
 use crate::connection::TextRows;
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, Node};
-use crate::planner::{Command, ExplainPlan, Plan};
+use crate::planner::{Command, ExplainPlan, MultiShardPlan, Plan};
 use crate::process::Coordinator;
 use crate::protocol::backend::{self, FieldDescription};
 use crate::transaction::{Access, Participants};
@@ -147,12 +147,44 @@ async fn explain_pushdown(
             lines.push("Custom Scan (Tessera Multi-Shard)".to_string());
             lines.push(format!("  Combine: {}", multi.combine.describe()));
             lines.push(format!("  Task Count: {n}"));
+            if plan.analyze() && !multi.is_write() {
+                analyzed_tasks(multi, catalog, parts, mode, lines).await?;
+            }
             lines.push(format!("  Tasks Shown: One of {n}"));
             let access = if multi.is_write() { Access::Write } else { Access::Read };
             explain_task(plan, node_of_group(catalog, group)?, access, &multi.template.sql_for_shard(shard.index)?, parts, lines).await
         }
         other => Err(PgError::internal(format!("EXPLAIN planned for {other}"))),
     }
+}
+
+/// EXPLAIN ANALYZE of a multi-shard read: every task runs, and what each
+/// node sent the coordinator is reported (the combine does not run).
+async fn analyzed_tasks(
+    multi: &MultiShardPlan,
+    catalog: &Catalog,
+    parts: &mut Participants,
+    mode: &Mode<'_>,
+    lines: &mut Vec<String>,
+) -> PgResult<()> {
+    let started = std::time::Instant::now();
+    let nodes = super::multi_shard::count_activity(multi, parts, catalog, mode).await?;
+    let (rows, bytes) = nodes.iter().fold((0, 0), |(r, b), (_, a)| (r + a.rows, b + a.bytes));
+    lines
+        .push(format!("  Tasks Run: all, in {:.3} ms; {rows} rows, {bytes} bytes received from the nodes", started.elapsed().as_secs_f64() * 1000.0));
+    for (node, activity) in nodes {
+        lines.push(format!(
+            "  Node host={} port={}: {} tasks on {} connections, {} rows, {} bytes, done at {:.3} ms",
+            node.addr.host,
+            node.addr.port,
+            activity.tasks,
+            activity.connections,
+            activity.rows,
+            activity.bytes,
+            activity.done.as_secs_f64() * 1000.0
+        ));
+    }
+    Ok(())
 }
 
 async fn explain_task(plan: &ExplainPlan, node: &Node, access: Access, sql: &str, parts: &mut Participants, lines: &mut Vec<String>) -> PgResult<()> {

@@ -23,6 +23,7 @@ use crate::transaction::limits::StatementLimits;
 use crate::transaction::{Access, Participants, WorkerConnection};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// What a node's results are for.
 enum Sink<'a> {
@@ -33,6 +34,36 @@ enum Sink<'a> {
     /// Held per node (by its index in the task list), to reach the client in
     /// the order of the rows the statement was given.
     PerNode { description: Option<Message>, rows: Vec<Vec<Message>> },
+    /// Counted per node and dropped (EXPLAIN ANALYZE).
+    Counted { started: Instant, nodes: Vec<NodeActivity> },
+}
+
+/// What a read's tasks did on one node, for EXPLAIN ANALYZE.
+#[derive(Clone, Default)]
+pub(super) struct NodeActivity {
+    pub tasks: usize,
+    pub connections: usize,
+    pub rows: u64,
+    /// DataRow bytes received.
+    pub bytes: u64,
+    /// When the node's last message came, from the start of the read.
+    pub done: Duration,
+}
+
+/// Runs a read's tasks, counting what each node sends and dropping the
+/// rows: EXPLAIN ANALYZE's figures, per node in `tasks_by_node` order.
+pub(super) async fn count_activity(
+    plan: &MultiShardPlan,
+    parts: &mut Participants,
+    catalog: &Catalog,
+    mode: &Mode<'_>,
+) -> PgResult<Vec<(Node, NodeActivity)>> {
+    let by_node = tasks_by_node(&plan.template, &plan.anchor, catalog)?;
+    let nodes = by_node.iter().map(|(_, sqls)| NodeActivity { tasks: sqls.len(), ..Default::default() }).collect();
+    let mut sink = Sink::Counted { started: Instant::now(), nodes };
+    run_on_nodes(parts, &by_node, Access::Read, mode, &mut sink).await?;
+    let Sink::Counted { nodes, .. } = sink else { unreachable!() };
+    Ok(by_node.into_iter().map(|(node, _)| node).zip(nodes).collect())
 }
 
 /// Each node with the SQL of the shard tasks it runs.
@@ -242,6 +273,12 @@ impl Sink<'_> {
             (b'N', Sink::Client { client, .. }) => client.out().extend_from_slice(msg.frame()),
             (b'T', Sink::Partials { fields, .. }) => *fields = backend::decode_row_description(msg)?,
             (b'D', Sink::Partials { rows, .. }) => rows.push(msg, limits)?,
+            (b'D', Sink::Counted { started, nodes }) => {
+                nodes[node].rows += 1;
+                nodes[node].bytes += msg.frame().len() as u64;
+                nodes[node].done = started.elapsed();
+            }
+            (_, Sink::Counted { started, nodes }) => nodes[node].done = started.elapsed(),
             _ => {}
         }
         Ok(())
@@ -270,6 +307,11 @@ async fn run_on_nodes(parts: &mut Participants, by_node: &[NodeTasks], access: A
         }
     }
     let shared: Vec<SharedTasks> = by_node.iter().zip(&extras).map(|((_, sqls), extras)| SharedTasks::new(sqls, 1 + extras.len())).collect();
+    if let Sink::Counted { nodes, .. } = sink {
+        for (activity, extras) in nodes.iter_mut().zip(&extras) {
+            activity.connections = 1 + extras.len();
+        }
+    }
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(usize, Message)>(1024);
     let tasks = parts.workers_for(&groups).into_iter().filter_map(|w| {
         let node = by_node.iter().position(|(n, _)| n.group_id == w.group_id)?;
