@@ -180,4 +180,13 @@ async fn each_shape_takes_its_tier() {
     assert_eq!(rows, 300, "{analyzed}");
     assert!(nodes.iter().all(|l| l.contains(" tasks on ") && l.contains(" bytes, done at ")), "{analyzed}");
     assert!(analyzed.contains("actual time"), "one task's own analyzed plan:\n{analyzed}");
+    // EXPLAIN ANALYZE of a write makes it on every shard, as PostgreSQL
+    // does, in one transaction; one task's plan is shown.
+    let analyzed = explain_with(&c, "ANALYZE", "UPDATE ea SET v = -v WHERE v > 100").await.join("\n");
+    assert!(analyzed.contains("Update on ea_") && analyzed.contains("Tasks Shown: One of 4"), "{analyzed}");
+    let negated = c.query_one("SELECT count(*) FROM ea WHERE v < -100", &[]).await.unwrap();
+    assert_eq!(negated.get::<_, i64>(0), 300);
+    c.batch_execute("BEGIN; EXPLAIN ANALYZE DELETE FROM ea WHERE v < -100; ROLLBACK").await.unwrap();
+    let kept = c.query_one("SELECT count(*) FROM ea WHERE v < -100", &[]).await.unwrap();
+    assert_eq!(kept.get::<_, i64>(0), 300, "rolled back with its block");
 }

@@ -1,12 +1,13 @@
 //! EXPLAIN of distributed statements: a Citus-style header for the tier, then
 //! one task's plan as the node that runs it explains it.
 
+use super::multi_shard::{add_task, count_activity, tasks_by_node};
 use super::router::{evaluate_defaults, node_of_group, plan_tasks};
 use super::Mode;
 use crate::connection::client::ClientConn;
 use crate::connection::TextRows;
 use crate::error::{PgError, PgResult};
-use crate::metadata::{Catalog, Node};
+use crate::metadata::{Catalog, Node, Shard};
 use crate::planner::{Command, ExplainPlan, MultiShardPlan, Plan};
 use crate::process::Coordinator;
 use crate::protocol::backend::{self, FieldDescription};
@@ -142,13 +143,20 @@ async fn explain_pushdown(
         }
         Plan::MultiShard(multi) => {
             let shard = multi.anchor.shards.first().ok_or_else(|| PgError::internal("table without shards"))?;
-            let group = *shard.placements.first().ok_or_else(|| PgError::internal(format!("shard {} has no placement", shard.id)))?;
+            let group = first_group(shard)?;
             let n = multi.anchor.shard_count();
             lines.push("Custom Scan (Tessera Multi-Shard)".to_string());
             lines.push(format!("  Combine: {}", multi.combine.describe()));
             lines.push(format!("  Task Count: {n}"));
-            if plan.analyze() && !multi.is_write() {
-                analyzed_tasks(multi, catalog, parts, mode, lines).await?;
+            if plan.analyze() && multi.is_write() {
+                // The write is made on every shard, as PostgreSQL makes it,
+                // in one distributed transaction.
+                let implicit = parts.begin_implicit();
+                let result = analyzed_write(plan, multi, catalog, parts, mode, lines).await;
+                return parts.end_implicit(implicit, result).await;
+            }
+            if plan.analyze() {
+                analyzed_read(multi, catalog, parts, mode, lines).await?;
             }
             lines.push(format!("  Tasks Shown: One of {n}"));
             let access = if multi.is_write() { Access::Write } else { Access::Read };
@@ -158,9 +166,37 @@ async fn explain_pushdown(
     }
 }
 
+/// EXPLAIN ANALYZE of a multi-shard write: the first task's analyzed plan
+/// is shown, the other tasks run under EXPLAIN ANALYZE too.
+async fn analyzed_write(
+    plan: &ExplainPlan,
+    multi: &MultiShardPlan,
+    catalog: &Catalog,
+    parts: &mut Participants,
+    mode: &Mode<'_>,
+    lines: &mut Vec<String>,
+) -> PgResult<()> {
+    let mut shards = multi.anchor.shards.iter();
+    let first = shards.next().ok_or_else(|| PgError::internal("table without shards"))?;
+    lines.push(format!("  Tasks Shown: One of {}", multi.anchor.shard_count()));
+    explain_task(plan, node_of_group(catalog, first_group(first)?)?, Access::Write, &multi.template.sql_for_shard(first.index)?, parts, lines)
+        .await?;
+    let mut others = Vec::new();
+    for shard in shards {
+        let sql = plan.explain_sql(&multi.template.sql_for_shard(shard.index)?)?;
+        add_task(&mut others, node_of_group(catalog, first_group(shard)?)?, sql.into());
+    }
+    count_activity(parts, others, Access::Write, mode).await?;
+    Ok(())
+}
+
+fn first_group(shard: &Shard) -> PgResult<i32> {
+    shard.placements.first().copied().ok_or_else(|| PgError::internal(format!("shard {} has no placement", shard.id)))
+}
+
 /// EXPLAIN ANALYZE of a multi-shard read: every task runs, and what each
 /// node sent the coordinator is reported (the combine does not run).
-async fn analyzed_tasks(
+async fn analyzed_read(
     multi: &MultiShardPlan,
     catalog: &Catalog,
     parts: &mut Participants,
@@ -168,7 +204,8 @@ async fn analyzed_tasks(
     lines: &mut Vec<String>,
 ) -> PgResult<()> {
     let started = std::time::Instant::now();
-    let nodes = super::multi_shard::count_activity(multi, parts, catalog, mode).await?;
+    let by_node = tasks_by_node(&multi.template, &multi.anchor, catalog)?;
+    let nodes = count_activity(parts, by_node, Access::Read, mode).await?;
     let (rows, bytes) = nodes.iter().fold((0, 0), |(r, b), (_, a)| (r + a.rows, b + a.bytes));
     lines
         .push(format!("  Tasks Run: all, in {:.3} ms; {rows} rows, {bytes} bytes received from the nodes", started.elapsed().as_secs_f64() * 1000.0));

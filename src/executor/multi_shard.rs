@@ -50,18 +50,17 @@ pub(super) struct NodeActivity {
     pub done: Duration,
 }
 
-/// Runs a read's tasks, counting what each node sends and dropping the
-/// rows: EXPLAIN ANALYZE's figures, per node in `tasks_by_node` order.
+/// Runs the tasks, counting what each node sends and dropping the rows:
+/// EXPLAIN ANALYZE's figures, per node in `by_node` order.
 pub(super) async fn count_activity(
-    plan: &MultiShardPlan,
     parts: &mut Participants,
-    catalog: &Catalog,
+    by_node: TasksByNode,
+    access: Access,
     mode: &Mode<'_>,
 ) -> PgResult<Vec<(Node, NodeActivity)>> {
-    let by_node = tasks_by_node(&plan.template, &plan.anchor, catalog)?;
     let nodes = by_node.iter().map(|(_, sqls)| NodeActivity { tasks: sqls.len(), ..Default::default() }).collect();
     let mut sink = Sink::Counted { started: Instant::now(), nodes };
-    run_on_nodes(parts, &by_node, Access::Read, mode, &mut sink).await?;
+    run_on_nodes(parts, &by_node, access, mode, &mut sink).await?;
     let Sink::Counted { nodes, .. } = sink else { unreachable!() };
     Ok(by_node.into_iter().map(|(node, _)| node).zip(nodes).collect())
 }
