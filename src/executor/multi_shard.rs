@@ -698,6 +698,10 @@ pub(super) fn rows_as_relation(types: &[String], rows: &[TextRow], limits: &Stat
         let nulls: Vec<String> = types.iter().map(|t| format!("NULL::{t}")).collect();
         return Ok(format!("(SELECT {} WHERE false)", nulls.join(", ")));
     }
+    if types.is_empty() {
+        // VALUES cannot make rows without columns (`SELECT FROM t`).
+        return Ok(format!("(SELECT FROM generate_series(1, {}))", rows.len()));
+    }
     Ok(format!("(VALUES {})", values_list(types, rows.iter(), limits)?))
 }
 
@@ -804,7 +808,10 @@ impl CombineSql {
         let Some(at) = self.sql.find(&from) else { return Err(PgError::internal("a combining statement without its partial results")) };
         let mut filled = String::with_capacity(self.sql.len() + relation.len() + 64);
         filled.push_str(&self.sql[..at]);
-        filled.push_str(&format!("FROM {relation} AS {PARTIALS_RELATION}({})", self.columns.join(", ")));
+        filled.push_str(&format!("FROM {relation} AS {PARTIALS_RELATION}"));
+        if !self.columns.is_empty() {
+            filled.push_str(&format!("({})", self.columns.join(", ")));
+        }
         filled.push_str(&self.sql[at + from.len()..]);
         limits.charge(filled.capacity())?;
         Ok(filled)
