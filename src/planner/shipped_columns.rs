@@ -147,9 +147,7 @@ impl Shipped<'_> {
                     }
                 }
                 NodeEnum::ColumnRef(c) => match column_ref_names(c) {
-                    Some(names) if names.len() == 1 && self.row_names.iter().any(|r| r == names[0]) => {
-                        self.refusal = Some("a whole row across shards".into());
-                    }
+                    Some(_) if self.is_row_name(c) => self.refusal = Some("a whole row across shards".into()),
                     Some(_) => match expression_key(n) {
                         Some(key) => *n = self.ship(n.clone(), key),
                         None => self.refusal = Some("a column that cannot be printed".into()),
@@ -173,6 +171,11 @@ impl Shipped<'_> {
         super::column_ref(&[&partial_column(i)]).node.expect("a column reference")
     }
 
+    /// A bare name that names a FROM item: its whole row.
+    fn is_row_name(&self, c: &protobuf::ColumnRef) -> bool {
+        matches!(column_ref_names(c).as_deref(), Some([name]) if self.row_names.iter().any(|r| r == name))
+    }
+
     /// A column this rewrite already put in place.
     fn is_shipped_column(&self, n: &NodeEnum) -> bool {
         let NodeEnum::ColumnRef(c) = n else { return false };
@@ -185,7 +188,11 @@ impl Shipped<'_> {
         let (mut reads, mut plain) = (false, true);
         let mut value = value.clone();
         visit_mut(&mut value, &mut |n| match n {
-            NodeEnum::ColumnRef(_) => reads = true,
+            NodeEnum::ColumnRef(c) => {
+                reads = true;
+                // A whole row is refused where the column references are.
+                plain &= column_ref_names(c).is_some() && !self.is_row_name(c);
+            }
             NodeEnum::SubLink(_) => plain = false,
             NodeEnum::FuncCall(c) => plain &= c.over.is_none() && !c.agg_star && !self.catalog.is_aggregate(function_name(c)),
             _ => {}
