@@ -282,7 +282,7 @@ fn every_plan_variant_is_planned() {
         ("SELECT ea_credit(5, 10)", "Delegated"),
         ("SELECT * FROM ea a, eb b WHERE a.k = $1 AND b.k = $2", "KeysMeet"),
         ("SELECT count(*) FROM ea", "MultiShard"),
-        ("SELECT k, rank() OVER (ORDER BY v) FROM ea", "Fallback"),
+        ("SELECT *, rank() OVER (ORDER BY v) FROM ea", "Fallback"),
         ("EXPLAIN SELECT count(*) FROM ea", "Explain"),
         ("INSERT INTO ea (k) SELECT id FROM elocal", "InsertSelect"),
         ("MERGE INTO ea USING (VALUES (1, 2)) s(k, v) ON ea.k = s.k WHEN NOT MATCHED THEN INSERT VALUES (s.k, 0, s.v)", "MergeThroughCoordinator"),
