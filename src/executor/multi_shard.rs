@@ -767,20 +767,31 @@ pub(super) fn combine_sql(query: &CombineQuery, fields: &[backend::FieldDescript
             AggregateKind::Sum => format!("sum({})::{}", col(0), types[aggregate.columns[0]]),
             AggregateKind::Reapplied(name) => format!("{name}({})", col(0)),
             AggregateKind::Variance { sample, root } => {
-                // PostgreSQL's own formula for integer and numeric input,
-                // (N·Σx² − (Σx)²) / (N·(N−1)), whose SQL division rounds as its
-                // internal one does; the root at the variance's scale. Float
-                // input is combined in float8 steps that cannot be repeated.
-                if matches!(types[aggregate.columns[0]].as_str(), "float4" | "real" | "float8" | "double precision") {
-                    return Ok(None);
-                }
+                // From exact numeric sums, (N·Σx² − (Σx)²) / (N·(N−1)). For
+                // integer and numeric input in numeric, whose SQL division rounds
+                // as PostgreSQL's internal one does, the root at the variance's
+                // scale. For float8 input the exact numerator and denominator
+                // are divided in float8, where PostgreSQL's own float8 steps
+                // differ in the last digits only; float4 input was widened to
+                // float8 bit for bit there, which a numeric cast does not repeat.
+                let float = match types[aggregate.columns[0]].as_str() {
+                    "float4" | "real" => return Ok(None),
+                    "float8" | "double precision" => true,
+                    _ => false,
+                };
                 let (n, s, q) = (format!("sum({})", col(1)), format!("sum({})", col(2)), format!("sum({})", col(3)));
                 let denominator = if sample { format!("{n} * ({n} - 1)") } else { format!("{n} * {n}") };
                 let numerator = format!("({n} * {q} - {s} * {s})");
-                let variance = format!("{numerator} / ({denominator})::numeric");
-                let value = if root { format!("round(sqrt({variance}), scale({variance}))") } else { variance };
                 let fewest = if sample { 1 } else { 0 };
-                format!("CASE WHEN coalesce({n}, 0) <= {fewest} THEN NULL::numeric WHEN {numerator} <= 0 THEN 0::numeric ELSE {value} END")
+                if float {
+                    let variance = format!("({numerator})::float8 / ({denominator})::float8");
+                    let value = if root { format!("sqrt({variance})") } else { variance };
+                    format!("CASE WHEN coalesce({n}, 0) <= {fewest} THEN NULL::float8 ELSE {value} END")
+                } else {
+                    let variance = format!("{numerator} / ({denominator})::numeric");
+                    let value = if root { format!("round(sqrt({variance}), scale({variance}))") } else { variance };
+                    format!("CASE WHEN coalesce({n}, 0) <= {fewest} THEN NULL::numeric WHEN {numerator} <= 0 THEN 0::numeric ELSE {value} END")
+                }
             }
             AggregateKind::Avg => match types[aggregate.columns[0]].as_str() {
                 // PostgreSQL averages float4 in float8; partial float4 sums lost that precision.
