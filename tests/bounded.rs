@@ -3,9 +3,10 @@
 //! uncorrelated scalar subquery is computed once and routes the statement;
 //! statement_timeout and a cancel request stop every part of a statement
 //! at once and leave the session usable; another client's `SELECT 1`
-//! stays fast while heavy statements run; a statement over its memory
-//! limit fails with 53200 and the process lives on with its memory given
-//! back.
+//! stays fast while heavy statements run; a combine larger than its
+//! memory limit spills to disk, and rows a statement must hold past its
+//! limit fail it with 53200 while the process lives on with its memory
+//! given back.
 //!
 //! One cluster serves every check, one check after another: the timings
 //! must not overlap. Bounds leave several times the expected time (the
@@ -188,19 +189,27 @@ fn resident_kb(pid: i32) -> u64 {
     status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap()
 }
 
-/// A statement that would hold about 100 MB of partial results in the
-/// coordinator fails with 53200 naming itself once it holds more than its
-/// limit; the process neither grows nor goes away, and the session goes on.
-/// An invalid setting is refused with 22023.
+/// A combine of a million distinct values (about 16 MB of shard rows) runs
+/// under an 8 MB limit: what does not fit goes to a temporary file, and the
+/// answer is whole. Inside a transaction block, where the rows are held in
+/// memory, the same rows fail with 53200 naming the statement once they
+/// pass the limit; the process neither grows nor goes away, and the session
+/// goes on. An invalid setting is refused with 22023.
 async fn memory_per_statement_is_bounded(cluster: &TestCluster) {
     let pid = cluster.cluster.coordinator_pid().unwrap();
     let c = cluster.connect().await;
     let before = resident_kb(pid);
     c.batch_execute("SET tessera.max_statement_memory = '8MB'").await.unwrap();
+    let spilled = "SELECT count(DISTINCT a.v || '/' || g) FROM a, generate_series(1, 100) g";
+    assert_eq!(text_rows(&c, spilled).await, vec![vec![Some((ROWS * 100).to_string())]]);
+    let grown = resident_kb(pid).saturating_sub(before);
+    assert!(grown < 64 * 1024, "the coordinator grew by {grown} kB");
+    c.batch_execute("BEGIN").await.unwrap();
     let sql = "SELECT DISTINCT a.v || g FROM a, generate_series(1, 100) g";
     let e = fails_within(&c, sql, "53200", Duration::from_secs(10)).await;
     let message = e.as_db_error().unwrap().message();
     assert!(message.contains("more than 8 MB") && message.contains(sql), "{message}");
+    c.batch_execute("ROLLBACK").await.unwrap();
     let grown = resident_kb(pid).saturating_sub(before);
     assert!(grown < 64 * 1024, "the coordinator grew by {grown} kB");
     assert_eq!(cluster.cluster.coordinator_pid(), Some(pid));

@@ -4,7 +4,9 @@
 //! about seven times slower than it copies the same rows, and the literal
 //! text costs the coordinator memory besides. The table lives in a
 //! transaction of its own on the coordinator database connection, so it is
-//! gone when the statement ends, whatever happens.
+//! gone when the statement ends, whatever happens. COPY lines beyond a
+//! few megabytes wait in an unnamed temporary file rather than in memory,
+//! so a combine of any size stays within the statement's memory limit.
 
 use super::multi_shard::rows_as_relation;
 use crate::connection::{quote_ident, text_row_size, TextRows};
@@ -14,7 +16,10 @@ use crate::protocol::backend::{self, TxStatus};
 use crate::protocol::Message;
 use crate::transaction::limits::StatementLimits;
 use crate::transaction::Participants;
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
+use std::fs::File;
+use std::io::{Read, Seek, Write};
+use std::sync::Mutex;
 
 /// Above this many rows the rows are copied into a temporary table.
 const VALUES_ROWS_MAX: usize = 2_000;
@@ -25,19 +30,23 @@ const STAGED_TABLE: &str = "tessera_staged_rows";
 /// COPY data chunks of about this size.
 const CHUNK_BYTES: usize = 256 * 1024;
 
+/// COPY lines held in memory at most (half the statement's memory limit when
+/// that is less); more go to the spill file.
+const SPILL_BYTES: usize = 16 << 20;
+
 /// The shards' rows as they arrive: text values, for statements that read
 /// them as such and for combines inside transaction blocks; else lines of
 /// COPY's text format, which take no allocation per value and a fraction
 /// of the memory.
 pub(super) enum PartialRows {
     Text(TextRows),
-    Copy { data: BytesMut, rows: usize, format: CopyFormat },
+    Copy { data: BytesMut, rows: usize, format: CopyFormat, spilled: Option<File> },
 }
 
 impl PartialRows {
     pub fn new(as_copy_lines: bool) -> Self {
         if as_copy_lines {
-            PartialRows::Copy { data: BytesMut::new(), rows: 0, format: CopyFormat::new(Format::Text) }
+            PartialRows::Copy { data: BytesMut::new(), rows: 0, format: CopyFormat::new(Format::Text), spilled: None }
         } else {
             PartialRows::Text(Vec::new())
         }
@@ -51,7 +60,7 @@ impl PartialRows {
                 limits.charge(text_row_size(&row))?;
                 rows.push(row);
             }
-            PartialRows::Copy { data, rows, format } => {
+            PartialRows::Copy { data, rows, format, spilled } => {
                 let before = data.len();
                 backend::each_data_row_value(msg, |i, value| {
                     if i > 0 {
@@ -62,6 +71,11 @@ impl PartialRows {
                 data.extend_from_slice(b"\n");
                 *rows += 1;
                 limits.charge(data.len() - before)?;
+                if data.len() >= SPILL_BYTES.min(limits.memory_limit() / 2) {
+                    spill(data, spilled)?;
+                    limits.release(data.len());
+                    data.clear();
+                }
             }
         }
         Ok(())
@@ -74,6 +88,19 @@ impl PartialRows {
             PartialRows::Copy { .. } => Err(PgError::internal("shard rows kept as COPY lines where text rows were wanted")),
         }
     }
+}
+
+/// Appends `data` to the statement's spill file, made on first use.
+fn spill(data: &BytesMut, spilled: &mut Option<File>) -> PgResult<()> {
+    let failed = |e: std::io::Error| {
+        PgError::internal(format!("cannot write a combine's shard rows to a temporary file in {}: {e}", std::env::temp_dir().display()))
+    };
+    super::off_the_runtime(|| {
+        if spilled.is_none() {
+            *spilled = Some(tempfile::tempfile().map_err(failed)?);
+        }
+        spilled.as_mut().expect("made above").write_all(data).map_err(failed)
+    })
 }
 
 /// Where the rows are for the combining statement.
@@ -90,11 +117,11 @@ pub(super) struct Staged {
 /// table can be made, and its end is the client's to decide); a few of them
 /// still become a VALUES list.
 pub(super) async fn stage(parts: &mut Participants, types: &[String], rows: PartialRows) -> PgResult<Staged> {
-    let (data, count) = match rows {
+    let (data, count, spilled) = match rows {
         PartialRows::Text(rows) => return Ok(Staged { relation: rows_as_relation(types, &rows, parts.limits())?, in_own_transaction: false }),
-        PartialRows::Copy { data, rows, .. } => (data, rows),
+        PartialRows::Copy { data, rows, spilled, .. } => (data, rows, spilled),
     };
-    if count <= VALUES_ROWS_MAX {
+    if count <= VALUES_ROWS_MAX && spilled.is_none() {
         let text: TextRows = data[..]
             .split(|b| *b == b'\n')
             .take(count)
@@ -107,13 +134,41 @@ pub(super) async fn stage(parts: &mut Participants, types: &[String], rows: Part
     }
     let columns: Vec<String> = types.iter().enumerate().map(|(i, t)| format!("c{i} {t}")).collect();
     let create = format!("BEGIN READ WRITE; CREATE TEMP TABLE {STAGED_TABLE} ({}) ON COMMIT DROP", columns.join(", "));
+    let read_failure = Mutex::new(None);
+    let mut file = spilled.map(|mut f| f.rewind().map(|_| f));
+    let from_file = std::iter::from_fn(|| {
+        let f = match file.as_mut()? {
+            Ok(f) => f,
+            Err(_) => {
+                *read_failure.lock().unwrap() = file.take().and_then(|r| r.err());
+                return None;
+            }
+        };
+        let mut chunk = vec![0; CHUNK_BYTES];
+        match super::off_the_runtime(|| f.read(&mut chunk)) {
+            Ok(0) => None,
+            Ok(n) => {
+                chunk.truncate(n);
+                Some(Bytes::from(chunk))
+            }
+            Err(e) => {
+                *read_failure.lock().unwrap() = Some(e);
+                None
+            }
+        }
+    });
     let mut data = data.freeze();
-    let chunks = std::iter::from_fn(move || (!data.is_empty()).then(|| data.split_to(CHUNK_BYTES.min(data.len()))));
+    let from_memory = std::iter::from_fn(move || (!data.is_empty()).then(|| data.split_to(CHUNK_BYTES.min(data.len()))));
     parts.begin_local_work(true);
     let local = parts.local().await?;
     let copied = match local.execute(&create).await {
-        Ok(_) => local.copy_in(&format!("COPY pg_temp.{} FROM STDIN", quote_ident(STAGED_TABLE)), chunks).await.map(|_| ()),
+        Ok(_) => local.copy_in(&format!("COPY pg_temp.{} FROM STDIN", quote_ident(STAGED_TABLE)), from_file.chain(from_memory)).await.map(|_| ()),
         Err(e) => Err(e),
+    };
+    // A spill file that could not be read back must not leave a part of the rows looking like all of them.
+    let copied = match read_failure.into_inner().unwrap() {
+        Some(e) => Err(PgError::internal(format!("cannot read a combine's shard rows back from their temporary file: {e}"))),
+        None => copied,
     };
     let staged = Staged { relation: format!("pg_temp.{STAGED_TABLE}"), in_own_transaction: true };
     match copied {

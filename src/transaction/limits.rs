@@ -162,6 +162,11 @@ impl StatementLimits {
         }
     }
 
+    /// The most bytes the watched statement may hold (`usize::MAX`: no limit of its own).
+    pub fn memory_limit(&self) -> usize {
+        self.0.memory_limit.load(Ordering::Relaxed)
+    }
+
     /// Whether a watched statement runs.
     pub fn is_armed(&self) -> bool {
         self.0.running.load(Ordering::Acquire)
