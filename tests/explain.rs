@@ -189,4 +189,40 @@ async fn each_shape_takes_its_tier() {
     c.batch_execute("BEGIN; EXPLAIN ANALYZE DELETE FROM ea WHERE v < -100; ROLLBACK").await.unwrap();
     let kept = c.query_one("SELECT count(*) FROM ea WHERE v < -100", &[]).await.unwrap();
     assert_eq!(kept.get::<_, i64>(0), 300, "rolled back with its block");
+
+    repartition_joins(&cluster, &c).await;
+}
+
+/// A join on a column that is not the moved table's distribution column,
+/// with too many rows to broadcast, moves that table's rows to the other's
+/// shards (EXPLAIN says which, EXPLAIN ANALYZE how many) and leaves no
+/// temporary table behind, also when the join fails.
+async fn repartition_joins(cluster: &TestCluster, c: &tokio_postgres::Client) {
+    c.batch_execute(
+        "CREATE TABLE rj_a (k int PRIMARY KEY, v int);
+         CREATE TABLE rj_b (id int PRIMARY KEY, a_k int);
+         INSERT INTO rj_a SELECT g, g % 7 FROM generate_series(1, 30000) g;
+         INSERT INTO rj_b SELECT g, 1 + (g * 3) % 40000 FROM generate_series(1, 20000) g;
+         SELECT create_distributed_table('rj_a', 'k', shard_count => 4);
+         SELECT create_distributed_table('rj_b', 'id', colocate_with => 'none');",
+    )
+    .await
+    .unwrap();
+    let join = "SELECT a.v, count(*) FROM rj_a a JOIN rj_b b ON b.a_k = a.k GROUP BY a.v";
+    let text = explain(c, join).await.join("\n");
+    assert!(text.starts_with("Custom Scan (Tessera Repartition Join)") && text.contains("Moved: rj_b by a_k, onto the shards of rj_a"), "{text}");
+    assert!(text.contains("Task Count: 4") && text.contains("tessera_repartitioned_"), "{text}");
+    let analyzed = explain_with(c, "ANALYZE", join).await.join("\n");
+    assert!(analyzed.contains("Rows Moved: 20000 (") && analyzed.contains("Tasks Run: all"), "{analyzed}");
+    let expected = c.query_one("SELECT count(*) FROM rj_b WHERE a_k <= 30000", &[]).await.unwrap().get::<_, i64>(0);
+    let rows = c.query(join, &[]).await.unwrap();
+    assert_eq!(rows.iter().map(|r| r.get::<_, i64>(1)).sum::<i64>(), expected);
+    let e = c.query("SELECT count(1 / (b.id - b.id)) FROM rj_a a JOIN rj_b b ON b.a_k = a.k", &[]).await.unwrap_err();
+    assert_eq!(common::sqlstate(&e), "22012", "{e}");
+    for i in 0..2 {
+        let w = cluster.connect_worker(i).await;
+        let left = w.query_one("SELECT count(*) FROM pg_class WHERE relname LIKE 'tessera_repartitioned%'", &[]).await.unwrap();
+        assert_eq!(left.get::<_, i64>(0), 0, "temporary tables left on worker {i}");
+    }
+    assert_eq!(c.query(join, &[]).await.unwrap().len(), 7);
 }

@@ -2,6 +2,7 @@
 //! one task's plan as the node that runs it explains it.
 
 use super::multi_shard::{add_task, count_activity, tasks_by_node};
+use super::repartition::Repartition;
 use super::router::{evaluate_defaults, node_of_group, plan_tasks};
 use super::Mode;
 use crate::connection::client::ClientConn;
@@ -12,6 +13,7 @@ use crate::planner::{Command, ExplainPlan, MultiShardPlan, Plan};
 use crate::process::Coordinator;
 use crate::protocol::backend::{self, FieldDescription};
 use crate::transaction::{Access, Participants};
+use std::time::Instant;
 
 pub async fn run(
     plan: &ExplainPlan,
@@ -80,6 +82,9 @@ async fn plan_lines(
                     push_plan(pushed, "  ", lines);
                 }
                 None => {
+                    if let Some(repartition) = super::repartition::plan(fallback, catalog, parts).await? {
+                        return explain_repartition(plan, &repartition, catalog, parts, mode, lines).await;
+                    }
                     let sql = super::block_reads::ready(&fallback.read, coordinator, catalog, parts).await?;
                     lines.push("Custom Scan (Tessera General Fallback)".to_string());
                     lines.push(format!("  Reason: {}", fallback.reason));
@@ -111,6 +116,39 @@ async fn plan_lines(
         }
         inner => explain_pushdown(plan, inner, catalog, parts, mode, lines).await,
     }
+}
+
+/// The lines of a repartition join: what moves, then the co-located join.
+/// The temporary tables are made for the explained task; without ANALYZE
+/// they stay empty, and no row moves.
+async fn explain_repartition(
+    plan: &ExplainPlan,
+    repartition: &Repartition,
+    catalog: &Catalog,
+    parts: &mut Participants,
+    mode: &Mode<'_>,
+    lines: &mut Vec<String>,
+) -> PgResult<()> {
+    lines.push("Custom Scan (Tessera Repartition Join)".to_string());
+    lines.push(format!("  Moved: {}, through the coordinator into a temporary table on each node", repartition.describe()));
+    let mut made = Vec::new();
+    let mut pushed = Vec::new();
+    let outcome = async {
+        let started = Instant::now();
+        let moved = repartition.make_intermediate(catalog, parts, plan.analyze(), &mut made).await?;
+        if plan.analyze() {
+            lines.push(format!("  Rows Moved: {} ({} bytes) in {:.3} ms", moved.rows, moved.bytes, started.elapsed().as_secs_f64() * 1000.0));
+        }
+        parts.use_session_connections_only(true);
+        let explained = explain_pushdown(plan, &repartition.pushdown, &repartition.catalog, parts, mode, &mut pushed).await;
+        parts.use_session_connections_only(false);
+        explained
+    }
+    .await;
+    repartition.drop_intermediate(parts, &made).await;
+    outcome?;
+    push_plan(pushed, "  ", lines);
+    Ok(())
 }
 
 /// The lines of a router or multi-shard plan: header, tasks, one task's plan.

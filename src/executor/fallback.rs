@@ -79,6 +79,10 @@ pub async fn run(
             _ => unreachable!("broadcast_plan returns only pushdown plans"),
         };
     }
+    if let Some(repartition) = super::repartition::plan(plan, catalog, parts).await? {
+        tracing::debug!("fallback by repartition: {}", plan.reason);
+        return super::repartition::run(repartition, coordinator, catalog, parts, mode, client).await;
+    }
     if let (true, NodeEnum::DeclareCursorStmt(declare)) = (parts.wrote_on_workers(), &plan.statement) {
         if declare_over_results(declare, plan.version, catalog, parts, mode, client).await? {
             return Ok(());

@@ -15,6 +15,7 @@ pub mod materialized_views;
 pub mod merge;
 pub mod multi_shard;
 mod partials;
+mod repartition;
 pub mod router;
 pub mod stream;
 

@@ -9,7 +9,7 @@
 //! so a combine of any size stays within the statement's memory limit.
 
 use super::multi_shard::rows_as_relation;
-use crate::connection::{quote_ident, text_row_size, TextRows};
+use crate::connection::{quote_ident, text_row_size, PgConnection, TextRows};
 use crate::copy::{text_field, write_field, CopyFormat, Format};
 use crate::error::{PgError, PgResult};
 use crate::protocol::backend::{self, TxStatus};
@@ -134,6 +134,22 @@ pub(super) async fn stage(parts: &mut Participants, types: &[String], rows: Part
     }
     let columns: Vec<String> = types.iter().enumerate().map(|(i, t)| format!("c{i} {t}")).collect();
     let create = format!("BEGIN READ WRITE; CREATE TEMP TABLE {STAGED_TABLE} ({}) ON COMMIT DROP", columns.join(", "));
+    parts.begin_local_work(true);
+    let local = parts.local().await?;
+    let copied = match local.execute(&create).await {
+        Ok(_) => copy_into(local, &format!("COPY pg_temp.{} FROM STDIN", quote_ident(STAGED_TABLE)), data, spilled).await.map(|_| ()),
+        Err(e) => Err(e),
+    };
+    let staged = Staged { relation: format!("pg_temp.{STAGED_TABLE}"), in_own_transaction: true };
+    match copied {
+        Ok(()) => Ok(staged),
+        Err(e) => release(parts, staged, Err(e)).await,
+    }
+}
+
+/// Runs `copy` (a COPY … FROM STDIN in text format) on `conn` with COPY
+/// lines: those of `spilled` first, then `data`. Returns the rows copied.
+async fn copy_into(conn: &mut PgConnection, copy: &str, data: BytesMut, spilled: Option<File>) -> PgResult<u64> {
     let read_failure = Mutex::new(None);
     let mut file = spilled.map(|mut f| f.rewind().map(|_| f));
     let from_file = std::iter::from_fn(|| {
@@ -159,21 +175,19 @@ pub(super) async fn stage(parts: &mut Participants, types: &[String], rows: Part
     });
     let mut data = data.freeze();
     let from_memory = std::iter::from_fn(move || (!data.is_empty()).then(|| data.split_to(CHUNK_BYTES.min(data.len()))));
-    parts.begin_local_work(true);
-    let local = parts.local().await?;
-    let copied = match local.execute(&create).await {
-        Ok(_) => local.copy_in(&format!("COPY pg_temp.{} FROM STDIN", quote_ident(STAGED_TABLE)), from_file.chain(from_memory)).await.map(|_| ()),
-        Err(e) => Err(e),
-    };
+    let copied = conn.copy_in(copy, from_file.chain(from_memory)).await;
     // A spill file that could not be read back must not leave a part of the rows looking like all of them.
-    let copied = match read_failure.into_inner().unwrap() {
-        Some(e) => Err(PgError::internal(format!("cannot read a combine's shard rows back from their temporary file: {e}"))),
+    match read_failure.into_inner().unwrap() {
+        Some(e) => Err(PgError::internal(format!("cannot read shard rows back from their temporary file: {e}"))),
         None => copied,
-    };
-    let staged = Staged { relation: format!("pg_temp.{STAGED_TABLE}"), in_own_transaction: true };
-    match copied {
-        Ok(()) => Ok(staged),
-        Err(e) => release(parts, staged, Err(e)).await,
+    }
+}
+
+/// Copies rows kept as COPY lines into `table` (a qualified name) on `conn`.
+pub(super) async fn copy_rows_into(conn: &mut PgConnection, table: &str, rows: PartialRows) -> PgResult<u64> {
+    match rows {
+        PartialRows::Copy { data, spilled, .. } => copy_into(conn, &format!("COPY {table} FROM STDIN"), data, spilled).await,
+        PartialRows::Text(_) => Err(PgError::internal("rows to copy kept as text values")),
     }
 }
 

@@ -410,6 +410,13 @@ impl Catalog {
     pub fn with_search_path(&self, names: Arc<UnqualifiedNames>) -> Catalog {
         Catalog { unqualified: Some(names), ..self.clone() }
     }
+    /// This catalog with `table` added: a statement's own intermediate
+    /// relation, planned like a distributed table (executor/repartition.rs).
+    pub fn with_table(&self, table: Arc<DistributedTable>) -> Catalog {
+        let mut catalog = self.clone();
+        catalog.put_table(table);
+        catalog
+    }
     /// Whether `oid` is one of the coordinator database's user-defined types
     /// (not a table's row type).
     pub fn is_user_type(&self, oid: u32) -> bool {

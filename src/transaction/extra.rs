@@ -122,10 +122,19 @@ impl Participants {
         }
     }
 
+    /// While `on`, reads run on the session's own connection to each node
+    /// (see `executor_pool_size`).
+    pub fn use_session_connections_only(&mut self, on: bool) {
+        self.session_connections_only = on;
+    }
+
     /// How many connections per node a read outside a block may run its
     /// tasks on: the session's `citus.max_adaptive_executor_pool_size`,
     /// else the process's.
     pub async fn executor_pool_size(&mut self) -> PgResult<usize> {
+        if self.session_connections_only {
+            return Ok(1);
+        }
         match self.citus_settings().await?.executor_pool_size {
             PoolSizeSetting::Unset => Ok(self.pools.per_statement),
             PoolSizeSetting::Size(size) => Ok(size),

@@ -327,6 +327,9 @@ pub struct Participants {
     /// `statement_timeout` as the coordinator database had it when the
     /// session began or last read the followed settings (None: no limit).
     statement_timeout: Option<std::time::Duration>,
+    /// Reads run on the session's own connection to each node only: they
+    /// read temporary tables that other connections cannot see.
+    session_connections_only: bool,
 }
 
 /// The `citus.*` settings (kept by the coordinator database, where SET runs)
@@ -433,6 +436,7 @@ impl Participants {
             admission: None,
             limits,
             statement_timeout: None,
+            session_connections_only: false,
         }
     }
 
