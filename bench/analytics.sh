@@ -24,6 +24,10 @@
 #   rollup       SELECT bid, count(*), sum(abalance) FROM pgbench_accounts GROUP BY
 #                ROLLUP (bid) ORDER BY bid
 #   distinct_two SELECT count(DISTINCT bid), count(DISTINCT aid % 1000) FROM pgbench_accounts
+#   stddev       SELECT bid, stddev(abalance::float8 + aid), var_pop(aid) FROM pgbench_accounts
+#                GROUP BY bid ORDER BY bid
+#   join_other   SELECT count(*), sum(o.amount) FROM bench_orders o JOIN pgbench_accounts a
+#                ON a.aid = o.aid WHERE a.bid % 2 = 0
 #
 # pgbench_accounts is distributed by aid and pgbench_tellers by tid (32 shards,
 # 2 workers), so the join is not co-located: Tessera sends the (small) tellers
@@ -32,7 +36,10 @@
 # shards. window_other, percentile and distinct_two have no per-shard partial
 # form: the shards send the columns they read and the coordinator database
 # computes the rest; rollup runs in two phases (groups per shard, then the
-# sets).
+# sets). bench_orders (40,000 rows per scale unit, distributed by its own id,
+# not co-located) joins the accounts on aid: too many rows to broadcast, so
+# its rows move to the accounts' shards by the hash of aid (a repartition
+# join).
 # pgbench_history (filled with one row for every tenth account before the
 # queries) is co-located with the accounts, and the EXISTS is joined to them
 # on aid. The plan of each query through Tessera is logged (EXPLAIN).
@@ -68,7 +75,7 @@ if ! is_uint "$SCALE" || [[ $SCALE -eq 0 ]]; then die "SCALE must be a positive 
 if ! is_uint "$RUNS" || [[ $RUNS -eq 0 ]]; then die "RUNS must be a positive integer (got '$RUNS')"; fi
 if ! is_uint "$ROUNDS" || [[ $ROUNDS -eq 0 ]]; then die "ROUNDS must be a positive integer (got '$ROUNDS')"; fi
 
-ALL_QUERIES=(aggregates group_by top10 join exists in_other cte_top distinct window_key window_other percentile rollup distinct_two)
+ALL_QUERIES=(aggregates group_by top10 join exists in_other cte_top distinct window_key window_other percentile rollup distinct_two stddev join_other)
 read -r -a QUERIES <<<"${ONLY:-${ALL_QUERIES[*]}}"
 
 declare -A SQL=(
@@ -85,7 +92,11 @@ declare -A SQL=(
     [percentile]="SELECT bid, percentile_cont(0.5) WITHIN GROUP (ORDER BY aid) FROM pgbench_accounts GROUP BY bid ORDER BY bid"
     [rollup]="SELECT bid, count(*), sum(abalance) FROM pgbench_accounts GROUP BY ROLLUP (bid) ORDER BY bid"
     [distinct_two]="SELECT count(DISTINCT bid), count(DISTINCT aid % 1000) FROM pgbench_accounts"
+    [stddev]="SELECT bid, stddev(abalance::float8 + aid), var_pop(aid) FROM pgbench_accounts GROUP BY bid ORDER BY bid"
+    [join_other]="SELECT count(*), sum(o.amount) FROM bench_orders o JOIN pgbench_accounts a ON a.aid = o.aid WHERE a.bid % 2 = 0"
 )
+# Orders of random accounts, 40,000 per scale unit.
+ORDERS_SQL="CREATE TABLE bench_orders (id int PRIMARY KEY, aid int, amount int); INSERT INTO bench_orders SELECT g, 1 + (g * 7919) % ($SCALE * 100000), g % 1000 FROM generate_series(1, $SCALE * 40000) g"
 # One history row for every tenth account, half of them with a positive delta.
 HISTORY_SQL="INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) SELECT 1, 1, aid, CASE WHEN aid % 20 = 0 THEN 5 ELSE -5 END, now() FROM pgbench_accounts WHERE aid % 10 = 0"
 POOL_SIZE=${POOL_SIZE:-}
@@ -112,11 +123,14 @@ start_plain
 start_tessera
 pgbench_init plain "$PLAIN_PORT"
 psql_at "$PLAIN_PORT" -c "$HISTORY_SQL" >/dev/null
+psql_at "$PLAIN_PORT" -c "$ORDERS_SQL" >/dev/null
 psql_at "$PLAIN_PORT" -c 'VACUUM ANALYZE' >/dev/null
 pgbench_init tessera "$TESSERA_PORT"
 distribute_pgbench_tables "$TESSERA_PORT"
 psql_at "$TESSERA_PORT" -c "$HISTORY_SQL" >/dev/null
-psql_at "$TESSERA_PORT" -c 'VACUUM ANALYZE pgbench_accounts, pgbench_tellers, pgbench_branches, pgbench_history' >/dev/null
+psql_at "$TESSERA_PORT" -c "$ORDERS_SQL" >/dev/null
+psql_at "$TESSERA_PORT" -c "SELECT create_distributed_table('bench_orders', 'id', colocate_with => 'none')" >/dev/null
+psql_at "$TESSERA_PORT" -c 'VACUUM ANALYZE pgbench_accounts, pgbench_tellers, pgbench_branches, pgbench_history, bench_orders' >/dev/null
 for q in "${QUERIES[@]}"; do
     psql_at "$TESSERA_PORT" -c "EXPLAIN (COSTS OFF) ${SQL[$q]}" >"$BENCH_LOG_DIR/tessera-$q-plan.txt" 2>&1 || true
 done

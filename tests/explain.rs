@@ -225,4 +225,11 @@ async fn repartition_joins(cluster: &TestCluster, c: &tokio_postgres::Client) {
         assert_eq!(left.get::<_, i64>(0), 0, "temporary tables left on worker {i}");
     }
     assert_eq!(c.query(join, &[]).await.unwrap().len(), 7);
+    // Neither join column is a distribution column: both tables move.
+    let both = "SELECT count(*) FROM rj_a a JOIN rj_b b ON b.a_k = a.v";
+    let text = explain(c, both).await.join("\n");
+    assert!(text.contains("Moved: rj_a by v and rj_b by a_k, into 4 shards placed as those of rj_a"), "{text}");
+    let a_per_v = |v: i64| (1..=30000_i64).filter(|k| k % 7 == v).count() as i64;
+    let expected: i64 = (1..=20000_i64).map(|g| 1 + (g * 3) % 40000).filter(|a_k| *a_k < 7).map(a_per_v).sum();
+    assert_eq!(c.query_one(both, &[]).await.unwrap().get::<_, i64>(0), expected);
 }

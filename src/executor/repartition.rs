@@ -1,19 +1,23 @@
 //! Repartition joins: a query joining two distributed tables that are not
-//! joined on both distribution columns, too large to broadcast. One table
-//! (the *moved* one, the smaller when either would do) is joined on a column
-//! of the other's distribution type with the other's distribution column.
-//! Its rows are read from its shards once and routed by the hash of that
-//! column to the nodes holding the other table's shards of the same hash:
-//! each node gets a temporary table partitioned by hash exactly as those
-//! shards are, with a partition for each of its shards. The query then runs
-//! as a co-located join of the other table with that table, whose
-//! partitions stand for its shards, on the session's own connections (the
-//! only ones that see temporary tables), and the tables are dropped.
+//! joined on both distribution columns, too large to broadcast.
 //!
-//! The rows pass through the coordinator process as a stream of COPY lines
-//! (held up to a few megabytes, then spilled to disk), never through the
-//! coordinator database. Outside transaction blocks only: a block's
-//! connections must not be left holding tables of a statement.
+//! When one table is joined on its distribution column with a column of the
+//! same type of the other, only the other (the *moved* table; the smaller
+//! when either would do) moves: its rows are read from its shards once and
+//! routed by the hash of that column to the nodes holding the first table's
+//! shards of the same hash. Each such node gets a temporary table
+//! partitioned by hash exactly as those shards are, with a partition for
+//! each of its shards, and the query runs as a co-located join of the first
+//! table with it. When neither join column is a distribution column, both
+//! tables move the same way, by their join columns, into temporary tables
+//! laid out as the larger table's shards.
+//!
+//! The query runs on the session's own connections (the only ones that see
+//! temporary tables), and the tables are dropped afterwards. The rows pass
+//! through the coordinator process as a stream of COPY lines (held up to a
+//! few megabytes, then spilled to disk), never through the coordinator
+//! database. Outside transaction blocks only: a block's connections must not
+//! be left holding tables of a statement.
 
 use super::multi_shard::{shuffle_rows, tasks_by_node};
 use super::partials::{copy_rows_into, PartialRows};
@@ -22,40 +26,58 @@ use crate::connection::client::ClientConn;
 use crate::connection::quote_ident;
 use crate::error::{PgError, PgResult};
 use crate::hash::{hash_text, row_hash, shard_index, HashType};
-use crate::metadata::{Catalog, DistributedTable, Distribution};
+use crate::metadata::{Catalog, Coercion, DistributedTable, Distribution, KeyType};
 use crate::planner::rewrite::ShardTemplate;
 use crate::planner::{plan_tree, FallbackPlan, Plan};
 use crate::process::Coordinator;
 use crate::protocol::{backend, Message};
 use crate::transaction::limits::StatementLimits;
 use crate::transaction::{Access, Participants};
-use pg_query::NodeEnum;
+use crate::walk::visit_mut;
+use pg_query::{protobuf, NodeEnum};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Names the temporary tables of one statement apart from every other's.
 static NEXT_INTERMEDIATE: AtomicU64 = AtomicU64::new(1);
 
-/// The oid the intermediate table is planned under: no relation has it.
+/// The oid the intermediate tables are planned under: no relation has it.
 const INTERMEDIATE_OID: u32 = u32::MAX;
+
+/// A co-location id no catalog gives: tables moved into a new layout share it.
+const NEW_LAYOUT_COLOCATION: i32 = i32::MIN;
 
 /// A repartition join, planned.
 pub(super) struct Repartition {
-    /// The table whose rows move.
-    moved: Arc<DistributedTable>,
-    /// Its columns' SQL types, in the order of its columns.
-    column_types: Vec<String>,
-    /// The moved table as the query reads it after the move: the temporary
-    /// table, co-located with the table that stays.
-    intermediate: Arc<DistributedTable>,
-    /// The table whose shards the rows move to.
-    stays: Arc<DistributedTable>,
-    /// The query over the table that stays and the intermediate table.
+    /// The tables whose rows move: one, or both.
+    moves: Vec<Move>,
+    /// The table whose shards the moved rows are laid out as.
+    layout: Arc<DistributedTable>,
+    /// The query over the intermediate tables (and the table that stays).
     pub pushdown: Plan,
-    /// The catalog that knows the intermediate table.
+    /// The catalog that knows the intermediate tables.
     pub catalog: Catalog,
     /// The parser version of the statement's tree.
     version: i32,
+}
+
+/// One table's rows moving into a temporary table.
+struct Move {
+    table: Arc<DistributedTable>,
+    /// Its columns' SQL types, in the order of its columns.
+    column_types: Vec<String>,
+    /// The table as the query reads it after the move, distributed by its
+    /// join column.
+    intermediate: Arc<DistributedTable>,
+}
+
+/// A column's SQL type: as `format_type` prints it with its modifier, without
+/// it, and its oid.
+struct ColumnType {
+    sql: String,
+    base_sql: String,
+    oid: u32,
 }
 
 /// A repartition join for `plan`, when its two distributed tables can be
@@ -65,38 +87,104 @@ pub(super) async fn plan(plan: &FallbackPlan, catalog: &Catalog, parts: &mut Par
     if parts.in_block() || !matches!(plan.statement, NodeEnum::SelectStmt(_)) {
         return Ok(None);
     }
+    let joined = equated_columns(&plan.statement);
     let sizes = super::cluster_views::table_sizes(&plan.broadcast_candidates, catalog, parts).await?;
-    // The smaller table moves when the join allows either.
-    let orientations = if sizes[1].table <= sizes[0].table { [(first, second), (second, first)] } else { [(second, first), (first, second)] };
-    for (stays, moved) in orientations {
-        let Distribution::Hash { column_type, key, .. } = &stays.distribution else { continue };
-        let columns = column_types(moved, parts).await?;
-        for (position, (_, base_type)) in columns.iter().enumerate() {
-            if *base_type != key.base_sql || HashType::from_type_oid(key.oid) != Some(*column_type) {
+    let (larger, smaller) = if sizes[1].table <= sizes[0].table { (first, second) } else { (second, first) };
+    let types = [column_types(larger, parts).await?, column_types(smaller, parts).await?];
+    let candidates = |table: &DistributedTable, types: &[ColumnType]| -> Vec<usize> {
+        (0..types.len()).filter(|&i| joined.contains(&table.columns[i]) && HashType::from_type_oid(types[i].oid).is_some()).collect()
+    };
+    let plan_moves =
+        |moves: Vec<(&Arc<DistributedTable>, &[ColumnType], usize)>, layout: &Arc<DistributedTable>, key: KeyType, colocation_id: i32| {
+            let moves: Vec<Move> = moves
+                .into_iter()
+                .zip(0..)
+                .map(|((table, types, position), i)| Move {
+                    table: table.clone(),
+                    column_types: types.iter().map(|t| t.sql.clone()).collect(),
+                    intermediate: intermediate_table(table, layout, position, key.clone(), colocation_id, INTERMEDIATE_OID - i),
+                })
+                .collect();
+            let augmented = moves.iter().fold(catalog.clone(), |c, m| c.with_table(m.intermediate.clone()));
+            let pushdown = replace_and_plan(plan, &augmented, &moves)?;
+            PgResult::Ok(pushdown.map(|pushdown| Repartition { moves, layout: layout.clone(), pushdown, catalog: augmented, version: plan.version }))
+        };
+    // One table moves onto the other's shards, the smaller first.
+    for (stays, moved, moved_types) in [(larger, smaller, &types[1]), (smaller, larger, &types[0])] {
+        let Distribution::Hash { key, .. } = &stays.distribution else { continue };
+        for position in candidates(moved, moved_types) {
+            if moved_types[position].base_sql == key.base_sql {
+                if let Some(repartition) = plan_moves(vec![(moved, moved_types, position)], stays, key.clone(), stays.colocation_id)? {
+                    return Ok(Some(repartition));
+                }
+            }
+        }
+    }
+    // Both move, into the larger table's layout.
+    for x in candidates(larger, &types[0]) {
+        for y in candidates(smaller, &types[1]) {
+            let (tx, ty) = (&types[0][x], &types[1][y]);
+            if tx.base_sql != ty.base_sql {
                 continue;
             }
-            let intermediate = intermediate_table(moved, stays, position);
-            let augmented = catalog.with_table(intermediate.clone());
-            let Some(pushdown) = replace_and_plan(plan, &augmented, moved, &intermediate)? else { continue };
-            let column_types = columns.into_iter().map(|(sql, _)| sql).collect();
-            return Ok(Some(Repartition {
-                moved: moved.clone(),
-                column_types,
-                intermediate,
-                stays: stays.clone(),
-                pushdown,
-                catalog: augmented,
-                version: plan.version,
-            }));
+            let key = KeyType { sql: tx.base_sql.clone(), base_sql: tx.base_sql.clone(), oid: tx.oid, coercion: Coercion::None };
+            let moves = vec![(larger, &types[0][..], x), (smaller, &types[1][..], y)];
+            if let Some(repartition) = plan_moves(moves, larger, key, NEW_LAYOUT_COLOCATION)? {
+                return Ok(Some(repartition));
+            }
         }
     }
     Ok(None)
 }
 
-/// The SQL type of each of `table`'s columns, with and without its modifier.
-async fn column_types(table: &DistributedTable, parts: &mut Participants) -> PgResult<Vec<(String, String)>> {
+/// The names of the columns the statement compares with `=` to another
+/// column: the only ones a join can be co-located on.
+fn equated_columns(statement: &NodeEnum) -> HashSet<String> {
+    let mut names = HashSet::new();
+    let column_name = |node: Option<&protobuf::Node>| match node.and_then(|n| n.node.as_ref()) {
+        Some(NodeEnum::ColumnRef(c)) => match c.fields.last().and_then(|f| f.node.as_ref()) {
+            Some(NodeEnum::String(s)) => Some(s.sval.clone()),
+            _ => None,
+        },
+        _ => None,
+    };
+    let mut statement = statement.clone();
+    visit_mut(&mut statement, &mut |n| match n {
+        NodeEnum::AExpr(e) if e.name.len() == 1 && matches!(e.name[0].node.as_ref(), Some(NodeEnum::String(s)) if s.sval == "=") => {
+            if let (Some(l), Some(r)) = (column_name(e.lexpr.as_deref()), column_name(e.rexpr.as_deref())) {
+                names.insert(l);
+                names.insert(r);
+            }
+        }
+        NodeEnum::SubLink(link) if link.sub_link_type == protobuf::SubLinkType::AnySublink as i32 => {
+            let selected = match link.subselect.as_deref().and_then(|s| s.node.as_ref()) {
+                Some(NodeEnum::SelectStmt(select)) if select.target_list.len() == 1 => match select.target_list[0].node.as_ref() {
+                    Some(NodeEnum::ResTarget(target)) => column_name(target.val.as_deref()),
+                    _ => None,
+                },
+                _ => None,
+            };
+            if let (Some(l), Some(r)) = (column_name(link.testexpr.as_deref()), selected) {
+                names.insert(l);
+                names.insert(r);
+            }
+        }
+        NodeEnum::JoinExpr(j) => {
+            for name in &j.using_clause {
+                if let Some(NodeEnum::String(s)) = name.node.as_ref() {
+                    names.insert(s.sval.clone());
+                }
+            }
+        }
+        _ => {}
+    });
+    names
+}
+
+/// The SQL type of each of `table`'s columns.
+async fn column_types(table: &DistributedTable, parts: &mut Participants) -> PgResult<Vec<ColumnType>> {
     let sql = format!(
-        "SELECT format_type(atttypid, atttypmod), format_type(atttypid, NULL) FROM pg_attribute \
+        "SELECT format_type(atttypid, atttypmod), format_type(atttypid, NULL), atttypid FROM pg_attribute \
          WHERE attrelid = {} AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
         table.oid
     );
@@ -110,45 +198,54 @@ async fn column_types(table: &DistributedTable, parts: &mut Participants) -> PgR
             rows.len()
         )));
     }
-    Ok(rows.into_iter().map(|mut r| (r[0].take().unwrap_or_default(), r[1].take().unwrap_or_default())).collect())
+    Ok(rows
+        .into_iter()
+        .map(|mut r| ColumnType {
+            sql: r[0].take().unwrap_or_default(),
+            base_sql: r[1].take().unwrap_or_default(),
+            oid: r[2].as_deref().and_then(|o| o.parse().ok()).unwrap_or(0),
+        })
+        .collect())
 }
 
-/// `moved` as a temporary table distributed by its column `position` and
-/// co-located with `stays`: its shards are `stays`'s, named after them.
-fn intermediate_table(moved: &DistributedTable, stays: &DistributedTable, position: usize) -> Arc<DistributedTable> {
-    let Distribution::Hash { column_type, key, .. } = &stays.distribution else { unreachable!("only hash tables stay") };
+/// `moved` as a temporary table distributed by its column `position`
+/// (hashed as `key`), in co-location group `colocation_id` with the shards
+/// of `layout`, named after them; planned under `oid`.
+fn intermediate_table(
+    moved: &DistributedTable,
+    layout: &DistributedTable,
+    position: usize,
+    key: KeyType,
+    colocation_id: i32,
+    oid: u32,
+) -> Arc<DistributedTable> {
     let n = NEXT_INTERMEDIATE.fetch_add(1, Ordering::Relaxed);
+    let column_type = HashType::from_type_oid(key.oid).expect("only hashable columns move");
     Arc::new(DistributedTable {
-        oid: INTERMEDIATE_OID,
+        oid,
         schema: "pg_temp".into(),
         name: format!("tessera_repartitioned_{n}"),
-        distribution: Distribution::Hash {
-            column: moved.columns[position].clone(),
-            column_index: position,
-            column_type: *column_type,
-            key: key.clone(),
-        },
-        colocation_id: stays.colocation_id,
+        distribution: Distribution::Hash { column: moved.columns[position].clone(), column_index: position, column_type, key },
+        colocation_id,
         columns: moved.columns.clone(),
         copy_columns: moved.columns.clone(),
         key_default: None,
         sequence_columns: Vec::new(),
         always_identity: Vec::new(),
-        shards: stays.shards.clone(),
+        shards: layout.shards.clone(),
         partition_of: None,
         primary_key: Vec::new(),
     })
 }
 
-/// Plans the statement with `moved` read from `intermediate`; only a router
-/// or multi-shard plan counts: the join is then co-located on the column.
-fn replace_and_plan(plan: &FallbackPlan, catalog: &Catalog, moved: &DistributedTable, intermediate: &DistributedTable) -> PgResult<Option<Plan>> {
+/// Plans the statement with each moved table read from its intermediate
+/// table; only a router or multi-shard plan counts: the join is then
+/// co-located on the moved columns.
+fn replace_and_plan(plan: &FallbackPlan, catalog: &Catalog, moves: &[Move]) -> PgResult<Option<Plan>> {
     let mut stmt = plan.statement.clone();
     let mut failure = None;
     crate::planner::replace_tables(&mut stmt, catalog, |table, alias| {
-        if table.oid != moved.oid {
-            return None;
-        }
+        let intermediate = &moves.iter().find(|m| m.table.oid == table.oid)?.intermediate;
         let item = format!("{}.{} AS {}", quote_ident(&intermediate.schema), quote_ident(&intermediate.name), quote_ident(alias));
         crate::planner::subselect_node(&item).map_err(|e| failure = Some(e)).ok()
     });
@@ -228,55 +325,73 @@ pub(super) struct Moved {
 impl Repartition {
     /// How the rows move, for EXPLAIN.
     pub fn describe(&self) -> String {
-        let Distribution::Hash { column, .. } = &self.intermediate.distribution else { unreachable!("made as a hash table") };
-        format!("{} by {}, onto the shards of {}", self.moved.name, column, self.stays.name)
+        let moves: Vec<String> = self
+            .moves
+            .iter()
+            .map(|m| {
+                let Distribution::Hash { column, .. } = &m.intermediate.distribution else { unreachable!("made as a hash table") };
+                format!("{} by {}", m.table.name, column)
+            })
+            .collect();
+        match &self.moves[..] {
+            [_] => format!("{}, onto the shards of {}", moves[0], self.layout.name),
+            _ => format!("{}, into {} shards placed as those of {}", moves.join(" and "), self.layout.shards.len(), self.layout.name),
+        }
     }
 
-    /// Makes the temporary tables on the nodes of the staying table's
-    /// shards, recording each node group in `made` (for `drop_intermediate`,
-    /// also after a failure), and with `move_rows` routes the moved table's
-    /// rows into them.
+    /// Makes the temporary tables on the nodes of the layout's shards,
+    /// recording each node group in `made` (for `drop_intermediate`, also
+    /// after a failure), and with `move_rows` routes the moved tables' rows
+    /// into them.
     pub async fn make_intermediate(&self, catalog: &Catalog, parts: &mut Participants, move_rows: bool, made: &mut Vec<i32>) -> PgResult<Moved> {
-        let Distribution::Hash { column_index, column_type, .. } = &self.intermediate.distribution else { unreachable!("made as a hash table") };
-        let mut shuffle = Shuffle::new(&self.intermediate, *column_index, *column_type)?;
-        if move_rows {
-            let columns: Vec<String> = self.moved.columns.iter().map(|c| quote_ident(c)).collect();
-            let read = format!("SELECT {} FROM {}", columns.join(", "), self.moved.qualified_name());
-            let parsed = pg_query::parse(&read).map_err(|e| PgError::internal(format!("could not parse {read}: {e}")))?;
-            let raw = parsed.protobuf.stmts.into_iter().next().ok_or_else(|| PgError::internal("empty statement"))?;
-            let by_node = tasks_by_node(&ShardTemplate::for_query(self.version, raw, vec![self.moved.clone()]), &self.moved, catalog)?;
-            shuffle_rows(parts, &by_node, &mut shuffle).await?;
+        let mut moved = Moved { rows: 0, bytes: 0 };
+        for m in &self.moves {
+            let Distribution::Hash { column_index, column_type, .. } = &m.intermediate.distribution else { unreachable!("made as a hash table") };
+            let mut shuffle = Shuffle::new(&m.intermediate, *column_index, *column_type)?;
+            if move_rows {
+                let columns: Vec<String> = m.table.columns.iter().map(|c| quote_ident(c)).collect();
+                let read = format!("SELECT {} FROM {}", columns.join(", "), m.table.qualified_name());
+                let parsed = pg_query::parse(&read).map_err(|e| PgError::internal(format!("could not parse {read}: {e}")))?;
+                let raw = parsed.protobuf.stmts.into_iter().next().ok_or_else(|| PgError::internal("empty statement"))?;
+                let by_node = tasks_by_node(&ShardTemplate::for_query(self.version, raw, vec![m.table.clone()]), &m.table, catalog)?;
+                shuffle_rows(parts, &by_node, &mut shuffle).await?;
+            }
+            let parent = parent_name(&m.intermediate);
+            for (group, rows) in shuffle.groups.iter().zip(std::mem::take(&mut shuffle.rows)) {
+                let node = catalog.node_for_group(*group).ok_or_else(|| PgError::internal(format!("no node for group {group}")))?;
+                let create = create_sql(&m.intermediate, &m.column_types, &parent, *group);
+                let worker = parts.worker(node, Access::Read).await?;
+                if !made.contains(group) {
+                    made.push(*group);
+                }
+                worker.conn.execute(&create).await?;
+                copy_rows_into(&mut worker.conn, &parent, rows)
+                    .await
+                    .map_err(|e| e.with_context(format!("moving rows of {} to the node at {}", m.table.name, node.addr)))?;
+            }
+            moved.rows += shuffle.moved_rows;
+            moved.bytes += shuffle.moved_bytes;
         }
-        let parent = self.parent();
-        for (group, rows) in shuffle.groups.iter().zip(std::mem::take(&mut shuffle.rows)) {
-            let node = catalog.node_for_group(*group).ok_or_else(|| PgError::internal(format!("no node for group {group}")))?;
-            let create = create_sql(&self.intermediate, &self.column_types, &parent, *group);
-            let worker = parts.worker(node, Access::Read).await?;
-            made.push(*group);
-            worker.conn.execute(&create).await?;
-            copy_rows_into(&mut worker.conn, &parent, rows)
-                .await
-                .map_err(|e| e.with_context(format!("moving rows of {} to the node at {}", self.moved.name, node.addr)))?;
-        }
-        Ok(Moved { rows: shuffle.moved_rows, bytes: shuffle.moved_bytes })
+        Ok(moved)
     }
 
     /// Drops the temporary tables on the node groups `made`. A connection
     /// that broke took them with it.
     pub async fn drop_intermediate(&self, parts: &mut Participants, made: &[i32]) {
-        let drop = format!("DROP TABLE IF EXISTS {}", self.parent());
+        let parents: Vec<String> = self.moves.iter().map(|m| parent_name(&m.intermediate)).collect();
+        let drop = format!("DROP TABLE IF EXISTS {}", parents.join(", "));
         for worker in parts.workers_for(made) {
             if !worker.conn.is_broken() {
                 if let Err(e) = worker.conn.execute(&drop).await {
-                    tracing::debug!("could not drop {} on node group {}: {e}", self.intermediate.name, worker.group_id);
+                    tracing::debug!("could not drop {} on node group {}: {e}", parents.join(", "), worker.group_id);
                 }
             }
         }
     }
+}
 
-    fn parent(&self) -> String {
-        format!("pg_temp.{}", quote_ident(&self.intermediate.name))
-    }
+fn parent_name(intermediate: &DistributedTable) -> String {
+    format!("pg_temp.{}", quote_ident(&intermediate.name))
 }
 
 /// Moves the rows, runs the query over them and drops what it made.
