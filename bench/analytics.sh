@@ -24,7 +24,7 @@
 #   rollup       SELECT bid, count(*), sum(abalance) FROM pgbench_accounts GROUP BY
 #                ROLLUP (bid) ORDER BY bid
 #   distinct_two SELECT count(DISTINCT bid), count(DISTINCT aid % 1000) FROM pgbench_accounts
-#   stddev       SELECT bid, stddev(abalance::float8 + aid), var_pop(aid) FROM pgbench_accounts
+#   stddev       SELECT bid, round(stddev(abalance::float8 + aid)::numeric, 6), var_pop(aid) FROM pgbench_accounts
 #                GROUP BY bid ORDER BY bid
 #   join_other   SELECT count(*), sum(o.amount) FROM bench_orders o JOIN pgbench_accounts a
 #                ON a.aid = o.aid WHERE a.bid % 2 = 0
@@ -92,11 +92,11 @@ declare -A SQL=(
     [percentile]="SELECT bid, percentile_cont(0.5) WITHIN GROUP (ORDER BY aid) FROM pgbench_accounts GROUP BY bid ORDER BY bid"
     [rollup]="SELECT bid, count(*), sum(abalance) FROM pgbench_accounts GROUP BY ROLLUP (bid) ORDER BY bid"
     [distinct_two]="SELECT count(DISTINCT bid), count(DISTINCT aid % 1000) FROM pgbench_accounts"
-    [stddev]="SELECT bid, stddev(abalance::float8 + aid), var_pop(aid) FROM pgbench_accounts GROUP BY bid ORDER BY bid"
+    [stddev]="SELECT bid, round(stddev(abalance::float8 + aid)::numeric, 6), var_pop(aid) FROM pgbench_accounts GROUP BY bid ORDER BY bid"
     [join_other]="SELECT count(*), sum(o.amount) FROM bench_orders o JOIN pgbench_accounts a ON a.aid = o.aid WHERE a.bid % 2 = 0"
 )
 # Orders of random accounts, 40,000 per scale unit.
-ORDERS_SQL="CREATE TABLE bench_orders (id int PRIMARY KEY, aid int, amount int); INSERT INTO bench_orders SELECT g, 1 + (g * 7919) % ($SCALE * 100000), g % 1000 FROM generate_series(1, $SCALE * 40000) g"
+ORDERS_SQL="CREATE TABLE bench_orders (id int PRIMARY KEY, aid int, amount int); INSERT INTO bench_orders SELECT g, (1 + (g::int8 * 7919) % ($SCALE * 100000))::int, g % 1000 FROM generate_series(1, $SCALE * 40000) g"
 # One history row for every tenth account, half of them with a positive delta.
 HISTORY_SQL="INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) SELECT 1, 1, aid, CASE WHEN aid % 20 = 0 THEN 5 ELSE -5 END, now() FROM pgbench_accounts WHERE aid % 10 = 0"
 POOL_SIZE=${POOL_SIZE:-}

@@ -802,6 +802,20 @@ pub(super) fn combine_sql(query: &CombineQuery, fields: &[backend::FieldDescript
                     format!("CASE WHEN coalesce({n}, 0) <= {fewest} THEN NULL::numeric WHEN {numerator} <= 0 THEN 0::numeric ELSE {value} END")
                 }
             }
+            AggregateKind::FloatVariance { sample, root } => {
+                // Each shard's float8 state as PostgreSQL's own variance
+                // aggregates keep it ({N, Σx, Σ(x − mean)²}), combined by
+                // the function its parallel workers' states go through.
+                let (n, s, v) = (col(0), col(1), col(2));
+                let state = format!("tessera.float8_combined(ARRAY[{n}::float8, coalesce({s}, 0), coalesce({v} * {n}, 0)])");
+                let last = match (sample, root) {
+                    (true, false) => "float8_var_samp",
+                    (false, false) => "float8_var_pop",
+                    (true, true) => "float8_stddev_samp",
+                    (false, true) => "float8_stddev_pop",
+                };
+                format!("pg_catalog.{last}({state})")
+            }
             AggregateKind::Avg => match types[aggregate.columns[0]].as_str() {
                 // PostgreSQL averages float4 in float8; partial float4 sums lost that precision.
                 "float4" | "real" => return Ok(None),

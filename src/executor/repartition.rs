@@ -228,6 +228,7 @@ fn intermediate_table(
         distribution: Distribution::Hash { column: moved.columns[position].clone(), column_index: position, column_type, key },
         colocation_id,
         columns: moved.columns.clone(),
+        column_type_oids: moved.column_type_oids.clone(),
         copy_columns: moved.columns.clone(),
         key_default: None,
         sequence_columns: Vec::new(),

@@ -221,6 +221,8 @@ pub struct DistributedTable {
     pub colocation_id: i32,
     /// Column names in attribute order, for INSERTs without a column list.
     pub columns: Vec<String>,
+    /// The columns' type oids, in the order of `columns`.
+    pub column_type_oids: Vec<u32>,
     /// The columns a COPY without a column list reads and writes: all but
     /// generated ones.
     pub copy_columns: Vec<String>,
@@ -809,13 +811,15 @@ async fn read_tables(conn: &mut PgConnection, oids: Option<&[u32]>) -> PgResult<
                     tessera_defaults.copy_names, tessera_defaults.sequence_defaults, tessera_defaults.always_identity,
                     (SELECT i.inhparent FROM pg_inherits i WHERE i.inhrelid = c.oid AND c.relispartition),
                     (SELECT json_agg(a.attname ORDER BY x.n) FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY x(attnum, n)
-                       JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = x.attnum WHERE i.indrelid = c.oid AND i.indisprimary)
+                       JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = x.attnum WHERE i.indrelid = c.oid AND i.indisprimary),
+                    tessera_defaults.type_oids
              FROM {among} p
              JOIN pg_class c ON c.oid = p.logicalrelid
              JOIN pg_namespace n ON n.oid = c.relnamespace
              LEFT JOIN pg_attribute k ON k.attrelid = c.oid AND k.attname = p.partkey AND NOT k.attisdropped
              CROSS JOIN LATERAL (
                  SELECT json_agg(a.attname ORDER BY a.attnum) AS names,
+                        json_agg(a.atttypid ORDER BY a.attnum) AS type_oids,
                         json_agg(a.attname ORDER BY a.attnum) FILTER (WHERE a.attgenerated = '') AS copy_names,
                         json_agg(json_build_array(a.attname, d.value) ORDER BY a.attnum) FILTER (WHERE d.uses_sequence) AS sequence_defaults,
                         json_agg(a.attname ORDER BY a.attnum) FILTER (WHERE a.attidentity = 'a') AS always_identity,
@@ -874,6 +878,7 @@ async fn read_tables(conn: &mut PgConnection, oids: Option<&[u32]>) -> PgResult<
             shards: shards.remove(&oid).unwrap_or_default(),
             partition_of: r[15].as_deref().and_then(|v| v.parse().ok()),
             primary_key: parse_json_string_array(r[16].as_deref().unwrap_or("[]")),
+            column_type_oids: serde_json::from_str(r[17].as_deref().unwrap_or("[]")).unwrap_or_default(),
         }));
     }
     Ok(tables)

@@ -947,8 +947,14 @@ RESET allow_system_table_mods;
 
 -- Other roles may look the helpers above up, and run them, but nothing else
 -- in the schema: its tables stay unreadable.
+-- Combines per-shard float8 variance states ({N, Σx, Σ(x − mean)²}) as
+-- PostgreSQL combines its parallel workers' (executor/multi_shard.rs).
+CREATE OR REPLACE AGGREGATE tessera.float8_combined(float8[]) (SFUNC = pg_catalog.float8_combine, STYPE = float8[], INITCOND = '{0,0,0}');
+
 GRANT USAGE ON SCHEMA tessera TO PUBLIC;
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA tessera FROM PUBLIC;
+-- Every role's combining statements use it.
+GRANT EXECUTE ON FUNCTION tessera.float8_combined(float8[]) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION tessera.check_owner(regclass), tessera.catalog_changed(), tessera.tables_changed(oid[]), tessera.user_code_changed(), tessera.new_colocation(int, int, oid, oid),
     tessera.record_distribution(regclass, "char", text, int, int[]), tessera.forget_distribution(regclass), tessera.rename_distribution_column(regclass, text),
     tessera.follow_colocation(int, int), tessera.change_colocation(regclass, regclass), tessera.coordinator_only(),

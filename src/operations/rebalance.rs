@@ -177,6 +177,7 @@ mod tests {
             },
             colocation_id: 1,
             columns: vec!["k".into()],
+            column_type_oids: vec![23],
             copy_columns: vec!["k".into()],
             key_default: None,
             sequence_columns: vec![],

@@ -9,6 +9,7 @@
 //! fallback instead.
 
 use super::deparse::{deparse_expression, deparse_statement, BUILT_TREE_VERSION};
+use super::expression_types::{FromTables, FLOAT4, FLOAT8, INT2, INT4};
 use super::fallback::{self, FallbackPlan};
 use super::rewrite::ShardTemplate;
 use super::shipped_columns;
@@ -35,6 +36,13 @@ pub enum AggregateKind {
     /// (which tells the input's type), `count(x)`, and the exact numeric
     /// `sum(x)` and `sum(x * x)`.
     Variance {
+        sample: bool,
+        root: bool,
+    },
+    /// The same over float input: per-shard `count(x)`, `sum(x)` and
+    /// `var_pop(x)` in float8, combined as PostgreSQL combines the states of
+    /// its parallel workers.
+    FloatVariance {
         sample: bool,
         root: bool,
     },
@@ -497,6 +505,8 @@ fn operation(operator: &str, a: &Node, b: &Node) -> Node {
 
 struct Aggregation<'c> {
     catalog: &'c Catalog,
+    /// The query's tables, for the types of aggregate arguments.
+    from: FromTables,
     /// GROUP BY expressions (worker columns 0..n) and their keys.
     groups: Vec<(Node, Option<String>)>,
     /// Per-shard aggregate calls, as worker columns after the groups.
@@ -517,6 +527,7 @@ struct Aggregation<'c> {
 fn split_aggregation(select: &SelectStmt, catalog: &Catalog) -> Result<(NodeEnum, String, Vec<SplitAggregate>, usize), Refusal> {
     let mut agg = Aggregation {
         catalog,
+        from: FromTables::of(select, catalog),
         groups: vec![],
         partials: vec![],
         aggregates: vec![],
@@ -712,6 +723,14 @@ impl Aggregation<'_> {
             ("stddev_pop", 1) => AggregateKind::Variance { sample: false, root: true },
             _ => return Err(format!("{key} across shards")),
         };
+        let input = match kind {
+            AggregateKind::Variance { .. } => self.from.type_of(&call.args[0]),
+            _ => None,
+        };
+        let kind = match (kind, input) {
+            (AggregateKind::Variance { sample, root }, Some(FLOAT4 | FLOAT8)) => AggregateKind::FloatVariance { sample, root },
+            (kind, _) => kind,
+        };
         let renamed = |name: &str| {
             let mut c = call.clone();
             c.funcname = vec![string_node(name)];
@@ -725,8 +744,11 @@ impl Aggregation<'_> {
             }
             AggregateKind::Reapplied(name) => self.partials.push(renamed(name)),
             AggregateKind::Variance { .. } => {
+                // Squares of int2 and int4 fit int8, whose sums PostgreSQL
+                // keeps exactly in 128 bits: far faster than numeric.
+                let wide = if matches!(input, Some(INT2 | INT4)) { "int8" } else { "numeric" };
                 let exact = |square: bool| {
-                    let value = super::cast_to_catalog_type(call.args[0].clone(), "numeric");
+                    let value = super::cast_to_catalog_type(call.args[0].clone(), wide);
                     let value = if square { product(&value, &value) } else { value };
                     let mut c = call.clone();
                     c.funcname = vec![string_node("sum")];
@@ -734,6 +756,19 @@ impl Aggregation<'_> {
                     Node { node: Some(NodeEnum::FuncCall(Box::new(c))) }
                 };
                 self.partials.extend([renamed("sum"), renamed("count"), exact(false), exact(true)]);
+            }
+            AggregateKind::FloatVariance { .. } => {
+                // float4 is summed in float8, as PostgreSQL's float4 variances accumulate.
+                let mut in_float8 = call.clone();
+                if input == Some(FLOAT4) {
+                    in_float8.args = vec![super::cast_to_catalog_type(call.args[0].clone(), "float8")];
+                }
+                for name in ["sum", "var_pop"] {
+                    let mut c = in_float8.clone();
+                    c.funcname = vec![string_node(name)];
+                    self.partials.push(Node { node: Some(NodeEnum::FuncCall(Box::new(c))) });
+                }
+                self.partials.insert(first, renamed("count"));
             }
             _ => self.partials.push(Node { node: Some(NodeEnum::FuncCall(Box::new(call.clone()))) }),
         }

@@ -115,6 +115,8 @@ impl CatalogBuilder {
             distribution,
             colocation_id,
             copy_columns: columns.clone(),
+            // Unknown types: aggregates take their type-blind partial forms.
+            column_type_oids: vec![0; columns.len()],
             columns,
             key_default: None,
             sequence_columns: vec![],
@@ -213,7 +215,21 @@ pub(crate) fn catalog() -> Catalog {
         .distributed("events", &["id", "payload"], "id", 3)
         .serial("id")
         .function("ea_credit", &["key", "amount"], 0, "ea")
-        .aggregates(&["count", "sum", "avg", "min", "max", "bool_and", "string_agg", "percentile_cont", "rank", "row_number"])
+        .aggregates(&[
+            "count",
+            "sum",
+            "avg",
+            "min",
+            "max",
+            "bool_and",
+            "string_agg",
+            "percentile_cont",
+            "rank",
+            "row_number",
+            "stddev",
+            "var_pop",
+            "variance",
+        ])
         .build()
 }
 

@@ -34,6 +34,26 @@ fn aggregates_are_computed_per_shard_and_combined() {
 }
 
 #[test]
+fn variances_take_the_partial_form_their_input_type_allows() {
+    let worker_sql = |sql: &str| planned(sql).1;
+    // Float input: PostgreSQL's own float8 state per shard.
+    assert_eq!(
+        worker_sql("SELECT stddev(v::float8) FROM ea"),
+        "SELECT count(v::float8) AS tessera_p_000, sum(v::float8) AS tessera_p_001, var_pop(v::float8) AS tessera_p_002 FROM public.ea_100 ea"
+    );
+    let sql = worker_sql("SELECT stddev(v::float8 * 2 + 1.5) FROM ea");
+    assert!(sql.contains("var_pop((v::float8 * 2) + 1.5)"), "{sql}");
+    // int4 input: exact sums of squares in int8.
+    assert_eq!(
+        worker_sql("SELECT var_pop(v::int4) FROM ea"),
+        "SELECT sum(v::int4) AS tessera_p_000, count(v::int4) AS tessera_p_001, sum(v::int4::bigint) AS tessera_p_002, \
+         sum(v::int4::bigint * v::int4::bigint) AS tessera_p_003 FROM public.ea_100 ea"
+    );
+    // Of a type the catalog does not tell: exact numeric sums.
+    assert!(worker_sql("SELECT variance(v) FROM ea").contains("sum(v::numeric * v::numeric)"));
+}
+
+#[test]
 fn groups_across_shards_are_merged_by_the_combine() {
     assert_eq!(
         planned("SELECT g, count(*), avg(v) FROM ea GROUP BY g HAVING sum(v) > 1 ORDER BY 3 DESC LIMIT 2"),

@@ -1,0 +1,119 @@
+//! The type of a simple expression over a query's distributed tables, as
+//! far as the catalog and the expression's own text tell: a cast names its
+//! type, a column of a table in the query's FROM has the type the catalog
+//! recorded. Anything else is unknown, and whoever asks falls back to
+//! what works for every type.
+
+use super::resolve_range_var;
+use crate::metadata::{Catalog, DistributedTable};
+use pg_query::protobuf::{self, a_const, Node, SelectStmt};
+use pg_query::NodeEnum;
+use std::sync::Arc;
+
+pub const INT8: u32 = 20;
+pub const INT2: u32 = 21;
+pub const INT4: u32 = 23;
+pub const FLOAT4: u32 = 700;
+pub const FLOAT8: u32 = 701;
+
+/// The tables a query's FROM names, by the name its columns are qualified with.
+pub(super) struct FromTables {
+    tables: Vec<(String, Arc<DistributedTable>)>,
+    /// The FROM also has subqueries, functions or local tables, whose
+    /// columns an unqualified name may mean.
+    others: bool,
+}
+
+impl FromTables {
+    pub fn of(select: &SelectStmt, catalog: &Catalog) -> FromTables {
+        let mut from = FromTables { tables: Vec::new(), others: false };
+        for item in &select.from_clause {
+            from.collect(item, catalog);
+        }
+        from
+    }
+
+    fn collect(&mut self, item: &Node, catalog: &Catalog) {
+        match item.node.as_ref() {
+            Some(NodeEnum::RangeVar(rv)) => match resolve_range_var(rv, catalog) {
+                Some(table) => {
+                    let name = rv.alias.as_ref().map_or(&rv.relname, |a| &a.aliasname).clone();
+                    self.tables.push((name, table.clone()));
+                }
+                None => self.others = true,
+            },
+            Some(NodeEnum::JoinExpr(join)) => {
+                for side in [join.larg.as_deref(), join.rarg.as_deref()].into_iter().flatten() {
+                    self.collect(side, catalog);
+                }
+            }
+            _ => self.others = true,
+        }
+    }
+
+    /// The type oid of `expr`, when it is a cast or a column of one of the tables.
+    pub fn type_of(&self, expr: &Node) -> Option<u32> {
+        match expr.node.as_ref()? {
+            NodeEnum::TypeCast(cast) => {
+                let name = cast.type_name.as_ref()?.names.last()?;
+                match name.node.as_ref()? {
+                    NodeEnum::String(s) => match s.sval.as_str() {
+                        "int8" => Some(INT8),
+                        "int2" => Some(INT2),
+                        "int4" => Some(INT4),
+                        "float4" => Some(FLOAT4),
+                        "float8" => Some(FLOAT8),
+                        _ => None,
+                    },
+                    _ => None,
+                }
+            }
+            NodeEnum::ColumnRef(c) => {
+                let names: Vec<&str> = c
+                    .fields
+                    .iter()
+                    .map(|f| match f.node.as_ref() {
+                        Some(NodeEnum::String(s)) => Some(s.sval.as_str()),
+                        _ => None,
+                    })
+                    .collect::<Option<_>>()?;
+                let (qualifier, column) = match names[..] {
+                    [column] => (None, column),
+                    [.., qualifier, column] => (Some(qualifier), column),
+                    [] => return None,
+                };
+                if qualifier.is_none() && self.others {
+                    return None;
+                }
+                let mut found = self.tables.iter().filter(|(name, _)| qualifier.is_none_or(|q| q == name)).filter_map(|(_, table)| {
+                    let i = table.columns.iter().position(|c| c == column)?;
+                    table.column_type_oids.get(i).copied()
+                });
+                let oid = found.next()?;
+                // Two tables with such a column: ambiguous, PostgreSQL refuses it.
+                found.next().is_none().then_some(oid).filter(|oid| *oid != 0)
+            }
+            // Arithmetic with a float8 operand and a number is float8 (not
+            // with an interval: float8 * interval is an interval).
+            NodeEnum::AExpr(e) if e.kind == protobuf::AExprKind::AexprOp as i32 => {
+                let operator = match e.name.as_slice() {
+                    [name] => match name.node.as_ref()? {
+                        NodeEnum::String(s) => s.sval.as_str(),
+                        _ => return None,
+                    },
+                    _ => return None,
+                };
+                if !matches!(operator, "+" | "-" | "*" | "/") {
+                    return None;
+                }
+                let number = |side: Option<&Node>| match side?.node.as_ref()? {
+                    NodeEnum::AConst(c) if matches!(c.val, Some(a_const::Val::Ival(_) | a_const::Val::Fval(_))) => Some(None),
+                    _ => self.type_of(side?).filter(|t| matches!(*t, INT2 | INT4 | INT8 | FLOAT4 | FLOAT8)).map(Some),
+                };
+                let (left, right) = (number(e.lexpr.as_deref())?, number(e.rexpr.as_deref())?);
+                (left == Some(FLOAT8) || right == Some(FLOAT8)).then_some(FLOAT8)
+            }
+            _ => None,
+        }
+    }
+}
