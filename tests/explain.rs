@@ -190,7 +190,18 @@ async fn each_shape_takes_its_tier() {
     let kept = c.query_one("SELECT count(*) FROM ea WHERE v < -100", &[]).await.unwrap();
     assert_eq!(kept.get::<_, i64>(0), 300, "rolled back with its block");
 
+    variances_by_input_type(&c).await;
     repartition_joins(&cluster, &c).await;
+}
+
+/// The catalog knows column types: a float column's variance sends each
+/// shard's float8 state, an integer column's sums its squares in int8.
+async fn variances_by_input_type(c: &tokio_postgres::Client) {
+    c.batch_execute("CREATE TABLE ev (k int PRIMARY KEY, x float8, n int); SELECT create_distributed_table('ev', 'k', shard_count => 4);")
+        .await
+        .unwrap();
+    let text = explain_with(c, "VERBOSE, COSTS OFF", "SELECT stddev(x), var_pop(n) FROM ev").await.join("\n");
+    assert!(text.contains("var_pop(x)") && text.contains("((n)::bigint * (n)::bigint)") && !text.contains("numeric"), "{text}");
 }
 
 /// A join on a column that is not the moved table's distribution column,

@@ -819,7 +819,7 @@ async fn read_tables(conn: &mut PgConnection, oids: Option<&[u32]>) -> PgResult<
              LEFT JOIN pg_attribute k ON k.attrelid = c.oid AND k.attname = p.partkey AND NOT k.attisdropped
              CROSS JOIN LATERAL (
                  SELECT json_agg(a.attname ORDER BY a.attnum) AS names,
-                        json_agg(a.atttypid ORDER BY a.attnum) AS type_oids,
+                        json_agg(a.atttypid::int8 ORDER BY a.attnum) AS type_oids,
                         json_agg(a.attname ORDER BY a.attnum) FILTER (WHERE a.attgenerated = '') AS copy_names,
                         json_agg(json_build_array(a.attname, d.value) ORDER BY a.attnum) FILTER (WHERE d.uses_sequence) AS sequence_defaults,
                         json_agg(a.attname ORDER BY a.attnum) FILTER (WHERE a.attidentity = 'a') AS always_identity,
