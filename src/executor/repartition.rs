@@ -358,18 +358,28 @@ impl Repartition {
                 shuffle_rows(parts, &by_node, &mut shuffle).await?;
             }
             let parent = parent_name(&m.intermediate);
-            for (group, rows) in shuffle.groups.iter().zip(std::mem::take(&mut shuffle.rows)) {
+            for group in &shuffle.groups {
                 let node = catalog.node_for_group(*group).ok_or_else(|| PgError::internal(format!("no node for group {group}")))?;
-                let create = create_sql(&m.intermediate, &m.column_types, &parent, *group);
-                let worker = parts.worker(node, Access::Read).await?;
+                parts.worker(node, Access::Read).await?;
                 if !made.contains(group) {
                     made.push(*group);
                 }
-                worker.conn.execute(&create).await?;
-                copy_rows_into(&mut worker.conn, &parent, rows)
-                    .await
-                    .map_err(|e| e.with_context(format!("moving rows of {} to the node at {}", m.table.name, node.addr)))?;
             }
+            // Every node copies its rows at the same time.
+            let mut rows_of: Vec<(i32, PartialRows)> = shuffle.groups.iter().copied().zip(std::mem::take(&mut shuffle.rows)).collect();
+            let copies = parts.workers_for(&shuffle.groups).into_iter().map(|worker| {
+                let at = rows_of.iter().position(|(g, _)| *g == worker.group_id).expect("a connection per group taken above");
+                let rows = rows_of.swap_remove(at).1;
+                let create = create_sql(&m.intermediate, &m.column_types, &parent, worker.group_id);
+                let (table, parent) = (&m.table.name, &parent);
+                async move {
+                    worker.conn.execute(&create).await?;
+                    copy_rows_into(&mut worker.conn, parent, rows)
+                        .await
+                        .map_err(|e| e.with_context(format!("moving rows of {table} to node group {}", worker.group_id)))
+                }
+            });
+            futures::future::try_join_all(copies.collect::<Vec<_>>()).await?;
             moved.rows += shuffle.moved_rows;
             moved.bytes += shuffle.moved_bytes;
         }
