@@ -69,14 +69,7 @@ impl FromTables {
                 }
             }
             NodeEnum::ColumnRef(c) => {
-                let names: Vec<&str> = c
-                    .fields
-                    .iter()
-                    .map(|f| match f.node.as_ref() {
-                        Some(NodeEnum::String(s)) => Some(s.sval.as_str()),
-                        _ => None,
-                    })
-                    .collect::<Option<_>>()?;
+                let names = super::column_ref_names(c)?;
                 let (qualifier, column) = match names[..] {
                     [column] => (None, column),
                     [.., qualifier, column] => (Some(qualifier), column),
