@@ -236,6 +236,10 @@ async fn repartition_joins(cluster: &TestCluster, c: &tokio_postgres::Client) {
         assert_eq!(left.get::<_, i64>(0), 0, "temporary tables left on worker {i}");
     }
     assert_eq!(c.query(join, &[]).await.unwrap().len(), 7);
+    // The moved table's own conditions filter its rows before they move.
+    let filtered = "SELECT count(*) FROM rj_a a JOIN rj_b b ON b.a_k = a.k WHERE b.id <= 1000 AND a.v > 2";
+    let analyzed = explain_with(c, "ANALYZE", filtered).await.join("\n");
+    assert!(analyzed.contains("Moved: rj_b by a_k where (b.id <= 1000), onto") && analyzed.contains("Rows Moved: 1000 ("), "{analyzed}");
     // Neither join column is a distribution column: both tables move.
     let both = "SELECT count(*) FROM rj_a a JOIN rj_b b ON b.a_k = a.v";
     let text = explain(c, both).await.join("\n");

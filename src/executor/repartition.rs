@@ -27,6 +27,7 @@ use crate::connection::quote_ident;
 use crate::error::{PgError, PgResult};
 use crate::hash::{hash_text, row_hash, shard_index, HashType};
 use crate::metadata::{Catalog, Coercion, DistributedTable, Distribution, KeyType};
+use crate::planner::expression_types::FromTables;
 use crate::planner::rewrite::ShardTemplate;
 use crate::planner::{plan_tree, FallbackPlan, Plan};
 use crate::process::Coordinator;
@@ -70,6 +71,9 @@ struct Move {
     /// The table as the query reads it after the move, distributed by its
     /// join column.
     intermediate: Arc<DistributedTable>,
+    /// The query's own conditions on the table's rows, which filter them
+    /// before they move: its name in the query, and the conditions.
+    filter: Option<(String, String)>,
 }
 
 /// A column's SQL type: as `format_type` prints it with its modifier, without
@@ -103,6 +107,7 @@ pub(super) async fn plan(plan: &FallbackPlan, catalog: &Catalog, parts: &mut Par
                     table: table.clone(),
                     column_types: types.iter().map(|t| t.sql.clone()).collect(),
                     intermediate: intermediate_table(table, layout, position, key.clone(), colocation_id, INTERMEDIATE_OID - i),
+                    filter: own_filter(&plan.statement, table, catalog),
                 })
                 .collect();
             let augmented = moves.iter().fold(catalog.clone(), |c, m| c.with_table(m.intermediate.clone()));
@@ -179,6 +184,41 @@ fn equated_columns(statement: &NodeEnum) -> HashSet<String> {
         _ => {}
     });
     names
+}
+
+/// The conjuncts of the statement's WHERE that read nothing but `table`'s
+/// columns, as SQL over the name the query gives the table, with that name;
+/// None when there are none, or when filtering the table's rows before the
+/// join could change the answer: it is read twice, or an outer join might
+/// pad its missing rows (`LEFT JOIN t … WHERE t.x IS NULL`). Calls, which
+/// may be volatile, subqueries and parameters stay out.
+fn own_filter(statement: &NodeEnum, table: &DistributedTable, catalog: &Catalog) -> Option<(String, String)> {
+    let NodeEnum::SelectStmt(select) = statement else { return None };
+    let from = FromTables::of(select, catalog);
+    let [name] = from.names_of(table.oid)[..] else { return None };
+    if from.outer_joins {
+        return None;
+    }
+    let condition = select.where_clause.as_deref()?.node.as_ref()?;
+    let conjuncts: Vec<&NodeEnum> = match condition {
+        NodeEnum::BoolExpr(b) if b.boolop == protobuf::BoolExprType::AndExpr as i32 => b.args.iter().filter_map(|a| a.node.as_ref()).collect(),
+        other => vec![other],
+    };
+    let own = |conjunct: &NodeEnum| {
+        let (mut columns, mut other) = (0, false);
+        let mut conjunct = conjunct.clone();
+        visit_mut(&mut conjunct, &mut |n| match n {
+            NodeEnum::ColumnRef(c) => match from.column_of(c) {
+                Some((t, _)) if t.oid == table.oid => columns += 1,
+                _ => other = true,
+            },
+            NodeEnum::FuncCall(_) | NodeEnum::SubLink(_) | NodeEnum::ParamRef(_) | NodeEnum::SqlvalueFunction(_) => other = true,
+            _ => {}
+        });
+        columns > 0 && !other
+    };
+    let kept: Vec<String> = conjuncts.into_iter().filter(|c| own(c)).filter_map(|c| crate::planner::deparse::deparse_expression(c).ok()).collect();
+    (!kept.is_empty()).then(|| (name.to_string(), kept.iter().map(|c| format!("({c})")).collect::<Vec<_>>().join(" AND ")))
 }
 
 /// The SQL type of each of `table`'s columns.
@@ -331,7 +371,10 @@ impl Repartition {
             .iter()
             .map(|m| {
                 let Distribution::Hash { column, .. } = &m.intermediate.distribution else { unreachable!("made as a hash table") };
-                format!("{} by {}", m.table.name, column)
+                match &m.filter {
+                    Some((_, condition)) => format!("{} by {} where {condition}", m.table.name, column),
+                    None => format!("{} by {}", m.table.name, column),
+                }
             })
             .collect();
         match &self.moves[..] {
@@ -351,7 +394,12 @@ impl Repartition {
             let mut shuffle = Shuffle::new(&m.intermediate, *column_index, *column_type)?;
             if move_rows {
                 let columns: Vec<String> = m.table.columns.iter().map(|c| quote_ident(c)).collect();
-                let read = format!("SELECT {} FROM {}", columns.join(", "), m.table.qualified_name());
+                let read = match &m.filter {
+                    Some((name, condition)) => {
+                        format!("SELECT {} FROM {} AS {} WHERE {condition}", columns.join(", "), m.table.qualified_name(), quote_ident(name))
+                    }
+                    None => format!("SELECT {} FROM {}", columns.join(", "), m.table.qualified_name()),
+                };
                 let parsed = pg_query::parse(&read).map_err(|e| PgError::internal(format!("could not parse {read}: {e}")))?;
                 let raw = parsed.protobuf.stmts.into_iter().next().ok_or_else(|| PgError::internal("empty statement"))?;
                 let by_node = tasks_by_node(&ShardTemplate::for_query(self.version, raw, vec![m.table.clone()]), &m.table, catalog)?;

@@ -17,16 +17,18 @@ pub const FLOAT4: u32 = 700;
 pub const FLOAT8: u32 = 701;
 
 /// The tables a query's FROM names, by the name its columns are qualified with.
-pub(super) struct FromTables {
+pub struct FromTables {
     tables: Vec<(String, Arc<DistributedTable>)>,
     /// The FROM also has subqueries, functions or local tables, whose
     /// columns an unqualified name may mean.
     others: bool,
+    /// The FROM has an outer join.
+    pub outer_joins: bool,
 }
 
 impl FromTables {
     pub fn of(select: &SelectStmt, catalog: &Catalog) -> FromTables {
-        let mut from = FromTables { tables: Vec::new(), others: false };
+        let mut from = FromTables { tables: Vec::new(), others: false, outer_joins: false };
         for item in &select.from_clause {
             from.collect(item, catalog);
         }
@@ -43,12 +45,40 @@ impl FromTables {
                 None => self.others = true,
             },
             Some(NodeEnum::JoinExpr(join)) => {
+                self.outer_joins |= join.jointype != protobuf::JoinType::JoinInner as i32;
                 for side in [join.larg.as_deref(), join.rarg.as_deref()].into_iter().flatten() {
                     self.collect(side, catalog);
                 }
             }
             _ => self.others = true,
         }
+    }
+
+    /// The names (alias, or the table's own) under which the FROM reads table `oid`.
+    pub fn names_of(&self, oid: u32) -> Vec<&str> {
+        self.tables.iter().filter(|(_, table)| table.oid == oid).map(|(name, _)| name.as_str()).collect()
+    }
+
+    /// The table a column reference reads, and the column's name, when the
+    /// FROM tells it for certain.
+    pub fn column_of<'r>(&self, c: &'r protobuf::ColumnRef) -> Option<(&Arc<DistributedTable>, &'r str)> {
+        let names = super::column_ref_names(c)?;
+        let (qualifier, column) = match names[..] {
+            [column] => (None, column),
+            [.., qualifier, column] => (Some(qualifier), column),
+            [] => return None,
+        };
+        if qualifier.is_none() && self.others {
+            return None;
+        }
+        let mut found = self
+            .tables
+            .iter()
+            .filter(|(name, table)| qualifier.is_none_or(|q| q == name) && table.columns.iter().any(|c| c == column))
+            .map(|(_, t)| t);
+        let table = found.next()?;
+        // Two tables with such a column: ambiguous, PostgreSQL refuses it.
+        found.next().is_none().then_some((table, column))
     }
 
     /// The type oid of `expr`, when it is a cast or a column of one of the tables.
@@ -69,22 +99,8 @@ impl FromTables {
                 }
             }
             NodeEnum::ColumnRef(c) => {
-                let names = super::column_ref_names(c)?;
-                let (qualifier, column) = match names[..] {
-                    [column] => (None, column),
-                    [.., qualifier, column] => (Some(qualifier), column),
-                    [] => return None,
-                };
-                if qualifier.is_none() && self.others {
-                    return None;
-                }
-                let mut found = self.tables.iter().filter(|(name, _)| qualifier.is_none_or(|q| q == name)).filter_map(|(_, table)| {
-                    let i = table.columns.iter().position(|c| c == column)?;
-                    table.column_type_oids.get(i).copied()
-                });
-                let oid = found.next()?;
-                // Two tables with such a column: ambiguous, PostgreSQL refuses it.
-                found.next().is_none().then_some(oid).filter(|oid| *oid != 0)
+                let (table, column) = self.column_of(c)?;
+                table.columns.iter().position(|name| name == column).and_then(|i| table.column_type_oids.get(i).copied()).filter(|oid| *oid != 0)
             }
             // Arithmetic with a float8 operand and a number is float8 (not
             // with an interval: float8 * interval is an interval).

@@ -12,7 +12,7 @@ mod delegation;
 pub mod deparse;
 mod dml;
 mod explain;
-mod expression_types;
+pub mod expression_types;
 mod fallback;
 pub mod function_copy;
 mod functions;
