@@ -72,7 +72,8 @@ async fn plan_lines(
                 push_plan(rest, "  ", lines);
                 return Ok(());
             }
-            match super::fallback::broadcast_plan(fallback, catalog, parts).await? {
+            let sizes = super::fallback::candidate_sizes(fallback, catalog, parts).await?;
+            match super::fallback::broadcast_plan(fallback, &sizes, catalog, parts).await? {
                 Some(pushdown) => {
                     lines.push("Custom Scan (Tessera Broadcast)".to_string());
                     lines.push(format!("  Reason: {}", fallback.reason));
@@ -82,7 +83,7 @@ async fn plan_lines(
                     push_plan(pushed, "  ", lines);
                 }
                 None => {
-                    if let Some(repartition) = super::repartition::plan(fallback, catalog, parts).await? {
+                    if let Some(repartition) = super::repartition::plan(fallback, &sizes, catalog, parts).await? {
                         return explain_repartition(plan, &repartition, catalog, parts, mode, lines).await;
                     }
                     let sql = super::block_reads::ready(&fallback.read, coordinator, catalog, parts).await?;

@@ -71,7 +71,8 @@ pub async fn run(
             _ => unreachable!("compute_subqueries returns only these plans"),
         };
     }
-    if let Some(broadcast) = broadcast_plan(plan, catalog, parts).await? {
+    let sizes = candidate_sizes(plan, catalog, parts).await?;
+    if let Some(broadcast) = broadcast_plan(plan, &sizes, catalog, parts).await? {
         tracing::debug!("fallback by broadcast: {}", plan.reason);
         return match &broadcast {
             Plan::Router(router) => super::router::run_router(router, parts, catalog, mode, client).await,
@@ -79,7 +80,7 @@ pub async fn run(
             _ => unreachable!("broadcast_plan returns only pushdown plans"),
         };
     }
-    if let Some(repartition) = super::repartition::plan(plan, catalog, parts).await? {
+    if let Some(repartition) = super::repartition::plan(plan, &sizes, catalog, parts).await? {
         tracing::debug!("fallback by repartition: {}", plan.reason);
         return super::repartition::run(repartition, coordinator, catalog, parts, mode, client).await;
     }
@@ -384,12 +385,11 @@ async fn subquery_constant(
 /// group; otherwise every table but the largest. The plan is made with a
 /// placeholder for each shipped table, and the rows' text is written into
 /// each task's statement in its place (`ShardTemplate::fill`).
-pub(super) async fn broadcast_plan(plan: &FallbackPlan, catalog: &Catalog, parts: &mut Participants) -> PgResult<Option<Plan>> {
+pub(super) async fn broadcast_plan(plan: &FallbackPlan, sizes: &[i64], catalog: &Catalog, parts: &mut Participants) -> PgResult<Option<Plan>> {
     let candidates = &plan.broadcast_candidates;
     if candidates.is_empty() {
         return Ok(None);
     }
-    let sizes: Vec<i64> = super::cluster_views::table_sizes(candidates, catalog, parts).await?.iter().map(|s| s.table).collect();
     // On a tie the table named first (usually the outer query's) stays.
     let largest = (0..sizes.len()).fold(0, |best, i| if sizes[i] > sizes[best] { i } else { best });
     let small = |i: usize| sizes[i] <= BROADCAST_LIMIT_BYTES;
@@ -430,6 +430,16 @@ pub(super) async fn broadcast_plan(plan: &FallbackPlan, catalog: &Catalog, parts
         return Ok(Some(pushdown));
     }
     Ok(None)
+}
+
+/// The on-disk sizes of the statement's broadcast candidates (all shards,
+/// TOAST included), read from the nodes once for the broadcast and the
+/// repartition that may follow it; none without candidates.
+pub(super) async fn candidate_sizes(plan: &FallbackPlan, catalog: &Catalog, parts: &mut Participants) -> PgResult<Vec<i64>> {
+    if plan.broadcast_candidates.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(super::cluster_views::table_sizes(&plan.broadcast_candidates, catalog, parts).await?.iter().map(|s| s.table).collect())
 }
 
 /// Plans the statement with each of `tables` replaced by its relation; only

@@ -86,18 +86,26 @@ struct ColumnType {
 
 /// A repartition join for `plan`, when its two distributed tables can be
 /// joined that way; None otherwise (the general fallback runs it).
-pub(super) async fn plan(plan: &FallbackPlan, catalog: &Catalog, parts: &mut Participants) -> PgResult<Option<Repartition>> {
-    let [first, second] = &plan.broadcast_candidates[..] else { return Ok(None) };
+/// `sizes` are the two tables' sizes on disk (`fallback::candidate_sizes`).
+pub(super) async fn plan(plan: &FallbackPlan, sizes: &[i64], catalog: &Catalog, parts: &mut Participants) -> PgResult<Option<Repartition>> {
+    let ([first, second], [first_size, second_size]) = (&plan.broadcast_candidates[..], sizes) else { return Ok(None) };
     if parts.in_block() || !matches!(plan.statement, NodeEnum::SelectStmt(_)) {
         return Ok(None);
     }
+    // Columns a join can be co-located on: equated with another column, of a type the shard hash takes.
     let joined = equated_columns(&plan.statement);
-    let sizes = super::cluster_views::table_sizes(&plan.broadcast_candidates, catalog, parts).await?;
-    let (larger, smaller) = if sizes[1].table <= sizes[0].table { (first, second) } else { (second, first) };
-    let types = [column_types(larger, parts).await?, column_types(smaller, parts).await?];
-    let candidates = |table: &DistributedTable, types: &[ColumnType]| -> Vec<usize> {
-        (0..types.len()).filter(|&i| joined.contains(&table.columns[i]) && HashType::from_type_oid(types[i].oid).is_some()).collect()
+    let candidates = |table: &DistributedTable| -> Vec<usize> {
+        (0..table.columns.len())
+            .filter(|&i| {
+                joined.contains(&table.columns[i]) && table.column_type_oids.get(i).is_some_and(|oid| HashType::from_type_oid(*oid).is_some())
+            })
+            .collect()
     };
+    if candidates(first).is_empty() && candidates(second).is_empty() {
+        return Ok(None);
+    }
+    let (larger, smaller) = if second_size <= first_size { (first, second) } else { (second, first) };
+    let types = [column_types(larger, parts).await?, column_types(smaller, parts).await?];
     let plan_moves =
         |moves: Vec<(&Arc<DistributedTable>, &[ColumnType], usize)>, layout: &Arc<DistributedTable>, key: KeyType, colocation_id: i32| {
             let moves: Vec<Move> = moves
@@ -117,7 +125,7 @@ pub(super) async fn plan(plan: &FallbackPlan, catalog: &Catalog, parts: &mut Par
     // One table moves onto the other's shards, the smaller first.
     for (stays, moved, moved_types) in [(larger, smaller, &types[1]), (smaller, larger, &types[0])] {
         let Distribution::Hash { key, .. } = &stays.distribution else { continue };
-        for position in candidates(moved, moved_types) {
+        for position in candidates(moved) {
             if moved_types[position].base_sql == key.base_sql {
                 if let Some(repartition) = plan_moves(vec![(moved, moved_types, position)], stays, key.clone(), stays.colocation_id)? {
                     return Ok(Some(repartition));
@@ -126,8 +134,8 @@ pub(super) async fn plan(plan: &FallbackPlan, catalog: &Catalog, parts: &mut Par
         }
     }
     // Both move, into the larger table's layout.
-    for x in candidates(larger, &types[0]) {
-        for y in candidates(smaller, &types[1]) {
+    for x in candidates(larger) {
+        for y in candidates(smaller) {
             let (tx, ty) = (&types[0][x], &types[1][y]);
             if tx.base_sql != ty.base_sql {
                 continue;
@@ -147,10 +155,7 @@ pub(super) async fn plan(plan: &FallbackPlan, catalog: &Catalog, parts: &mut Par
 fn equated_columns(statement: &NodeEnum) -> HashSet<String> {
     let mut names = HashSet::new();
     let column_name = |node: Option<&protobuf::Node>| match node.and_then(|n| n.node.as_ref()) {
-        Some(NodeEnum::ColumnRef(c)) => match c.fields.last().and_then(|f| f.node.as_ref()) {
-            Some(NodeEnum::String(s)) => Some(s.sval.clone()),
-            _ => None,
-        },
+        Some(NodeEnum::ColumnRef(c)) => crate::planner::column_ref_names(c)?.last().map(|name| name.to_string()),
         _ => None,
     };
     let mut statement = statement.clone();
