@@ -945,12 +945,12 @@ SELECT c.oid, 'pg_catalog.pg_class'::regclass, 0, 'i', c.relacl FROM pg_catalog.
  WHERE c.relnamespace = 'pg_catalog'::regnamespace AND (c.relname LIKE 'pg\_dist\_%' OR c.relname LIKE 'citus\_%' OR c.relname = 'time_partitions') AND c.relacl IS NOT NULL;
 RESET allow_system_table_mods;
 
--- Other roles may look the helpers above up, and run them, but nothing else
--- in the schema: its tables stay unreadable.
 -- Combines per-shard float8 variance states ({N, Σx, Σ(x − mean)²}) as
 -- PostgreSQL combines its parallel workers' (executor/multi_shard.rs).
 CREATE OR REPLACE AGGREGATE tessera.float8_combined(float8[]) (SFUNC = pg_catalog.float8_combine, STYPE = float8[], INITCOND = '{0,0,0}');
 
+-- Other roles may look the helpers above up, and run them, but nothing else
+-- in the schema: its tables stay unreadable.
 GRANT USAGE ON SCHEMA tessera TO PUBLIC;
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA tessera FROM PUBLIC;
 -- Every role's combining statements use it.

@@ -763,12 +763,12 @@ impl Aggregation<'_> {
                 if input == Some(FLOAT4) {
                     in_float8.args = vec![super::cast_to_catalog_type(call.args[0].clone(), "float8")];
                 }
+                self.partials.push(renamed("count"));
                 for name in ["sum", "var_pop"] {
                     let mut c = in_float8.clone();
                     c.funcname = vec![string_node(name)];
                     self.partials.push(Node { node: Some(NodeEnum::FuncCall(Box::new(c))) });
                 }
-                self.partials.insert(first, renamed("count"));
             }
             _ => self.partials.push(Node { node: Some(NodeEnum::FuncCall(Box::new(call.clone()))) }),
         }
