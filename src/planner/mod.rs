@@ -24,6 +24,7 @@ mod local_rows;
 mod materialized_views;
 mod merge;
 mod multi_shard;
+mod per_shard_subquery;
 mod prepared;
 pub mod rewrite;
 mod router;

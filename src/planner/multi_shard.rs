@@ -121,6 +121,7 @@ pub(super) type Refusal = String;
 /// The column references whose value a row takes from its shard group
 /// (router.rs `shard_keys`): a GROUP BY or window PARTITION BY holding one
 /// keeps each group, or partition, within one shard group.
+#[derive(Default)]
 pub(super) struct ShardKeys {
     /// `qualifier.column` pairs.
     pub qualified: Vec<(String, String)>,

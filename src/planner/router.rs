@@ -465,7 +465,14 @@ pub(super) fn plan_pinned(
     if references != hash_entries.len() {
         match nested_parts(node, catalog, &scope, conjuncts) {
             Some(found) if found.tables.len() + hash_entries.len() == references => nested = found,
-            _ => return not_supported("subqueries over distributed tables are only supported when each reads one shard group, pinned by its own conditions on the distribution column or joined on it to a table of the query around it; a query must otherwise name its distributed tables in the top-level FROM clause"),
+            _ => {
+                if let (Command::Select, NodeEnum::SelectStmt(select)) = (command, node) {
+                    if let Some(anchor) = super::per_shard_subquery::anchor(select, &scope, replicated_preserved, catalog) {
+                        return super::multi_shard::plan_select(select, anchor, template, &super::multi_shard::ShardKeys::default(), catalog);
+                    }
+                }
+                return not_supported("subqueries over distributed tables are only supported when each reads one shard group, pinned by its own conditions on the distribution column or joined on it to a table of the query around it; a query must otherwise name its distributed tables in the top-level FROM clause");
+            }
         }
     }
     let Nested { tables: nested_tables, pins: nested_pins } = nested;
@@ -603,13 +610,18 @@ pub(super) fn pinning_within(scope: &[ScopeEntry], conjuncts: &[Conjunct], hash_
 }
 
 /// The outer scope entry whose distribution column `node` names, when it is
-/// a qualified column reference that no entry of `scope` (the subquery's
-/// own) can take: `o.tenant` in a subquery that has no `o`.
+/// a column reference that no entry of `scope` (the subquery's own) can
+/// take: `o.tenant` in a subquery that has no `o`, or `o_tenant` in one
+/// whose tables are all known and have no such column (TPC-H style names).
 pub(super) fn outer_dist_column_owner(node: &protobuf::Node, scope: &[ScopeEntry], outer: &[ScopeEntry]) -> Option<usize> {
     let Some(NodeEnum::ColumnRef(c)) = node.node.as_ref() else { return None };
     let parts = super::column_ref_names(c)?;
-    let [qualifier, _] = parts.as_slice() else { return None };
-    if scope.iter().any(|e| e.name == *qualifier) {
+    let taken_inside = match parts.as_slice() {
+        [qualifier, _] => scope.iter().any(|e| e.name == *qualifier),
+        [column] => scope.iter().any(|e| e.table.as_ref().is_none_or(|t| t.columns.iter().any(|c| c == column))),
+        _ => true,
+    };
+    if taken_inside {
         return None;
     }
     dist_column_owner(node, outer)

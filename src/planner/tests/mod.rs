@@ -200,7 +200,9 @@ impl CatalogBuilder {
 /// The catalog most tests plan against, the cluster of tests/explain.rs:
 /// `ea` and `eb` co-located, `ec` in a group of its own, `er` a reference
 /// table; `items` co-located with them, its `id` from a sequence; `events`
-/// keyed by a serial column. `elocal` and any other name is a local table.
+/// keyed by a serial column; `eo` and `el` co-located with `ea`, their
+/// columns named TPC-H style (unique across tables). `elocal` and any other
+/// name is a local table.
 pub(crate) fn catalog() -> Catalog {
     CatalogBuilder::new()
         .distributed("ea", &["k", "g", "v"], "k", 1)
@@ -214,6 +216,8 @@ pub(crate) fn catalog() -> Catalog {
         .serial("id")
         .distributed("events", &["id", "payload"], "id", 3)
         .serial("id")
+        .distributed("eo", &["o_key", "o_note"], "o_key", 1)
+        .distributed("el", &["l_key", "l_qty"], "l_key", 1)
         .function("ea_credit", &["key", "amount"], 0, "ea")
         .aggregates(&[
             "count",

@@ -126,6 +126,12 @@ fn co_located_and_reference_joins_run_per_shard_group() {
             "SELECT ea.k FROM ea WHERE EXISTS (SELECT 1 FROM eb WHERE eb.k = ea.k AND eb.w > 1)",
             "SELECT ea.k FROM public.ea_100 ea WHERE EXISTS (SELECT 1 FROM public.eb_200 eb WHERE eb.k = ea.k AND eb.w > 1)",
         ),
+        // Also when the columns are not qualified, but no table inside has
+        // the outer one (TPC-H's Q4).
+        (
+            "SELECT o_note FROM eo WHERE EXISTS (SELECT 1 FROM el WHERE l_key = o_key AND l_qty > 1)",
+            "SELECT o_note FROM public.eo_700 eo WHERE EXISTS (SELECT 1 FROM public.el_800 el WHERE l_key = o_key AND l_qty > 1)",
+        ),
     ] {
         assert_eq!(planned(sql), ("Select, 4 tasks, concatenate".into(), shard_sql.into()), "{sql}");
     }
@@ -157,4 +163,31 @@ fn unpinned_writes_run_on_every_shard_group() {
 #[test]
 fn a_key_compared_across_types_reads_every_shard() {
     assert_eq!(planned("SELECT * FROM ea WHERE k = 5::bigint").0, "Select, 4 tasks, concatenate");
+}
+
+#[test]
+fn a_from_subquery_each_shard_group_computes_runs_with_the_statement() {
+    // TPC-H's Q7-Q9 shape: the join is written as a FROM subquery.
+    assert_eq!(
+        planned("SELECT note, sum(qty) FROM (SELECT o_note AS note, l_qty AS qty FROM eo, el, er WHERE o_key = l_key AND er.id = l_qty) AS s GROUP BY note ORDER BY note"),
+        (
+            "Select, 4 tasks, SELECT tessera_p_000 AS note, tessera_agg_000 AS sum FROM tessera_partials GROUP BY tessera_p_000 ORDER BY note".into(),
+            "SELECT note AS tessera_p_000, sum(qty) AS tessera_p_001 FROM (SELECT o_note AS note, l_qty AS qty FROM public.eo_700 eo, public.el_800 el, public.er_400 er WHERE o_key = l_key AND er.id = l_qty) s GROUP BY note".into()
+        )
+    );
+    // Subqueries whose rows the shard groups cannot compute alone: grouped,
+    // limited, not joined on the keys, not co-located, or with the only
+    // distributed tables outside them.
+    for sql in [
+        "SELECT count(*) FROM (SELECT o_note FROM eo GROUP BY o_note) s",
+        "SELECT count(*) FROM (SELECT o_note FROM eo ORDER BY o_note LIMIT 3) s",
+        "SELECT count(*) FROM (SELECT o_note FROM eo, el WHERE o_note = l_qty::text) s",
+        "SELECT count(*) FROM (SELECT ea.v FROM ea JOIN ec ON ea.k = ec.k) s",
+        "SELECT count(*) FROM (SELECT o_note FROM eo) s, ea",
+        "SELECT count(*) FROM (SELECT o_note FROM eo) s, (SELECT l_qty FROM el) t",
+        "SELECT count(*) FROM (SELECT o_note FROM eo WHERE o_key IN (SELECT l_key FROM el)) s",
+        "SELECT count(*) FROM er LEFT JOIN (SELECT o_key FROM eo) s ON s.o_key = er.id",
+    ] {
+        planned_as!(sql, Plan::Fallback);
+    }
 }
