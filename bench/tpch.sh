@@ -7,15 +7,15 @@
 # 1. go-tpc generates the data as CSV files (with | between fields) (once per scale factor; they are
 #    kept in TPCH_DATA_DIR) and creates its tables on the plain server; the
 #    same DDL (pg_dump --schema-only) goes to Tessera, where the tables are
-#    distributed (see LAYOUT below), and both targets COPY the same files.
+#    distributed (see LAYOUT below), both targets COPY the same files and
+#    get the same indexes on the foreign keys.
 # 2. Each query (the PostgreSQL texts of go-tpc's tpch/query.go, read from the
 #    Go module cache at run time) runs RUNS times per round on plain and then
 #    on Tessera, for ROUNDS rounds; a round's median counts. Answers of the
 #    two targets are compared row for row (md5 of psql's output). For Tessera
-#    the script also records the bytes the coordinator process read (from
-#    /proc/PID/io: what came from the workers and the client) per run, its
-#    peak RSS over the whole run, and each query's plan (EXPLAIN, in
-#    BENCH_LOG_DIR).
+#    the script also records each query's plan (EXPLAIN, in BENCH_LOG_DIR),
+#    the bytes the nodes sent the coordinator for it (one more run, under
+#    EXPLAIN ANALYZE) and the coordinator's peak RSS over the whole run.
 # 3. `go-tpc tpch run --check` runs every query once on each target: at scale
 #    factor 1 it checks the answers against the official results. Its
 #    per-query times are reported beside ours.
@@ -109,7 +109,9 @@ extract_queries() {
 
 go_tpc_at() { # go_tpc_at PORT ARGS...
     local port=$1; shift
-    "$GO_TPC" tpch "$@" -d postgres -H 127.0.0.1 -P "$port" -U postgres -D postgres --sf "$SF" --conn-params sslmode=disable
+    # lib/pq sends keys it does not know as run-time parameters.
+    "$GO_TPC" tpch "$@" -d postgres -H 127.0.0.1 -P "$port" -U postgres -D postgres --sf "$SF" \
+        --conn-params "sslmode=disable&statement_timeout=$STATEMENT_TIMEOUT"
 }
 
 # ---------------------------------------------------------------- data
@@ -169,21 +171,35 @@ load_tables() { # load_tables TARGET PORT
         psql_at "$port" -c "\\copy $table FROM '$file' WITH (FORMAT csv, DELIMITER '|')" >>"$BENCH_LOG_DIR/$target-load.log" 2>&1 ||
             die "$target: loading $table failed" "$BENCH_LOG_DIR/$target-load.log"
     done
+    # go-tpc creates primary keys only; these are the foreign-key indexes
+    # TPC-H kits for PostgreSQL add (without them plain PostgreSQL runs Q17
+    # and Q20 as a scan of lineitem per part, for minutes).
+    log "$target: CREATE INDEX on the foreign keys"
+    psql_at "$port" -f - >>"$BENCH_LOG_DIR/$target-load.log" 2>&1 <<'SQL' || die "$target: creating the indexes failed" "$BENCH_LOG_DIR/$target-load.log"
+CREATE INDEX lineitem_l_partkey ON lineitem (l_partkey);
+CREATE INDEX lineitem_l_suppkey ON lineitem (l_suppkey);
+CREATE INDEX orders_o_custkey ON orders (o_custkey);
+CREATE INDEX partsupp_ps_suppkey ON partsupp (ps_suppkey);
+CREATE INDEX customer_c_nationkey ON customer (c_nationkey);
+CREATE INDEX supplier_s_nationkey ON supplier (s_nationkey);
+SQL
     psql_at "$port" -c "VACUUM ANALYZE ${TABLES[*]// /, }" >>"$BENCH_LOG_DIR/$target-load.log" 2>&1 ||
         psql_at "$port" -c "ANALYZE" >>"$BENCH_LOG_DIR/$target-load.log" 2>&1 || true
 }
 
 # ---------------------------------------------------------------- measuring
 
-# Bytes the coordinator process has received over its TCP connections that
-# are open now (`ss`: its pooled connections to the workers, and the client's);
-# empty without `ss` or a coordinator pid.
-coord_read_bytes() {
-    [[ -n $COORD_PID ]] && command -v ss >/dev/null || { echo ""; return 0; }
-    ss -tinpH 2>/dev/null | awk -v pid="pid=$COORD_PID," '
-        /^[^ \t]/ || /users:/ { mine = index($0, pid) > 0; next }
-        mine && match($0, /bytes_received:[0-9]+/) { total += substr($0, RSTART + 15, RLENGTH - 15) }
-        END { print total + 0 }'
+# Bytes the nodes sent the coordinator for query $1, as EXPLAIN ANALYZE
+# reports them (rows of the shards' tasks, rows moved by a repartition); "-"
+# for the general fallback, whose rows go to the coordinator database.
+coord_bytes() {
+    local plan=$BENCH_LOG_DIR/tessera-$1-analyze.txt
+    if grep -q 'General Fallback' "$BENCH_LOG_DIR/tessera-$1-plan.txt" 2>/dev/null; then echo -; return 0; fi
+    { echo "SET statement_timeout = '$STATEMENT_TIMEOUT';"; echo 'EXPLAIN (ANALYZE)'; cat -- "$BENCH_LOG_DIR/queries/$1.sql"; echo ';'; } |
+        psql_at "$TESSERA_PORT" -At >"$plan" 2>&1 || { echo "?"; return 0; }
+    awk 'match($0, /[0-9]+ bytes received from the nodes/) { split(substr($0, RSTART), w, " "); total += w[1] }
+         match($0, /Rows Moved: [0-9]+ \([0-9]+ bytes\)/) { split(substr($0, RSTART), w, /[( ]/); total += w[5] }
+         END { print total + 0 }' "$plan"
 }
 
 coord_peak_rss_mb() {
@@ -195,9 +211,8 @@ declare -A MEDIAN=() ANSWER=() BYTES=() FAILED=()
 
 # measure TARGET PORT QUERY: the median wall time (ms) of RUNS runs in round $ROUND.
 measure() {
-    local target=$1 port=$2 q=$3 out times before after i
+    local target=$1 port=$2 q=$3 out times i
     out=$BENCH_LOG_DIR/$target-$q-round$ROUND.log
-    before=$(coord_read_bytes)
     {
         echo "SET statement_timeout = '$STATEMENT_TIMEOUT';"
         echo '\timing on'
@@ -208,13 +223,9 @@ measure() {
         MEDIAN[$target:$q:$ROUND]=''
         return 0
     }
-    after=$(coord_read_bytes)
     times=$(sed -n 's/^Time: \([0-9.]*\) ms.*/\1/p' "$out")
     MEDIAN[$target:$q:$ROUND]=$(median <<<"$times")
     ANSWER[$target:$q:$ROUND]=$(grep -v '^Time:' "$out" | grep -v '^SET$' | md5sum | cut -c1-12)
-    if [[ $target == tessera && -n $before && -n $after ]]; then
-        BYTES[$q:$ROUND]=$(((after - before) / RUNS))
-    fi
     log "$target: $q (round $ROUND): median ${MEDIAN[$target:$q:$ROUND]} ms over $RUNS runs"
 }
 
@@ -260,6 +271,7 @@ for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
         measure tessera "$TESSERA_PORT" "$q"
     done
 done
+for q in "${QUERIES[@]}"; do BYTES[$q]=$(coord_bytes "$q"); done
 if [[ $CHECK -eq 1 ]]; then
     go_tpc_checked plain "$PLAIN_PORT"
     go_tpc_checked tessera "$TESSERA_PORT"
@@ -279,7 +291,7 @@ fi
 
 echo
 printf 'TPC-H scale factor %s (%s layout, 32 shards, 2 workers), %s alternating rounds of %s runs; coordinator peak RSS %s MB\n' "$SF" "$LAYOUT" "$ROUNDS" "$RUNS" "$PEAK_RSS"
-printf '%-4s %10s %10s %18s %5s %12s %9s %16s %-13s\n' query plain_ms tessera_ms ratio_min/med/max same coord_bytes fallback go-tpc_plain/tes go-tpc_checks
+printf '%-4s %10s %10s %18s %5s %12s %9s %16s %-13s\n' query plain_ms tessera_ms ratio_min/med/max same bytes_in fallback go-tpc_plain/tes go-tpc_checks
 # "plain/tessera" outcomes of go-tpc's check of query $1.
 go_checks() {
     if [[ $CHECK -ne 1 ]]; then echo -; return 0; fi
@@ -287,12 +299,11 @@ go_checks() {
 }
 log_ratios=()
 for q in "${QUERIES[@]}"; do
-    plain_ms=() tessera_ms=() ratios=() bytes=() same=yes
+    plain_ms=() tessera_ms=() ratios=() same=yes
     for ((r = 1; r <= ROUNDS; r++)); do
         [[ -n ${MEDIAN[plain:$q:$r]:-} && -n ${MEDIAN[tessera:$q:$r]:-} ]] || { same=-; continue; }
         plain_ms+=("${MEDIAN[plain:$q:$r]}")
         tessera_ms+=("${MEDIAN[tessera:$q:$r]}")
-        bytes+=("${BYTES[$q:$r]:-0}")
         ratios+=("$(awk -v a="${MEDIAN[tessera:$q:$r]}" -v b="${MEDIAN[plain:$q:$r]}" 'BEGIN { printf "%.2f", a / b }')")
         [[ ${ANSWER[plain:$q:$r]} == "${ANSWER[tessera:$q:$r]}" ]] || same=no
     done
@@ -307,7 +318,7 @@ for q in "${QUERIES[@]}"; do
     med=$(printf '%s\n' "${ratios[@]}" | median)
     log_ratios+=("$med")
     printf '%-4s %10s %10s %18s %5s %12s %9s %16s %-13s\n' "$q" "$(printf '%s\n' "${plain_ms[@]}" | median)" "$(printf '%s\n' "${tessera_ms[@]}" | median)" \
-        "$(head -n 1 <<<"$sorted")/$med/$(tail -n 1 <<<"$sorted")" "$same" "$(printf '%s\n' "${bytes[@]}" | median)" "$fallback" "$go" "$(go_checks "$q")"
+        "$(head -n 1 <<<"$sorted")/$med/$(tail -n 1 <<<"$sorted")" "$same" "${BYTES[$q]:--}" "$fallback" "$go" "$(go_checks "$q")"
 done
 if [[ ${#log_ratios[@]} -gt 0 ]]; then
     printf 'geometric mean of the median ratios over %s queries: %s\n' "${#log_ratios[@]}" \
@@ -317,4 +328,4 @@ for q in "${QUERIES[@]}"; do
     if [[ -n ${FAILED[tessera:$q]:-} ]]; then printf 'tessera %s: %s\n' "$q" "${FAILED[tessera:$q]}"; fi
     if [[ -n ${FAILED[plain:$q]:-} ]]; then printf 'plain %s: %s\n' "$q" "${FAILED[plain:$q]}"; fi
 done
-echo "(ratio = Tessera time / plain PostgreSQL time per round: min/median/max, lower is better; same = identical rows in every round; coord_bytes = bytes the coordinator process read per run (median); fallback = EXPLAIN shows the general fallback; go-tpc = the per-query ms go-tpc reported on plain/Tessera, and whether its --check (scale factor 1 only) passed on each: a query that fails on both differs from the official answers in go-tpc itself. Raw outputs and plans: $BENCH_LOG_DIR)"
+echo "(ratio = Tessera time / plain PostgreSQL time per round: min/median/max, lower is better; same = identical rows in every round; bytes_in = bytes the nodes sent the coordinator in one run, from EXPLAIN ANALYZE (- for the general fallback); fallback = EXPLAIN shows the general fallback; go-tpc = the per-query ms go-tpc reported on plain/Tessera, and whether its --check (scale factor 1 only) passed on each: a query that fails on both differs from the official answers in go-tpc itself. Raw outputs and plans: $BENCH_LOG_DIR)"

@@ -13,6 +13,7 @@ use crate::connection::client::ClientConn;
 use crate::connection::{quote_ident, text_row_size, TextRows};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable};
+use crate::planner::decorrelate::decorrelate;
 use crate::planner::deparse::deparse_statement;
 use crate::planner::rewrite::{rows_placeholder, ShardTemplate};
 use crate::planner::uncorrelated_subqueries::{self, Subquery, SubqueryUse};
@@ -209,6 +210,9 @@ pub(super) async fn compute_subqueries(plan: &FallbackPlan, catalog: &Catalog, p
     }
     let mut subqueries = Vec::new();
     let mut stmt = plan.statement.clone();
+    // Correlated aggregates become grouped subqueries in FROM, which may be
+    // computed first like any other.
+    decorrelate(&mut stmt, catalog);
     let mut fills = Vec::new();
     let rows_help = uncorrelated_subqueries::reads_tables_beyond_its_rows(&stmt, catalog);
     while let Some(mut with_query) = uncorrelated_subqueries::next_with_query(&stmt, catalog).filter(|_| rows_help) {

@@ -38,7 +38,7 @@ const VALUE_COLUMN: &str = "tessera_value";
 
 /// Rewrites every correlated scalar aggregate subquery of `stmt` that has
 /// a grouped form; returns how many it rewrote.
-pub(super) fn decorrelate(stmt: &mut NodeEnum, catalog: &Catalog) -> usize {
+pub fn decorrelate(stmt: &mut NodeEnum, catalog: &Catalog) -> usize {
     let mut rewritten = 0;
     // Parents first: a level's new grouped subqueries are walked after it,
     // and hold nothing correlated to rewrite.
@@ -65,14 +65,23 @@ fn decorrelate_level(select: &mut protobuf::SelectStmt, catalog: &Catalog, numbe
     }
     // In a grouped query only WHERE sees rows before grouping.
     let grouped = !select.group_clause.is_empty() || select.having_clause.is_some();
-    let mut outer_names = Vec::new();
+    let mut outer = OuterScope { names: Vec::new(), columns: Some(Vec::new()), tables: Vec::new(), conditions: Vec::new() };
     for item in &select.from_clause {
-        from_item_names(item, &mut outer_names);
+        from_item_names(item, &mut outer.names);
+        outer.columns = outer.columns.take().and_then(|mut columns| outer_columns(item, catalog, &mut columns).map(|()| columns));
+        if let Some(NodeEnum::RangeVar(rv)) = item.node.as_ref() {
+            outer.tables.push(rv.clone());
+        }
+    }
+    if let Some(filter) = select.where_clause.as_deref() {
+        let mut conditions = Vec::new();
+        flatten_and(filter, &mut conditions);
+        outer.conditions = conditions.into_iter().cloned().collect();
     }
     let mut joins: Vec<(Node, Node)> = Vec::new();
     let mut replace = |n: &mut NodeEnum| {
         let NodeEnum::SubLink(link) = n else { return };
-        let Some(grouped) = grouped_form(link, &outer_names, catalog) else { return };
+        let Some(grouped) = grouped_form(link, &outer, catalog) else { return };
         let alias = format!("{ALIAS_PREFIX}{}", numbered + joins.len() + 1);
         joins.push(grouped.join_parts(&alias));
         if let Some(NodeEnum::ColumnRef(value)) = column_ref(&[&alias, VALUE_COLUMN]).node {
@@ -161,6 +170,35 @@ enum Side {
     Unknown,
 }
 
+/// The FROM items of the level a subquery is in: the names they make
+/// visible, all their tables' columns when the catalog knows every one, the
+/// tables that are FROM items of their own, and the level's ANDed WHERE
+/// conditions.
+struct OuterScope {
+    names: Vec<String>,
+    columns: Option<Vec<String>>,
+    tables: Vec<protobuf::RangeVar>,
+    conditions: Vec<Node>,
+}
+
+impl OuterScope {
+    /// The table of `tables` a column reference of this level names.
+    fn owner(&self, c: &protobuf::ColumnRef, catalog: &Catalog) -> Option<(&protobuf::RangeVar, String)> {
+        let has = |rv: &protobuf::RangeVar, column: &str| resolve_range_var(rv, catalog).is_some_and(|t| t.columns.iter().any(|c| c == column));
+        match column_ref_names(c).as_deref()? {
+            [column] if self.columns.as_ref()?.iter().filter(|c| c == column).count() == 1 => {
+                self.tables.iter().find(|rv| has(rv, column)).map(|rv| (rv, column.to_string()))
+            }
+            [table, column] => self.tables.iter().find(|rv| name_of(rv) == *table && has(rv, column)).map(|rv| (rv, column.to_string())),
+            _ => None,
+        }
+    }
+}
+
+fn name_of(rv: &protobuf::RangeVar) -> &str {
+    rv.alias.as_ref().map_or(rv.relname.as_str(), |a| a.aliasname.as_str())
+}
+
 /// The subquery's tables: their names in it and all their columns.
 struct InnerScope {
     names: Vec<String>,
@@ -168,22 +206,26 @@ struct InnerScope {
 }
 
 impl InnerScope {
-    fn side(&self, c: &protobuf::ColumnRef, outer_names: &[String]) -> Side {
+    fn side(&self, c: &protobuf::ColumnRef, outer: &OuterScope) -> Side {
+        let of_one_outer_table = |column: &str| outer.columns.as_ref().is_some_and(|columns| columns.iter().filter(|c| *c == column).count() == 1);
         match column_ref_names(c).as_deref() {
             Some([column]) if self.columns.iter().any(|c| c == column) => Side::Inner,
+            // An unqualified name no inner table has is the outer table's
+            // that has it (TPC-H's `l_partkey = p_partkey`).
+            Some([column]) if of_one_outer_table(column) => Side::Outer,
             Some([table, _]) if self.names.iter().any(|n| n == table) => Side::Inner,
-            Some([table, _]) if outer_names.iter().any(|n| n == table) => Side::Outer,
+            Some([table, _]) if outer.names.iter().any(|n| n == table) => Side::Outer,
             _ => Side::Unknown,
         }
     }
 
     /// Whether every column an expression reads is the subquery's own.
-    fn only_inner(&self, expr: &Node, outer_names: &[String]) -> bool {
-        column_refs(expr).iter().all(|c| self.side(c, outer_names) == Side::Inner)
+    fn only_inner(&self, expr: &Node, outer: &OuterScope) -> bool {
+        column_refs(expr).iter().all(|c| self.side(c, outer) == Side::Inner)
     }
 }
 
-fn grouped_form(link: &protobuf::SubLink, outer_names: &[String], catalog: &Catalog) -> Option<Grouped> {
+fn grouped_form(link: &protobuf::SubLink, outer: &OuterScope, catalog: &Catalog) -> Option<Grouped> {
     if link.sub_link_type != protobuf::SubLinkType::ExprSublink as i32 {
         return None;
     }
@@ -195,35 +237,40 @@ fn grouped_form(link: &protobuf::SubLink, outer_names: &[String], catalog: &Cata
     for item in &query.from_clause {
         inner_tables(item, catalog, &mut scope)?;
     }
-    let from_inner = query.from_clause.iter().all(|item| scope.only_inner(item, outer_names));
+    let from_inner = query.from_clause.iter().all(|item| scope.only_inner(item, outer));
     let Some(NodeEnum::ResTarget(target)) = query.target_list[0].node.as_ref() else { return None };
     let value = target.val.as_deref()?;
-    if !from_inner || !scope.only_inner(value, outer_names) || null_over_no_rows(value) != Some(true) {
+    if !from_inner || !scope.only_inner(value, outer) || null_over_no_rows(value) != Some(true) {
         return None;
     }
     let mut filters = Vec::new();
+    let mut from_clause = query.from_clause.clone();
     let (mut inner_keys, mut outer_keys) = (Vec::new(), Vec::new());
     let mut conjuncts = Vec::new();
     if let Some(filter) = query.where_clause.as_deref() {
         flatten_and(filter, &mut conjuncts);
     }
     for conjunct in conjuncts {
-        if scope.only_inner(conjunct, outer_names) {
+        if scope.only_inner(conjunct, outer) {
             filters.push(conjunct.clone());
             continue;
         }
-        let (inner, outer) = correlating_equality(conjunct, &scope, outer_names)?;
+        let (inner, outer) = correlating_equality(conjunct, &scope, outer)?;
         inner_keys.push(inner.clone());
         outer_keys.push(outer.clone());
     }
     if outer_keys.is_empty() {
         return None;
     }
+    if let Some(narrowing) = narrowing(&inner_keys, &outer_keys, &scope, outer, catalog) {
+        filters.extend(narrowing.conditions);
+        from_clause.push(narrowing.table);
+    }
     let mut targets: Vec<Node> = inner_keys.iter().enumerate().map(|(i, key)| res_target(&format!("{KEY_PREFIX}{}", i + 1), key.clone())).collect();
     targets.push(res_target(VALUE_COLUMN, value.clone()));
     let select = protobuf::SelectStmt {
         target_list: targets,
-        from_clause: query.from_clause.clone(),
+        from_clause,
         where_clause: (!filters.is_empty()).then(|| Box::new(and(filters))),
         group_clause: inner_keys,
         ..plain_select()
@@ -231,15 +278,84 @@ fn grouped_form(link: &protobuf::SubLink, outer_names: &[String], catalog: &Cata
     Some(Grouped { select, outer_keys })
 }
 
+/// A table of the outer level joined into a grouped subquery, and the
+/// conditions that come with it.
+struct Narrowing {
+    table: Node,
+    conditions: Vec<Node>,
+}
+
+/// Only the groups of keys some outer row may ask for: when the subquery is
+/// correlated to the whole primary key of an outer table that the outer
+/// level's WHERE restricts by conditions on it alone (TPC-H's Q17: `part`
+/// by brand and container), that table joins the grouped subquery on those
+/// keys, with those conditions. Each inner row meets at most one of its
+/// rows, so a group keeps its rows and its value; the groups left out are
+/// of keys whose outer rows the outer WHERE drops. Computed first, the
+/// grouped subquery then gives hundreds of rows where it gave a group per
+/// key of the whole inner table.
+fn narrowing(inner_keys: &[Node], outer_keys: &[Node], scope: &InnerScope, outer: &OuterScope, catalog: &Catalog) -> Option<Narrowing> {
+    let owners: Vec<(&protobuf::RangeVar, String)> = outer_keys
+        .iter()
+        .map(|key| match key.node.as_ref() {
+            Some(NodeEnum::ColumnRef(c)) => outer.owner(c, catalog),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    let (owner, _) = owners.first()?;
+    let table = resolve_range_var(owner, catalog)?;
+    let name = name_of(owner);
+    let keyed = |column: &String| owners.iter().any(|(rv, c)| name_of(rv) == name && c == column);
+    if table.primary_key.is_empty() || !table.primary_key.iter().all(keyed) || scope.names.iter().any(|n| n == name) {
+        return None;
+    }
+    let mut conditions: Vec<Node> = outer.conditions.iter().filter_map(|c| on_table_alone(c, owner, outer, catalog)).collect();
+    if conditions.is_empty() {
+        return None;
+    }
+    for (inner, (rv, column)) in inner_keys.iter().zip(&owners) {
+        if name_of(rv) == name {
+            conditions.push(equals(inner.clone(), column_ref(&[name, column])));
+        }
+    }
+    Some(Narrowing { table: Node { node: Some(NodeEnum::RangeVar((*owner).clone())) }, conditions })
+}
+
+/// A condition of the outer level that reads columns of `table` alone,
+/// with constants and operators (no calls: a volatile one would give
+/// another answer a second time), its columns qualified by the table's name.
+fn on_table_alone(condition: &Node, table: &protobuf::RangeVar, outer: &OuterScope, catalog: &Catalog) -> Option<Node> {
+    let mut copy = condition.clone();
+    let mut alone = true;
+    let mut columns = 0;
+    visit_mut(copy.node.as_mut()?, &mut |n| match n {
+        NodeEnum::ColumnRef(c) => {
+            columns += 1;
+            match outer.owner(c, catalog) {
+                Some((rv, column)) if name_of(rv) == name_of(table) => {
+                    if let Some(NodeEnum::ColumnRef(qualified)) = column_ref(&[name_of(table), &column]).node {
+                        *c = qualified;
+                    }
+                }
+                _ => alone = false,
+            }
+        }
+        NodeEnum::AExpr(_) | NodeEnum::BoolExpr(_) | NodeEnum::AConst(_) | NodeEnum::TypeCast(_) | NodeEnum::TypeName(_) | NodeEnum::NullTest(_) => {}
+        NodeEnum::String(_) | NodeEnum::List(_) | NodeEnum::Integer(_) => {}
+        _ => alone = false,
+    });
+    (alone && columns > 0).then_some(copy)
+}
+
 /// `inner = outer` or `outer = inner`, each side a plain column.
-fn correlating_equality<'a>(conjunct: &'a Node, scope: &InnerScope, outer_names: &[String]) -> Option<(&'a Node, &'a Node)> {
+fn correlating_equality<'a>(conjunct: &'a Node, scope: &InnerScope, outer: &OuterScope) -> Option<(&'a Node, &'a Node)> {
     let Some(NodeEnum::AExpr(e)) = conjunct.node.as_ref() else { return None };
     if e.kind != protobuf::AExprKind::AexprOp as i32 || !is_equals(&e.name) {
         return None;
     }
     let (left, right) = (e.lexpr.as_deref()?, e.rexpr.as_deref()?);
     let side = |n: &Node| match n.node.as_ref() {
-        Some(NodeEnum::ColumnRef(c)) => scope.side(c, outer_names),
+        Some(NodeEnum::ColumnRef(c)) => scope.side(c, outer),
         _ => Side::Unknown,
     };
     match (side(left), side(right)) {
@@ -268,6 +384,16 @@ fn inner_tables(item: &Node, catalog: &Catalog, scope: &mut InnerScope) -> Optio
         }
         _ => None,
     }
+}
+
+/// Adds the columns of a FROM item's tables; None for anything whose
+/// columns the catalog does not know (a subquery, a function, column
+/// aliases).
+fn outer_columns(item: &Node, catalog: &Catalog, columns: &mut Vec<String>) -> Option<()> {
+    let mut scope = InnerScope { names: Vec::new(), columns: Vec::new() };
+    inner_tables(item, catalog, &mut scope)?;
+    columns.append(&mut scope.columns);
+    Some(())
 }
 
 /// The names a FROM item makes visible to its level's expressions.

@@ -7,7 +7,7 @@ mod copy;
 mod cte_names;
 mod ddl;
 mod ddl_plan;
-mod decorrelate;
+pub mod decorrelate;
 mod delegation;
 pub mod deparse;
 mod dml;

@@ -315,7 +315,10 @@ pub(super) fn collect_joined<'a>(
                     let Some(arg) = arg else { continue };
                     let before = scope.len();
                     replicated_preserved |= collect_joined(std::slice::from_ref(arg), catalog, scope, conjuncts, side_nullable[side]);
-                    replicated[side] = scope[before..].iter().any(|e| e.table.as_ref().is_none_or(|t| t.is_reference()));
+                    // A side with a distributed table has each of its rows
+                    // in one shard group (its own outer joins were judged
+                    // as it was collected).
+                    replicated[side] = !scope[before..].iter().any(|e| e.table.as_ref().is_some_and(|t| !t.is_reference()));
                     sides[side] = before..scope.len();
                 }
                 using_equalities(j, scope, &sides, conjuncts);

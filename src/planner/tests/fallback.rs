@@ -96,3 +96,22 @@ fn writes_no_tier_runs_are_refused() {
     let refusal = planned_as!("UPDATE ea SET v = ec.z FROM ec WHERE ec.k = ea.g", Plan::Unsupported);
     assert_eq!(refusal.message(), "joins between distributed tables that are not co-located are not supported yet");
 }
+
+#[test]
+fn correlated_aggregates_are_grouped_for_the_keys_the_outer_rows_ask() {
+    // `er.id`, the primary key of a table the outer WHERE restricts alone,
+    // joins the grouped subquery with that restriction (TPC-H's Q17).
+    let plan = fallback("SELECT count(*) FROM ea, er WHERE er.id = ea.g AND er.name = 'x' AND ea.v < (SELECT avg(eb.w) FROM eb WHERE eb.k = er.id)");
+    assert_eq!(
+        plan.read.sql,
+        "SELECT count(*) FROM tessera_fallback.dist_1 ea CROSS JOIN tessera_fallback.dist_4 er LEFT JOIN (SELECT eb.k AS tessera_key_1, avg(eb.w) AS tessera_value FROM tessera_fallback.dist_2 eb, tessera_fallback.dist_4 er WHERE er.name = 'x' AND eb.k = er.id GROUP BY eb.k) tessera_grouped_1 ON tessera_grouped_1.tessera_key_1 = er.id WHERE er.id = ea.g AND er.name = 'x' AND ea.v < tessera_grouped_1.tessera_value"
+    );
+    // A call may be volatile, and ea.g is no primary key: neither narrows.
+    for sql in [
+        "SELECT count(*) FROM ea, er WHERE er.id = ea.g AND lower(er.name) = 'x' AND ea.v < (SELECT avg(eb.w) FROM eb WHERE eb.k = er.id)",
+        "SELECT count(*) FROM ea, er WHERE er.id = ea.g AND ea.v = 3 AND er.id < (SELECT max(eb.w) FROM eb WHERE eb.k = ea.g)",
+    ] {
+        let plan = fallback(sql);
+        assert!(plan.read.sql.contains("GROUP BY eb.k) tessera_grouped_1") && !plan.read.sql.contains("eb.k = "), "{sql}: {}", plan.read.sql);
+    }
+}

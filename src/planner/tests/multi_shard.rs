@@ -126,6 +126,12 @@ fn co_located_and_reference_joins_run_per_shard_group() {
             "SELECT ea.k FROM ea WHERE EXISTS (SELECT 1 FROM eb WHERE eb.k = ea.k AND eb.w > 1)",
             "SELECT ea.k FROM public.ea_100 ea WHERE EXISTS (SELECT 1 FROM public.eb_200 eb WHERE eb.k = ea.k AND eb.w > 1)",
         ),
+        // An outer join keeping the rows of a distributed table's join with
+        // a reference table keeps each once: they are in one shard group.
+        (
+            "SELECT ea.k, x.name FROM ea JOIN er ON er.id = ea.g LEFT JOIN er x ON x.id = ea.v",
+            "SELECT ea.k, x.name FROM public.ea_100 ea JOIN public.er_400 er ON er.id = ea.g LEFT JOIN public.er_400 x ON x.id = ea.v",
+        ),
         // Also when the columns are not qualified, but no table inside has
         // the outer one (TPC-H's Q4).
         (
