@@ -207,7 +207,7 @@ coord_peak_rss_mb() {
     awk '$1 == "VmHWM:" { printf "%.0f", $2 / 1024 }' "/proc/$COORD_PID/status"
 }
 
-declare -A MEDIAN=() ANSWER=() BYTES=() FAILED=()
+declare -A MEDIAN=() ANSWER=() ROWSET=() BYTES=() FAILED=()
 
 # measure TARGET PORT QUERY: the median wall time (ms) of RUNS runs in round $ROUND.
 measure() {
@@ -226,6 +226,8 @@ measure() {
     times=$(sed -n 's/^Time: \([0-9.]*\) ms.*/\1/p' "$out")
     MEDIAN[$target:$q:$ROUND]=$(median <<<"$times")
     ANSWER[$target:$q:$ROUND]=$(grep -v '^Time:' "$out" | grep -v '^SET$' | md5sum | cut -c1-12)
+    # Rows that tie on the ORDER BY may come in another order.
+    ROWSET[$target:$q:$ROUND]=$(grep -v '^Time:' "$out" | grep -v '^SET$' | sort | md5sum | cut -c1-12)
     log "$target: $q (round $ROUND): median ${MEDIAN[$target:$q:$ROUND]} ms over $RUNS runs"
 }
 
@@ -305,7 +307,11 @@ for q in "${QUERIES[@]}"; do
         plain_ms+=("${MEDIAN[plain:$q:$r]}")
         tessera_ms+=("${MEDIAN[tessera:$q:$r]}")
         ratios+=("$(awk -v a="${MEDIAN[tessera:$q:$r]}" -v b="${MEDIAN[plain:$q:$r]}" 'BEGIN { printf "%.2f", a / b }')")
-        [[ ${ANSWER[plain:$q:$r]} == "${ANSWER[tessera:$q:$r]}" ]] || same=no
+        if [[ ${ROWSET[plain:$q:$r]} != "${ROWSET[tessera:$q:$r]}" ]]; then
+            same=no
+        elif [[ ${ANSWER[plain:$q:$r]} != "${ANSWER[tessera:$q:$r]}" && $same == yes ]]; then
+            same=ties
+        fi
     done
     fallback=no
     grep -q 'General Fallback' "$BENCH_LOG_DIR/tessera-$q-plan.txt" 2>/dev/null && fallback=yes
@@ -328,4 +334,4 @@ for q in "${QUERIES[@]}"; do
     if [[ -n ${FAILED[tessera:$q]:-} ]]; then printf 'tessera %s: %s\n' "$q" "${FAILED[tessera:$q]}"; fi
     if [[ -n ${FAILED[plain:$q]:-} ]]; then printf 'plain %s: %s\n' "$q" "${FAILED[plain:$q]}"; fi
 done
-echo "(ratio = Tessera time / plain PostgreSQL time per round: min/median/max, lower is better; same = identical rows in every round; bytes_in = bytes the nodes sent the coordinator in one run, from EXPLAIN ANALYZE (- for the general fallback); fallback = EXPLAIN shows the general fallback; go-tpc = the per-query ms go-tpc reported on plain/Tessera, and whether its --check (scale factor 1 only) passed on each: a query that fails on both differs from the official answers in go-tpc itself. Raw outputs and plans: $BENCH_LOG_DIR)"
+echo "(ratio = Tessera time / plain PostgreSQL time per round: min/median/max, lower is better; same = identical rows in every round (ties: the same rows, but rows that tie on the ORDER BY came in another order); bytes_in = bytes the nodes sent the coordinator in one run, from EXPLAIN ANALYZE (- for the general fallback); fallback = EXPLAIN shows the general fallback; go-tpc = the per-query ms go-tpc reported on plain/Tessera, and whether its --check (scale factor 1 only) passed on each: a query that fails on both differs from the official answers in go-tpc itself. Raw outputs and plans: $BENCH_LOG_DIR)"
