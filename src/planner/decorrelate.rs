@@ -26,7 +26,7 @@
 //! it was: the correlated form is slow, never wrong.
 
 use super::walk::visit_mut;
-use super::{column_ref, column_ref_names, function_names, is_equals, only_filters, plain_select, res_target, resolve_range_var};
+use super::{column_ref, column_ref_names, function_names, has_nested_query, is_equals, only_filters, plain_select, res_target, resolve_range_var};
 use crate::metadata::Catalog;
 use pg_query::protobuf::{self, Node};
 use pg_query::NodeEnum;
@@ -182,13 +182,18 @@ struct OuterScope {
 }
 
 impl OuterScope {
+    /// Whether exactly one of the level's tables has a column of this name,
+    /// so that the unqualified name, where no inner table has it, is that
+    /// table's.
+    fn one_table_has(&self, column: &str) -> bool {
+        self.columns.as_ref().is_some_and(|columns| columns.iter().filter(|c| *c == column).count() == 1)
+    }
+
     /// The table of `tables` a column reference of this level names.
     fn owner(&self, c: &protobuf::ColumnRef, catalog: &Catalog) -> Option<(&protobuf::RangeVar, String)> {
         let has = |rv: &protobuf::RangeVar, column: &str| resolve_range_var(rv, catalog).is_some_and(|t| t.columns.iter().any(|c| c == column));
         match column_ref_names(c).as_deref()? {
-            [column] if self.columns.as_ref()?.iter().filter(|c| c == column).count() == 1 => {
-                self.tables.iter().find(|rv| has(rv, column)).map(|rv| (rv, column.to_string()))
-            }
+            [column] if self.one_table_has(column) => self.tables.iter().find(|rv| has(rv, column)).map(|rv| (rv, column.to_string())),
             [table, column] => self.tables.iter().find(|rv| name_of(rv) == *table && has(rv, column)).map(|rv| (rv, column.to_string())),
             _ => None,
         }
@@ -207,12 +212,10 @@ struct InnerScope {
 
 impl InnerScope {
     fn side(&self, c: &protobuf::ColumnRef, outer: &OuterScope) -> Side {
-        let of_one_outer_table = |column: &str| outer.columns.as_ref().is_some_and(|columns| columns.iter().filter(|c| *c == column).count() == 1);
         match column_ref_names(c).as_deref() {
             Some([column]) if self.columns.iter().any(|c| c == column) => Side::Inner,
-            // An unqualified name no inner table has is the outer table's
-            // that has it (TPC-H's `l_partkey = p_partkey`).
-            Some([column]) if of_one_outer_table(column) => Side::Outer,
+            // TPC-H's `l_partkey = p_partkey`.
+            Some([column]) if outer.one_table_has(column) => Side::Outer,
             Some([table, _]) if self.names.iter().any(|n| n == table) => Side::Inner,
             Some([table, _]) if outer.names.iter().any(|n| n == table) => Side::Outer,
             _ => Side::Unknown,
@@ -506,16 +509,6 @@ fn is_grouped_value(expr: &Node) -> bool {
 pub(super) fn is_bare_star(target: &Node) -> bool {
     let Some(NodeEnum::ResTarget(t)) = target.node.as_ref() else { return false };
     matches!(t.val.as_deref().and_then(|v| v.node.as_ref()), Some(NodeEnum::ColumnRef(c)) if matches!(c.fields.as_slice(), [f] if matches!(f.node, Some(NodeEnum::AStar(_)))))
-}
-
-/// Whether a SELECT holds another query anywhere (a subquery, a derived table).
-fn has_nested_query(query: &protobuf::SelectStmt) -> bool {
-    let mut copy = NodeEnum::SelectStmt(Box::new(query.clone()));
-    let mut selects = 0;
-    visit_mut(&mut copy, &mut |n| {
-        selects += usize::from(matches!(n, NodeEnum::SelectStmt(_) | NodeEnum::SubLink(_) | NodeEnum::RangeSubselect(_) | NodeEnum::RangeFunction(_)))
-    });
-    selects > 1
 }
 
 fn column_refs(expr: &Node) -> Vec<protobuf::ColumnRef> {

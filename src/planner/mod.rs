@@ -677,6 +677,16 @@ pub(crate) fn only_filters(query: &protobuf::SelectStmt) -> bool {
         && !query.from_clause.is_empty()
 }
 
+/// Whether a SELECT holds another query anywhere (a subquery, a derived table).
+pub(crate) fn has_nested_query(query: &protobuf::SelectStmt) -> bool {
+    let mut copy = NodeEnum::SelectStmt(Box::new(query.clone()));
+    let mut selects = 0;
+    walk::visit_mut(&mut copy, &mut |n| {
+        selects += usize::from(matches!(n, NodeEnum::SelectStmt(_) | NodeEnum::SubLink(_) | NodeEnum::RangeSubselect(_) | NodeEnum::RangeFunction(_)))
+    });
+    selects > 1
+}
+
 /// A target-list entry `val AS name` (no alias when `name` is empty).
 pub(crate) fn res_target(name: &str, val: protobuf::Node) -> protobuf::Node {
     protobuf::Node {

@@ -5,9 +5,9 @@
 //! statement runs shard group by shard group like one over a table: its
 //! aggregates split in two phases, its ORDER BY and LIMIT merged.
 
-use super::count_hash_references;
 use super::multi_shard::calls_in;
 use super::router::{collect_from, flatten_and, pinning, Pinning, ScopeEntry};
+use super::{count_hash_references, has_nested_query, only_filters};
 use crate::metadata::{Catalog, DistributedTable};
 use pg_query::protobuf::{self, SelectStmt};
 use pg_query::NodeEnum;
@@ -16,24 +16,31 @@ use std::sync::Arc;
 /// The table to run `select` by, shard group by shard group (one of the
 /// subquery's), or None when the statement is not of that shape:
 /// its FROM clause holds exactly one subquery that names distributed tables,
-/// all of them (none at the top level or in other subqueries), and the
-/// subquery splits over the shard groups (`splits_per_shard_group`). The
-/// top level may join reference tables, but not outer joins that keep their
-/// rows (`replicated_preserved`): each shard group would return them.
-pub(super) fn anchor(select: &SelectStmt, scope: &[ScopeEntry], replicated_preserved: bool, catalog: &Catalog) -> Option<Arc<DistributedTable>> {
+/// all `references` of the statement (none at the top level or in other
+/// subqueries), and the subquery splits over the shard groups
+/// (`splits_per_shard_group`). The top level may join reference tables, but
+/// not outer joins that keep their rows (`replicated_preserved`): each shard
+/// group would return them.
+pub(super) fn anchor(
+    select: &SelectStmt,
+    references: usize,
+    scope: &[ScopeEntry],
+    replicated_preserved: bool,
+    catalog: &Catalog,
+) -> Option<Arc<DistributedTable>> {
     if replicated_preserved || scope.iter().any(|e| e.table.as_ref().is_some_and(|t| !t.is_reference())) {
         return None;
     }
-    let statement = NodeEnum::SelectStmt(Box::new(select.clone()));
-    let references = count_hash_references(&statement, catalog);
     let mut subqueries = Vec::new();
     from_subqueries(&select.from_clause, &mut subqueries);
-    let mut naming = subqueries.into_iter().filter(|s| count_hash_references(&NodeEnum::SelectStmt(Box::new((*s).clone())), catalog) > 0);
-    let (Some(subquery), None) = (naming.next(), naming.next()) else { return None };
-    if count_hash_references(&NodeEnum::SelectStmt(Box::new(subquery.clone())), catalog) != references {
-        return None;
+    let mut naming = subqueries
+        .into_iter()
+        .map(|s| (s, count_hash_references(&NodeEnum::SelectStmt(Box::new(s.clone())), catalog)))
+        .filter(|&(_, count)| count > 0);
+    match (naming.next(), naming.next()) {
+        (Some((subquery, count)), None) if count == references => splits_per_shard_group(subquery, catalog),
+        _ => None,
     }
-    splits_per_shard_group(subquery, catalog)
 }
 
 /// The SELECTs of the subqueries in a FROM list, in joins too; LATERAL ones
@@ -58,23 +65,14 @@ fn from_subqueries<'a>(items: &'a [protobuf::Node], out: &mut Vec<&'a SelectStmt
 
 /// One of the subquery's distributed tables when its rows are the union of
 /// what each shard group computes alone: a plain SELECT … FROM … WHERE
-/// (no aggregates, grouping, DISTINCT, windows, LIMIT, set operations, WITH
-/// or subqueries of its own) over tables whose columns are all known, its
-/// distributed tables co-located and joined on their distribution columns
-/// into one group, with no outer join keeping rows of a reference table.
+/// (`only_filters`: no grouping, DISTINCT, windows, ordering, LIMIT, set
+/// operations or WITH; no aggregates and no query of its own either) over
+/// tables whose columns are all known, its distributed tables co-located
+/// and joined on their distribution columns into one group, with no outer
+/// join keeping rows of a reference table. An ORDER BY there would order
+/// only each shard group's rows, where PostgreSQL hands them on in order.
 fn splits_per_shard_group(subquery: &SelectStmt, catalog: &Catalog) -> Option<Arc<DistributedTable>> {
-    let plain = subquery.op == protobuf::SetOperation::SetopNone as i32
-        && subquery.with_clause.is_none()
-        && subquery.distinct_clause.is_empty()
-        && subquery.group_clause.is_empty()
-        && subquery.having_clause.is_none()
-        && subquery.window_clause.is_empty()
-        && subquery.limit_count.is_none()
-        && subquery.limit_offset.is_none()
-        && subquery.locking_clause.is_empty()
-        && subquery.into_clause.is_none()
-        && subquery.values_lists.is_empty();
-    if !plain || calls_in(subquery, catalog) != (false, false) || has_subquery(subquery) {
+    if !only_filters(subquery) || calls_in(subquery, catalog) != (false, false) || has_nested_query(subquery) {
         return None;
     }
     let mut scope = Vec::new();
@@ -95,18 +93,4 @@ fn splits_per_shard_group(subquery: &SelectStmt, catalog: &Catalog) -> Option<Ar
         Pinning::Groups(groups) if groups.len() == 1 => Some(anchor),
         _ => None,
     }
-}
-
-/// Whether a SubLink or a FROM subquery appears anywhere in the statement
-/// (below its own level).
-fn has_subquery(select: &SelectStmt) -> bool {
-    let mut found = false;
-    let mut root = true;
-    crate::walk::visit_mut(&mut NodeEnum::SelectStmt(Box::new(select.clone())), &mut |n| {
-        if std::mem::take(&mut root) {
-            return;
-        }
-        found |= matches!(n, NodeEnum::SubLink(_) | NodeEnum::RangeSubselect(_) | NodeEnum::SelectStmt(_));
-    });
-    found
 }

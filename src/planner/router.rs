@@ -470,7 +470,7 @@ pub(super) fn plan_pinned(
             Some(found) if found.tables.len() + hash_entries.len() == references => nested = found,
             _ => {
                 if let (Command::Select, NodeEnum::SelectStmt(select)) = (command, node) {
-                    if let Some(anchor) = super::per_shard_subquery::anchor(select, &scope, replicated_preserved, catalog) {
+                    if let Some(anchor) = super::per_shard_subquery::anchor(select, references, &scope, replicated_preserved, catalog) {
                         return super::multi_shard::plan_select(select, anchor, template, &super::multi_shard::ShardKeys::default(), catalog);
                     }
                 }

@@ -182,11 +182,12 @@ fn a_from_subquery_each_shard_group_computes_runs_with_the_statement() {
         )
     );
     // Subqueries whose rows the shard groups cannot compute alone: grouped,
-    // limited, not joined on the keys, not co-located, or with the only
+    // limited, ordered, not joined on the keys, not co-located, or with the only
     // distributed tables outside them.
     for sql in [
         "SELECT count(*) FROM (SELECT o_note FROM eo GROUP BY o_note) s",
         "SELECT count(*) FROM (SELECT o_note FROM eo ORDER BY o_note LIMIT 3) s",
+        "SELECT * FROM (SELECT o_note FROM eo ORDER BY o_note) s",
         "SELECT count(*) FROM (SELECT o_note FROM eo, el WHERE o_note = l_qty::text) s",
         "SELECT count(*) FROM (SELECT ea.v FROM ea JOIN ec ON ea.k = ec.k) s",
         "SELECT count(*) FROM (SELECT o_note FROM eo) s, ea",
