@@ -4,11 +4,11 @@
 # v1.0.9, an outside driver) as the data generator, the source of the 22
 # query texts and the checker of the answers.
 #
-# 1. go-tpc generates the data as CSV files (with | between fields) (once per scale factor; they are
-#    kept in TPCH_DATA_DIR) and creates its tables on the plain server; the
-#    same DDL (pg_dump --schema-only) goes to Tessera, where the tables are
-#    distributed (see LAYOUT below), both targets COPY the same files and
-#    get the same indexes on the foreign keys.
+# 1. go-tpc generates the data as |-separated files, once per scale factor
+#    (kept in TPCH_DATA_DIR), and creates its tables on the plain server;
+#    their DDL (pg_dump --schema-only, kept with the files) goes to Tessera,
+#    where the tables are distributed (see LAYOUT below). Both targets COPY
+#    the same files and get the same indexes on the foreign keys.
 # 2. Each query (the PostgreSQL texts of go-tpc's tpch/query.go, read from the
 #    Go module cache at run time) runs RUNS times per round on plain and then
 #    on Tessera, for ROUNDS rounds; a round's median counts. Answers of the
@@ -116,19 +116,15 @@ go_tpc_at() { # go_tpc_at PORT ARGS...
 
 # ---------------------------------------------------------------- data
 
+# The data files and go-tpc's DDL (pg_dump --schema-only of the tables it
+# made on the plain server) are kept together; later runs create the tables
+# from that DDL.
 generate_data() {
-    if [[ -f $TPCH_DATA_DIR/complete ]]; then
-        log "data: reusing the CSV files in $TPCH_DATA_DIR"
-        go_tpc_at "$PLAIN_PORT" prepare --output-type csv --output-dir "$BENCH_LOG_DIR/discard" >"$BENCH_LOG_DIR/go-tpc-ddl.log" 2>&1 &
-        # Only its CREATE TABLEs are wanted: they come first.
-        local pid=$! deadline=$((SECONDS + 60))
-        until [[ $(psql_at "$PLAIN_PORT" -At -c "SELECT count(*) FROM pg_tables WHERE tablename = 'lineitem'") == 1 ]]; do
-            [[ $SECONDS -lt $deadline ]] || die "go-tpc did not create the tables" "$BENCH_LOG_DIR/go-tpc-ddl.log"
-            sleep 0.5
-        done
-        kill "$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
-        rm -rf -- "$BENCH_LOG_DIR/discard"
+    local schema=$TPCH_DATA_DIR/schema.sql
+    if [[ -f $TPCH_DATA_DIR/complete && -f $schema ]]; then
+        log "data: reusing the CSV files and DDL in $TPCH_DATA_DIR"
+        psql_at "$PLAIN_PORT" -f "$schema" >"$BENCH_LOG_DIR/plain-schema.log" 2>&1 ||
+            die "plain: creating the TPC-H tables failed" "$BENCH_LOG_DIR/plain-schema.log"
         return 0
     fi
     log "data: go-tpc generates scale factor $SF into $TPCH_DATA_DIR"
@@ -136,6 +132,8 @@ generate_data() {
     mkdir -p -- "$TPCH_DATA_DIR"
     go_tpc_at "$PLAIN_PORT" prepare --output-type csv --output-dir "$TPCH_DATA_DIR" >"$BENCH_LOG_DIR/go-tpc-prepare.log" 2>&1 ||
         die "go-tpc prepare failed" "$BENCH_LOG_DIR/go-tpc-prepare.log"
+    "$PG_BIN/pg_dump" -h 127.0.0.1 -p "$PLAIN_PORT" -U postgres --schema-only "${TABLES[@]/#/--table=}" postgres >"$schema" 2>"$BENCH_LOG_DIR/pg_dump.log" ||
+        die "pg_dump --schema-only of the plain server failed" "$BENCH_LOG_DIR/pg_dump.log"
     touch -- "$TPCH_DATA_DIR/complete"
 }
 
@@ -256,10 +254,7 @@ extract_queries "$(query_source)"
 start_plain
 start_tessera
 generate_data
-psql_at "$PLAIN_PORT" -At -c "SELECT 1" >/dev/null
-"$PG_BIN/pg_dump" -h 127.0.0.1 -p "$PLAIN_PORT" -U postgres --schema-only "${TABLES[@]/#/--table=}" postgres >"$BENCH_LOG_DIR/schema.sql" 2>"$BENCH_LOG_DIR/pg_dump.log" ||
-    die "pg_dump --schema-only of the plain server failed" "$BENCH_LOG_DIR/pg_dump.log"
-psql_at "$TESSERA_PORT" -f "$BENCH_LOG_DIR/schema.sql" >"$BENCH_LOG_DIR/tessera-schema.log" 2>&1 ||
+psql_at "$TESSERA_PORT" -f "$TPCH_DATA_DIR/schema.sql" >"$BENCH_LOG_DIR/tessera-schema.log" 2>&1 ||
     die "tessera: creating the TPC-H tables failed" "$BENCH_LOG_DIR/tessera-schema.log"
 distribute_tables "$TESSERA_PORT"
 load_tables plain "$PLAIN_PORT"
