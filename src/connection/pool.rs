@@ -83,6 +83,12 @@ impl<T> Pools<T> {
         self
     }
 
+    /// Connections one statement could ever hold on a node: `n`, or fewer
+    /// when the configured pools are smaller.
+    pub fn statement_share(&self, n: usize) -> usize {
+        self.limit.map_or(n, |limit| n.min(limit.max(1)))
+    }
+
     /// Sizes `pool` as `NodePool::size_from` does, and the block gate to
     /// the smallest pool.
     pub async fn size_from(&self, pool: &NodePool<T>, conn: &mut PgConnection) -> PgResult<()> {

@@ -1,7 +1,7 @@
 //! EXPLAIN of distributed statements: a Citus-style header for the tier, then
 //! one task's plan as the node that runs it explains it.
 
-use super::multi_shard::{add_task, count_activity, tasks_by_node};
+use super::multi_shard::{add_task, count_activity, read_tasks_by_node, TasksByNode};
 use super::repartition::Repartition;
 use super::router::{evaluate_defaults, node_of_group, plan_tasks};
 use super::Mode;
@@ -180,26 +180,41 @@ async fn explain_pushdown(
             let access = if router.is_write() { Access::Write } else { Access::Read };
             explain_task(plan, node_of_group(catalog, task.group)?, access, &task.sql, parts, lines).await
         }
-        Plan::MultiShard(multi) => {
+        Plan::MultiShard(multi) if multi.is_write() => {
             let shard = multi.anchor.shards.first().ok_or_else(|| PgError::internal("table without shards"))?;
-            let group = first_group(shard)?;
             let n = multi.anchor.shard_count();
             lines.push("Custom Scan (Tessera Multi-Shard)".to_string());
             lines.push(format!("  Combine: {}", multi.combine.describe()));
             lines.push(format!("  Task Count: {n}"));
-            if plan.analyze() && multi.is_write() {
+            if plan.analyze() {
                 // The write is made on every shard, as PostgreSQL makes it,
                 // in one distributed transaction.
                 let implicit = parts.begin_implicit();
                 let result = analyzed_write(plan, multi, catalog, parts, mode, lines).await;
                 return parts.end_implicit(implicit, result).await;
             }
+            lines.push(format!("  Tasks Shown: One of {n}"));
+            explain_task(plan, node_of_group(catalog, first_group(shard)?)?, Access::Write, &multi.template.sql_for_shard(shard.index)?, parts, lines)
+                .await
+        }
+        Plan::MultiShard(multi) => {
+            let by_node = read_tasks_by_node(parts, &multi.template, &multi.anchor, catalog).await?;
+            let n: usize = by_node.iter().map(|(_, sqls)| sqls.len()).sum();
+            let (node, sql) = by_node
+                .first()
+                .and_then(|(node, sqls)| Some((node.clone(), sqls.first()?.clone())))
+                .ok_or_else(|| PgError::internal("a read without tasks"))?;
+            lines.push("Custom Scan (Tessera Multi-Shard)".to_string());
+            lines.push(format!("  Combine: {}", multi.combine.describe()));
+            lines.push(format!("  Task Count: {n}"));
+            if n < multi.anchor.shards.len() {
+                lines.push(format!("  Shard Groups: {}, several read by each task", multi.anchor.shard_count()));
+            }
             if plan.analyze() {
-                analyzed_read(multi, catalog, parts, mode, lines).await?;
+                analyzed_read(by_node, parts, mode, lines).await?;
             }
             lines.push(format!("  Tasks Shown: One of {n}"));
-            let access = if multi.is_write() { Access::Write } else { Access::Read };
-            explain_task(plan, node_of_group(catalog, group)?, access, &multi.template.sql_for_shard(shard.index)?, parts, lines).await
+            explain_task(plan, &node, Access::Read, &sql, parts, lines).await
         }
         other => Err(PgError::internal(format!("EXPLAIN planned for {other}"))),
     }
@@ -235,15 +250,8 @@ fn first_group(shard: &Shard) -> PgResult<i32> {
 
 /// EXPLAIN ANALYZE of a multi-shard read: every task runs, and what each
 /// node sent the coordinator is reported (the combine does not run).
-async fn analyzed_read(
-    multi: &MultiShardPlan,
-    catalog: &Catalog,
-    parts: &mut Participants,
-    mode: &Mode<'_>,
-    lines: &mut Vec<String>,
-) -> PgResult<()> {
+async fn analyzed_read(by_node: TasksByNode, parts: &mut Participants, mode: &Mode<'_>, lines: &mut Vec<String>) -> PgResult<()> {
     let started = std::time::Instant::now();
-    let by_node = tasks_by_node(&multi.template, &multi.anchor, catalog)?;
     let nodes = count_activity(parts, by_node, Access::Read, mode).await?;
     let (rows, bytes) = nodes.iter().fold((0, 0), |(r, b), (_, a)| (r + a.rows, b + a.bytes));
     lines

@@ -5,7 +5,9 @@
 //! Otherwise the coordinator database runs the rewritten statement over the
 //! foreign-table stand-ins of the shards.
 
-use super::multi_shard::{add_task, collect_partials, collect_rows, combine_sql, rows_as_relation, shard_type_names, tasks_by_node, TasksByNode};
+use super::multi_shard::{
+    add_task, collect_partials, collect_rows, combine_sql, read_tasks_by_node, rows_as_relation, shard_type_names, TasksByNode,
+};
 use super::partials;
 use super::router::{node_of_group, plan_tasks, Defaults};
 use super::{run_on_coordinator_db, Mode};
@@ -145,7 +147,7 @@ async fn query_rows(
             }
             by_node
         }
-        Plan::MultiShard(multi) => tasks_by_node(&multi.template, &multi.anchor, catalog)?,
+        Plan::MultiShard(multi) => read_tasks_by_node(parts, &multi.template, &multi.anchor, catalog).await?,
         _ => return Ok(None),
     };
     let combine = match plan {
@@ -491,7 +493,7 @@ async fn table_as_relation(
     let parsed = pg_query::parse(&sql).map_err(|e| PgError::internal(format!("could not parse {sql}: {e}")))?;
     let raw = parsed.protobuf.stmts.into_iter().next().ok_or_else(|| PgError::internal("empty statement"))?;
     let template = ShardTemplate::for_query(version, raw, vec![table.clone()]);
-    let by_node = tasks_by_node(&template, table, catalog)?;
+    let by_node = read_tasks_by_node(parts, &template, table, catalog).await?;
     let (fields, rows) = collect_rows(parts, &by_node, &Mode::Simple).await?;
     if rows.len() > max_rows {
         return Ok(None);

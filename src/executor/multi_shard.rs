@@ -76,12 +76,54 @@ pub(super) type TasksByNode = Vec<NodeTasks>;
 /// One task per shard of `anchor` (and its co-located shard group).
 pub(super) fn tasks_by_node(template: &ShardTemplate, anchor: &DistributedTable, catalog: &Catalog) -> PgResult<TasksByNode> {
     let mut by_node: TasksByNode = Vec::new();
+    for (node, indexes) in shard_groups_by_node(anchor, catalog)? {
+        for index in indexes {
+            add_task(&mut by_node, node, Arc::from(template.sql_for_shard(index)?));
+        }
+    }
+    Ok(by_node)
+}
+
+/// A read's tasks. Each node's shard groups are split into as many tasks as
+/// connections the read may use there, each task reading its groups in one
+/// statement (`ShardTemplate::sql_for_shards`): what every shard group's
+/// statement would repeat, such as scanning and hashing a joined reference
+/// table, a node then does once per connection, and a two-phase aggregate
+/// sends one partial row per group per task. Statements that cannot read
+/// several groups at once, and sessions with `tessera.merge_shard_tasks`
+/// off, get a task per shard group.
+pub(super) async fn read_tasks_by_node(
+    parts: &mut Participants,
+    template: &ShardTemplate,
+    anchor: &DistributedTable,
+    catalog: &Catalog,
+) -> PgResult<TasksByNode> {
+    if !template.can_merge_shards() || !parts.citus_settings().await?.merge_shard_tasks {
+        return tasks_by_node(template, anchor, catalog);
+    }
+    // A block reads on its one connection per node.
+    let per_node = if parts.in_block() { 1 } else { parts.executor_pool_size().await? };
+    let mut by_node: TasksByNode = Vec::new();
+    for (node, indexes) in shard_groups_by_node(anchor, catalog)? {
+        for chunk in indexes.chunks(indexes.len().div_ceil(per_node)) {
+            add_task(&mut by_node, node, Arc::from(template.sql_for_shards(chunk)?));
+        }
+    }
+    Ok(by_node)
+}
+
+/// The shard group indexes of `anchor` on each node, in shard order.
+fn shard_groups_by_node<'c>(anchor: &DistributedTable, catalog: &'c Catalog) -> PgResult<Vec<(&'c Node, Vec<u32>)>> {
+    let mut groups: Vec<(&Node, Vec<u32>)> = Vec::new();
     for shard in &anchor.shards {
         let group = *shard.placements.first().ok_or_else(|| PgError::internal(format!("shard {} has no placement", shard.id)))?;
         let node = catalog.node_for_group(group).ok_or_else(|| PgError::internal(format!("no node for group {group}")))?;
-        add_task(&mut by_node, node, Arc::from(template.sql_for_shard(shard.index)?));
+        match groups.iter_mut().find(|(n, _)| n.group_id == group) {
+            Some((_, indexes)) => indexes.push(shard.index),
+            None => groups.push((node, vec![shard.index])),
+        }
     }
-    Ok(by_node)
+    Ok(groups)
 }
 
 /// Adds a task for `node`, after the node's earlier ones.
@@ -152,7 +194,10 @@ pub async fn run(
     mode: &Mode<'_>,
     client: &mut ClientConn,
 ) -> PgResult<()> {
-    let by_node = tasks_by_node(&plan.template, &plan.anchor, catalog)?;
+    let by_node = match plan.is_write() {
+        true => tasks_by_node(&plan.template, &plan.anchor, catalog)?,
+        false => read_tasks_by_node(parts, &plan.template, &plan.anchor, catalog).await?,
+    };
     match &plan.combine {
         Combine::Concatenate => {
             // A write on several shards is one distributed transaction.

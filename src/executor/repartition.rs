@@ -19,7 +19,7 @@
 //! database. Outside transaction blocks only: a block's connections must not
 //! be left holding tables of a statement.
 
-use super::multi_shard::{shuffle_rows, tasks_by_node};
+use super::multi_shard::{read_tasks_by_node, shuffle_rows};
 use super::partials::{copy_rows_into, PartialRows};
 use super::Mode;
 use crate::connection::client::ClientConn;
@@ -407,7 +407,8 @@ impl Repartition {
                 };
                 let parsed = pg_query::parse(&read).map_err(|e| PgError::internal(format!("could not parse {read}: {e}")))?;
                 let raw = parsed.protobuf.stmts.into_iter().next().ok_or_else(|| PgError::internal("empty statement"))?;
-                let by_node = tasks_by_node(&ShardTemplate::for_query(self.version, raw, vec![m.table.clone()]), &m.table, catalog)?;
+                let by_node =
+                    read_tasks_by_node(parts, &ShardTemplate::for_query(self.version, raw, vec![m.table.clone()]), &m.table, catalog).await?;
                 shuffle_rows(parts, &by_node, &mut shuffle).await?;
             }
             let parent = parent_name(&m.intermediate);

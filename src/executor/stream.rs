@@ -9,7 +9,7 @@
 //! session runs anything else on the workers it reads the rest into memory
 //! (`hold_rest`), the way the whole result was held before streaming.
 
-use super::multi_shard::{add_task, send_tasks, take_connections, tasks_by_node, SentBatch, TasksByNode};
+use super::multi_shard::{add_task, read_tasks_by_node, send_tasks, take_connections, SentBatch, TasksByNode};
 use super::router::{node_of_group, plan_tasks, Defaults};
 use super::Mode;
 use crate::connection::client::ClientConn;
@@ -57,7 +57,7 @@ impl RowStream {
                 }
                 by_node
             }
-            Plan::MultiShard(multi) => tasks_by_node(&multi.template, &multi.anchor, catalog)?,
+            Plan::MultiShard(multi) => read_tasks_by_node(parts, &multi.template, &multi.anchor, catalog).await?,
             _ => return Err(PgError::internal("this plan's rows cannot be streamed")),
         };
         take_connections(parts, &by_node, Access::Read).await?;

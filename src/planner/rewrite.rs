@@ -3,7 +3,8 @@
 //! target node, then the tree is deparsed back to SQL for the worker.
 
 use super::deparse::deparse_tree;
-use super::walk::{references_mut, Reference};
+use super::walk::{references_mut, visit_mut, Reference};
+use crate::connection::quote_ident;
 use crate::error::{PgError, PgResult};
 use crate::metadata::{DistributedTable, Shard};
 use pg_query::protobuf::{self, Alias};
@@ -118,6 +119,138 @@ impl ShardTemplate {
         self.sql_with(index, |_| {})
     }
 
+    /// Whether one statement can read several shard groups at once
+    /// (`sql_for_shards`).
+    pub fn can_merge_shards(&self) -> bool {
+        self.columns_read().is_some()
+    }
+
+    /// For a SELECT that names one distributed table once (reference
+    /// tables aside), which may stand for a subquery over its shards: per
+    /// table of the statement, the columns the
+    /// subquery must give, in the table's order. That is every column some
+    /// reference may name (a star, a qualified or unqualified name, a USING
+    /// column), no more, since a role may hold privileges on some columns
+    /// only. None for statements a subquery cannot serve: row locks,
+    /// TABLESAMPLE and ONLY need a table; system columns and a bare
+    /// whole-row reference would name the subquery's, not a shard's; column
+    /// aliases and NATURAL joins count on all the columns.
+    fn columns_read(&self) -> Option<Vec<Vec<String>>> {
+        let Some(stmt @ NodeEnum::SelectStmt(_)) = self.statement() else { return None };
+        if self.copied_call.is_some() {
+            return None;
+        }
+        let mut mergeable = true;
+        // Each distributed reference: its table's position and the name it goes by.
+        let mut aliases: Vec<(usize, String)> = Vec::new();
+        let mut names: Vec<Vec<String>> = Vec::new();
+        let mut copy = stmt.clone();
+        visit_mut(&mut copy, &mut |n| match n {
+            NodeEnum::LockingClause(_) | NodeEnum::RangeTableSample(_) => mergeable = false,
+            NodeEnum::JoinExpr(join) => {
+                mergeable &= !join.is_natural;
+                names.extend(join.using_clause.iter().filter_map(|u| match u.node.as_ref() {
+                    Some(NodeEnum::String(s)) => Some(vec![s.sval.clone()]),
+                    _ => None,
+                }));
+            }
+            NodeEnum::RangeVar(rv) => {
+                if let Some(i) = self.tables.iter().position(|t| names_table(t, rv) && !t.is_reference()) {
+                    mergeable &= rv.inh && rv.alias.as_ref().is_none_or(|a| a.colnames.is_empty());
+                    aliases.push((i, rv.alias.as_ref().map_or_else(|| rv.relname.clone(), |a| a.aliasname.clone())));
+                }
+            }
+            NodeEnum::ColumnRef(c) => names.push(
+                c.fields
+                    .iter()
+                    .map(|f| match f.node.as_ref() {
+                        Some(NodeEnum::String(s)) => s.sval.clone(),
+                        _ => "*".to_string(),
+                    })
+                    .collect(),
+            ),
+            _ => {}
+        });
+        let mut read: Vec<Vec<bool>> = self.tables.iter().map(|t| vec![false; t.columns.len()]).collect();
+        for name in &names {
+            let (qualifier, last) = match name.as_slice() {
+                [.., qualifier, last] => (Some(qualifier.as_str()), last.as_str()),
+                [last] => (None, last.as_str()),
+                [] => continue,
+            };
+            if SYSTEM_COLUMNS.contains(&last) || (qualifier.is_none() && aliases.iter().any(|(_, a)| a == last)) {
+                return None;
+            }
+            for (i, alias) in &aliases {
+                if qualifier.is_some_and(|q| q != alias) {
+                    continue;
+                }
+                for (column, flag) in self.tables[*i].columns.iter().zip(&mut read[*i]) {
+                    *flag |= last == "*" || last == column;
+                }
+            }
+        }
+        // Unions of two co-located tables' shards would lose which shards
+        // pair up: PostgreSQL would join every shard with every other (an
+        // index probe into each of the other table's shards, where one
+        // finds the row), with estimates from no statistics.
+        mergeable &= aliases.len() == 1;
+        mergeable.then(|| {
+            self.tables.iter().zip(read).map(|(t, flags)| t.columns.iter().zip(flags).filter(|(_, f)| *f).map(|(c, _)| c.clone()).collect()).collect()
+        })
+    }
+
+    /// SQL that reads shard groups `indexes` in one statement: the
+    /// distributed table stands for the UNION ALL of its shards there
+    /// (PostgreSQL pulls such a subquery up into an append of the shards, so
+    /// filters and index scans still reach each one), reference tables for
+    /// their one shard. A join with a reference table then scans and hashes
+    /// that table once per task instead of once per shard group. Only for
+    /// `can_merge_shards`.
+    pub fn sql_for_shards(&self, indexes: &[u32]) -> PgResult<String> {
+        let [first, ..] = indexes else { return Err(PgError::internal("a task over no shard group")) };
+        if indexes.len() == 1 {
+            return self.sql_for_shard(*first);
+        }
+        let columns = self.columns_read().ok_or_else(|| PgError::internal("a statement that cannot read several shard groups at once"))?;
+        let mut tree = self.tree.clone();
+        let mut unions: Vec<(String, String)> = Vec::new();
+        if let Some(stmt) = tree.stmts[0].stmt.as_deref_mut().and_then(|n| n.node.as_mut()) {
+            references_mut(stmt, |r| match r {
+                Reference::Table(rv) => match self.tables.iter().position(|t| names_table(t, rv)) {
+                    Some(i) if !self.tables[i].is_reference() => {
+                        let table = &self.tables[i];
+                        if rv.alias.is_none() {
+                            rv.alias = Some(Alias { aliasname: rv.relname.clone(), colnames: vec![] });
+                        }
+                        let placeholder = format!("tessera_shard_union_{i}_");
+                        if !unions.iter().any(|(p, _)| *p == placeholder) {
+                            let names: Vec<String> = columns[i].iter().map(|c| quote_ident(c)).collect();
+                            // `SELECT FROM shard` when no column is named (count(*)).
+                            let select = format!("SELECT {}", names.join(", "));
+                            let select = select.trim_end();
+                            let arms: Vec<String> = indexes
+                                .iter()
+                                .filter_map(|&index| table.shards.get(index as usize))
+                                .map(|shard| format!("{select} FROM {}", table.qualified_shard_name(shard)))
+                                .collect();
+                            unions.push((placeholder.clone(), format!("({})", arms.join(" UNION ALL "))));
+                        }
+                        rv.schemaname = String::new();
+                        rv.relname = placeholder;
+                    }
+                    _ => self.point_at_shard(rv, *first),
+                },
+                Reference::Column(c) => unqualify_schema(c, |schema, table| self.tables.iter().any(|t| t.schema == schema && t.name == table)),
+            });
+        }
+        let mut sql = self.fill_in(deparse_tree(&tree)?)?;
+        for (placeholder, union) in &unions {
+            sql = sql.replace(placeholder.as_str(), union);
+        }
+        Ok(sql)
+    }
+
     /// Like `sql_for_shard`, after `edit` has changed the statement.
     pub fn sql_with(&self, index: u32, edit: impl FnOnce(&mut protobuf::Node)) -> PgResult<String> {
         let mut tree = self.tree.clone();
@@ -184,7 +317,11 @@ impl ShardTemplate {
                 Reference::Column(_) => {}
             });
         }
-        let mut sql = deparse_tree(&tree)?;
+        self.fill_in(deparse_tree(&tree)?)
+    }
+
+    /// The deparsed statement with the text of its fills in place.
+    fn fill_in(&self, mut sql: String) -> PgResult<String> {
         for (placeholder, text) in &self.fills {
             if !sql.contains(placeholder.as_str()) {
                 return Err(PgError::internal(format!("the deparsed statement lost its placeholder {placeholder}")));
@@ -201,8 +338,7 @@ impl ShardTemplate {
             return;
         };
         let Some(rv) = insert.relation.as_ref() else { return };
-        let schema = if rv.schemaname.is_empty() { None } else { Some(rv.schemaname.as_str()) };
-        let Some(table) = self.tables.iter().find(|t| t.name == rv.relname && schema.is_none_or(|s| s == t.schema)) else { return };
+        let Some(table) = self.table_of(rv) else { return };
         let shard = if table.is_reference() { table.shards.first() } else { table.shards.get(index as usize) };
         if let Some(shard) = shard {
             infer.conname = format!("{}_{}", infer.conname, shard.id);
@@ -213,10 +349,7 @@ impl ShardTemplate {
     /// that utility statements whose relation the generic walk misses (RENAME,
     /// foreign-key targets) can use it too.
     pub fn point_at_shard(&self, rv: &mut protobuf::RangeVar, index: u32) {
-        let schema = if rv.schemaname.is_empty() { None } else { Some(rv.schemaname.as_str()) };
-        let Some(table) = self.tables.iter().find(|t| t.name == rv.relname && schema.is_none_or(|s| s == t.schema)) else {
-            return;
-        };
+        let Some(table) = self.table_of(rv) else { return };
         let shard = if table.is_reference() { table.shards.first() } else { table.shards.get(index as usize) };
         let Some(shard) = shard else { return };
         if self.alias_tables && rv.alias.is_none() {
@@ -225,7 +358,20 @@ impl ShardTemplate {
         }
         name_shard(rv, table, shard);
     }
+
+    /// The statement's table `rv` names, if it is one of them.
+    fn table_of(&self, rv: &protobuf::RangeVar) -> Option<&DistributedTable> {
+        self.tables.iter().find(|t| names_table(t, rv)).map(|t| &**t)
+    }
 }
+
+/// Whether `rv` names `table`.
+fn names_table(table: &DistributedTable, rv: &protobuf::RangeVar) -> bool {
+    table.name == rv.relname && (rv.schemaname.is_empty() || rv.schemaname == table.schema)
+}
+
+/// Columns every table has that a subquery over it has not.
+const SYSTEM_COLUMNS: [&str; 6] = ["ctid", "xmin", "xmax", "cmin", "cmax", "tableoid"];
 
 /// A FROM item that stands for rows a statement will carry as text (see
 /// `ShardTemplate::fill`) while it is planned and deparsed: one row of

@@ -130,14 +130,14 @@ impl Participants {
 
     /// How many connections per node a read outside a block may run its
     /// tasks on: the session's `citus.max_adaptive_executor_pool_size`,
-    /// else the process's.
+    /// else the process's, and no more than a node's pool holds.
     pub async fn executor_pool_size(&mut self) -> PgResult<usize> {
         if self.session_connections_only {
             return Ok(1);
         }
         match self.citus_settings().await?.executor_pool_size {
-            PoolSizeSetting::Unset => Ok(self.pools.per_statement),
-            PoolSizeSetting::Size(size) => Ok(size),
+            PoolSizeSetting::Unset => Ok(self.pools.statement_share(self.pools.per_statement)),
+            PoolSizeSetting::Size(size) => Ok(self.pools.statement_share(size)),
             PoolSizeSetting::Invalid => {
                 Err(PgError::new(sqlstate::INVALID_PARAMETER_VALUE, "invalid value for parameter \"citus.max_adaptive_executor_pool_size\"")
                     .with_hint("Give a whole number of connections per worker, 1 or more (1 runs a node's shard tasks one after another)."))

@@ -348,6 +348,9 @@ pub struct CitusSettings {
     pub max_statement_memory: limits::MemorySetting,
     /// `citus.max_adaptive_executor_pool_size`.
     pub executor_pool_size: PoolSizeSetting,
+    /// `tessera.merge_shard_tasks` is not off: a read's task covers several
+    /// of a node's shard groups (see `ShardTemplate::sql_for_shards`).
+    pub merge_shard_tasks: bool,
 }
 
 /// `citus.max_adaptive_executor_pool_size` as the session has it.
@@ -373,7 +376,7 @@ impl PoolSizeSetting {
 impl CitusSettings {
     /// The select list that reads them.
     pub const COLUMNS: &'static str =
-        "current_setting('citus.multi_shard_commit_protocol', true), current_setting('citus.multi_shard_modify_mode', true), current_setting('citus.enable_function_delegation', true), current_setting('tessera.max_statement_memory', true), current_setting('citus.max_adaptive_executor_pool_size', true)";
+        "current_setting('citus.multi_shard_commit_protocol', true), current_setting('citus.multi_shard_modify_mode', true), current_setting('citus.enable_function_delegation', true), current_setting('tessera.max_statement_memory', true), current_setting('citus.max_adaptive_executor_pool_size', true), current_setting('tessera.merge_shard_tasks', true)";
 
     /// From the values `COLUMNS` gives, in order.
     pub fn from_values(values: &[Option<String>]) -> Self {
@@ -385,6 +388,7 @@ impl CitusSettings {
             function_delegation: !off(value(2)),
             max_statement_memory: limits::MemorySetting::from_value(value(3).as_deref()),
             executor_pool_size: PoolSizeSetting::from_value(value(4).as_deref()),
+            merge_shard_tasks: !off(value(5)),
         }
     }
 }
@@ -747,7 +751,14 @@ impl Participants {
         slot: tokio::sync::OwnedSemaphorePermit,
         running: Option<tokio::sync::OwnedSemaphorePermit>,
     ) -> impl std::future::Future<Output = PgResult<WorkerConnection>> + Send + 'static {
-        let (addr, login) = (node.addr.clone(), self.startup_login.clone());
+        let (addr, mut login) = (node.addr.clone(), self.startup_login.clone());
+        // A task reading several shard groups is a UNION ALL of small shards,
+        // which a Parallel Append would give parallel workers that tables of
+        // their size never get: the node's cores already run one task per
+        // connection, and PostgreSQL's parallel hash aggregates can spill
+        // pathologically slowly over such input. Shards large enough for
+        // parallel scans of their own still get them.
+        login.options.push(("enable_parallel_append".into(), "off".into()));
         let handover = (self.login_state != self.startup_state).then(|| self.handover_sql());
         let (group_id, type_oids, name) = (node.group_id, node.type_oids.clone(), self.two_phase.session_name.clone());
         let (login_state, catalog_version) = (self.login_state, self.catalog_version);

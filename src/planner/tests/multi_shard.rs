@@ -198,3 +198,46 @@ fn a_from_subquery_each_shard_group_computes_runs_with_the_statement() {
         planned_as!(sql, Plan::Fallback);
     }
 }
+
+#[test]
+fn a_task_reads_several_shard_groups_through_a_union_of_their_shards() {
+    let merged = |sql: &str| {
+        let multi: std::sync::Arc<MultiShardPlan> = planned_as!(sql, Plan::MultiShard);
+        multi.template.can_merge_shards().then(|| multi.template.sql_for_shards(&[0, 2]).unwrap())
+    };
+    // The distributed table gives only the columns the statement names;
+    // the reference table stays its one shard.
+    assert_eq!(
+        merged("SELECT er.name, sum(ea.v) FROM ea JOIN er ON er.id = ea.g GROUP BY er.name").as_deref(),
+        Some(
+            "SELECT er.name AS tessera_p_000, sum(ea.v) AS tessera_p_001 FROM (SELECT g, v FROM public.ea_100 UNION ALL SELECT g, v FROM public.ea_102) ea \
+             JOIN public.er_400 er ON er.id = ea.g GROUP BY er.name"
+        )
+    );
+    // Stars and USING columns count; a count(*) needs no column at all.
+    assert_eq!(
+        merged("SELECT * FROM ea WHERE ea.g > 1").as_deref(),
+        Some("SELECT * FROM (SELECT k, g, v FROM public.ea_100 UNION ALL SELECT k, g, v FROM public.ea_102) ea WHERE ea.g > 1")
+    );
+    assert_eq!(
+        merged("SELECT count(*) FROM ea e JOIN (SELECT id AS g FROM er) r USING (g)").as_deref(),
+        Some("SELECT count(*) AS tessera_p_000 FROM (SELECT g FROM public.ea_100 UNION ALL SELECT g FROM public.ea_102) e JOIN (SELECT id AS g FROM public.er_400 er) r USING (g)")
+    );
+    assert_eq!(
+        merged("SELECT count(*) FROM ea").as_deref(),
+        Some("SELECT count(*) AS tessera_p_000 FROM (SELECT FROM public.ea_100 UNION ALL SELECT FROM public.ea_102) ea")
+    );
+    // Two distributed tables would lose which of their shards pair up, and
+    // what only a table has needs one: a statement per shard group.
+    for sql in [
+        "SELECT count(*) FROM ea JOIN eb ON eb.k = ea.k",
+        "SELECT count(*) FROM ea a WHERE EXISTS (SELECT 1 FROM ea b WHERE b.k = a.k AND b.v > a.v)",
+        "SELECT count(*) FROM ea WHERE ctid IS NOT NULL",
+        "SELECT tableoid, k FROM ea",
+        "SELECT count(*) FROM ea NATURAL JOIN er",
+        "SELECT x.a FROM ea AS x(a, b, c)",
+        "SELECT count(*) FROM ONLY ea",
+    ] {
+        assert_eq!(merged(sql), None, "{sql}");
+    }
+}
