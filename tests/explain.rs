@@ -132,16 +132,18 @@ async fn each_shape_takes_its_tier() {
     let other = cluster.workers()[1].port;
     assert!(text.contains(&format!("port={port}")) || text.contains(&format!("port={other}")), "{text}");
     assert!(text.contains("Aggregate") && text.contains("Seq Scan on ea_"), "the worker's own plan of its shard:\n{text}");
-    // With one connection per worker, each worker's one statement reads all its shards.
+    // With one connection per worker, each worker's one statement joins all
+    // its shards with the reference table.
     c.batch_execute("SET citus.max_adaptive_executor_pool_size = 1").await.unwrap();
-    let text = explain(&c, "SELECT count(*) FROM ea").await.join("\n");
+    let joined = "SELECT count(*) FROM ea JOIN er ON er.id = ea.g";
+    let text = explain(&c, joined).await.join("\n");
     assert!(text.contains("Task Count: 2") && text.contains("Shard Groups: 4, several read by each task"), "{text}");
-    assert!(text.contains("Append") && text.matches("Seq Scan on ea_").count() == 2, "an append of the node's two shards:\n{text}");
+    assert!(text.contains("Append") && text.matches("Scan on ea_").count() == 2, "an append of the node's two shards:\n{text}");
     // A system column is the shard's own; the session may keep a statement per shard too.
-    let text = explain(&c, "SELECT count(*) FROM ea WHERE ctid IS NOT NULL").await.join("\n");
+    let text = explain(&c, "SELECT count(*) FROM ea JOIN er ON er.id = ea.g WHERE ea.ctid IS NOT NULL").await.join("\n");
     assert!(text.contains("Task Count: 4") && !text.contains("Shard Groups"), "{text}");
     c.batch_execute("SET tessera.merge_shard_tasks = off").await.unwrap();
-    let text = explain(&c, "SELECT count(*) FROM ea").await.join("\n");
+    let text = explain(&c, joined).await.join("\n");
     assert!(text.contains("Task Count: 4") && !text.contains("Append"), "{text}");
     c.batch_execute("RESET tessera.merge_shard_tasks; RESET citus.max_adaptive_executor_pool_size").await.unwrap();
     // The fallback shows the coordinator database's plan over the foreign shards.

@@ -125,8 +125,8 @@ impl ShardTemplate {
         self.columns_read().is_some()
     }
 
-    /// For a SELECT that names one distributed table once (reference
-    /// tables aside), which may stand for a subquery over its shards: per
+    /// For a SELECT that joins one distributed table (named once) with
+    /// reference tables, which may stand for a subquery over its shards: per
     /// table of the statement, the columns the
     /// subquery must give, in the table's order. That is every column some
     /// reference may name (a star, a qualified or unqualified name, a USING
@@ -141,6 +141,7 @@ impl ShardTemplate {
             return None;
         }
         let mut mergeable = true;
+        let mut joins_reference = false;
         // Each distributed reference: its table's position and the name it goes by.
         let mut aliases: Vec<(usize, String)> = Vec::new();
         let mut names: Vec<Vec<String>> = Vec::new();
@@ -155,6 +156,7 @@ impl ShardTemplate {
                 }));
             }
             NodeEnum::RangeVar(rv) => {
+                joins_reference |= self.tables.iter().any(|t| names_table(t, rv) && t.is_reference());
                 if let Some(i) = self.tables.iter().position(|t| names_table(t, rv) && !t.is_reference()) {
                     mergeable &= rv.inh && rv.alias.as_ref().is_none_or(|a| a.colnames.is_empty());
                     aliases.push((i, rv.alias.as_ref().map_or_else(|| rv.relname.clone(), |a| a.aliasname.clone())));
@@ -195,6 +197,9 @@ impl ShardTemplate {
         // index probe into each of the other table's shards, where one
         // finds the row), with estimates from no statistics.
         mergeable &= aliases.len() == 1;
+        // A scan of the table alone gains nothing: the pgbench accounts' sums
+        // took 1.22x plain PostgreSQL's time merged, 0.86x a statement per shard.
+        mergeable &= joins_reference;
         mergeable.then(|| {
             self.tables.iter().zip(read).map(|(t, flags)| t.columns.iter().zip(flags).filter(|(_, f)| *f).map(|(c, _)| c.clone()).collect()).collect()
         })
