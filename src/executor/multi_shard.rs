@@ -98,15 +98,16 @@ pub(super) async fn read_tasks_by_node(
     anchor: &DistributedTable,
     catalog: &Catalog,
 ) -> PgResult<TasksByNode> {
-    if !template.can_merge_shards() || !parts.citus_settings().await?.merge_shard_tasks {
-        return tasks_by_node(template, anchor, catalog);
-    }
+    let merged = match template.merged_read() {
+        Some(read) if parts.citus_settings().await?.merge_shard_tasks => read,
+        _ => return tasks_by_node(template, anchor, catalog),
+    };
     // A block reads on its one connection per node.
     let per_node = if parts.in_block() { 1 } else { parts.executor_pool_size().await? };
     let mut by_node: TasksByNode = Vec::new();
     for (node, indexes) in shard_groups_by_node(anchor, catalog)? {
         for chunk in indexes.chunks(indexes.len().div_ceil(per_node)) {
-            add_task(&mut by_node, node, Arc::from(template.sql_for_shards(chunk)?));
+            add_task(&mut by_node, node, Arc::from(template.sql_for_shards(&merged, chunk)?));
         }
     }
     Ok(by_node)

@@ -119,23 +119,19 @@ impl ShardTemplate {
         self.sql_with(index, |_| {})
     }
 
-    /// Whether one statement can read several shard groups at once
-    /// (`sql_for_shards`).
-    pub fn can_merge_shards(&self) -> bool {
-        self.columns_read().is_some()
-    }
-
-    /// For a SELECT that joins one distributed table (named once) with
-    /// reference tables, which may stand for a subquery over its shards: per
-    /// table of the statement, the columns the
-    /// subquery must give, in the table's order. That is every column some
-    /// reference may name (a star, a qualified or unqualified name, a USING
-    /// column), no more, since a role may hold privileges on some columns
-    /// only. None for statements a subquery cannot serve: row locks,
-    /// TABLESAMPLE and ONLY need a table; system columns and a bare
-    /// whole-row reference would name the subquery's, not a shard's; column
-    /// aliases and NATURAL joins count on all the columns.
-    fn columns_read(&self) -> Option<Vec<Vec<String>>> {
+    /// How the statement reads several shard groups at once, if it can
+    /// (`sql_for_shards`): a SELECT that joins one distributed table, named
+    /// once, with reference tables. Unions of two co-located tables' shards
+    /// would lose which shards pair up (PostgreSQL joins every shard with
+    /// every other: an index probe into each of the other table's shards,
+    /// where one finds the row, with estimates from no statistics); a scan
+    /// of the table alone gains nothing (the pgbench accounts' sums took
+    /// 1.22x plain PostgreSQL's time merged, 0.86x a statement per shard).
+    /// None too for what a subquery cannot serve: row locks, TABLESAMPLE
+    /// and ONLY need a table; system columns and a bare whole-row reference
+    /// would name the subquery's, not a shard's; column aliases and NATURAL
+    /// joins count on all the columns.
+    pub fn merged_read(&self) -> Option<MergedRead> {
         let Some(stmt @ NodeEnum::SelectStmt(_)) = self.statement() else { return None };
         if self.copied_call.is_some() {
             return None;
@@ -143,7 +139,8 @@ impl ShardTemplate {
         let mut mergeable = true;
         let mut joins_reference = false;
         // Each distributed reference: its table's position and the name it goes by.
-        let mut aliases: Vec<(usize, String)> = Vec::new();
+        let mut distributed: Vec<(usize, String)> = Vec::new();
+        // Every column name the statement may use, as its fields (`*` for a star).
         let mut names: Vec<Vec<String>> = Vec::new();
         let mut copy = stmt.clone();
         visit_mut(&mut copy, &mut |n| match n {
@@ -155,13 +152,14 @@ impl ShardTemplate {
                     _ => None,
                 }));
             }
-            NodeEnum::RangeVar(rv) => {
-                joins_reference |= self.tables.iter().any(|t| names_table(t, rv) && t.is_reference());
-                if let Some(i) = self.tables.iter().position(|t| names_table(t, rv) && !t.is_reference()) {
+            NodeEnum::RangeVar(rv) => match self.tables.iter().position(|t| names_table(t, rv)) {
+                Some(i) if self.tables[i].is_reference() => joins_reference = true,
+                Some(i) => {
                     mergeable &= rv.inh && rv.alias.as_ref().is_none_or(|a| a.colnames.is_empty());
-                    aliases.push((i, rv.alias.as_ref().map_or_else(|| rv.relname.clone(), |a| a.aliasname.clone())));
+                    distributed.push((i, rv.alias.as_ref().map_or_else(|| rv.relname.clone(), |a| a.aliasname.clone())));
                 }
-            }
+                None => {}
+            },
             NodeEnum::ColumnRef(c) => names.push(
                 c.fields
                     .iter()
@@ -173,87 +171,66 @@ impl ShardTemplate {
             ),
             _ => {}
         });
-        let mut read: Vec<Vec<bool>> = self.tables.iter().map(|t| vec![false; t.columns.len()]).collect();
+        let [(table, alias)] = distributed.as_slice() else { return None };
+        if !mergeable || !joins_reference {
+            return None;
+        }
+        let mut read = vec![false; self.tables[*table].columns.len()];
         for name in &names {
             let (qualifier, last) = match name.as_slice() {
                 [.., qualifier, last] => (Some(qualifier.as_str()), last.as_str()),
                 [last] => (None, last.as_str()),
                 [] => continue,
             };
-            if SYSTEM_COLUMNS.contains(&last) || (qualifier.is_none() && aliases.iter().any(|(_, a)| a == last)) {
+            if SYSTEM_COLUMNS.contains(&last) || (qualifier.is_none() && last == alias) {
                 return None;
             }
-            for (i, alias) in &aliases {
-                if qualifier.is_some_and(|q| q != alias) {
-                    continue;
-                }
-                for (column, flag) in self.tables[*i].columns.iter().zip(&mut read[*i]) {
+            if qualifier.is_none_or(|q| q == alias) {
+                for (column, flag) in self.tables[*table].columns.iter().zip(&mut read) {
                     *flag |= last == "*" || last == column;
                 }
             }
         }
-        // Unions of two co-located tables' shards would lose which shards
-        // pair up: PostgreSQL would join every shard with every other (an
-        // index probe into each of the other table's shards, where one
-        // finds the row), with estimates from no statistics.
-        mergeable &= aliases.len() == 1;
-        // A scan of the table alone gains nothing: the pgbench accounts' sums
-        // took 1.22x plain PostgreSQL's time merged, 0.86x a statement per shard.
-        mergeable &= joins_reference;
-        mergeable.then(|| {
-            self.tables.iter().zip(read).map(|(t, flags)| t.columns.iter().zip(flags).filter(|(_, f)| *f).map(|(c, _)| c.clone()).collect()).collect()
-        })
+        let columns = self.tables[*table].columns.iter().zip(read).filter(|(_, r)| *r).map(|(c, _)| c.clone()).collect();
+        Some(MergedRead { table: *table, columns })
     }
 
-    /// SQL that reads shard groups `indexes` in one statement: the
-    /// distributed table stands for the UNION ALL of its shards there
-    /// (PostgreSQL pulls such a subquery up into an append of the shards, so
-    /// filters and index scans still reach each one), reference tables for
-    /// their one shard. A join with a reference table then scans and hashes
-    /// that table once per task instead of once per shard group. Only for
-    /// `can_merge_shards`.
-    pub fn sql_for_shards(&self, indexes: &[u32]) -> PgResult<String> {
+    /// SQL that reads shard groups `indexes` in one statement, as `read`
+    /// says: the distributed table stands for the UNION ALL of its shards
+    /// there (PostgreSQL pulls such a subquery up into an append of the
+    /// shards, so filters and index scans still reach each one), reference
+    /// tables for their one shard. A join with a reference table then scans
+    /// and hashes that table once per task instead of once per shard group.
+    pub fn sql_for_shards(&self, read: &MergedRead, indexes: &[u32]) -> PgResult<String> {
         let [first, ..] = indexes else { return Err(PgError::internal("a task over no shard group")) };
         if indexes.len() == 1 {
             return self.sql_for_shard(*first);
         }
-        let columns = self.columns_read().ok_or_else(|| PgError::internal("a statement that cannot read several shard groups at once"))?;
+        let table = &self.tables[read.table];
         let mut tree = self.tree.clone();
-        let mut unions: Vec<(String, String)> = Vec::new();
         if let Some(stmt) = tree.stmts[0].stmt.as_deref_mut().and_then(|n| n.node.as_mut()) {
             references_mut(stmt, |r| match r {
-                Reference::Table(rv) => match self.tables.iter().position(|t| names_table(t, rv)) {
-                    Some(i) if !self.tables[i].is_reference() => {
-                        let table = &self.tables[i];
-                        if rv.alias.is_none() {
-                            rv.alias = Some(Alias { aliasname: rv.relname.clone(), colnames: vec![] });
-                        }
-                        let placeholder = format!("tessera_shard_union_{i}_");
-                        if !unions.iter().any(|(p, _)| *p == placeholder) {
-                            let names: Vec<String> = columns[i].iter().map(|c| quote_ident(c)).collect();
-                            // `SELECT FROM shard` when no column is named (count(*)).
-                            let select = format!("SELECT {}", names.join(", "));
-                            let select = select.trim_end();
-                            let arms: Vec<String> = indexes
-                                .iter()
-                                .filter_map(|&index| table.shards.get(index as usize))
-                                .map(|shard| format!("{select} FROM {}", table.qualified_shard_name(shard)))
-                                .collect();
-                            unions.push((placeholder.clone(), format!("({})", arms.join(" UNION ALL "))));
-                        }
-                        rv.schemaname = String::new();
-                        rv.relname = placeholder;
+                Reference::Table(rv) if names_table(table, rv) => {
+                    if rv.alias.is_none() {
+                        rv.alias = Some(Alias { aliasname: rv.relname.clone(), colnames: vec![] });
                     }
-                    _ => self.point_at_shard(rv, *first),
-                },
+                    rv.schemaname = String::new();
+                    rv.relname = SHARD_UNION.to_string();
+                }
+                Reference::Table(rv) => self.point_at_shard(rv, *first),
                 Reference::Column(c) => unqualify_schema(c, |schema, table| self.tables.iter().any(|t| t.schema == schema && t.name == table)),
             });
         }
-        let mut sql = self.fill_in(deparse_tree(&tree)?)?;
-        for (placeholder, union) in &unions {
-            sql = sql.replace(placeholder.as_str(), union);
-        }
-        Ok(sql)
+        let names: Vec<String> = read.columns.iter().map(|c| quote_ident(c)).collect();
+        // `SELECT FROM shard` when no column is named (count(*)).
+        let select = format!("SELECT {}", names.join(", "));
+        let select = select.trim_end();
+        let arms: Vec<String> = indexes
+            .iter()
+            .filter_map(|&index| table.shards.get(index as usize))
+            .map(|shard| format!("{select} FROM {}", table.qualified_shard_name(shard)))
+            .collect();
+        Ok(self.fill_in(deparse_tree(&tree)?)?.replace(SHARD_UNION, &format!("({})", arms.join(" UNION ALL "))))
     }
 
     /// Like `sql_for_shard`, after `edit` has changed the statement.
@@ -374,6 +351,22 @@ impl ShardTemplate {
 fn names_table(table: &DistributedTable, rv: &protobuf::RangeVar) -> bool {
     table.name == rv.relname && (rv.schemaname.is_empty() || rv.schemaname == table.schema)
 }
+
+/// A statement that reads several shard groups at once (`merged_read`):
+/// its distributed table, by position among the statement's tables, and the
+/// columns the union of its shards gives, in the table's order. That is
+/// every column some reference may name (a star, a qualified or
+/// unqualified name, a USING column), no more, since a role may hold
+/// privileges on some columns only.
+#[derive(Debug)]
+pub struct MergedRead {
+    table: usize,
+    columns: Vec<String>,
+}
+
+/// The name the distributed table goes by in the deparsed statement until
+/// the union of its shards takes its place.
+const SHARD_UNION: &str = "tessera_shard_union";
 
 /// Columns every table has that a subquery over it has not.
 const SYSTEM_COLUMNS: [&str; 6] = ["ctid", "xmin", "xmax", "cmin", "cmax", "tableoid"];

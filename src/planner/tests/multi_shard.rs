@@ -203,7 +203,7 @@ fn a_from_subquery_each_shard_group_computes_runs_with_the_statement() {
 fn a_task_reads_several_shard_groups_through_a_union_of_their_shards() {
     let merged = |sql: &str| {
         let multi: std::sync::Arc<MultiShardPlan> = planned_as!(sql, Plan::MultiShard);
-        multi.template.can_merge_shards().then(|| multi.template.sql_for_shards(&[0, 2]).unwrap())
+        multi.template.merged_read().map(|read| multi.template.sql_for_shards(&read, &[0, 2]).unwrap())
     };
     // The distributed table gives only the columns the statement names;
     // the reference table stays its one shard.
