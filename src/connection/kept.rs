@@ -45,10 +45,10 @@ impl KeptConnections {
         PgConnection::connect(addr, &self.login).await
     }
 
-    /// Keeps `conn` for later, unless a failure left it broken or inside a
-    /// transaction.
+    /// Keeps `conn` for later, unless a failure left it broken, inside a
+    /// transaction or in the middle of an exchange.
     pub async fn give_back(&mut self, addr: &ServerAddr, conn: PgConnection) {
-        if conn.is_broken() || conn.tx_status() != TxStatus::Idle {
+        if conn.is_broken() || !conn.is_in_step() || conn.tx_status() != TxStatus::Idle {
             conn.terminate().await;
         } else if let Some(replaced) = self.open.insert(addr.clone(), conn) {
             replaced.terminate().await;

@@ -57,6 +57,13 @@ pub struct PgConnection {
     /// ParameterStatus changes reported since the last `take_changed_params`,
     /// collected only once `track_parameter_changes` asked for them.
     changed_params: Option<Vec<(String, String)>>,
+    /// ReadyForQuery messages the server still owes: one per Query, Sync or
+    /// FunctionCall sent. A connection owing one is in the middle of an
+    /// exchange (its reader was interrupted), and whoever took it next
+    /// would read that exchange's answers as its own.
+    ready_owed: usize,
+    /// Where the bytes of `wbuf` not yet counted into `ready_owed` begin.
+    uncounted_from: usize,
 }
 
 /// A row in text form (None for NULL).
@@ -114,10 +121,14 @@ impl PgConnection {
             silent: Default::default(),
             captured: None,
             changed_params: None,
+            // The start-up packet has no tag to count by; its exchange ends in one ReadyForQuery.
+            ready_owed: 1,
+            uncounted_from: 0,
         };
         let mut params: Vec<(&str, &str)> = vec![("user", &login.user), ("database", &login.database)];
         params.extend(login.options.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         frontend::startup(&mut conn.wbuf, &params);
+        conn.uncounted_from = conn.wbuf.len();
         conn.flush().await?;
         loop {
             let msg = conn.recv().await?;
@@ -196,6 +207,21 @@ impl PgConnection {
         self.broken
     }
 
+    /// Whether every exchange sent on this connection has been read to its
+    /// end, but for those queued silently (whose answers the next read
+    /// skips): only then may another statement, or another session, use it.
+    pub fn is_in_step(&self) -> bool {
+        self.ready_owed <= self.silent.len()
+    }
+
+    /// Marks a connection out of step (see `is_in_step`) broken, so that
+    /// it is closed rather than used again.
+    pub fn break_if_out_of_step(&mut self) {
+        if !self.is_in_step() {
+            self.broken = true;
+        }
+    }
+
     /// The outgoing buffer; encoders append to it and `flush` sends it.
     pub fn out(&mut self) -> &mut BytesMut {
         &mut self.wbuf
@@ -208,9 +234,17 @@ impl PgConnection {
     /// buffers are full, which on a Unix socket takes little.
     pub async fn flush(&mut self) -> PgResult<()> {
         use bytes::Buf;
+        // After a failed send cleared the buffer, what it had was never sent.
+        let from = self.uncounted_from.min(self.wbuf.len());
+        let (requests, counted) = frontend::ready_requests(&self.wbuf[from..]);
+        self.ready_owed += requests;
+        self.uncounted_from = from + counted;
         while !self.wbuf.is_empty() {
             match self.stream.try_write(&self.wbuf) {
-                Ok(n) => self.wbuf.advance(n),
+                Ok(n) => {
+                    self.wbuf.advance(n);
+                    self.uncounted_from = self.uncounted_from.saturating_sub(n);
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     let ready = self.stream.ready(tokio::io::Interest::WRITABLE | tokio::io::Interest::READABLE).await;
                     match ready {
@@ -364,7 +398,10 @@ impl PgConnection {
     fn take_buffered(&mut self) -> PgResult<Option<Message>> {
         let Some(msg) = take_message(&mut self.rbuf)? else { return Ok(None) };
         match msg.tag() {
-            b'Z' => self.tx_status = backend::decode_ready_for_query(&msg),
+            b'Z' => {
+                self.tx_status = backend::decode_ready_for_query(&msg);
+                self.ready_owed = self.ready_owed.saturating_sub(1);
+            }
             b'E' => self.note_farewell(&msg),
             b'S' => {
                 if let Some(changed) = &mut self.changed_params {

@@ -419,7 +419,9 @@ impl Repartition {
                     made.push(*group);
                 }
             }
-            // Every node copies its rows at the same time.
+            // Every node copies its rows at the same time, each to its end even
+            // when another fails: a copy given up halfway would leave its
+            // connection in the middle of an exchange.
             let mut rows_of: Vec<(i32, PartialRows)> = shuffle.groups.iter().copied().zip(std::mem::take(&mut shuffle.rows)).collect();
             let copies = parts.workers_for(&shuffle.groups).into_iter().map(|worker| {
                 let at = rows_of.iter().position(|(g, _)| *g == worker.group_id).expect("a connection per group taken above");
@@ -433,7 +435,7 @@ impl Repartition {
                         .map_err(|e| e.with_context(format!("moving rows of {table} to node group {}", worker.group_id)))
                 }
             });
-            futures::future::try_join_all(copies.collect::<Vec<_>>()).await?;
+            futures::future::join_all(copies.collect::<Vec<_>>()).await.into_iter().collect::<PgResult<Vec<_>>>()?;
             moved.rows += shuffle.moved_rows;
             moved.bytes += shuffle.moved_bytes;
         }

@@ -305,10 +305,48 @@ pub fn copy_fail(buf: &mut BytesMut, reason: &str) {
     finish_message(buf, at);
 }
 
+/// Counts, among the complete messages at the front of `sent` (bytes a
+/// client wrote, starting at a message boundary), those the server answers
+/// with exactly one ReadyForQuery: Query, Sync and FunctionCall. Returns
+/// that count and the bytes the complete messages take; an incomplete
+/// message at the end is left for the next call.
+pub fn ready_requests(sent: &[u8]) -> (usize, usize) {
+    let (mut requests, mut at) = (0, 0);
+    while let Some(header) = sent.get(at..at + 5) {
+        let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+        if sent.len() < at + 1 + len {
+            break;
+        }
+        if matches!(header[0], b'Q' | b'S' | b'F') {
+            requests += 1;
+        }
+        at += 1 + len;
+    }
+    (requests, at)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::protocol::take_message;
+
+    #[test]
+    fn ready_requests_counts_what_ends_in_ready_for_query() {
+        let mut buf = BytesMut::new();
+        query(&mut buf, "SELECT 1");
+        parse(&mut buf, "", "SELECT $1", &[23]);
+        bind(&mut buf, "", "", &[], &[Some(Bytes::from_static(b"1"))], &[]);
+        execute(&mut buf, "", 0);
+        sync(&mut buf);
+        copy_from_stdin(&mut buf, "COPY t FROM STDIN", &[b"1\n", b"2\n"]);
+        flush(&mut buf);
+        let whole = buf.len();
+        assert_eq!(ready_requests(&buf), (3, whole), "Query, Sync, and the COPY's Query");
+        sync(&mut buf);
+        assert_eq!(ready_requests(&buf[..buf.len() - 1]), (3, whole), "a message not yet whole waits");
+        assert_eq!(ready_requests(&buf[whole..]), (1, 5));
+        assert_eq!(ready_requests(&[]), (0, 0));
+    }
 
     #[test]
     fn bind_round_trip() {

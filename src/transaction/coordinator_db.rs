@@ -243,7 +243,7 @@ impl CoordinatorDb {
             return None;
         }
         let held = self.held.as_mut()?;
-        if held.conn.is_broken() || held.conn.tx_status() != TxStatus::Idle {
+        if held.conn.is_broken() || !held.conn.is_in_step() || held.conn.tx_status() != TxStatus::Idle {
             return None;
         }
         if self.settings_unknown {

@@ -850,8 +850,17 @@ impl Participants {
 
     /// Gives the worker connections the session holds back to their pools,
     /// between transactions: those in no block and in no unfinished
-    /// exchange.
+    /// exchange. A connection a statement stopped reading halfway (see
+    /// `PgConnection::is_in_step`) is broken: closed outside a block, and
+    /// inside one kept until the block ends, which then cannot commit.
     fn release_workers(&mut self) {
+        for w in self.workers.values_mut().filter(|w| !w.needs_sync) {
+            w.conn.break_if_out_of_step();
+        }
+        let closed: Vec<i32> = self.workers.iter().filter(|(_, w)| w.conn.is_broken() && !w.in_block).map(|(group, _)| *group).collect();
+        for group in closed {
+            self.drop_worker(group);
+        }
         if self.block.is_some() {
             return;
         }
