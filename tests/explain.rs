@@ -97,6 +97,10 @@ async fn each_shape_takes_its_tier() {
         // Not row for row by key (an aggregate over several keys), but
         // uncorrelated: computed first, its values an array constant.
         ("SELECT count(*) FROM ea WHERE k IN (SELECT max(k) FROM eb GROUP BY w)", "Custom Scan (Tessera Subqueries First)"),
+        // EXISTS and NOT EXISTS correlated on another column: the set of the
+        // subquery's keys is computed first.
+        ("SELECT count(*) FROM er WHERE NOT EXISTS (SELECT 1 FROM ea WHERE ea.g = er.id)", "Custom Scan (Tessera Subqueries First)"),
+        ("SELECT count(*) FROM ec WHERE EXISTS (SELECT 1 FROM ea WHERE ea.v = ec.z AND ea.g > 1)", "Custom Scan (Tessera Subqueries First)"),
         // An uncorrelated scalar subquery is computed first, its value a constant.
         ("SELECT * FROM ea WHERE v > (SELECT avg(z) FROM ec)", "Custom Scan (Tessera Subqueries First)"),
         ("SELECT * FROM ea WHERE v > (SELECT avg(w) FROM eb WHERE eb.k = ea.g)", "Custom Scan (Tessera Broadcast)"),

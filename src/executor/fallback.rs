@@ -15,7 +15,7 @@ use crate::connection::client::ClientConn;
 use crate::connection::{quote_ident, text_row_size, TextRows};
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable};
-use crate::planner::decorrelate::decorrelate;
+use crate::planner::decorrelate::{decorrelate, has_semi_join, semi_joins};
 use crate::planner::deparse::deparse_statement;
 use crate::planner::rewrite::{rows_placeholder, ShardTemplate};
 use crate::planner::uncorrelated_subqueries::{self, Subquery, SubqueryUse};
@@ -191,9 +191,10 @@ pub(super) struct ComputedSubqueries {
 }
 
 /// The most values an `IN (SELECT …)` is written into the statement with,
-/// and the most text they take: the statement goes to every task, whose
-/// node parses them. A subquery giving more stays in place.
-const SUBQUERY_MAX_VALUES: usize = 10_000;
+/// and the most text they take; a subquery giving more stays in place. The
+/// statement goes to every task, whose node parses them: all the tasks'
+/// copies together take at most `BROADCAST_MAX_BYTES_SHIPPED`.
+const SUBQUERY_MAX_VALUES: usize = 100_000;
 const SUBQUERY_MAX_BYTES: usize = 1 << 20;
 /// The most rows a WITH query or a subquery in FROM is written into the
 /// statement with (as a VALUES list, in every task's statement); one giving
@@ -210,11 +211,26 @@ pub(super) async fn compute_subqueries(plan: &FallbackPlan, catalog: &Catalog, p
     if !matches!(plan.statement, NodeEnum::SelectStmt(_)) {
         return Ok(None);
     }
-    let mut subqueries = Vec::new();
-    let mut stmt = plan.statement.clone();
     // Correlated aggregates become grouped subqueries in FROM, which may be
     // computed first like any other.
+    let mut stmt = plan.statement.clone();
     decorrelate(&mut stmt, catalog);
+    // So do EXISTS and NOT EXISTS, as sets of keys; a set too large to
+    // write in leaves them as they were.
+    let mut with_key_sets = stmt.clone();
+    if semi_joins(&mut with_key_sets, catalog) > 0 {
+        if let Some(computed) = compute_in(plan, with_key_sets, catalog, parts).await? {
+            return Ok(Some(computed));
+        }
+    }
+    compute_in(plan, stmt, catalog, parts).await
+}
+
+/// `compute_subqueries` of `stmt`, the statement with its correlated
+/// subqueries rewritten; None also when a semi-join's set of keys was not
+/// computed.
+async fn compute_in(plan: &FallbackPlan, mut stmt: NodeEnum, catalog: &Catalog, parts: &mut Participants) -> PgResult<Option<ComputedSubqueries>> {
+    let mut subqueries = Vec::new();
     let mut fills = Vec::new();
     let rows_help = uncorrelated_subqueries::reads_tables_beyond_its_rows(&stmt, catalog);
     while let Some(mut with_query) = uncorrelated_subqueries::next_with_query(&stmt, catalog).filter(|_| rows_help) {
@@ -240,6 +256,7 @@ pub(super) async fn compute_subqueries(plan: &FallbackPlan, catalog: &Catalog, p
         subqueries.push((sql, sub_plan));
     }
     let mut values = Vec::new();
+    let mut constant_bytes = 0;
     for Subquery { used_as, mut select } in uncorrelated_subqueries::subqueries(&stmt, catalog) {
         // Whether EXISTS has a row, whether a scalar one has a second, whether
         // IN has too many values: no more is read than tells.
@@ -279,7 +296,10 @@ pub(super) async fn compute_subqueries(plan: &FallbackPlan, catalog: &Catalog, p
                 }
                 None => None,
             },
-            _ => subquery_constant(used_as, &sql, &fields, rows, catalog, parts).await?,
+            _ => subquery_constant(used_as, &sql, &fields, rows, catalog, parts).await?.map(|(constant, bytes)| {
+                constant_bytes += bytes;
+                constant
+            }),
         };
         let computed = value.is_some();
         values.push(value);
@@ -292,18 +312,27 @@ pub(super) async fn compute_subqueries(plan: &FallbackPlan, catalog: &Catalog, p
     }
     let mut values = values.into_iter();
     uncorrelated_subqueries::replace(&mut stmt, catalog, |_, _| values.next().flatten());
+    if has_semi_join(&stmt) {
+        return Ok(None);
+    }
     let mut plan = match plan_tree(plan.version, stmt, catalog) {
         plan @ (Plan::Router(_) | Plan::MultiShard(_) | Plan::Fallback(_)) => plan,
         _ => return Ok(None),
     };
+    // The constants and the WITH queries' rows go to every task.
+    let tasks = match &plan {
+        Plan::MultiShard(multi) => multi.anchor.shard_count().max(1) as usize,
+        _ => 1,
+    };
+    if constant_bytes * tasks > BROADCAST_MAX_BYTES_SHIPPED {
+        return Ok(None);
+    }
     if !fills.is_empty() {
-        // The WITH queries' rows go to every task; a statement that still
-        // falls back runs as it came (its placeholders cannot be filled).
-        let tasks = match &plan {
-            Plan::MultiShard(multi) => multi.anchor.shard_count().max(1) as usize,
-            Plan::Router(_) => 1,
-            _ => return Ok(None),
-        };
+        // A statement that still falls back runs as it came (its
+        // placeholders cannot be filled).
+        if !matches!(plan, Plan::MultiShard(_) | Plan::Router(_)) {
+            return Ok(None);
+        }
         let shipped_bytes = fills.iter().map(|(_, relation)| relation.len()).sum::<usize>() * tasks;
         if shipped_bytes > BROADCAST_MAX_BYTES_SHIPPED {
             return Ok(None);
@@ -344,7 +373,8 @@ async fn rows_to_ship(
 }
 
 /// The constant standing for a scalar, ANY or ALL subquery that gave
-/// `rows`: its value, or the array of its distinct values. None leaves the
+/// `rows`: its value, or the array of its distinct values, with the bytes
+/// of its text. None leaves the
 /// subquery in place: a scalar one giving more than one row (an error only
 /// if PostgreSQL evaluates it, not over no rows, say), too many values,
 /// or values no literal can spell (an anonymous or a shard's row, arrays
@@ -356,7 +386,7 @@ async fn subquery_constant(
     rows: TextRows,
     catalog: &Catalog,
     parts: &mut Participants,
-) -> PgResult<Option<NodeEnum>> {
+) -> PgResult<Option<(NodeEnum, usize)>> {
     if fields.len() != 1 {
         return Err(PgError::internal(format!("the subquery {sql} gave {} columns", fields.len())));
     }
@@ -371,7 +401,8 @@ async fn subquery_constant(
     };
     let mut values: Vec<Option<String>> = rows.into_iter().map(|row| row.into_iter().next().flatten()).collect();
     if scalar {
-        return uncorrelated_subqueries::typed_constant(values.first().and_then(|v| v.as_deref()), &type_name).map(Some);
+        let value = values.first().and_then(|v| v.as_deref());
+        return uncorrelated_subqueries::typed_constant(value, &type_name).map(|c| Some((c, value.map_or(0, str::len))));
     }
     if type_name.ends_with(']') {
         return Ok(None);
@@ -382,7 +413,7 @@ async fn subquery_constant(
     if array.len() > SUBQUERY_MAX_BYTES {
         return Ok(None);
     }
-    uncorrelated_subqueries::typed_constant(Some(&array), &format!("{type_name}[]")).map(Some)
+    uncorrelated_subqueries::typed_constant(Some(&array), &format!("{type_name}[]")).map(|c| Some((c, array.len())))
 }
 
 /// A pushdown plan for the statement with some of its distributed tables

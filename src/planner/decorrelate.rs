@@ -24,6 +24,19 @@
 //! columns are rewritten, alone or in arithmetic with constants (count, being
 //! 0 there, stays correlated). Anything this module is unsure of is left as
 //! it was: the correlated form is slow, never wrong.
+//!
+//! `semi_joins` rewrites `EXISTS` and `NOT EXISTS` correlated by one
+//! equality as membership in the set of the subquery's keys,
+//!
+//! ```sql
+//! NOT EXISTS (SELECT * FROM orders o WHERE o.customer = c.id AND o.kind = 'web')
+//! -- becomes
+//! (c.id IS NULL OR NOT c.id IN (SELECT DISTINCT o.customer FROM orders o
+//!                               WHERE o.kind = 'web' AND o.customer IS NOT NULL))
+//! ```
+//!
+//! which no longer names the outer row: the set can be computed once, over
+//! the shards, and written into the statement (executor/fallback.rs).
 
 use super::walk::visit_mut;
 use super::{column_ref, column_ref_names, function_names, has_nested_query, is_equals, only_filters, plain_select, res_target, resolve_range_var};
@@ -35,6 +48,8 @@ use pg_query::NodeEnum;
 const ALIAS_PREFIX: &str = "tessera_grouped_";
 const KEY_PREFIX: &str = "tessera_key_";
 const VALUE_COLUMN: &str = "tessera_value";
+/// The output column of a semi-join's set of keys.
+const SEMI_JOIN_KEY: &str = "tessera_semi_join_key";
 
 /// Rewrites every correlated scalar aggregate subquery of `stmt` that has
 /// a grouped form; returns how many it rewrote.
@@ -65,19 +80,7 @@ fn decorrelate_level(select: &mut protobuf::SelectStmt, catalog: &Catalog, numbe
     }
     // In a grouped query only WHERE sees rows before grouping.
     let grouped = !select.group_clause.is_empty() || select.having_clause.is_some();
-    let mut outer = OuterScope { names: Vec::new(), columns: Some(Vec::new()), tables: Vec::new(), conditions: Vec::new() };
-    for item in &select.from_clause {
-        from_item_names(item, &mut outer.names);
-        outer.columns = outer.columns.take().and_then(|mut columns| outer_columns(item, catalog, &mut columns).map(|()| columns));
-        if let Some(NodeEnum::RangeVar(rv)) = item.node.as_ref() {
-            outer.tables.push(rv.clone());
-        }
-    }
-    if let Some(filter) = select.where_clause.as_deref() {
-        let mut conditions = Vec::new();
-        flatten_and(filter, &mut conditions);
-        outer.conditions = conditions.into_iter().cloned().collect();
-    }
+    let outer = OuterScope::of(select, catalog);
     let mut joins: Vec<(Node, Node)> = Vec::new();
     let mut replace = |n: &mut NodeEnum| {
         let NodeEnum::SubLink(link) = n else { return };
@@ -182,6 +185,23 @@ struct OuterScope {
 }
 
 impl OuterScope {
+    fn of(select: &protobuf::SelectStmt, catalog: &Catalog) -> Self {
+        let mut outer = OuterScope { names: Vec::new(), columns: Some(Vec::new()), tables: Vec::new(), conditions: Vec::new() };
+        for item in &select.from_clause {
+            from_item_names(item, &mut outer.names);
+            outer.columns = outer.columns.take().and_then(|mut columns| outer_columns(item, catalog, &mut columns).map(|()| columns));
+            if let Some(NodeEnum::RangeVar(rv)) = item.node.as_ref() {
+                outer.tables.push(rv.clone());
+            }
+        }
+        if let Some(filter) = select.where_clause.as_deref() {
+            let mut conditions = Vec::new();
+            flatten_and(filter, &mut conditions);
+            outer.conditions = conditions.into_iter().cloned().collect();
+        }
+        outer
+    }
+
     /// Whether exactly one of the level's tables has a column of this name,
     /// so that the unqualified name, where no inner table has it, is that
     /// table's.
@@ -281,6 +301,135 @@ fn grouped_form(link: &protobuf::SubLink, outer: &OuterScope, catalog: &Catalog)
     Some(Grouped { select, outer_keys })
 }
 
+/// Rewrites each `EXISTS` and `NOT EXISTS` of `stmt` that is one of its
+/// level's ANDed WHERE conditions and has a semi-join form (see the
+/// module's header); returns how many it rewrote.
+pub fn semi_joins(stmt: &mut NodeEnum, catalog: &Catalog) -> usize {
+    let mut rewritten = 0;
+    visit_mut(stmt, &mut |n| {
+        let NodeEnum::SelectStmt(select) = n else { return };
+        if select.op != protobuf::SetOperation::SetopNone as i32 || select.from_clause.is_empty() {
+            return;
+        }
+        let outer = OuterScope::of(select, catalog);
+        if let Some(filter) = select.where_clause.as_deref_mut() {
+            rewritten += semi_joins_of_conjuncts(filter, &outer, catalog);
+        }
+    });
+    rewritten
+}
+
+/// Whether `stmt` still has a semi-join's set of keys as a subquery.
+pub fn has_semi_join(stmt: &NodeEnum) -> bool {
+    let mut found = false;
+    visit_mut(&mut stmt.clone(), &mut |n| {
+        if let NodeEnum::ResTarget(target) = n {
+            found |= target.name == SEMI_JOIN_KEY;
+        }
+    });
+    found
+}
+
+fn semi_joins_of_conjuncts(expr: &mut Node, outer: &OuterScope, catalog: &Catalog) -> usize {
+    let negated = |b: &protobuf::BoolExpr| b.boolop == protobuf::BoolExprType::NotExpr as i32 && b.args.len() == 1;
+    let rewritten = match expr.node.as_mut() {
+        Some(NodeEnum::BoolExpr(b)) if b.boolop == protobuf::BoolExprType::AndExpr as i32 => {
+            return b.args.iter_mut().map(|arg| semi_joins_of_conjuncts(arg, outer, catalog)).sum();
+        }
+        Some(NodeEnum::SubLink(link)) => semi_join_form(link, outer, catalog).map(SemiJoin::exists),
+        Some(NodeEnum::BoolExpr(b)) if negated(b) => match b.args[0].node.as_ref() {
+            Some(NodeEnum::SubLink(link)) => semi_join_form(link, outer, catalog).map(SemiJoin::not_exists),
+            _ => None,
+        },
+        _ => None,
+    };
+    match rewritten {
+        Some(rewritten) => {
+            *expr = rewritten;
+            1
+        }
+        None => 0,
+    }
+}
+
+/// An EXISTS subquery as a set of keys: the subquery without its one
+/// correlated equality, giving the distinct non-null values of that
+/// equality's inner side, and the outer side they are compared with.
+struct SemiJoin {
+    keys: protobuf::SelectStmt,
+    outer_key: Node,
+}
+
+impl SemiJoin {
+    /// `outer IN (keys)`: true where EXISTS is, NULL (not true) for a NULL
+    /// outer key where EXISTS is false, which as a WHERE condition is the same.
+    fn exists(self) -> Node {
+        let link = protobuf::SubLink {
+            sub_link_type: protobuf::SubLinkType::AnySublink as i32,
+            testexpr: Some(Box::new(self.outer_key)),
+            subselect: Some(Box::new(Node { node: Some(NodeEnum::SelectStmt(Box::new(self.keys))) })),
+            ..Default::default()
+        };
+        Node { node: Some(NodeEnum::SubLink(Box::new(link))) }
+    }
+
+    /// `outer IS NULL OR NOT outer IN (keys)`: the keys hold no NULL, so the
+    /// membership is true or false for a non-null outer key.
+    fn not_exists(self) -> Node {
+        let is_null = null_test(self.outer_key.clone(), protobuf::NullTestType::IsNull);
+        bool_expr(protobuf::BoolExprType::OrExpr, vec![is_null, bool_expr(protobuf::BoolExprType::NotExpr, vec![self.exists()])])
+    }
+}
+
+fn semi_join_form(link: &protobuf::SubLink, outer: &OuterScope, catalog: &Catalog) -> Option<SemiJoin> {
+    if link.sub_link_type != protobuf::SubLinkType::ExistsSublink as i32 {
+        return None;
+    }
+    let Some(NodeEnum::SelectStmt(query)) = link.subselect.as_deref()?.node.as_ref() else { return None };
+    // A set-returning call in the select list could make an EXISTS false.
+    let plain_output = |t: &Node| {
+        matches!(t.node.as_ref(), Some(NodeEnum::ResTarget(t))
+            if matches!(t.val.as_deref().and_then(|v| v.node.as_ref()), Some(NodeEnum::ColumnRef(_) | NodeEnum::AConst(_))))
+    };
+    if !only_filters(query) || has_nested_query(query) || !query.target_list.iter().all(plain_output) {
+        return None;
+    }
+    let mut scope = InnerScope { names: Vec::new(), columns: Vec::new() };
+    for item in &query.from_clause {
+        inner_tables(item, catalog, &mut scope)?;
+    }
+    if !query.from_clause.iter().all(|item| scope.only_inner(item, outer)) {
+        return None;
+    }
+    let mut conjuncts = Vec::new();
+    if let Some(filter) = query.where_clause.as_deref() {
+        flatten_and(filter, &mut conjuncts);
+    }
+    let (mut filters, mut keys) = (Vec::new(), None);
+    for conjunct in conjuncts {
+        if scope.only_inner(conjunct, outer) {
+            filters.push(conjunct.clone());
+        } else if keys.replace(correlating_equality(conjunct, &scope, outer)?).is_some() {
+            return None;
+        }
+    }
+    let (inner_key, outer_key) = keys?;
+    let mut from_clause = query.from_clause.clone();
+    if let Some(narrowing) = narrowing(std::slice::from_ref(inner_key), std::slice::from_ref(outer_key), &scope, outer, catalog) {
+        filters.extend(narrowing.conditions);
+        from_clause.push(narrowing.table);
+    }
+    filters.push(null_test(inner_key.clone(), protobuf::NullTestType::IsNotNull));
+    let keys = protobuf::SelectStmt {
+        distinct_clause: vec![Node { node: None }],
+        target_list: vec![res_target(SEMI_JOIN_KEY, inner_key.clone())],
+        from_clause,
+        where_clause: Some(Box::new(and(filters))),
+        ..plain_select()
+    };
+    Some(SemiJoin { keys, outer_key: outer_key.clone() })
+}
+
 /// A table of the outer level joined into a grouped subquery, and the
 /// conditions that come with it.
 struct Narrowing {
@@ -325,8 +474,9 @@ fn narrowing(inner_keys: &[Node], outer_keys: &[Node], scope: &InnerScope, outer
 }
 
 /// A condition of the outer level that reads columns of `table` alone,
-/// with constants and operators (no calls: a volatile one would give
-/// another answer a second time), its columns qualified by the table's name.
+/// with constants, operators and a few immutable functions (no other calls:
+/// a volatile or stable one may give another answer in the statement that
+/// computes the subquery first), its columns qualified by the table's name.
 fn on_table_alone(condition: &Node, table: &protobuf::RangeVar, outer: &OuterScope, catalog: &Catalog) -> Option<Node> {
     let mut copy = condition.clone();
     let mut alone = true;
@@ -345,9 +495,26 @@ fn on_table_alone(condition: &Node, table: &protobuf::RangeVar, outer: &OuterSco
         }
         NodeEnum::AExpr(_) | NodeEnum::BoolExpr(_) | NodeEnum::AConst(_) | NodeEnum::TypeCast(_) | NodeEnum::TypeName(_) | NodeEnum::NullTest(_) => {}
         NodeEnum::String(_) | NodeEnum::List(_) | NodeEnum::Integer(_) => {}
+        // TPC-H's `substring(c_phone from 1 for 2) IN (…)`.
+        NodeEnum::FuncCall(call) if is_immutable_text_or_number_function(call) => {}
         _ => alone = false,
     });
     (alone && columns > 0).then_some(copy)
+}
+
+/// Calls of functions that are immutable whatever their arguments' types
+/// (as `pg_catalog` defines them), in their plain form.
+fn is_immutable_text_or_number_function(call: &protobuf::FuncCall) -> bool {
+    let name = match function_names(call).as_slice() {
+        [name] | ["pg_catalog", name] => *name,
+        _ => return false,
+    };
+    let plain = !call.agg_star && call.agg_filter.is_none() && call.agg_order.is_empty() && call.over.is_none() && !call.func_variadic;
+    plain
+        && matches!(
+            name,
+            "substring" | "substr" | "lower" | "upper" | "btrim" | "ltrim" | "rtrim" | "length" | "char_length" | "left" | "right" | "abs"
+        )
 }
 
 /// `inner = outer` or `outer = inner`, each side a plain column.
@@ -546,14 +713,16 @@ fn and(mut conditions: Vec<Node>) -> Node {
     if conditions.len() == 1 {
         return conditions.remove(0);
     }
-    Node {
-        node: Some(NodeEnum::BoolExpr(Box::new(protobuf::BoolExpr {
-            xpr: None,
-            boolop: protobuf::BoolExprType::AndExpr as i32,
-            args: conditions,
-            location: -1,
-        }))),
-    }
+    bool_expr(protobuf::BoolExprType::AndExpr, conditions)
+}
+
+fn bool_expr(op: protobuf::BoolExprType, args: Vec<Node>) -> Node {
+    Node { node: Some(NodeEnum::BoolExpr(Box::new(protobuf::BoolExpr { xpr: None, boolop: op as i32, args, location: -1 }))) }
+}
+
+fn null_test(arg: Node, test: protobuf::NullTestType) -> Node {
+    let test = protobuf::NullTest { arg: Some(Box::new(arg)), nulltesttype: test as i32, location: -1, ..Default::default() };
+    Node { node: Some(NodeEnum::NullTest(Box::new(test))) }
 }
 
 fn join(kind: protobuf::JoinType, left: Node, right: Node, on: Option<Node>) -> Node {
