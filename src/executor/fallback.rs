@@ -196,6 +196,8 @@ pub(super) struct ComputedSubqueries {
 /// copies together take at most `BROADCAST_MAX_BYTES_SHIPPED`.
 const SUBQUERY_MAX_VALUES: usize = 100_000;
 const SUBQUERY_MAX_BYTES: usize = 1 << 20;
+/// How deep subqueries nested in subqueries are computed first.
+const SUBQUERY_PASSES: usize = 3;
 /// The most rows a WITH query or a subquery in FROM is written into the
 /// statement with (as a VALUES list, in every task's statement); one giving
 /// more stays, and the statement falls back.
@@ -255,63 +257,88 @@ async fn compute_in(plan: &FallbackPlan, mut stmt: NodeEnum, catalog: &Catalog, 
         }
         subqueries.push((sql, sub_plan));
     }
-    let mut values = Vec::new();
     let mut constant_bytes = 0;
-    for Subquery { used_as, mut select } in uncorrelated_subqueries::subqueries(&stmt, catalog) {
-        // Whether EXISTS has a row, whether a scalar one has a second, whether
-        // IN has too many values: no more is read than tells.
-        if used_as == SubqueryUse::Rows && !rows_help {
-            values.push(None);
-            continue;
-        }
-        let most = match used_as {
-            SubqueryUse::Exists => 0,
-            SubqueryUse::Scalar => 1,
-            SubqueryUse::Any | SubqueryUse::All => SUBQUERY_MAX_VALUES,
-            SubqueryUse::Rows => SHIPPED_ROWS_MAX,
-        };
-        if !uncorrelated_subqueries::cap_rows(&mut select, most) {
-            values.push(None);
-            continue;
-        }
-        if used_as == SubqueryUse::Exists && select.target_list.is_empty() {
-            // The shards' plans want a column to send.
-            let one = uncorrelated_subqueries::typed_constant(Some("1"), "int8")?;
-            select.target_list = vec![res_target("", protobuf::Node { node: Some(one) })];
-        }
-        let stmt = NodeEnum::SelectStmt(Box::new(select));
-        let sql = deparse_statement(plan.version, stmt.clone())?;
-        let sub_plan = plan_tree(plan.version, stmt, catalog);
-        let Some((fields, rows)) = query_rows(&sub_plan, catalog, parts, &Mode::Simple).await? else {
-            values.push(None);
-            continue;
-        };
-        let value = match used_as {
-            SubqueryUse::Exists => Some(uncorrelated_subqueries::typed_constant(Some(if rows.is_empty() { "false" } else { "true" }), "bool")?),
-            SubqueryUse::Rows => match rows_to_ship(&fields, &rows, catalog, parts, &mut fills).await? {
-                // `replace` gives the item the subquery's alias.
-                Some(placeholder) => {
-                    let names: Vec<String> = fields.iter().map(|f| quote_ident(&f.name)).collect();
-                    Some(crate::planner::subselect_node(&format!("{placeholder} AS tessera_rows({})", names.join(", ")))?)
-                }
-                None => None,
-            },
-            _ => subquery_constant(used_as, &sql, &fields, rows, catalog, parts).await?.map(|(constant, bytes)| {
+    // A subquery nested in another is computed first, and the other, then
+    // free of subqueries, in the next pass.
+    let mut left_in_place = std::collections::HashSet::new();
+    // The same subquery written twice (a condition copied by `decorrelate`
+    // into the subquery it narrows) is computed once.
+    let mut constants: std::collections::HashMap<(String, SubqueryUse), (NodeEnum, usize)> = std::collections::HashMap::new();
+    for _ in 0..SUBQUERY_PASSES {
+        let computed_before = subqueries.len();
+        let mut values = Vec::new();
+        for Subquery { used_as, mut select } in uncorrelated_subqueries::subqueries(&stmt, catalog) {
+            // Whether EXISTS has a row, whether a scalar one has a second, whether
+            // IN has too many values: no more is read than tells.
+            if used_as == SubqueryUse::Rows && !rows_help {
+                values.push(None);
+                continue;
+            }
+            let most = match used_as {
+                SubqueryUse::Exists => 0,
+                SubqueryUse::Scalar => 1,
+                SubqueryUse::Any | SubqueryUse::All => SUBQUERY_MAX_VALUES,
+                SubqueryUse::Rows => SHIPPED_ROWS_MAX,
+            };
+            if !uncorrelated_subqueries::cap_rows(&mut select, most) {
+                values.push(None);
+                continue;
+            }
+            if used_as == SubqueryUse::Exists && select.target_list.is_empty() {
+                // The shards' plans want a column to send.
+                let one = uncorrelated_subqueries::typed_constant(Some("1"), "int8")?;
+                select.target_list = vec![res_target("", protobuf::Node { node: Some(one) })];
+            }
+            let stmt = NodeEnum::SelectStmt(Box::new(select));
+            let sql = deparse_statement(plan.version, stmt.clone())?;
+            if left_in_place.contains(&sql) {
+                values.push(None);
+                continue;
+            }
+            if let Some((constant, bytes)) = constants.get(&(sql.clone(), used_as)) {
                 constant_bytes += bytes;
-                constant
-            }),
-        };
-        let computed = value.is_some();
-        values.push(value);
-        if computed {
-            subqueries.push((sql, sub_plan));
+                values.push(Some(constant.clone()));
+                continue;
+            }
+            let sub_plan = plan_tree(plan.version, stmt, catalog);
+            let Some((fields, rows)) = query_rows(&sub_plan, catalog, parts, &Mode::Simple).await? else {
+                left_in_place.insert(sql);
+                values.push(None);
+                continue;
+            };
+            let value = match used_as {
+                SubqueryUse::Exists => Some(uncorrelated_subqueries::typed_constant(Some(if rows.is_empty() { "false" } else { "true" }), "bool")?),
+                SubqueryUse::Rows => match rows_to_ship(&fields, &rows, catalog, parts, &mut fills).await? {
+                    // `replace` gives the item the subquery's alias.
+                    Some(placeholder) => {
+                        let names: Vec<String> = fields.iter().map(|f| quote_ident(&f.name)).collect();
+                        Some(crate::planner::subselect_node(&format!("{placeholder} AS tessera_rows({})", names.join(", ")))?)
+                    }
+                    None => None,
+                },
+                _ => subquery_constant(used_as, &sql, &fields, rows, catalog, parts).await?.map(|(constant, bytes)| {
+                    constant_bytes += bytes;
+                    constants.insert((sql.clone(), used_as), (constant.clone(), bytes));
+                    constant
+                }),
+            };
+            match value {
+                Some(_) => subqueries.push((sql, sub_plan)),
+                None => {
+                    left_in_place.insert(sql);
+                }
+            }
+            values.push(value);
         }
+        if subqueries.len() == computed_before {
+            break;
+        }
+        let mut values = values.into_iter();
+        uncorrelated_subqueries::replace(&mut stmt, catalog, |_, _| values.next().flatten());
     }
     if subqueries.is_empty() {
         return Ok(None);
     }
-    let mut values = values.into_iter();
-    uncorrelated_subqueries::replace(&mut stmt, catalog, |_, _| values.next().flatten());
     if has_semi_join(&stmt) {
         return Ok(None);
     }

@@ -38,6 +38,7 @@
 //! which no longer names the outer row: the set can be computed once, over
 //! the shards, and written into the statement (executor/fallback.rs).
 
+use super::uncorrelated_subqueries::is_uncorrelated;
 use super::walk::visit_mut;
 use super::{column_ref, column_ref_names, function_names, has_nested_query, is_equals, only_filters, plain_select, res_target, resolve_range_var};
 use crate::metadata::Catalog;
@@ -474,11 +475,31 @@ fn narrowing(inner_keys: &[Node], outer_keys: &[Node], scope: &InnerScope, outer
 }
 
 /// A condition of the outer level that reads columns of `table` alone,
-/// with constants, operators and a few immutable functions (no other calls:
+/// with constants, operators, a few immutable functions (no other calls:
 /// a volatile or stable one may give another answer in the statement that
-/// computes the subquery first), its columns qualified by the table's name.
+/// computes the subquery first) and uncorrelated subqueries (TPC-H's Q20:
+/// `ps_partkey IN (SELECT p_partkey FROM part WHERE …)`), its columns
+/// qualified by the table's name.
 fn on_table_alone(condition: &Node, table: &protobuf::RangeVar, outer: &OuterScope, catalog: &Catalog) -> Option<Node> {
     let mut copy = condition.clone();
+    // The subqueries' own columns are theirs: they are set aside while the
+    // condition's are looked at.
+    let mut set_aside = Vec::new();
+    let mut uncorrelated = true;
+    visit_mut(copy.node.as_mut()?, &mut |n| {
+        if let NodeEnum::SubLink(link) = n {
+            match link.subselect.take() {
+                Some(sub) if matches!(sub.node.as_ref(), Some(NodeEnum::SelectStmt(s)) if is_uncorrelated(s, catalog)) => set_aside.push(sub),
+                sub => {
+                    uncorrelated = false;
+                    link.subselect = sub;
+                }
+            }
+        }
+    });
+    if !uncorrelated {
+        return None;
+    }
     let mut alone = true;
     let mut columns = 0;
     visit_mut(copy.node.as_mut()?, &mut |n| match n {
@@ -497,7 +518,16 @@ fn on_table_alone(condition: &Node, table: &protobuf::RangeVar, outer: &OuterSco
         NodeEnum::String(_) | NodeEnum::List(_) | NodeEnum::Integer(_) => {}
         // TPC-H's `substring(c_phone from 1 for 2) IN (…)`.
         NodeEnum::FuncCall(call) if is_immutable_text_or_number_function(call) => {}
+        NodeEnum::SubLink(link) if link.subselect.is_none() => {}
         _ => alone = false,
+    });
+    let mut set_aside = set_aside.into_iter();
+    visit_mut(copy.node.as_mut()?, &mut |n| {
+        if let NodeEnum::SubLink(link) = n {
+            if link.subselect.is_none() {
+                link.subselect = set_aside.next();
+            }
+        }
     });
     (alone && columns > 0).then_some(copy)
 }

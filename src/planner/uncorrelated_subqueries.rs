@@ -28,7 +28,7 @@ use pg_query::NodeEnum;
 
 /// What the statement uses of a subquery, which says what its result
 /// becomes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SubqueryUse {
     /// `(SELECT …)`: its one value.
     Scalar,
@@ -209,6 +209,12 @@ pub fn typed_constant(value: Option<&str>, type_name: &str) -> PgResult<NodeEnum
 /// distributed table.
 fn self_contained(select: &protobuf::SelectStmt, used_as: SubqueryUse, catalog: &Catalog) -> bool {
     contained_query(select, used_as == SubqueryUse::Exists, catalog) && (select.target_list.len() == 1 || used_as == SubqueryUse::Exists)
+}
+
+/// Whether a subquery names nothing outside itself (see the module
+/// comment), whatever it gives.
+pub fn is_uncorrelated(select: &protobuf::SelectStmt, catalog: &Catalog) -> bool {
+    contained_query(select, true, catalog)
 }
 
 /// Whether a query names nothing outside itself: its FROM clause holds
