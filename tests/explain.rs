@@ -101,6 +101,10 @@ async fn each_shape_takes_its_tier() {
         // subquery's keys is computed first.
         ("SELECT count(*) FROM er WHERE NOT EXISTS (SELECT 1 FROM ea WHERE ea.g = er.id)", "Custom Scan (Tessera Subqueries First)"),
         ("SELECT count(*) FROM ec WHERE EXISTS (SELECT 1 FROM ea WHERE ea.v = ec.z AND ea.g > 1)", "Custom Scan (Tessera Subqueries First)"),
+        (
+            "SELECT count(*) FROM (SELECT id FROM er WHERE NOT EXISTS (SELECT 1 FROM ea WHERE ea.g = er.id)) s",
+            "Custom Scan (Tessera Subqueries First)",
+        ),
         // An uncorrelated scalar subquery is computed first, its value a constant.
         ("SELECT * FROM ea WHERE v > (SELECT avg(z) FROM ec)", "Custom Scan (Tessera Subqueries First)"),
         ("SELECT * FROM ea WHERE v > (SELECT avg(w) FROM eb WHERE eb.k = ea.g)", "Custom Scan (Tessera Broadcast)"),

@@ -266,6 +266,9 @@ async fn compute_in(plan: &FallbackPlan, mut stmt: NodeEnum, catalog: &Catalog, 
     let mut constants: std::collections::HashMap<(String, SubqueryUse), (NodeEnum, usize)> = std::collections::HashMap::new();
     for _ in 0..SUBQUERY_PASSES {
         let computed_before = subqueries.len();
+        // A pass may have left a subquery in FROM free of subqueries, and
+        // the statement with no table beyond it.
+        let rows_help = uncorrelated_subqueries::reads_tables_beyond_its_rows(&stmt, catalog);
         let mut values = Vec::new();
         for Subquery { used_as, mut select } in uncorrelated_subqueries::subqueries(&stmt, catalog) {
             // Whether EXISTS has a row, whether a scalar one has a second, whether

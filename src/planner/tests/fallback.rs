@@ -107,7 +107,8 @@ fn correlated_aggregates_are_grouped_for_the_keys_the_outer_rows_ask() {
         "SELECT count(*) FROM tessera_fallback.dist_1 ea CROSS JOIN tessera_fallback.dist_4 er LEFT JOIN (SELECT eb.k AS tessera_key_1, avg(eb.w) AS tessera_value FROM tessera_fallback.dist_2 eb, tessera_fallback.dist_4 er WHERE er.name = 'x' AND eb.k = er.id GROUP BY eb.k) tessera_grouped_1 ON tessera_grouped_1.tessera_key_1 = er.id WHERE er.id = ea.g AND er.name = 'x' AND ea.v < tessera_grouped_1.tessera_value"
     );
     // So does a call of an immutable function (TPC-H Q22's substring).
-    let plan = fallback("SELECT count(*) FROM ea, er WHERE er.id = ea.g AND lower(er.name) = 'x' AND ea.v < (SELECT avg(eb.w) FROM eb WHERE eb.k = er.id)");
+    let plan =
+        fallback("SELECT count(*) FROM ea, er WHERE er.id = ea.g AND lower(er.name) = 'x' AND ea.v < (SELECT avg(eb.w) FROM eb WHERE eb.k = er.id)");
     assert!(plan.read.sql.contains("WHERE lower(er.name) = 'x' AND eb.k = er.id GROUP BY eb.k"), "{}", plan.read.sql);
     // Another call may be volatile, and ea.g is no primary key: neither narrows.
     for sql in [
