@@ -1,5 +1,7 @@
-//! Correlated scalar aggregate subqueries, rewritten as grouped outer joins
-//! for the statements the coordinator database runs over the shards.
+//! Correlated subqueries rewritten so that they no longer run once per
+//! outer row: scalar aggregates as grouped outer joins (for the statements
+//! the coordinator database runs over the shards, and to be computed
+//! first), `[NOT] EXISTS` as sets of keys (`semi_joins`, below).
 //!
 //! There a correlated subquery runs once per outer row, and every run is a
 //! remote scan of each shard its filters cannot prune: "each customer's
