@@ -132,6 +132,23 @@ async fn each_shape_takes_its_tier() {
     // Local statements are explained by the coordinator database itself.
     assert!(!tier(&explain(&c, "SELECT * FROM elocal").await).contains("Tessera"));
 
+    // EXPLAIN EXECUTE of a statement prepared over distributed tables
+    // explains it with the arguments written in; of a local one, as the
+    // coordinator database does.
+    c.batch_execute("PREPARE by_key(int) AS SELECT v FROM ea WHERE k = $1; PREPARE by_g(int) AS SELECT count(*) FROM ea WHERE g = $1; PREPARE local_one(int) AS SELECT * FROM elocal WHERE id = $1")
+        .await
+        .unwrap();
+    let routed = explain(&c, "EXECUTE by_key(2 + 3)").await.join("\n");
+    assert!(routed.starts_with("Custom Scan (Tessera Router)") && routed.contains("(k = 5)"), "{routed}");
+    let spread = explain(&c, "EXECUTE by_g(7)").await.join("\n");
+    assert!(spread.starts_with("Custom Scan (Tessera Multi-Shard)") && spread.contains("(g = 7)"), "{spread}");
+    let analyzed = explain_with(&c, "ANALYZE, COSTS OFF", "EXECUTE by_g(7)").await.join("\n");
+    assert!(analyzed.contains("Tasks Run: all"), "{analyzed}");
+    let local = explain(&c, "EXECUTE local_one(1)").await.join("\n");
+    assert!(local.contains("Seq Scan on elocal") && !local.contains("Tessera"), "{local}");
+    let e = c.simple_query("EXPLAIN EXECUTE by_key(1, 2)").await.unwrap_err();
+    assert_eq!(e.code().map(|c| c.code()), Some("42601"), "{e}");
+
     // A task's plan comes from its worker, named with its node.
     let lines = explain(&c, "SELECT count(*) FROM ea").await;
     let text = lines.join("\n");

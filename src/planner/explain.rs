@@ -61,22 +61,28 @@ pub(super) fn plan(version: i32, e: &ExplainStmt, text: &str, catalog: &Catalog)
         _ => true,
     });
     let explain = ExplainPlan { version, options: e.options.clone(), inner };
+    // EXECUTE: the session explains its statement with the arguments written
+    // in, or has the coordinator database explain its own.
+    let explained_here = matches!(
+        explain.inner,
+        Plan::Router(_)
+            | Plan::Delegated(_)
+            | Plan::MultiShard(_)
+            | Plan::Fallback(_)
+            | Plan::InsertSelect(_)
+            | Plan::WithLocalRows(_)
+            | Plan::SqlExecute(_)
+    );
     let refusal = match &explain.inner {
         Plan::Local | Plan::Empty => return None,
         Plan::Unsupported(e) => return Some(Plan::Unsupported(e.clone())),
-        Plan::Router(_) | Plan::Delegated(_) | Plan::MultiShard(_) | Plan::Fallback(_) | Plan::InsertSelect(_) | Plan::WithLocalRows(_)
-            if !text_format =>
-        {
-            "EXPLAIN of distributed statements supports only FORMAT TEXT"
-        }
+        _ if !explained_here => "EXPLAIN of this statement is not supported through the Tessera coordinator",
+        _ if !text_format => "EXPLAIN of distributed statements supports only FORMAT TEXT",
         // Its rows are computed by inserting into the shell table: not for ANALYZE.
         Plan::InsertSelect(_) if explain.analyze() => {
             "EXPLAIN ANALYZE of an INSERT … SELECT that passes rows through the coordinator is not supported yet"
         }
-        Plan::Router(_) | Plan::Delegated(_) | Plan::MultiShard(_) | Plan::Fallback(_) | Plan::InsertSelect(_) | Plan::WithLocalRows(_) => {
-            return Some(Plan::Explain(Arc::new(explain)))
-        }
-        _ => "EXPLAIN of this statement is not supported through the Tessera coordinator",
+        _ => return Some(Plan::Explain(Arc::new(explain))),
     };
     Some(not_supported(refusal))
 }

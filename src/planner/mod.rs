@@ -55,7 +55,7 @@ pub use multi_shard::{
     aggregate_placeholder, partial_column, sort_column, AggregateKind, Combine, CombineQuery, MultiShardPlan, SplitAggregate, PARTIALS_RELATION,
     VISIBLE_COLUMNS,
 };
-pub use prepared::{SqlExecute, SqlPrepare};
+pub use prepared::{statement_with_arguments, SqlExecute, SqlPrepare};
 pub use rewrite::CopiedCall;
 pub use router::{Command, FilledValues, InsertKey, RouterPlan, SequenceFill};
 

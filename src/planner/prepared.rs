@@ -5,11 +5,15 @@
 //! `pg_prepared_statements`; the session keeps its text and runs each EXECUTE
 //! as an extended-protocol execution with the evaluated arguments.
 
-use super::deparse::{deparse_expression, deparse_statement};
+use super::deparse::deparse_statement;
+use super::deparse::{deparse_expression, deparse_tree};
+use super::uncorrelated_subqueries::typed_constant;
+use super::walk::visit_mut;
 use super::{plan_tree, Plan};
-use crate::error::PgResult;
+use crate::error::{PgError, PgResult};
 use crate::metadata::Catalog;
 use pg_query::protobuf;
+use pg_query::NodeEnum;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SqlPrepare {
@@ -49,10 +53,31 @@ pub(super) fn plan_execute(execute: &protobuf::ExecuteStmt) -> Plan {
     }
 }
 
+/// A prepared statement's text with its arguments written in: each `$n`
+/// becomes the n-th value as a literal of the parameter's type (SQL name),
+/// for EXPLAIN EXECUTE, which explains the statement with those values.
+pub fn statement_with_arguments(statement: &str, arguments: &[(Option<String>, String)]) -> PgResult<String> {
+    let mut parsed = pg_query::parse(statement).map_err(|e| PgError::internal(format!("could not parse a prepared statement: {e}")))?.protobuf;
+    let mut failure = None;
+    for stmt in parsed.stmts.iter_mut().filter_map(|s| s.stmt.as_mut()).filter_map(|n| n.node.as_mut()) {
+        visit_mut(stmt, &mut |n| {
+            let NodeEnum::ParamRef(param) = n else { return };
+            let Some((value, type_name)) = usize::try_from(param.number - 1).ok().and_then(|i| arguments.get(i)) else { return };
+            match typed_constant(value.as_deref(), type_name) {
+                Ok(constant) => *n = constant,
+                Err(e) => failure = Some(e),
+            }
+        });
+    }
+    match failure {
+        Some(e) => Err(e),
+        None => deparse_tree(&parsed),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pg_query::NodeEnum;
 
     #[test]
     fn execute_keeps_each_argument_as_sql() {
@@ -61,5 +86,12 @@ mod tests {
         let Plan::SqlExecute(execute) = plan_execute(e) else { panic!() };
         assert_eq!(execute.name, "q");
         assert_eq!(execute.arguments, ["1 + 2", "'x''y'", "ARRAY[1, 2]", "now()"]);
+    }
+
+    #[test]
+    fn arguments_are_written_in_as_typed_literals() {
+        let args = [(Some("5".to_string()), "integer".to_string()), (None, "text".to_string())];
+        let sql = statement_with_arguments("SELECT * FROM t WHERE k = $1 AND (v = $2 OR $1 > 3)", &args).unwrap();
+        assert_eq!(sql, "SELECT * FROM t WHERE k = '5'::int AND (v = NULL::text OR '5'::int > 3)");
     }
 }

@@ -2,6 +2,7 @@
 //! of plan goes to, SQL PREPARE/EXECUTE, and transaction control.
 
 use super::*;
+use crate::planner::ExplainPlan;
 
 impl Session {
     pub(super) fn check_not_failed(&self, plan: &Plan) -> Result<(), Failure> {
@@ -63,6 +64,10 @@ impl Session {
                 backend::command_complete(self.client.out(), &tag);
             }
             Plan::SqlExecute(execute) => self.execute_prepared(sql, execute, extended).await?,
+            Plan::Explain(explain) if matches!(explain.inner, Plan::SqlExecute(_)) => {
+                let Plan::SqlExecute(execute) = &explain.inner else { unreachable!("matched above") };
+                self.explain_prepared(sql, explain, execute, extended).await?
+            }
             Plan::SqlDeallocate(name) => {
                 let tag = self.parts.local().await?.execute(sql).await?;
                 match name {
@@ -122,17 +127,62 @@ impl Session {
     /// extended-protocol execution, with the arguments evaluated (and typed) by
     /// the coordinator database; any other is the coordinator database's own.
     pub(super) async fn execute_prepared(&mut self, sql: &str, execute: &SqlExecute, extended: Option<(&Bind, &Shape)>) -> Result<(), Failure> {
-        let Some((prepared_by, statement)) = self.sql_prepared.get(&execute.name).cloned() else {
+        if extended.is_some() && self.sql_prepared.contains_key(&execute.name) {
+            return Err(simple_protocol_only("EXECUTE").into());
+        }
+        let Some(bound) = self.bound_prepared(execute).await? else {
             let mode = execution_mode(extended, false);
             return Ok(executor::run_on_coordinator_db(&mut self.parts, sql, &mode, &mut self.client).await?);
         };
-        if extended.is_some() {
-            return Err(PgError::not_supported(
-                "EXECUTE of a statement prepared over distributed tables works through the simple query protocol only",
-            )
-            .with_hint("Use the extended protocol's own prepared statements (Parse/Bind/Execute).")
-            .into());
+        let planned = self.plan(&bound.statement);
+        let Some(inner) = planned.statements.first() else { return Err(PgError::internal("a prepared statement without a statement").into()) };
+        if matches!(inner.plan, Plan::Local | Plan::Empty) {
+            // No longer over distributed tables (one was undistributed).
+            return Ok(executor::run_on_coordinator_db(&mut self.parts, sql, &Mode::Simple, &mut self.client).await?);
         }
+        let shape = self.describe_shape(&bound.statement, &bound.param_types).await?;
+        if let Some(fields) = &shape.fields {
+            backend::row_description(self.client.out(), fields);
+        }
+        let params = bound.values.into_iter().map(|v| v.map(bytes::Bytes::from)).collect();
+        let bind = Bind { portal: String::new(), statement: String::new(), param_formats: Vec::new(), params, result_formats: Vec::new() };
+        Box::pin(self.execute_distributed(&bound.statement, &inner.plan, Some((&bind, &shape)))).await
+    }
+
+    /// EXPLAIN EXECUTE: a statement prepared over distributed tables is
+    /// explained with its arguments written in as typed literals (the plan
+    /// of an execution with those values); any other by the coordinator
+    /// database.
+    async fn explain_prepared(
+        &mut self,
+        sql: &str,
+        explain: &ExplainPlan,
+        execute: &SqlExecute,
+        extended: Option<(&Bind, &Shape)>,
+    ) -> Result<(), Failure> {
+        if extended.is_some() && self.sql_prepared.contains_key(&execute.name) {
+            return Err(simple_protocol_only("EXPLAIN EXECUTE").into());
+        }
+        let Some(bound) = self.bound_prepared(execute).await? else {
+            let mode = execution_mode(extended, false);
+            return Ok(executor::run_on_coordinator_db(&mut self.parts, sql, &mode, &mut self.client).await?);
+        };
+        let arguments: Vec<(Option<String>, String)> = bound.values.into_iter().zip(bound.type_names).collect();
+        let explained = explain.explain_sql(&planner::statement_with_arguments(&bound.statement, &arguments)?)?;
+        let planned = self.plan(&explained);
+        let Some(inner) = planned.statements.first() else { return Err(PgError::internal("EXPLAIN without a statement").into()) };
+        if matches!(inner.plan, Plan::Local | Plan::Empty) {
+            return Ok(executor::run_on_coordinator_db(&mut self.parts, sql, &Mode::Simple, &mut self.client).await?);
+        }
+        Box::pin(self.execute_distributed(&explained, &inner.plan, None)).await
+    }
+
+    /// The statement EXECUTE names, when the session prepared it over
+    /// distributed tables, with its parameters' types and the arguments'
+    /// values, evaluated by the coordinator database; None for a statement
+    /// that is the coordinator database's own.
+    async fn bound_prepared(&mut self, execute: &SqlExecute) -> Result<Option<BoundPrepared>, Failure> {
+        let Some((prepared_by, statement)) = self.sql_prepared.get(&execute.name).cloned() else { return Ok(None) };
         let local = self.parts.local().await?;
         // One row per parameter (one with NULLs when there are none); no row
         // when the statement is gone or was replaced (DISCARD ALL, then a new
@@ -147,7 +197,7 @@ impl Session {
             .await?;
         if rows.is_empty() {
             self.sql_prepared.remove(&execute.name);
-            return Ok(executor::run_on_coordinator_db(&mut self.parts, sql, &Mode::Simple, &mut self.client).await?);
+            return Ok(None);
         }
         let types: Vec<_> = rows.into_iter().filter(|r| r[0].is_some()).collect();
         if types.len() != execute.arguments.len() {
@@ -156,26 +206,14 @@ impl Session {
                 .into());
         }
         let param_types: Vec<u32> = types.iter().map(|t| t[0].as_deref().and_then(|oid| oid.parse().ok()).unwrap_or(0)).collect();
-        let params = if types.is_empty() {
+        let type_names: Vec<String> = types.iter().map(|t| t[1].clone().unwrap_or_else(|| "text".to_string())).collect();
+        let values = if types.is_empty() {
             Vec::new()
         } else {
-            let casts: Vec<String> =
-                execute.arguments.iter().zip(&types).map(|(arg, t)| format!("(({arg})::{})::text", t[1].as_deref().unwrap_or("text"))).collect();
-            let values = local.query(&format!("SELECT {}", casts.join(", "))).await?;
-            values.into_iter().next().unwrap_or_default().into_iter().map(|v| v.map(bytes::Bytes::from)).collect()
+            let casts: Vec<String> = execute.arguments.iter().zip(&type_names).map(|(arg, t)| format!("(({arg})::{t})::text")).collect();
+            local.query(&format!("SELECT {}", casts.join(", "))).await?.into_iter().next().unwrap_or_default()
         };
-        let planned = self.plan(&statement);
-        let Some(inner) = planned.statements.first() else { return Err(PgError::internal("a prepared statement without a statement").into()) };
-        if matches!(inner.plan, Plan::Local | Plan::Empty) {
-            // No longer over distributed tables (one was undistributed).
-            return Ok(executor::run_on_coordinator_db(&mut self.parts, sql, &Mode::Simple, &mut self.client).await?);
-        }
-        let shape = self.describe_shape(&statement, &param_types).await?;
-        if let Some(fields) = &shape.fields {
-            backend::row_description(self.client.out(), fields);
-        }
-        let bind = Bind { portal: String::new(), statement: String::new(), param_formats: Vec::new(), params, result_formats: Vec::new() };
-        Box::pin(self.execute_distributed(&statement, &inner.plan, Some((&bind, &shape)))).await
+        Ok(Some(BoundPrepared { statement, param_types, type_names, values }))
     }
 
     pub(super) async fn transaction_command(&mut self, command: &TransactionCommand) -> PgResult<&'static str> {
@@ -220,4 +258,19 @@ impl Session {
             }
         })
     }
+}
+
+/// A statement prepared over distributed tables, bound by EXECUTE's arguments.
+struct BoundPrepared {
+    statement: String,
+    param_types: Vec<u32>,
+    /// The parameters' SQL type names, as `format_type` gives them.
+    type_names: Vec<String>,
+    /// The arguments' values as text (None for NULL).
+    values: Vec<Option<String>>,
+}
+
+fn simple_protocol_only(command: &str) -> PgError {
+    PgError::not_supported(format!("{command} of a statement prepared over distributed tables works through the simple query protocol only"))
+        .with_hint("Use the extended protocol's own prepared statements (Parse/Bind/Execute).")
 }
