@@ -7,7 +7,6 @@
 use super::PgConnection;
 use crate::config::{Login, ServerAddr};
 use crate::error::{sqlstate, PgError, PgResult};
-use crate::protocol::backend::TxStatus;
 use futures::future::BoxFuture;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -48,7 +47,7 @@ impl KeptConnections {
     /// Keeps `conn` for later, unless a failure left it broken, inside a
     /// transaction or in the middle of an exchange.
     pub async fn give_back(&mut self, addr: &ServerAddr, conn: PgConnection) {
-        if conn.is_broken() || !conn.is_in_step() || conn.tx_status() != TxStatus::Idle {
+        if !conn.is_reusable() {
             conn.terminate().await;
         } else if let Some(replaced) = self.open.insert(addr.clone(), conn) {
             replaced.terminate().await;

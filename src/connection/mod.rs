@@ -214,6 +214,12 @@ impl PgConnection {
         self.ready_owed <= self.silent.len()
     }
 
+    /// Whether another session may take this connection: not broken, in
+    /// step, and outside any transaction.
+    pub fn is_reusable(&self) -> bool {
+        !self.broken && self.is_in_step() && self.tx_status == TxStatus::Idle
+    }
+
     /// Marks a connection out of step (see `is_in_step`) broken, so that
     /// it is closed rather than used again.
     pub fn break_if_out_of_step(&mut self) {

@@ -13,7 +13,6 @@ use crate::config::{Login, ServerAddr};
 use crate::connection::pool::{Checkout, NodePool};
 use crate::connection::PgConnection;
 use crate::error::{PgError, PgResult};
-use crate::protocol::backend::TxStatus;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -243,7 +242,7 @@ impl CoordinatorDb {
             return None;
         }
         let held = self.held.as_mut()?;
-        if held.conn.is_broken() || !held.conn.is_in_step() || held.conn.tx_status() != TxStatus::Idle {
+        if !held.conn.is_reusable() {
             return None;
         }
         if self.settings_unknown {

@@ -51,7 +51,7 @@ impl ExtraConnection {
     pub fn finish(mut self) {
         let Some(mut worker) = self.worker.take() else { return };
         self.forget_backend();
-        if !worker.conn.is_broken() && !worker.needs_sync && worker.conn.is_in_step() && worker.conn.tx_status() == TxStatus::Idle {
+        if !worker.needs_sync && worker.conn.is_reusable() {
             worker.running = None;
             self.pool.give_back(&self.pool_key, worker);
         }

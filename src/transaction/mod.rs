@@ -865,8 +865,8 @@ impl Participants {
             return;
         }
         self.admission = None;
-        let idle: Vec<i32> =
-            self.workers.iter().filter(|(_, w)| !w.in_block && !w.needs_sync && !w.conn.is_broken()).map(|(group, _)| *group).collect();
+        // The broken ones outside a block are gone: the rest may go back.
+        let idle: Vec<i32> = self.workers.iter().filter(|(_, w)| !w.in_block && !w.needs_sync).map(|(group, _)| *group).collect();
         for group in idle {
             let Some(mut w) = self.workers.remove(&group) else { continue };
             w.running = None;
