@@ -131,6 +131,12 @@ fn subqueries_of_level(expr: &mut Node, replace: &mut dyn FnMut(&mut NodeEnum)) 
             kept.push(link.subselect.take());
         }
     });
+    put_back_subqueries(expr, kept);
+}
+
+/// Gives the subqueries taken out of an expression's SubLinks back to
+/// them, in the order of the walk that took them.
+fn put_back_subqueries(expr: &mut NodeEnum, kept: Vec<Option<Box<Node>>>) {
     let mut kept = kept.into_iter();
     visit_mut(expr, &mut |n| {
         if let NodeEnum::SubLink(link) = n {
@@ -487,19 +493,13 @@ fn on_table_alone(condition: &Node, table: &protobuf::RangeVar, outer: &OuterSco
     // The subqueries' own columns are theirs: they are set aside while the
     // condition's are looked at.
     let mut set_aside = Vec::new();
-    let mut uncorrelated = true;
     visit_mut(copy.node.as_mut()?, &mut |n| {
         if let NodeEnum::SubLink(link) = n {
-            match link.subselect.take() {
-                Some(sub) if matches!(sub.node.as_ref(), Some(NodeEnum::SelectStmt(s)) if is_uncorrelated(s, catalog)) => set_aside.push(sub),
-                sub => {
-                    uncorrelated = false;
-                    link.subselect = sub;
-                }
-            }
+            set_aside.push(link.subselect.take());
         }
     });
-    if !uncorrelated {
+    let uncorrelated = |sub: &Option<Box<Node>>| matches!(sub.as_deref().and_then(|s| s.node.as_ref()), Some(NodeEnum::SelectStmt(s)) if is_uncorrelated(s, catalog));
+    if !set_aside.iter().all(uncorrelated) {
         return None;
     }
     let mut alone = true;
@@ -523,14 +523,7 @@ fn on_table_alone(condition: &Node, table: &protobuf::RangeVar, outer: &OuterSco
         NodeEnum::SubLink(link) if link.subselect.is_none() => {}
         _ => alone = false,
     });
-    let mut set_aside = set_aside.into_iter();
-    visit_mut(copy.node.as_mut()?, &mut |n| {
-        if let NodeEnum::SubLink(link) = n {
-            if link.subselect.is_none() {
-                link.subselect = set_aside.next();
-            }
-        }
-    });
+    put_back_subqueries(copy.node.as_mut()?, set_aside);
     (alone && columns > 0).then_some(copy)
 }
 
