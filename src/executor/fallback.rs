@@ -219,19 +219,37 @@ pub(super) async fn compute_subqueries(plan: &FallbackPlan, catalog: &Catalog, p
     decorrelate(&mut stmt, catalog);
     // So do EXISTS and NOT EXISTS, as sets of keys; a set too large to
     // write in leaves them as they were.
+    // What the first attempt learnt of its subqueries serves the second.
+    let mut known = KnownSubqueries::default();
     let mut with_key_sets = stmt.clone();
     if semi_joins(&mut with_key_sets, catalog) > 0 {
-        if let Some(computed) = compute_in(plan, with_key_sets, catalog, parts).await? {
+        if let Some(computed) = compute_in(plan, with_key_sets, catalog, parts, &mut known).await? {
             return Ok(Some(computed));
         }
     }
-    compute_in(plan, stmt, catalog, parts).await
+    compute_in(plan, stmt, catalog, parts, &mut known).await
+}
+
+/// Subqueries computed first, by their SQL: the constants they gave (with
+/// the bytes of their text), and those left in place. The same subquery
+/// written twice (a condition copied by `decorrelate` into the subquery it
+/// narrows, or met again in a later pass or attempt) is computed once.
+#[derive(Default)]
+struct KnownSubqueries {
+    constants: std::collections::HashMap<(String, SubqueryUse), (NodeEnum, usize)>,
+    left_in_place: std::collections::HashSet<String>,
 }
 
 /// `compute_subqueries` of `stmt`, the statement with its correlated
 /// subqueries rewritten; None also when a semi-join's set of keys was not
 /// computed.
-async fn compute_in(plan: &FallbackPlan, mut stmt: NodeEnum, catalog: &Catalog, parts: &mut Participants) -> PgResult<Option<ComputedSubqueries>> {
+async fn compute_in(
+    plan: &FallbackPlan,
+    mut stmt: NodeEnum,
+    catalog: &Catalog,
+    parts: &mut Participants,
+    known: &mut KnownSubqueries,
+) -> PgResult<Option<ComputedSubqueries>> {
     let mut subqueries = Vec::new();
     let mut fills = Vec::new();
     let rows_help = uncorrelated_subqueries::reads_tables_beyond_its_rows(&stmt, catalog);
@@ -260,12 +278,7 @@ async fn compute_in(plan: &FallbackPlan, mut stmt: NodeEnum, catalog: &Catalog, 
     let mut constant_bytes = 0;
     // A subquery nested in another is computed first, and the other, then
     // free of subqueries, in the next pass.
-    let mut left_in_place = std::collections::HashSet::new();
-    // The same subquery written twice (a condition copied by `decorrelate`
-    // into the subquery it narrows) is computed once.
-    let mut constants: std::collections::HashMap<(String, SubqueryUse), (NodeEnum, usize)> = std::collections::HashMap::new();
     for _ in 0..SUBQUERY_PASSES {
-        let computed_before = subqueries.len();
         // A pass may have left a subquery in FROM free of subqueries, and
         // the statement with no table beyond it.
         let rows_help = uncorrelated_subqueries::reads_tables_beyond_its_rows(&stmt, catalog);
@@ -294,18 +307,21 @@ async fn compute_in(plan: &FallbackPlan, mut stmt: NodeEnum, catalog: &Catalog, 
             }
             let stmt = NodeEnum::SelectStmt(Box::new(select));
             let sql = deparse_statement(plan.version, stmt.clone())?;
-            if left_in_place.contains(&sql) {
+            if known.left_in_place.contains(&sql) {
                 values.push(None);
                 continue;
             }
-            if let Some((constant, bytes)) = constants.get(&(sql.clone(), used_as)) {
+            let sub_plan = plan_tree(plan.version, stmt, catalog);
+            if let Some((constant, bytes)) = known.constants.get(&(sql.clone(), used_as)) {
                 constant_bytes += bytes;
                 values.push(Some(constant.clone()));
+                if !subqueries.iter().any(|(listed, _)| *listed == sql) {
+                    subqueries.push((sql, sub_plan));
+                }
                 continue;
             }
-            let sub_plan = plan_tree(plan.version, stmt, catalog);
             let Some((fields, rows)) = query_rows(&sub_plan, catalog, parts, &Mode::Simple).await? else {
-                left_in_place.insert(sql);
+                known.left_in_place.insert(sql);
                 values.push(None);
                 continue;
             };
@@ -321,19 +337,19 @@ async fn compute_in(plan: &FallbackPlan, mut stmt: NodeEnum, catalog: &Catalog, 
                 },
                 _ => subquery_constant(used_as, &sql, &fields, rows, catalog, parts).await?.map(|(constant, bytes)| {
                     constant_bytes += bytes;
-                    constants.insert((sql.clone(), used_as), (constant.clone(), bytes));
+                    known.constants.insert((sql.clone(), used_as), (constant.clone(), bytes));
                     constant
                 }),
             };
             match value {
                 Some(_) => subqueries.push((sql, sub_plan)),
                 None => {
-                    left_in_place.insert(sql);
+                    known.left_in_place.insert(sql);
                 }
             }
             values.push(value);
         }
-        if subqueries.len() == computed_before {
+        if values.iter().all(Option::is_none) {
             break;
         }
         let mut values = values.into_iter();
