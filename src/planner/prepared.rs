@@ -5,8 +5,7 @@
 //! `pg_prepared_statements`; the session keeps its text and runs each EXECUTE
 //! as an extended-protocol execution with the evaluated arguments.
 
-use super::deparse::deparse_statement;
-use super::deparse::{deparse_expression, deparse_tree};
+use super::deparse::{deparse_expression, deparse_statement, deparse_tree};
 use super::uncorrelated_subqueries::typed_constant;
 use super::walk::visit_mut;
 use super::{plan_tree, Plan};

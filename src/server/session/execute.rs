@@ -127,19 +127,8 @@ impl Session {
     /// extended-protocol execution, with the arguments evaluated (and typed) by
     /// the coordinator database; any other is the coordinator database's own.
     pub(super) async fn execute_prepared(&mut self, sql: &str, execute: &SqlExecute, extended: Option<(&Bind, &Shape)>) -> Result<(), Failure> {
-        if extended.is_some() && self.sql_prepared.contains_key(&execute.name) {
-            return Err(simple_protocol_only("EXECUTE").into());
-        }
-        let Some(bound) = self.bound_prepared(execute).await? else {
-            let mode = execution_mode(extended, false);
-            return Ok(executor::run_on_coordinator_db(&mut self.parts, sql, &mode, &mut self.client).await?);
-        };
-        let planned = self.plan(&bound.statement);
+        let Some((bound, planned)) = self.bound_or_forwarded(sql, "EXECUTE", execute, extended).await? else { return Ok(()) };
         let Some(inner) = planned.statements.first() else { return Err(PgError::internal("a prepared statement without a statement").into()) };
-        if matches!(inner.plan, Plan::Local | Plan::Empty) {
-            // No longer over distributed tables (one was undistributed).
-            return Ok(executor::run_on_coordinator_db(&mut self.parts, sql, &Mode::Simple, &mut self.client).await?);
-        }
         let shape = self.describe_shape(&bound.statement, &bound.param_types).await?;
         if let Some(fields) = &shape.fields {
             backend::row_description(self.client.out(), fields);
@@ -160,13 +149,7 @@ impl Session {
         execute: &SqlExecute,
         extended: Option<(&Bind, &Shape)>,
     ) -> Result<(), Failure> {
-        if extended.is_some() && self.sql_prepared.contains_key(&execute.name) {
-            return Err(simple_protocol_only("EXPLAIN EXECUTE").into());
-        }
-        let Some(bound) = self.bound_prepared(execute).await? else {
-            let mode = execution_mode(extended, false);
-            return Ok(executor::run_on_coordinator_db(&mut self.parts, sql, &mode, &mut self.client).await?);
-        };
+        let Some((bound, _)) = self.bound_or_forwarded(sql, "EXPLAIN EXECUTE", execute, extended).await? else { return Ok(()) };
         let arguments: Vec<(Option<String>, String)> = bound.values.into_iter().zip(bound.type_names).collect();
         let explained = explain.explain_sql(&planner::statement_with_arguments(&bound.statement, &arguments)?)?;
         let planned = self.plan(&explained);
@@ -175,6 +158,35 @@ impl Session {
             return Ok(executor::run_on_coordinator_db(&mut self.parts, sql, &Mode::Simple, &mut self.client).await?);
         }
         Box::pin(self.execute_distributed(&explained, &inner.plan, None)).await
+    }
+
+    /// For `command` (EXECUTE or EXPLAIN EXECUTE) of `sql`: the statement
+    /// the session prepared over distributed tables, bound by the
+    /// arguments, and its plan; None once the coordinator database has answered `sql`
+    /// itself, the statement being its own or no longer over distributed
+    /// tables (one was undistributed).
+    async fn bound_or_forwarded(
+        &mut self,
+        sql: &str,
+        command: &str,
+        execute: &SqlExecute,
+        extended: Option<(&Bind, &Shape)>,
+    ) -> Result<Option<(BoundPrepared, Arc<CachedPlan>)>, Failure> {
+        if extended.is_some() && self.sql_prepared.contains_key(&execute.name) {
+            return Err(simple_protocol_only(command).into());
+        }
+        let bound = self.bound_prepared(execute).await?;
+        let planned = bound.as_ref().map(|bound| self.plan(&bound.statement));
+        match (bound, planned) {
+            (Some(bound), Some(planned)) if !matches!(planned.statements.first().map(|s| &s.plan), Some(Plan::Local | Plan::Empty)) => {
+                Ok(Some((bound, planned)))
+            }
+            _ => {
+                let mode = execution_mode(extended, false);
+                executor::run_on_coordinator_db(&mut self.parts, sql, &mode, &mut self.client).await?;
+                Ok(None)
+            }
+        }
     }
 
     /// The statement EXECUTE names, when the session prepared it over
