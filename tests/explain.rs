@@ -286,4 +286,26 @@ async fn repartition_joins(cluster: &TestCluster, c: &tokio_postgres::Client) {
     let a_per_v = |v: i64| (1..=30000_i64).filter(|k| k % 7 == v).count() as i64;
     let expected: i64 = (1..=20000_i64).map(|g| 1 + (g * 3) % 40000).filter(|a_k| *a_k < 7).map(a_per_v).sum();
     assert_eq!(c.query_one(both, &[]).await.unwrap().get::<_, i64>(0), expected);
+
+    // The nodes fetch each other's rows as the session's role, which the
+    // other node checks: a role with the privileges gets the rows, one
+    // without gets 42501, also when the role was taken on by SET ROLE.
+    c.batch_execute(
+        "CREATE ROLE rj_reader LOGIN; CREATE ROLE rj_readers; CREATE ROLE rj_member LOGIN NOINHERIT IN ROLE rj_readers;
+         GRANT SELECT ON rj_a, rj_b TO rj_reader, rj_readers;",
+    )
+    .await
+    .unwrap();
+    let reader = common::connect_as(cluster.port, "rj_reader").await;
+    assert_eq!(reader.query_one(both, &[]).await.unwrap().get::<_, i64>(0), expected);
+    let member = common::connect_as(cluster.port, "rj_member").await;
+    let e = member.query_one(both, &[]).await.unwrap_err();
+    assert_eq!(common::sqlstate(&e), "42501", "{e}");
+    member.batch_execute("SET ROLE rj_readers").await.unwrap();
+    assert!(explain(&member, both).await[0].contains("Tessera Repartition Join"));
+    assert_eq!(member.query_one(both, &[]).await.unwrap().get::<_, i64>(0), expected);
+    c.batch_execute("REVOKE SELECT ON rj_b FROM rj_readers").await.unwrap();
+    let e = member.query_one(both, &[]).await.unwrap_err();
+    assert_eq!(common::sqlstate(&e), "42501", "{e}");
+    assert_eq!(member.query_one("SELECT 1", &[]).await.unwrap().get::<_, i32>(0), 1, "the session goes on");
 }

@@ -12,6 +12,8 @@
 //!   1, 2, 3, 7, 32, 64, NULL included;
 //! * our shard index with the partition PostgreSQL actually routes an INSERT
 //!   to in a 7-way hash-partitioned table;
+//! * `shard_index_sql` evaluated by the server with our shard index, for
+//!   the same moduli;
 //! * `hash_binary` of the server's `*send` output with the server's hash;
 //! * hand-made binary inputs, fed to the server's `*recv` via COPY BINARY.
 
@@ -21,7 +23,7 @@ use common::PlainPostgres;
 use std::fmt::Write as _;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
-use tessera::hash::{hash_binary, hash_text, row_hash, shard_index, HashType};
+use tessera::hash::{hash_binary, hash_text, row_hash, shard_index, shard_index_sql, HashType};
 
 const PSQL: &str = "/usr/bin/psql";
 /// HASH_PARTITION_SEED as the signed int8 the SQL functions take.
@@ -254,9 +256,31 @@ fn check_case(case: &Case) -> String {
         }
     }
 
+    // 4. The SQL a node evaluates to send rows where their shard lives.
+    let mut evaluated = 0;
+    match MODULI
+        .iter()
+        .map(|&m| shard_index_sql(case.ty, "t.v", m).map(|e| format!("SELECT t.i, {m}, {e} FROM (VALUES {rows}) AS t(i, v)")))
+        .collect::<Option<Vec<_>>>()
+    {
+        Some(selects) => {
+            let computed = pg.query(&format!("{SESSION}{} ORDER BY 1, 2", selects.join("\nUNION ALL\n")));
+            for row in &computed {
+                let f: Vec<u32> = row.split('|').map(|x| x.parse().unwrap()).collect();
+                let (i, modulus, remainder) = (f[0] as usize, f[1], f[2]);
+                let value_hash = if i == 0 { None } else { Some(ours[i - 1]) };
+                if shard_index(row_hash(value_hash), modulus) != remainder {
+                    failures.push(format!("{t} row {i} mod {modulus}: shard_index_sql gave {remainder}"));
+                }
+            }
+            evaluated = computed.len();
+        }
+        None => assert_eq!(case.ty, HashType::Bytea, "only bytea has no shard index in SQL"),
+    }
+
     assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
     let summary = format!(
-        "{t}: {} values (+NULL); {} hash_text, {} hash_binary, {} satisfies_hash_partition ({} moduli), {} routed INSERT comparisons",
+        "{t}: {} values (+NULL); {} hash_text, {} hash_binary, {} satisfies_hash_partition ({} moduli), {} routed INSERT, {evaluated} shard_index_sql comparisons",
         case.values.len(),
         case.values.len(),
         binary_checked,

@@ -21,6 +21,10 @@
 //! what user code on a worker writes into it to every copy the same way,
 //! through foreign tables over the other nodes' copies
 //! (`REFERENCE_WRITES_SQL`).
+//!
+//! Repartition joins move rows node to node without the relay: a node
+//! fetches rows from another over a dblink connection of its own
+//! (`PULL_ROWS_SQL`).
 
 use super::run_per_node;
 use super::table_ddl::TableDefinition;
@@ -146,6 +150,7 @@ fn setup_sql(node: &Node, nodes: &[Node], relay: &ServerAddr) -> String {
              USING ERRCODE = '40001', HINT = 'Retry the transaction: the coordinator now routes it to the new node.';
          END $tessera$;
          {reference_writes}
+         {pull_rows}
          {forget_roles}
          -- Every role gets a mapping that logs it in as itself, so that the
          -- other node checks its privileges. Only a superuser may waive the
@@ -169,6 +174,7 @@ fn setup_sql(node: &Node, nodes: &[Node], relay: &ServerAddr) -> String {
         decisions = crate::transaction::decided::deciding_objects_sql(),
         record_once = crate::transaction::decided::RECORD_ONCE_SQL,
         reference_writes = REFERENCE_WRITES_SQL,
+        pull_rows = PULL_ROWS_SQL,
     );
     for other in nodes.iter().filter(|n| n.group_id != node.group_id) {
         let server = server_name(other.group_id);
@@ -194,6 +200,65 @@ fn setup_sql(node: &Node, nodes: &[Node], relay: &ServerAddr) -> String {
     sql.push_str(&format!("\nSELECT {REMOTE_SCHEMA}.map_roles();"));
     sql
 }
+
+/// How a node fetches the rows a repartition join moves to it
+/// (`executor::repartition`). `insert_rows(query, target)` inserts a
+/// query's rows into one of the session's tables; `pull_rows(host, port,
+/// query, target, columns)` does so with the rows `query` gives on another
+/// node, read over a dblink connection to it that logs in as the session's
+/// user and acts as the caller's role, so that node checks the same
+/// privileges. Only a superuser may open a connection the other node asks
+/// no password of (the nodes trust each other's network, as the foreign
+/// servers' user mappings do), so `open_pull_link` alone is SECURITY
+/// DEFINER, and it lets the caller act only as a role its login may take
+/// on; the rows are read and written by the caller's own statements. Each
+/// function returns the rows it inserted.
+const PULL_ROWS_SQL: &str = r#"
+CREATE EXTENSION IF NOT EXISTS dblink SCHEMA tessera_remote;
+CREATE OR REPLACE FUNCTION tessera_remote.conninfo_value(value text) RETURNS text LANGUAGE sql IMMUTABLE AS
+$tessera$ SELECT '''' || replace(replace(value, '\', '\\'), '''', '\''') || '''' $tessera$;
+CREATE OR REPLACE FUNCTION tessera_remote.open_pull_link(link text, host text, port integer, role text) RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $tessera$
+DECLARE
+  dblink_schema text := (SELECT quote_ident(n.nspname) FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'dblink');
+BEGIN
+  IF NOT pg_has_role(session_user, role, 'MEMBER') THEN
+    RAISE EXCEPTION 'role % cannot act as role %', session_user, role USING ERRCODE = '42501';
+  END IF;
+  -- A link a failed statement left open.
+  EXECUTE format('SELECT %s.dblink_disconnect(%L) WHERE %L = ANY (%s.dblink_get_connections())', dblink_schema, link, link, dblink_schema);
+  EXECUTE format('SELECT %s.dblink_connect_u(%L, %L)', dblink_schema, link,
+    format('host=%s port=%s dbname=%s user=%s application_name=tessera_pull', tessera_remote.conninfo_value(host), port,
+           tessera_remote.conninfo_value(current_database()), tessera_remote.conninfo_value(session_user)));
+  IF role <> session_user THEN
+    EXECUTE format('SELECT %s.dblink_exec(%L, %L)', dblink_schema, link, format('SET ROLE %I', role));
+  END IF;
+  RETURN dblink_schema;
+END $tessera$;
+CREATE OR REPLACE FUNCTION tessera_remote.insert_rows(query text, target regclass) RETURNS bigint LANGUAGE plpgsql AS $tessera$
+DECLARE inserted bigint;
+BEGIN
+  EXECUTE format('INSERT INTO %s %s', target, query);
+  GET DIAGNOSTICS inserted = ROW_COUNT;
+  RETURN inserted;
+END $tessera$;
+CREATE OR REPLACE FUNCTION tessera_remote.pull_rows(host text, port integer, query text, target regclass, columns text) RETURNS bigint
+LANGUAGE plpgsql AS $tessera$
+DECLARE
+  link text := 'tessera_pull';
+  dblink_schema text := tessera_remote.open_pull_link(link, host, port, current_user::text);
+  inserted bigint;
+BEGIN
+  BEGIN
+    inserted := tessera_remote.insert_rows(format('SELECT * FROM %s.dblink(%L, %L) AS t(%s)', dblink_schema, link, query, columns), target);
+  EXCEPTION WHEN OTHERS OR query_canceled THEN
+    EXECUTE format('SELECT %s.dblink_disconnect(%L)', dblink_schema, link);
+    RAISE;
+  END;
+  EXECUTE format('SELECT %s.dblink_disconnect(%L)', dblink_schema, link);
+  RETURN inserted;
+END $tessera$;
+"#;
 
 /// The functions that let user code on a worker write a reference table
 /// through its view: `link_reference_copies(view, copy, groups)` makes a

@@ -131,14 +131,14 @@ async fn explain_repartition(
     lines: &mut Vec<String>,
 ) -> PgResult<()> {
     lines.push("Custom Scan (Tessera Repartition Join)".to_string());
-    lines.push(format!("  Moved: {}, through the coordinator into a temporary table on each node", repartition.describe()));
+    lines.push(format!("  Moved: {}, node to node into a temporary table on each node", repartition.describe()));
     let mut made = Vec::new();
     let mut pushed = Vec::new();
     let outcome = async {
         let started = Instant::now();
         let moved = repartition.make_intermediate(catalog, parts, plan.analyze(), &mut made).await?;
         if plan.analyze() {
-            lines.push(format!("  Rows Moved: {} ({} bytes) in {:.3} ms", moved.rows, moved.bytes, started.elapsed().as_secs_f64() * 1000.0));
+            lines.push(format!("  Rows Moved: {} (none through the coordinator) in {:.3} ms", moved.rows, started.elapsed().as_secs_f64() * 1000.0));
         }
         parts.use_session_connections_only(true);
         let explained = explain_pushdown(plan, &repartition.pushdown, &repartition.catalog, parts, mode, &mut pushed).await;

@@ -5,7 +5,6 @@
 //! exactly PostgreSQL's.
 
 use super::partials::{self, PartialRows};
-use super::repartition::Shuffle;
 use super::Mode;
 use crate::connection::client::ClientConn;
 use crate::connection::{quote_ident, quote_literal, TextRow, TextRows};
@@ -37,8 +36,6 @@ enum Sink<'a> {
     PerNode { description: Option<Message>, rows: Vec<Vec<Message>> },
     /// Counted per node and dropped (EXPLAIN ANALYZE).
     Counted { started: Instant, nodes: Vec<NodeActivity> },
-    /// Routed to other nodes (a repartition join).
-    Shuffled(&'a mut Shuffle),
 }
 
 /// What a read's tasks did on one node, for EXPLAIN ANALYZE.
@@ -182,11 +179,6 @@ async fn collect(
     Ok((fields, rows))
 }
 
-/// Runs read tasks whose rows `shuffle` routes on to other nodes.
-pub(super) async fn shuffle_rows(parts: &mut Participants, by_node: &TasksByNode, shuffle: &mut Shuffle) -> PgResult<()> {
-    run_on_nodes(parts, by_node, Access::Read, &Mode::Simple, &mut Sink::Shuffled(shuffle)).await.map(|_| ())
-}
-
 pub async fn run(
     plan: &MultiShardPlan,
     coordinator: &Coordinator,
@@ -326,7 +318,6 @@ impl Sink<'_> {
             (b'N', Sink::Client { client, .. }) => client.out().extend_from_slice(msg.frame()),
             (b'T', Sink::Partials { fields, .. }) => *fields = backend::decode_row_description(msg)?,
             (b'D', Sink::Partials { rows, .. }) => rows.push(msg, limits)?,
-            (b'D', Sink::Shuffled(shuffle)) => shuffle.push(msg, limits)?,
             (b'D', Sink::Counted { started, nodes }) => {
                 nodes[node].rows += 1;
                 nodes[node].bytes += msg.frame().len() as u64;
@@ -349,7 +340,7 @@ async fn run_on_nodes(parts: &mut Participants, by_node: &[NodeTasks], access: A
     let per_node = if access == Access::Read { parts.executor_pool_size().await? } else { 1 };
     take_connections(parts, by_node, access).await?;
     let limits = parts.limits().clone();
-    let text_results = matches!(sink, Sink::Partials { .. } | Sink::Shuffled(_));
+    let text_results = matches!(sink, Sink::Partials { .. });
     let groups: Vec<i32> = by_node.iter().map(|(n, _)| n.group_id).collect();
     let mut extras: Vec<Vec<ExtraWorker>> = by_node.iter().map(|_| Vec::new()).collect();
     for ((node, sqls), extras) in by_node.iter().zip(&mut extras) {

@@ -183,14 +183,6 @@ async fn copy_into(conn: &mut PgConnection, copy: &str, data: BytesMut, spilled:
     }
 }
 
-/// Copies rows kept as COPY lines into `table` (a qualified name) on `conn`.
-pub(super) async fn copy_rows_into(conn: &mut PgConnection, table: &str, rows: PartialRows) -> PgResult<u64> {
-    match rows {
-        PartialRows::Copy { data, spilled, .. } => copy_into(conn, &format!("COPY {table} FROM STDIN"), data, spilled).await,
-        PartialRows::Text(_) => Err(PgError::internal("rows to copy kept as text values")),
-    }
-}
-
 /// Ends what `stage` began once the combining statement gave `outcome`:
 /// commits the staging transaction (dropping the table), or rolls it back.
 pub(super) async fn release<T>(parts: &mut Participants, staged: Staged, outcome: PgResult<T>) -> PgResult<T> {

@@ -12,27 +12,26 @@
 //! tables move the same way, by their join columns, into temporary tables
 //! laid out as the larger table's shards.
 //!
-//! The query runs on the session's own connections (the only ones that see
-//! temporary tables), and the tables are dropped afterwards. The rows pass
-//! through the coordinator process as a stream of COPY lines (held up to a
-//! few megabytes, then spilled to disk), never through the coordinator
-//! database. Outside transaction blocks only: a block's connections must not
-//! be left holding tables of a statement.
+//! The rows move node to node: each node fetches the rows whose join column
+//! hashes to its shards, from its own shards and, over a connection of its
+//! own (dblink), from every other node's, which filters them by the same
+//! hash evaluated in SQL (`hash::shard_index_sql`); none passes through the
+//! coordinator. The query runs on the session's own connections (the only
+//! ones that see temporary tables), and the tables are dropped afterwards.
+//! Outside transaction blocks only: a block's connections must not be left
+//! holding tables of a statement.
 
-use super::multi_shard::{read_tasks_by_node, shuffle_rows};
-use super::partials::{copy_rows_into, PartialRows};
 use super::Mode;
 use crate::connection::client::ClientConn;
-use crate::connection::quote_ident;
+use crate::connection::{quote_ident, quote_literal};
 use crate::error::{PgError, PgResult};
-use crate::hash::{hash_text, row_hash, shard_index, HashType};
+use crate::hash::{shard_index_sql, HashType};
 use crate::metadata::{Catalog, Coercion, DistributedTable, Distribution, KeyType};
 use crate::planner::expression_types::FromTables;
 use crate::planner::rewrite::ShardTemplate;
+use crate::planner::worker_relations::REMOTE_SCHEMA;
 use crate::planner::{plan_tree, FallbackPlan, Plan};
 use crate::process::Coordinator;
-use crate::protocol::{backend, Message};
-use crate::transaction::limits::StatementLimits;
 use crate::transaction::{Access, Participants};
 use crate::walk::visit_mut;
 use pg_query::{protobuf, NodeEnum};
@@ -97,7 +96,13 @@ pub(super) async fn plan(plan: &FallbackPlan, sizes: &[i64], catalog: &Catalog, 
     let candidates = |table: &DistributedTable| -> Vec<usize> {
         (0..table.columns.len())
             .filter(|&i| {
-                joined.contains(&table.columns[i]) && table.column_type_oids.get(i).is_some_and(|oid| HashType::from_type_oid(*oid).is_some())
+                // The nodes hash the column in SQL to send its rows on.
+                joined.contains(&table.columns[i])
+                    && table
+                        .column_type_oids
+                        .get(i)
+                        .and_then(|oid| HashType::from_type_oid(*oid))
+                        .is_some_and(|t| shard_index_sql(t, "v", 1).is_some())
             })
             .collect()
     };
@@ -304,68 +309,9 @@ fn replace_and_plan(plan: &FallbackPlan, catalog: &Catalog, moves: &[Move]) -> P
     })
 }
 
-/// Where a moved row goes: the node (by its position in `Shuffle::groups`)
-/// holding the shard its key hashes to.
-pub(super) struct Shuffle {
-    /// The key's position in the rows.
-    key: usize,
-    key_type: HashType,
-    /// The node group of each shard of the table that stays, by shard index.
-    shard_targets: Vec<usize>,
-    /// The nodes the rows go to, and the rows each gets as COPY lines.
-    groups: Vec<i32>,
-    rows: Vec<PartialRows>,
-    /// Rows and DataRow bytes routed.
-    moved_rows: u64,
-    moved_bytes: u64,
-}
-
-impl Shuffle {
-    fn new(intermediate: &DistributedTable, key: usize, key_type: HashType) -> PgResult<Shuffle> {
-        let mut groups: Vec<i32> = Vec::new();
-        let mut shard_targets = Vec::with_capacity(intermediate.shards.len());
-        for shard in &intermediate.shards {
-            let group = *shard.placements.first().ok_or_else(|| PgError::internal(format!("shard {} has no placement", shard.id)))?;
-            let target = match groups.iter().position(|g| *g == group) {
-                Some(t) => t,
-                None => {
-                    groups.push(group);
-                    groups.len() - 1
-                }
-            };
-            shard_targets.push(target);
-        }
-        let rows = groups.iter().map(|_| PartialRows::new(true)).collect();
-        Ok(Shuffle { key, key_type, shard_targets, groups, rows, moved_rows: 0, moved_bytes: 0 })
-    }
-
-    /// Routes one DataRow of text values to its node's rows.
-    pub fn push(&mut self, msg: &Message, limits: &StatementLimits) -> PgResult<()> {
-        let (key, key_type, shards) = (self.key, self.key_type, self.shard_targets.len() as u32);
-        let mut hashed = Ok(row_hash(None));
-        backend::each_data_row_value(msg, |i, value| {
-            if let (true, Some(value)) = (i == key, value) {
-                hashed = std::str::from_utf8(value)
-                    .map_err(|e| e.to_string())
-                    .and_then(|text| hash_text(key_type, text).map_err(|e| e.to_string()))
-                    .map(|h| row_hash(Some(h)));
-            }
-        })?;
-        let hash = hashed.map_err(|e| {
-            PgError::not_supported(format!("a repartition join cannot hash a value of its join column ({}): {e}", key_type.sql_name()))
-                .with_hint("Join on the distribution columns of both tables, or distribute the smaller table as a reference table.")
-        })?;
-        let target = self.shard_targets[shard_index(hash, shards) as usize];
-        self.moved_rows += 1;
-        self.moved_bytes += msg.frame().len() as u64;
-        self.rows[target].push(msg, limits)
-    }
-}
-
 /// What moving the rows did, for EXPLAIN ANALYZE.
 pub(super) struct Moved {
     pub rows: u64,
-    pub bytes: u64,
 }
 
 impl Repartition {
@@ -390,56 +336,114 @@ impl Repartition {
 
     /// Makes the temporary tables on the nodes of the layout's shards,
     /// recording each node group in `made` (for `drop_intermediate`, also
-    /// after a failure), and with `move_rows` routes the moved tables' rows
-    /// into them.
+    /// after a failure), and with `move_rows` has each of those nodes fetch
+    /// its rows of the moved tables: from its own shards by INSERT … SELECT,
+    /// from every other node's over a connection of its own to that node
+    /// (`tessera_remote.pull_rows`), each node sending only the rows whose
+    /// join column hashes to the fetching node's shards. No row passes
+    /// through the coordinator.
     pub async fn make_intermediate(&self, catalog: &Catalog, parts: &mut Participants, move_rows: bool, made: &mut Vec<i32>) -> PgResult<Moved> {
-        let mut moved = Moved { rows: 0, bytes: 0 };
+        let mut moved = Moved { rows: 0 };
         for m in &self.moves {
-            let Distribution::Hash { column_index, column_type, .. } = &m.intermediate.distribution else { unreachable!("made as a hash table") };
-            let mut shuffle = Shuffle::new(&m.intermediate, *column_index, *column_type)?;
-            if move_rows {
-                let columns: Vec<String> = m.table.columns.iter().map(|c| quote_ident(c)).collect();
-                let read = match &m.filter {
-                    Some((name, condition)) => {
-                        format!("SELECT {} FROM {} AS {} WHERE {condition}", columns.join(", "), m.table.qualified_name(), quote_ident(name))
-                    }
-                    None => format!("SELECT {} FROM {}", columns.join(", "), m.table.qualified_name()),
-                };
-                let parsed = pg_query::parse(&read).map_err(|e| PgError::internal(format!("could not parse {read}: {e}")))?;
-                let raw = parsed.protobuf.stmts.into_iter().next().ok_or_else(|| PgError::internal("empty statement"))?;
-                let by_node =
-                    read_tasks_by_node(parts, &ShardTemplate::for_query(self.version, raw, vec![m.table.clone()]), &m.table, catalog).await?;
-                shuffle_rows(parts, &by_node, &mut shuffle).await?;
-            }
             let parent = parent_name(&m.intermediate);
-            for group in &shuffle.groups {
+            let targets = shard_indexes_by_group(&m.intermediate)?;
+            let sources = shard_indexes_by_group(&m.table)?;
+            let mut statements = Vec::with_capacity(targets.len());
+            for (group, remainders) in &targets {
                 let node = catalog.node_for_group(*group).ok_or_else(|| PgError::internal(format!("no node for group {group}")))?;
                 parts.worker(node, Access::Read).await?;
                 if !made.contains(group) {
                     made.push(*group);
                 }
+                let mut sql = create_sql(&m.intermediate, &m.column_types, &parent, *group);
+                if move_rows {
+                    let fetches = self.fetch_sql(m, catalog, &parent, *group, remainders, &sources)?;
+                    sql.push_str(&format!("; SELECT {}", fetches.join(" + ")));
+                }
+                statements.push((*group, sql));
             }
-            // Every node copies its rows at the same time, each to its end even
-            // when another fails: a copy given up halfway would leave its
+            // Every node fetches at the same time, each to its end even when
+            // another fails: a statement given up halfway would leave its
             // connection in the middle of an exchange.
-            let mut rows_of: Vec<(i32, PartialRows)> = shuffle.groups.iter().copied().zip(std::mem::take(&mut shuffle.rows)).collect();
-            let copies = parts.workers_for(&shuffle.groups).into_iter().map(|worker| {
-                let at = rows_of.iter().position(|(g, _)| *g == worker.group_id).expect("a connection per group taken above");
-                let rows = rows_of.swap_remove(at).1;
-                let create = create_sql(&m.intermediate, &m.column_types, &parent, worker.group_id);
-                let (table, parent) = (&m.table.name, &parent);
+            let groups: Vec<i32> = statements.iter().map(|(g, _)| *g).collect();
+            let fetches = parts.workers_for(&groups).into_iter().map(|worker| {
+                let sql = &statements.iter().find(|(g, _)| *g == worker.group_id).expect("a statement per group made above").1;
+                let table = &m.table.name;
                 async move {
-                    worker.conn.execute(&create).await?;
-                    copy_rows_into(&mut worker.conn, parent, rows)
+                    let rows = worker
+                        .conn
+                        .query_value(sql)
                         .await
-                        .map_err(|e| e.with_context(format!("moving rows of {table} to node group {}", worker.group_id)))
+                        .map_err(|e| e.with_context(format!("moving rows of {table} to node group {}", worker.group_id)))?;
+                    PgResult::Ok(rows.and_then(|r| r.parse::<u64>().ok()).unwrap_or(0))
                 }
             });
-            futures::future::join_all(copies.collect::<Vec<_>>()).await.into_iter().collect::<PgResult<Vec<_>>>()?;
-            moved.rows += shuffle.moved_rows;
-            moved.bytes += shuffle.moved_bytes;
+            for fetched in futures::future::join_all(fetches.collect::<Vec<_>>()).await {
+                moved.rows += fetched?;
+            }
         }
         Ok(moved)
+    }
+
+    /// The SQL expressions with which node group `group` fetches its rows
+    /// of `m` into `parent` from every node in `sources`, each giving the
+    /// rows it fetched: the rows whose join column hashes to `remainders`,
+    /// the indexes of the group's shards of the layout.
+    fn fetch_sql(
+        &self,
+        m: &Move,
+        catalog: &Catalog,
+        parent: &str,
+        group: i32,
+        remainders: &[u32],
+        sources: &[(i32, Vec<u32>)],
+    ) -> PgResult<Vec<String>> {
+        let read = self.read_template(m, remainders)?;
+        let columns: Vec<String> = m.table.columns.iter().zip(&m.column_types).map(|(c, t)| format!("{} {t}", quote_ident(c))).collect();
+        let mut fetches = Vec::with_capacity(sources.len());
+        for (source, indexes) in sources {
+            let select = indexes.iter().map(|i| read.sql_for_shard(*i)).collect::<PgResult<Vec<_>>>()?.join(" UNION ALL ");
+            fetches.push(if *source == group {
+                format!("{REMOTE_SCHEMA}.insert_rows({}, {})", quote_literal(&select), quote_literal(parent))
+            } else {
+                let node = catalog.node_for_group(*source).ok_or_else(|| PgError::internal(format!("no node for group {source}")))?;
+                format!(
+                    "{REMOTE_SCHEMA}.pull_rows({}, {}, {}, {}, {})",
+                    quote_literal(&node.addr.host),
+                    node.addr.port,
+                    quote_literal(&select),
+                    quote_literal(parent),
+                    quote_literal(&columns.join(", "))
+                )
+            });
+        }
+        Ok(fetches)
+    }
+
+    /// The read of `m`'s rows that a node holding the layout's shards
+    /// `remainders` fetches: the query's own conditions on the table, and
+    /// its join column hashing to one of those shards.
+    fn read_template(&self, m: &Move, remainders: &[u32]) -> PgResult<ShardTemplate> {
+        let Distribution::Hash { column, column_index, column_type, .. } = &m.intermediate.distribution else { unreachable!("made as a hash table") };
+        let name = m.filter.as_ref().map_or(m.table.name.as_str(), |(name, _)| name.as_str());
+        let mut conditions: Vec<String> = m.filter.iter().map(|(_, condition)| condition.clone()).collect();
+        let shard_count = m.intermediate.shards.len() as u32;
+        if remainders.len() < shard_count as usize {
+            let key = format!("{}.{}", quote_ident(name), quote_ident(column));
+            let index = shard_index_sql(*column_type, &key, shard_count).ok_or_else(|| {
+                PgError::internal(format!("no shard index in SQL for {} ({})", m.table.columns[*column_index], column_type.sql_name()))
+            })?;
+            let listed: Vec<String> = remainders.iter().map(u32::to_string).collect();
+            conditions.push(format!("{index} IN ({})", listed.join(", ")));
+        }
+        let columns: Vec<String> = m.table.columns.iter().map(|c| quote_ident(c)).collect();
+        let mut read = format!("SELECT {} FROM {} AS {}", columns.join(", "), m.table.qualified_name(), quote_ident(name));
+        if !conditions.is_empty() {
+            read.push_str(&format!(" WHERE {}", conditions.join(" AND ")));
+        }
+        let parsed = pg_query::parse(&read).map_err(|e| PgError::internal(format!("could not parse {read}: {e}")))?;
+        let raw = parsed.protobuf.stmts.into_iter().next().ok_or_else(|| PgError::internal("empty statement"))?;
+        Ok(ShardTemplate::for_query(self.version, raw, vec![m.table.clone()]))
     }
 
     /// Drops the temporary tables on the node groups `made`. A connection
@@ -455,6 +459,19 @@ impl Repartition {
             }
         }
     }
+}
+
+/// The shard indexes of `table` on each node group, in shard order.
+fn shard_indexes_by_group(table: &DistributedTable) -> PgResult<Vec<(i32, Vec<u32>)>> {
+    let mut groups: Vec<(i32, Vec<u32>)> = Vec::new();
+    for shard in &table.shards {
+        let group = *shard.placements.first().ok_or_else(|| PgError::internal(format!("shard {} has no placement", shard.id)))?;
+        match groups.iter_mut().find(|(g, _)| *g == group) {
+            Some((_, indexes)) => indexes.push(shard.index),
+            None => groups.push((group, vec![shard.index])),
+        }
+    }
+    Ok(groups)
 }
 
 fn parent_name(intermediate: &DistributedTable) -> String {

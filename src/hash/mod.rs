@@ -269,6 +269,54 @@ pub fn shard_index(row_hash: u64, shard_count: u32) -> u32 {
     (row_hash % u64::from(shard_count)) as u32
 }
 
+/// A SQL expression a PostgreSQL 15 node evaluates to the shard index (the
+/// remainder, `shard_index(row_hash(…), shard_count)`) of `value`, an
+/// expression of hash type `ty`, so that the node itself can send each row
+/// where its shard lives. None for the types whose extended hash function
+/// SQL cannot call (bytea's takes `internal`).
+pub fn shard_index_sql(ty: HashType, value: &str, shard_count: u32) -> Option<String> {
+    let (function, argument) = match ty {
+        HashType::Int2 => ("hashint2extended", value.to_string()),
+        HashType::Int4 => ("hashint4extended", value.to_string()),
+        // A date is hashed as its day number from 2000-01-01, a timestamp as
+        // its microseconds from then: the values they are stored as.
+        HashType::Date => (
+            "hashint4extended",
+            format!("CASE WHEN pg_catalog.isfinite({value}) THEN ({value}) - DATE '2000-01-01' WHEN ({value}) > DATE '2000-01-01' THEN 2147483647 WHEN ({value}) < DATE '2000-01-01' THEN -2147483648 END"),
+        ),
+        HashType::Int8 => ("hashint8extended", value.to_string()),
+        HashType::Text => ("hashtextextended", format!("({value})::text")),
+        HashType::Bpchar => ("hashbpcharextended", value.to_string()),
+        HashType::Uuid => ("uuid_hash_extended", value.to_string()),
+        HashType::Numeric => ("hash_numeric_extended", value.to_string()),
+        HashType::Timestamp | HashType::TimestampTz => {
+            let finite = format!("((EXTRACT(epoch FROM {value}) - 946684800) * 1000000)::int8");
+            let infinite = format!("WHEN ({value}) > 'epoch' THEN 9223372036854775807 WHEN ({value}) < 'epoch' THEN -9223372036854775808");
+            ("hashint8extended", format!("CASE WHEN pg_catalog.isfinite({value}) THEN {finite} {infinite} END"))
+        }
+        // bool_ops hashes the value's byte as a "char".
+        HashType::Bool => ("hashcharextended", format!("({value})::int4::\"char\"")),
+        HashType::Oid => ("hashoidextended", value.to_string()),
+        HashType::Char => ("hashcharextended", value.to_string()),
+        HashType::Array(_) => ("hash_array_extended", value.to_string()),
+        HashType::Bytea => return None,
+    };
+    let seed = HASH_PARTITION_SEED as i64;
+    let hash = format!("pg_catalog.{function}({argument}, {seed})");
+    let combined = jenkins::hash_combine64(0, 0);
+    // int8 arithmetic must not overflow: a power of two needs only the low
+    // bits of the unsigned sum, any other modulus goes through numeric.
+    let remainder = if shard_count.is_power_of_two() {
+        let mask = u64::from(shard_count) - 1;
+        format!("((({hash} & {mask}) + {}) & {mask})", combined & mask)
+    } else {
+        let wrap = 1u128 << 64;
+        format!("pg_catalog.mod(pg_catalog.mod(({hash})::numeric + {}, {wrap}), {shard_count})", wrap + u128::from(combined))
+    };
+    // compute_partition_hash_value leaves a NULL out of the row hash: 0.
+    Some(format!("COALESCE({remainder}, 0)"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
