@@ -229,8 +229,42 @@ async fn each_shape_takes_its_tier() {
     let kept = c.query_one("SELECT count(*) FROM ea WHERE v < -100", &[]).await.unwrap();
     assert_eq!(kept.get::<_, i64>(0), 300, "rolled back with its block");
 
+    json_format(&c).await;
     variances_by_input_type(&c).await;
     repartition_joins(&cluster, &c).await;
+}
+
+/// FORMAT JSON: one value of type json, PostgreSQL's shape, with each
+/// node's own plan in JSON under its task.
+async fn json_format(c: &tokio_postgres::Client) {
+    let plan = |sql: &'static str| async move {
+        let row = c.query_one(&format!("EXPLAIN (FORMAT JSON) {sql}"), &[]).await.unwrap();
+        assert_eq!(row.columns()[0].type_(), &tokio_postgres::types::Type::JSON);
+        let value: serde_json::Value = row.get(0);
+        value[0]["Plan"].clone()
+    };
+    let router = plan("SELECT * FROM ea WHERE k = 2").await;
+    assert_eq!((router["Node Type"].as_str(), router["Custom Plan Provider"].as_str()), (Some("Custom Scan"), Some("Tessera Router")), "{router}");
+    assert_eq!(router["Task Count"], 1, "{router}");
+    let task = &router["Plans"][0];
+    assert!(task["Node"].as_str().is_some_and(|n| n.starts_with("host=")), "{router}");
+    assert!(task["Remote Plan"][0]["Plan"]["Node Type"].as_str().is_some_and(|t| t.contains("Scan")), "{router}");
+    let analyzed = c.query_one("EXPLAIN (ANALYZE, FORMAT JSON) SELECT g, v FROM ea WHERE v > 100", &[]).await.unwrap();
+    let analyzed: serde_json::Value = analyzed.get(0);
+    let multi = &analyzed[0]["Plan"];
+    assert_eq!(multi["Custom Plan Provider"], "Tessera Multi-Shard", "{multi}");
+    assert!(multi["Tasks Run"].as_str().is_some_and(|r| r.starts_with("all, in ")), "{multi}");
+    assert!(multi["Plans"][0]["Remote Plan"][0]["Execution Time"].is_number(), "{multi}");
+    let fallback = plan("WITH m AS (SELECT * FROM ea) SELECT count(*) FROM m").await;
+    assert_eq!(fallback["Custom Plan Provider"], "Tessera General Fallback", "{fallback}");
+    assert!(fallback["Reason"].is_string() && fallback["Remote Plan"][0]["Plan"].is_object(), "{fallback}");
+    let first = plan("SELECT * FROM ea WHERE v > (SELECT avg(z) FROM ec)").await;
+    assert_eq!(first["Custom Plan Provider"], "Tessera Subqueries First", "{first}");
+    assert_eq!((first["Plans"][0]["Node Type"].as_str(), first["Plans"][0]["Subquery Number"].as_i64()), (Some("Subquery"), Some(1)), "{first}");
+    assert_eq!(first["Plans"][0]["Plans"][0]["Custom Plan Provider"], "Tessera Multi-Shard", "{first}");
+    assert_eq!(first["Plans"][1]["Custom Plan Provider"], "Tessera Multi-Shard", "{first}");
+    let e = c.query("EXPLAIN (FORMAT YAML) SELECT * FROM ea WHERE k = 2", &[]).await.unwrap_err();
+    assert_eq!(common::sqlstate(&e), "0A000", "{e}");
 }
 
 /// The catalog knows column types: a float column's variance sends each

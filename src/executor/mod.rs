@@ -7,6 +7,7 @@ pub mod block_reads;
 pub mod cluster_views;
 pub mod copy;
 pub mod explain;
+mod explain_format;
 pub mod fallback;
 pub mod function_copies;
 pub mod insert_select;

@@ -39,6 +39,23 @@ impl ExplainPlan {
     pub fn analyze(&self) -> bool {
         self.options.iter().any(|o| matches!(o.node.as_ref(), Some(NodeEnum::DefElem(d)) if d.defname == "analyze" && !is_off(d)))
     }
+
+    /// FORMAT JSON: the plan is one JSON document (the nodes explain their
+    /// parts in JSON too).
+    pub fn json(&self) -> bool {
+        format_of(&self.options).is_some_and(|f| f.eq_ignore_ascii_case("json"))
+    }
+}
+
+/// The FORMAT option's value, if given (the last one counts).
+fn format_of(options: &[protobuf::Node]) -> Option<&str> {
+    options.iter().rev().find_map(|o| match o.node.as_ref() {
+        Some(NodeEnum::DefElem(d)) if d.defname == "format" => match d.arg.as_deref().and_then(|a| a.node.as_ref()) {
+            Some(NodeEnum::String(s)) => Some(s.sval.as_str()),
+            _ => None,
+        },
+        _ => None,
+    })
 }
 
 fn is_off(d: &protobuf::DefElem) -> bool {
@@ -54,12 +71,7 @@ fn is_off(d: &protobuf::DefElem) -> bool {
 pub(super) fn plan(version: i32, e: &ExplainStmt, text: &str, catalog: &Catalog) -> Option<Plan> {
     let raw = protobuf::RawStmt { stmt: e.query.clone(), stmt_location: 0, stmt_len: 0 };
     let inner = plan_statement(version, raw, text, catalog);
-    let text_format = e.options.iter().all(|o| match o.node.as_ref() {
-        Some(NodeEnum::DefElem(d)) if d.defname == "format" => {
-            matches!(d.arg.as_deref().and_then(|a| a.node.as_ref()), Some(NodeEnum::String(s)) if s.sval.eq_ignore_ascii_case("text"))
-        }
-        _ => true,
-    });
+    let shown = format_of(&e.options).is_none_or(|f| f.eq_ignore_ascii_case("text") || f.eq_ignore_ascii_case("json"));
     let explain = ExplainPlan { version, options: e.options.clone(), inner };
     // EXECUTE: the session explains its statement with the arguments written
     // in, or has the coordinator database explain its own.
@@ -77,7 +89,7 @@ pub(super) fn plan(version: i32, e: &ExplainStmt, text: &str, catalog: &Catalog)
         Plan::Local | Plan::Empty => return None,
         Plan::Unsupported(e) => return Some(Plan::Unsupported(e.clone())),
         _ if !explained_here => "EXPLAIN of this statement is not supported through the Tessera coordinator",
-        _ if !text_format => "EXPLAIN of distributed statements supports only FORMAT TEXT",
+        _ if !shown => "EXPLAIN of distributed statements supports FORMAT TEXT and FORMAT JSON only",
         // Its rows are computed by inserting into the shell table: not for ANALYZE.
         Plan::InsertSelect(_) if explain.analyze() => {
             "EXPLAIN ANALYZE of an INSERT … SELECT that passes rows through the coordinator is not supported yet"
