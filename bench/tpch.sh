@@ -15,7 +15,8 @@
 #    two targets are compared row for row (md5 of psql's output). For Tessera
 #    the script also records each query's plan (EXPLAIN, in BENCH_LOG_DIR),
 #    the bytes the nodes sent the coordinator for it (one more run, under
-#    EXPLAIN ANALYZE) and the coordinator's peak RSS over the whole run.
+#    EXPLAIN ANALYZE) and the coordinator's peak RSS while loading and while
+#    the queries run.
 # 3. `go-tpc tpch run --check` runs every query once on each target: at scale
 #    factor 1 it checks the answers against the official results. Its
 #    per-query times are reported beside ours.
@@ -195,14 +196,20 @@ coord_bytes() {
     if grep -q 'General Fallback' "$BENCH_LOG_DIR/tessera-$1-plan.txt" 2>/dev/null; then echo -; return 0; fi
     { echo "SET statement_timeout = '$STATEMENT_TIMEOUT';"; echo 'EXPLAIN (ANALYZE)'; cat -- "$BENCH_LOG_DIR/queries/$1.sql"; echo ';'; } |
         psql_at "$TESSERA_PORT" -At >"$plan" 2>&1 || { echo "?"; return 0; }
+    # A repartition join's moved rows go node to node: not counted.
     awk 'match($0, /[0-9]+ bytes received from the nodes/) { split(substr($0, RSTART), w, " "); total += w[1] }
-         match($0, /Rows Moved: [0-9]+ \([0-9]+ bytes\)/) { split(substr($0, RSTART), w, /[( ]/); total += w[5] }
          END { print total + 0 }' "$plan"
 }
 
 coord_peak_rss_mb() {
     [[ -n $COORD_PID && -r /proc/$COORD_PID/status ]] || { echo "?"; return 0; }
     awk '$1 == "VmHWM:" { printf "%.0f", $2 / 1024 }' "/proc/$COORD_PID/status"
+}
+
+# Starts the coordinator's peak RSS over from its current RSS (Linux's
+# clear_refs), so that the queries' peak is told apart from the loading's.
+reset_coord_peak_rss() {
+    [[ -n $COORD_PID && -w /proc/$COORD_PID/clear_refs ]] && echo 5 >"/proc/$COORD_PID/clear_refs" 2>/dev/null
 }
 
 declare -A MEDIAN=() ANSWER=() ROWSET=() BYTES=() FAILED=()
@@ -259,6 +266,8 @@ psql_at "$TESSERA_PORT" -f "$TPCH_DATA_DIR/schema.sql" >"$BENCH_LOG_DIR/tessera-
 distribute_tables "$TESSERA_PORT"
 load_tables plain "$PLAIN_PORT"
 load_tables tessera "$TESSERA_PORT"
+LOAD_PEAK_RSS=$(coord_peak_rss_mb)
+if reset_coord_peak_rss; then QUERY_PEAK_LABEL=queries; else QUERY_PEAK_LABEL='whole run'; fi
 for q in "${QUERIES[@]}"; do
     psql_at "$TESSERA_PORT" -c "EXPLAIN (COSTS OFF) $(cat -- "$BENCH_LOG_DIR/queries/$q.sql")" >"$BENCH_LOG_DIR/tessera-$q-plan.txt" 2>&1 || true
 done
@@ -287,7 +296,8 @@ if [[ $CHECK -eq 1 ]]; then
 fi
 
 echo
-printf 'TPC-H scale factor %s (%s layout, 32 shards, 2 workers), %s alternating rounds of %s runs; coordinator peak RSS %s MB\n' "$SF" "$LAYOUT" "$ROUNDS" "$RUNS" "$PEAK_RSS"
+printf 'TPC-H scale factor %s (%s layout, 32 shards, 2 workers), %s alternating rounds of %s runs; coordinator peak RSS: loading %s MB, %s %s MB\n' \
+    "$SF" "$LAYOUT" "$ROUNDS" "$RUNS" "$LOAD_PEAK_RSS" "$QUERY_PEAK_LABEL" "$PEAK_RSS"
 printf '%-4s %10s %10s %18s %5s %12s %9s %16s %-13s\n' query plain_ms tessera_ms ratio_min/med/max same bytes_in fallback go-tpc_plain/tes go-tpc_checks
 # "plain/tessera" outcomes of go-tpc's check of query $1.
 go_checks() {

@@ -37,7 +37,7 @@
 //! other cluster-wide objects (`drop_all_sql`).
 
 use super::deparse::deparse_expression;
-use super::{is_equals, qualified_name, string_node};
+use super::{equality, qualified_name, string_node};
 use crate::connection::{quote_ident, quote_literal};
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, CopiedLanguage, DistributedFunction, DistributedTable, Distribution};
@@ -838,13 +838,6 @@ fn joined_on_keys(conditions: &[&protobuf::Node], a: usize, b: usize, placed: &[
             equality(c)
                 .is_some_and(|(l, r)| (names_key(l, a, placed) && names_key(r, b, placed)) || (names_key(l, b, placed) && names_key(r, a, placed)))
         })
-}
-
-fn equality(condition: &protobuf::Node) -> Option<(&protobuf::Node, &protobuf::Node)> {
-    match condition.node.as_ref()? {
-        NodeEnum::AExpr(e) if e.kind == protobuf::AExprKind::AexprOp as i32 && is_equals(&e.name) => Some((e.lexpr.as_deref()?, e.rexpr.as_deref()?)),
-        _ => None,
-    }
 }
 
 /// Whether `node` names the distribution column of `placed[at]`: qualified

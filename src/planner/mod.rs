@@ -729,6 +729,14 @@ pub(crate) fn is_equals(name: &[protobuf::Node]) -> bool {
     matches!(qualified_name(name).as_slice(), ["="] | ["pg_catalog", "="])
 }
 
+/// The two sides of `condition` when it is an `=` comparison.
+pub(crate) fn equality(condition: &protobuf::Node) -> Option<(&protobuf::Node, &protobuf::Node)> {
+    match condition.node.as_ref()? {
+        NodeEnum::AExpr(e) if e.kind == protobuf::AExprKind::AexprOp as i32 && is_equals(&e.name) => Some((e.lexpr.as_deref()?, e.rexpr.as_deref()?)),
+        _ => None,
+    }
+}
+
 /// A column reference node for `a.b.c`.
 pub(crate) fn column_ref(names: &[&str]) -> protobuf::Node {
     protobuf::Node { node: Some(NodeEnum::ColumnRef(protobuf::ColumnRef { fields: names.iter().map(|n| string_node(n)).collect(), location: -1 })) }

@@ -6,7 +6,7 @@ use super::deparse::deparse_tree;
 use super::walk::{references_mut, visit_mut, Reference};
 use crate::connection::quote_ident;
 use crate::error::{PgError, PgResult};
-use crate::metadata::{DistributedTable, Shard};
+use crate::metadata::{DistributedTable, Distribution, Shard};
 use pg_query::protobuf::{self, Alias};
 use pg_query::NodeEnum;
 use std::sync::Arc;
@@ -121,12 +121,14 @@ impl ShardTemplate {
 
     /// How the statement reads several shard groups at once, if it can
     /// (`sql_for_shards`): a SELECT that joins one distributed table, named
-    /// once, with reference tables. Unions of two co-located tables' shards
-    /// would lose which shards pair up (PostgreSQL joins every shard with
-    /// every other: an index probe into each of the other table's shards,
-    /// where one finds the row, with estimates from no statistics); a scan
-    /// of the table alone gains nothing (the pgbench accounts' sums took
-    /// 1.22x plain PostgreSQL's time merged, 0.86x a statement per shard).
+    /// once, with reference tables, or two co-located ones joined on their
+    /// distribution columns (`Partner`). Separate unions of two co-located
+    /// tables' shards would lose which shards pair up (PostgreSQL joins
+    /// every shard with every other: an index probe into each of the other
+    /// table's shards, where one finds the row, with estimates from no
+    /// statistics), so the union is of the pairs' joins; a scan of the
+    /// table alone gains nothing (the pgbench accounts' sums took 1.22x
+    /// plain PostgreSQL's time merged, 0.86x a statement per shard).
     /// None too for what a subquery cannot serve: row locks, TABLESAMPLE
     /// and ONLY need a table; system columns and a bare whole-row reference
     /// would name the subquery's, not a shard's; column aliases and NATURAL
@@ -171,10 +173,15 @@ impl ShardTemplate {
             ),
             _ => {}
         });
-        let [(table, alias)] = distributed.as_slice() else { return None };
         if !mergeable || !joins_reference {
             return None;
         }
+        let ((table, alias), partner) = match distributed.as_slice() {
+            [first] => (first, None),
+            [first, second] => (first, Some(self.partner(stmt, first, second)?)),
+            _ => return None,
+        };
+        let partner_alias = partner.as_ref().map(|p: &Partner| p.alias.as_str());
         let mut read = vec![false; self.tables[*table].columns.len()];
         for name in &names {
             let (qualifier, last) = match name.as_slice() {
@@ -182,7 +189,7 @@ impl ShardTemplate {
                 [last] => (None, last.as_str()),
                 [] => continue,
             };
-            if SYSTEM_COLUMNS.contains(&last) || (qualifier.is_none() && last == alias) {
+            if SYSTEM_COLUMNS.contains(&last) || (qualifier.is_none() && (last == alias || Some(last) == partner_alias)) {
                 return None;
             }
             if qualifier.is_none_or(|q| q == alias) {
@@ -192,7 +199,90 @@ impl ShardTemplate {
             }
         }
         let columns = self.tables[*table].columns.iter().zip(read).filter(|(_, r)| *r).map(|(c, _)| c.clone()).collect();
-        Some(MergedRead { table: *table, columns })
+        let partner = match partner {
+            Some(mut p) => {
+                p.columns = self.partner_columns(&p, (*table, alias), &names)?;
+                Some(p)
+            }
+            None => None,
+        };
+        Some(MergedRead { table: *table, alias: alias.clone(), columns, partner })
+    }
+
+    /// The second distributed table of a merged read, when the two can be
+    /// read as the union of their shards' joins: co-located, both in the
+    /// FROM list of one SELECT, whose WHERE equates their distribution
+    /// columns, and no subquery expression that could name either from
+    /// within (its columns come from the first table's name after).
+    fn partner(&self, stmt: &NodeEnum, first: &(usize, String), second: &(usize, String)) -> Option<Partner> {
+        let (a, b) = (&self.tables[first.0], &self.tables[second.0]);
+        let (Distribution::Hash { column: a_key, .. }, Distribution::Hash { column: b_key, .. }) = (&a.distribution, &b.distribution) else {
+            return None;
+        };
+        if a.oid == b.oid || a.colocation_id != b.colocation_id || first.1 == second.1 {
+            return None;
+        }
+        let mut sublinks = false;
+        let mut paired = false;
+        visit_mut(&mut stmt.clone(), &mut |n| match n {
+            NodeEnum::SubLink(_) => sublinks = true,
+            NodeEnum::SelectStmt(select) => {
+                let listed = |alias: &str| {
+                    select.from_clause.iter().any(|f| matches!(f.node.as_ref(), Some(NodeEnum::RangeVar(rv)) if range_var_name(rv) == alias))
+                };
+                if listed(&first.1) && listed(&second.1) {
+                    let owner = |c: &protobuf::ColumnRef| column_owner(c, (&first.1, a), (&second.1, b));
+                    paired |= where_conjuncts(select.where_clause.as_deref()).into_iter().any(|conjunct| {
+                        equated_columns(conjunct).is_some_and(|(l, r)| {
+                            let (l, r) = (owner(l), owner(r));
+                            (l == Some((0, a_key)) && r == Some((1, b_key))) || (l == Some((1, b_key)) && r == Some((0, a_key)))
+                        })
+                    });
+                }
+            }
+            _ => {}
+        });
+        (paired && !sublinks).then(|| Partner { table: second.0, alias: second.1.clone(), keys: (a_key.clone(), b_key.clone()), columns: Vec::new() })
+    }
+
+    /// The columns of `partner` the statement names, each with its name in
+    /// the union: its own, or `tessera_pair_<name>` where the first table
+    /// (`first`, by position, named `first_alias`) has a column of that
+    /// name too. None when a name cannot be placed: a star (the first
+    /// table's would take in the partner's columns too), or an unqualified
+    /// name both tables have.
+    fn partner_columns(&self, partner: &Partner, (first, first_alias): (usize, &str), names: &[Vec<String>]) -> Option<Vec<(String, String)>> {
+        let (first, second) = (&self.tables[first], &self.tables[partner.table]);
+        let mut used = vec![false; second.columns.len()];
+        for name in names {
+            let (qualifier, last) = match name.as_slice() {
+                [.., qualifier, last] => (Some(qualifier.as_str()), last.as_str()),
+                [last] => (None, last.as_str()),
+                [] => continue,
+            };
+            if last == "*" && qualifier.is_none_or(|q| q == partner.alias || q == first_alias) {
+                return None;
+            }
+            let position = second.columns.iter().position(|c| c == last);
+            match (qualifier, position) {
+                (Some(q), Some(i)) if q == partner.alias => used[i] = true,
+                (None, Some(_)) if first.columns.iter().any(|c| c == last) => return None,
+                (None, Some(i)) => used[i] = true,
+                _ => {}
+            }
+        }
+        Some(
+            second
+                .columns
+                .iter()
+                .zip(used)
+                .filter(|(_, u)| *u)
+                .map(|(c, _)| {
+                    let name = if first.columns.contains(c) { format!("tessera_pair_{c}") } else { c.clone() };
+                    (c.clone(), name)
+                })
+                .collect(),
+        )
     }
 
     /// SQL that reads shard groups `indexes` in one statement, as `read`
@@ -209,6 +299,16 @@ impl ShardTemplate {
         let table = &self.tables[read.table];
         let mut tree = self.tree.clone();
         if let Some(stmt) = tree.stmts[0].stmt.as_deref_mut().and_then(|n| n.node.as_mut()) {
+            // The partner's rows come from the union too, under the first table's name.
+            if let Some(partner) = &read.partner {
+                visit_mut(stmt, &mut |n| {
+                    if let NodeEnum::SelectStmt(select) = n {
+                        select
+                            .from_clause
+                            .retain(|f| !matches!(f.node.as_ref(), Some(NodeEnum::RangeVar(rv)) if range_var_name(rv) == partner.alias));
+                    }
+                });
+            }
             references_mut(stmt, |r| match r {
                 Reference::Table(rv) if names_table(table, rv) => {
                     if rv.alias.is_none() {
@@ -218,18 +318,46 @@ impl ShardTemplate {
                     rv.relname = SHARD_UNION.to_string();
                 }
                 Reference::Table(rv) => self.point_at_shard(rv, *first),
-                Reference::Column(c) => unqualify_schema(c, |schema, table| self.tables.iter().any(|t| t.schema == schema && t.name == table)),
+                Reference::Column(c) => {
+                    unqualify_schema(c, |schema, table| self.tables.iter().any(|t| t.schema == schema && t.name == table));
+                    if let Some(partner) = &read.partner {
+                        partner.requalify(c, &read.alias);
+                    }
+                }
             });
         }
-        let names: Vec<String> = read.columns.iter().map(|c| quote_ident(c)).collect();
-        // `SELECT FROM shard` when no column is named (count(*)).
-        let select = format!("SELECT {}", names.join(", "));
-        let select = select.trim_end();
-        let arms: Vec<String> = indexes
-            .iter()
-            .filter_map(|&index| table.shards.get(index as usize))
-            .map(|shard| format!("{select} FROM {}", table.qualified_shard_name(shard)))
-            .collect();
+        let arms: Vec<String> = match &read.partner {
+            None => {
+                let names: Vec<String> = read.columns.iter().map(|c| quote_ident(c)).collect();
+                // `SELECT FROM shard` when no column is named (count(*)).
+                let select = format!("SELECT {}", names.join(", "));
+                let select = select.trim_end().to_string();
+                indexes
+                    .iter()
+                    .filter_map(|&index| table.shards.get(index as usize))
+                    .map(|shard| format!("{select} FROM {}", table.qualified_shard_name(shard)))
+                    .collect()
+            }
+            Some(partner) => {
+                let other = &self.tables[partner.table];
+                let mut names: Vec<String> = read.columns.iter().map(|c| format!("tessera_first.{}", quote_ident(c))).collect();
+                names.extend(partner.columns.iter().map(|(c, name)| format!("tessera_second.{} AS {}", quote_ident(c), quote_ident(name))));
+                let select = format!("SELECT {}", names.join(", "));
+                let select = select.trim_end();
+                let (first_key, second_key) = (quote_ident(&partner.keys.0), quote_ident(&partner.keys.1));
+                indexes
+                    .iter()
+                    .filter_map(|&index| Some((table.shards.get(index as usize)?, other.shards.get(index as usize)?)))
+                    .map(|(shard, other_shard)| {
+                        format!(
+                            "{select} FROM {} tessera_first JOIN {} tessera_second ON tessera_first.{first_key} = tessera_second.{second_key}",
+                            table.qualified_shard_name(shard),
+                            other.qualified_shard_name(other_shard)
+                        )
+                    })
+                    .collect()
+            }
+        };
         Ok(self.fill_in(deparse_tree(&tree)?)?.replace(SHARD_UNION, &format!("({})", arms.join(" UNION ALL "))))
     }
 
@@ -361,7 +489,87 @@ fn names_table(table: &DistributedTable, rv: &protobuf::RangeVar) -> bool {
 #[derive(Debug)]
 pub struct MergedRead {
     table: usize,
+    /// The name the statement gives the table.
+    alias: String,
     columns: Vec<String>,
+    partner: Option<Partner>,
+}
+
+/// The second of two co-located tables a merged read joins: each arm of
+/// the union joins the two tables' shards of one group on their
+/// distribution columns, and the statement names the partner's columns
+/// through the first table's name.
+#[derive(Debug)]
+struct Partner {
+    table: usize,
+    /// The name the statement gives it.
+    alias: String,
+    /// The first table's distribution column and the partner's.
+    keys: (String, String),
+    /// The partner's columns the union gives, each with its name there.
+    columns: Vec<(String, String)>,
+}
+
+impl Partner {
+    /// Points a reference to one of the partner's columns, `alias.column`,
+    /// at the union, named `first_alias`.
+    fn requalify(&self, c: &mut protobuf::ColumnRef, first_alias: &str) {
+        let [qualifier, column] = &mut c.fields[..] else { return };
+        let (Some(NodeEnum::String(q)), Some(NodeEnum::String(name))) = (qualifier.node.as_mut(), column.node.as_mut()) else { return };
+        if q.sval != self.alias {
+            return;
+        }
+        if let Some((_, renamed)) = self.columns.iter().find(|(own, _)| *own == name.sval) {
+            q.sval = first_alias.to_string();
+            name.sval = renamed.clone();
+        }
+    }
+}
+
+/// The name a FROM item gives its table: its alias, else the table's name.
+fn range_var_name(rv: &protobuf::RangeVar) -> &str {
+    rv.alias.as_ref().map_or(rv.relname.as_str(), |a| a.aliasname.as_str())
+}
+
+/// The top-level AND conjuncts of a WHERE clause.
+fn where_conjuncts(condition: Option<&protobuf::Node>) -> Vec<&protobuf::Node> {
+    let mut conjuncts = Vec::new();
+    if let Some(condition) = condition {
+        super::decorrelate::flatten_and(condition, &mut conjuncts);
+    }
+    conjuncts
+}
+
+/// The two columns an `a = b` condition compares.
+fn equated_columns(condition: &protobuf::Node) -> Option<(&protobuf::ColumnRef, &protobuf::ColumnRef)> {
+    let (l, r) = super::equality(condition)?;
+    match (l.node.as_ref()?, r.node.as_ref()?) {
+        (NodeEnum::ColumnRef(l), NodeEnum::ColumnRef(r)) => Some((l, r)),
+        _ => None,
+    }
+}
+
+/// Which of two tables, named `a.0` and `b.0`, a column reference names
+/// (0 or 1), and the column: qualified by either name, or bare when only
+/// one of them has a column of that name.
+fn column_owner<'t>(c: &protobuf::ColumnRef, a: (&str, &'t DistributedTable), b: (&str, &'t DistributedTable)) -> Option<(usize, &'t String)> {
+    let fields = super::qualified_name(&c.fields);
+    let (qualifier, name) = match fields.as_slice() {
+        [.., qualifier, name] => (Some(*qualifier), *name),
+        [name] => (None, *name),
+        [] => return None,
+    };
+    let find = |t: &'t DistributedTable| t.columns.iter().find(|c| *c == name);
+    match qualifier {
+        Some(q) if q == a.0 => find(a.1).map(|c| (0, c)),
+        Some(q) if q == b.0 => find(b.1).map(|c| (1, c)),
+        Some(_) => None,
+        None => match (find(a.1), find(b.1)) {
+            (Some(c), None) => Some((0, c)),
+            (None, Some(c)) => Some((1, c)),
+            _ => None,
+        },
+    }
 }
 
 /// The name the distributed table goes by in the deparsed statement until

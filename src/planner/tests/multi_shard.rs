@@ -223,11 +223,39 @@ fn a_task_reads_several_shard_groups_through_a_union_of_their_shards() {
         merged("SELECT count(*) FROM ea e JOIN (SELECT id AS g FROM er) r USING (g)").as_deref(),
         Some("SELECT count(*) AS tessera_p_000 FROM (SELECT g FROM public.ea_100 UNION ALL SELECT g FROM public.ea_102) e JOIN (SELECT id AS g FROM public.er_400 er) r USING (g)")
     );
-    // A table alone, two distributed tables (which would lose which of their
-    // shards pair up), and what only a table has: a statement per shard group.
+    // Two co-located tables joined on their distribution columns: each arm
+    // joins one group's pair of shards, and the second table's columns are
+    // named through the first's (renamed where both have one of that name).
+    assert_eq!(
+        merged("SELECT er.name, sum(l_qty) FROM eo, el, er WHERE o_key = l_key AND er.id = l_qty GROUP BY er.name").as_deref(),
+        Some(
+            "SELECT er.name AS tessera_p_000, sum(l_qty) AS tessera_p_001 FROM (SELECT tessera_first.o_key, tessera_second.l_key AS l_key, tessera_second.l_qty AS l_qty \
+             FROM public.eo_700 tessera_first JOIN public.el_800 tessera_second ON tessera_first.o_key = tessera_second.l_key UNION ALL \
+             SELECT tessera_first.o_key, tessera_second.l_key AS l_key, tessera_second.l_qty AS l_qty \
+             FROM public.eo_702 tessera_first JOIN public.el_802 tessera_second ON tessera_first.o_key = tessera_second.l_key) eo, \
+             public.er_400 er WHERE o_key = l_key AND er.id = l_qty GROUP BY er.name"
+        )
+    );
+    assert_eq!(
+        merged("SELECT count(*) FROM ea a, er, eb b WHERE b.k = a.k AND er.id = b.w AND a.v > 3").as_deref(),
+        Some(
+            "SELECT count(*) AS tessera_p_000 FROM (SELECT tessera_first.k, tessera_first.v, tessera_second.k AS tessera_pair_k, tessera_second.w AS w \
+             FROM public.ea_100 tessera_first JOIN public.eb_200 tessera_second ON tessera_first.k = tessera_second.k UNION ALL \
+             SELECT tessera_first.k, tessera_first.v, tessera_second.k AS tessera_pair_k, tessera_second.w AS w \
+             FROM public.ea_102 tessera_first JOIN public.eb_202 tessera_second ON tessera_first.k = tessera_second.k) a, \
+             public.er_400 er WHERE a.tessera_pair_k = a.k AND er.id = a.w AND a.v > 3"
+        )
+    );
+    // A table alone, two distributed tables not joined so (or where a
+    // subquery could name either), and what only a table has: a statement
+    // per shard group.
     for sql in [
         "SELECT count(*) FROM ea",
         "SELECT count(*) FROM ea JOIN eb ON eb.k = ea.k",
+        "SELECT count(*) FROM ea JOIN eb ON eb.k = ea.k JOIN er ON er.id = eb.w",
+        "SELECT count(*) FROM ea, eb, er WHERE eb.k = ea.k AND er.id = ea.g AND ea.v > (SELECT 1)",
+        "SELECT * FROM eo, el, er WHERE o_key = l_key AND er.id = l_qty",
+        "SELECT eo.*, l_qty FROM eo, el, er WHERE o_key = l_key AND er.id = l_qty",
         "SELECT count(*) FROM ea a WHERE EXISTS (SELECT 1 FROM ea b WHERE b.k = a.k AND b.v > a.v)",
         "SELECT count(*) FROM ea WHERE ctid IS NOT NULL",
         "SELECT tableoid, k FROM ea",
