@@ -572,6 +572,13 @@ fn column_owner<'t>(c: &protobuf::ColumnRef, a: (&str, &'t DistributedTable), b:
     }
 }
 
+impl MergedRead {
+    /// Whether the read joins two co-located tables' shards pair by pair.
+    pub fn joins_pair(&self) -> bool {
+        self.partner.is_some()
+    }
+}
+
 /// The name the distributed table goes by in the deparsed statement until
 /// the union of its shards takes its place.
 const SHARD_UNION: &str = "tessera_shard_union";
