@@ -228,7 +228,7 @@ async fn analyzed_write(
     step.push(explain_task(plan, node, Access::Write, &multi.template.sql_for_shard(first.index)?, parts).await?);
     let mut others = Vec::new();
     for shard in shards {
-        let sql = plan.explain_sql(&multi.template.sql_for_shard(shard.index)?)?;
+        let sql = plan.explain_sql(&multi.template.sql_for_shard(shard.index)?);
         add_task(&mut others, node_of_group(catalog, first_group(shard)?)?, sql.into());
     }
     count_activity(parts, others, Access::Write, mode).await?;
@@ -269,7 +269,7 @@ async fn analyzed_read(by_node: TasksByNode, parts: &mut Participants, mode: &Mo
 async fn explain_task(plan: &ExplainPlan, node: &Node, access: Access, sql: &str, parts: &mut Participants) -> PgResult<Under> {
     let mut task = Step::new(Title::Task);
     task.property("Node", format!("host={} port={} dbname={}", node.addr.host, node.addr.port, parts.login().database));
-    let explain = plan.explain_sql(sql)?;
+    let explain = plan.explain_sql(sql);
     let worker = parts.worker(node, access).await?;
     task.push(Under::NodePlan(first_column(worker.conn.query(&explain).await?)));
     Ok(Under::Step(task))
@@ -277,7 +277,7 @@ async fn explain_task(plan: &ExplainPlan, node: &Node, access: Access, sql: &str
 
 /// The coordinator database's plan of `sql`.
 async fn explain_in_coordinator_db(plan: &ExplainPlan, sql: &str, parts: &mut Participants) -> PgResult<Under> {
-    let rows = parts.local().await?.query(&plan.explain_sql(sql)?).await;
+    let rows = parts.local().await?.query(&plan.explain_sql(sql)).await;
     parts.observe_local_status();
     Ok(Under::NodePlan(first_column(rows?)))
 }

@@ -14,10 +14,13 @@ use std::sync::Arc;
 
 #[derive(Debug)]
 pub struct ExplainPlan {
-    version: i32,
     /// EXPLAIN's options (ANALYZE, COSTS OFF, …), passed on to the node that
     /// explains the task.
     options: Vec<protobuf::Node>,
+    /// `EXPLAIN (options) `, the text put before a task's SQL: the SQL is
+    /// not parsed again (a task carrying computed rows as text, hundreds of
+    /// kilobytes, cost the coordinator 300 MB to parse and deparse).
+    prefix: String,
     /// How the explained statement itself runs.
     pub inner: Plan,
 }
@@ -30,10 +33,8 @@ impl fmt::Display for ExplainPlan {
 
 impl ExplainPlan {
     /// `EXPLAIN (options) sql`, for the node that runs `sql`.
-    pub fn explain_sql(&self, sql: &str) -> PgResult<String> {
-        let parsed = pg_query::parse(sql).map_err(|e| PgError::internal(format!("could not parse a task to explain it: {e}")))?;
-        let query = parsed.protobuf.stmts.into_iter().next().and_then(|s| s.stmt);
-        deparse(self.version, NodeEnum::ExplainStmt(Box::new(ExplainStmt { query, options: self.options.clone() })))
+    pub fn explain_sql(&self, sql: &str) -> String {
+        format!("{}{sql}", self.prefix)
     }
 
     pub fn analyze(&self) -> bool {
@@ -58,6 +59,15 @@ fn format_of(options: &[protobuf::Node]) -> Option<&str> {
     })
 }
 
+/// The text of `EXPLAIN (options) ` for any statement after it.
+fn explain_prefix(version: i32, options: &[protobuf::Node]) -> PgResult<String> {
+    const PLACEHOLDER: &str = "SELECT 1";
+    let parsed = pg_query::parse(PLACEHOLDER).map_err(|e| PgError::internal(format!("could not parse {PLACEHOLDER}: {e}")))?;
+    let query = parsed.protobuf.stmts.into_iter().next().and_then(|s| s.stmt);
+    let explain = deparse(version, NodeEnum::ExplainStmt(Box::new(ExplainStmt { query, options: options.to_vec() })))?;
+    explain.strip_suffix(PLACEHOLDER).map(str::to_string).ok_or_else(|| PgError::internal(format!("EXPLAIN deparsed as {explain}")))
+}
+
 fn is_off(d: &protobuf::DefElem) -> bool {
     match d.arg.as_deref().and_then(|a| a.node.as_ref()) {
         Some(NodeEnum::String(s)) => matches!(s.sval.to_lowercase().as_str(), "false" | "off" | "0" | "no"),
@@ -72,7 +82,10 @@ pub(super) fn plan(version: i32, e: &ExplainStmt, text: &str, catalog: &Catalog)
     let raw = protobuf::RawStmt { stmt: e.query.clone(), stmt_location: 0, stmt_len: 0 };
     let inner = plan_statement(version, raw, text, catalog);
     let shown = format_of(&e.options).is_none_or(|f| f.eq_ignore_ascii_case("text") || f.eq_ignore_ascii_case("json"));
-    let explain = ExplainPlan { version, options: e.options.clone(), inner };
+    let explain = match explain_prefix(version, &e.options) {
+        Ok(prefix) => ExplainPlan { options: e.options.clone(), prefix, inner },
+        Err(e) => return Some(Plan::Unsupported(e)),
+    };
     // EXECUTE: the session explains its statement with the arguments written
     // in, or has the coordinator database explain its own.
     let explained_here = matches!(

@@ -151,7 +151,7 @@ impl Session {
     ) -> Result<(), Failure> {
         let Some((bound, _)) = self.bound_or_forwarded(sql, "EXPLAIN EXECUTE", execute, extended).await? else { return Ok(()) };
         let arguments: Vec<(Option<String>, String)> = bound.values.into_iter().zip(bound.type_names).collect();
-        let explained = explain.explain_sql(&planner::statement_with_arguments(&bound.statement, &arguments)?)?;
+        let explained = explain.explain_sql(&planner::statement_with_arguments(&bound.statement, &arguments)?);
         let planned = self.plan(&explained);
         let Some(inner) = planned.statements.first() else { return Err(PgError::internal("EXPLAIN without a statement").into()) };
         if matches!(inner.plan, Plan::Local | Plan::Empty) {
