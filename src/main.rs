@@ -111,6 +111,8 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Up { data_dir, port, workers, max_adaptive_executor_pool_size } => {
             let cluster = tessera::cluster::up(&data_dir, port, workers, max_adaptive_executor_pool_size, &std::env::current_exe()?)?;
+            // A data directory made before keeps the port it was made with.
+            let port = cluster.state.coordinator_port;
             println!(
                 "Tessera is running: coordinator on 127.0.0.1:{port}, {} workers, data in {}",
                 cluster.state.worker_ports.len(),
