@@ -141,7 +141,7 @@ async fn merging_pays(parts: &mut Participants, template: &ShardTemplate, merged
 }
 
 /// The shard group indexes of `anchor` on each node, in shard order.
-fn shard_groups_by_node<'c>(anchor: &DistributedTable, catalog: &'c Catalog) -> PgResult<Vec<(&'c Node, Vec<u32>)>> {
+pub(super) fn shard_groups_by_node<'c>(anchor: &DistributedTable, catalog: &'c Catalog) -> PgResult<Vec<(&'c Node, Vec<u32>)>> {
     let mut groups: Vec<(&Node, Vec<u32>)> = Vec::new();
     for shard in &anchor.shards {
         let group = *shard.placements.first().ok_or_else(|| PgError::internal(format!("shard {} has no placement", shard.id)))?;

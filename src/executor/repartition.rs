@@ -21,12 +21,13 @@
 //! Outside transaction blocks only: a block's connections must not be left
 //! holding tables of a statement.
 
+use super::multi_shard::shard_groups_by_node;
 use super::Mode;
 use crate::connection::client::ClientConn;
 use crate::connection::{quote_ident, quote_literal};
 use crate::error::{PgError, PgResult};
 use crate::hash::{shard_index_sql, HashType};
-use crate::metadata::{Catalog, Coercion, DistributedTable, Distribution, KeyType};
+use crate::metadata::{Catalog, Coercion, DistributedTable, Distribution, KeyType, Node};
 use crate::planner::expression_types::FromTables;
 use crate::planner::rewrite::ShardTemplate;
 use crate::planner::worker_relations::REMOTE_SCHEMA;
@@ -346,21 +347,20 @@ impl Repartition {
         let mut moved = Moved { rows: 0 };
         for m in &self.moves {
             let parent = parent_name(&m.intermediate);
-            let targets = shard_indexes_by_group(&m.intermediate)?;
-            let sources = shard_indexes_by_group(&m.table)?;
+            let targets = shard_groups_by_node(&m.intermediate, catalog)?;
+            let sources = shard_groups_by_node(&m.table, catalog)?;
             let mut statements = Vec::with_capacity(targets.len());
-            for (group, remainders) in &targets {
-                let node = catalog.node_for_group(*group).ok_or_else(|| PgError::internal(format!("no node for group {group}")))?;
+            for (node, remainders) in &targets {
                 parts.worker(node, Access::Read).await?;
-                if !made.contains(group) {
-                    made.push(*group);
+                if !made.contains(&node.group_id) {
+                    made.push(node.group_id);
                 }
-                let mut sql = create_sql(&m.intermediate, &m.column_types, &parent, *group);
+                let mut sql = create_sql(&m.intermediate, &m.column_types, &parent, node.group_id);
                 if move_rows {
-                    let fetches = self.fetch_sql(m, catalog, &parent, *group, remainders, &sources)?;
+                    let fetches = self.fetch_sql(m, &parent, node, remainders, &sources)?;
                     sql.push_str(&format!("; SELECT {}", fetches.join(" + ")));
                 }
-                statements.push((*group, sql));
+                statements.push((node.group_id, sql));
             }
             // Every node fetches at the same time, each to its end even when
             // another fails: a statement given up halfway would leave its
@@ -385,32 +385,23 @@ impl Repartition {
         Ok(moved)
     }
 
-    /// The SQL expressions with which node group `group` fetches its rows
-    /// of `m` into `parent` from every node in `sources`, each giving the
-    /// rows it fetched: the rows whose join column hashes to `remainders`,
-    /// the indexes of the group's shards of the layout.
-    fn fetch_sql(
-        &self,
-        m: &Move,
-        catalog: &Catalog,
-        parent: &str,
-        group: i32,
-        remainders: &[u32],
-        sources: &[(i32, Vec<u32>)],
-    ) -> PgResult<Vec<String>> {
+    /// The SQL expressions with which `target` fetches its rows of `m`
+    /// into `parent` from every node in `sources`, each giving the rows it
+    /// fetched: the rows whose join column hashes to `remainders`, the
+    /// indexes of the target's shards of the layout.
+    fn fetch_sql(&self, m: &Move, parent: &str, target: &Node, remainders: &[u32], sources: &[(&Node, Vec<u32>)]) -> PgResult<Vec<String>> {
         let read = self.read_template(m, remainders)?;
         let columns: Vec<String> = m.table.columns.iter().zip(&m.column_types).map(|(c, t)| format!("{} {t}", quote_ident(c))).collect();
         let mut fetches = Vec::with_capacity(sources.len());
         for (source, indexes) in sources {
             let select = indexes.iter().map(|i| read.sql_for_shard(*i)).collect::<PgResult<Vec<_>>>()?.join(" UNION ALL ");
-            fetches.push(if *source == group {
+            fetches.push(if source.group_id == target.group_id {
                 format!("{REMOTE_SCHEMA}.insert_rows({}, {})", quote_literal(&select), quote_literal(parent))
             } else {
-                let node = catalog.node_for_group(*source).ok_or_else(|| PgError::internal(format!("no node for group {source}")))?;
                 format!(
                     "{REMOTE_SCHEMA}.pull_rows({}, {}, {}, {}, {})",
-                    quote_literal(&node.addr.host),
-                    node.addr.port,
+                    quote_literal(&source.addr.host),
+                    source.addr.port,
                     quote_literal(&select),
                     quote_literal(parent),
                     quote_literal(&columns.join(", "))
@@ -459,19 +450,6 @@ impl Repartition {
             }
         }
     }
-}
-
-/// The shard indexes of `table` on each node group, in shard order.
-fn shard_indexes_by_group(table: &DistributedTable) -> PgResult<Vec<(i32, Vec<u32>)>> {
-    let mut groups: Vec<(i32, Vec<u32>)> = Vec::new();
-    for shard in &table.shards {
-        let group = *shard.placements.first().ok_or_else(|| PgError::internal(format!("shard {} has no placement", shard.id)))?;
-        match groups.iter_mut().find(|(g, _)| *g == group) {
-            Some((_, indexes)) => indexes.push(shard.index),
-            None => groups.push((group, vec![shard.index])),
-        }
-    }
-    Ok(groups)
 }
 
 fn parent_name(intermediate: &DistributedTable) -> String {

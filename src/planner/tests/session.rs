@@ -70,8 +70,11 @@ fn explain_shows_the_plan_of_the_statement_it_explains() {
         assert_eq!(planned_as!(sql, Plan::Explain).inner.to_string(), shown, "{sql}");
     }
     assert!(planned_as!("EXPLAIN ANALYZE SELECT count(*) FROM ea", Plan::Explain).analyze());
+    let json = planned_as!("EXPLAIN (ANALYZE, FORMAT JSON) SELECT count(*) FROM ea", Plan::Explain);
+    assert!(json.json());
+    assert_eq!(json.explain_sql("SELECT 1"), "EXPLAIN (ANALYZE, FORMAT json) SELECT 1");
     for (sql, refusal) in [
-        ("EXPLAIN (FORMAT JSON) SELECT count(*) FROM ea", "EXPLAIN of distributed statements supports only FORMAT TEXT"),
+        ("EXPLAIN (FORMAT YAML) SELECT count(*) FROM ea", "EXPLAIN of distributed statements supports FORMAT TEXT and FORMAT JSON only"),
         (
             "EXPLAIN ANALYZE INSERT INTO eb (k, w) SELECT g, count(*) FROM ea GROUP BY g",
             "EXPLAIN ANALYZE of an INSERT … SELECT that passes rows through the coordinator is not supported yet",
