@@ -852,12 +852,20 @@ impl Participants {
     /// between transactions: those in no block and in no unfinished
     /// exchange. A connection a statement stopped reading halfway (see
     /// `PgConnection::is_in_step`) is broken: closed outside a block, and
-    /// inside one kept until the block ends, which then cannot commit.
+    /// inside one kept until the block ends, which then cannot commit. One
+    /// left inside a transaction outside a block is closed too: a cancel
+    /// request that lands after its statement ended can fail the ROLLBACK
+    /// that follows, and the next block's BEGIN there would fail with 25P02.
     fn release_workers(&mut self) {
         for w in self.workers.values_mut().filter(|w| !w.needs_sync) {
             w.conn.break_if_out_of_step();
         }
-        let closed: Vec<i32> = self.workers.iter().filter(|(_, w)| w.conn.is_broken() && !w.in_block).map(|(group, _)| *group).collect();
+        let closed: Vec<i32> = self
+            .workers
+            .iter()
+            .filter(|(_, w)| !w.in_block && (w.conn.is_broken() || (!w.needs_sync && !w.conn.is_reusable())))
+            .map(|(group, _)| *group)
+            .collect();
         for group in closed {
             self.drop_worker(group);
         }
