@@ -103,6 +103,11 @@ pub(super) async fn read_tasks_by_node(
     let per_node = if parts.in_block() { 1 } else { parts.executor_pool_size().await? };
     let groups = shard_groups_by_node(anchor, catalog)?;
     if merged.joins_pair() {
+        // A block's EXPLAIN that failed (a statement with parameters) would
+        // abort the block's transaction on the node.
+        if parts.in_block() {
+            return tasks_by_node(template, anchor, catalog);
+        }
         let (node, indexes) = groups.first().ok_or_else(|| PgError::internal(format!("{} has no shards", anchor.name)))?;
         let chunk = &indexes[..indexes.len().div_ceil(per_node)];
         if !merging_pays(parts, template, &merged, node, chunk).await {
