@@ -3,9 +3,8 @@
 //!
 //! When one table is joined on its distribution column with a column of the
 //! same type of the other, only the other (the *moved* table; the smaller
-//! when either would do) moves: its rows are read from its shards once and
-//! routed by the hash of that column to the nodes holding the first table's
-//! shards of the same hash. Each such node gets a temporary table
+//! when either would do) moves: its rows go, by the hash of that column, to
+//! the nodes holding the first table's shards of the same hash. Each such node gets a temporary table
 //! partitioned by hash exactly as those shards are, with a partition for
 //! each of its shards, and the query runs as a co-located join of the first
 //! table with it. When neither join column is a distribution column, both
