@@ -10,7 +10,7 @@ use crate::connection::client::ClientConn;
 use crate::connection::{quote_ident, quote_literal, TextRow, TextRows};
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, DistributedTable, Node};
-use crate::planner::rewrite::{MergedRead, ShardTemplate};
+use crate::planner::rewrite::ShardTemplate;
 use crate::planner::{
     aggregate_placeholder, partial_column, sort_column, AggregateKind, Combine, CombineQuery, MultiShardPlan, PARTIALS_RELATION, VISIBLE_COLUMNS,
 };
@@ -99,47 +99,47 @@ pub(super) async fn read_tasks_by_node(
         Some(read) if parts.citus_settings().await?.merge_shard_tasks => read,
         _ => return tasks_by_node(template, anchor, catalog),
     };
+    // A block's EXPLAIN that failed (a statement with parameters) would
+    // abort the block's transaction on the node: no pair merged there.
+    if merged.joins_pair() && parts.in_block() {
+        return tasks_by_node(template, anchor, catalog);
+    }
     // A block reads on its one connection per node.
     let per_node = if parts.in_block() { 1 } else { parts.executor_pool_size().await? };
-    let groups = shard_groups_by_node(anchor, catalog)?;
-    if merged.joins_pair() {
-        // A block's EXPLAIN that failed (a statement with parameters) would
-        // abort the block's transaction on the node.
-        if parts.in_block() {
-            return tasks_by_node(template, anchor, catalog);
-        }
-        let (node, indexes) = groups.first().ok_or_else(|| PgError::internal(format!("{} has no shards", anchor.name)))?;
-        let chunk = &indexes[..indexes.len().div_ceil(per_node)];
-        if !merging_pays(parts, template, &merged, node, chunk).await {
-            return tasks_by_node(template, anchor, catalog);
-        }
-    }
     let mut by_node: TasksByNode = Vec::new();
-    for (node, indexes) in groups {
+    let mut first_chunk: &[u32] = &[];
+    let groups = shard_groups_by_node(anchor, catalog)?;
+    for (node, indexes) in &groups {
         for chunk in indexes.chunks(indexes.len().div_ceil(per_node)) {
+            if first_chunk.is_empty() {
+                first_chunk = chunk;
+            }
             add_task(&mut by_node, node, Arc::from(template.sql_for_shards(&merged, chunk)?));
         }
+    }
+    if merged.joins_pair() && !merging_pays(parts, template, &by_node, first_chunk).await {
+        return tasks_by_node(template, anchor, catalog);
     }
     Ok(by_node)
 }
 
-/// Whether a task over shard groups `chunk` of two co-located tables costs
-/// less, by `node`'s own estimates, as one statement than as a statement
-/// per group. The union of the pairs' joins makes PostgreSQL join each pair
-/// before the reference tables: cheaper where hashing the reference tables
-/// once per group is what costs (TPC-H q3, q9), dearer where they narrow
-/// the pairs' rows most (q7, q8: lineitem joined with orders in full before
-/// `part` keeps one row in 150). A statement the node cannot explain (it
-/// holds parameters) is not merged.
-async fn merging_pays(parts: &mut Participants, template: &ShardTemplate, merged: &MergedRead, node: &Node, chunk: &[u32]) -> bool {
-    let (Ok(together), Some(first)) = (template.sql_for_shards(merged, chunk), chunk.first()) else { return false };
-    let Ok(alone) = template.sql_for_shard(*first) else { return false };
+/// Whether the first of the `merged` tasks, over shard groups `chunk` of
+/// two co-located tables, costs less by its node's own estimates than a
+/// statement per group. The union of the pairs' joins makes PostgreSQL join
+/// each pair before the reference tables: cheaper where hashing the
+/// reference tables once per group is what costs (TPC-H q3, q9), dearer
+/// where they narrow the pairs' rows most (q7, q8: lineitem joined with
+/// orders in full before `part` keeps one row in 150). A statement the
+/// node cannot explain (it holds parameters) is not merged.
+async fn merging_pays(parts: &mut Participants, template: &ShardTemplate, merged: &TasksByNode, chunk: &[u32]) -> bool {
+    let Some((node, together)) = merged.first().and_then(|(node, sqls)| Some((node, sqls.first()?))) else { return false };
+    let Some(Ok(alone)) = chunk.first().map(|first| template.sql_for_shard(*first)) else { return false };
     let Ok(worker) = parts.worker(node, Access::Read).await else { return false };
     let mut cost = async |sql: &str| {
         let plan = worker.conn.query_value(&format!("EXPLAIN {sql}")).await.ok().flatten()?;
         plan.split_once("..")?.1.split_whitespace().next()?.parse::<f64>().ok()
     };
-    match (cost(&together).await, cost(&alone).await) {
+    match (cost(together).await, cost(&alone).await) {
         (Some(together), Some(alone)) => together < alone * chunk.len() as f64,
         _ => false,
     }
