@@ -178,7 +178,7 @@ impl ShardTemplate {
         }
         let ((table, alias), partner) = match distributed.as_slice() {
             [first] => (first, None),
-            [first, second] => (first, Some(self.partner(stmt, first, second)?)),
+            [first, second] => (first, Some(self.partner(stmt, first, second, &names)?)),
             _ => return None,
         };
         let partner_alias = partner.as_ref().map(|p: &Partner| p.alias.as_str());
@@ -199,13 +199,6 @@ impl ShardTemplate {
             }
         }
         let columns = self.tables[*table].columns.iter().zip(read).filter(|(_, r)| *r).map(|(c, _)| c.clone()).collect();
-        let partner = match partner {
-            Some(mut p) => {
-                p.columns = self.partner_columns(&p, (*table, alias), &names)?;
-                Some(p)
-            }
-            None => None,
-        };
         Some(MergedRead { table: *table, alias: alias.clone(), columns, partner })
     }
 
@@ -213,8 +206,9 @@ impl ShardTemplate {
     /// read as the union of their shards' joins: co-located, both in the
     /// FROM list of one SELECT, whose WHERE equates their distribution
     /// columns, and no subquery expression that could name either from
-    /// within (its columns come from the first table's name after).
-    fn partner(&self, stmt: &NodeEnum, first: &(usize, String), second: &(usize, String)) -> Option<Partner> {
+    /// within (its columns come from the first table's name after); with
+    /// the columns of it that `names` name.
+    fn partner(&self, stmt: &NodeEnum, first: &(usize, String), second: &(usize, String), names: &[Vec<String>]) -> Option<Partner> {
         let (a, b) = (&self.tables[first.0], &self.tables[second.0]);
         let (Distribution::Hash { column: a_key, .. }, Distribution::Hash { column: b_key, .. }) = (&a.distribution, &b.distribution) else {
             return None;
@@ -242,17 +236,26 @@ impl ShardTemplate {
             }
             _ => {}
         });
-        (paired && !sublinks).then(|| Partner { table: second.0, alias: second.1.clone(), keys: (a_key.clone(), b_key.clone()), columns: Vec::new() })
+        if !paired || sublinks {
+            return None;
+        }
+        let columns = self.partner_columns(first, second, names)?;
+        Some(Partner { table: second.0, alias: second.1.clone(), keys: (a_key.clone(), b_key.clone()), columns })
     }
 
-    /// The columns of `partner` the statement names, each with its name in
-    /// the union: its own, or `tessera_pair_<name>` where the first table
-    /// (`first`, by position, named `first_alias`) has a column of that
-    /// name too. None when a name cannot be placed: a star (the first
-    /// table's would take in the partner's columns too), or an unqualified
-    /// name both tables have.
-    fn partner_columns(&self, partner: &Partner, (first, first_alias): (usize, &str), names: &[Vec<String>]) -> Option<Vec<(String, String)>> {
-        let (first, second) = (&self.tables[first], &self.tables[partner.table]);
+    /// The columns of the partner (`partner`: its position and name) the
+    /// statement names, each with its name in the union: its own, or
+    /// `tessera_pair_<name>` where the first table (`first`) has a column
+    /// of that name too. None when a name cannot be placed: a star (the
+    /// first table's would take in the partner's columns too), or an
+    /// unqualified name both tables have.
+    fn partner_columns(
+        &self,
+        (first, first_alias): &(usize, String),
+        (partner, partner_alias): &(usize, String),
+        names: &[Vec<String>],
+    ) -> Option<Vec<(String, String)>> {
+        let (first, second) = (&self.tables[*first], &self.tables[*partner]);
         let mut used = vec![false; second.columns.len()];
         for name in names {
             let (qualifier, last) = match name.as_slice() {
@@ -260,12 +263,12 @@ impl ShardTemplate {
                 [last] => (None, last.as_str()),
                 [] => continue,
             };
-            if last == "*" && qualifier.is_none_or(|q| q == partner.alias || q == first_alias) {
+            if last == "*" && qualifier.is_none_or(|q| q == partner_alias || q == first_alias) {
                 return None;
             }
             let position = second.columns.iter().position(|c| c == last);
             match (qualifier, position) {
-                (Some(q), Some(i)) if q == partner.alias => used[i] = true,
+                (Some(q), Some(i)) if q == partner_alias => used[i] = true,
                 (None, Some(_)) if first.columns.iter().any(|c| c == last) => return None,
                 (None, Some(i)) => used[i] = true,
                 _ => {}
