@@ -4,12 +4,12 @@
 //! When one table is joined on its distribution column with a column of the
 //! same type of the other, only the other (the *moved* table; the smaller
 //! when either would do) moves: its rows go, by the hash of that column, to
-//! the nodes holding the first table's shards of the same hash. Each such node gets a temporary table
-//! partitioned by hash exactly as those shards are, with a partition for
-//! each of its shards, and the query runs as a co-located join of the first
-//! table with it. When neither join column is a distribution column, both
-//! tables move the same way, by their join columns, into temporary tables
-//! laid out as the larger table's shards.
+//! the nodes holding the first table's shards of the same hash. Each such
+//! node gets a temporary table partitioned by hash exactly as those shards
+//! are, with a partition for each of its shards, and the query runs as a
+//! co-located join of the first table with it. When neither join column is
+//! a distribution column, both tables move the same way, by their join
+//! columns, into temporary tables laid out as the larger table's shards.
 //!
 //! The rows move node to node: each node fetches the rows whose join column
 //! hashes to its shards, from its own shards and, over a connection of its
@@ -98,11 +98,7 @@ pub(super) async fn plan(plan: &FallbackPlan, sizes: &[i64], catalog: &Catalog, 
             .filter(|&i| {
                 // The nodes hash the column in SQL to send its rows on.
                 joined.contains(&table.columns[i])
-                    && table
-                        .column_type_oids
-                        .get(i)
-                        .and_then(|oid| HashType::from_type_oid(*oid))
-                        .is_some_and(|t| shard_index_sql(t, "v", 1).is_some())
+                    && table.column_type_oids.get(i).and_then(|oid| HashType::from_type_oid(*oid)).is_some_and(HashType::hashes_in_sql)
             })
             .collect()
     };

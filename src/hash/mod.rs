@@ -122,6 +122,13 @@ impl HashType {
         }
     }
 
+    /// Whether SQL can call this type's extended hash function, so that a
+    /// node can compute shard indexes itself (`shard_index_sql`): not
+    /// bytea's, which takes `internal`.
+    pub fn hashes_in_sql(self) -> bool {
+        self != HashType::Bytea
+    }
+
     /// The PostgreSQL type name, as used in error messages.
     pub fn sql_name(self) -> &'static str {
         match self {
@@ -273,8 +280,11 @@ pub fn shard_index(row_hash: u64, shard_count: u32) -> u32 {
 /// remainder, `shard_index(row_hash(…), shard_count)`) of `value`, an
 /// expression of hash type `ty`, so that the node itself can send each row
 /// where its shard lives. None for the types whose extended hash function
-/// SQL cannot call (bytea's takes `internal`).
+/// SQL cannot call (`HashType::hashes_in_sql`).
 pub fn shard_index_sql(ty: HashType, value: &str, shard_count: u32) -> Option<String> {
+    if !ty.hashes_in_sql() {
+        return None;
+    }
     let (function, argument) = match ty {
         HashType::Int2 => ("hashint2extended", value.to_string()),
         HashType::Int4 => ("hashint4extended", value.to_string()),
@@ -299,7 +309,7 @@ pub fn shard_index_sql(ty: HashType, value: &str, shard_count: u32) -> Option<St
         HashType::Oid => ("hashoidextended", value.to_string()),
         HashType::Char => ("hashcharextended", value.to_string()),
         HashType::Array(_) => ("hash_array_extended", value.to_string()),
-        HashType::Bytea => return None,
+        HashType::Bytea => unreachable!("refused above"),
     };
     let seed = HASH_PARTITION_SEED as i64;
     let hash = format!("pg_catalog.{function}({argument}, {seed})");
