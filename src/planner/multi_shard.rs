@@ -216,7 +216,7 @@ fn ship_columns(select: &SelectStmt, catalog: &Catalog, refusal: &str) -> Result
 
 /// Whether the GROUP BY has a distribution column (plainly, not in a
 /// grouping set), so that no group spans shard groups.
-fn grouped_by_key(select: &SelectStmt, keys: &ShardKeys) -> bool {
+pub(super) fn grouped_by_key(select: &SelectStmt, keys: &ShardKeys) -> bool {
     select.group_clause.iter().any(|g| match position(g) {
         Some(p) => select.target_list.get(p - 1).and_then(target_value).is_some_and(|v| keys.is_key(v)),
         None => keys.is_key(g),
@@ -226,7 +226,7 @@ fn grouped_by_key(select: &SelectStmt, keys: &ShardKeys) -> bool {
 /// Whether every window of the query partitions by a distribution column,
 /// so that each partition lies in one shard group. A window naming another
 /// (`OVER (w ORDER BY …)`) takes that one's partitioning.
-fn windows_by_key(select: &SelectStmt, keys: &ShardKeys) -> bool {
+pub(super) fn windows_by_key(select: &SelectStmt, keys: &ShardKeys) -> bool {
     let named: Vec<&protobuf::WindowDef> = select
         .window_clause
         .iter()

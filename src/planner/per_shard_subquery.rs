@@ -1,13 +1,14 @@
 //! A SELECT whose only distributed tables sit in one subquery of its FROM
 //! clause (TPC-H's Q7, Q8 and Q9 aggregate a join written as such a
-//! subquery). When every shard group can compute the subquery for its own
-//! rows, the subquery's rows are the union of the shard groups' and the
-//! statement runs shard group by shard group like one over a table: its
-//! aggregates split in two phases, its ORDER BY and LIMIT merged.
+//! subquery; Q13 aggregates counts made per customer). When every shard
+//! group can compute the subquery for its own rows, the subquery's rows are
+//! the union of the shard groups' and the statement runs shard group by
+//! shard group like one over a table: its aggregates split in two phases,
+//! its ORDER BY and LIMIT merged.
 
-use super::multi_shard::calls_in;
-use super::router::{collect_from, flatten_and, pinning, Pinning, ScopeEntry};
-use super::{count_hash_references, has_nested_query, only_filters};
+use super::multi_shard::{calls_in, grouped_by_key, windows_by_key};
+use super::router::{collect_from, flatten_and, pinning, shard_keys, Pinning, ScopeEntry};
+use super::{count_hash_references, has_nested_query};
 use crate::metadata::{Catalog, DistributedTable};
 use pg_query::protobuf::{self, SelectStmt};
 use pg_query::NodeEnum;
@@ -64,20 +65,29 @@ fn from_subqueries<'a>(items: &'a [protobuf::Node], out: &mut Vec<&'a SelectStmt
 }
 
 /// One of the subquery's distributed tables when its rows are the union of
-/// what each shard group computes alone: a plain SELECT … FROM … WHERE
-/// (`only_filters`: no grouping, DISTINCT, windows, ordering, LIMIT, set
-/// operations or WITH; no aggregates and no query of its own either) over
-/// tables whose columns are all known, its distributed tables co-located
-/// and joined on their distribution columns into one group, with no outer
-/// join keeping rows of a reference table. An ORDER BY there would order
-/// only each shard group's rows, where PostgreSQL hands them on in order.
+/// what each shard group computes alone: a SELECT … FROM … WHERE over tables
+/// whose columns are all known, its distributed tables co-located and joined
+/// on their distribution columns into one group, with no outer join keeping
+/// rows of a reference table, and no query of its own. It may group and
+/// aggregate when a GROUP BY item is a distribution column that no outer join
+/// pads with NULLs (each group then lies in one shard group), and compute
+/// windows partitioned that way; no DISTINCT, ordering, LIMIT, set
+/// operations or WITH. An ORDER BY there would order only each shard group's
+/// rows, where PostgreSQL hands them on in order.
 fn splits_per_shard_group(subquery: &SelectStmt, catalog: &Catalog) -> Option<Arc<DistributedTable>> {
-    if !only_filters(subquery) || calls_in(subquery, catalog) != (false, false) || has_nested_query(subquery) {
+    if !per_group_clauses_only(subquery) || has_nested_query(subquery) {
         return None;
     }
     let mut scope = Vec::new();
     let mut conjuncts = Vec::new();
     if collect_from(&subquery.from_clause, catalog, &mut scope, &mut conjuncts) || scope.iter().any(|e| e.table.is_none()) {
+        return None;
+    }
+    let keys = shard_keys(&scope);
+    let grouped = grouped_by_key(subquery, &keys);
+    let (aggregates, windows) = calls_in(subquery, catalog);
+    let groups_whole = if subquery.group_clause.is_empty() && subquery.having_clause.is_none() { !aggregates } else { grouped };
+    if !groups_whole || (windows && !windows_by_key(subquery, &keys)) {
         return None;
     }
     if let Some(condition) = subquery.where_clause.as_deref() {
@@ -93,4 +103,20 @@ fn splits_per_shard_group(subquery: &SelectStmt, catalog: &Catalog) -> Option<Ar
         Pinning::Groups(groups) if groups.len() == 1 => Some(anchor),
         _ => None,
     }
+}
+
+/// Whether the SELECT has none of the clauses that combine rows of several
+/// shard groups other than GROUP BY, HAVING and windows, which the caller
+/// checks against the distribution columns.
+fn per_group_clauses_only(query: &SelectStmt) -> bool {
+    query.op == protobuf::SetOperation::SetopNone as i32
+        && query.distinct_clause.is_empty()
+        && query.sort_clause.is_empty()
+        && query.limit_count.is_none()
+        && query.limit_offset.is_none()
+        && query.locking_clause.is_empty()
+        && query.with_clause.is_none()
+        && query.values_lists.is_empty()
+        && query.into_clause.is_none()
+        && !query.from_clause.is_empty()
 }
