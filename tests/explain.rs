@@ -294,7 +294,10 @@ async fn repartition_joins(cluster: &TestCluster, c: &tokio_postgres::Client) {
     .unwrap();
     let join = "SELECT a.v, count(*) FROM rj_a a JOIN rj_b b ON b.a_k = a.k GROUP BY a.v";
     let text = explain(c, join).await.join("\n");
-    assert!(text.starts_with("Custom Scan (Tessera Repartition Join)") && text.contains("Moved: rj_b by a_k, onto the shards of rj_a"), "{text}");
+    assert!(
+        text.starts_with("Custom Scan (Tessera Repartition Join)") && text.contains("Moved: rj_b by a_k node to node, onto the shards of rj_a"),
+        "{text}"
+    );
     assert!(text.contains("Task Count: 4") && text.contains("tessera_repartitioned_"), "{text}");
     let analyzed = explain_with(c, "ANALYZE", join).await.join("\n");
     assert!(analyzed.contains("Rows Moved: 20000 (") && analyzed.contains("Tasks Run: all"), "{analyzed}");
@@ -312,14 +315,33 @@ async fn repartition_joins(cluster: &TestCluster, c: &tokio_postgres::Client) {
     // The moved table's own conditions filter its rows before they move.
     let filtered = "SELECT count(*) FROM rj_a a JOIN rj_b b ON b.a_k = a.k WHERE b.id <= 1000 AND a.v > 2";
     let analyzed = explain_with(c, "ANALYZE", filtered).await.join("\n");
-    assert!(analyzed.contains("Moved: rj_b by a_k where (b.id <= 1000), onto") && analyzed.contains("Rows Moved: 1000 ("), "{analyzed}");
+    assert!(analyzed.contains("Moved: rj_b by a_k where (b.id <= 1000) node to node, onto") && analyzed.contains("Rows Moved: 1000 ("), "{analyzed}");
     // Neither join column is a distribution column: both tables move.
     let both = "SELECT count(*) FROM rj_a a JOIN rj_b b ON b.a_k = a.v";
     let text = explain(c, both).await.join("\n");
-    assert!(text.contains("Moved: rj_a by v and rj_b by a_k, into 4 shards placed as those of rj_a"), "{text}");
+    assert!(text.contains("Moved: rj_a by v node to node and rj_b by a_k node to node, into 4 shards placed as those of rj_a"), "{text}");
     let a_per_v = |v: i64| (1..=30000_i64).filter(|k| k % 7 == v).count() as i64;
     let expected: i64 = (1..=20000_i64).map(|g| 1 + (g * 3) % 40000).filter(|a_k| *a_k < 7).map(a_per_v).sum();
     assert_eq!(c.query_one(both, &[]).await.unwrap().get::<_, i64>(0), expected);
+    // A reference table on the preserved side of an outer join is split
+    // from each node's own replica: onto the shards of the table joined on
+    // its distribution column, or with the other table moving too.
+    c.batch_execute("CREATE TABLE rj_r (rk int PRIMARY KEY, label text); INSERT INTO rj_r SELECT g, 'l' || g % 3 FROM generate_series(1, 50000) g; SELECT create_reference_table('rj_r');")
+        .await
+        .unwrap();
+    let onto = "SELECT count(*), count(a.v) FROM rj_r r LEFT JOIN rj_a a ON a.k = r.rk";
+    let text = explain(c, onto).await.join("\n");
+    assert!(text.contains("Moved: rj_r by rk from each node's own replica, onto the shards of rj_a"), "{text}");
+    let row = c.query_one(onto, &[]).await.unwrap();
+    assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (50000, 30000));
+    let split = "SELECT r.label, count(b.id) FROM rj_r r LEFT JOIN rj_b b ON b.a_k = r.rk GROUP BY r.label";
+    let text = explain(c, split).await.join("\n");
+    assert!(text.contains("Moved: rj_b by a_k node to node and rj_r by rk from each node's own replica, into"), "{text}");
+    let counted: i64 = c.query(split, &[]).await.unwrap().iter().map(|r| r.get::<_, i64>(1)).sum();
+    assert_eq!(counted, (1..=20000_i64).filter(|g| 1 + (g * 3) % 40000 <= 50000).count() as i64);
+    // Grouped by the distribution column in a FROM subquery: no move at all.
+    let text = explain(c, "SELECT n, count(*) FROM (SELECT k, count(*) AS n FROM rj_a GROUP BY k) s GROUP BY n").await.join("\n");
+    assert!(text.starts_with("Custom Scan (Tessera Multi-Shard)"), "{text}");
 
     // The nodes fetch each other's rows as the session's role, which the
     // other node checks: a role with the privileges gets the rows, one

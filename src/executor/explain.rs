@@ -124,7 +124,7 @@ async fn explain_repartition(
     mode: &Mode<'_>,
 ) -> PgResult<Step> {
     let mut step = Step::new(Title::Scan("Tessera Repartition Join"));
-    step.property("Moved", format!("{}, node to node into a temporary table on each node", repartition.describe()));
+    step.property("Moved", repartition.describe());
     let mut made = Vec::new();
     let outcome = async {
         let started = Instant::now();

@@ -73,6 +73,9 @@ struct Move {
     /// The query's own conditions on the table's rows, which filter them
     /// before they move: its name in the query, and the conditions.
     filter: Option<(String, String)>,
+    /// Per column, whether the statement may read it; the others move as
+    /// NULLs.
+    read: Vec<bool>,
 }
 
 /// A column's SQL type: as `format_type` prints it with its modifier, without
@@ -83,72 +86,160 @@ struct ColumnType {
     oid: u32,
 }
 
-/// A repartition join for `plan`, when its two distributed tables can be
-/// joined that way; None otherwise (the general fallback runs it).
-/// `sizes` are the two tables' sizes on disk (`fallback::candidate_sizes`).
+/// A repartition join for `plan`, when its two distributed tables, or its
+/// one distributed table and a reference table, can be joined that way;
+/// None otherwise (the general fallback runs it). `sizes` are the two
+/// distributed tables' sizes on disk (`fallback::candidate_sizes`).
 pub(super) async fn plan(plan: &FallbackPlan, sizes: &[i64], catalog: &Catalog, parts: &mut Participants) -> PgResult<Option<Repartition>> {
-    let ([first, second], [first_size, second_size]) = (&plan.broadcast_candidates[..], sizes) else { return Ok(None) };
     if parts.in_block() || !matches!(plan.statement, NodeEnum::SelectStmt(_)) {
         return Ok(None);
     }
-    // Columns a join can be co-located on: equated with another column, of a type the shard hash takes.
     let joined = equated_columns(&plan.statement);
-    let candidates = |table: &DistributedTable| -> Vec<usize> {
-        (0..table.columns.len())
-            .filter(|&i| {
-                // The nodes hash the column in SQL to send its rows on.
-                joined.contains(&table.columns[i])
-                    && table.column_type_oids.get(i).and_then(|oid| HashType::from_type_oid(*oid)).is_some_and(HashType::hashes_in_sql)
-            })
-            .collect()
-    };
-    if candidates(first).is_empty() && candidates(second).is_empty() {
+    match (&plan.broadcast_candidates[..], sizes) {
+        ([first, second], [first_size, second_size]) => {
+            let (larger, smaller) = if second_size <= first_size { (first, second) } else { (second, first) };
+            two_distributed(plan, larger, smaller, &joined, catalog, parts).await
+        }
+        ([], []) => with_reference_table(plan, &joined, catalog, parts).await,
+        _ => Ok(None),
+    }
+}
+
+/// Two distributed tables: one moves onto the other's shards when it is
+/// joined on its distribution column, the smaller first; else both move into
+/// the larger's layout.
+async fn two_distributed(
+    plan: &FallbackPlan,
+    larger: &Arc<DistributedTable>,
+    smaller: &Arc<DistributedTable>,
+    joined: &HashSet<String>,
+    catalog: &Catalog,
+    parts: &mut Participants,
+) -> PgResult<Option<Repartition>> {
+    if joinable_columns(larger, joined).is_empty() && joinable_columns(smaller, joined).is_empty() {
         return Ok(None);
     }
-    let (larger, smaller) = if second_size <= first_size { (first, second) } else { (second, first) };
     let types = [column_types(larger, parts).await?, column_types(smaller, parts).await?];
-    let plan_moves =
-        |moves: Vec<(&Arc<DistributedTable>, &[ColumnType], usize)>, layout: &Arc<DistributedTable>, key: KeyType, colocation_id: i32| {
-            let moves: Vec<Move> = moves
-                .into_iter()
-                .zip(0..)
-                .map(|((table, types, position), i)| Move {
-                    table: table.clone(),
-                    column_types: types.iter().map(|t| t.sql.clone()).collect(),
-                    intermediate: intermediate_table(table, layout, position, key.clone(), colocation_id, INTERMEDIATE_OID - i),
-                    filter: own_filter(&plan.statement, table, catalog),
-                })
-                .collect();
-            let augmented = moves.iter().fold(catalog.clone(), |c, m| c.with_table(m.intermediate.clone()));
-            let pushdown = replace_and_plan(plan, &augmented, &moves)?;
-            PgResult::Ok(pushdown.map(|pushdown| Repartition { moves, layout: layout.clone(), pushdown, catalog: augmented, version: plan.version }))
-        };
-    // One table moves onto the other's shards, the smaller first.
     for (stays, moved, moved_types) in [(larger, smaller, &types[1]), (smaller, larger, &types[0])] {
         let Distribution::Hash { key, .. } = &stays.distribution else { continue };
-        for position in candidates(moved) {
+        for position in joinable_columns(moved, joined) {
             if moved_types[position].base_sql == key.base_sql {
-                if let Some(repartition) = plan_moves(vec![(moved, moved_types, position)], stays, key.clone(), stays.colocation_id)? {
+                if let Some(repartition) = plan_moves(plan, catalog, vec![(moved, moved_types, position)], stays, key.clone(), stays.colocation_id)? {
                     return Ok(Some(repartition));
                 }
             }
         }
     }
-    // Both move, into the larger table's layout.
-    for x in candidates(larger) {
-        for y in candidates(smaller) {
-            let (tx, ty) = (&types[0][x], &types[1][y]);
-            if tx.base_sql != ty.base_sql {
-                continue;
-            }
-            let key = KeyType { sql: tx.base_sql.clone(), base_sql: tx.base_sql.clone(), oid: tx.oid, coercion: Coercion::None };
+    for x in joinable_columns(larger, joined) {
+        for y in joinable_columns(smaller, joined) {
             let moves = vec![(larger, &types[0][..], x), (smaller, &types[1][..], y)];
-            if let Some(repartition) = plan_moves(moves, larger, key, NEW_LAYOUT_COLOCATION)? {
+            if let Some(repartition) = plan_into_new_layout(plan, catalog, moves, larger)? {
                 return Ok(Some(repartition));
             }
         }
     }
     Ok(None)
+}
+
+/// One distributed table and reference tables (TPC-H's Q13 counts each
+/// customer's orders with the customers on the preserved side of an outer
+/// join, grouped by customer): a reference table's rows are split by the
+/// hash of a joined column as if it were distributed by it, each node
+/// keeping those of its own shards from its own replica (nothing moves
+/// between nodes). It is laid out as the distributed table's shards when
+/// joined to its distribution column; else the distributed table moves too,
+/// by its joined column.
+async fn with_reference_table(
+    plan: &FallbackPlan,
+    joined: &HashSet<String>,
+    catalog: &Catalog,
+    parts: &mut Participants,
+) -> PgResult<Option<Repartition>> {
+    let (distributed, reference): (Vec<_>, Vec<_>) = plan.read.tables.iter().partition(|t| !t.is_reference());
+    let [table] = distributed[..] else { return Ok(None) };
+    let Distribution::Hash { key, .. } = &table.distribution else { return Ok(None) };
+    let references: Vec<&Arc<DistributedTable>> = reference.into_iter().filter(|r| !joinable_columns(r, joined).is_empty()).collect();
+    if references.is_empty() {
+        return Ok(None);
+    }
+    let table_types = column_types(table, parts).await?;
+    for reference in references {
+        let types = column_types(reference, parts).await?;
+        for position in joinable_columns(reference, joined) {
+            if types[position].base_sql == key.base_sql {
+                if let Some(repartition) = plan_moves(plan, catalog, vec![(reference, &types, position)], table, key.clone(), table.colocation_id)? {
+                    return Ok(Some(repartition));
+                }
+            }
+        }
+        for x in joinable_columns(table, joined) {
+            for y in joinable_columns(reference, joined) {
+                let moves = vec![(table, &table_types[..], x), (reference, &types[..], y)];
+                if let Some(repartition) = plan_into_new_layout(plan, catalog, moves, table)? {
+                    return Ok(Some(repartition));
+                }
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// The columns of `table` a join can be co-located on: equated with another
+/// column, of a type the nodes can hash in SQL to send its rows on.
+fn joinable_columns(table: &DistributedTable, joined: &HashSet<String>) -> Vec<usize> {
+    (0..table.columns.len())
+        .filter(|&i| {
+            joined.contains(&table.columns[i])
+                && table.column_type_oids.get(i).and_then(|oid| HashType::from_type_oid(*oid)).is_some_and(HashType::hashes_in_sql)
+        })
+        .collect()
+}
+
+/// Both tables moved by their columns `moves` name, of one type, into
+/// temporary tables laid out as `layout`'s shards.
+fn plan_into_new_layout(
+    plan: &FallbackPlan,
+    catalog: &Catalog,
+    moves: Vec<(&Arc<DistributedTable>, &[ColumnType], usize)>,
+    layout: &Arc<DistributedTable>,
+) -> PgResult<Option<Repartition>> {
+    let (tx, ty) = (&moves[0].1[moves[0].2], &moves[1].1[moves[1].2]);
+    if tx.base_sql != ty.base_sql {
+        return Ok(None);
+    }
+    let key = KeyType { sql: tx.base_sql.clone(), base_sql: tx.base_sql.clone(), oid: tx.oid, coercion: Coercion::None };
+    plan_moves(plan, catalog, moves, layout, key, NEW_LAYOUT_COLOCATION)
+}
+
+/// The statement planned over the tables `moves` names (each with its
+/// columns' types and the column it moves by), laid out as `layout`'s
+/// shards hashed as `key`, in co-location group `colocation_id`; None when
+/// no pushdown tier takes it so.
+fn plan_moves(
+    plan: &FallbackPlan,
+    catalog: &Catalog,
+    moves: Vec<(&Arc<DistributedTable>, &[ColumnType], usize)>,
+    layout: &Arc<DistributedTable>,
+    key: KeyType,
+    colocation_id: i32,
+) -> PgResult<Option<Repartition>> {
+    let moves: Option<Vec<Move>> = moves
+        .into_iter()
+        .zip(0..)
+        .map(|((table, types, position), i)| {
+            Some(Move {
+                table: table.clone(),
+                column_types: types.iter().map(|t| t.sql.clone()).collect(),
+                intermediate: intermediate_table(table, layout, position, key.clone(), colocation_id, INTERMEDIATE_OID - i),
+                filter: own_filter(&plan.statement, table, catalog),
+                read: read_columns(&plan.statement, table, catalog)?,
+            })
+        })
+        .collect();
+    let Some(moves) = moves else { return Ok(None) };
+    let augmented = moves.iter().fold(catalog.clone(), |c, m| c.with_table(m.intermediate.clone()));
+    let pushdown = replace_and_plan(plan, &augmented, &moves)?;
+    Ok(pushdown.map(|pushdown| Repartition { moves, layout: layout.clone(), pushdown, catalog: augmented, version: plan.version }))
 }
 
 /// The names of the columns the statement compares with `=` to another
@@ -225,6 +316,47 @@ fn own_filter(statement: &NodeEnum, table: &DistributedTable, catalog: &Catalog)
     };
     let kept: Vec<String> = conjuncts.into_iter().filter(|c| own(c)).filter_map(|c| crate::planner::deparse::deparse_expression(c).ok()).collect();
     (!kept.is_empty()).then(|| (name.to_string(), kept.iter().map(|c| format!("({c})")).collect::<Vec<_>>().join(" AND ")))
+}
+
+/// Per column of `table`, whether the statement may read it: it names the
+/// column anywhere (by name alone, whatever table that name belongs to
+/// there), or reads whole rows (a star, a NATURAL join, column aliases given
+/// to the table). None when it reads the table's rows as values (its name
+/// or alias as a column): their type would be the temporary table's, which
+/// the coordinator does not know.
+fn read_columns(statement: &NodeEnum, table: &DistributedTable, catalog: &Catalog) -> Option<Vec<bool>> {
+    let mut names: HashSet<String> = HashSet::new();
+    let (mut whole_rows, mut row_values) = (false, false);
+    let mut row_names = vec![table.name.clone()];
+    for rv in crate::walk::range_vars(statement) {
+        if crate::planner::resolve_range_var(&rv, catalog).is_some_and(|t| t.oid == table.oid) {
+            if let Some(alias) = &rv.alias {
+                whole_rows |= !alias.colnames.is_empty();
+                row_names.push(alias.aliasname.clone());
+            }
+        }
+    }
+    let mut statement = statement.clone();
+    visit_mut(&mut statement, &mut |n| match n {
+        NodeEnum::ColumnRef(c) => match crate::planner::column_ref_names(c).as_deref() {
+            Some([single]) if row_names.iter().any(|r| r == single) => row_values = true,
+            Some([.., column]) => {
+                names.insert(column.to_string());
+            }
+            _ => whole_rows = true,
+        },
+        NodeEnum::AStar(_) => whole_rows = true,
+        NodeEnum::JoinExpr(j) => {
+            whole_rows |= j.is_natural;
+            for name in &j.using_clause {
+                if let Some(NodeEnum::String(s)) = name.node.as_ref() {
+                    names.insert(s.sval.clone());
+                }
+            }
+        }
+        _ => {}
+    });
+    (!row_values).then(|| table.columns.iter().map(|c| whole_rows || names.contains(c)).collect())
 }
 
 /// The SQL type of each of `table`'s columns.
@@ -318,15 +450,19 @@ impl Repartition {
             .iter()
             .map(|m| {
                 let Distribution::Hash { column, .. } = &m.intermediate.distribution else { unreachable!("made as a hash table") };
-                match &m.filter {
-                    Some((_, condition)) => format!("{} by {} where {condition}", m.table.name, column),
-                    None => format!("{} by {}", m.table.name, column),
-                }
+                let filter = m.filter.as_ref().map(|(_, condition)| format!(" where {condition}")).unwrap_or_default();
+                let how = if m.table.is_reference() { "from each node's own replica" } else { "node to node" };
+                format!("{} by {column}{filter} {how}", m.table.name)
             })
             .collect();
         match &self.moves[..] {
-            [_] => format!("{}, onto the shards of {}", moves[0], self.layout.name),
-            _ => format!("{}, into {} shards placed as those of {}", moves.join(" and "), self.layout.shards.len(), self.layout.name),
+            [_] => format!("{}, onto the shards of {}, into a temporary table on each node", moves[0], self.layout.name),
+            _ => format!(
+                "{}, into {} shards placed as those of {}, temporary tables on each node",
+                moves.join(" and "),
+                self.layout.shards.len(),
+                self.layout.name
+            ),
         }
     }
 
@@ -343,7 +479,7 @@ impl Repartition {
         for m in &self.moves {
             let parent = parent_name(&m.intermediate);
             let targets = shard_groups_by_node(&m.intermediate, catalog)?;
-            let sources = shard_groups_by_node(&m.table, catalog)?;
+            let shards = shard_groups_by_node(&m.table, catalog)?;
             let mut statements = Vec::with_capacity(targets.len());
             for (node, remainders) in &targets {
                 parts.worker(node, Access::Read).await?;
@@ -352,6 +488,12 @@ impl Repartition {
                 }
                 let mut sql = create_sql(&m.intermediate, &m.column_types, &parent, node.group_id);
                 if move_rows {
+                    // A node reads a reference table's rows from its own replica.
+                    let replica = m.table.shards.first().filter(|s| m.table.is_reference() && s.placements.contains(&node.group_id));
+                    let sources = match replica {
+                        Some(shard) => vec![(*node, vec![shard.index])],
+                        None => shards.clone(),
+                    };
                     let fetches = self.fetch_sql(m, &parent, node, remainders, &sources)?;
                     sql.push_str(&format!("; SELECT {}", fetches.join(" + ")));
                 }
@@ -422,7 +564,14 @@ impl Repartition {
             let listed: Vec<String> = remainders.iter().map(u32::to_string).collect();
             conditions.push(format!("{index} IN ({})", listed.join(", ")));
         }
-        let columns: Vec<String> = m.table.columns.iter().map(|c| quote_ident(c)).collect();
+        let columns: Vec<String> = m
+            .table
+            .columns
+            .iter()
+            .zip(&m.column_types)
+            .zip(&m.read)
+            .map(|((c, t), read)| if *read || c == column { quote_ident(c) } else { format!("NULL::{t}") })
+            .collect();
         let mut read = format!("SELECT {} FROM {} AS {}", columns.join(", "), m.table.qualified_name(), quote_ident(name));
         if !conditions.is_empty() {
             read.push_str(&format!(" WHERE {}", conditions.join(" AND ")));
