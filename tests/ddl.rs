@@ -1116,6 +1116,29 @@ async fn analyze_inside_a_transaction_block() {
     }
 }
 
+/// A bare ANALYZE or VACUUM means the whole database, as in PostgreSQL:
+/// every shard of every distributed table, and the coordinator database's
+/// own tables.
+#[tokio::test]
+async fn database_wide_analyze_and_vacuum() {
+    let f = Fixture::start().await;
+    let ps = f.distributed("t", "a int, b int", "a").await;
+    let qs = f.distributed("u", "a int, c text", "a").await;
+    let rs = f.reference("r", "id int").await;
+    exec(&f.client, &format!("INSERT INTO t VALUES {}", values(1..=8, |k| format!("{k}, {k}")))).await;
+    exec(&f.client, "CREATE TABLE plain_local (x int)").await;
+    exec(&f.client, "ANALYZE").await;
+    for p in ps.iter().map(|p| (p, "t")).chain(qs.iter().map(|q| (q, "u"))).chain(rs.iter().map(|r| (r, "r"))) {
+        assert_eq!(maintenance_counts(f.worker_for(p.0), &p.0.rel(p.1)).await, (0, 1), "shard {} of {}", p.0.shard, p.1);
+    }
+    let local = "SELECT analyze_count FROM pg_stat_user_tables WHERE relname = 'plain_local'";
+    assert_eq!(value(&f.client, local).await.as_deref(), Some("1"));
+    exec(&f.client, "VACUUM (ANALYZE)").await;
+    for p in &ps {
+        assert_eq!(maintenance_counts(f.worker_for(p), &p.rel("t")).await, (1, 2), "shard {}", p.shard);
+    }
+}
+
 #[tokio::test]
 async fn vacuum_options_with_values() {
     let f = Fixture::start().await;

@@ -252,6 +252,27 @@ pub(super) fn plan_utility(version: i32, raw: &protobuf::RawStmt, catalog: &Cata
             let tables = distributed_relations(&l.relations, catalog);
             (!tables.is_empty()).then(|| Plan::Ddl(Arc::new(DdlPlan::Lock { version, stmt: l.clone(), tables })))
         }
+        NodeEnum::VacuumStmt(v) if v.rels.is_empty() => {
+            // A bare VACUUM or ANALYZE means every table of the database:
+            // the coordinator database's own, and every shard. A partition
+            // is reached through its parent, which PostgreSQL recurses into.
+            let mut tables: Vec<&Arc<DistributedTable>> = catalog.tables().filter(|t| t.partition_of.is_none()).collect();
+            tables.sort_by(|a, b| (&a.schema, &a.name).cmp(&(&b.schema, &b.name)));
+            let rels: Vec<_> = tables
+                .into_iter()
+                .map(|t| {
+                    let relation = protobuf::RangeVar {
+                        schemaname: t.schema.clone(),
+                        relname: t.name.clone(),
+                        inh: true,
+                        relpersistence: "p".into(),
+                        ..Default::default()
+                    };
+                    (t.clone(), protobuf::VacuumRelation { relation: Some(relation), ..Default::default() })
+                })
+                .collect();
+            (!rels.is_empty()).then(|| Plan::Ddl(Arc::new(DdlPlan::Vacuum { version, stmt: v.clone(), rels })))
+        }
         NodeEnum::VacuumStmt(v) => {
             let rels: Vec<_> = v
                 .rels
