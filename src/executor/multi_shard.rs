@@ -95,6 +95,8 @@ pub(super) async fn read_tasks_by_node(
     anchor: &DistributedTable,
     catalog: &Catalog,
 ) -> PgResult<TasksByNode> {
+    let narrowed = super::reference_keys::narrowed(parts, template, catalog).await?;
+    let template = narrowed.as_ref().unwrap_or(template);
     let merged = match template.merged_read() {
         Some(read) if parts.citus_settings().await?.merge_shard_tasks => read,
         _ => return tasks_by_node(template, anchor, catalog),

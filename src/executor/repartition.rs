@@ -27,8 +27,8 @@ use crate::connection::{quote_ident, quote_literal};
 use crate::error::{PgError, PgResult};
 use crate::hash::{shard_index_sql, HashType};
 use crate::metadata::{Catalog, Coercion, DistributedTable, Distribution, KeyType, Node};
-use crate::planner::expression_types::FromTables;
 use crate::planner::rewrite::ShardTemplate;
+use crate::planner::table_conditions::own_conditions;
 use crate::planner::worker_relations::REMOTE_SCHEMA;
 use crate::planner::{plan_tree, FallbackPlan, Plan};
 use crate::process::Coordinator;
@@ -231,7 +231,10 @@ fn plan_moves(
                 table: table.clone(),
                 column_types: types.iter().map(|t| t.sql.clone()).collect(),
                 intermediate: intermediate_table(table, layout, position, key.clone(), colocation_id, INTERMEDIATE_OID - i),
-                filter: own_filter(&plan.statement, table, catalog),
+                filter: match &plan.statement {
+                    NodeEnum::SelectStmt(select) => own_conditions(select, table, catalog),
+                    _ => None,
+                },
                 read: read_columns(&plan.statement, table, catalog)?,
             })
         })
@@ -281,41 +284,6 @@ fn equated_columns(statement: &NodeEnum) -> HashSet<String> {
         _ => {}
     });
     names
-}
-
-/// The conjuncts of the statement's WHERE that read nothing but `table`'s
-/// columns, as SQL over the name the query gives the table, with that name;
-/// None when there are none, or when filtering the table's rows before the
-/// join could change the answer: it is read twice, or an outer join might
-/// pad its missing rows (`LEFT JOIN t … WHERE t.x IS NULL`). Calls, which
-/// may be volatile, subqueries and parameters stay out.
-fn own_filter(statement: &NodeEnum, table: &DistributedTable, catalog: &Catalog) -> Option<(String, String)> {
-    let NodeEnum::SelectStmt(select) = statement else { return None };
-    let from = FromTables::of(select, catalog);
-    let [name] = from.names_of(table.oid)[..] else { return None };
-    if from.outer_joins {
-        return None;
-    }
-    let condition = select.where_clause.as_deref()?.node.as_ref()?;
-    let conjuncts: Vec<&NodeEnum> = match condition {
-        NodeEnum::BoolExpr(b) if b.boolop == protobuf::BoolExprType::AndExpr as i32 => b.args.iter().filter_map(|a| a.node.as_ref()).collect(),
-        other => vec![other],
-    };
-    let own = |conjunct: &NodeEnum| {
-        let (mut columns, mut other) = (0, false);
-        let mut conjunct = conjunct.clone();
-        visit_mut(&mut conjunct, &mut |n| match n {
-            NodeEnum::ColumnRef(c) => match from.column_of(c) {
-                Some((t, _)) if t.oid == table.oid => columns += 1,
-                _ => other = true,
-            },
-            NodeEnum::FuncCall(_) | NodeEnum::SubLink(_) | NodeEnum::ParamRef(_) | NodeEnum::SqlvalueFunction(_) => other = true,
-            _ => {}
-        });
-        columns > 0 && !other
-    };
-    let kept: Vec<String> = conjuncts.into_iter().filter(|c| own(c)).filter_map(|c| crate::planner::deparse::deparse_expression(c).ok()).collect();
-    (!kept.is_empty()).then(|| (name.to_string(), kept.iter().map(|c| format!("({c})")).collect::<Vec<_>>().join(" AND ")))
 }
 
 /// Per column of `table`, whether the statement may read it: it names the

@@ -30,6 +30,7 @@ pub mod rewrite;
 mod router;
 mod session_state;
 mod shipped_columns;
+pub mod table_conditions;
 pub mod uncorrelated_subqueries;
 mod user_code;
 mod views;

@@ -12,7 +12,7 @@ use pg_query::NodeEnum;
 use std::sync::Arc;
 
 /// The tables a statement references, and the parse tree to rewrite.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct ShardTemplate {
     tree: protobuf::ParseResult,
     /// The VALUES rows of a multi-row INSERT, kept out of `tree`: a shard's
@@ -33,7 +33,7 @@ pub struct ShardTemplate {
 
 /// A delegated call pointed at the per-shard copy of its function
 /// (planner/function_copy.rs).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct CopiedCall {
     /// The co-location group's table whose shard ids name the copy schemas.
     pub anchor: Arc<DistributedTable>,

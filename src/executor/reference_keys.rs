@@ -1,0 +1,159 @@
+//! Reference tables narrowed to their keys first. A large reference table
+//! (a star schema's dimension) filtered by conditions of its own and joined
+//! to a distributed table (TPC-H q8: `part` where `p_type = …`, joined on
+//! `l_partkey`) would be scanned and filtered by every task of a
+//! multi-shard read, once per shard group. Instead the coordinator reads,
+//! once and from one replica, the joined column's values of the rows that
+//! pass those conditions, and every task gets `name.column = ANY('{…}')`,
+//! which its node answers through an index on that column (usually the
+//! table's key). No answer changes: each row the query joins passes the
+//! conditions and has a non-NULL joined column, so its value is in the
+//! list. Outside transaction blocks only (the read is a statement of its
+//! own, whose failure there would abort the block), and for at most
+//! `REFERENCE_KEYS_MAX` values.
+
+use super::multi_shard::{collect_rows, shard_type_names, tasks_by_node};
+use super::Mode;
+use crate::connection::{quote_ident, quote_literal};
+use crate::error::{PgError, PgResult};
+use crate::metadata::{Catalog, DistributedTable};
+use crate::planner::rewrite::ShardTemplate;
+use crate::planner::table_conditions::{joined_to_distributed, own_conditions};
+use crate::planner::uncorrelated_subqueries::array_text;
+use crate::transaction::Participants;
+use crate::walk::visit_mut;
+use pg_query::protobuf::{self, SelectStmt};
+use pg_query::NodeEnum;
+use std::sync::Arc;
+
+/// More values than this make each task's statement long and the node's
+/// index probes many: the reference table is then left to each task.
+const REFERENCE_KEYS_MAX: usize = 4096;
+
+/// A reference table to narrow in one SELECT of the statement.
+struct Narrowing {
+    /// Which SELECT, counted in the order `visit_mut` meets them.
+    select: usize,
+    /// The name the SELECT gives the table, and its joined column.
+    name: String,
+    column: String,
+    table: Arc<DistributedTable>,
+    /// The read of the column's values that pass the table's conditions.
+    read: String,
+}
+
+/// `template` with its reference tables narrowed to the keys the query can
+/// join, or None when none is narrowed.
+pub(super) async fn narrowed(parts: &mut Participants, template: &ShardTemplate, catalog: &Catalog) -> PgResult<Option<ShardTemplate>> {
+    if parts.in_block() || !template.tables().iter().any(|t| t.is_reference()) {
+        return Ok(None);
+    }
+    let Some(statement @ NodeEnum::SelectStmt(_)) = template.statement() else { return Ok(None) };
+    let narrowings = narrowings(statement, template.tables(), catalog);
+    let mut conditions: Vec<(usize, protobuf::Node)> = Vec::new();
+    for narrowing in &narrowings {
+        if let Some(condition) = keys_condition(parts, template.version(), narrowing, catalog).await? {
+            conditions.push((narrowing.select, condition));
+        }
+    }
+    if conditions.is_empty() {
+        return Ok(None);
+    }
+    let mut statement = statement.clone();
+    let mut select_number = 0;
+    visit_mut(&mut statement, &mut |n| {
+        if let NodeEnum::SelectStmt(select) = n {
+            for (_, condition) in conditions.iter().filter(|(s, _)| *s == select_number) {
+                add_conjunct(select, condition.clone());
+            }
+            select_number += 1;
+        }
+    });
+    Ok(Some(template.clone().with_statement(statement)))
+}
+
+/// The reference tables of `tables` that a SELECT of `statement` filters
+/// by their own conditions and joins to a distributed table.
+fn narrowings(statement: &NodeEnum, tables: &[Arc<DistributedTable>], catalog: &Catalog) -> Vec<Narrowing> {
+    let mut found = Vec::new();
+    let mut select_number = 0;
+    let mut statement = statement.clone();
+    visit_mut(&mut statement, &mut |n| {
+        if let NodeEnum::SelectStmt(select) = n {
+            for table in tables.iter().filter(|t| t.is_reference()) {
+                if let Some(narrowing) = narrowing(select, select_number, table, catalog) {
+                    found.push(narrowing);
+                }
+            }
+            select_number += 1;
+        }
+    });
+    found
+}
+
+fn narrowing(select: &SelectStmt, select_number: usize, table: &Arc<DistributedTable>, catalog: &Catalog) -> Option<Narrowing> {
+    let (name, conditions) = own_conditions(select, table, catalog)?;
+    let column = joined_to_distributed(select, table, catalog).first()?.to_string();
+    let key = format!("{}.{}", quote_ident(&name), quote_ident(&column));
+    let read = format!(
+        "SELECT DISTINCT {key} FROM {} AS {} WHERE {conditions} AND {key} IS NOT NULL ORDER BY 1 LIMIT {}",
+        table.qualified_name(),
+        quote_ident(&name),
+        REFERENCE_KEYS_MAX + 1
+    );
+    Some(Narrowing { select: select_number, name, column, table: table.clone(), read })
+}
+
+/// `name.column = ANY('{…}'::type[])` with the values `narrowing`'s read
+/// finds; None when there are too many, or of a type no literal spells.
+async fn keys_condition(parts: &mut Participants, version: i32, narrowing: &Narrowing, catalog: &Catalog) -> PgResult<Option<protobuf::Node>> {
+    let raw = parse_one(&narrowing.read)?;
+    let template = ShardTemplate::for_query(version, raw, vec![narrowing.table.clone()]);
+    let by_node = tasks_by_node(&template, &narrowing.table, catalog)?;
+    let (fields, rows) = collect_rows(parts, &by_node, &Mode::Simple).await?;
+    if rows.len() > REFERENCE_KEYS_MAX {
+        return Ok(None);
+    }
+    let type_name = match shard_type_names(parts, catalog, &fields).await {
+        Ok(mut types) if types.len() == 1 && !types[0].ends_with(']') => types.remove(0),
+        _ => return Ok(None),
+    };
+    let values: Vec<Option<String>> = rows.into_iter().map(|row| row.into_iter().next().flatten()).collect();
+    let sql = format!(
+        "SELECT WHERE {}.{} = ANY({}::{type_name}[])",
+        quote_ident(&narrowing.name),
+        quote_ident(&narrowing.column),
+        quote_literal(&array_text(&values))
+    );
+    let raw = parse_one(&sql)?;
+    match raw.stmt.and_then(|s| s.node) {
+        Some(NodeEnum::SelectStmt(select)) => Ok(select.where_clause.map(|w| *w)),
+        _ => Err(PgError::internal("a key list did not parse as a SELECT")),
+    }
+}
+
+fn parse_one(sql: &str) -> PgResult<protobuf::RawStmt> {
+    let parsed = pg_query::parse(sql).map_err(|e| PgError::internal(format!("could not parse {sql}: {e}")))?;
+    parsed.protobuf.stmts.into_iter().next().ok_or_else(|| PgError::internal("empty statement"))
+}
+
+/// ANDs `condition` to the SELECT's WHERE.
+fn add_conjunct(select: &mut SelectStmt, condition: protobuf::Node) {
+    select.where_clause = Some(Box::new(match select.where_clause.take() {
+        None => condition,
+        Some(existing) => match existing.node {
+            Some(NodeEnum::BoolExpr(mut b)) if b.boolop == protobuf::BoolExprType::AndExpr as i32 => {
+                b.args.push(condition);
+                protobuf::Node { node: Some(NodeEnum::BoolExpr(b)) }
+            }
+            other => protobuf::Node {
+                node: Some(NodeEnum::BoolExpr(Box::new(protobuf::BoolExpr {
+                    xpr: None,
+                    boolop: protobuf::BoolExprType::AndExpr as i32,
+                    args: vec![protobuf::Node { node: other }, condition],
+                    location: -1,
+                }))),
+            },
+        },
+    }));
+}
