@@ -663,11 +663,13 @@ pub(crate) fn plain_select() -> protobuf::SelectStmt {
 /// its columns: no set operation, DISTINCT, grouping, window, ordering,
 /// limit, row lock, WITH, VALUES or INTO.
 pub(crate) fn only_filters(query: &protobuf::SelectStmt) -> bool {
+    filters_and_groups_only(query) && query.group_clause.is_empty() && query.having_clause.is_none() && query.window_clause.is_empty()
+}
+
+/// `only_filters`, but grouping (GROUP BY, HAVING) and windows allowed.
+pub(crate) fn filters_and_groups_only(query: &protobuf::SelectStmt) -> bool {
     query.op == protobuf::SetOperation::SetopNone as i32
         && query.distinct_clause.is_empty()
-        && query.group_clause.is_empty()
-        && query.having_clause.is_none()
-        && query.window_clause.is_empty()
         && query.sort_clause.is_empty()
         && query.limit_count.is_none()
         && query.limit_offset.is_none()

@@ -8,7 +8,7 @@
 
 use super::multi_shard::{calls_in, grouped_by_key, windows_by_key};
 use super::router::{collect_from, flatten_and, pinning, shard_keys, Pinning, ScopeEntry};
-use super::{count_hash_references, has_nested_query};
+use super::{count_hash_references, filters_and_groups_only, has_nested_query};
 use crate::metadata::{Catalog, DistributedTable};
 use pg_query::protobuf::{self, SelectStmt};
 use pg_query::NodeEnum;
@@ -75,7 +75,7 @@ fn from_subqueries<'a>(items: &'a [protobuf::Node], out: &mut Vec<&'a SelectStmt
 /// operations or WITH. An ORDER BY there would order only each shard group's
 /// rows, where PostgreSQL hands them on in order.
 fn splits_per_shard_group(subquery: &SelectStmt, catalog: &Catalog) -> Option<Arc<DistributedTable>> {
-    if !per_group_clauses_only(subquery) || has_nested_query(subquery) {
+    if !filters_and_groups_only(subquery) || has_nested_query(subquery) {
         return None;
     }
     let mut scope = Vec::new();
@@ -103,20 +103,4 @@ fn splits_per_shard_group(subquery: &SelectStmt, catalog: &Catalog) -> Option<Ar
         Pinning::Groups(groups) if groups.len() == 1 => Some(anchor),
         _ => None,
     }
-}
-
-/// Whether the SELECT has none of the clauses that combine rows of several
-/// shard groups other than GROUP BY, HAVING and windows, which the caller
-/// checks against the distribution columns.
-fn per_group_clauses_only(query: &SelectStmt) -> bool {
-    query.op == protobuf::SetOperation::SetopNone as i32
-        && query.distinct_clause.is_empty()
-        && query.sort_clause.is_empty()
-        && query.limit_count.is_none()
-        && query.limit_offset.is_none()
-        && query.locking_clause.is_empty()
-        && query.with_clause.is_none()
-        && query.values_lists.is_empty()
-        && query.into_clause.is_none()
-        && !query.from_clause.is_empty()
 }
