@@ -296,6 +296,10 @@ async fn reference_keys_first(c: &tokio_postgres::Client) {
     let text = explain_with(c, "COSTS OFF", narrow).await.join("\n");
     assert!(text.contains("= ANY ('{7,1007,2007,3007,4007,5007,6007,7007,8007,9007}'::integer[])"), "{text}");
     assert_eq!(c.query_one(narrow, &[]).await.unwrap().get::<_, i64>(0), 20);
+    let branches = "SELECT count(*) FROM rk_fact, rk_dim WHERE (id = dim_id AND kind = 'k7') OR (dim_id = id AND kind = 'k8' AND f > 0)";
+    let text = explain_with(c, "COSTS OFF", branches).await.join("\n");
+    assert!(text.contains("= ANY ('{7,8,1007,1008,"), "{text}");
+    assert_eq!(c.query_one(branches, &[]).await.unwrap().get::<_, i64>(0), 40);
     let wide = "SELECT count(*) FROM rk_fact, rk_dim WHERE id = dim_id AND kind <> 'k7'";
     let text = explain_with(c, "COSTS OFF", wide).await.join("\n");
     assert!(!text.contains("= ANY ("), "{text}");

@@ -1,6 +1,7 @@
 //! What a SELECT's WHERE says about one of the tables in its FROM: the
 //! conditions that read that table's columns alone, and the equalities
-//! joining one of its columns to a distributed table's. Moving rows
+//! joining one of its columns to a distributed table's, each either a
+//! top-level conjunct or implied by every branch of an OR. Moving rows
 //! (executor/repartition.rs) filters them by the first before they move;
 //! reading a reference table's keys first (executor/reference_keys.rs)
 //! needs both.
@@ -14,10 +15,22 @@ use pg_query::NodeEnum;
 
 /// The top-level ANDed conditions of the WHERE clause.
 fn conjuncts(select: &SelectStmt) -> Vec<&NodeEnum> {
-    match select.where_clause.as_deref().and_then(|w| w.node.as_ref()) {
-        Some(NodeEnum::BoolExpr(b)) if b.boolop == protobuf::BoolExprType::AndExpr as i32 => b.args.iter().filter_map(|a| a.node.as_ref()).collect(),
-        Some(other) => vec![other],
-        None => Vec::new(),
+    select.where_clause.as_deref().and_then(|w| w.node.as_ref()).map(and_args).unwrap_or_default()
+}
+
+/// The arguments of an AND, or the one condition that is not one.
+fn and_args(condition: &NodeEnum) -> Vec<&NodeEnum> {
+    match condition {
+        NodeEnum::BoolExpr(b) if b.boolop == protobuf::BoolExprType::AndExpr as i32 => b.args.iter().filter_map(|a| a.node.as_ref()).collect(),
+        other => vec![other],
+    }
+}
+
+/// The branches of an OR, if the condition is one.
+fn or_branches(condition: &NodeEnum) -> Option<Vec<&NodeEnum>> {
+    match condition {
+        NodeEnum::BoolExpr(b) if b.boolop == protobuf::BoolExprType::OrExpr as i32 => Some(b.args.iter().filter_map(|a| a.node.as_ref()).collect()),
+        _ => None,
     }
 }
 
@@ -46,30 +59,65 @@ pub fn own_conditions(select: &SelectStmt, table: &DistributedTable, catalog: &C
         });
         columns > 0 && !other
     };
-    let kept: Vec<String> = conjuncts(select).into_iter().filter(|c| own(c)).filter_map(|c| super::deparse::deparse_expression(c).ok()).collect();
-    (!kept.is_empty()).then(|| (name.to_string(), kept.iter().map(|c| format!("({c})")).collect::<Vec<_>>().join(" AND ")))
+    let sql = |c: &NodeEnum| super::deparse::deparse_expression(c).ok().map(|c| format!("({c})"));
+    // Of its own, or an OR each of whose branches has conditions of its own
+    // (TPC-H's Q19): a row that passes the OR passes one branch, hence that
+    // branch's own conditions.
+    let own_sql = |conjunct: &NodeEnum| -> Option<String> {
+        if own(conjunct) {
+            return sql(conjunct);
+        }
+        let branches: Option<Vec<String>> = or_branches(conjunct)?
+            .into_iter()
+            .map(|branch| {
+                let kept: Option<Vec<String>> = and_args(branch).into_iter().filter(|c| own(c)).map(sql).collect();
+                kept.filter(|k| !k.is_empty()).map(|k| format!("({})", k.join(" AND ")))
+            })
+            .collect();
+        branches.map(|b| format!("({})", b.join(" OR ")))
+    };
+    let kept: Vec<String> = conjuncts(select).into_iter().filter_map(own_sql).collect();
+    (!kept.is_empty()).then(|| (name.to_string(), kept.join(" AND ")))
 }
 
-/// The columns of `table` that a top-level conjunct of the WHERE equates
-/// with a column of a distributed (not reference) table of the same FROM.
+/// The columns of `table` that the WHERE equates with a column of a
+/// distributed (not reference) table of the same FROM: by a top-level
+/// conjunct, or in every branch of an OR.
 pub fn joined_to_distributed<'s>(select: &'s SelectStmt, table: &DistributedTable, catalog: &Catalog) -> Vec<&'s str> {
     let from = FromTables::of(select, catalog);
     let mut columns: Vec<&str> = Vec::new();
     for conjunct in conjuncts(select) {
-        let NodeEnum::AExpr(e) = conjunct else { continue };
-        if e.kind != protobuf::AExprKind::AexprOp as i32 || !is_equals(&e.name) {
-            continue;
-        }
-        let side = |n: Option<&'s protobuf::Node>| match n.and_then(|n| n.node.as_ref()) {
-            Some(NodeEnum::ColumnRef(c)) => from.column_of(c).map(|(t, column)| (t.oid, t.is_reference(), column)),
-            _ => None,
-        };
-        let (Some(l), Some(r)) = (side(e.lexpr.as_deref()), side(e.rexpr.as_deref())) else { continue };
-        for ((oid, _, column), (other, other_is_reference, _)) in [(l, r), (r, l)] {
-            if oid == table.oid && other != table.oid && !other_is_reference && !columns.contains(&column) {
+        for column in equated_to_distributed(conjunct, table, &from) {
+            if !columns.contains(&column) {
                 columns.push(column);
             }
         }
     }
     columns
+}
+
+/// The columns of `table` that `condition` requires to equal a column of a
+/// distributed table of `from`.
+fn equated_to_distributed<'s>(condition: &'s NodeEnum, table: &DistributedTable, from: &FromTables) -> Vec<&'s str> {
+    if let Some(branches) = or_branches(condition) {
+        let mut each =
+            branches.into_iter().map(|branch| and_args(branch).into_iter().flat_map(|c| equated_to_distributed(c, table, from)).collect::<Vec<_>>());
+        let first = each.next().unwrap_or_default();
+        let rest: Vec<Vec<&str>> = each.collect();
+        return first.into_iter().filter(|c| rest.iter().all(|r| r.contains(c))).collect();
+    }
+    let NodeEnum::AExpr(e) = condition else { return Vec::new() };
+    if e.kind != protobuf::AExprKind::AexprOp as i32 || !is_equals(&e.name) {
+        return Vec::new();
+    }
+    let side = |n: Option<&'s protobuf::Node>| match n.and_then(|n| n.node.as_ref()) {
+        Some(NodeEnum::ColumnRef(c)) => from.column_of(c).map(|(t, column)| (t.oid, t.is_reference(), column)),
+        _ => None,
+    };
+    let (Some(l), Some(r)) = (side(e.lexpr.as_deref()), side(e.rexpr.as_deref())) else { return Vec::new() };
+    [(l, r), (r, l)]
+        .into_iter()
+        .filter(|((oid, _, _), (other, other_is_reference, _))| *oid == table.oid && *other != table.oid && !other_is_reference)
+        .map(|((_, _, column), _)| column)
+        .collect()
 }
