@@ -233,6 +233,7 @@ async fn each_shape_takes_its_tier() {
     variances_by_input_type(&c).await;
     repartition_joins(&cluster, &c).await;
     reference_keys_first(&c).await;
+    tasks_without_parallel_workers(&cluster, &c).await;
 }
 
 /// FORMAT JSON: one value of type json, PostgreSQL's shape, with each
@@ -276,6 +277,22 @@ async fn variances_by_input_type(c: &tokio_postgres::Client) {
         .unwrap();
     let text = explain_with(c, "VERBOSE, COSTS OFF", "SELECT stddev(x), var_pop(n) FROM ev").await.join("\n");
     assert!(text.contains("var_pop(x)") && text.contains("((n)::bigint * (n)::bigint)") && !text.contains("numeric"), "{text}");
+}
+
+/// The workers start no parallel workers within a task: a node already runs
+/// as many tasks at once as it has cores. The coordinator database, which
+/// combines and runs the general fallback alone, keeps them.
+async fn tasks_without_parallel_workers(cluster: &TestCluster, c: &tokio_postgres::Client) {
+    for i in 0..2 {
+        let w = cluster.connect_worker(i).await;
+        let setting: String = w.query_one("SHOW max_parallel_workers_per_gather", &[]).await.unwrap().get(0);
+        assert_eq!(setting, "0", "worker {i}");
+    }
+    c.batch_execute("CREATE TABLE pw (k int PRIMARY KEY, v int); SELECT create_distributed_table('pw', 'k', shard_count => 2); INSERT INTO pw SELECT g, g % 9 FROM generate_series(1, 500000) g; ANALYZE pw;")
+        .await
+        .unwrap();
+    let text = explain(c, "SELECT v, count(*) FROM pw GROUP BY v").await.join("\n");
+    assert!(text.contains("Custom Scan (Tessera Multi-Shard)") && !text.contains("Gather"), "{text}");
 }
 
 /// A reference table filtered by its own conditions and joined to a

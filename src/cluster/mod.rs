@@ -138,7 +138,7 @@ fn add_worker(cluster: &mut LocalCluster) -> Result<()> {
     let n = cluster.state.worker_ports.len() + 1;
     let worker = Instance::new(cluster.dir.join(format!("worker-{n}")), port);
     eprintln!("initializing {} (new worker {n})", worker.data_dir.display());
-    worker.init()?;
+    worker.init_worker()?;
     worker.start()?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime
@@ -226,7 +226,12 @@ fn create(dir: &Path, port: u16, workers: usize) -> Result<LocalCluster> {
     all.extend(cluster.workers());
     for (i, node) in all.iter().enumerate() {
         eprintln!("initializing {} ({}/{})", node.data_dir.display(), i + 1, all.len());
-        node.init()?;
+        // The first is the coordinator database, the others workers.
+        if i == 0 {
+            node.init()?;
+        } else {
+            node.init_worker()?;
+        }
     }
     // A self-signed certificate, so that clients may ask for TLS at once.
     let (certificate, key) = crate::transport::self_signed_certificate()?;
