@@ -567,9 +567,7 @@ async fn table_as_relation(
     let columns: Vec<String> = table.columns.iter().map(|c| quote_ident(c)).collect();
     // Each shard stops one row past the budget: no more is read than needed to see it exceeded.
     let sql = format!("SELECT {} FROM {} LIMIT {}", columns.join(", "), table.qualified_name(), max_rows + 1);
-    let parsed = pg_query::parse(&sql).map_err(|e| PgError::internal(format!("could not parse {sql}: {e}")))?;
-    let raw = parsed.protobuf.stmts.into_iter().next().ok_or_else(|| PgError::internal("empty statement"))?;
-    let template = ShardTemplate::for_query(version, raw, vec![table.clone()]);
+    let template = ShardTemplate::for_own_query(version, &sql, table)?;
     let by_node = read_tasks_by_node(parts, &template, table, catalog).await?;
     let (fields, rows) = collect_rows(parts, &by_node, &Mode::Simple).await?;
     if rows.len() > max_rows {

@@ -14,12 +14,13 @@
 
 use super::multi_shard::{collect_rows, shard_type_names, tasks_by_node};
 use super::Mode;
-use crate::connection::{quote_ident, quote_literal};
-use crate::error::{PgError, PgResult};
+use crate::connection::quote_ident;
+use crate::error::PgResult;
 use crate::metadata::{Catalog, DistributedTable};
 use crate::planner::rewrite::ShardTemplate;
 use crate::planner::table_conditions::{joined_to_distributed, own_conditions};
-use crate::planner::uncorrelated_subqueries::array_text;
+use crate::planner::uncorrelated_subqueries::{array_text, typed_constant};
+use crate::planner::{column_ref, conjunction, string_node};
 use crate::transaction::Participants;
 use crate::walk::visit_mut;
 use pg_query::protobuf::{self, SelectStmt};
@@ -64,7 +65,8 @@ pub(super) async fn narrowed(parts: &mut Participants, template: &ShardTemplate,
     visit_mut(&mut statement, &mut |n| {
         if let NodeEnum::SelectStmt(select) = n {
             for (_, condition) in conditions.iter().filter(|(s, _)| *s == select_number) {
-                add_conjunct(select, condition.clone());
+                let existing = select.where_clause.take().map(|w| *w);
+                select.where_clause = Some(Box::new(conjunction(existing.into_iter().chain([condition.clone()]).collect())));
             }
             select_number += 1;
         }
@@ -107,8 +109,7 @@ fn narrowing(select: &SelectStmt, select_number: usize, table: &Arc<DistributedT
 /// `name.column = ANY('{…}'::type[])` with the values `narrowing`'s read
 /// finds; None when there are too many, or of a type no literal spells.
 async fn keys_condition(parts: &mut Participants, version: i32, narrowing: &Narrowing, catalog: &Catalog) -> PgResult<Option<protobuf::Node>> {
-    let raw = parse_one(&narrowing.read)?;
-    let template = ShardTemplate::for_query(version, raw, vec![narrowing.table.clone()]);
+    let template = ShardTemplate::for_own_query(version, &narrowing.read, &narrowing.table)?;
     let by_node = tasks_by_node(&template, &narrowing.table, catalog)?;
     let (fields, rows) = collect_rows(parts, &by_node, &Mode::Simple).await?;
     if rows.len() > REFERENCE_KEYS_MAX {
@@ -119,41 +120,13 @@ async fn keys_condition(parts: &mut Participants, version: i32, narrowing: &Narr
         _ => return Ok(None),
     };
     let values: Vec<Option<String>> = rows.into_iter().map(|row| row.into_iter().next().flatten()).collect();
-    let sql = format!(
-        "SELECT WHERE {}.{} = ANY({}::{type_name}[])",
-        quote_ident(&narrowing.name),
-        quote_ident(&narrowing.column),
-        quote_literal(&array_text(&values))
-    );
-    let raw = parse_one(&sql)?;
-    match raw.stmt.and_then(|s| s.node) {
-        Some(NodeEnum::SelectStmt(select)) => Ok(select.where_clause.map(|w| *w)),
-        _ => Err(PgError::internal("a key list did not parse as a SELECT")),
-    }
-}
-
-fn parse_one(sql: &str) -> PgResult<protobuf::RawStmt> {
-    let parsed = pg_query::parse(sql).map_err(|e| PgError::internal(format!("could not parse {sql}: {e}")))?;
-    parsed.protobuf.stmts.into_iter().next().ok_or_else(|| PgError::internal("empty statement"))
-}
-
-/// ANDs `condition` to the SELECT's WHERE.
-fn add_conjunct(select: &mut SelectStmt, condition: protobuf::Node) {
-    select.where_clause = Some(Box::new(match select.where_clause.take() {
-        None => condition,
-        Some(existing) => match existing.node {
-            Some(NodeEnum::BoolExpr(mut b)) if b.boolop == protobuf::BoolExprType::AndExpr as i32 => {
-                b.args.push(condition);
-                protobuf::Node { node: Some(NodeEnum::BoolExpr(b)) }
-            }
-            other => protobuf::Node {
-                node: Some(NodeEnum::BoolExpr(Box::new(protobuf::BoolExpr {
-                    xpr: None,
-                    boolop: protobuf::BoolExprType::AndExpr as i32,
-                    args: vec![protobuf::Node { node: other }, condition],
-                    location: -1,
-                }))),
-            },
-        },
-    }));
+    let keys = typed_constant(Some(&array_text(&values)), &format!("{type_name}[]"))?;
+    let any = protobuf::AExpr {
+        kind: protobuf::AExprKind::AexprOpAny as i32,
+        name: vec![string_node("=")],
+        lexpr: Some(Box::new(column_ref(&[&narrowing.name, &narrowing.column]))),
+        rexpr: Some(Box::new(protobuf::Node { node: Some(keys) })),
+        location: -1,
+    };
+    Ok(Some(protobuf::Node { node: Some(NodeEnum::AExpr(Box::new(any))) }))
 }

@@ -121,24 +121,11 @@ async fn two_distributed(
     }
     let types = [column_types(larger, parts).await?, column_types(smaller, parts).await?];
     for (stays, moved, moved_types) in [(larger, smaller, &types[1]), (smaller, larger, &types[0])] {
-        let Distribution::Hash { key, .. } = &stays.distribution else { continue };
-        for position in joinable_columns(moved, joined) {
-            if moved_types[position].base_sql == key.base_sql {
-                if let Some(repartition) = plan_moves(plan, catalog, vec![(moved, moved_types, position)], stays, key.clone(), stays.colocation_id)? {
-                    return Ok(Some(repartition));
-                }
-            }
+        if let Some(repartition) = onto_shards_of(plan, catalog, stays, (moved, moved_types), joined)? {
+            return Ok(Some(repartition));
         }
     }
-    for x in joinable_columns(larger, joined) {
-        for y in joinable_columns(smaller, joined) {
-            let moves = vec![(larger, &types[0][..], x), (smaller, &types[1][..], y)];
-            if let Some(repartition) = plan_into_new_layout(plan, catalog, moves, larger)? {
-                return Ok(Some(repartition));
-            }
-        }
-    }
-    Ok(None)
+    both_into_layout_of(plan, catalog, (larger, &types[0]), (smaller, &types[1]), joined)
 }
 
 /// One distributed table and reference tables (TPC-H's Q13 counts each
@@ -157,28 +144,18 @@ async fn with_reference_table(
 ) -> PgResult<Option<Repartition>> {
     let (distributed, reference): (Vec<_>, Vec<_>) = plan.read.tables.iter().partition(|t| !t.is_reference());
     let [table] = distributed[..] else { return Ok(None) };
-    let Distribution::Hash { key, .. } = &table.distribution else { return Ok(None) };
-    let references: Vec<&Arc<DistributedTable>> = reference.into_iter().filter(|r| !joinable_columns(r, joined).is_empty()).collect();
-    if references.is_empty() {
-        return Ok(None);
-    }
-    let table_types = column_types(table, parts).await?;
-    for reference in references {
+    let mut table_types = None;
+    for reference in reference.into_iter().filter(|r| !joinable_columns(r, joined).is_empty()) {
         let types = column_types(reference, parts).await?;
-        for position in joinable_columns(reference, joined) {
-            if types[position].base_sql == key.base_sql {
-                if let Some(repartition) = plan_moves(plan, catalog, vec![(reference, &types, position)], table, key.clone(), table.colocation_id)? {
-                    return Ok(Some(repartition));
-                }
-            }
+        if let Some(repartition) = onto_shards_of(plan, catalog, table, (reference, &types), joined)? {
+            return Ok(Some(repartition));
         }
-        for x in joinable_columns(table, joined) {
-            for y in joinable_columns(reference, joined) {
-                let moves = vec![(table, &table_types[..], x), (reference, &types[..], y)];
-                if let Some(repartition) = plan_into_new_layout(plan, catalog, moves, table)? {
-                    return Ok(Some(repartition));
-                }
-            }
+        let table_types = match &mut table_types {
+            Some(known) => known,
+            None => table_types.insert(column_types(table, parts).await?),
+        };
+        if let Some(repartition) = both_into_layout_of(plan, catalog, (table, table_types), (reference, &types), joined)? {
+            return Ok(Some(repartition));
         }
     }
     Ok(None)
@@ -195,20 +172,51 @@ fn joinable_columns(table: &DistributedTable, joined: &HashSet<String>) -> Vec<u
         .collect()
 }
 
-/// Both tables moved by their columns `moves` name, of one type, into
-/// temporary tables laid out as `layout`'s shards.
-fn plan_into_new_layout(
+/// `moved` (with its columns' types) onto the shards of `stays`, by one of
+/// its joined columns of the type `stays` is distributed by; None when no
+/// such column makes a plan.
+fn onto_shards_of(
     plan: &FallbackPlan,
     catalog: &Catalog,
-    moves: Vec<(&Arc<DistributedTable>, &[ColumnType], usize)>,
-    layout: &Arc<DistributedTable>,
+    stays: &Arc<DistributedTable>,
+    (moved, moved_types): (&Arc<DistributedTable>, &[ColumnType]),
+    joined: &HashSet<String>,
 ) -> PgResult<Option<Repartition>> {
-    let (tx, ty) = (&moves[0].1[moves[0].2], &moves[1].1[moves[1].2]);
-    if tx.base_sql != ty.base_sql {
-        return Ok(None);
+    let Distribution::Hash { key, .. } = &stays.distribution else { return Ok(None) };
+    for position in joinable_columns(moved, joined) {
+        if moved_types[position].base_sql == key.base_sql {
+            if let Some(repartition) = plan_moves(plan, catalog, vec![(moved, moved_types, position)], stays, key.clone(), stays.colocation_id)? {
+                return Ok(Some(repartition));
+            }
+        }
     }
-    let key = KeyType { sql: tx.base_sql.clone(), base_sql: tx.base_sql.clone(), oid: tx.oid, coercion: Coercion::None };
-    plan_moves(plan, catalog, moves, layout, key, NEW_LAYOUT_COLOCATION)
+    Ok(None)
+}
+
+/// Both tables (with their columns' types) moved by joined columns of one
+/// type into temporary tables laid out as `first`'s shards; None when no
+/// pair of columns makes a plan.
+fn both_into_layout_of(
+    plan: &FallbackPlan,
+    catalog: &Catalog,
+    (first, first_types): (&Arc<DistributedTable>, &[ColumnType]),
+    (second, second_types): (&Arc<DistributedTable>, &[ColumnType]),
+    joined: &HashSet<String>,
+) -> PgResult<Option<Repartition>> {
+    for x in joinable_columns(first, joined) {
+        for y in joinable_columns(second, joined) {
+            let (tx, ty) = (&first_types[x], &second_types[y]);
+            if tx.base_sql != ty.base_sql {
+                continue;
+            }
+            let key = KeyType { sql: tx.base_sql.clone(), base_sql: tx.base_sql.clone(), oid: tx.oid, coercion: Coercion::None };
+            let moves = vec![(first, first_types, x), (second, second_types, y)];
+            if let Some(repartition) = plan_moves(plan, catalog, moves, first, key, NEW_LAYOUT_COLOCATION)? {
+                return Ok(Some(repartition));
+            }
+        }
+    }
+    Ok(None)
 }
 
 /// The statement planned over the tables `moves` names (each with its
@@ -544,9 +552,7 @@ impl Repartition {
         if !conditions.is_empty() {
             read.push_str(&format!(" WHERE {}", conditions.join(" AND ")));
         }
-        let parsed = pg_query::parse(&read).map_err(|e| PgError::internal(format!("could not parse {read}: {e}")))?;
-        let raw = parsed.protobuf.stmts.into_iter().next().ok_or_else(|| PgError::internal("empty statement"))?;
-        Ok(ShardTemplate::for_query(self.version, raw, vec![m.table.clone()]))
+        ShardTemplate::for_own_query(self.version, &read, &m.table)
     }
 
     /// Drops the temporary tables on the node groups `made`. A connection

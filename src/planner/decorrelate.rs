@@ -42,7 +42,9 @@
 
 use super::uncorrelated_subqueries::is_uncorrelated;
 use super::walk::visit_mut;
-use super::{column_ref, column_ref_names, function_names, has_nested_query, is_equals, only_filters, plain_select, res_target, resolve_range_var};
+use super::{
+    column_ref, column_ref_names, conjunction, function_names, has_nested_query, is_equals, only_filters, plain_select, res_target, resolve_range_var,
+};
 use crate::metadata::Catalog;
 use pg_query::protobuf::{self, Node};
 use pg_query::NodeEnum;
@@ -168,7 +170,7 @@ impl Grouped {
             subquery: Some(Box::new(Node { node: Some(NodeEnum::SelectStmt(Box::new(self.select))) })),
             alias: Some(protobuf::Alias { aliasname: alias.to_string(), colnames: vec![] }),
         };
-        (Node { node: Some(NodeEnum::RangeSubselect(Box::new(subquery))) }, and(on))
+        (Node { node: Some(NodeEnum::RangeSubselect(Box::new(subquery))) }, conjunction(on))
     }
 }
 
@@ -303,7 +305,7 @@ fn grouped_form(link: &protobuf::SubLink, outer: &OuterScope, catalog: &Catalog)
     let select = protobuf::SelectStmt {
         target_list: targets,
         from_clause,
-        where_clause: (!filters.is_empty()).then(|| Box::new(and(filters))),
+        where_clause: (!filters.is_empty()).then(|| Box::new(conjunction(filters))),
         group_clause: inner_keys,
         ..plain_select()
     };
@@ -433,7 +435,7 @@ fn semi_join_form(link: &protobuf::SubLink, outer: &OuterScope, catalog: &Catalo
         distinct_clause: vec![Node { node: None }],
         target_list: vec![res_target(SEMI_JOIN_KEY, inner_key.clone())],
         from_clause,
-        where_clause: Some(Box::new(and(filters))),
+        where_clause: Some(Box::new(conjunction(filters))),
         ..plain_select()
     };
     Some(SemiJoin { keys, outer_key: outer_key.clone() })
@@ -731,14 +733,6 @@ fn equals(left: Node, right: Node) -> Node {
         location: -1,
     };
     Node { node: Some(NodeEnum::AExpr(Box::new(e))) }
-}
-
-/// The conjunction of `conditions` (the one condition when there is one).
-fn and(mut conditions: Vec<Node>) -> Node {
-    if conditions.len() == 1 {
-        return conditions.remove(0);
-    }
-    bool_expr(protobuf::BoolExprType::AndExpr, conditions)
 }
 
 fn bool_expr(op: protobuf::BoolExprType, args: Vec<Node>) -> Node {

@@ -740,6 +740,15 @@ pub(crate) fn equality(condition: &protobuf::Node) -> Option<(&protobuf::Node, &
     }
 }
 
+/// The conjunction of `conditions` (the one condition when there is one).
+pub(crate) fn conjunction(mut conditions: Vec<protobuf::Node>) -> protobuf::Node {
+    if conditions.len() == 1 {
+        return conditions.remove(0);
+    }
+    let and = protobuf::BoolExpr { xpr: None, boolop: protobuf::BoolExprType::AndExpr as i32, args: conditions, location: -1 };
+    protobuf::Node { node: Some(NodeEnum::BoolExpr(Box::new(and))) }
+}
+
 /// A column reference node for `a.b.c`.
 pub(crate) fn column_ref(names: &[&str]) -> protobuf::Node {
     protobuf::Node { node: Some(NodeEnum::ColumnRef(protobuf::ColumnRef { fields: names.iter().map(|n| string_node(n)).collect(), location: -1 })) }

@@ -59,6 +59,14 @@ impl ShardTemplate {
         }
     }
 
+    /// A template for a read of `table` that Tessera writes itself as text
+    /// (a table's rows to ship, rows to move, keys to read first).
+    pub fn for_own_query(version: i32, sql: &str, table: &Arc<DistributedTable>) -> PgResult<Self> {
+        let parsed = pg_query::parse(sql).map_err(|e| PgError::internal(format!("could not parse {sql}: {e}")))?;
+        let raw = parsed.protobuf.stmts.into_iter().next().ok_or_else(|| PgError::internal("empty statement"))?;
+        Ok(Self::for_query(version, raw, vec![table.clone()]))
+    }
+
     /// A template for a utility statement (CREATE INDEX, ALTER TABLE, …).
     pub fn for_utility(version: i32, stmt: protobuf::RawStmt, tables: Vec<Arc<DistributedTable>>) -> Self {
         ShardTemplate {

@@ -199,14 +199,7 @@ impl SimpleView {
     /// The view's filter and `filter`, both.
     fn and_filter(&self, filter: Option<Box<Node>>) -> Option<Box<Node>> {
         match (self.query.where_clause.clone(), filter) {
-            (Some(v), Some(s)) => Some(Box::new(Node {
-                node: Some(NodeEnum::BoolExpr(Box::new(protobuf::BoolExpr {
-                    xpr: None,
-                    boolop: protobuf::BoolExprType::AndExpr as i32,
-                    args: vec![*v, *s],
-                    location: -1,
-                }))),
-            })),
+            (Some(v), Some(s)) => Some(Box::new(super::conjunction(vec![*v, *s]))),
             (v, s) => v.or(s),
         }
     }
