@@ -234,6 +234,7 @@ async fn each_shape_takes_its_tier() {
     repartition_joins(&cluster, &c).await;
     reference_keys_first(&c).await;
     tasks_without_parallel_workers(&cluster, &c).await;
+    percentiles_in_two_passes(&c).await;
 }
 
 /// FORMAT JSON: one value of type json, PostgreSQL's shape, with each
@@ -293,6 +294,35 @@ async fn tasks_without_parallel_workers(cluster: &TestCluster, c: &tokio_postgre
         .unwrap();
     let text = explain(c, "SELECT v, count(*) FROM pw GROUP BY v").await.join("\n");
     assert!(text.contains("Custom Scan (Tessera Multi-Shard)") && !text.contains("Gather"), "{text}");
+}
+
+/// Percentiles of numbers come from two passes that send counts, quantiles
+/// and the values near the wanted ranks, not the rows; the same answers as
+/// PostgreSQL over a local copy of the table. Text sort keys ship the rows.
+async fn percentiles_in_two_passes(c: &tokio_postgres::Client) {
+    c.batch_execute(
+        "CREATE TABLE pq (k int PRIMARY KEY, g int, x int, t text);
+         INSERT INTO pq SELECT i, i % 3, (i * 7919) % 10007, 't' || i FROM generate_series(1, 30000) i;
+         CREATE TABLE pq_local AS SELECT * FROM pq;
+         SELECT create_distributed_table('pq', 'k', shard_count => 4);",
+    )
+    .await
+    .unwrap();
+    let query = |table: &str| {
+        format!("SELECT g, percentile_cont(0.37) WITHIN GROUP (ORDER BY x), percentile_disc(0.5) WITHIN GROUP (ORDER BY x) FROM {table} GROUP BY g ORDER BY g")
+    };
+    let analyzed = explain_with(c, "ANALYZE", &query("pq")).await.join("\n");
+    assert!(analyzed.contains("Combine: percentiles in two passes"), "{analyzed}");
+    let received: u64 =
+        analyzed.split("Tasks Run: all, in ").nth(1).and_then(|r| r.split("; ").nth(1)).and_then(|r| r.split(' ').next()).unwrap().parse().unwrap();
+    assert!(received <= 12, "one row per task and group in the first pass: {analyzed}");
+    let answers =
+        |rows: Vec<tokio_postgres::Row>| rows.iter().map(|r| (r.get::<_, i32>(0), r.get::<_, f64>(1), r.get::<_, i32>(2))).collect::<Vec<_>>();
+    let distributed = answers(c.query(&query("pq"), &[]).await.unwrap());
+    assert_eq!(distributed, answers(c.query(&query("pq_local"), &[]).await.unwrap()));
+    assert_eq!(distributed.len(), 3);
+    let text = explain(c, "SELECT g, percentile_disc(0.5) WITHIN GROUP (ORDER BY t) FROM pq GROUP BY g").await.join("\n");
+    assert!(text.contains("Combine: SELECT") && text.contains("percentile_disc(0.5)"), "a collatable sort key ships its rows: {text}");
 }
 
 /// A reference table filtered by its own conditions and joined to a

@@ -11,7 +11,7 @@ use crate::connection::client::ClientConn;
 use crate::connection::TextRows;
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, Node, Shard};
-use crate::planner::{Command, ExplainPlan, MultiShardPlan, Plan};
+use crate::planner::{Combine, Command, ExplainPlan, MultiShardPlan, Plan};
 use crate::process::Coordinator;
 use crate::protocol::backend::{self, FieldDescription};
 use crate::transaction::{Access, Participants};
@@ -188,7 +188,12 @@ async fn explain_pushdown(plan: &ExplainPlan, inner: &Plan, catalog: &Catalog, p
             Ok(step)
         }
         Plan::MultiShard(multi) => {
-            let by_node = read_tasks_by_node(parts, &multi.template, &multi.anchor, catalog).await?;
+            // Two-pass percentiles show their first pass.
+            let template = match &multi.combine {
+                Combine::Percentiles { passes, .. } => &passes.points,
+                _ => &multi.template,
+            };
+            let by_node = read_tasks_by_node(parts, template, &multi.anchor, catalog).await?;
             let n: usize = by_node.iter().map(|(_, sqls)| sqls.len()).sum();
             let (node, sql) = by_node
                 .first()

@@ -19,7 +19,7 @@ use crate::planner::decorrelate::{decorrelate, has_semi_join, semi_joins};
 use crate::planner::deparse::deparse_statement;
 use crate::planner::rewrite::{rows_placeholder, ShardTemplate};
 use crate::planner::uncorrelated_subqueries::{self, Subquery, SubqueryUse};
-use crate::planner::{column_ref, plain_select, plan_tree, res_target, Combine, FallbackPlan, Plan};
+use crate::planner::{column_ref, plain_select, plan_tree, res_target, FallbackPlan, Plan};
 use crate::process::Coordinator;
 use crate::protocol::backend::FieldDescription;
 use crate::protocol::frontend;
@@ -151,10 +151,7 @@ async fn query_rows(
         _ => return Ok(None),
     };
     let combine = match plan {
-        Plan::MultiShard(multi) => match &multi.combine {
-            Combine::Query(combine) => Some(combine),
-            Combine::Concatenate => None,
-        },
+        Plan::MultiShard(multi) => multi.combine.query(),
         _ => None,
     };
     let Some(combine) = combine else { return collect_rows(parts, &by_node, mode).await.map(Some) };
@@ -170,7 +167,7 @@ async fn query_rows(
 }
 
 /// Runs a combining statement on the coordinator database and keeps its rows.
-async fn combined_rows(parts: &mut Participants, sql: &str) -> PgResult<(Vec<FieldDescription>, TextRows)> {
+pub(super) async fn combined_rows(parts: &mut Participants, sql: &str) -> PgResult<(Vec<FieldDescription>, TextRows)> {
     let limits = parts.limits().clone();
     let local = parts.local().await?;
     frontend::parse(local.out(), "", sql, &[]);

@@ -16,6 +16,7 @@ pub mod materialized_views;
 pub mod merge;
 pub mod multi_shard;
 mod partials;
+mod percentiles;
 mod reference_keys;
 mod repartition;
 pub mod router;

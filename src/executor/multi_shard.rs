@@ -224,12 +224,12 @@ pub async fn run(
     mode: &Mode<'_>,
     client: &mut ClientConn,
 ) -> PgResult<()> {
-    let by_node = match plan.is_write() {
-        true => tasks_by_node(&plan.template, &plan.anchor, catalog)?,
-        false => read_tasks_by_node(parts, &plan.template, &plan.anchor, catalog).await?,
-    };
     match &plan.combine {
         Combine::Concatenate => {
+            let by_node = match plan.is_write() {
+                true => tasks_by_node(&plan.template, &plan.anchor, catalog)?,
+                false => read_tasks_by_node(parts, &plan.template, &plan.anchor, catalog).await?,
+            };
             // A write on several shards is one distributed transaction.
             let implicit = plan.is_write() && parts.begin_implicit();
             let result = run_concatenated(parts, &by_node, plan.is_write(), mode, client).await;
@@ -237,24 +237,38 @@ pub async fn run(
             backend::command_complete(client.out(), &format!("{} {total}", plan.command.tag()));
             Ok(())
         }
-        Combine::Query(query) => {
-            let (fields, rows) = collect_partials(parts, &by_node, mode).await?;
-            let types = shard_type_names(parts, catalog, &fields).await?;
-            match combine_sql(query, &fields, &types)? {
-                Some(combine) => {
-                    let staged = partials::stage(parts, &types, rows).await?;
-                    let outcome = match combine.read_from(&staged.relation, parts.limits()) {
-                        Ok(sql) => super::run_on_coordinator_db(parts, &sql, mode, client).await,
-                        Err(e) => Err(e),
-                    };
-                    partials::release(parts, staged, outcome).await
-                }
-                None => match &query.fallback {
-                    Some(fallback) => Box::pin(super::fallback::run(fallback, coordinator, catalog, parts, mode, client)).await,
-                    None => Err(PgError::not_supported("these aggregates cannot be combined exactly across shards")),
-                },
-            }
+        Combine::Query(query) => run_combined(plan, query, coordinator, parts, catalog, mode, client).await,
+        Combine::Percentiles { passes, shipped } => super::percentiles::run(plan, passes, shipped, coordinator, parts, catalog, mode, client).await,
+    }
+}
+
+/// Runs a read whose shards' rows the coordinator database's `query`
+/// finishes, sending its rows to the client.
+pub(super) async fn run_combined(
+    plan: &MultiShardPlan,
+    query: &CombineQuery,
+    coordinator: &Coordinator,
+    parts: &mut Participants,
+    catalog: &Catalog,
+    mode: &Mode<'_>,
+    client: &mut ClientConn,
+) -> PgResult<()> {
+    let by_node = read_tasks_by_node(parts, &plan.template, &plan.anchor, catalog).await?;
+    let (fields, rows) = collect_partials(parts, &by_node, mode).await?;
+    let types = shard_type_names(parts, catalog, &fields).await?;
+    match combine_sql(query, &fields, &types)? {
+        Some(combine) => {
+            let staged = partials::stage(parts, &types, rows).await?;
+            let outcome = match combine.read_from(&staged.relation, parts.limits()) {
+                Ok(sql) => super::run_on_coordinator_db(parts, &sql, mode, client).await,
+                Err(e) => Err(e),
+            };
+            partials::release(parts, staged, outcome).await
         }
+        None => match &query.fallback {
+            Some(fallback) => Box::pin(super::fallback::run(fallback, coordinator, catalog, parts, mode, client)).await,
+            None => Err(PgError::not_supported("these aggregates cannot be combined exactly across shards")),
+        },
     }
 }
 

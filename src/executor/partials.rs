@@ -81,6 +81,14 @@ impl PartialRows {
         Ok(())
     }
 
+    /// How many rows came.
+    pub fn len(&self) -> usize {
+        match self {
+            PartialRows::Text(rows) => rows.len(),
+            PartialRows::Copy { rows, .. } => *rows,
+        }
+    }
+
     /// The rows as text values, for statements that take them as such.
     pub fn into_text(self) -> PgResult<TextRows> {
         match self {

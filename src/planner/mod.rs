@@ -25,6 +25,7 @@ mod materialized_views;
 mod merge;
 mod multi_shard;
 mod per_shard_subquery;
+pub mod percentiles;
 mod prepared;
 pub mod rewrite;
 mod router;
@@ -53,8 +54,8 @@ pub use local_rows::LocalRowsPlan;
 pub use materialized_views::LentShards;
 pub use merge::MergePlan;
 pub use multi_shard::{
-    aggregate_placeholder, partial_column, sort_column, AggregateKind, Combine, CombineQuery, MultiShardPlan, SplitAggregate, PARTIALS_RELATION,
-    VISIBLE_COLUMNS,
+    aggregate_placeholder, partial_column, sort_column, AggregateKind, Combine, CombineQuery, MultiShardPlan, PercentilePasses, SplitAggregate,
+    PARTIALS_RELATION, VISIBLE_COLUMNS,
 };
 pub use prepared::{statement_with_arguments, SqlExecute, SqlPrepare};
 pub use rewrite::CopiedCall;

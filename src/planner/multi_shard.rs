@@ -11,6 +11,7 @@
 use super::deparse::{deparse_expression, deparse_statement, BUILT_TREE_VERSION};
 use super::expression_types::{FromTables, FLOAT4, FLOAT8, INT2, INT4};
 use super::fallback::{self, FallbackPlan};
+use super::percentiles;
 use super::rewrite::ShardTemplate;
 use super::shipped_columns;
 use super::walk::visit_mut;
@@ -77,6 +78,10 @@ pub enum Combine {
     Concatenate,
     /// The coordinator database finishes the query over the shards' rows.
     Query(CombineQuery),
+    /// Exact percentiles in two passes (percentiles.rs); `shipped` finishes
+    /// the query over the rows the plan's own template ships, when a pass
+    /// finds the shards' rows changed between the two.
+    Percentiles { passes: Box<PercentilePasses>, shipped: CombineQuery },
 }
 
 impl Combine {
@@ -85,8 +90,42 @@ impl Combine {
         match self {
             Combine::Concatenate => "concatenate".into(),
             Combine::Query(q) => q.sql.clone(),
+            Combine::Percentiles { .. } => {
+                "percentiles in two passes: each task's count and 65 quantiles per group, then its values within each group's bracket of the wanted ranks".into()
+            }
         }
     }
+
+    /// The combining statement over rows the plan's template ships.
+    pub fn query(&self) -> Option<&CombineQuery> {
+        match self {
+            Combine::Concatenate => None,
+            Combine::Query(q) | Combine::Percentiles { shipped: q, .. } => Some(q),
+        }
+    }
+}
+
+/// The statements of the two percentile passes, as templates over the
+/// plan's tables.
+#[derive(Debug)]
+pub struct PercentilePasses {
+    /// Every task's counts and quantiles per group.
+    pub points: ShardTemplate,
+    /// Reads the first pass's rows: each group's brackets.
+    pub brackets: CombineQuery,
+    /// Every task's values within the brackets, which replace
+    /// `percentiles::BRACKETS_PLACEHOLDER`; joined on `=` of the group
+    /// keys, or on arrays of them when a key is NULL.
+    pub values_by_equal_keys: ShardTemplate,
+    pub values_by_same_keys: ShardTemplate,
+    /// Reads the second pass's rows: how many ranks missed their bracket.
+    pub misses: CombineQuery,
+    /// Reads the second pass's rows: the statement's result.
+    pub finish: CombineQuery,
+    /// The group keys lead the brackets' rows.
+    pub group_keys: usize,
+    /// Columns of a brackets row.
+    pub bracket_columns: usize,
 }
 
 #[derive(Debug)]
@@ -151,10 +190,31 @@ pub(super) fn plan_select(select: &SelectStmt, anchor: Arc<DistributedTable>, te
                 Some(Plan::Fallback(f)) => Some(f),
                 _ => None,
             };
-            (template.with_statement(worker), Combine::Query(CombineQuery { sql, aggregates, hidden, fallback }))
+            let passes = if aggregates.is_empty() { percentiles::plan(select, &worker, &sql, catalog) } else { None };
+            let query = CombineQuery { sql, aggregates, hidden, fallback };
+            let combine = match passes {
+                Some(passes) => Combine::Percentiles { passes: Box::new(percentile_passes(passes, &template)), shipped: query },
+                None => Combine::Query(query),
+            };
+            (template.with_statement(worker), combine)
         }
     };
     Plan::MultiShard(Arc::new(MultiShardPlan { command: Command::Select, anchor, template, combine }))
+}
+
+/// The passes' statements over the tables of `template`.
+fn percentile_passes(statements: percentiles::PassStatements, template: &ShardTemplate) -> PercentilePasses {
+    let over_rows = |sql: String| CombineQuery { sql, aggregates: vec![], hidden: 0, fallback: None };
+    PercentilePasses {
+        points: template.clone().with_statement(statements.points),
+        brackets: over_rows(statements.brackets_sql),
+        values_by_equal_keys: template.clone().with_statement(statements.values_by_equal_keys),
+        values_by_same_keys: template.clone().with_statement(statements.values_by_same_keys),
+        misses: over_rows(statements.misses_sql),
+        finish: over_rows(statements.finish_sql),
+        group_keys: statements.group_keys,
+        bracket_columns: statements.bracket_columns,
+    }
 }
 
 /// The worker statement, the combining SQL, its aggregates and hidden sort
