@@ -41,7 +41,9 @@ pub(super) async fn run(
         if answer(plan, passes, &values, parts, catalog, mode, client).await? {
             return Ok(());
         }
-        tracing::debug!("a percentile's rank left its bracket between the passes; the rows are shipped instead");
+        tracing::info!(
+            "a percentile's rank left its bracket between the passes (rows written meanwhile); its statement reads the shards' rows instead"
+        );
     }
     run_combined(plan, shipped, coordinator, parts, catalog, mode, client).await
 }
