@@ -32,6 +32,7 @@ mod router;
 mod session_state;
 mod shipped_columns;
 pub mod table_conditions;
+mod top_ranks;
 pub mod uncorrelated_subqueries;
 mod user_code;
 mod views;

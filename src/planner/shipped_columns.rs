@@ -95,6 +95,7 @@ pub(super) fn split(select: &SelectStmt, catalog: &Catalog) -> Result<(NodeEnum,
         with_clause: select.with_clause.clone(),
         ..plain_select()
     };
+    let worker = super::top_ranks::keep_top_ranks(select, worker, catalog);
     combine.from_clause = vec![partials_relation()];
     combine.where_clause = None;
     combine.with_clause = None;
