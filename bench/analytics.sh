@@ -52,7 +52,10 @@
 # TESSERA_BIN, PG_BIN, TESSERA_START_TIMEOUT — as for bench/pgbench.sh.
 # POOL_SIZE=N sets citus.max_adaptive_executor_pool_size for Tessera's session
 # (connections per worker one read runs its shard statements on; default: the
-# coordinator's). ONLY="percentile rollup" runs just those queries. Quick smoke
+# coordinator's). ONLY="percentile rollup" runs just those queries.
+# ORDERS_PER_SCALE=40000 sets bench_orders' rows per scale unit (the
+# accounts have 100,000): SCALE=50 ORDERS_PER_SCALE=100000 joins two tables
+# of 5 million rows in join_other. Quick smoke
 # run from the repo root:
 #   SCALE=1 ROUNDS=1 RUNS=1 bench/analytics.sh
 set -euo pipefail
@@ -61,6 +64,7 @@ SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 REPO_ROOT=$(cd -- "$SCRIPT_DIR/.." && pwd)
 
 SCALE=${SCALE:-10}
+ORDERS_PER_SCALE=${ORDERS_PER_SCALE:-40000}
 RUNS=${RUNS:-3}
 ROUNDS=${ROUNDS:-3}
 BENCH_ONLY_PLAIN=0
@@ -72,6 +76,7 @@ TESSERA_START_TIMEOUT=${TESSERA_START_TIMEOUT:-180}
 source "$SCRIPT_DIR/lib.sh"
 
 if ! is_uint "$SCALE" || [[ $SCALE -eq 0 ]]; then die "SCALE must be a positive integer (got '$SCALE')"; fi
+require_positive ORDERS_PER_SCALE
 if ! is_uint "$RUNS" || [[ $RUNS -eq 0 ]]; then die "RUNS must be a positive integer (got '$RUNS')"; fi
 if ! is_uint "$ROUNDS" || [[ $ROUNDS -eq 0 ]]; then die "ROUNDS must be a positive integer (got '$ROUNDS')"; fi
 
@@ -95,8 +100,8 @@ declare -A SQL=(
     [stddev]="SELECT bid, round(stddev(abalance::float8 + aid)::numeric, 6), var_pop(aid) FROM pgbench_accounts GROUP BY bid ORDER BY bid"
     [join_other]="SELECT count(*), sum(o.amount) FROM bench_orders o JOIN pgbench_accounts a ON a.aid = o.aid WHERE a.bid % 2 = 0"
 )
-# Orders of random accounts, 40,000 per scale unit.
-ORDERS_SQL="CREATE TABLE bench_orders (id int PRIMARY KEY, aid int, amount int); INSERT INTO bench_orders SELECT g, (1 + (g::int8 * 7919) % ($SCALE * 100000))::int, g % 1000 FROM generate_series(1, $SCALE * 40000) g"
+# Orders of random accounts, ORDERS_PER_SCALE per scale unit.
+ORDERS_SQL="CREATE TABLE bench_orders (id int PRIMARY KEY, aid int, amount int); INSERT INTO bench_orders SELECT g, (1 + (g::int8 * 7919) % ($SCALE * 100000))::int, g % 1000 FROM generate_series(1, $SCALE * $ORDERS_PER_SCALE) g"
 # One history row for every tenth account, half of them with a positive delta.
 HISTORY_SQL="INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) SELECT 1, 1, aid, CASE WHEN aid % 20 = 0 THEN 5 ELSE -5 END, now() FROM pgbench_accounts WHERE aid % 10 = 0"
 POOL_SIZE=${POOL_SIZE:-}

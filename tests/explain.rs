@@ -235,6 +235,7 @@ async fn each_shape_takes_its_tier() {
     reference_keys_first(&c).await;
     tasks_without_parallel_workers(&cluster, &c).await;
     percentiles_in_two_passes(&c).await;
+    top_ranks_only(&c).await;
 }
 
 /// FORMAT JSON: one value of type json, PostgreSQL's shape, with each
@@ -325,14 +326,35 @@ async fn percentiles_in_two_passes(c: &tokio_postgres::Client) {
     assert!(text.contains("Combine: SELECT") && text.contains("percentile_disc(0.5)"), "a collatable sort key ships its rows: {text}");
 }
 
+/// ORDER BY a rank over another column's partitions with LIMIT k: each
+/// task sends its rows ranked k or better, not all of them.
+async fn top_ranks_only(c: &tokio_postgres::Client) {
+    c.batch_execute(
+        "CREATE TABLE tk (k int PRIMARY KEY, g int, x int);
+         INSERT INTO tk SELECT i, i % 5, (i * 7919) % 10007 FROM generate_series(1, 20000) i;
+         SELECT create_distributed_table('tk', 'k', shard_count => 4);",
+    )
+    .await
+    .unwrap();
+    let top = "SELECT g, k, rank() OVER (PARTITION BY g ORDER BY x DESC) AS r FROM tk ORDER BY r, g LIMIT 3";
+    let analyzed = explain_with(c, "ANALYZE", top).await.join("\n");
+    let received: u64 =
+        analyzed.split("Tasks Run: all, in ").nth(1).and_then(|r| r.split("; ").nth(1)).and_then(|r| r.split(' ').next()).unwrap().parse().unwrap();
+    assert!(received <= 4 * 5 * 3, "each task's 3 best per partition: {analyzed}");
+    let rows = c.query(top, &[]).await.unwrap();
+    assert_eq!(rows.iter().map(|r| r.get::<_, i64>(2)).collect::<Vec<_>>(), vec![1, 1, 1]);
+    let every = explain_with(c, "ANALYZE", &top.replace("ORDER BY r, g", "ORDER BY r DESC, g")).await.join("\n");
+    assert!(every.contains("20000 rows, "), "ranks from the end need every row: {every}");
+}
+
 /// A reference table filtered by its own conditions and joined to a
 /// distributed table reaches each task as the list of its joined column's
 /// values that pass them; not when more values pass than are listed.
 async fn reference_keys_first(c: &tokio_postgres::Client) {
     c.batch_execute(
-        "CREATE TABLE rk_dim (id int PRIMARY KEY, kind text);
+        "CREATE TABLE rk_dim (id int PRIMARY KEY, kind text, code int);
          CREATE TABLE rk_fact (f int PRIMARY KEY, dim_id int);
-         INSERT INTO rk_dim SELECT g, 'k' || g % 1000 FROM generate_series(1, 10000) g;
+         INSERT INTO rk_dim SELECT g, 'k' || g % 1000, g FROM generate_series(1, 10000) g;
          INSERT INTO rk_fact SELECT g, 1 + g % 10000 FROM generate_series(1, 20000) g;
          SELECT create_reference_table('rk_dim');
          SELECT create_distributed_table('rk_fact', 'f', shard_count => 4);",
@@ -341,16 +363,22 @@ async fn reference_keys_first(c: &tokio_postgres::Client) {
     .unwrap();
     let narrow = "SELECT count(*) FROM rk_fact, rk_dim WHERE id = dim_id AND kind = 'k7'";
     let text = explain_with(c, "COSTS OFF", narrow).await.join("\n");
-    assert!(text.contains("= ANY ('{7,1007,2007,3007,4007,5007,6007,7007,8007,9007}'::integer[])"), "{text}");
+    assert!(text.contains("= ANY ('{7,1007,2007,3007,4007,5007,6007,7007,8007,9007}'::integer[])") && !text.contains("'k7'"), "{text}");
     assert_eq!(c.query_one(narrow, &[]).await.unwrap().get::<_, i64>(0), 20);
     let branches = "SELECT count(*) FROM rk_fact, rk_dim WHERE (id = dim_id AND kind = 'k7') OR (dim_id = id AND kind = 'k8' AND f > 0)";
     let text = explain_with(c, "COSTS OFF", branches).await.join("\n");
     assert!(text.contains("= ANY ('{7,8,1007,1008,"), "{text}");
     assert_eq!(c.query_one(branches, &[]).await.unwrap().get::<_, i64>(0), 40);
+    // On the primary key the list replaces the conditions, up to 32,768 values.
     let wide = "SELECT count(*) FROM rk_fact, rk_dim WHERE id = dim_id AND kind <> 'k7'";
     let text = explain_with(c, "COSTS OFF", wide).await.join("\n");
-    assert!(!text.contains("= ANY ("), "{text}");
+    assert!(text.contains("(id = ANY ('{1,2,3,4,5,6,8,") && !text.contains("'k7'"), "{}", &text[..text.len().min(2000)]);
     assert_eq!(c.query_one(wide, &[]).await.unwrap().get::<_, i64>(0), 19980);
+    // On another column, at most 4,096.
+    let other = "SELECT count(*) FROM rk_fact, rk_dim WHERE code = dim_id AND kind <> 'k7'";
+    let text = explain_with(c, "COSTS OFF", other).await.join("\n");
+    assert!(!text.contains("= ANY ("), "{}", &text[..text.len().min(2000)]);
+    assert_eq!(c.query_one(other, &[]).await.unwrap().get::<_, i64>(0), 19980);
 }
 
 /// A join on a column that is not the moved table's distribution column,

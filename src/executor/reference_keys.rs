@@ -8,9 +8,15 @@
 //! which its node answers through an index on that column (usually the
 //! table's key). No answer changes: each row the query joins passes the
 //! conditions and has a non-NULL joined column, so its value is in the
-//! list. Outside transaction blocks only (the read is a statement of its
-//! own, whose failure there would abort the block), and for at most
-//! `REFERENCE_KEYS_MAX` values.
+//! list. When the column is the table's primary key, the list stands for
+//! those conditions exactly (each value is one row that passes them), so
+//! they leave the task's statement: the node then knows how many rows the
+//! table gives (PostgreSQL estimates the list's length, where it often
+//! underestimates the conditions and probes an index per row of a large
+//! set where a hash join would read less), and the list may be longer.
+//! Outside transaction blocks only (the read is a statement of its own,
+//! whose failure there would abort the block), and for at most
+//! `REFERENCE_KEYS_MAX` values (`PRIMARY_KEYS_MAX` for a primary key).
 
 use super::multi_shard::{collect_rows, shard_type_names, tasks_by_node};
 use super::Mode;
@@ -18,7 +24,7 @@ use crate::connection::quote_ident;
 use crate::error::PgResult;
 use crate::metadata::{Catalog, DistributedTable};
 use crate::planner::rewrite::ShardTemplate;
-use crate::planner::table_conditions::{joined_to_distributed, own_conditions};
+use crate::planner::table_conditions::{drop_own_conditions, joined_to_distributed, own_conditions};
 use crate::planner::uncorrelated_subqueries::{array_text, typed_constant};
 use crate::planner::{column_ref, conjunction, string_node};
 use crate::transaction::Participants;
@@ -30,6 +36,10 @@ use std::sync::Arc;
 /// More values than this make each task's statement long and the node's
 /// index probes many: the reference table is then left to each task.
 const REFERENCE_KEYS_MAX: usize = 4096;
+/// The same for a primary key, whose list replaces the table's conditions
+/// and tells the node the table's rows: at most about 200 kB of text per
+/// task.
+const PRIMARY_KEYS_MAX: usize = 32_768;
 
 /// A reference table to narrow in one SELECT of the statement.
 struct Narrowing {
@@ -41,6 +51,18 @@ struct Narrowing {
     table: Arc<DistributedTable>,
     /// The read of the column's values that pass the table's conditions.
     read: String,
+    /// The column is the table's primary key.
+    primary_key: bool,
+}
+
+impl Narrowing {
+    fn most_keys(&self) -> usize {
+        if self.primary_key {
+            PRIMARY_KEYS_MAX
+        } else {
+            REFERENCE_KEYS_MAX
+        }
+    }
 }
 
 /// `template` with its reference tables narrowed to the keys the query can
@@ -51,10 +73,10 @@ pub(super) async fn narrowed(parts: &mut Participants, template: &ShardTemplate,
     }
     let Some(statement @ NodeEnum::SelectStmt(_)) = template.statement() else { return Ok(None) };
     let narrowings = narrowings(statement, template.tables(), catalog);
-    let mut conditions: Vec<(usize, protobuf::Node)> = Vec::new();
+    let mut conditions: Vec<(&Narrowing, protobuf::Node)> = Vec::new();
     for narrowing in &narrowings {
         if let Some(condition) = keys_condition(parts, template.version(), narrowing, catalog).await? {
-            conditions.push((narrowing.select, condition));
+            conditions.push((narrowing, condition));
         }
     }
     if conditions.is_empty() {
@@ -64,7 +86,10 @@ pub(super) async fn narrowed(parts: &mut Participants, template: &ShardTemplate,
     let mut select_number = 0;
     visit_mut(&mut statement, &mut |n| {
         if let NodeEnum::SelectStmt(select) = n {
-            for (_, condition) in conditions.iter().filter(|(s, _)| *s == select_number) {
+            for (narrowing, condition) in conditions.iter().filter(|(nw, _)| nw.select == select_number) {
+                if narrowing.primary_key {
+                    drop_own_conditions(select, &narrowing.table, catalog);
+                }
                 let existing = select.where_clause.take().map(|w| *w);
                 select.where_clause = Some(Box::new(conjunction(existing.into_iter().chain([condition.clone()]).collect())));
             }
@@ -97,13 +122,15 @@ fn narrowing(select: &SelectStmt, select_number: usize, table: &Arc<DistributedT
     let (name, conditions) = own_conditions(select, table, catalog)?;
     let column = joined_to_distributed(select, table, catalog).first()?.to_string();
     let key = format!("{}.{}", quote_ident(&name), quote_ident(&column));
-    let read = format!(
+    let primary_key = table.primary_key == [column.as_str()];
+    let mut narrowing = Narrowing { select: select_number, name, column, table: table.clone(), read: String::new(), primary_key };
+    narrowing.read = format!(
         "SELECT DISTINCT {key} FROM {} AS {} WHERE {conditions} AND {key} IS NOT NULL ORDER BY 1 LIMIT {}",
         table.qualified_name(),
-        quote_ident(&name),
-        REFERENCE_KEYS_MAX + 1
+        quote_ident(&narrowing.name),
+        narrowing.most_keys() + 1
     );
-    Some(Narrowing { select: select_number, name, column, table: table.clone(), read })
+    Some(narrowing)
 }
 
 /// `name.column = ANY('{…}'::type[])` with the values `narrowing`'s read
@@ -112,7 +139,7 @@ async fn keys_condition(parts: &mut Participants, version: i32, narrowing: &Narr
     let template = ShardTemplate::for_own_query(version, &narrowing.read, &narrowing.table)?;
     let by_node = tasks_by_node(&template, &narrowing.table, catalog)?;
     let (fields, rows) = collect_rows(parts, &by_node, &Mode::Simple).await?;
-    if rows.len() > REFERENCE_KEYS_MAX {
+    if rows.len() > narrowing.most_keys() {
         return Ok(None);
     }
     let type_name = match shard_type_names(parts, catalog, &fields).await {

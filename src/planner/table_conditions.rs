@@ -46,19 +46,7 @@ pub fn own_conditions(select: &SelectStmt, table: &DistributedTable, catalog: &C
     if from.outer_joins {
         return None;
     }
-    let own = |conjunct: &NodeEnum| {
-        let (mut columns, mut other) = (0, false);
-        let mut conjunct = conjunct.clone();
-        visit_mut(&mut conjunct, &mut |n| match n {
-            NodeEnum::ColumnRef(c) => match from.column_of(c) {
-                Some((t, _)) if t.oid == table.oid => columns += 1,
-                _ => other = true,
-            },
-            NodeEnum::FuncCall(_) | NodeEnum::SubLink(_) | NodeEnum::ParamRef(_) | NodeEnum::SqlvalueFunction(_) => other = true,
-            _ => {}
-        });
-        columns > 0 && !other
-    };
+    let own = |conjunct: &NodeEnum| reads_only(conjunct, table, &from);
     let sql = |c: &NodeEnum| super::deparse::deparse_expression(c).ok().map(|c| format!("({c})"));
     // Of its own, or an OR each of whose branches has conditions of its own
     // (TPC-H's Q19): a row that passes the OR passes one branch, hence that
@@ -78,6 +66,40 @@ pub fn own_conditions(select: &SelectStmt, table: &DistributedTable, catalog: &C
     };
     let kept: Vec<String> = conjuncts(select).into_iter().filter_map(own_sql).collect();
     (!kept.is_empty()).then(|| (name.to_string(), kept.join(" AND ")))
+}
+
+/// Whether `conjunct` reads columns of `table` and nothing else: no other
+/// table's column, no call (which may be volatile), subquery or parameter.
+fn reads_only(conjunct: &NodeEnum, table: &DistributedTable, from: &FromTables) -> bool {
+    let (mut columns, mut other) = (0, false);
+    let mut conjunct = conjunct.clone();
+    visit_mut(&mut conjunct, &mut |n| match n {
+        NodeEnum::ColumnRef(c) => match from.column_of(c) {
+            Some((t, _)) if t.oid == table.oid => columns += 1,
+            _ => other = true,
+        },
+        NodeEnum::FuncCall(_) | NodeEnum::SubLink(_) | NodeEnum::ParamRef(_) | NodeEnum::SqlvalueFunction(_) => other = true,
+        _ => {}
+    });
+    columns > 0 && !other
+}
+
+/// Removes from the WHERE the conjuncts that read only `table` (those
+/// `own_conditions` gives, less ORs), for a caller that has put an
+/// equivalent condition in their place.
+pub fn drop_own_conditions(select: &mut SelectStmt, table: &DistributedTable, catalog: &Catalog) {
+    let from = FromTables::of(select, catalog);
+    let Some(filter) = select.where_clause.as_deref_mut() else { return };
+    match filter.node.as_mut() {
+        Some(NodeEnum::BoolExpr(b)) if b.boolop == protobuf::BoolExprType::AndExpr as i32 => {
+            b.args.retain(|a| !a.node.as_ref().is_some_and(|c| reads_only(c, table, &from)));
+            if b.args.is_empty() {
+                select.where_clause = None;
+            }
+        }
+        Some(condition) if reads_only(condition, table, &from) => select.where_clause = None,
+        _ => {}
+    }
 }
 
 /// The columns of `table` that the WHERE equates with a column of a
