@@ -9,11 +9,14 @@
 //! table's key). No answer changes: each row the query joins passes the
 //! conditions and has a non-NULL joined column, so its value is in the
 //! list. When the column is the table's primary key, the list stands for
-//! those conditions exactly (each value is one row that passes them), so
-//! they leave the task's statement: the node then knows how many rows the
-//! table gives (PostgreSQL estimates the list's length, where it often
-//! underestimates the conditions and probes an index per row of a large
-//! set where a hash join would read less), and the list may be longer.
+//! those conditions exactly (each value is one row that passes them), and
+//! may be longer; past `REFERENCE_KEYS_MAX` values the conditions leave
+//! the task's statement, so that the node knows how many rows the table
+//! gives: PostgreSQL often underestimates such conditions, which is
+//! harmless for a few keys (an index probe each is what it should do) but
+//! makes it probe an index per row of a large set where a hash join reads
+//! less (TPC-H q22). For few keys its estimate of the list alone is the
+//! worse guide: it then costs the probes above the scans they avoid (q8).
 //! Outside transaction blocks only (the read is a statement of its own,
 //! whose failure there would abort the block), and for at most
 //! `REFERENCE_KEYS_MAX` values (`PRIMARY_KEYS_MAX` for a primary key).
@@ -73,10 +76,11 @@ pub(super) async fn narrowed(parts: &mut Participants, template: &ShardTemplate,
     }
     let Some(statement @ NodeEnum::SelectStmt(_)) = template.statement() else { return Ok(None) };
     let narrowings = narrowings(statement, template.tables(), catalog);
-    let mut conditions: Vec<(&Narrowing, protobuf::Node)> = Vec::new();
+    // (narrowing, its condition, whether that replaces the table's own)
+    let mut conditions: Vec<(&Narrowing, protobuf::Node, bool)> = Vec::new();
     for narrowing in &narrowings {
-        if let Some(condition) = keys_condition(parts, template.version(), narrowing, catalog).await? {
-            conditions.push((narrowing, condition));
+        if let Some((condition, keys)) = keys_condition(parts, template.version(), narrowing, catalog).await? {
+            conditions.push((narrowing, condition, keys > REFERENCE_KEYS_MAX));
         }
     }
     if conditions.is_empty() {
@@ -86,8 +90,8 @@ pub(super) async fn narrowed(parts: &mut Participants, template: &ShardTemplate,
     let mut select_number = 0;
     visit_mut(&mut statement, &mut |n| {
         if let NodeEnum::SelectStmt(select) = n {
-            for (narrowing, condition) in conditions.iter().filter(|(nw, _)| nw.select == select_number) {
-                if narrowing.primary_key {
+            for (narrowing, condition, replaces) in conditions.iter().filter(|(nw, _, _)| nw.select == select_number) {
+                if *replaces {
                     drop_own_conditions(select, &narrowing.table, catalog);
                 }
                 let existing = select.where_clause.take().map(|w| *w);
@@ -134,8 +138,14 @@ fn narrowing(select: &SelectStmt, select_number: usize, table: &Arc<DistributedT
 }
 
 /// `name.column = ANY('{…}'::type[])` with the values `narrowing`'s read
-/// finds; None when there are too many, or of a type no literal spells.
-async fn keys_condition(parts: &mut Participants, version: i32, narrowing: &Narrowing, catalog: &Catalog) -> PgResult<Option<protobuf::Node>> {
+/// finds, and how many; None when there are too many, or of a type no
+/// literal spells.
+async fn keys_condition(
+    parts: &mut Participants,
+    version: i32,
+    narrowing: &Narrowing,
+    catalog: &Catalog,
+) -> PgResult<Option<(protobuf::Node, usize)>> {
     let template = ShardTemplate::for_own_query(version, &narrowing.read, &narrowing.table)?;
     let by_node = tasks_by_node(&template, &narrowing.table, catalog)?;
     let (fields, rows) = collect_rows(parts, &by_node, &Mode::Simple).await?;
@@ -147,6 +157,7 @@ async fn keys_condition(parts: &mut Participants, version: i32, narrowing: &Narr
         _ => return Ok(None),
     };
     let values: Vec<Option<String>> = rows.into_iter().map(|row| row.into_iter().next().flatten()).collect();
+    let count = values.len();
     let keys = typed_constant(Some(&array_text(&values)), &format!("{type_name}[]"))?;
     let any = protobuf::AExpr {
         kind: protobuf::AExprKind::AexprOpAny as i32,
@@ -155,5 +166,5 @@ async fn keys_condition(parts: &mut Participants, version: i32, narrowing: &Narr
         rexpr: Some(Box::new(protobuf::Node { node: Some(keys) })),
         location: -1,
     };
-    Ok(Some(protobuf::Node { node: Some(NodeEnum::AExpr(Box::new(any))) }))
+    Ok(Some((protobuf::Node { node: Some(NodeEnum::AExpr(Box::new(any))) }, count)))
 }
