@@ -178,12 +178,16 @@ async fn each_shape_takes_its_tier() {
     let text = explain(&c, "SELECT g, rank() OVER (ORDER BY v) FROM ea WHERE v > 1").await.join("\n");
     assert!(text.contains("Combine: SELECT tessera_p_000 AS g, rank() OVER (ORDER BY tessera_p_001) AS rank FROM tessera_partials"), "{text}");
     assert!(text.contains("Filter: (v > 1)"), "the shards filter:\n{text}");
-    // Aggregate arguments go whole; aggregates blind to repeats let each shard send each value once.
+    // Aggregate arguments go whole; DISTINCT aggregates of several values
+    // have each shard send each value once, in a grouping set of its own.
     let text = explain(&c, "SELECT count(DISTINCT g % 3), count(DISTINCT v) FROM ea").await.join("\n");
     assert!(
-        text.contains("Combine: SELECT count(DISTINCT tessera_p_000) AS count, count(DISTINCT tessera_p_001) AS count FROM tessera_partials"),
+        text.contains("Combine: SELECT count(DISTINCT tessera_p_000) FILTER (WHERE tessera_p_002 = 1) AS count, count(DISTINCT tessera_p_001) FILTER (WHERE tessera_p_002 = 2) AS count FROM tessera_partials"),
         "{text}"
     );
+    assert!(text.contains("Hash Key: (g % 3)") && text.contains("Hash Key: v"), "the shards send distinct values:\n{text}");
+    // Aggregates blind to repeats have each shard send each combination once.
+    let text = explain(&c, "SELECT count(DISTINCT g % 3), max(v) FROM ea").await.join("\n");
     assert!(text.contains("HashAggregate") || text.contains("Unique"), "the shards send distinct values:\n{text}");
     // A broadcast shows the pushdown it turned into, with the shipped rows in the task.
     let text = explain(&c, "SELECT * FROM ea JOIN ec ON ea.g = ec.z").await.join("\n");
@@ -236,6 +240,7 @@ async fn each_shape_takes_its_tier() {
     tasks_without_parallel_workers(&cluster, &c).await;
     percentiles_in_two_passes(&c).await;
     top_ranks_only(&c).await;
+    distinct_values_once(&c).await;
 }
 
 /// FORMAT JSON: one value of type json, PostgreSQL's shape, with each
@@ -345,6 +350,25 @@ async fn top_ranks_only(c: &tokio_postgres::Client) {
     assert_eq!(rows.iter().map(|r| r.get::<_, i64>(2)).collect::<Vec<_>>(), vec![1, 1, 1]);
     let every = explain_with(c, "ANALYZE", &top.replace("ORDER BY r, g", "ORDER BY r DESC, g")).await.join("\n");
     assert!(every.contains("20000 rows, "), "ranks from the end need every row: {every}");
+}
+
+/// Several DISTINCT aggregates: each shard sends each value of each once,
+/// not each combination of them.
+async fn distinct_values_once(c: &tokio_postgres::Client) {
+    c.batch_execute(
+        "CREATE TABLE dv (k int PRIMARY KEY, a int, b int);
+         INSERT INTO dv SELECT i, i % 1000, i % 7 FROM generate_series(1, 20000) i;
+         SELECT create_distributed_table('dv', 'k', shard_count => 4);",
+    )
+    .await
+    .unwrap();
+    let query = "SELECT count(DISTINCT a), count(DISTINCT b), sum(DISTINCT b) FROM dv";
+    let analyzed = explain_with(c, "ANALYZE", query).await.join("\n");
+    let received: u64 =
+        analyzed.split("Tasks Run: all, in ").nth(1).and_then(|r| r.split("; ").nth(1)).and_then(|r| r.split(' ').next()).unwrap().parse().unwrap();
+    assert!(received <= 4 * (1000 + 7), "each shard's values of a, then of b: {analyzed}");
+    let row = c.query_one(query, &[]).await.unwrap();
+    assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1), row.get::<_, i64>(2)), (1000, 7, 21));
 }
 
 /// A reference table filtered by its own conditions and joined to a

@@ -10,6 +10,7 @@ mod ddl_plan;
 pub mod decorrelate;
 mod delegation;
 pub mod deparse;
+mod distinct_sets;
 mod dml;
 mod explain;
 pub mod expression_types;

@@ -87,7 +87,7 @@ pub(super) fn split(select: &SelectStmt, catalog: &Catalog) -> Result<(NodeEnum,
     // When every aggregate ignores repeated inputs, each shard sends each
     // combination of values once.
     let distinct = if only_repeat_blind_aggregates(select, catalog) { vec![Node { node: None }] } else { vec![] };
-    let worker = SelectStmt {
+    let mut worker = SelectStmt {
         distinct_clause: distinct,
         target_list: columns,
         from_clause: select.from_clause.clone(),
@@ -95,6 +95,9 @@ pub(super) fn split(select: &SelectStmt, catalog: &Catalog) -> Result<(NodeEnum,
         with_clause: select.with_clause.clone(),
         ..plain_select()
     };
+    // Several DISTINCT aggregates: each value once, not each combination.
+    let columns = worker.target_list.clone();
+    super::distinct_sets::group_by_sets(&mut combine, &mut worker, &columns, catalog);
     let worker = super::top_ranks::keep_top_ranks(select, worker, catalog);
     combine.from_clause = vec![partials_relation()];
     combine.where_clause = None;
