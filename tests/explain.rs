@@ -13,6 +13,12 @@ async fn explain(c: &tokio_postgres::Client, sql: &str) -> Vec<String> {
     explain_with(c, "COSTS OFF", sql).await
 }
 
+/// The rows the nodes sent the coordinator, from EXPLAIN ANALYZE's `Tasks Run:` line.
+fn rows_received(analyzed: &str) -> u64 {
+    let counted = analyzed.split("Tasks Run: all, in ").nth(1).and_then(|r| r.split("; ").nth(1)).and_then(|r| r.split(' ').next());
+    counted.and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("no rows received in {analyzed}"))
+}
+
 #[tokio::test]
 async fn each_shape_takes_its_tier() {
     let cluster = TestCluster::start(2);
@@ -319,8 +325,7 @@ async fn percentiles_in_two_passes(c: &tokio_postgres::Client) {
     };
     let analyzed = explain_with(c, "ANALYZE", &query("pq")).await.join("\n");
     assert!(analyzed.contains("Combine: percentiles in two passes"), "{analyzed}");
-    let received: u64 =
-        analyzed.split("Tasks Run: all, in ").nth(1).and_then(|r| r.split("; ").nth(1)).and_then(|r| r.split(' ').next()).unwrap().parse().unwrap();
+    let received = rows_received(&analyzed);
     assert!(received <= 12, "one row per task and group in the first pass: {analyzed}");
     let answers =
         |rows: Vec<tokio_postgres::Row>| rows.iter().map(|r| (r.get::<_, i32>(0), r.get::<_, f64>(1), r.get::<_, i32>(2))).collect::<Vec<_>>();
@@ -343,8 +348,7 @@ async fn top_ranks_only(c: &tokio_postgres::Client) {
     .unwrap();
     let top = "SELECT g, k, rank() OVER (PARTITION BY g ORDER BY x DESC) AS r FROM tk ORDER BY r, g LIMIT 3";
     let analyzed = explain_with(c, "ANALYZE", top).await.join("\n");
-    let received: u64 =
-        analyzed.split("Tasks Run: all, in ").nth(1).and_then(|r| r.split("; ").nth(1)).and_then(|r| r.split(' ').next()).unwrap().parse().unwrap();
+    let received = rows_received(&analyzed);
     assert!(received <= 4 * 5 * 3, "each task's 3 best per partition: {analyzed}");
     let rows = c.query(top, &[]).await.unwrap();
     assert_eq!(rows.iter().map(|r| r.get::<_, i64>(2)).collect::<Vec<_>>(), vec![1, 1, 1]);
@@ -364,8 +368,7 @@ async fn distinct_values_once(c: &tokio_postgres::Client) {
     .unwrap();
     let query = "SELECT count(DISTINCT a), count(DISTINCT b), sum(DISTINCT b) FROM dv";
     let analyzed = explain_with(c, "ANALYZE", query).await.join("\n");
-    let received: u64 =
-        analyzed.split("Tasks Run: all, in ").nth(1).and_then(|r| r.split("; ").nth(1)).and_then(|r| r.split(' ').next()).unwrap().parse().unwrap();
+    let received = rows_received(&analyzed);
     assert!(received <= 4 * (1000 + 7), "each shard's values of a, then of b: {analyzed}");
     let row = c.query_one(query, &[]).await.unwrap();
     assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1), row.get::<_, i64>(2)), (1000, 7, 21));
