@@ -43,7 +43,8 @@
 use super::uncorrelated_subqueries::is_uncorrelated;
 use super::walk::visit_mut;
 use super::{
-    column_ref, column_ref_names, conjunction, function_names, has_nested_query, is_equals, only_filters, plain_select, res_target, resolve_range_var,
+    column_ref, column_ref_names, conjunction, function_names, has_nested_query, is_equals, is_immutable_text_or_number_function, only_filters,
+    plain_select, res_target, resolve_range_var,
 };
 use crate::metadata::Catalog;
 use pg_query::protobuf::{self, Node};
@@ -527,21 +528,6 @@ fn on_table_alone(condition: &Node, table: &protobuf::RangeVar, outer: &OuterSco
     });
     put_back_subqueries(copy.node.as_mut()?, set_aside);
     (alone && columns > 0).then_some(copy)
-}
-
-/// Calls of functions that are immutable whatever their arguments' types
-/// (as `pg_catalog` defines them), in their plain form.
-fn is_immutable_text_or_number_function(call: &protobuf::FuncCall) -> bool {
-    let name = match function_names(call).as_slice() {
-        [name] | ["pg_catalog", name] => *name,
-        _ => return false,
-    };
-    let plain = !call.agg_star && call.agg_filter.is_none() && call.agg_order.is_empty() && call.over.is_none() && !call.func_variadic;
-    plain
-        && matches!(
-            name,
-            "substring" | "substr" | "lower" | "upper" | "btrim" | "ltrim" | "rtrim" | "length" | "char_length" | "left" | "right" | "abs"
-        )
 }
 
 /// `inner = outer` or `outer = inner`, each side a plain column.

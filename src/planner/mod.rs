@@ -534,6 +534,33 @@ pub fn subselect_node(sql: &str) -> PgResult<NodeEnum> {
     }
 }
 
+/// The SELECT `sql` (text Tessera writes itself), as a parse tree.
+pub(crate) fn parsed_select(sql: &str) -> Option<protobuf::SelectStmt> {
+    match pg_query::parse(sql).ok()?.protobuf.stmts.into_iter().next()?.stmt?.node? {
+        NodeEnum::SelectStmt(s) => Some(*s),
+        _ => None,
+    }
+}
+
+/// The SELECT `sql` with `inner` as the subquery of its FROM item
+/// `(SELECT) AS alias`, where it reads `inner`'s rows.
+pub(crate) fn around(sql: &str, alias: &str, inner: &protobuf::SelectStmt) -> Option<protobuf::SelectStmt> {
+    let mut outer = NodeEnum::SelectStmt(Box::new(parsed_select(sql)?));
+    let mut placed = false;
+    walk::visit_mut(&mut outer, &mut |n| {
+        if let NodeEnum::RangeSubselect(sub) = n {
+            if sub.alias.as_ref().is_some_and(|a| a.aliasname == alias) {
+                sub.subquery = Some(Box::new(protobuf::Node { node: Some(NodeEnum::SelectStmt(Box::new(inner.clone()))) }));
+                placed = true;
+            }
+        }
+    });
+    match outer {
+        NodeEnum::SelectStmt(s) if placed => Some(*s),
+        _ => None,
+    }
+}
+
 fn plan_transaction(t: &protobuf::TransactionStmt, text: &str) -> Plan {
     use TransactionStmtKind::*;
     let command = match TransactionStmtKind::from_i32(t.kind) {
@@ -741,6 +768,21 @@ pub(crate) fn equality(condition: &protobuf::Node) -> Option<(&protobuf::Node, &
         NodeEnum::AExpr(e) if e.kind == protobuf::AExprKind::AexprOp as i32 && is_equals(&e.name) => Some((e.lexpr.as_deref()?, e.rexpr.as_deref()?)),
         _ => None,
     }
+}
+
+/// Calls of functions that are immutable whatever their arguments' types
+/// (as `pg_catalog` defines them), in their plain form.
+pub(crate) fn is_immutable_text_or_number_function(call: &protobuf::FuncCall) -> bool {
+    let name = match function_names(call).as_slice() {
+        [name] | ["pg_catalog", name] => *name,
+        _ => return false,
+    };
+    let plain = !call.agg_star && call.agg_filter.is_none() && call.agg_order.is_empty() && call.over.is_none() && !call.func_variadic;
+    plain
+        && matches!(
+            name,
+            "substring" | "substr" | "lower" | "upper" | "btrim" | "ltrim" | "rtrim" | "length" | "char_length" | "left" | "right" | "abs"
+        )
 }
 
 /// The conjunction of `conditions` (the one condition when there is one).

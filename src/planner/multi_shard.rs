@@ -448,9 +448,14 @@ fn is_star(t: &Node) -> bool {
 
 /// `tessera_partials` as a FROM item.
 pub(super) fn partials_relation() -> Node {
+    relation_named(PARTIALS_RELATION)
+}
+
+/// The relation `name` (unqualified) as a FROM item.
+pub(super) fn relation_named(name: &str) -> Node {
     Node {
         node: Some(NodeEnum::RangeVar(protobuf::RangeVar {
-            relname: PARTIALS_RELATION.into(),
+            relname: name.into(),
             inh: true,
             relpersistence: "p".into(),
             location: -1,

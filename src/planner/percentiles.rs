@@ -20,10 +20,11 @@
 //! percentiles anywhere in its output, HAVING and ORDER BY, but have no
 //! other aggregate.
 
-use super::column_ref_names;
 use super::expression_types::{FromTables, FLOAT4, FLOAT8, INT2, INT4, INT8};
-use super::multi_shard::{expression_key, function_name, partial_column, position, target_value, PARTIALS_RELATION};
+use super::multi_shard::{expression_key, function_name, partial_column, relation_named, target_value, PARTIALS_RELATION};
+use super::shipped_columns::{combine_group_columns, shipped_column};
 use super::walk::visit_mut;
+use super::{around, parsed_select};
 use crate::metadata::Catalog;
 use pg_query::protobuf::{self, a_const, Node, SelectStmt};
 use pg_query::NodeEnum;
@@ -93,37 +94,19 @@ pub(super) fn plan(select: &SelectStmt, shipped: &NodeEnum, combine_sql: &str, c
         allowed.contains(&from.type_of(sort_key)?).then_some(())?;
         Some((continuous, fraction(call)?))
     })?;
-    let mut combine = parse_select(combine_sql)?;
-    let shipped_names = percentile_calls(&combine, catalog, |call| match sort_key(call)?.node.as_ref()? {
-        NodeEnum::ColumnRef(c) => match column_ref_names(c)?.as_slice() {
-            [name] => Some(name.to_string()),
-            _ => None,
-        },
-        _ => None,
-    })?;
+    let mut combine = parsed_select(combine_sql)?;
+    let shipped_names = percentile_calls(&combine, catalog, |call| shipped_column(sort_key(call)?))?;
     if original.is_empty() || original.len() != shipped_names.len() {
         return None;
     }
     let percentiles: Vec<Percentile> =
         original.into_iter().zip(shipped_names).map(|((continuous, fraction), column)| Percentile { continuous, fraction, column }).collect();
-    let mut keys = Vec::new();
-    for group in &combine.group_clause {
-        let key = match position(group) {
-            Some(p) => target_value(combine.target_list.get(p - 1)?)?,
-            None => group,
-        };
-        match key.node.as_ref()? {
-            NodeEnum::ColumnRef(c) => match column_ref_names(c)?.as_slice() {
-                [name] => keys.push(name.to_string()),
-                _ => return None,
-            },
-            _ => return None,
-        }
-    }
+    let keys = combine_group_columns(&combine)?;
     let NodeEnum::SelectStmt(shipped) = shipped else { return None };
-    let points = with_rows(&points_sql(&keys, &percentiles), shipped)?;
-    let values_by_equal_keys = with_rows(&values_sql(&keys, &percentiles, false), shipped)?;
-    let values_by_same_keys = with_rows(&values_sql(&keys, &percentiles, true), shipped)?;
+    let with_rows = |sql: String| around(&sql, "tessera_rows", shipped).map(|s| NodeEnum::SelectStmt(Box::new(s)));
+    let points = with_rows(points_sql(&keys, &percentiles))?;
+    let values_by_equal_keys = with_rows(values_sql(&keys, &percentiles, false))?;
+    let values_by_same_keys = with_rows(values_sql(&keys, &percentiles, true))?;
     let finished_values = values_relation(&keys, &percentiles);
     // The statement itself reads the values, each percentile from its column.
     let mut j = 0;
@@ -369,42 +352,10 @@ fn group_by_columns(keys: &[String], prefix: &str) -> String {
     }
 }
 
-/// `sql` with the shipped-columns statement as its `tessera_rows`.
-fn with_rows(sql: &str, shipped: &SelectStmt) -> Option<NodeEnum> {
-    let mut stmt = NodeEnum::SelectStmt(Box::new(parse_select(sql)?));
-    let mut placed = false;
-    visit_mut(&mut stmt, &mut |n| {
-        if let NodeEnum::RangeSubselect(sub) = n {
-            if sub.alias.as_ref().is_some_and(|a| a.aliasname == "tessera_rows") {
-                sub.subquery = Some(Box::new(Node { node: Some(NodeEnum::SelectStmt(Box::new(shipped.clone()))) }));
-                placed = true;
-            }
-        }
-    });
-    placed.then_some(stmt)
-}
-
-fn parse_select(sql: &str) -> Option<SelectStmt> {
-    let parsed = pg_query::parse(sql).ok()?;
-    match parsed.protobuf.stmts.into_iter().next()?.stmt?.node? {
-        NodeEnum::SelectStmt(s) => Some(*s),
-        _ => None,
-    }
-}
-
 /// The parse tree of expression `sql`.
 fn expression(sql: &str) -> Option<NodeEnum> {
-    let select = parse_select(&format!("SELECT {sql}"))?;
+    let select = parsed_select(&format!("SELECT {sql}"))?;
     target_value(select.target_list.first()?)?.node.clone()
-}
-
-/// A FROM item naming relation `name`.
-fn relation_named(name: &str) -> Node {
-    let mut relation = super::multi_shard::partials_relation();
-    if let Some(NodeEnum::RangeVar(rv)) = relation.node.as_mut() {
-        rv.relname = name.into();
-    }
-    relation
 }
 
 #[cfg(test)]
@@ -417,8 +368,8 @@ mod tests {
         let sql = values_sql(&["tessera_p_000".into()], &p, false);
         assert!(sql.contains(&super::super::rewrite::rows_placeholder(BRACKETS_PLACEHOLDER, 3)), "{sql}");
         assert!(sql.contains("tessera_rows.tessera_p_000 = b.k_0"), "{sql}");
-        assert!(parse_select(&sql).is_some());
-        assert!(parse_select(&brackets_sql(1, &p)).is_some());
-        assert!(parse_select(&format!("{} SELECT 1", values_relation(&["tessera_p_000".into()], &p))).is_some());
+        assert!(parsed_select(&sql).is_some());
+        assert!(parsed_select(&brackets_sql(1, &p)).is_some());
+        assert!(parsed_select(&format!("{} SELECT 1", values_relation(&["tessera_p_000".into()], &p))).is_some());
     }
 }

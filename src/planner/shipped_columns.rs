@@ -96,8 +96,7 @@ pub(super) fn split(select: &SelectStmt, catalog: &Catalog) -> Result<(NodeEnum,
         ..plain_select()
     };
     // Several DISTINCT aggregates: each value once, not each combination.
-    let columns = worker.target_list.clone();
-    super::distinct_sets::group_by_sets(&mut combine, &mut worker, &columns, catalog);
+    super::distinct_sets::group_by_sets(&mut combine, &mut worker, catalog);
     let worker = super::top_ranks::keep_top_ranks(select, worker, catalog);
     combine.from_clause = vec![partials_relation()];
     combine.where_clause = None;
@@ -105,6 +104,30 @@ pub(super) fn split(select: &SelectStmt, catalog: &Catalog) -> Result<(NodeEnum,
     let sql =
         deparse::deparse_statement(deparse::BUILT_TREE_VERSION, NodeEnum::SelectStmt(Box::new(combine))).map_err(|e| e.message().to_string())?;
     Ok((NodeEnum::SelectStmt(Box::new(worker)), sql))
+}
+
+/// The shipped columns a combining statement groups by (GROUP BY
+/// expressions are shipped whole, so each is one column); None when one is
+/// not a plain column, as in a grouping set.
+pub(super) fn combine_group_columns(combine: &SelectStmt) -> Option<Vec<String>> {
+    let mut columns = Vec::new();
+    for group in &combine.group_clause {
+        let key = match position(group) {
+            Some(p) => target_value(combine.target_list.get(p - 1)?)?,
+            None => group,
+        };
+        columns.push(shipped_column(key)?);
+    }
+    Some(columns)
+}
+
+/// The name of the shipped column `node` reads, when it is one bare column.
+pub(super) fn shipped_column(node: &Node) -> Option<String> {
+    let NodeEnum::ColumnRef(c) = node.node.as_ref()? else { return None };
+    match column_ref_names(c)?.as_slice() {
+        [name] => Some(name.to_string()),
+        _ => None,
+    }
 }
 
 /// The columns the combine reads, each sent once.

@@ -7,7 +7,7 @@
 //! needs both.
 
 use super::expression_types::FromTables;
-use super::is_equals;
+use super::{is_equals, is_immutable_text_or_number_function};
 use crate::metadata::{Catalog, DistributedTable};
 use crate::walk::visit_mut;
 use pg_query::protobuf::{self, SelectStmt};
@@ -70,7 +70,8 @@ pub fn own_conditions(select: &SelectStmt, table: &DistributedTable, catalog: &C
 
 /// Whether `conjunct` reads columns of `table` and nothing else: no other
 /// table's column, no subquery or parameter, and no call but of the
-/// built-in functions of `IMMUTABLE_CALLS` (others may be volatile).
+/// built-in immutable ones `is_immutable_text_or_number_function` knows
+/// (others may be volatile).
 fn reads_only(conjunct: &NodeEnum, table: &DistributedTable, from: &FromTables) -> bool {
     let (mut columns, mut other) = (0, false);
     let mut conjunct = conjunct.clone();
@@ -79,43 +80,11 @@ fn reads_only(conjunct: &NodeEnum, table: &DistributedTable, from: &FromTables) 
             Some((t, _)) if t.oid == table.oid => columns += 1,
             _ => other = true,
         },
-        NodeEnum::FuncCall(call) => other |= !immutable_call(call),
+        NodeEnum::FuncCall(call) => other |= !is_immutable_text_or_number_function(call),
         NodeEnum::SubLink(_) | NodeEnum::ParamRef(_) | NodeEnum::SqlvalueFunction(_) => other = true,
         _ => {}
     });
     columns > 0 && !other
-}
-
-/// String and number functions of PostgreSQL's own that give the same
-/// value for the same arguments, common in filters
-/// (`substring(c_phone FROM 1 FOR 2) IN (…)`).
-const IMMUTABLE_CALLS: &[&str] = &[
-    "substring",
-    "substr",
-    "lower",
-    "upper",
-    "length",
-    "char_length",
-    "btrim",
-    "ltrim",
-    "rtrim",
-    "left",
-    "right",
-    "abs",
-    "round",
-    "trunc",
-    "floor",
-    "ceil",
-];
-
-fn immutable_call(call: &protobuf::FuncCall) -> bool {
-    let names = super::function_names(call);
-    let plain = call.over.is_none() && !call.agg_star && !call.agg_distinct && call.agg_order.is_empty() && call.agg_filter.is_none();
-    let name = match names.as_slice() {
-        ["pg_catalog", name] | [name] => *name,
-        _ => return false,
-    };
-    plain && IMMUTABLE_CALLS.contains(&name)
 }
 
 /// Removes from the WHERE the conjuncts that read only `table` (those

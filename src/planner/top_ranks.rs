@@ -77,13 +77,7 @@ fn ranked_worker(select: &SelectStmt, worker: &SelectStmt, catalog: &Catalog) ->
     inner.target_list.push(res_target(RANK_COLUMN, Node { node: Some(NodeEnum::FuncCall(rank)) }));
     let names: Vec<String> = worker.target_list.iter().map(output_name).collect::<Option<_>>()?;
     let sql = format!("SELECT {} FROM (SELECT) AS tessera_ranked WHERE {RANK_COLUMN} <= {bound}", names.join(", "));
-    let mut outer = match pg_query::parse(&sql).ok()?.protobuf.stmts.into_iter().next()?.stmt?.node? {
-        NodeEnum::SelectStmt(s) => *s,
-        _ => return None,
-    };
-    let Some(NodeEnum::RangeSubselect(sub)) = outer.from_clause.first_mut()?.node.as_mut() else { return None };
-    sub.subquery = Some(Box::new(Node { node: Some(NodeEnum::SelectStmt(Box::new(inner))) }));
-    Some(outer)
+    super::around(&sql, "tessera_ranked", &inner)
 }
 
 /// The worker's column with each row's rank among its shard's rows.
