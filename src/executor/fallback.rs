@@ -19,7 +19,7 @@ use crate::planner::decorrelate::{decorrelate, has_semi_join, semi_joins};
 use crate::planner::deparse::deparse_statement;
 use crate::planner::rewrite::{rows_placeholder, ShardTemplate};
 use crate::planner::uncorrelated_subqueries::{self, Subquery, SubqueryUse};
-use crate::planner::{column_ref, plain_select, plan_tree, res_target, FallbackPlan, Plan};
+use crate::planner::{column_ref, plain_select, plan_tree, res_target, CombineQuery, FallbackPlan, Plan};
 use crate::process::Coordinator;
 use crate::protocol::backend::FieldDescription;
 use crate::protocol::frontend;
@@ -154,8 +154,27 @@ async fn query_rows(
         Plan::MultiShard(multi) => multi.combine.query(),
         _ => None,
     };
-    let Some(combine) = combine else { return collect_rows(parts, &by_node, mode).await.map(Some) };
-    let (fields, rows) = collect_partials(parts, &by_node, mode).await?;
+    match combine {
+        Some(combine) => combined_query_rows(parts, &by_node, combine, catalog, mode, usize::MAX).await,
+        None => collect_rows(parts, &by_node, mode).await.map(Some),
+    }
+}
+
+/// Runs the tasks and the coordinator database's `combine` over their
+/// rows, and keeps its rows; None when more than `most_rows` rows came from
+/// the tasks, or the combine cannot take their types exactly.
+pub(super) async fn combined_query_rows(
+    parts: &mut Participants,
+    by_node: &TasksByNode,
+    combine: &CombineQuery,
+    catalog: &Catalog,
+    mode: &Mode<'_>,
+    most_rows: usize,
+) -> PgResult<Option<(Vec<FieldDescription>, TextRows)>> {
+    let (fields, rows) = collect_partials(parts, by_node, mode).await?;
+    if rows.len() > most_rows {
+        return Ok(None);
+    }
     let types = shard_type_names(parts, catalog, &fields).await?;
     let Some(combine) = combine_sql(combine, &fields, &types)? else { return Ok(None) };
     let staged = partials::stage(parts, &types, rows).await?;

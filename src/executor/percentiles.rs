@@ -6,19 +6,17 @@
 //! found too many groups for brackets to pay, the statement runs with the
 //! shards' rows shipped instead.
 
-use super::fallback::combined_rows;
+use super::fallback::{combined_query_rows, combined_rows};
 use super::multi_shard::{collect_partials, combine_sql, read_tasks_by_node, rows_as_relation, run_combined, shard_type_names, type_names};
 use super::partials;
 use super::Mode;
 use crate::connection::client::ClientConn;
-use crate::connection::TextRows;
 use crate::error::{PgError, PgResult};
 use crate::metadata::Catalog;
 use crate::planner::percentiles::BRACKETS_PLACEHOLDER;
 use crate::planner::rewrite::{rows_placeholder, ShardTemplate};
 use crate::planner::{CombineQuery, MultiShardPlan, PercentilePasses};
 use crate::process::Coordinator;
-use crate::protocol::backend::FieldDescription;
 use crate::transaction::Participants;
 use std::sync::Arc;
 
@@ -50,45 +48,23 @@ pub(super) async fn run(
 
 /// The second pass's statement, with the brackets the first pass found in
 /// place; None when there are too many groups.
-pub(super) async fn second_pass(
+async fn second_pass(
     plan: &MultiShardPlan,
     passes: &PercentilePasses,
     parts: &mut Participants,
     catalog: &Catalog,
     mode: &Mode<'_>,
 ) -> PgResult<Option<ShardTemplate>> {
-    let Some((fields, brackets)) = over_pass(&passes.points, &passes.brackets, plan, parts, catalog, mode).await? else { return Ok(None) };
+    let by_node = read_tasks_by_node(parts, &passes.points, &plan.anchor, catalog).await?;
+    let Some((fields, brackets)) = combined_query_rows(parts, &by_node, &passes.brackets, catalog, mode, MOST_TASK_GROUPS).await? else {
+        return Ok(None);
+    };
     let null_key = brackets.iter().any(|row| row[..passes.group_keys].iter().any(Option::is_none));
     let types = type_names(parts, &fields).await?;
     let relation = rows_as_relation(&types, &brackets, parts.limits())?;
     let mut values = if null_key { passes.values_by_same_keys.clone() } else { passes.values_by_equal_keys.clone() };
     values.fill(rows_placeholder(BRACKETS_PLACEHOLDER, passes.bracket_columns), Arc::from(relation));
     Ok(Some(values))
-}
-
-/// Runs `template`'s tasks and `query` over their rows; None when more rows
-/// came than `MOST_TASK_GROUPS`.
-async fn over_pass(
-    template: &ShardTemplate,
-    query: &CombineQuery,
-    plan: &MultiShardPlan,
-    parts: &mut Participants,
-    catalog: &Catalog,
-    mode: &Mode<'_>,
-) -> PgResult<Option<(Vec<FieldDescription>, TextRows)>> {
-    let by_node = read_tasks_by_node(parts, template, &plan.anchor, catalog).await?;
-    let (fields, rows) = collect_partials(parts, &by_node, mode).await?;
-    if rows.len() > MOST_TASK_GROUPS {
-        return Ok(None);
-    }
-    let types = shard_type_names(parts, catalog, &fields).await?;
-    let combine = combine_sql(query, &fields, &types)?.ok_or_else(|| PgError::internal("percentile brackets without a combine"))?;
-    let staged = partials::stage(parts, &types, rows).await?;
-    let outcome = match combine.read_from(&staged.relation, parts.limits()) {
-        Ok(sql) => combined_rows(parts, &sql).await,
-        Err(e) => Err(e),
-    };
-    partials::release(parts, staged, outcome).await.map(Some)
 }
 
 /// Runs the second pass and, when no rank missed its bracket, sends the

@@ -58,13 +58,12 @@ struct Narrowing {
     primary_key: bool,
 }
 
-impl Narrowing {
-    fn most_keys(&self) -> usize {
-        if self.primary_key {
-            PRIMARY_KEYS_MAX
-        } else {
-            REFERENCE_KEYS_MAX
-        }
+/// The most values a key list holds, on a primary key or another column.
+fn most_keys(primary_key: bool) -> usize {
+    if primary_key {
+        PRIMARY_KEYS_MAX
+    } else {
+        REFERENCE_KEYS_MAX
     }
 }
 
@@ -127,14 +126,13 @@ fn narrowing(select: &SelectStmt, select_number: usize, table: &Arc<DistributedT
     let column = joined_to_distributed(select, table, catalog).first()?.to_string();
     let key = format!("{}.{}", quote_ident(&name), quote_ident(&column));
     let primary_key = table.primary_key == [column.as_str()];
-    let mut narrowing = Narrowing { select: select_number, name, column, table: table.clone(), read: String::new(), primary_key };
-    narrowing.read = format!(
+    let read = format!(
         "SELECT DISTINCT {key} FROM {} AS {} WHERE {conditions} AND {key} IS NOT NULL ORDER BY 1 LIMIT {}",
         table.qualified_name(),
-        quote_ident(&narrowing.name),
-        narrowing.most_keys() + 1
+        quote_ident(&name),
+        most_keys(primary_key) + 1
     );
-    Some(narrowing)
+    Some(Narrowing { select: select_number, name, column, table: table.clone(), read, primary_key })
 }
 
 /// `name.column = ANY('{…}'::type[])` with the values `narrowing`'s read
@@ -149,7 +147,7 @@ async fn keys_condition(
     let template = ShardTemplate::for_own_query(version, &narrowing.read, &narrowing.table)?;
     let by_node = tasks_by_node(&template, &narrowing.table, catalog)?;
     let (fields, rows) = collect_rows(parts, &by_node, &Mode::Simple).await?;
-    if rows.len() > narrowing.most_keys() {
+    if rows.len() > most_keys(narrowing.primary_key) {
         return Ok(None);
     }
     let type_name = match shard_type_names(parts, catalog, &fields).await {
