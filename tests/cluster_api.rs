@@ -446,6 +446,19 @@ async fn sizes_and_activity_gather_every_node() {
         let shown = text_rows(client, "SELECT table_size, access_method FROM citus_tables WHERE table_name = 'metrics'::regclass").await;
         let pretty = text_rows(client, &format!("SELECT pg_size_pretty({total}::bigint), 'heap'")).await;
         assert_eq!(shown, pretty);
+        // citus_shards shows each placement's own size: the shards add up to
+        // the table, and every copy of a reference table has its size.
+        let r = client
+            .query_one(
+                "SELECT sum(shard_size)::bigint, count(*), bool_and(shard_size > 0) FROM citus_shards WHERE table_name = 'metrics'::regclass",
+                &[],
+            )
+            .await
+            .unwrap();
+        assert_eq!((r.get::<_, i64>(0), r.get::<_, i64>(1), r.get::<_, bool>(2)), (total, 4, true));
+        let copies = text_rows(client, "SELECT shard_size FROM citus_shards WHERE table_name = 'kinds'::regclass ORDER BY nodeport").await;
+        assert_eq!(copies.len(), 2);
+        assert!(copies.iter().all(|row| row[0].as_deref().and_then(|s| s.parse::<i64>().ok()).is_some_and(|s| s > 0)), "{copies:?}");
         let e = client.simple_query("SELECT citus_table_size('scratch')").await.unwrap_err();
         assert_eq!(sqlstate(&e), "42809", "{}", error_text(&e));
         // PostgreSQL's own size functions measure the shards, not the empty

@@ -61,48 +61,90 @@ pub struct TableSizes {
     pub total: i64,
 }
 
-/// The sizes of `tables`, read from every node; a reference table counts
-/// once, not once per copy.
-pub async fn table_sizes(tables: &[Arc<DistributedTable>], catalog: &Catalog, parts: &mut Participants) -> PgResult<Vec<TableSizes>> {
-    let mut sizes = vec![TableSizes::default(); tables.len()];
+/// On-disk sizes of one shard placement, as `pg_relation_size`,
+/// `pg_table_size` and `pg_total_relation_size` give them on its node.
+#[derive(Clone, Copy, Debug)]
+pub struct PlacementSize {
+    /// The position of its table in the list asked about.
+    pub table: usize,
+    pub shard_id: i64,
+    pub group_id: i32,
+    pub sizes: TableSizes,
+}
+
+/// The sizes of every placement of `tables`' shards, read from every node
+/// in one statement per node.
+pub async fn placement_sizes(tables: &[Arc<DistributedTable>], catalog: &Catalog, parts: &mut Participants) -> PgResult<Vec<PlacementSize>> {
+    let mut placements = Vec::new();
     for node in catalog.active_nodes() {
         let mut shards = String::new();
         for (i, table) in tables.iter().enumerate() {
-            for shard in table.shards.iter().filter(|s| s.placements.first() == Some(&node.group_id)) {
+            for shard in table.shards.iter().filter(|s| s.placements.contains(&node.group_id)) {
                 let sep = if shards.is_empty() { "" } else { ", " };
-                let _ = write!(shards, "{sep}({i}, {})", quote_literal(&table.qualified_shard_name(shard)));
+                let _ = write!(shards, "{sep}({i}, {}, {})", shard.id, quote_literal(&table.qualified_shard_name(shard)));
             }
         }
         if shards.is_empty() {
             continue;
         }
         let sql = format!(
-            "SELECT i, sum(pg_relation_size(r)), sum(pg_table_size(r)), sum(pg_total_relation_size(r))
-             FROM (VALUES {shards}) v(i, shard), LATERAL to_regclass(shard) r WHERE r IS NOT NULL GROUP BY i"
+            "SELECT i, id, pg_relation_size(r), pg_table_size(r), pg_total_relation_size(r)
+             FROM (VALUES {shards}) v(i, id, shard), LATERAL to_regclass(shard) r WHERE r IS NOT NULL"
         );
         let worker = parts.worker(node, Access::Read).await?;
         for row in worker.conn.query(&sql).await? {
             let number = |k: usize| row.get(k).and_then(|v| v.as_deref()).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
-            if let Some(size) = sizes.get_mut(number(0) as usize) {
-                size.relation += number(1);
-                size.table += number(2);
-                size.total += number(3);
-            }
+            placements.push(PlacementSize {
+                table: number(0) as usize,
+                shard_id: number(1),
+                group_id: node.group_id,
+                sizes: TableSizes { relation: number(2), table: number(3), total: number(4) },
+            });
         }
     }
-    Ok(sizes)
+    Ok(placements)
 }
 
+/// The sizes of `tables`, summed over their shards; a reference table
+/// counts once (its first placement), not once per copy.
+pub async fn table_sizes(tables: &[Arc<DistributedTable>], catalog: &Catalog, parts: &mut Participants) -> PgResult<Vec<TableSizes>> {
+    let placements = placement_sizes(tables, catalog, parts).await?;
+    Ok(sum_by_table(tables, &placements))
+}
+
+fn sum_by_table(tables: &[Arc<DistributedTable>], placements: &[PlacementSize]) -> Vec<TableSizes> {
+    let mut sizes = vec![TableSizes::default(); tables.len()];
+    for p in placements {
+        let first_copy = tables.get(p.table).and_then(|t| t.shards.iter().find(|s| s.id == p.shard_id)).and_then(|s| s.placements.first());
+        if first_copy == Some(&p.group_id) {
+            let size = &mut sizes[p.table];
+            size.relation += p.sizes.relation;
+            size.table += p.sizes.table;
+            size.total += p.sizes.total;
+        }
+    }
+    sizes
+}
+
+/// Fills the session's temporary tables of table sizes (`citus_tables`, the
+/// size functions) and of placement sizes (`citus_shards`).
 async fn sizes_script(catalog: &Catalog, parts: &mut Participants) -> PgResult<String> {
     let tables: Vec<Arc<DistributedTable>> = catalog.tables().cloned().collect();
-    let sizes = table_sizes(&tables, catalog, parts).await?;
+    let placements = placement_sizes(&tables, catalog, parts).await?;
+    let sizes = sum_by_table(&tables, &placements);
     let mut script = String::from(
         "CREATE TEMP TABLE IF NOT EXISTS tessera_shard_sizes (logicalrelid oid PRIMARY KEY, relation_size bigint, table_size bigint, total_size bigint);
-         DELETE FROM pg_temp.tessera_shard_sizes;",
+         DELETE FROM pg_temp.tessera_shard_sizes;
+         CREATE TEMP TABLE IF NOT EXISTS tessera_placement_sizes (shardid bigint, groupid int, total_size bigint, PRIMARY KEY (shardid, groupid));
+         DELETE FROM pg_temp.tessera_placement_sizes;",
     );
     if !tables.is_empty() {
         let rows: Vec<String> = tables.iter().zip(&sizes).map(|(t, s)| format!("({}, {}, {}, {})", t.oid, s.relation, s.table, s.total)).collect();
         let _ = write!(script, "INSERT INTO pg_temp.tessera_shard_sizes VALUES {};", rows.join(", "));
+    }
+    if !placements.is_empty() {
+        let rows: Vec<String> = placements.iter().map(|p| format!("({}, {}, {})", p.shard_id, p.group_id, p.sizes.total)).collect();
+        let _ = write!(script, "INSERT INTO pg_temp.tessera_placement_sizes VALUES {};", rows.join(", "));
     }
     Ok(script)
 }

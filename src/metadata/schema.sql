@@ -393,20 +393,6 @@ CREATE OR REPLACE VIEW pg_catalog.pg_dist_cleanup AS SELECT * FROM tessera.pg_di
 CREATE OR REPLACE VIEW pg_catalog.pg_dist_background_job AS SELECT * FROM tessera.pg_dist_background_job;
 CREATE OR REPLACE VIEW pg_catalog.pg_dist_background_task AS SELECT * FROM tessera.pg_dist_background_task;
 
-CREATE OR REPLACE VIEW pg_catalog.citus_shards AS
-SELECT p.logicalrelid AS table_name,
-       s.shardid,
-       format('%s_%s', p.logicalrelid::text, s.shardid) AS shard_name,
-       CASE p.partmethod WHEN 'h' THEN 'distributed' ELSE 'reference' END AS citus_table_type,
-       p.colocationid AS colocation_id,
-       n.nodename,
-       n.nodeport,
-       pl.shardlength AS shard_size
-FROM tessera.pg_dist_shard s
-JOIN tessera.pg_dist_partition p USING (logicalrelid)
-JOIN tessera.pg_dist_placement pl USING (shardid)
-JOIN tessera.pg_dist_node n ON n.groupid = pl.groupid;
-
 
 -- Partitions of tables partitioned by range on one date or time column,
 -- with their bounds as text (MINVALUE/MAXVALUE and default partitions left out).
@@ -426,7 +412,7 @@ CROSS JOIN LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid), $re$^FOR VAL
 WHERE pt.partstrat = 'r' AND pt.partnatts = 1 AND a.atttypid IN ('date'::regtype, 'timestamp'::regtype, 'timestamptz'::regtype);
 RESET allow_system_table_mods;
 GRANT SELECT ON pg_catalog.pg_dist_node, pg_catalog.pg_dist_colocation, pg_catalog.pg_dist_partition, pg_catalog.pg_dist_shard,
-    pg_catalog.pg_dist_placement, pg_catalog.pg_dist_object, pg_catalog.citus_shards,
+    pg_catalog.pg_dist_placement, pg_catalog.pg_dist_object,
     pg_catalog.pg_dist_background_job, pg_catalog.pg_dist_background_task, pg_catalog.time_partitions TO PUBLIC;
 
 -- The CREATE TABLE … PARTITION OF statements create_time_partitions runs
@@ -877,6 +863,18 @@ BEGIN
         WHEN 'indexes' THEN pg_catalog.pg_indexes_size(relation)
     END;
 END $$;
+-- A placement's total size on its node, gathered when citus_shards is read.
+CREATE OR REPLACE FUNCTION tessera.gathered_placement_size(shard bigint, node_group int) RETURNS bigint LANGUAGE plpgsql STABLE STRICT AS $$
+DECLARE
+    size bigint;
+BEGIN
+    IF to_regclass('pg_temp.tessera_placement_sizes') IS NULL THEN
+        RAISE EXCEPTION 'citus_shards must be read through the Tessera coordinator, not on the coordinator database directly'
+            USING ERRCODE = '0A000';
+    END IF;
+    SELECT total_size INTO size FROM pg_temp.tessera_placement_sizes WHERE shardid = shard AND groupid = node_group;
+    RETURN size;
+END $$;
 CREATE OR REPLACE FUNCTION pg_catalog.citus_relation_size(logicalrelid regclass) RETURNS bigint LANGUAGE sql STABLE STRICT
     BEGIN ATOMIC SELECT tessera.gathered_size(logicalrelid, 'relation'); END;
 CREATE OR REPLACE FUNCTION pg_catalog.citus_table_size(logicalrelid regclass) RETURNS bigint LANGUAGE sql STABLE STRICT
@@ -906,10 +904,23 @@ SELECT p.logicalrelid AS table_name,
 FROM tessera.pg_dist_partition p
 JOIN pg_class c ON c.oid = p.logicalrelid
 LEFT JOIN pg_am am ON am.oid = c.relam;
+CREATE OR REPLACE VIEW pg_catalog.citus_shards AS
+SELECT p.logicalrelid AS table_name,
+       s.shardid,
+       format('%s_%s', p.logicalrelid::text, s.shardid) AS shard_name,
+       CASE p.partmethod WHEN 'h' THEN 'distributed' ELSE 'reference' END AS citus_table_type,
+       p.colocationid AS colocation_id,
+       n.nodename,
+       n.nodeport,
+       tessera.gathered_placement_size(s.shardid, pl.groupid) AS shard_size
+FROM tessera.pg_dist_shard s
+JOIN tessera.pg_dist_partition p USING (logicalrelid)
+JOIN tessera.pg_dist_placement pl USING (shardid)
+JOIN tessera.pg_dist_node n ON n.groupid = pl.groupid;
 CREATE OR REPLACE VIEW pg_catalog.citus_stat_activity AS
 SELECT * FROM tessera.gathered_rows(NULL::tessera.cluster_activity, 'tessera_cluster_activity', 'citus_stat_activity');
 RESET allow_system_table_mods;
-GRANT SELECT ON pg_catalog.citus_stat_activity, tessera.cluster_activity, pg_catalog.citus_tables TO PUBLIC;
+GRANT SELECT ON pg_catalog.citus_stat_activity, tessera.cluster_activity, pg_catalog.citus_tables, pg_catalog.citus_shards TO PUBLIC;
 -- Backends waiting for a lock and each backend they wait for, on every node
 -- (pg_blocking_pids), by global pid; the statements come from the activity.
 CREATE TABLE IF NOT EXISTS tessera.cluster_lock_wait (waiting_gpid bigint, blocking_gpid bigint, waiting_nodeid int, blocking_nodeid int);
@@ -960,7 +971,7 @@ GRANT EXECUTE ON FUNCTION tessera.check_owner(regclass), tessera.catalog_changed
     tessera.follow_colocation(int, int), tessera.change_colocation(regclass, regclass), tessera.coordinator_only(),
     tessera.refuse_shell_write(), tessera.guard_shell(regclass),
     tessera.missing_time_partitions(regclass, interval, timestamptz, timestamptz), tessera.old_time_partitions(regclass, timestamptz),
-    tessera.time_partition_sql(regclass, name, name, regtype, text, timestamptz, timestamptz), tessera.gathered_rows(anyelement, text, text), tessera.gathered_size(regclass, text), tessera.size_of(regclass, text),
+    tessera.time_partition_sql(regclass, name, name, regtype, text, timestamptz, timestamptz), tessera.gathered_rows(anyelement, text, text), tessera.gathered_size(regclass, text), tessera.gathered_placement_size(bigint, int), tessera.size_of(regclass, text),
     tessera.distribute_function(regprocedure, text, regclass, bool) TO PUBLIC;
 
 -- New or dropped aggregates change how queries split across shards, and

@@ -26,7 +26,8 @@ pub struct ClusterData {
     pub activity: bool,
     /// Which backend waits for which on every node (`citus_lock_waits`).
     pub lock_waits: bool,
-    /// The on-disk sizes of every distributed table's shards.
+    /// The on-disk sizes of every distributed table's shards, per table and
+    /// per placement.
     pub sizes: bool,
     /// The coordinator process's connection pools (`tessera.connection_pools`).
     pub pools: bool,
@@ -69,8 +70,12 @@ pub(super) fn needed(text: &str, distributed_tables: bool) -> Option<ClusterData
             needs.activity = true;
             needs.lock_waits = true;
         }
-        // Its table_size column reads the gathered sizes.
-        NodeEnum::RangeVar(rv) if rv.relname == "citus_tables" && matches!(rv.schemaname.as_str(), "" | "pg_catalog") => needs.sizes = true,
+        // Their table_size and shard_size columns read the gathered sizes.
+        NodeEnum::RangeVar(rv)
+            if matches!(rv.relname.as_str(), "citus_tables" | "citus_shards") && matches!(rv.schemaname.as_str(), "" | "pg_catalog") =>
+        {
+            needs.sizes = true
+        }
         NodeEnum::RangeVar(rv) if rv.relname == "connection_pools" && rv.schemaname == "tessera" => needs.pools = true,
         NodeEnum::RangeVar(rv) if rv.relname == "client_sessions" && rv.schemaname == "tessera" => needs.sessions = true,
         NodeEnum::FuncCall(call) => {
@@ -127,6 +132,7 @@ mod tests {
         );
         assert_eq!(needed("SELECT * FROM other.citus_stat_activity", true), None);
         assert_eq!(needed("SELECT table_name, table_size FROM citus_tables", false), needs(false, true));
+        assert_eq!(needed("SELECT shardid, shard_size FROM pg_catalog.citus_shards", false), needs(false, true));
         assert_eq!(needed("SELECT * FROM citus_lock_waits", false), Some(ClusterData { activity: true, lock_waits: true, ..Default::default() }));
         let process = needed("SELECT s.pinned, p.node FROM tessera.client_sessions s, tessera.connection_pools p", false).unwrap();
         assert!(process.sessions && process.pools && !process.activity);
