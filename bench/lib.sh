@@ -246,6 +246,12 @@ max_prepared_transactions = 200
 wal_level = logical
 max_wal_size = 4GB
 checkpoint_timeout = 30min
+# Tessera's nodes compile no plan with LLVM (cluster/instance.rs says why);
+# with JIT on, plain PostgreSQL spends 20-100 ms compiling each TPC-H plan
+# at scale factor 1, which would count against it. Their random_page_cost
+# (1.1) is not copied: it makes plain PostgreSQL's TPC-H Q14 16x slower
+# (an index nested loop over all of lineitem), which would flatter Tessera.
+jit = off
 unix_socket_directories = '$data'
 CONF
     PLAIN_SOCKET_DIR=$data
