@@ -242,6 +242,7 @@ async fn each_shape_takes_its_tier() {
     json_format(&c).await;
     variances_by_input_type(&c).await;
     repartition_joins(&cluster, &c).await;
+    rows_copied_between_nodes(&cluster, &c).await;
     reference_keys_first(&c).await;
     tasks_without_parallel_workers(&cluster, &c).await;
     percentiles_in_two_passes(&c).await;
@@ -496,4 +497,63 @@ async fn repartition_joins(cluster: &TestCluster, c: &tokio_postgres::Client) {
     let e = member.query_one(both, &[]).await.unwrap_err();
     assert_eq!(common::sqlstate(&e), "42501", "{e}");
     assert_eq!(member.query_one("SELECT 1", &[]).await.unwrap().get::<_, i32>(0), 1, "the session goes on");
+}
+
+/// How a node copies another's rows for a repartition join
+/// (`tessera_remote.pull_rows`): columns of built-in types in binary, of
+/// user-defined types as text; the other node's error with its own SQLSTATE;
+/// only into the session's own temporary tables; no file left behind.
+async fn rows_copied_between_nodes(cluster: &TestCluster, c: &tokio_postgres::Client) {
+    c.batch_execute(
+        "CREATE TYPE rj_mood AS ENUM ('calm', 'busy', 'odd');
+         CREATE TABLE rj_m (id int PRIMARY KEY, a_k int, mood rj_mood, note text);
+         INSERT INTO rj_m SELECT g, 1 + (g * 7) % 30000, (ARRAY['calm', 'busy', 'odd']::rj_mood[])[1 + g % 3], CASE WHEN g % 5 > 0 THEN 'n' || g END
+           FROM generate_series(1, 20000) g;
+         SELECT create_distributed_table('rj_m', 'id', colocate_with => 'none');",
+    )
+    .await
+    .unwrap();
+    let join = "SELECT m.mood::text, count(*), count(m.note), sum(a.v)::text FROM rj_a a JOIN rj_m m ON m.a_k = a.k GROUP BY m.mood ORDER BY m.mood";
+    assert!(explain(c, join).await.join("\n").contains("Moved: rj_m by a_k node to node"));
+    let expected = |g: i64| (1 + (g * 7) % 30000) % 7;
+    let mut want = [(0i64, 0i64, 0i64); 3];
+    for g in 1..=20000_i64 {
+        let w = &mut want[(g % 3) as usize];
+        w.0 += 1;
+        w.1 += i64::from(g % 5 > 0);
+        w.2 += expected(g);
+    }
+    let rows = c.query(join, &[]).await.unwrap();
+    let got: Vec<(String, i64, i64, String)> = rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))).collect();
+    let moods = ["calm", "busy", "odd"];
+    let want: Vec<(String, i64, i64, String)> = want.iter().zip(moods).map(|(w, m)| (m.to_string(), w.0, w.1, w.2.to_string())).collect();
+    assert_eq!(got, want);
+
+    let w = cluster.connect_worker(0).await;
+    let other = cluster.cluster.state.worker_ports[1];
+    w.batch_execute("CREATE TEMP TABLE copied (x int, label text)").await.unwrap();
+    let pull = |query: &str, target: &str| format!("SELECT tessera_remote.pull_rows('127.0.0.1', {other}, $q${query}$q$, '{target}')");
+    let n = w.query_one(&pull("SELECT g, 'row ' || g FROM generate_series(1, 1000) g", "copied"), &[]).await.unwrap();
+    assert_eq!(n.get::<_, i64>(0), 1000);
+    let e = w.query_one(&pull("SELECT g / (g - 500), 'x' FROM generate_series(1, 1000) g", "copied"), &[]).await.unwrap_err();
+    assert_eq!(common::sqlstate(&e), "22012", "{}", common::error_text(&e));
+    assert!(common::error_text(&e).contains("division by zero"), "{}", common::error_text(&e));
+    let e = w.query_one(&pull("SELECT nothing FROM nowhere", "copied"), &[]).await.unwrap_err();
+    assert_eq!(common::sqlstate(&e), "42P01", "{}", common::error_text(&e));
+    let e = w.query_one("SELECT tessera_remote.pull_rows('127.0.0.1', 1, 'SELECT 1, 2', 'copied')", &[]).await.unwrap_err();
+    assert_eq!(common::sqlstate(&e), "08006", "{}", common::error_text(&e));
+    w.batch_execute("CREATE TABLE not_temporary (x int, label text)").await.unwrap();
+    let e = w.query_one(&pull("SELECT 1, 'x'", "not_temporary"), &[]).await.unwrap_err();
+    assert_eq!(common::sqlstate(&e), "42501", "{}", common::error_text(&e));
+    w.batch_execute("DROP TABLE not_temporary").await.unwrap();
+    assert_eq!(w.query_one("SELECT count(*) FROM copied", &[]).await.unwrap().get::<_, i64>(0), 1000, "failed copies add nothing");
+    for i in 0..2 {
+        let files = cluster
+            .connect_worker(i)
+            .await
+            .query_one("SELECT count(*) FROM pg_ls_tmpdir() WHERE name LIKE 'pgsql_tmp_tessera_pull%'", &[])
+            .await
+            .unwrap();
+        assert_eq!(files.get::<_, i64>(0), 0, "error files left on worker {i}");
+    }
 }

@@ -13,9 +13,9 @@
 //!
 //! The rows move node to node: each node fetches the rows whose join column
 //! hashes to its shards, from its own shards and, over a connection of its
-//! own (dblink), from every other node's, which filters them by the same
-//! hash evaluated in SQL (`hash::shard_index_sql`); none passes through the
-//! coordinator. The query runs on the session's own connections (the only
+//! own (`COPY` through `psql`, see `commands::worker_relations`), from every
+//! other node's, which filters them by the same hash evaluated in SQL
+//! (`hash::shard_index_sql`); none passes through the coordinator. The query runs on the session's own connections (the only
 //! ones that see temporary tables), and the tables are dropped afterwards.
 //! Outside transaction blocks only: a block's connections must not be left
 //! holding tables of a statement.
@@ -504,7 +504,6 @@ impl Repartition {
     /// indexes of the target's shards of the layout.
     fn fetch_sql(&self, m: &Move, parent: &str, target: &Node, remainders: &[u32], sources: &[(&Node, Vec<u32>)]) -> PgResult<Vec<String>> {
         let read = self.read_template(m, remainders)?;
-        let columns: Vec<String> = m.table.columns.iter().zip(&m.column_types).map(|(c, t)| format!("{} {t}", quote_ident(c))).collect();
         let mut fetches = Vec::with_capacity(sources.len());
         for (source, indexes) in sources {
             let select = indexes.iter().map(|i| read.sql_for_shard(*i)).collect::<PgResult<Vec<_>>>()?.join(" UNION ALL ");
@@ -512,12 +511,11 @@ impl Repartition {
                 format!("{REMOTE_SCHEMA}.insert_rows({}, {})", quote_literal(&select), quote_literal(parent))
             } else {
                 format!(
-                    "{REMOTE_SCHEMA}.pull_rows({}, {}, {}, {}, {})",
+                    "{REMOTE_SCHEMA}.pull_rows({}, {}, {}, {})",
                     quote_literal(&source.addr.host),
                     source.addr.port,
                     quote_literal(&select),
-                    quote_literal(parent),
-                    quote_literal(&columns.join(", "))
+                    quote_literal(parent)
                 )
             });
         }
