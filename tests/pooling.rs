@@ -224,6 +224,18 @@ async fn a_session_with_a_temporary_table_keeps_its_connection() {
         o.await.unwrap();
     }
     assert_eq!(text_rows(&pinned, "SELECT count(*) FROM pl_scratch").await[0][0].as_deref(), Some("12"));
+    // A temporary table could hide a distributed one, so such a session
+    // looks its names up: a table distributed in a query string is
+    // distributed for the statements after it in the same string.
+    pinned
+        .batch_execute(
+            "CREATE TABLE pl_late (id int, v text); SELECT create_distributed_table('pl_late', 'id');
+             INSERT INTO pl_late SELECT g, 'v' FROM generate_series(1, 300) g",
+        )
+        .await
+        .unwrap();
+    let other = cluster.connect().await;
+    assert_eq!(text_rows(&other, "SELECT count(*) FROM pl_late").await[0][0].as_deref(), Some("300"));
 }
 
 /// A client idle in its block longer than `idle_in_transaction_session_timeout`

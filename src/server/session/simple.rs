@@ -96,12 +96,14 @@ impl Session {
                 // DROP TABLE, …) or the search_path changes how the statements
                 // after it must run.
                 // Read again after each such statement, not once per string.
+                // A session whose unqualified names follow its search_path
+                // (a path elsewhere, or a temporary table) looks the names up
+                // again after a catalog change too: a table distributed by the
+                // statement before is distributed for the one after.
                 self.search_path.stale |= self.moves_names(stmt);
-                if self.search_path.stale {
-                    if let Err(f) = self.follow_search_path().await {
-                        self.report(f);
-                        break;
-                    }
+                if let Err(f) = self.follow_search_path().await {
+                    self.report(f);
+                    break;
                 }
                 if self.catalog().version != planned.version || self.search_path.generation != planned.search_path {
                     planned = self.plan(&sql);
