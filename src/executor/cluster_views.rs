@@ -64,60 +64,65 @@ pub struct TableSizes {
 /// On-disk sizes of one shard placement, as `pg_relation_size`,
 /// `pg_table_size` and `pg_total_relation_size` give them on its node.
 #[derive(Clone, Copy, Debug)]
-pub struct PlacementSize {
+struct PlacementSize {
     /// The position of its table in the list asked about.
-    pub table: usize,
-    pub shard_id: i64,
-    pub group_id: i32,
-    pub sizes: TableSizes,
+    table: usize,
+    shard_id: i64,
+    group_id: i32,
+    /// The shard's first placement: the one its table's size counts (a
+    /// reference table counts once, not once per copy).
+    first_copy: bool,
+    sizes: TableSizes,
 }
 
 /// The sizes of every placement of `tables`' shards, read from every node
 /// in one statement per node.
-pub async fn placement_sizes(tables: &[Arc<DistributedTable>], catalog: &Catalog, parts: &mut Participants) -> PgResult<Vec<PlacementSize>> {
+async fn placement_sizes(tables: &[Arc<DistributedTable>], catalog: &Catalog, parts: &mut Participants) -> PgResult<Vec<PlacementSize>> {
     let mut placements = Vec::new();
     for node in catalog.active_nodes() {
+        // The node answers by position in `asked`.
+        let mut asked = Vec::new();
         let mut shards = String::new();
         for (i, table) in tables.iter().enumerate() {
             for shard in table.shards.iter().filter(|s| s.placements.contains(&node.group_id)) {
                 let sep = if shards.is_empty() { "" } else { ", " };
-                let _ = write!(shards, "{sep}({i}, {}, {})", shard.id, quote_literal(&table.qualified_shard_name(shard)));
+                let _ = write!(shards, "{sep}({}, {})", asked.len(), quote_literal(&table.qualified_shard_name(shard)));
+                asked.push((i, shard.id, shard.placements.first() == Some(&node.group_id)));
             }
         }
-        if shards.is_empty() {
+        if asked.is_empty() {
             continue;
         }
         let sql = format!(
-            "SELECT i, id, pg_relation_size(r), pg_table_size(r), pg_total_relation_size(r)
-             FROM (VALUES {shards}) v(i, id, shard), LATERAL to_regclass(shard) r WHERE r IS NOT NULL"
+            "SELECT k, pg_relation_size(r), pg_table_size(r), pg_total_relation_size(r)
+             FROM (VALUES {shards}) v(k, shard), LATERAL to_regclass(shard) r WHERE r IS NOT NULL"
         );
         let worker = parts.worker(node, Access::Read).await?;
         for row in worker.conn.query(&sql).await? {
             let number = |k: usize| row.get(k).and_then(|v| v.as_deref()).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
+            let Some(&(table, shard_id, first_copy)) = asked.get(number(0) as usize) else { continue };
             placements.push(PlacementSize {
-                table: number(0) as usize,
-                shard_id: number(1),
+                table,
+                shard_id,
                 group_id: node.group_id,
-                sizes: TableSizes { relation: number(2), table: number(3), total: number(4) },
+                first_copy,
+                sizes: TableSizes { relation: number(1), table: number(2), total: number(3) },
             });
         }
     }
     Ok(placements)
 }
 
-/// The sizes of `tables`, summed over their shards; a reference table
-/// counts once (its first placement), not once per copy.
+/// The sizes of `tables`, summed over their shards' first placements.
 pub async fn table_sizes(tables: &[Arc<DistributedTable>], catalog: &Catalog, parts: &mut Participants) -> PgResult<Vec<TableSizes>> {
     let placements = placement_sizes(tables, catalog, parts).await?;
-    Ok(sum_by_table(tables, &placements))
+    Ok(sum_by_table(tables.len(), &placements))
 }
 
-fn sum_by_table(tables: &[Arc<DistributedTable>], placements: &[PlacementSize]) -> Vec<TableSizes> {
-    let mut sizes = vec![TableSizes::default(); tables.len()];
-    for p in placements {
-        let first_copy = tables.get(p.table).and_then(|t| t.shards.iter().find(|s| s.id == p.shard_id)).and_then(|s| s.placements.first());
-        if first_copy == Some(&p.group_id) {
-            let size = &mut sizes[p.table];
+fn sum_by_table(tables: usize, placements: &[PlacementSize]) -> Vec<TableSizes> {
+    let mut sizes = vec![TableSizes::default(); tables];
+    for p in placements.iter().filter(|p| p.first_copy) {
+        if let Some(size) = sizes.get_mut(p.table) {
             size.relation += p.sizes.relation;
             size.table += p.sizes.table;
             size.total += p.sizes.total;
@@ -131,7 +136,7 @@ fn sum_by_table(tables: &[Arc<DistributedTable>], placements: &[PlacementSize]) 
 async fn sizes_script(catalog: &Catalog, parts: &mut Participants) -> PgResult<String> {
     let tables: Vec<Arc<DistributedTable>> = catalog.tables().cloned().collect();
     let placements = placement_sizes(&tables, catalog, parts).await?;
-    let sizes = sum_by_table(&tables, &placements);
+    let sizes = sum_by_table(tables.len(), &placements);
     let mut script = String::from(
         "CREATE TEMP TABLE IF NOT EXISTS tessera_shard_sizes (logicalrelid oid PRIMARY KEY, relation_size bigint, table_size bigint, total_size bigint);
          DELETE FROM pg_temp.tessera_shard_sizes;

@@ -15,8 +15,9 @@
 //! hashes to its shards, from its own shards and, over a connection of its
 //! own (`COPY` through `psql`, see `commands::worker_relations`), from every
 //! other node's, which filters them by the same hash evaluated in SQL
-//! (`hash::shard_index_sql`); none passes through the coordinator. The query runs on the session's own connections (the only
-//! ones that see temporary tables), and the tables are dropped afterwards.
+//! (`hash::shard_index_sql`); none passes through the coordinator. The
+//! query runs on the session's own connections (the only ones that see
+//! temporary tables), and the tables are dropped afterwards.
 //! Outside transaction blocks only: a block's connections must not be left
 //! holding tables of a statement.
 

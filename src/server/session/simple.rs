@@ -94,12 +94,9 @@ impl Session {
                 i += 1;
                 // A statement that changed the catalog (create_distributed_table,
                 // DROP TABLE, …) or the search_path changes how the statements
-                // after it must run.
-                // Read again after each such statement, not once per string.
-                // A session whose unqualified names follow its search_path
-                // (a path elsewhere, or a temporary table) looks the names up
-                // again after a catalog change too: a table distributed by the
-                // statement before is distributed for the one after.
+                // after it must run: where unqualified names lead is read
+                // again after each such statement, not once per string, as
+                // before each extended-protocol statement.
                 self.search_path.stale |= self.moves_names(stmt);
                 if let Err(f) = self.follow_search_path().await {
                     self.report(f);
