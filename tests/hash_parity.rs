@@ -12,8 +12,9 @@
 //!   1, 2, 3, 7, 32, 64, NULL included;
 //! * our shard index with the partition PostgreSQL actually routes an INSERT
 //!   to in a 7-way hash-partitioned table;
-//! * `shard_index_sql` evaluated by the server with our shard index, for
-//!   the same moduli;
+//! * `shard_filter_sql` evaluated by the server with our shard index, for
+//!   the same moduli and several sets of shards (one, every second or
+//!   fourth as a node's share placed round robin, all but one);
 //! * `hash_binary` of the server's `*send` output with the server's hash;
 //! * hand-made binary inputs, fed to the server's `*recv` via COPY BINARY.
 
@@ -23,7 +24,7 @@ use common::PlainPostgres;
 use std::fmt::Write as _;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
-use tessera::hash::{hash_binary, hash_text, row_hash, shard_index, shard_index_sql, HashType};
+use tessera::hash::{hash_binary, hash_text, row_hash, shard_filter_sql, shard_index, HashType};
 
 const PSQL: &str = "/usr/bin/psql";
 /// HASH_PARTITION_SEED as the signed int8 the SQL functions take.
@@ -258,19 +259,24 @@ fn check_case(case: &Case) -> String {
 
     // 4. The SQL a node evaluates to send rows where their shard lives.
     let mut evaluated = 0;
-    match MODULI
+    let cases: Vec<(u32, Vec<u32>)> = MODULI.iter().flat_map(|&m| shard_sets(m).into_iter().map(move |set| (m, set))).collect();
+    match cases
         .iter()
-        .map(|&m| shard_index_sql(case.ty, "t.v", m).map(|e| format!("SELECT t.i, {m}, {e} FROM (VALUES {rows}) AS t(i, v)")))
+        .enumerate()
+        .map(|(c, (m, set))| {
+            shard_filter_sql(case.ty, "t.v", *m, set).map(|e| format!("SELECT t.i, {c}, ({e})::int FROM (VALUES {rows}) AS t(i, v)"))
+        })
         .collect::<Option<Vec<_>>>()
     {
         Some(selects) => {
             let computed = pg.query(&format!("{SESSION}{} ORDER BY 1, 2", selects.join("\nUNION ALL\n")));
             for row in &computed {
-                let f: Vec<u32> = row.split('|').map(|x| x.parse().unwrap()).collect();
-                let (i, modulus, remainder) = (f[0] as usize, f[1], f[2]);
+                let f: Vec<usize> = row.split('|').map(|x| x.parse().unwrap()).collect();
+                let (i, c, passed) = (f[0], f[1], f[2] == 1);
+                let (modulus, set) = &cases[c];
                 let value_hash = if i == 0 { None } else { Some(ours[i - 1]) };
-                if shard_index(row_hash(value_hash), modulus) != remainder {
-                    failures.push(format!("{t} row {i} mod {modulus}: shard_index_sql gave {remainder}"));
+                if set.contains(&shard_index(row_hash(value_hash), *modulus)) != passed {
+                    failures.push(format!("{t} row {i} mod {modulus}: shard_filter_sql for shards {set:?} gave {passed}"));
                 }
             }
             evaluated = computed.len();
@@ -280,7 +286,7 @@ fn check_case(case: &Case) -> String {
 
     assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
     let summary = format!(
-        "{t}: {} values (+NULL); {} hash_text, {} hash_binary, {} satisfies_hash_partition ({} moduli), {} routed INSERT, {evaluated} shard_index_sql comparisons",
+        "{t}: {} values (+NULL); {} hash_text, {} hash_binary, {} satisfies_hash_partition ({} moduli), {} routed INSERT, {evaluated} shard_filter_sql comparisons",
         case.values.len(),
         case.values.len(),
         binary_checked,
@@ -290,6 +296,18 @@ fn check_case(case: &Case) -> String {
     );
     println!("{summary}");
     summary
+}
+
+/// Sets of a modulus's shards a node may ask for: each of the first few
+/// alone, every second and every fourth (a node's share placed round robin
+/// over two or four nodes), every third, all but one.
+fn shard_sets(modulus: u32) -> Vec<Vec<u32>> {
+    let mut sets: Vec<Vec<u32>> = (0..modulus.min(3)).map(|r| vec![r]).collect();
+    for (step, start) in [(2, 0), (2, 1), (4, 1), (3, 2)] {
+        sets.push((start..modulus).step_by(step).collect());
+    }
+    sets.push((0..modulus).filter(|r| *r != modulus / 2).collect());
+    sets
 }
 
 fn type_oid(pg: &PgServer, sql_type: &str) -> u32 {

@@ -15,7 +15,7 @@
 //! hashes to its shards, from its own shards and, over a connection of its
 //! own (`COPY` through `psql`, see `commands::worker_relations`), from every
 //! other node's, which filters them by the same hash evaluated in SQL
-//! (`hash::shard_index_sql`); none passes through the coordinator. The
+//! (`hash::shard_filter_sql`); none passes through the coordinator. The
 //! query runs on the session's own connections (the only ones that see
 //! temporary tables), and the tables are dropped afterwards.
 //! Outside transaction blocks only: a block's connections must not be left
@@ -26,7 +26,7 @@ use super::Mode;
 use crate::connection::client::ClientConn;
 use crate::connection::{quote_ident, quote_literal};
 use crate::error::{PgError, PgResult};
-use crate::hash::{shard_index_sql, HashType};
+use crate::hash::{shard_filter_sql, HashType};
 use crate::metadata::{Catalog, Coercion, DistributedTable, Distribution, KeyType, Node};
 use crate::planner::rewrite::ShardTemplate;
 use crate::planner::table_conditions::own_conditions;
@@ -533,11 +533,10 @@ impl Repartition {
         let shard_count = m.intermediate.shards.len() as u32;
         if remainders.len() < shard_count as usize {
             let key = format!("{}.{}", quote_ident(name), quote_ident(column));
-            let index = shard_index_sql(*column_type, &key, shard_count).ok_or_else(|| {
+            let shards = shard_filter_sql(*column_type, &key, shard_count, remainders).ok_or_else(|| {
                 PgError::internal(format!("no shard index in SQL for {} ({})", m.table.columns[*column_index], column_type.sql_name()))
             })?;
-            let listed: Vec<String> = remainders.iter().map(u32::to_string).collect();
-            conditions.push(format!("{index} IN ({})", listed.join(", ")));
+            conditions.push(shards);
         }
         let columns: Vec<String> = m
             .table
