@@ -469,7 +469,7 @@ impl Repartition {
                     let replica = m.table.shards.first().filter(|s| m.table.is_reference() && s.placements.contains(&node.group_id));
                     let sources = match replica {
                         Some(shard) => vec![(*node, vec![shard.index])],
-                        None => shards.clone(),
+                        None => in_turn_from(&shards, node.group_id),
                     };
                     let fetches = self.fetch_sql(m, &parent, node, remainders, &sources)?;
                     sql.push_str(&format!("; SELECT {}", fetches.join(" + ")));
@@ -566,6 +566,19 @@ impl Repartition {
             }
         }
     }
+}
+
+/// The source nodes in the order a node fetches from them: its own rows
+/// first, then the nodes after it, wrapping around. Every node then works
+/// on its own rows at the same time, and each node is read by one other at
+/// a time; in one order everywhere, all would first read the first node
+/// while the others served nobody.
+fn in_turn_from<'a>(sources: &[(&'a Node, Vec<u32>)], group_id: i32) -> Vec<(&'a Node, Vec<u32>)> {
+    let mut ordered = sources.to_vec();
+    ordered.sort_by_key(|(node, _)| node.group_id);
+    let start = ordered.iter().position(|(node, _)| node.group_id >= group_id).unwrap_or(0);
+    ordered.rotate_left(start);
+    ordered
 }
 
 fn parent_name(intermediate: &DistributedTable) -> String {
