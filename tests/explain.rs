@@ -248,6 +248,7 @@ async fn each_shape_takes_its_tier() {
     percentiles_in_two_passes(&c).await;
     top_ranks_only(&c).await;
     distinct_values_once(&c).await;
+    sketches_merged(&c).await;
 }
 
 /// FORMAT JSON: one value of type json, PostgreSQL's shape, with each
@@ -373,6 +374,13 @@ async fn distinct_values_once(c: &tokio_postgres::Client) {
     assert!(received <= 4 * (1000 + 7), "each shard's values of a, then of b: {analyzed}");
     let row = c.query_one(query, &[]).await.unwrap();
     assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1), row.get::<_, i64>(2)), (1000, 7, 21));
+    // The distribution column's distinct values are each shard's own: the
+    // shards count them, and send one row each.
+    let keys = "SELECT count(DISTINCT k), avg(DISTINCT k)::float8 FROM dv";
+    let analyzed = explain_with(c, "ANALYZE", keys).await.join("\n");
+    assert_eq!(rows_received(&analyzed), 4, "{analyzed}");
+    let row = c.query_one(keys, &[]).await.unwrap();
+    assert_eq!((row.get::<_, i64>(0), row.get::<_, f64>(1)), (20000, 10000.5));
 }
 
 /// A reference table filtered by its own conditions and joined to a
@@ -556,4 +564,47 @@ async fn rows_copied_between_nodes(cluster: &TestCluster, c: &tokio_postgres::Cl
             .unwrap();
         assert_eq!(files.get::<_, i64>(0), 0, "error files left on worker {i}");
     }
+}
+
+/// The `tdigest` and `hll` extensions' aggregates across shards: each shard
+/// sends its digest or HyperLogLog, the combine merges them. A digest's
+/// percentile is approximate (compared with the exact one), a HyperLogLog's
+/// cardinality that of all rows (compared in tests/slt/63_sketches.slt).
+async fn sketches_merged(c: &tokio_postgres::Client) {
+    c.batch_execute(
+        "CREATE EXTENSION IF NOT EXISTS tdigest; CREATE EXTENSION IF NOT EXISTS hll;
+         CREATE TABLE es (k int PRIMARY KEY, g int, x float8);
+         SELECT create_distributed_table('es', 'k', shard_count => 4);
+         INSERT INTO es SELECT i, i % 3, (i * 7919) % 100003 FROM generate_series(1, 60000) i;",
+    )
+    .await
+    .unwrap();
+    let digest = "SELECT g, tdigest_percentile(x, 100, 0.9), tdigest_percentile_of(x, 100, 50000), hll_cardinality(hll_add_agg(hll_hash_bigint(x::int8))) FROM es GROUP BY g ORDER BY g";
+    let plan = explain_with(c, "VERBOSE, COSTS OFF", digest).await.join("\n");
+    assert!(plan.starts_with("Custom Scan (Tessera Multi-Shard)"), "{plan}");
+    assert!(plan.contains("tdigest(x, 100)") && plan.contains("hll_add_agg(hll_hash_bigint"), "each shard builds the sketches:\n{plan}");
+    let exact =
+        c.query("SELECT g, percentile_cont(0.9) WITHIN GROUP (ORDER BY x), count(DISTINCT x) FROM es GROUP BY g ORDER BY g", &[]).await.unwrap();
+    let approximate = c.query(digest, &[]).await.unwrap();
+    assert_eq!(approximate.len(), 3);
+    for (a, e) in approximate.iter().zip(&exact) {
+        let (p90, exact_p90): (f64, f64) = (a.get(1), e.get(1));
+        assert!((p90 - exact_p90).abs() < 0.01 * exact_p90, "group {}: 90th percentile {p90}, exactly {exact_p90}", a.get::<_, i32>(0));
+        let below: f64 = a.get(2);
+        assert!((below - 0.5).abs() < 0.01, "group {}: half the values lie below 50000, the digest says {below}", a.get::<_, i32>(0));
+        let (cardinality, distinct): (f64, i64) = (a.get(3), e.get(2));
+        assert!(
+            (cardinality - distinct as f64).abs() < 0.05 * distinct as f64,
+            "group {}: {cardinality} distinct, exactly {distinct}",
+            a.get::<_, i32>(0)
+        );
+    }
+    // A quantile read from the rows is not split: the shards send the
+    // values, and the coordinator's one digest reads the quantile of the
+    // first row, as PostgreSQL's does.
+    let varying = explain_with(c, "VERBOSE, COSTS OFF", "SELECT tdigest_percentile(x, 100, g / 10.0) FROM es").await.join("\n");
+    assert!(
+        !varying.contains("tdigest(x, 100)") && varying.contains("Combine: SELECT tdigest_percentile(tessera_p_000, 100, tessera_p_001)"),
+        "{varying}"
+    );
 }

@@ -863,6 +863,7 @@ pub(super) fn combine_sql(query: &CombineQuery, fields: &[backend::FieldDescript
             AggregateKind::Count => format!("coalesce(sum({}), 0)::int8", col(0)),
             AggregateKind::Sum => format!("sum({})::{}", col(0), types[aggregate.columns[0]]),
             AggregateKind::Reapplied(name) => format!("{name}({})", col(0)),
+            AggregateKind::Sketch { combine, ref constants } => format!("{combine}({}{constants})", col(0)),
             AggregateKind::Variance { sample, root } => {
                 // From exact numeric sums, (N·Σx² − (Σx)²) / (N·(N−1)). For
                 // integer and numeric input in numeric, whose SQL division rounds

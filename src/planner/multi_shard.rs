@@ -23,7 +23,7 @@ use std::fmt;
 use std::sync::Arc;
 
 /// How an aggregate's per-shard values become its value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AggregateKind {
     Count,
     Sum,
@@ -46,6 +46,14 @@ pub enum AggregateKind {
     FloatVariance {
         sample: bool,
         root: bool,
+    },
+    /// An aggregate of the `tdigest` or `hll` extension: each shard builds
+    /// its sketch, and the combine merges them with `combine`, which reads
+    /// the answer with the call's trailing constant arguments (`constants`,
+    /// SQL text after a comma: a quantile, a trimming range) where it has any.
+    Sketch {
+        combine: &'static str,
+        constants: String,
     },
 }
 
@@ -253,7 +261,7 @@ fn split(select: &SelectStmt, keys: &ShardKeys, catalog: &Catalog) -> Result<Spl
         };
     }
     if aggregated {
-        match split_aggregation(select, catalog) {
+        match split_aggregation(select, keys, catalog) {
             Ok(split) => Ok(Some(split)),
             Err(refusal) => ship_columns(select, catalog, &refusal),
         }
@@ -571,6 +579,9 @@ fn operation(operator: &str, a: &Node, b: &Node) -> Node {
 
 struct Aggregation<'c> {
     catalog: &'c Catalog,
+    /// The distribution columns: a DISTINCT aggregate of one has disjoint
+    /// values in each shard group (`disjoint_distinct`).
+    keys: &'c ShardKeys,
     /// The query's tables, for the types of aggregate arguments.
     from: FromTables,
     /// GROUP BY expressions (worker columns 0..n) and their keys.
@@ -590,15 +601,23 @@ struct Aggregation<'c> {
 /// GROUP BY and aggregates: the shards group and aggregate their rows; the
 /// combine groups again and combines each aggregate's per-shard values, then
 /// applies HAVING, DISTINCT, ORDER BY and LIMIT.
-fn split_aggregation(select: &SelectStmt, catalog: &Catalog) -> Result<(NodeEnum, String, Vec<SplitAggregate>, usize), Refusal> {
+fn split_aggregation(select: &SelectStmt, keys: &ShardKeys, catalog: &Catalog) -> Result<(NodeEnum, String, Vec<SplitAggregate>, usize), Refusal> {
+    // The shards' partial values of a DISTINCT aggregate of a key add up
+    // only over groups that hold each key's rows whole: not where a grouping
+    // set joins finer groups, nor where the shards also group by another
+    // DISTINCT aggregate's value.
+    let no_keys = ShardKeys::default();
+    let grouping_sets = select.group_clause.iter().any(|g| matches!(g.node, Some(NodeEnum::GroupingSet(_))));
+    let keys = if grouping_sets || distinct_value(select, keys, catalog)?.is_some() { &no_keys } else { keys };
     let mut agg = Aggregation {
         catalog,
+        keys,
         from: FromTables::of(select, catalog),
         groups: vec![],
         partials: vec![],
         aggregates: vec![],
         aggregate_keys: vec![],
-        distinct_value: distinct_value(select, catalog)?,
+        distinct_value: distinct_value(select, keys, catalog)?,
     };
     for g in &select.group_clause {
         if let Some(NodeEnum::GroupingSet(set)) = g.node.as_ref() {
@@ -716,7 +735,7 @@ impl Aggregation<'_> {
         }
         match n {
             NodeEnum::FuncCall(call) if call.over.is_some() => Err("window functions across shards".into()),
-            NodeEnum::FuncCall(call) if call.agg_distinct => self.distinct_over_values(call).map(Some),
+            NodeEnum::FuncCall(call) if call.agg_distinct && !disjoint_distinct(call, self.keys) => self.distinct_over_values(call).map(Some),
             NodeEnum::FuncCall(call) if call.agg_star || self.catalog.is_aggregate(function_name(call).unwrap_or_default()) => {
                 let j = self.aggregate(call)?;
                 Ok(column_ref(&aggregate_placeholder(j)).node)
@@ -757,7 +776,12 @@ impl Aggregation<'_> {
         if let Some(j) = self.aggregate_keys.iter().position(|k| *k == key) {
             return Ok(j);
         }
-        if call.agg_distinct || !call.agg_order.is_empty() || call.agg_within_group || call.func_variadic || call.funcname.len() > 1 {
+        if (call.agg_distinct && !disjoint_distinct(call, self.keys))
+            || !call.agg_order.is_empty()
+            || call.agg_within_group
+            || call.func_variadic
+            || call.funcname.len() > 1
+        {
             return Err(format!("{key} across shards"));
         }
         let mut nested = false;
@@ -771,6 +795,12 @@ impl Aggregation<'_> {
         }
         if nested {
             return Err(format!("{key} across shards"));
+        }
+        if let Some((kind, partial)) = sketch(call, &key)? {
+            self.partials.push(partial);
+            self.aggregates.push(SplitAggregate { kind, columns: vec![self.partials.len() - 1] });
+            self.aggregate_keys.push(key);
+            return Ok(self.aggregates.len() - 1);
         }
         let kind = match (function_name(call).unwrap_or_default(), call.args.len()) {
             ("count", 0 | 1) => AggregateKind::Count,
@@ -844,6 +874,46 @@ impl Aggregation<'_> {
     }
 }
 
+/// An aggregate of the `tdigest` or `hll` extension as the sketch each shard
+/// builds and the kind that combines the sketches, None for other
+/// aggregates. Digests and HyperLogLogs merge (`tdigest(tdigest)`,
+/// `hll_union_agg`), so the combine reads its answer from the merge of the
+/// shards' sketches with the call's trailing arguments: a HyperLogLog's
+/// cardinality is the one of all rows, a digest's percentiles are as
+/// approximate as one digest's (they differ from a single node's in the
+/// last digits, as Citus's do).
+fn sketch(call: &protobuf::FuncCall, key: &str) -> Result<Option<(AggregateKind, Node)>, Refusal> {
+    // (the shard's aggregate, the combine's, how many trailing arguments the combine takes)
+    let (builder, combine, trailing) = match function_name(call).unwrap_or_default() {
+        "tdigest" => ("tdigest", "tdigest", 0),
+        "tdigest_percentile" => ("tdigest", "tdigest_percentile", 1),
+        "tdigest_percentile_of" => ("tdigest", "tdigest_percentile_of", 1),
+        "tdigest_avg" => ("tdigest", "tdigest_avg", 2),
+        "tdigest_sum" => ("tdigest", "tdigest_sum", 2),
+        "hll_add_agg" => ("hll_add_agg", "hll_union_agg", 0),
+        "hll_union_agg" => ("hll_union_agg", "hll_union_agg", 0),
+        _ => return Ok(None),
+    };
+    let Some(built) = call.args.len().checked_sub(trailing).filter(|n| *n > 0) else { return Err(format!("{key} across shards")) };
+    let mut constants = String::new();
+    for arg in &call.args[built..] {
+        let Some(mut value) = arg.node.clone() else { return Err(format!("{key} across shards")) };
+        let mut reads_rows = false;
+        visit_mut(&mut value, &mut |n| {
+            reads_rows |= matches!(n, NodeEnum::ColumnRef(_) | NodeEnum::SubLink(_) | NodeEnum::ParamRef(_) | NodeEnum::FuncCall(_))
+        });
+        if reads_rows {
+            return Err(format!("{key} across shards with an argument that is not a constant"));
+        }
+        let text = super::deparse::deparse_expression(&value).map_err(|_| format!("{key} across shards"))?;
+        constants.push_str(&format!(", {text}"));
+    }
+    let mut partial = call.clone();
+    partial.funcname = vec![string_node(builder)];
+    partial.args.truncate(built);
+    Ok(Some((AggregateKind::Sketch { combine, constants }, Node { node: Some(NodeEnum::FuncCall(Box::new(partial))) })))
+}
+
 /// The expressions a grouping set groups by, nested sets and the
 /// parenthesised lists of ROLLUP, CUBE and GROUPING SETS opened.
 pub(super) fn grouping_set_expressions(set: &protobuf::GroupingSet) -> Result<Vec<Node>, Refusal> {
@@ -862,12 +932,27 @@ pub(super) fn grouping_set_expressions(set: &protobuf::GroupingSet) -> Result<Ve
     Ok(expressions)
 }
 
+/// Whether `call` is a DISTINCT aggregate that each shard group can compute
+/// over its own rows and the combine can sum up like its plain form:
+/// `count`, `sum`, `avg`, `min` or `max` of DISTINCT values of a
+/// distribution column. A value of that column lives in one shard group
+/// only, so the groups' distinct values are disjoint and no value has to
+/// travel (`count(DISTINCT key)` over 5 M rows: 2.3 s shipping every key,
+/// as fast as `count(key)` instead).
+fn disjoint_distinct(call: &protobuf::FuncCall, keys: &ShardKeys) -> bool {
+    call.agg_distinct
+        && call.agg_order.is_empty()
+        && call.funcname.len() == 1
+        && matches!(function_name(call), Some("count" | "sum" | "avg" | "min" | "max"))
+        && matches!(&call.args[..], [value] if keys.is_key(value))
+}
+
 /// The one value every DISTINCT aggregate of the query aggregates (its
 /// first argument; the others, such as string_agg's delimiter, constants),
 /// with its key; None when there are no DISTINCT aggregates. Refused when
 /// they aggregate different values, or filter rows (FILTER reads the rows
 /// the combine no longer has).
-fn distinct_value(select: &SelectStmt, catalog: &Catalog) -> Result<Option<(Node, String)>, Refusal> {
+fn distinct_value(select: &SelectStmt, keys: &ShardKeys, catalog: &Catalog) -> Result<Option<(Node, String)>, Refusal> {
     let mut value: Option<(Node, String)> = None;
     let mut refusal = None;
     let sources = select.target_list.iter().chain(select.having_clause.as_deref()).chain(&select.sort_clause);
@@ -875,7 +960,7 @@ fn distinct_value(select: &SelectStmt, catalog: &Catalog) -> Result<Option<(Node
         let Some(mut n) = node.node.clone() else { continue };
         visit_mut(&mut n, &mut |n| {
             let NodeEnum::FuncCall(call) = n else { return };
-            if !call.agg_distinct || refusal.is_some() {
+            if !call.agg_distinct || disjoint_distinct(call, keys) || refusal.is_some() {
                 return;
             }
             let constant = |a: &Node| matches!(a.node.as_ref(), Some(NodeEnum::AConst(_) | NodeEnum::TypeCast(_)));
