@@ -608,3 +608,27 @@ async fn sketches_merged(c: &tokio_postgres::Client) {
         "{varying}"
     );
 }
+
+/// A restarted coordinator maps each node's numbers of extension types to
+/// its own before it combines the shards' values: here a worker numbered
+/// its types differently, having one more of its own.
+#[tokio::test]
+async fn sketches_combine_after_a_restart() {
+    let cluster = TestCluster::start(2);
+    cluster.connect_worker(0).await.batch_execute("CREATE TYPE only_here AS ENUM ('x')").await.unwrap();
+    let c = cluster.connect().await;
+    c.batch_execute(
+        "CREATE EXTENSION hll;
+         CREATE TABLE er (k int PRIMARY KEY, v int);
+         SELECT create_distributed_table('er', 'k', shard_count => 4);
+         INSERT INTO er SELECT i, i % 500 FROM generate_series(1, 5000) i;",
+    )
+    .await
+    .unwrap();
+    drop(c);
+    cluster.restart_coordinator(|_| {});
+    let c = cluster.connect().await;
+    let row = c.query_one("SELECT hll_cardinality(hll_add_agg(hll_hash_integer(v))), count(DISTINCT v) FROM er", &[]).await.unwrap();
+    let (cardinality, distinct): (f64, i64) = (row.get(0), row.get(1));
+    assert!((cardinality - distinct as f64).abs() < 0.05 * distinct as f64, "{cardinality} distinct, exactly {distinct}");
+}
