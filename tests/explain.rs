@@ -381,6 +381,34 @@ async fn distinct_values_once(c: &tokio_postgres::Client) {
     assert_eq!(rows_received(&analyzed), 4, "{analyzed}");
     let row = c.query_one(keys, &[]).await.unwrap();
     assert_eq!((row.get::<_, i64>(0), row.get::<_, f64>(1)), (20000, 10000.5));
+    // Of a column with many values (by the shards' statistics), the rows
+    // move node to node by its hash, and each shard group counts its own:
+    // as they are where the values are mostly unique in a shard, else each
+    // node sending each row once.
+    c.batch_execute(
+        "CREATE TABLE dm (k int PRIMARY KEY, item int, repeated int, g int);
+         SELECT create_distributed_table('dm', 'k', shard_count => 2);
+         INSERT INTO dm SELECT i, i, i % 150000, i % 3 FROM generate_series(1, 600000) i;
+         ANALYZE dm;",
+    )
+    .await
+    .unwrap();
+    let distinct_in_groups = |value: fn(i32) -> i32| -> Vec<(i32, i64)> {
+        (0..3).map(|g| (g, (1..=600000).filter(|i| i % 3 == g).map(value).collect::<std::collections::HashSet<i32>>().len() as i64)).collect()
+    };
+    for (column, moved, expected) in
+        [("item", "dm", distinct_in_groups(|i| i)), ("repeated", "distinct rows of dm", distinct_in_groups(|i| i % 150000))]
+    {
+        let many = format!("SELECT g, count(DISTINCT {column}) FROM dm GROUP BY g ORDER BY g");
+        let analyzed = explain_with(c, "ANALYZE", &many).await.join("\n");
+        assert!(analyzed.starts_with("Custom Scan (Tessera Repartitioned Aggregate)"), "{analyzed}");
+        assert!(analyzed.contains(&format!("Moved: {moved} by {column} node to node")) && analyzed.contains("Rows Moved: "), "{analyzed}");
+        let counts: Vec<(i32, i64)> = c.query(&many, &[]).await.unwrap().iter().map(|r| (r.get(0), r.get(1))).collect();
+        assert_eq!(counts, expected, "{column}");
+    }
+    // A column of few values keeps the two phases.
+    let few = explain(c, "SELECT count(DISTINCT g) FROM dm").await.join("\n");
+    assert!(few.starts_with("Custom Scan (Tessera Multi-Shard)"), "{few}");
 }
 
 /// A reference table filtered by its own conditions and joined to a

@@ -11,7 +11,7 @@ use crate::connection::client::ClientConn;
 use crate::connection::TextRows;
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, Node, Shard};
-use crate::planner::{Combine, Command, ExplainPlan, MultiShardPlan, Plan};
+use crate::planner::{Combine, CombineQuery, Command, ExplainPlan, MultiShardPlan, Plan};
 use crate::process::Coordinator;
 use crate::protocol::backend::{self, FieldDescription};
 use crate::transaction::{Access, Participants};
@@ -109,6 +109,14 @@ async fn plan_step(
             step.push(Under::Step(explain_pushdown(plan, &replanned, catalog, parts, mode).await?));
             Ok(step)
         }
+        Plan::MultiShard(multi) => {
+            if let Combine::Query(CombineQuery { distinct_column: Some(column), fallback: Some(fallback), .. }) = &multi.combine {
+                if let Some(moved) = super::repartition::by_distinct_column(fallback, &multi.anchor, column, catalog, parts).await? {
+                    return explain_repartition(plan, &moved, catalog, parts, mode).await;
+                }
+            }
+            explain_pushdown(plan, inner, catalog, parts, mode).await
+        }
         inner => explain_pushdown(plan, inner, catalog, parts, mode).await,
     }
 }
@@ -123,7 +131,7 @@ async fn explain_repartition(
     parts: &mut Participants,
     mode: &Mode<'_>,
 ) -> PgResult<Step> {
-    let mut step = Step::new(Title::Scan("Tessera Repartition Join"));
+    let mut step = Step::new(Title::Scan(repartition.title()));
     step.property("Moved", repartition.describe());
     let mut made = Vec::new();
     let outcome = async {

@@ -61,6 +61,9 @@ pub(super) struct Repartition {
     pub catalog: Catalog,
     /// The parser version of the statement's tree.
     version: i32,
+    /// The rows move for the statement's DISTINCT aggregates, not a join
+    /// (`by_distinct_column`).
+    aggregates: bool,
 }
 
 /// One table's rows moving into a temporary table.
@@ -77,6 +80,9 @@ struct Move {
     /// Per column, whether the statement may read it; the others move as
     /// NULLs.
     read: Vec<bool>,
+    /// Each source node sends each row once: the statement reads only
+    /// distinct values of the moved rows (`by_distinct_column`).
+    distinct: bool,
 }
 
 /// A column's SQL type: as `format_type` prints it with its modifier, without
@@ -104,6 +110,71 @@ pub(super) async fn plan(plan: &FallbackPlan, sizes: &[i64], catalog: &Catalog, 
         ([], []) => with_reference_table(plan, &joined, catalog, parts).await,
         _ => Ok(None),
     }
+}
+
+/// Rows a query's DISTINCT aggregates would have the shards send, above
+/// which they move node to node instead: each shard sends the distinct
+/// values it holds, so a column of many values arrives about once per shard,
+/// and the coordinator database copies and sorts every one (`count(DISTINCT
+/// aid)` over 5 million rows: 3.4 s, plain PostgreSQL 0.9 s).
+const DISTINCT_ROWS_TO_MOVE: f64 = 200_000.0;
+
+/// The rows of `table` moved node to node by the hash of `column`, when the
+/// statement of `plan` aggregates only DISTINCT values of that column
+/// (`CombineQuery::distinct_column`) and the shards' statistics say the
+/// shards would send more than `DISTINCT_ROWS_TO_MOVE` rows: a value's rows
+/// then lie in one shard group, whose node aggregates them alone, and no
+/// value passes through the coordinator. Where a value repeats in a shard's
+/// rows (fewer distinct values than half its rows), each source node sends
+/// each row once; of values mostly unique, removing repeats costs more than
+/// moving them (a hash aggregate of every row: 5 million unique values
+/// moved in 2.5 s that way, 1 s as they are). None otherwise.
+pub(super) async fn by_distinct_column(
+    plan: &FallbackPlan,
+    table: &Arc<DistributedTable>,
+    column: &str,
+    catalog: &Catalog,
+    parts: &mut Participants,
+) -> PgResult<Option<Repartition>> {
+    let Some(position) = table.columns.iter().position(|c| c == column) else { return Ok(None) };
+    let hashable = table.column_type_oids.get(position).and_then(|oid| HashType::from_type_oid(*oid)).is_some_and(HashType::hashes_in_sql);
+    if parts.in_block() || !hashable {
+        return Ok(None);
+    }
+    let (values, rows) = distinct_values_per_shard(table, column, catalog, parts).await?;
+    if values * (table.shards.len() as f64) < DISTINCT_ROWS_TO_MOVE {
+        return Ok(None);
+    }
+    let types = column_types(table, parts).await?;
+    let t = &types[position];
+    let key = KeyType { sql: t.base_sql.clone(), base_sql: t.base_sql.clone(), oid: t.oid, coercion: Coercion::None };
+    let planned = plan_moves(plan, catalog, vec![(table, &types, position)], table, key, NEW_LAYOUT_COLOCATION)?;
+    Ok(planned.map(|mut repartition| {
+        repartition.moves[0].distinct = values < rows / 2.0;
+        repartition.aggregates = true;
+        repartition
+    }))
+}
+
+/// How many distinct values of `column` the first shard of `table` holds,
+/// and how many rows, by its node's statistics; none when it has none.
+async fn distinct_values_per_shard(table: &DistributedTable, column: &str, catalog: &Catalog, parts: &mut Participants) -> PgResult<(f64, f64)> {
+    let Some(shard) = table.shards.first() else { return Ok((0.0, 0.0)) };
+    let Some(node) = shard.placements.first().and_then(|g| catalog.node_for_group(*g)) else { return Ok((0.0, 0.0)) };
+    // A negative n_distinct is a fraction of the rows.
+    let sql = format!(
+        "SELECT CASE WHEN s.n_distinct < 0 THEN -s.n_distinct * greatest(c.reltuples, 0) ELSE s.n_distinct END, greatest(c.reltuples, 0)
+           FROM pg_catalog.pg_stats s JOIN pg_catalog.pg_class c ON c.oid = pg_catalog.to_regclass({})
+          WHERE s.schemaname = {} AND s.tablename = {} AND s.attname = {}",
+        quote_literal(&table.qualified_shard_name(shard)),
+        quote_literal(&table.schema),
+        quote_literal(&table.shard_relname(shard)),
+        quote_literal(column)
+    );
+    let worker = parts.worker(node, Access::Read).await?;
+    let rows = worker.conn.query(&sql).await?;
+    let number = |i: usize| rows.first().and_then(|r| r.get(i).cloned().flatten()).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    Ok((number(0), number(1)))
 }
 
 /// Two distributed tables: one moves onto the other's shards when it is
@@ -245,13 +316,14 @@ fn plan_moves(
                     _ => None,
                 },
                 read: read_columns(&plan.statement, table, catalog)?,
+                distinct: false,
             })
         })
         .collect();
     let Some(moves) = moves else { return Ok(None) };
     let augmented = moves.iter().fold(catalog.clone(), |c, m| c.with_table(m.intermediate.clone()));
     let pushdown = replace_and_plan(plan, &augmented, &moves)?;
-    Ok(pushdown.map(|pushdown| Repartition { moves, layout: layout.clone(), pushdown, catalog: augmented, version: plan.version }))
+    Ok(pushdown.map(|pushdown| Repartition { moves, layout: layout.clone(), pushdown, catalog: augmented, version: plan.version, aggregates: false }))
 }
 
 /// The names of the columns the statement compares with `=` to another
@@ -420,6 +492,15 @@ pub(super) struct Moved {
 }
 
 impl Repartition {
+    /// What EXPLAIN calls it.
+    pub fn title(&self) -> &'static str {
+        if self.aggregates {
+            "Tessera Repartitioned Aggregate"
+        } else {
+            "Tessera Repartition Join"
+        }
+    }
+
     /// How the rows move, for EXPLAIN.
     pub fn describe(&self) -> String {
         let moves: Vec<String> = self
@@ -429,7 +510,8 @@ impl Repartition {
                 let Distribution::Hash { column, .. } = &m.intermediate.distribution else { unreachable!("made as a hash table") };
                 let filter = m.filter.as_ref().map(|(_, condition)| format!(" where {condition}")).unwrap_or_default();
                 let how = if m.table.is_reference() { "from each node's own replica" } else { "node to node" };
-                format!("{} by {column}{filter} {how}", m.table.name)
+                let rows = if m.distinct { "distinct rows of " } else { "" };
+                format!("{rows}{} by {column}{filter} {how}", m.table.name)
             })
             .collect();
         match &self.moves[..] {
@@ -507,7 +589,10 @@ impl Repartition {
         let read = self.read_template(m, remainders)?;
         let mut fetches = Vec::with_capacity(sources.len());
         for (source, indexes) in sources {
-            let select = indexes.iter().map(|i| read.sql_for_shard(*i)).collect::<PgResult<Vec<_>>>()?.join(" UNION ALL ");
+            let mut select = indexes.iter().map(|i| read.sql_for_shard(*i)).collect::<PgResult<Vec<_>>>()?.join(" UNION ALL ");
+            if m.distinct {
+                select = format!("SELECT DISTINCT * FROM ({select}) AS tessera_moved");
+            }
             fetches.push(if source.group_id == target.group_id {
                 format!("{REMOTE_SCHEMA}.insert_rows({}, {})", quote_literal(&select), quote_literal(parent))
             } else {

@@ -78,6 +78,13 @@ pub struct CombineQuery {
     /// Run instead when the shards' results cannot be combined exactly (a
     /// type whose partial sums lose precision).
     pub fallback: Option<Arc<FallbackPlan>>,
+    /// The column of the query's one distributed table that every aggregate
+    /// reads DISTINCT, when it is not the table's distribution column: the
+    /// shards send its distinct values per group, as many as the column has
+    /// in each shard; with many, the rows move node to node by the column's
+    /// hash instead and each node aggregates its own (`fallback`'s statement
+    /// over them; executor/repartition.rs `by_distinct_column`).
+    pub distinct_column: Option<String>,
 }
 
 #[derive(Debug)]
@@ -199,7 +206,8 @@ pub(super) fn plan_select(select: &SelectStmt, anchor: Arc<DistributedTable>, te
                 _ => None,
             };
             let passes = if aggregates.is_empty() { percentiles::plan(select, &worker, &sql, catalog) } else { None };
-            let query = CombineQuery { sql, aggregates, hidden, fallback };
+            let distinct_column = if aggregates.is_empty() { distinct_column(select, &anchor, keys, catalog) } else { None };
+            let query = CombineQuery { sql, aggregates, hidden, fallback, distinct_column };
             let combine = match passes {
                 Some(passes) => Combine::Percentiles { passes: Box::new(percentile_passes(passes, &template)), shipped: query },
                 None => Combine::Query(query),
@@ -210,9 +218,27 @@ pub(super) fn plan_select(select: &SelectStmt, anchor: Arc<DistributedTable>, te
     Plan::MultiShard(Arc::new(MultiShardPlan { command: Command::Select, anchor, template, combine }))
 }
 
+/// The column of `anchor` the DISTINCT aggregates of `select` read (see
+/// `CombineQuery::distinct_column`), when `select` reads `anchor` alone and
+/// the column is not a distribution column.
+fn distinct_column(select: &SelectStmt, anchor: &DistributedTable, keys: &ShardKeys, catalog: &Catalog) -> Option<String> {
+    let [item] = &select.from_clause[..] else { return None };
+    let Some(NodeEnum::RangeVar(rv)) = item.node.as_ref() else { return None };
+    if super::resolve_range_var(rv, catalog).is_none_or(|t| t.oid != anchor.oid) {
+        return None;
+    }
+    let (value, _) = distinct_value(select, keys, catalog).ok()??;
+    if keys.is_key(&value) {
+        return None;
+    }
+    let Some(NodeEnum::ColumnRef(c)) = value.node.as_ref() else { return None };
+    let column = super::column_ref_names(c)?.last()?.to_string();
+    anchor.columns.contains(&column).then_some(column)
+}
+
 /// The passes' statements over the tables of `template`.
 fn percentile_passes(statements: percentiles::PassStatements, template: &ShardTemplate) -> PercentilePasses {
-    let over_rows = |sql: String| CombineQuery { sql, aggregates: vec![], hidden: 0, fallback: None };
+    let over_rows = |sql: String| CombineQuery { sql, aggregates: vec![], hidden: 0, fallback: None, distinct_column: None };
     PercentilePasses {
         points: template.clone().with_statement(statements.points),
         brackets: over_rows(statements.brackets_sql),
