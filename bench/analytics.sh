@@ -28,6 +28,7 @@
 #                GROUP BY bid ORDER BY bid
 #   join_other   SELECT count(*), sum(o.amount) FROM bench_orders o JOIN pgbench_accounts a
 #                ON a.aid = o.aid WHERE a.bid % 2 = 0
+#   distinct_many SELECT count(DISTINCT aid) FROM bench_orders
 #
 # pgbench_accounts is distributed by aid and pgbench_tellers by tid (32 shards,
 # 2 workers), so the join is not co-located: Tessera sends the (small) tellers
@@ -39,7 +40,9 @@
 # sets). bench_orders (40,000 rows per scale unit, distributed by its own id,
 # not co-located) joins the accounts on aid: too many rows to broadcast, so
 # its rows move to the accounts' shards by the hash of aid (a repartition
-# join).
+# join). distinct_many counts the accounts that ordered (a value in most
+# shards of the orders, which are not distributed by it): its rows move
+# node to node by aid, and each node counts its own.
 # pgbench_history (filled with one row for every tenth account before the
 # queries) is co-located with the accounts, and the EXISTS is joined to them
 # on aid. The plan of each query through Tessera is logged (EXPLAIN).
@@ -80,7 +83,7 @@ require_positive ORDERS_PER_SCALE
 if ! is_uint "$RUNS" || [[ $RUNS -eq 0 ]]; then die "RUNS must be a positive integer (got '$RUNS')"; fi
 if ! is_uint "$ROUNDS" || [[ $ROUNDS -eq 0 ]]; then die "ROUNDS must be a positive integer (got '$ROUNDS')"; fi
 
-ALL_QUERIES=(aggregates group_by top10 join exists in_other cte_top distinct window_key window_other percentile rollup distinct_two stddev join_other)
+ALL_QUERIES=(aggregates group_by top10 join exists in_other cte_top distinct window_key window_other percentile rollup distinct_two stddev join_other distinct_many)
 read -r -a QUERIES <<<"${ONLY:-${ALL_QUERIES[*]}}"
 
 declare -A SQL=(
@@ -97,6 +100,7 @@ declare -A SQL=(
     [percentile]="SELECT bid, percentile_cont(0.5) WITHIN GROUP (ORDER BY aid) FROM pgbench_accounts GROUP BY bid ORDER BY bid"
     [rollup]="SELECT bid, count(*), sum(abalance) FROM pgbench_accounts GROUP BY ROLLUP (bid) ORDER BY bid"
     [distinct_two]="SELECT count(DISTINCT bid), count(DISTINCT aid % 1000) FROM pgbench_accounts"
+    [distinct_many]="SELECT count(DISTINCT aid) FROM bench_orders"
     [stddev]="SELECT bid, round(stddev(abalance::float8 + aid)::numeric, 6), var_pop(aid) FROM pgbench_accounts GROUP BY bid ORDER BY bid"
     [join_other]="SELECT count(*), sum(o.amount) FROM bench_orders o JOIN pgbench_accounts a ON a.aid = o.aid WHERE a.bid % 2 = 0"
 )
