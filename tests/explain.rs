@@ -336,6 +336,12 @@ async fn percentiles_in_two_passes(c: &tokio_postgres::Client) {
     assert_eq!(distributed.len(), 3);
     let text = explain(c, "SELECT g, percentile_disc(0.5) WITHIN GROUP (ORDER BY t) FROM pq GROUP BY g").await.join("\n");
     assert!(text.contains("Combine: SELECT") && text.contains("percentile_disc(0.5)"), "a collatable sort key ships its rows: {text}");
+    // Integer arithmetic is an integer: its percentiles take the passes too.
+    let expression = |table: &str| format!("SELECT percentile_cont(0.9) WITHIN GROUP (ORDER BY x + k % 1000) FROM {table}");
+    let text = explain(c, &expression("pq")).await.join("\n");
+    assert!(text.contains("Combine: percentiles in two passes"), "{text}");
+    let value = |rows: Vec<tokio_postgres::Row>| rows[0].get::<_, f64>(0);
+    assert_eq!(value(c.query(&expression("pq"), &[]).await.unwrap()), value(c.query(&expression("pq_local"), &[]).await.unwrap()));
 }
 
 /// ORDER BY a rank over another column's partitions with LIMIT k: each

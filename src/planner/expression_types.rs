@@ -103,7 +103,10 @@ impl FromTables {
                 table.columns.iter().position(|name| name == column).and_then(|i| table.column_type_oids.get(i).copied()).filter(|oid| *oid != 0)
             }
             // Arithmetic with a float8 operand and a number is float8 (not
-            // with an interval: float8 * interval is an interval).
+            // with an interval: float8 * interval is an interval). Of
+            // integers, the wider operand's type (int2 with int2 stays int2;
+            // an integer constant is an int4), as PostgreSQL's integer
+            // operators give.
             NodeEnum::AExpr(e) if e.kind == protobuf::AExprKind::AexprOp as i32 => {
                 let operator = match e.name.as_slice() {
                     [name] => match name.node.as_ref()? {
@@ -112,15 +115,28 @@ impl FromTables {
                     },
                     _ => return None,
                 };
-                if !matches!(operator, "+" | "-" | "*" | "/") {
+                if !matches!(operator, "+" | "-" | "*" | "/" | "%") {
                     return None;
                 }
+                // Some(None) for a numeric constant, which takes the other side's type.
                 let number = |side: Option<&Node>| match side?.node.as_ref()? {
                     NodeEnum::AConst(c) if matches!(c.val, Some(a_const::Val::Ival(_) | a_const::Val::Fval(_))) => Some(None),
                     _ => self.type_of(side?).filter(|t| matches!(*t, INT2 | INT4 | INT8 | FLOAT4 | FLOAT8)).map(Some),
                 };
                 let (left, right) = (number(e.lexpr.as_deref())?, number(e.rexpr.as_deref())?);
-                (left == Some(FLOAT8) || right == Some(FLOAT8)).then_some(FLOAT8)
+                if left == Some(FLOAT8) || right == Some(FLOAT8) {
+                    return (operator != "%").then_some(FLOAT8);
+                }
+                let integer = |side: Option<&Node>, typed: Option<u32>| match typed {
+                    Some(t @ (INT2 | INT4 | INT8)) => Some(t),
+                    Some(_) => None,
+                    None => matches!(side?.node.as_ref()?, NodeEnum::AConst(c) if matches!(c.val, Some(a_const::Val::Ival(_)))).then_some(INT4),
+                };
+                match (integer(e.lexpr.as_deref(), left)?, integer(e.rexpr.as_deref(), right)?) {
+                    (INT8, _) | (_, INT8) => Some(INT8),
+                    (INT2, INT2) => Some(INT2),
+                    _ => Some(INT4),
+                }
             }
             _ => None,
         }
