@@ -10,6 +10,9 @@
 //! co-located join of the first table with it. When neither join column is
 //! a distribution column, both tables move the same way, by their join
 //! columns, into temporary tables laid out as the larger table's shards.
+//! DISTINCT aggregates of a column with many values move one table the same
+//! way, by that column (`by_distinct_column`), which each shard group of the
+//! moved rows then aggregates alone.
 //!
 //! The rows move node to node: each node fetches the rows whose join column
 //! hashes to its shards, from its own shards and, over a connection of its
@@ -49,7 +52,7 @@ const INTERMEDIATE_OID: u32 = u32::MAX;
 /// A co-location id no catalog gives: tables moved into a new layout share it.
 const NEW_LAYOUT_COLOCATION: i32 = i32::MIN;
 
-/// A repartition join, planned.
+/// A repartition, planned: for a join, or for DISTINCT aggregates.
 pub(super) struct Repartition {
     /// The tables whose rows move: one, or both.
     moves: Vec<Move>,

@@ -219,15 +219,18 @@ pub(super) fn plan_select(select: &SelectStmt, anchor: Arc<DistributedTable>, te
 }
 
 /// The column of `anchor` the DISTINCT aggregates of `select` read (see
-/// `CombineQuery::distinct_column`), when `select` reads `anchor` alone and
-/// the column is not a distribution column.
+/// `CombineQuery::distinct_column`), when `select` reads `anchor` alone, all
+/// its DISTINCT aggregates read that one column, and it is not a
+/// distribution column.
 fn distinct_column(select: &SelectStmt, anchor: &DistributedTable, keys: &ShardKeys, catalog: &Catalog) -> Option<String> {
     let [item] = &select.from_clause[..] else { return None };
     let Some(NodeEnum::RangeVar(rv)) = item.node.as_ref() else { return None };
     if super::resolve_range_var(rv, catalog).is_none_or(|t| t.oid != anchor.oid) {
         return None;
     }
-    let (value, _) = distinct_value(select, keys, catalog).ok()??;
+    // Beside a DISTINCT aggregate of the key, which would no longer be one
+    // after the move, moving gains nothing.
+    let (value, _) = distinct_value(select, &ShardKeys::default(), catalog).ok()??;
     if keys.is_key(&value) {
         return None;
     }

@@ -97,6 +97,23 @@ fn distinct_aggregates_of_one_value_run_in_two_phases() {
 }
 
 #[test]
+fn distinct_aggregates_of_one_other_column_may_move_the_rows() {
+    let distinct_column = |sql: &str| {
+        let multi: std::sync::Arc<MultiShardPlan> = planned_as!(sql, Plan::MultiShard);
+        match &multi.combine {
+            crate::planner::Combine::Query(query) => query.distinct_column.clone(),
+            other => panic!("{sql}: {other:?}"),
+        }
+    };
+    assert_eq!(distinct_column("SELECT count(DISTINCT g) FROM ea"), Some("g".to_string()));
+    assert_eq!(distinct_column("SELECT v, count(DISTINCT g), sum(DISTINCT g) FROM ea GROUP BY v"), Some("g".to_string()));
+    // A partial aggregate, another DISTINCT value (here the key's), a join.
+    assert_eq!(distinct_column("SELECT count(DISTINCT g), count(*) FROM ea"), None);
+    assert_eq!(distinct_column("SELECT count(DISTINCT g), count(DISTINCT k) FROM ea"), None);
+    assert_eq!(distinct_column("SELECT count(DISTINCT ea.g) FROM ea JOIN eb ON eb.k = ea.k"), None);
+}
+
+#[test]
 fn each_shard_sends_its_own_top_rows() {
     // With OFFSET, a shard's top rows must cover the skipped ones too.
     assert_eq!(
