@@ -11,7 +11,7 @@ use crate::connection::client::ClientConn;
 use crate::connection::TextRows;
 use crate::error::{PgError, PgResult};
 use crate::metadata::{Catalog, Node, Shard};
-use crate::planner::{Combine, CombineQuery, Command, ExplainPlan, MultiShardPlan, Plan};
+use crate::planner::{Combine, Command, ExplainPlan, MultiShardPlan, Plan};
 use crate::process::Coordinator;
 use crate::protocol::backend::{self, FieldDescription};
 use crate::transaction::{Access, Participants};
@@ -110,8 +110,8 @@ async fn plan_step(
             Ok(step)
         }
         Plan::MultiShard(multi) => {
-            if let Combine::Query(CombineQuery { distinct_column: Some(column), fallback: Some(fallback), .. }) = &multi.combine {
-                if let Some(moved) = super::repartition::by_distinct_column(fallback, &multi.anchor, column, catalog, parts).await? {
+            if let Combine::Query(query) = &multi.combine {
+                if let Some(moved) = super::repartition::by_distinct_column(query, &multi.anchor, catalog, parts).await? {
                     return explain_repartition(plan, &moved, catalog, parts, mode).await;
                 }
             }

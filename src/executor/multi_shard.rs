@@ -253,10 +253,8 @@ pub(super) async fn run_combined(
     mode: &Mode<'_>,
     client: &mut ClientConn,
 ) -> PgResult<()> {
-    if let (Some(column), Some(fallback)) = (&query.distinct_column, &query.fallback) {
-        if let Some(moved) = super::repartition::by_distinct_column(fallback, &plan.anchor, column, catalog, parts).await? {
-            return Box::pin(super::repartition::run(moved, coordinator, catalog, parts, mode, client)).await;
-        }
+    if let Some(moved) = super::repartition::by_distinct_column(query, &plan.anchor, catalog, parts).await? {
+        return Box::pin(super::repartition::run(moved, coordinator, catalog, parts, mode, client)).await;
     }
     let by_node = read_tasks_by_node(parts, &plan.template, &plan.anchor, catalog).await?;
     let (fields, rows) = collect_partials(parts, &by_node, mode).await?;

@@ -34,7 +34,7 @@ use crate::metadata::{Catalog, Coercion, DistributedTable, Distribution, KeyType
 use crate::planner::rewrite::ShardTemplate;
 use crate::planner::table_conditions::own_conditions;
 use crate::planner::worker_relations::REMOTE_SCHEMA;
-use crate::planner::{plan_tree, FallbackPlan, Plan};
+use crate::planner::{plan_tree, CombineQuery, FallbackPlan, Plan};
 use crate::process::Coordinator;
 use crate::transaction::{Access, Participants};
 use crate::walk::visit_mut;
@@ -96,6 +96,13 @@ struct ColumnType {
     oid: u32,
 }
 
+impl ColumnType {
+    /// The type as the key of a layout its column's rows move into.
+    fn as_key(&self) -> KeyType {
+        KeyType { sql: self.base_sql.clone(), base_sql: self.base_sql.clone(), oid: self.oid, coercion: Coercion::None }
+    }
+}
+
 /// A repartition join for `plan`, when its two distributed tables, or its
 /// one distributed table and a reference table, can be joined that way;
 /// None otherwise (the general fallback runs it). `sizes` are the two
@@ -122,9 +129,10 @@ pub(super) async fn plan(plan: &FallbackPlan, sizes: &[i64], catalog: &Catalog, 
 /// aid)` over 5 million rows: 3.4 s, plain PostgreSQL 0.9 s).
 const DISTINCT_ROWS_TO_MOVE: f64 = 200_000.0;
 
-/// The rows of `table` moved node to node by the hash of `column`, when the
-/// statement of `plan` aggregates only DISTINCT values of that column
-/// (`CombineQuery::distinct_column`) and the shards' statistics say the
+/// The rows of `table` moved node to node by the hash of a column, when
+/// `query` combines only DISTINCT aggregates of that column
+/// (`CombineQuery::distinct_column`, over its `fallback`'s statement) and
+/// the shards' statistics say the
 /// shards would send more than `DISTINCT_ROWS_TO_MOVE` rows: a value's rows
 /// then lie in one shard group, whose node aggregates them alone, and no
 /// value passes through the coordinator. Where a value repeats in a shard's
@@ -133,15 +141,14 @@ const DISTINCT_ROWS_TO_MOVE: f64 = 200_000.0;
 /// moving them (a hash aggregate of every row: 5 million unique values
 /// moved in 2.5 s that way, 1 s as they are). None otherwise.
 pub(super) async fn by_distinct_column(
-    plan: &FallbackPlan,
+    query: &CombineQuery,
     table: &Arc<DistributedTable>,
-    column: &str,
     catalog: &Catalog,
     parts: &mut Participants,
 ) -> PgResult<Option<Repartition>> {
+    let (Some(column), Some(plan)) = (&query.distinct_column, &query.fallback) else { return Ok(None) };
     let Some(position) = table.columns.iter().position(|c| c == column) else { return Ok(None) };
-    let hashable = table.column_type_oids.get(position).and_then(|oid| HashType::from_type_oid(*oid)).is_some_and(HashType::hashes_in_sql);
-    if parts.in_block() || !hashable {
+    if parts.in_block() || !hashes_in_sql(table, position) {
         return Ok(None);
     }
     let (values, rows) = distinct_values_per_shard(table, column, catalog, parts).await?;
@@ -149,8 +156,7 @@ pub(super) async fn by_distinct_column(
         return Ok(None);
     }
     let types = column_types(table, parts).await?;
-    let t = &types[position];
-    let key = KeyType { sql: t.base_sql.clone(), base_sql: t.base_sql.clone(), oid: t.oid, coercion: Coercion::None };
+    let key = types[position].as_key();
     let planned = plan_moves(plan, catalog, vec![(table, &types, position)], table, key, NEW_LAYOUT_COLOCATION)?;
     Ok(planned.map(|mut repartition| {
         repartition.moves[0].distinct = values < rows / 2.0;
@@ -239,12 +245,13 @@ async fn with_reference_table(
 /// The columns of `table` a join can be co-located on: equated with another
 /// column, of a type the nodes can hash in SQL to send its rows on.
 fn joinable_columns(table: &DistributedTable, joined: &HashSet<String>) -> Vec<usize> {
-    (0..table.columns.len())
-        .filter(|&i| {
-            joined.contains(&table.columns[i])
-                && table.column_type_oids.get(i).and_then(|oid| HashType::from_type_oid(*oid)).is_some_and(HashType::hashes_in_sql)
-        })
-        .collect()
+    (0..table.columns.len()).filter(|&i| joined.contains(&table.columns[i]) && hashes_in_sql(table, i)).collect()
+}
+
+/// Whether the nodes can hash `table`'s column `position` in SQL, to send
+/// its rows by it.
+fn hashes_in_sql(table: &DistributedTable, position: usize) -> bool {
+    table.column_type_oids.get(position).and_then(|oid| HashType::from_type_oid(*oid)).is_some_and(HashType::hashes_in_sql)
 }
 
 /// `moved` (with its columns' types) onto the shards of `stays`, by one of
@@ -284,7 +291,7 @@ fn both_into_layout_of(
             if tx.base_sql != ty.base_sql {
                 continue;
             }
-            let key = KeyType { sql: tx.base_sql.clone(), base_sql: tx.base_sql.clone(), oid: tx.oid, coercion: Coercion::None };
+            let key = tx.as_key();
             let moves = vec![(first, first_types, x), (second, second_types, y)];
             if let Some(repartition) = plan_moves(plan, catalog, moves, first, key, NEW_LAYOUT_COLOCATION)? {
                 return Ok(Some(repartition));

@@ -123,12 +123,7 @@ const USER_TYPES_SQL: &str = "SELECT t.oid, format_type(t.oid, NULL) FROM pg_typ
 /// then carry its own oids) and is named in the log. When the coordinator
 /// database's types are those `previous` knew, its nodes' maps are kept
 /// (a reload after a view or function changed asks no node).
-pub async fn load_type_oids(
-    catalog: &mut Catalog,
-    coordinator_db: &mut PgConnection,
-    login: &crate::config::Login,
-    previous: &Catalog,
-) -> PgResult<()> {
+async fn load_type_oids(catalog: &mut Catalog, coordinator_db: &mut PgConnection, login: &crate::config::Login, previous: &Catalog) -> PgResult<()> {
     let by_name: HashMap<String, u32> =
         coordinator_db.query(USER_TYPES_SQL).await?.into_iter().filter_map(|r| Some((r[1].clone()?, int(&r[0])))).collect();
     if by_name.is_empty() {
@@ -576,8 +571,11 @@ const LOADING: [(&str, &str); 1] = [("jit", "off")];
 /// versions since changed are read again (`tessera.catalog_changes`),
 /// unless a change did not say which tables it touched or `previous` is
 /// older than the changes kept; the rest (nodes, user code, functions) is
-/// small and read whole.
-pub async fn load_since(conn: &mut PgConnection, previous: &Catalog) -> PgResult<Catalog> {
+/// small and read whole. Then each node's user-defined type oids are mapped
+/// to the coordinator database's (`load_type_oids`), logging in to the
+/// nodes as `login`: without the maps the shards' values of an extension's
+/// or user's type (an hll, an enum) cannot be combined.
+pub async fn load_since(conn: &mut PgConnection, login: &crate::config::Login, previous: &Catalog) -> PgResult<Catalog> {
     let rows = conn
         .query(
             "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY;
@@ -599,7 +597,9 @@ pub async fn load_since(conn: &mut PgConnection, previous: &Catalog) -> PgResult
     }
     .await;
     conn.execute("COMMIT").await?;
-    result
+    let mut catalog = result?;
+    load_type_oids(&mut catalog, conn, login, previous).await?;
+    Ok(catalog)
 }
 
 /// The tables changed since version `known`, or None when some change

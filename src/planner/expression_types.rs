@@ -118,24 +118,22 @@ impl FromTables {
                 if !matches!(operator, "+" | "-" | "*" | "/" | "%") {
                     return None;
                 }
-                // Some(None) for a numeric constant, which takes the other side's type.
+                // Some(None) for a decimal constant (a numeric), which only
+                // a float8 operand types.
                 let number = |side: Option<&Node>| match side?.node.as_ref()? {
-                    NodeEnum::AConst(c) if matches!(c.val, Some(a_const::Val::Ival(_) | a_const::Val::Fval(_))) => Some(None),
+                    NodeEnum::AConst(c) if matches!(c.val, Some(a_const::Val::Ival(_))) => Some(Some(INT4)),
+                    NodeEnum::AConst(c) if matches!(c.val, Some(a_const::Val::Fval(_))) => Some(None),
                     _ => self.type_of(side?).filter(|t| matches!(*t, INT2 | INT4 | INT8 | FLOAT4 | FLOAT8)).map(Some),
                 };
                 let (left, right) = (number(e.lexpr.as_deref())?, number(e.rexpr.as_deref())?);
                 if left == Some(FLOAT8) || right == Some(FLOAT8) {
                     return (operator != "%").then_some(FLOAT8);
                 }
-                let integer = |side: Option<&Node>, typed: Option<u32>| match typed {
-                    Some(t @ (INT2 | INT4 | INT8)) => Some(t),
-                    Some(_) => None,
-                    None => matches!(side?.node.as_ref()?, NodeEnum::AConst(c) if matches!(c.val, Some(a_const::Val::Ival(_)))).then_some(INT4),
-                };
-                match (integer(e.lexpr.as_deref(), left)?, integer(e.rexpr.as_deref(), right)?) {
-                    (INT8, _) | (_, INT8) => Some(INT8),
+                match (left?, right?) {
+                    (INT8, INT2 | INT4 | INT8) | (INT2 | INT4, INT8) => Some(INT8),
                     (INT2, INT2) => Some(INT2),
-                    _ => Some(INT4),
+                    (INT2 | INT4, INT2 | INT4) => Some(INT4),
+                    _ => None,
                 }
             }
             _ => None,

@@ -637,7 +637,11 @@ fn split_aggregation(select: &SelectStmt, keys: &ShardKeys, catalog: &Catalog) -
     // DISTINCT aggregate's value.
     let no_keys = ShardKeys::default();
     let grouping_sets = select.group_clause.iter().any(|g| matches!(g.node, Some(NodeEnum::GroupingSet(_))));
-    let keys = if grouping_sets || distinct_value(select, keys, catalog)?.is_some() { &no_keys } else { keys };
+    let apart = if grouping_sets { None } else { Some(distinct_value(select, keys, catalog)?) };
+    let (keys, distinct_value) = match apart {
+        Some(None) => (keys, None),
+        _ => (&no_keys, distinct_value(select, &no_keys, catalog)?),
+    };
     let mut agg = Aggregation {
         catalog,
         keys,
@@ -646,7 +650,7 @@ fn split_aggregation(select: &SelectStmt, keys: &ShardKeys, catalog: &Catalog) -
         partials: vec![],
         aggregates: vec![],
         aggregate_keys: vec![],
-        distinct_value: distinct_value(select, keys, catalog)?,
+        distinct_value,
     };
     for g in &select.group_clause {
         if let Some(NodeEnum::GroupingSet(set)) = g.node.as_ref() {

@@ -92,8 +92,6 @@ impl Coordinator {
         if !current.type_oids_incomplete && metadata::committed_version(conn).await? == current.version {
             return Ok(None);
         }
-        let mut fresh = metadata::load_since(conn, &current).await?;
-        metadata::load_type_oids(&mut fresh, conn, &self.config.service_login(), &current).await?;
-        Ok(Some(fresh))
+        Ok(Some(metadata::load_since(conn, &self.config.service_login(), &current).await?))
     }
 }

@@ -80,14 +80,9 @@ impl Coordinator {
             .await
             .map_err(|e| anyhow::anyhow!("could not register worker {}:{}: {e}", w.host, w.port))?;
         }
-        let mut catalog =
-            metadata::load_since(&mut conn, &metadata::Catalog::default()).await.map_err(|e| anyhow::anyhow!("could not load the catalog: {e}"))?;
-        // Nodes number the types of extensions and user DDL each their own
-        // way: without the map, a restarted coordinator could not combine
-        // shards' values of those types until the catalog next changed.
-        metadata::load_type_oids(&mut catalog, &mut conn, &config.service_login(), &metadata::Catalog::default())
+        let catalog = metadata::load_since(&mut conn, &config.service_login(), &metadata::Catalog::default())
             .await
-            .map_err(|e| anyhow::anyhow!("could not read the user-defined types: {e}"))?;
+            .map_err(|e| anyhow::anyhow!("could not load the catalog: {e}"))?;
         conn.terminate().await;
         let pool_wait = Duration::from_secs_f64(config.connections.pool_wait_secs.max(0.0));
         let worker_pools = crate::transaction::WorkerPools::new(config.connections.max_per_node, config.connections.active_per_node(), pool_wait)
