@@ -29,6 +29,11 @@
 #   join_other   SELECT count(*), sum(o.amount) FROM bench_orders o JOIN pgbench_accounts a
 #                ON a.aid = o.aid WHERE a.bid % 2 = 0
 #   distinct_many SELECT count(DISTINCT aid) FROM bench_orders
+#   distinct_estimate the same count, estimated: Tessera runs it after SET
+#                citus.count_distinct_error_rate = 0.005, plain PostgreSQL the
+#                HyperLogLog that setting makes of it, written out:
+#                SELECT COALESCE(hll_cardinality(hll_add_agg(hll_hash_any(aid), 15))::int8, 0)
+#                FROM bench_orders (the same estimate on both)
 #
 # pgbench_accounts is distributed by aid and pgbench_tellers by tid (32 shards,
 # 2 workers), so the join is not co-located: Tessera sends the (small) tellers
@@ -83,7 +88,7 @@ require_positive ORDERS_PER_SCALE
 if ! is_uint "$RUNS" || [[ $RUNS -eq 0 ]]; then die "RUNS must be a positive integer (got '$RUNS')"; fi
 if ! is_uint "$ROUNDS" || [[ $ROUNDS -eq 0 ]]; then die "ROUNDS must be a positive integer (got '$ROUNDS')"; fi
 
-ALL_QUERIES=(aggregates group_by top10 join exists in_other cte_top distinct window_key window_other percentile rollup distinct_two stddev join_other distinct_many)
+ALL_QUERIES=(aggregates group_by top10 join exists in_other cte_top distinct window_key window_other percentile rollup distinct_two stddev join_other distinct_many distinct_estimate)
 read -r -a QUERIES <<<"${ONLY:-${ALL_QUERIES[*]}}"
 
 declare -A SQL=(
@@ -103,6 +108,14 @@ declare -A SQL=(
     [distinct_many]="SELECT count(DISTINCT aid) FROM bench_orders"
     [stddev]="SELECT bid, round(stddev(abalance::float8 + aid)::numeric, 6), var_pop(aid) FROM pgbench_accounts GROUP BY bid ORDER BY bid"
     [join_other]="SELECT count(*), sum(o.amount) FROM bench_orders o JOIN pgbench_accounts a ON a.aid = o.aid WHERE a.bid % 2 = 0"
+    [distinct_estimate]="SELECT COALESCE(hll_cardinality(hll_add_agg(hll_hash_any(aid), 15))::int8, 0) FROM bench_orders"
+)
+# Where Tessera runs other SQL than plain PostgreSQL, and the session setting it runs under.
+declare -A TESSERA_SQL=(
+    [distinct_estimate]="SELECT count(DISTINCT aid) FROM bench_orders"
+)
+declare -A TESSERA_SETTING=(
+    [distinct_estimate]="SET citus.count_distinct_error_rate = 0.005"
 )
 # Orders of random accounts, ORDERS_PER_SCALE per scale unit.
 ORDERS_SQL="CREATE TABLE bench_orders (id int PRIMARY KEY, aid int, amount int); INSERT INTO bench_orders SELECT g, (1 + (g::int8 * 7919) % ($SCALE * 100000))::int, g % 1000 FROM generate_series(1, $SCALE * $ORDERS_PER_SCALE) g"
@@ -112,14 +125,21 @@ POOL_SIZE=${POOL_SIZE:-}
 if [[ -n $POOL_SIZE ]] && { ! is_uint "$POOL_SIZE" || [[ $POOL_SIZE -eq 0 ]]; }; then die "POOL_SIZE must be a positive integer (got '$POOL_SIZE')"; fi
 declare -A MEDIAN=() ANSWER=()
 
+# tessera_sql QUERY: what Tessera runs for QUERY.
+tessera_sql() {
+    echo "${TESSERA_SQL[$1]:-${SQL[$1]}}"
+}
+
 # measure TARGET PORT QUERY: the median wall time (ms) of RUNS runs, for round $ROUND.
 measure() {
-    local target=$1 port=$2 name=$3 out times
+    local target=$1 port=$2 name=$3 out times sql=${SQL[$3]}
     out=$BENCH_LOG_DIR/$target-$name-round$ROUND.log
+    if [[ $target == tessera ]]; then sql=$(tessera_sql "$name"); fi
     {
-        echo '\timing on'
         if [[ $target == tessera && -n $POOL_SIZE ]]; then echo "SET citus.max_adaptive_executor_pool_size = $POOL_SIZE;"; fi
-        for ((i = 0; i <= RUNS; i++)); do echo "${SQL[$name]};"; done
+        if [[ $target == tessera && -n ${TESSERA_SETTING[$name]:-} ]]; then echo "${TESSERA_SETTING[$name]};"; fi
+        echo '\timing on'
+        for ((i = 0; i <= RUNS; i++)); do echo "$sql;"; done
     } | psql_at "$port" -At >"$out" 2>&1 || die "$target: $name failed" "$out"
     # The first run warms caches and connections; it does not count.
     times=$(sed -n 's/^Time: \([0-9.]*\) ms.*/\1/p' "$out" | tail -n +2)
@@ -133,15 +153,18 @@ start_tessera
 pgbench_init plain "$PLAIN_PORT"
 psql_at "$PLAIN_PORT" -c "$HISTORY_SQL" >/dev/null
 psql_at "$PLAIN_PORT" -c "$ORDERS_SQL" >/dev/null
+psql_at "$PLAIN_PORT" -c 'CREATE EXTENSION hll' >/dev/null
 psql_at "$PLAIN_PORT" -c 'VACUUM ANALYZE' >/dev/null
 pgbench_init tessera "$TESSERA_PORT"
 distribute_pgbench_tables "$TESSERA_PORT"
 psql_at "$TESSERA_PORT" -c "$HISTORY_SQL" >/dev/null
 psql_at "$TESSERA_PORT" -c "$ORDERS_SQL" >/dev/null
 psql_at "$TESSERA_PORT" -c "SELECT create_distributed_table('bench_orders', 'id', colocate_with => 'none')" >/dev/null
+psql_at "$TESSERA_PORT" -c 'CREATE EXTENSION hll' >/dev/null
 psql_at "$TESSERA_PORT" -c 'VACUUM ANALYZE pgbench_accounts, pgbench_tellers, pgbench_branches, pgbench_history, bench_orders' >/dev/null
 for q in "${QUERIES[@]}"; do
-    psql_at "$TESSERA_PORT" -c "EXPLAIN (COSTS OFF) ${SQL[$q]}" >"$BENCH_LOG_DIR/tessera-$q-plan.txt" 2>&1 || true
+    setting=${TESSERA_SETTING[$q]:-}
+    psql_at "$TESSERA_PORT" -c "${setting:+$setting; }EXPLAIN (COSTS OFF) $(tessera_sql "$q")" >"$BENCH_LOG_DIR/tessera-$q-plan.txt" 2>&1 || true
 done
 for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
     for q in "${QUERIES[@]}"; do

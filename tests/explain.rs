@@ -249,6 +249,7 @@ async fn each_shape_takes_its_tier() {
     top_ranks_only(&c).await;
     distinct_values_once(&c).await;
     sketches_merged(&c).await;
+    approximate_distinct_counts(&c).await;
 }
 
 /// FORMAT JSON: one value of type json, PostgreSQL's shape, with each
@@ -640,6 +641,64 @@ async fn sketches_merged(c: &tokio_postgres::Client) {
     assert!(
         !varying.contains("tdigest(x, 100)") && varying.contains("Combine: SELECT tdigest_percentile(tessera_p_000, 100, tessera_p_001)"),
         "{varying}"
+    );
+}
+
+/// With `citus.count_distinct_error_rate` set, a `count(DISTINCT …)` the
+/// shards cannot count alone is the cardinality of the HyperLogLog every
+/// shard builds and the combine merges, as Citus computes it: within the
+/// error of its size, and the very estimate the same HyperLogLog written
+/// out gives. Counts of the key stay exact; a bad rate is refused and the
+/// session goes on; RESET gives exact counts again.
+async fn approximate_distinct_counts(c: &tokio_postgres::Client) {
+    c.batch_execute(
+        "CREATE EXTENSION IF NOT EXISTS hll;
+         CREATE TABLE eh (k int PRIMARY KEY, g int, v int, t text);
+         SELECT create_distributed_table('eh', 'k', shard_count => 4);
+         INSERT INTO eh SELECT i, i % 3, (i * 7919) % 20011, 't' || (i % 3001) FROM generate_series(1, 60000) i;",
+    )
+    .await
+    .unwrap();
+    let query = "SELECT g, count(DISTINCT v), count(DISTINCT k), count(DISTINCT t) FILTER (WHERE k % 2 = 0) AS evens FROM eh GROUP BY g ORDER BY g";
+    let exact = c.query(query, &[]).await.unwrap();
+    c.batch_execute("SET citus.count_distinct_error_rate = 0.005").await.unwrap();
+    let plan = explain_with(c, "VERBOSE, COSTS OFF", query).await.join("\n");
+    assert!(plan.starts_with("Custom Scan (Tessera Multi-Shard)"), "{plan}");
+    assert!(
+        plan.contains("hll_add_agg(hll_hash_any(v, 0), 15)") && plan.contains("count(DISTINCT k)"),
+        "each shard builds HyperLogLogs of 2^15 registers:\n{plan}"
+    );
+    let estimated = c.query(query, &[]).await.unwrap();
+    let names: Vec<&str> = estimated[0].columns().iter().map(|c| c.name()).collect();
+    assert_eq!(names, ["g", "count", "count", "evens"]);
+    let written_out = c
+        .query(
+            "SELECT g, hll_cardinality(hll_add_agg(hll_hash_any(v), 15))::int8, hll_cardinality(hll_add_agg(hll_hash_any(t), 15) FILTER (WHERE k % 2 = 0))::int8 FROM eh GROUP BY g ORDER BY g",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(estimated.len(), 3);
+    for ((e, x), w) in estimated.iter().zip(&exact).zip(&written_out) {
+        let group: i32 = e.get(0);
+        assert_eq!(e.get::<_, i64>(2), x.get::<_, i64>(2), "group {group}: a count of the key is exact");
+        for (column, written) in [(1, 1), (3, 2)] {
+            let (estimate, count): (i64, i64) = (e.get(column), x.get(column));
+            assert!((estimate - count).abs() as f64 <= 0.03 * count as f64, "group {group}: {estimate} estimated, exactly {count}");
+            assert_eq!(estimate, w.get::<_, i64>(written), "group {group}: the estimate of the HyperLogLog written out");
+        }
+    }
+    let none = c.query_one("SELECT count(DISTINCT v) FROM eh WHERE k < 0", &[]).await.unwrap();
+    assert_eq!(none.get::<_, i64>(0), 0, "a count of no rows");
+    // Grouped by the key, every group's count is computed whole, exactly.
+    let by_key = explain_with(c, "VERBOSE, COSTS OFF", "SELECT k, count(DISTINCT v) FROM eh GROUP BY k").await.join("\n");
+    assert!(!by_key.contains("hll_") && by_key.contains("count(DISTINCT v)"), "{by_key}");
+    let refused = c.batch_execute("SET citus.count_distinct_error_rate = 'often'; SELECT count(DISTINCT v) FROM eh").await.unwrap_err();
+    assert_eq!(refused.code(), Some(&tokio_postgres::error::SqlState::INVALID_PARAMETER_VALUE), "{refused:?}");
+    c.batch_execute("RESET citus.count_distinct_error_rate").await.unwrap();
+    assert_eq!(
+        c.query(query, &[]).await.unwrap().iter().map(|r| r.get::<_, i64>(1)).collect::<Vec<_>>(),
+        exact.iter().map(|r| r.get::<_, i64>(1)).collect::<Vec<_>>()
     );
 }
 

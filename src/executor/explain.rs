@@ -111,6 +111,9 @@ async fn plan_step(
         }
         Plan::MultiShard(multi) => {
             if let Combine::Query(query) = &multi.combine {
+                if let Some(approximate) = super::approximate_distinct::replanned(query, catalog, parts).await? {
+                    return Box::pin(plan_step(plan, &Plan::MultiShard(approximate), coordinator, catalog, parts, mode)).await;
+                }
                 if let Some(moved) = super::repartition::by_distinct_column(query, &multi.anchor, catalog, parts).await? {
                     return explain_repartition(plan, &moved, catalog, parts, mode).await;
                 }

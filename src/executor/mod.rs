@@ -3,6 +3,7 @@
 //! executor owns; each tier has a file (router, multi-shard, streaming,
 //! fallback, COPY, EXPLAIN, INSERT … SELECT, MERGE, the cluster views).
 
+mod approximate_distinct;
 pub mod block_reads;
 pub mod cluster_views;
 pub mod copy;

@@ -253,6 +253,9 @@ pub(super) async fn run_combined(
     mode: &Mode<'_>,
     client: &mut ClientConn,
 ) -> PgResult<()> {
+    if let Some(approximate) = super::approximate_distinct::replanned(query, catalog, parts).await? {
+        return Box::pin(run(&approximate, coordinator, parts, catalog, mode, client)).await;
+    }
     if let Some(moved) = super::repartition::by_distinct_column(query, &plan.anchor, catalog, parts).await? {
         return Box::pin(super::repartition::run(moved, coordinator, catalog, parts, mode, client)).await;
     }

@@ -2,6 +2,7 @@
 //! saying which tier runs each statement and how. Planning needs only the parse
 //! tree and a catalog snapshot, never I/O, so plans are cached by statement text.
 
+pub mod approximate_distinct;
 mod cluster_views;
 mod copy;
 mod cte_names;

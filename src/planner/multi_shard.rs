@@ -85,6 +85,10 @@ pub struct CombineQuery {
     /// hash instead and each node aggregates its own (`fallback`'s statement
     /// over them; executor/repartition.rs `by_distinct_column`).
     pub distinct_column: Option<String>,
+    /// The `count(DISTINCT …)` calls HyperLogLogs would estimate when the
+    /// session sets `citus.count_distinct_error_rate` (approximate_distinct.rs),
+    /// as expression keys: the replan of `fallback`'s statement has them.
+    pub approximable_counts: Vec<String>,
 }
 
 #[derive(Debug)]
@@ -184,7 +188,7 @@ pub(super) struct ShardKeys {
 }
 
 impl ShardKeys {
-    fn is_key(&self, node: &Node) -> bool {
+    pub(super) fn is_key(&self, node: &Node) -> bool {
         let Some(NodeEnum::ColumnRef(c)) = node.node.as_ref() else { return false };
         match super::column_ref_names(c).as_deref() {
             Some([column]) => self.unqualified.iter().any(|u| u == column),
@@ -207,7 +211,8 @@ pub(super) fn plan_select(select: &SelectStmt, anchor: Arc<DistributedTable>, te
             };
             let passes = if aggregates.is_empty() { percentiles::plan(select, &worker, &sql, catalog) } else { None };
             let distinct_column = if aggregates.is_empty() { distinct_column(select, &anchor, keys, catalog) } else { None };
-            let query = CombineQuery { sql, aggregates, hidden, fallback, distinct_column };
+            let approximable_counts = if fallback.is_some() { super::approximate_distinct::approximable_counts(select, keys) } else { vec![] };
+            let query = CombineQuery { sql, aggregates, hidden, fallback, distinct_column, approximable_counts };
             let combine = match passes {
                 Some(passes) => Combine::Percentiles { passes: Box::new(percentile_passes(passes, &template)), shipped: query },
                 None => Combine::Query(query),
@@ -241,7 +246,8 @@ fn distinct_column(select: &SelectStmt, anchor: &DistributedTable, keys: &ShardK
 
 /// The passes' statements over the tables of `template`.
 fn percentile_passes(statements: percentiles::PassStatements, template: &ShardTemplate) -> PercentilePasses {
-    let over_rows = |sql: String| CombineQuery { sql, aggregates: vec![], hidden: 0, fallback: None, distinct_column: None };
+    let over_rows =
+        |sql: String| CombineQuery { sql, aggregates: vec![], hidden: 0, fallback: None, distinct_column: None, approximable_counts: vec![] };
     PercentilePasses {
         points: template.clone().with_statement(statements.points),
         brackets: over_rows(statements.brackets_sql),
@@ -972,7 +978,7 @@ pub(super) fn grouping_set_expressions(set: &protobuf::GroupingSet) -> Result<Ve
 /// only, so the groups' distinct values are disjoint and no value has to
 /// travel (`count(DISTINCT key)` over 5 M rows: 2.3 s shipping every key,
 /// as fast as `count(key)` instead).
-fn disjoint_distinct(call: &protobuf::FuncCall, keys: &ShardKeys) -> bool {
+pub(super) fn disjoint_distinct(call: &protobuf::FuncCall, keys: &ShardKeys) -> bool {
     call.agg_distinct
         && call.agg_order.is_empty()
         && call.funcname.len() == 1

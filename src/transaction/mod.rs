@@ -351,6 +351,8 @@ pub struct CitusSettings {
     /// `tessera.merge_shard_tasks` is not off: a read's task covers several
     /// of a node's shard groups (see `ShardTemplate::sql_for_shards`).
     pub merge_shard_tasks: bool,
+    /// `citus.count_distinct_error_rate`.
+    pub count_distinct_error_rate: ErrorRateSetting,
 }
 
 /// `citus.max_adaptive_executor_pool_size` as the session has it.
@@ -373,10 +375,46 @@ impl PoolSizeSetting {
     }
 }
 
+/// `citus.count_distinct_error_rate` as the session has it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ErrorRateSetting {
+    /// Not set, or 0: DISTINCT counts are exact.
+    Exact,
+    /// Counts across shards may err by about this fraction.
+    Rate(f64),
+    /// Set to what is not a number from 0 to 1.
+    Invalid,
+}
+
+impl ErrorRateSetting {
+    fn from_value(value: Option<&str>) -> Self {
+        match value.map(str::trim) {
+            None | Some("") => ErrorRateSetting::Exact,
+            Some(value) => match value.parse::<f64>() {
+                Ok(0.0) => ErrorRateSetting::Exact,
+                Ok(rate) if rate > 0.0 && rate <= 1.0 => ErrorRateSetting::Rate(rate),
+                _ => ErrorRateSetting::Invalid,
+            },
+        }
+    }
+
+    /// The error the session accepts of a DISTINCT count; None for exact counts.
+    pub fn rate(self) -> PgResult<Option<f64>> {
+        match self {
+            ErrorRateSetting::Exact => Ok(None),
+            ErrorRateSetting::Rate(rate) => Ok(Some(rate)),
+            ErrorRateSetting::Invalid => {
+                Err(PgError::new(sqlstate::INVALID_PARAMETER_VALUE, "invalid value for parameter \"citus.count_distinct_error_rate\"")
+                    .with_hint("Give a fraction from 0 (exact counts) to 1, such as 0.005 for counts within about half a percent."))
+            }
+        }
+    }
+}
+
 impl CitusSettings {
     /// The select list that reads them.
     pub const COLUMNS: &'static str =
-        "current_setting('citus.multi_shard_commit_protocol', true), current_setting('citus.multi_shard_modify_mode', true), current_setting('citus.enable_function_delegation', true), current_setting('tessera.max_statement_memory', true), current_setting('citus.max_adaptive_executor_pool_size', true), current_setting('tessera.merge_shard_tasks', true)";
+        "current_setting('citus.multi_shard_commit_protocol', true), current_setting('citus.multi_shard_modify_mode', true), current_setting('citus.enable_function_delegation', true), current_setting('tessera.max_statement_memory', true), current_setting('citus.max_adaptive_executor_pool_size', true), current_setting('tessera.merge_shard_tasks', true), current_setting('citus.count_distinct_error_rate', true)";
 
     /// From the values `COLUMNS` gives, in order.
     pub fn from_values(values: &[Option<String>]) -> Self {
@@ -389,6 +427,7 @@ impl CitusSettings {
             max_statement_memory: limits::MemorySetting::from_value(value(3).as_deref()),
             executor_pool_size: PoolSizeSetting::from_value(value(4).as_deref()),
             merge_shard_tasks: !off(value(5)),
+            count_distinct_error_rate: ErrorRateSetting::from_value(value(6).as_deref()),
         }
     }
 }

@@ -233,6 +233,8 @@ pub(crate) fn catalog() -> Catalog {
             "stddev",
             "var_pop",
             "variance",
+            "hll_add_agg",
+            "hll_union_agg",
         ])
         .build()
 }

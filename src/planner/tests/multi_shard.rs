@@ -114,6 +114,47 @@ fn distinct_aggregates_of_one_other_column_may_move_the_rows() {
 }
 
 #[test]
+fn distinct_counts_of_other_values_may_be_estimated() {
+    use crate::planner::approximate_distinct::{approximate_counts, hll_log2m};
+    let counts = |sql: &str| {
+        let multi: std::sync::Arc<MultiShardPlan> = planned_as!(sql, Plan::MultiShard);
+        match &multi.combine {
+            crate::planner::Combine::Query(query) => (query.approximable_counts.clone(), query.fallback.clone()),
+            other => panic!("{sql}: {other:?}"),
+        }
+    };
+    // Counts of the key are exact already; other DISTINCT aggregates stay as they are.
+    let sql = "SELECT g, count(DISTINCT v), count(DISTINCT k), sum(DISTINCT v) FROM ea GROUP BY g HAVING count(DISTINCT v) > 1";
+    let (found, fallback) = counts(sql);
+    assert_eq!(found, vec!["count(DISTINCT v)".to_string()]);
+    assert_eq!(counts("SELECT count(DISTINCT k) FROM ea").0, Vec::<String>::new());
+    // Two values' counts, a FILTER kept: after the rewrite no DISTINCT is
+    // left but the key's, and each shard builds HyperLogLogs.
+    let sql = "SELECT count(DISTINCT v) FILTER (WHERE k > 2), count(DISTINCT g) + 1, count(DISTINCT k) FROM ea";
+    let (found, fallback2) = counts(sql);
+    assert_eq!(found.len(), 2, "{found:?}");
+    let exact = fallback2.expect("a statement to plan again");
+    let estimated = approximate_counts(&exact.statement, &found, 12).unwrap();
+    let multi: std::sync::Arc<MultiShardPlan> = match crate::planner::plan_tree(exact.version, estimated, &super::catalog()) {
+        Plan::MultiShard(multi) => multi,
+        other => panic!("{other}"),
+    };
+    assert_eq!(
+        multi.template.sql_for_shard(0).unwrap(),
+        "SELECT hll_add_agg(hll_hash_any(v), 12) FILTER (WHERE k > 2) AS tessera_p_000, hll_add_agg(hll_hash_any(g), 12) AS tessera_p_001, \
+         count(DISTINCT k) AS tessera_p_002 FROM public.ea_100 ea"
+    );
+    assert_eq!(
+        multi.to_string(),
+        "Select, 4 tasks, SELECT COALESCE(hll_cardinality(tessera_agg_000)::bigint, 0) AS count, COALESCE(hll_cardinality(tessera_agg_001)::bigint, 0) + 1 AS \"?column?\", \
+         tessera_agg_002 AS count FROM tessera_partials"
+    );
+    assert!(fallback.is_some());
+    // About 1.04/sqrt(2^log2m) standard error, within hll's sizes.
+    assert_eq!((hll_log2m(0.005), hll_log2m(0.0001), hll_log2m(0.5), hll_log2m(1.0)), (15, 17, 4, 4));
+}
+
+#[test]
 fn each_shard_sends_its_own_top_rows() {
     // With OFFSET, a shard's top rows must cover the skipped ones too.
     assert_eq!(
