@@ -37,9 +37,17 @@ jit = off
 /// the node has cores (`citus.max_adaptive_executor_pool_size`), so parallel
 /// workers inside each task only add processes to start and coordinate on
 /// the same cores (TPC-H on 2 cores: q3, q9, q10 and q18 about twice as
-/// fast without them; q16, one statement on one node, 1.3x slower).
+/// fast without them; q16, one statement on one node, 1.3x slower). And
+/// half the buffer pool: the embedded cluster's workers share one machine,
+/// and PostgreSQL reads a table larger than a quarter of its pool through a
+/// small ring of buffers, but a smaller one into the pool, evicting a page
+/// for every page read once the shards outgrow it. 40 MB shards (10 M
+/// accounts over 32) churned 256 MB pools; 128 MB ones read them through
+/// the ring, as a single server's 256 MB pool reads the one 1.3 GB table:
+/// count(*) 1.14x plain's time -> 0.97x (docs/benchmarks.md).
 const WORKER_SETTINGS: &str = "\
 max_parallel_workers_per_gather = 0
+shared_buffers = 128MB
 ";
 
 #[derive(Clone, Debug)]
