@@ -10,9 +10,11 @@
 //! co-located join of the first table with it. When neither join column is
 //! a distribution column, both tables move the same way, by their join
 //! columns, into temporary tables laid out as the larger table's shards.
-//! DISTINCT aggregates of a column with many values move one table the same
-//! way, by that column (`by_distinct_column`), which each shard group of the
-//! moved rows then aggregates alone.
+//! DISTINCT aggregates of a column with many values move one table by that
+//! column too (`by_distinct_column`), into a layout of one shard per node:
+//! each node's shard is a view of its own rows of its values, read where
+//! they lie, and of the rows the other nodes sent it, which it aggregates
+//! alone.
 //!
 //! The rows move node to node: each node fetches the rows whose join column
 //! hashes to its shards, from its own shards and, over a connection of its
@@ -30,7 +32,7 @@ use crate::connection::client::ClientConn;
 use crate::connection::{quote_ident, quote_literal};
 use crate::error::{PgError, PgResult};
 use crate::hash::{shard_filter_sql, HashType};
-use crate::metadata::{Catalog, Coercion, DistributedTable, Distribution, KeyType, Node};
+use crate::metadata::{Catalog, Coercion, DistributedTable, Distribution, KeyType, Node, Shard};
 use crate::planner::rewrite::ShardTemplate;
 use crate::planner::table_conditions::own_conditions;
 use crate::planner::worker_relations::REMOTE_SCHEMA;
@@ -56,8 +58,8 @@ const NEW_LAYOUT_COLOCATION: i32 = i32::MIN;
 pub(super) struct Repartition {
     /// The tables whose rows move: one, or both.
     moves: Vec<Move>,
-    /// The table whose shards the moved rows are laid out as.
-    layout: Arc<DistributedTable>,
+    /// The shards the moved rows are laid out as.
+    layout: Layout,
     /// The query over the intermediate tables (and the table that stays).
     pub pushdown: Plan,
     /// The catalog that knows the intermediate tables.
@@ -65,8 +67,22 @@ pub(super) struct Repartition {
     /// The parser version of the statement's tree.
     version: i32,
     /// The rows move for the statement's DISTINCT aggregates, not a join
-    /// (`by_distinct_column`).
+    /// (`by_distinct_column`): the layout has one shard per node, and each
+    /// node reads its own rows where they are (`make_intermediate`).
     aggregates: bool,
+}
+
+/// Shards moved rows are laid out as: a table's, or one per node.
+struct Layout {
+    /// The table whose shards they are, for EXPLAIN.
+    table_name: String,
+    shards: Vec<Shard>,
+}
+
+impl Layout {
+    fn of(table: &DistributedTable) -> Layout {
+        Layout { table_name: table.name.clone(), shards: table.shards.clone() }
+    }
 }
 
 /// One table's rows moving into a temporary table.
@@ -157,12 +173,32 @@ pub(super) async fn by_distinct_column(
     }
     let types = column_types(table, parts).await?;
     let key = types[position].as_key();
-    let planned = plan_moves(plan, catalog, vec![(table, &types, position)], table, key, NEW_LAYOUT_COLOCATION)?;
+    let layout = one_shard_per_node(table, catalog)?;
+    let planned = plan_moves(plan, catalog, vec![(table, &types, position)], layout, key, NEW_LAYOUT_COLOCATION)?;
     Ok(planned.map(|mut repartition| {
         repartition.moves[0].distinct = values < rows / 2.0;
         repartition.aggregates = true;
         repartition
     }))
+}
+
+/// `table` laid out with one shard on each node that holds shards of it,
+/// in the order of their groups, each named after the node's first shard.
+/// DISTINCT aggregates need a value's rows in one place, not in one shard
+/// group of a join's layout: one shard per node lets each node read its own
+/// rows of its values where they lie, with no copy (`make_intermediate`).
+fn one_shard_per_node(table: &DistributedTable, catalog: &Catalog) -> PgResult<Layout> {
+    let mut by_node = shard_groups_by_node(table, catalog)?;
+    by_node.sort_by_key(|(node, _)| node.group_id);
+    let shards = by_node
+        .iter()
+        .zip(0..)
+        .map(|((node, indexes), index)| {
+            let first = indexes.first().and_then(|i| table.shards.iter().find(|s| s.index == *i)).map_or(0, |s| s.id);
+            Shard { id: first, index, placements: vec![node.group_id] }
+        })
+        .collect();
+    Ok(Layout { table_name: table.name.clone(), shards })
 }
 
 /// How many distinct values of `column` the first shard of `table` holds,
@@ -267,7 +303,9 @@ fn onto_shards_of(
     let Distribution::Hash { key, .. } = &stays.distribution else { return Ok(None) };
     for position in joinable_columns(moved, joined) {
         if moved_types[position].base_sql == key.base_sql {
-            if let Some(repartition) = plan_moves(plan, catalog, vec![(moved, moved_types, position)], stays, key.clone(), stays.colocation_id)? {
+            if let Some(repartition) =
+                plan_moves(plan, catalog, vec![(moved, moved_types, position)], Layout::of(stays), key.clone(), stays.colocation_id)?
+            {
                 return Ok(Some(repartition));
             }
         }
@@ -293,7 +331,7 @@ fn both_into_layout_of(
             }
             let key = tx.as_key();
             let moves = vec![(first, first_types, x), (second, second_types, y)];
-            if let Some(repartition) = plan_moves(plan, catalog, moves, first, key, NEW_LAYOUT_COLOCATION)? {
+            if let Some(repartition) = plan_moves(plan, catalog, moves, Layout::of(first), key, NEW_LAYOUT_COLOCATION)? {
                 return Ok(Some(repartition));
             }
         }
@@ -302,14 +340,14 @@ fn both_into_layout_of(
 }
 
 /// The statement planned over the tables `moves` names (each with its
-/// columns' types and the column it moves by), laid out as `layout`'s
-/// shards hashed as `key`, in co-location group `colocation_id`; None when
+/// columns' types and the column it moves by), laid out as `layout` says,
+/// hashed as `key`, in co-location group `colocation_id`; None when
 /// no pushdown tier takes it so.
 fn plan_moves(
     plan: &FallbackPlan,
     catalog: &Catalog,
     moves: Vec<(&Arc<DistributedTable>, &[ColumnType], usize)>,
-    layout: &Arc<DistributedTable>,
+    layout: Layout,
     key: KeyType,
     colocation_id: i32,
 ) -> PgResult<Option<Repartition>> {
@@ -320,7 +358,7 @@ fn plan_moves(
             Some(Move {
                 table: table.clone(),
                 column_types: types.iter().map(|t| t.sql.clone()).collect(),
-                intermediate: intermediate_table(table, layout, position, key.clone(), colocation_id, INTERMEDIATE_OID - i),
+                intermediate: intermediate_table(table, &layout.shards, position, key.clone(), colocation_id, INTERMEDIATE_OID - i),
                 filter: match &plan.statement {
                     NodeEnum::SelectStmt(select) => own_conditions(select, table, catalog),
                     _ => None,
@@ -333,7 +371,7 @@ fn plan_moves(
     let Some(moves) = moves else { return Ok(None) };
     let augmented = moves.iter().fold(catalog.clone(), |c, m| c.with_table(m.intermediate.clone()));
     let pushdown = replace_and_plan(plan, &augmented, &moves)?;
-    Ok(pushdown.map(|pushdown| Repartition { moves, layout: layout.clone(), pushdown, catalog: augmented, version: plan.version, aggregates: false }))
+    Ok(pushdown.map(|pushdown| Repartition { moves, layout, pushdown, catalog: augmented, version: plan.version, aggregates: false }))
 }
 
 /// The names of the columns the statement compares with `=` to another
@@ -447,10 +485,10 @@ async fn column_types(table: &DistributedTable, parts: &mut Participants) -> PgR
 
 /// `moved` as a temporary table distributed by its column `position`
 /// (hashed as `key`), in co-location group `colocation_id` with the shards
-/// of `layout`, named after them; planned under `oid`.
+/// `shards`, named after them; planned under `oid`.
 fn intermediate_table(
     moved: &DistributedTable,
-    layout: &DistributedTable,
+    shards: &[Shard],
     position: usize,
     key: KeyType,
     colocation_id: i32,
@@ -470,7 +508,7 @@ fn intermediate_table(
         key_default: None,
         sequence_columns: Vec::new(),
         always_identity: Vec::new(),
-        shards: layout.shards.clone(),
+        shards: shards.to_vec(),
         partition_of: None,
         primary_key: Vec::new(),
     })
@@ -519,18 +557,25 @@ impl Repartition {
             .map(|m| {
                 let Distribution::Hash { column, .. } = &m.intermediate.distribution else { unreachable!("made as a hash table") };
                 let filter = m.filter.as_ref().map(|(_, condition)| format!(" where {condition}")).unwrap_or_default();
-                let how = if m.table.is_reference() { "from each node's own replica" } else { "node to node" };
+                let how = match (m.table.is_reference(), self.aggregates) {
+                    (true, _) => "from each node's own replica",
+                    (false, true) => "node to node, each node's own read where they lie",
+                    (false, false) => "node to node",
+                };
                 let rows = if m.distinct { "distinct rows of " } else { "" };
                 format!("{rows}{} by {column}{filter} {how}", m.table.name)
             })
             .collect();
         match &self.moves[..] {
-            [_] => format!("{}, onto the shards of {}, into a temporary table on each node", moves[0], self.layout.name),
+            [_] if self.aggregates => {
+                format!("{}, one shard per node: a temporary table on each node and a view of it with the node's own rows", moves[0])
+            }
+            [_] => format!("{}, onto the shards of {}, into a temporary table on each node", moves[0], self.layout.table_name),
             _ => format!(
                 "{}, into {} shards placed as those of {}, temporary tables on each node",
                 moves.join(" and "),
                 self.layout.shards.len(),
-                self.layout.name
+                self.layout.table_name
             ),
         }
     }
@@ -555,15 +600,19 @@ impl Repartition {
                 if !made.contains(&node.group_id) {
                     made.push(node.group_id);
                 }
-                let mut sql = create_sql(&m.intermediate, &m.column_types, &parent, node.group_id);
-                if move_rows {
-                    // A node reads a reference table's rows from its own replica.
-                    let replica = m.table.shards.first().filter(|s| m.table.is_reference() && s.placements.contains(&node.group_id));
-                    let sources = match replica {
-                        Some(shard) => vec![(*node, vec![shard.index])],
-                        None => in_turn_from(&shards, node.group_id),
-                    };
-                    let fetches = self.fetch_sql(m, &parent, node, remainders, &sources)?;
+                // A node reads a reference table's rows from its own replica.
+                let replica = m.table.shards.first().filter(|s| m.table.is_reference() && s.placements.contains(&node.group_id));
+                let sources = match replica {
+                    Some(shard) => vec![(*node, vec![shard.index])],
+                    None => in_turn_from(&shards, node.group_id),
+                };
+                let mut sql = if self.aggregates {
+                    self.in_place_sql(m, &parent, node, remainders, &sources)?
+                } else {
+                    create_sql(&m.intermediate, &m.column_types, &parent, node.group_id)
+                };
+                let fetches = self.fetch_sql(m, &parent, node, remainders, &sources)?;
+                if move_rows && !fetches.is_empty() {
                     sql.push_str(&format!("; SELECT {}", fetches.join(" + ")));
                 }
                 statements.push((node.group_id, sql));
@@ -591,18 +640,47 @@ impl Repartition {
         Ok(moved)
     }
 
+    /// The temporary table `parent` on `target`, where the rows other nodes
+    /// send arrive, and the target's one shard of the layout (`aggregates`)
+    /// as a view of them and of the target's own rows, read where they lie.
+    fn in_place_sql(&self, m: &Move, parent: &str, target: &Node, remainders: &[u32], sources: &[(&Node, Vec<u32>)]) -> PgResult<String> {
+        let [remainder] = remainders else { return Err(PgError::internal("a node with other than one shard of a layout by node")) };
+        let shard = m.intermediate.shards.iter().find(|s| s.index == *remainder).ok_or_else(|| PgError::internal("a layout's shard missing"))?;
+        let names: Vec<String> = m.intermediate.columns.iter().map(|c| quote_ident(c)).collect();
+        let columns: Vec<String> = names.iter().zip(&m.column_types).map(|(c, t)| format!("{c} {t}")).collect();
+        let read = self.read_template(m, remainders)?;
+        let own = sources.iter().find(|(source, _)| source.group_id == target.group_id).map(|(_, indexes)| self.source_select(m, &read, indexes));
+        let rows = match own {
+            Some(own) => format!("{} UNION ALL SELECT * FROM {parent}", own?),
+            None => format!("SELECT * FROM {parent}"),
+        };
+        Ok(format!(
+            "CREATE TEMP TABLE {parent} ({}); CREATE TEMP VIEW {} ({}) AS {rows}",
+            columns.join(", "),
+            m.intermediate.qualified_shard_name(shard),
+            names.join(", ")
+        ))
+    }
+
+    /// What a node sends of `m` from its shards `indexes`, by `read`.
+    fn source_select(&self, m: &Move, read: &ShardTemplate, indexes: &[u32]) -> PgResult<String> {
+        let select = indexes.iter().map(|i| read.sql_for_shard(*i)).collect::<PgResult<Vec<_>>>()?.join(" UNION ALL ");
+        Ok(if m.distinct { format!("SELECT DISTINCT * FROM ({select}) AS tessera_moved") } else { select })
+    }
+
     /// The SQL expressions with which `target` fetches its rows of `m`
     /// into `parent` from every node in `sources`, each giving the rows it
     /// fetched: the rows whose join column hashes to `remainders`, the
-    /// indexes of the target's shards of the layout.
+    /// indexes of the target's shards of the layout. With `aggregates` the
+    /// target's own rows stay where they are (`in_place_sql`).
     fn fetch_sql(&self, m: &Move, parent: &str, target: &Node, remainders: &[u32], sources: &[(&Node, Vec<u32>)]) -> PgResult<Vec<String>> {
         let read = self.read_template(m, remainders)?;
         let mut fetches = Vec::with_capacity(sources.len());
         for (source, indexes) in sources {
-            let mut select = indexes.iter().map(|i| read.sql_for_shard(*i)).collect::<PgResult<Vec<_>>>()?.join(" UNION ALL ");
-            if m.distinct {
-                select = format!("SELECT DISTINCT * FROM ({select}) AS tessera_moved");
+            if self.aggregates && source.group_id == target.group_id {
+                continue;
             }
+            let select = self.source_select(m, &read, indexes)?;
             fetches.push(if source.group_id == target.group_id {
                 format!("{REMOTE_SCHEMA}.insert_rows({}, {})", quote_literal(&select), quote_literal(parent))
             } else {
@@ -652,7 +730,8 @@ impl Repartition {
     /// that broke took them with it.
     pub async fn drop_intermediate(&self, parts: &mut Participants, made: &[i32]) {
         let parents: Vec<String> = self.moves.iter().map(|m| parent_name(&m.intermediate)).collect();
-        let drop = format!("DROP TABLE IF EXISTS {}", parents.join(", "));
+        // CASCADE: the views of the in-place layout (`aggregates`) read them.
+        let drop = format!("DROP TABLE IF EXISTS {} CASCADE", parents.join(", "));
         for worker in parts.workers_for(made) {
             if !worker.conn.is_broken() {
                 if let Err(e) = worker.conn.execute(&drop).await {
