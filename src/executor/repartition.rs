@@ -67,8 +67,7 @@ pub(super) struct Repartition {
     /// The parser version of the statement's tree.
     version: i32,
     /// The rows move for the statement's DISTINCT aggregates, not a join
-    /// (`by_distinct_column`): the layout has one shard per node, and each
-    /// node reads its own rows where they are (`make_intermediate`).
+    /// (`by_distinct_column`).
     aggregates: bool,
 }
 
@@ -77,11 +76,14 @@ struct Layout {
     /// The table whose shards they are, for EXPLAIN.
     table_name: String,
     shards: Vec<Shard>,
+    /// One shard per node (`one_shard_per_node`): each node reads its own
+    /// rows where they lie (`Repartition::in_place_sql`).
+    by_node: bool,
 }
 
 impl Layout {
     fn of(table: &DistributedTable) -> Layout {
-        Layout { table_name: table.name.clone(), shards: table.shards.clone() }
+        Layout { table_name: table.name.clone(), shards: table.shards.clone(), by_node: false }
     }
 }
 
@@ -184,9 +186,11 @@ pub(super) async fn by_distinct_column(
 
 /// `table` laid out with one shard on each node that holds shards of it,
 /// in the order of their groups, each named after the node's first shard.
-/// DISTINCT aggregates need a value's rows in one place, not in one shard
-/// group of a join's layout: one shard per node lets each node read its own
-/// rows of its values where they lie, with no copy (`make_intermediate`).
+/// Where every table of the statement moves (DISTINCT aggregates, a join on
+/// no distribution column), rows of one value need to meet on one node, not
+/// in one shard group: one shard per node lets each node read its own rows
+/// of its values where they lie, with no copy (`make_intermediate`), and
+/// run the statement over them in one task.
 fn one_shard_per_node(table: &DistributedTable, catalog: &Catalog) -> PgResult<Layout> {
     let mut by_node = shard_groups_by_node(table, catalog)?;
     by_node.sort_by_key(|(node, _)| node.group_id);
@@ -198,7 +202,7 @@ fn one_shard_per_node(table: &DistributedTable, catalog: &Catalog) -> PgResult<L
             Shard { id: first, index, placements: vec![node.group_id] }
         })
         .collect();
-    Ok(Layout { table_name: table.name.clone(), shards })
+    Ok(Layout { table_name: table.name.clone(), shards, by_node: true })
 }
 
 /// How many distinct values of `column` the first shard of `table` holds,
@@ -314,8 +318,8 @@ fn onto_shards_of(
 }
 
 /// Both tables (with their columns' types) moved by joined columns of one
-/// type into temporary tables laid out as `first`'s shards; None when no
-/// pair of columns makes a plan.
+/// type, one shard per node of `first`'s (`one_shard_per_node`); None when
+/// no pair of columns makes a plan.
 fn both_into_layout_of(
     plan: &FallbackPlan,
     catalog: &Catalog,
@@ -331,7 +335,7 @@ fn both_into_layout_of(
             }
             let key = tx.as_key();
             let moves = vec![(first, first_types, x), (second, second_types, y)];
-            if let Some(repartition) = plan_moves(plan, catalog, moves, Layout::of(first), key, NEW_LAYOUT_COLOCATION)? {
+            if let Some(repartition) = plan_moves(plan, catalog, moves, one_shard_per_node(first, catalog)?, key, NEW_LAYOUT_COLOCATION)? {
                 return Ok(Some(repartition));
             }
         }
@@ -557,7 +561,7 @@ impl Repartition {
             .map(|m| {
                 let Distribution::Hash { column, .. } = &m.intermediate.distribution else { unreachable!("made as a hash table") };
                 let filter = m.filter.as_ref().map(|(_, condition)| format!(" where {condition}")).unwrap_or_default();
-                let how = match (m.table.is_reference(), self.aggregates) {
+                let how = match (m.table.is_reference(), self.layout.by_node) {
                     (true, _) => "from each node's own replica",
                     (false, true) => "node to node, each node's own read where they lie",
                     (false, false) => "node to node",
@@ -567,16 +571,12 @@ impl Repartition {
             })
             .collect();
         match &self.moves[..] {
-            [_] if self.aggregates => {
+            [_] if self.layout.by_node => {
                 format!("{}, one shard per node: a temporary table on each node and a view of it with the node's own rows", moves[0])
             }
             [_] => format!("{}, onto the shards of {}, into a temporary table on each node", moves[0], self.layout.table_name),
-            _ => format!(
-                "{}, into {} shards placed as those of {}, temporary tables on each node",
-                moves.join(" and "),
-                self.layout.shards.len(),
-                self.layout.table_name
-            ),
+            // Where both move, they move one shard per node (`both_into_layout_of`).
+            _ => format!("{}, one shard per node: temporary tables on each node and views of them with the node's own rows", moves.join(" and ")),
         }
     }
 
@@ -606,7 +606,7 @@ impl Repartition {
                     Some(shard) => vec![(*node, vec![shard.index])],
                     None => in_turn_from(&shards, node.group_id),
                 };
-                let mut sql = if self.aggregates {
+                let mut sql = if self.layout.by_node {
                     self.in_place_sql(m, &parent, node, remainders, &sources)?
                 } else {
                     create_sql(&m.intermediate, &m.column_types, &parent, node.group_id)
@@ -677,7 +677,7 @@ impl Repartition {
         let read = self.read_template(m, remainders)?;
         let mut fetches = Vec::with_capacity(sources.len());
         for (source, indexes) in sources {
-            if self.aggregates && source.group_id == target.group_id {
+            if self.layout.by_node && source.group_id == target.group_id {
                 continue;
             }
             let select = self.source_select(m, &read, indexes)?;
