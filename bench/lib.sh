@@ -241,6 +241,7 @@ port = $PLAIN_PORT
 listen_addresses = '127.0.0.1'
 # Tessera's nodes have 300; plain PostgreSQL serves the 1000-client workloads itself.
 max_connections = 1100
+# As Tessera's coordinator database; its two workers have 128MB each, as much together.
 shared_buffers = 256MB
 max_prepared_transactions = 200
 wal_level = logical
