@@ -6,7 +6,7 @@
 //! travels, whatever the number of distinct values. Counts the shards
 //! compute whole (grouped by, or counting, a distribution column) stay exact.
 
-use super::multi_shard::{disjoint_distinct, expression_key, function_name, name_strength, target_value, ShardKeys};
+use super::multi_shard::{disjoint_distinct, expression_key, function_name, grouped_by_key, name_strength, target_value, ShardKeys};
 use super::walk::visit_mut;
 use super::{cast_to_catalog_type, parsed_select};
 use crate::error::{PgError, PgResult};
@@ -31,9 +31,13 @@ pub fn hll_log2m(error_rate: f64) -> u8 {
 /// The `count(DISTINCT …)` calls of `select` that an approximation would
 /// replace, as their expression keys: those of one value that is not a
 /// distribution column (`keys`), without ORDER BY inside, of a value that
-/// is not a row.
+/// is not a row; none where the query groups by a distribution column
+/// (each group's count is then computed whole, exactly).
 pub(super) fn approximable_counts(select: &SelectStmt, keys: &ShardKeys) -> Vec<String> {
     let mut counts = Vec::new();
+    if grouped_by_key(select, keys) {
+        return counts;
+    }
     for node in select.target_list.iter().chain(select.having_clause.as_deref()).chain(&select.sort_clause) {
         let Some(mut n) = node.node.clone() else { continue };
         visit_mut(&mut n, &mut |n| {

@@ -128,6 +128,8 @@ fn distinct_counts_of_other_values_may_be_estimated() {
     let (found, fallback) = counts(sql);
     assert_eq!(found, vec!["count(DISTINCT v)".to_string()]);
     assert_eq!(counts("SELECT count(DISTINCT k) FROM ea").0, Vec::<String>::new());
+    // Grouped by the key, each group's count is whole, ordered and limited or not.
+    assert_eq!(counts("SELECT k, count(DISTINCT v) FROM ea GROUP BY k ORDER BY 2 DESC LIMIT 5").0, Vec::<String>::new());
     // Two values' counts, a FILTER kept: after the rewrite no DISTINCT is
     // left but the key's, and each shard builds HyperLogLogs.
     let sql = "SELECT count(DISTINCT v) FILTER (WHERE k > 2), count(DISTINCT g) + 1, count(DISTINCT k) FROM ea";
