@@ -8,13 +8,13 @@
 //! node gets a temporary table partitioned by hash exactly as those shards
 //! are, with a partition for each of its shards, and the query runs as a
 //! co-located join of the first table with it. When neither join column is
-//! a distribution column, both tables move the same way, by their join
-//! columns, into temporary tables laid out as the larger table's shards.
-//! DISTINCT aggregates of a column with many values move one table by that
-//! column too (`by_distinct_column`), into a layout of one shard per node:
-//! each node's shard is a view of its own rows of its values, read where
-//! they lie, and of the rows the other nodes sent it, which it aggregates
-//! alone.
+//! a distribution column, both tables move by their join columns into a
+//! layout of one shard per node of the larger table's nodes: each node's
+//! shard of a table is a view of its own rows of its values, read where they
+//! lie, and of the rows the other nodes sent it, and each node runs the
+//! query over its views in one task. DISTINCT aggregates of a column with
+//! many values move one table the same way, by that column
+//! (`by_distinct_column`), each node aggregating its own values.
 //!
 //! The rows move node to node: each node fetches the rows whose join column
 //! hashes to its shards, from its own shards and, over a connection of its
@@ -606,12 +606,14 @@ impl Repartition {
                     Some(shard) => vec![(*node, vec![shard.index])],
                     None => in_turn_from(&shards, node.group_id),
                 };
+                // The read of the rows whose join column hashes to this node's shards.
+                let read = self.read_template(m, remainders)?;
                 let mut sql = if self.layout.by_node {
-                    self.in_place_sql(m, &parent, node, remainders, &sources)?
+                    self.in_place_sql(m, &read, &parent, node, remainders, &sources)?
                 } else {
                     create_sql(&m.intermediate, &m.column_types, &parent, node.group_id)
                 };
-                let fetches = self.fetch_sql(m, &parent, node, remainders, &sources)?;
+                let fetches = self.fetch_sql(m, &read, &parent, node, &sources)?;
                 if move_rows && !fetches.is_empty() {
                     sql.push_str(&format!("; SELECT {}", fetches.join(" + ")));
                 }
@@ -641,15 +643,23 @@ impl Repartition {
     }
 
     /// The temporary table `parent` on `target`, where the rows other nodes
-    /// send arrive, and the target's one shard of the layout (`aggregates`)
-    /// as a view of them and of the target's own rows, read where they lie.
-    fn in_place_sql(&self, m: &Move, parent: &str, target: &Node, remainders: &[u32], sources: &[(&Node, Vec<u32>)]) -> PgResult<String> {
+    /// send arrive, and the target's one shard `remainders` of a layout by
+    /// node (`Layout::by_node`) as a view of them and of the target's own
+    /// rows as `read` selects them, read where they lie.
+    fn in_place_sql(
+        &self,
+        m: &Move,
+        read: &ShardTemplate,
+        parent: &str,
+        target: &Node,
+        remainders: &[u32],
+        sources: &[(&Node, Vec<u32>)],
+    ) -> PgResult<String> {
         let [remainder] = remainders else { return Err(PgError::internal("a node with other than one shard of a layout by node")) };
         let shard = m.intermediate.shards.iter().find(|s| s.index == *remainder).ok_or_else(|| PgError::internal("a layout's shard missing"))?;
         let names: Vec<String> = m.intermediate.columns.iter().map(|c| quote_ident(c)).collect();
         let columns: Vec<String> = names.iter().zip(&m.column_types).map(|(c, t)| format!("{c} {t}")).collect();
-        let read = self.read_template(m, remainders)?;
-        let own = sources.iter().find(|(source, _)| source.group_id == target.group_id).map(|(_, indexes)| self.source_select(m, &read, indexes));
+        let own = sources.iter().find(|(source, _)| source.group_id == target.group_id).map(|(_, indexes)| self.source_select(m, read, indexes));
         let rows = match own {
             Some(own) => format!("{} UNION ALL SELECT * FROM {parent}", own?),
             None => format!("SELECT * FROM {parent}"),
@@ -670,17 +680,16 @@ impl Repartition {
 
     /// The SQL expressions with which `target` fetches its rows of `m`
     /// into `parent` from every node in `sources`, each giving the rows it
-    /// fetched: the rows whose join column hashes to `remainders`, the
-    /// indexes of the target's shards of the layout. With `aggregates` the
-    /// target's own rows stay where they are (`in_place_sql`).
-    fn fetch_sql(&self, m: &Move, parent: &str, target: &Node, remainders: &[u32], sources: &[(&Node, Vec<u32>)]) -> PgResult<Vec<String>> {
-        let read = self.read_template(m, remainders)?;
+    /// fetched: those `read` selects, whose join column hashes to the
+    /// target's shards of the layout. In a layout by node the target's own
+    /// rows stay where they are (`in_place_sql`).
+    fn fetch_sql(&self, m: &Move, read: &ShardTemplate, parent: &str, target: &Node, sources: &[(&Node, Vec<u32>)]) -> PgResult<Vec<String>> {
         let mut fetches = Vec::with_capacity(sources.len());
         for (source, indexes) in sources {
             if self.layout.by_node && source.group_id == target.group_id {
                 continue;
             }
-            let select = self.source_select(m, &read, indexes)?;
+            let select = self.source_select(m, read, indexes)?;
             fetches.push(if source.group_id == target.group_id {
                 format!("{REMOTE_SCHEMA}.insert_rows({}, {})", quote_literal(&select), quote_literal(parent))
             } else {
@@ -730,7 +739,7 @@ impl Repartition {
     /// that broke took them with it.
     pub async fn drop_intermediate(&self, parts: &mut Participants, made: &[i32]) {
         let parents: Vec<String> = self.moves.iter().map(|m| parent_name(&m.intermediate)).collect();
-        // CASCADE: the views of the in-place layout (`aggregates`) read them.
+        // CASCADE: the views of a layout by node read them.
         let drop = format!("DROP TABLE IF EXISTS {} CASCADE", parents.join(", "));
         for worker in parts.workers_for(made) {
             if !worker.conn.is_broken() {
