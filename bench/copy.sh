@@ -78,7 +78,7 @@ psql_at "$TESSERA_PORT" -c "SELECT create_distributed_table('pgbench_accounts', 
     die "tessera: distributing pgbench_accounts failed" "$out"
 load tessera "$TESSERA_PORT" copy_with_psql "$TESSERA_PORT"
 # The coordinator process is not involved in these two.
-load_tool() { "$TESSERA_BIN" load "$CSV" --table pgbench_accounts --format csv --jobs "$LOAD_JOBS" --port "$TESSERA_PORT" "$@"; }
+load_tool() { "$TESSERA_BIN" load "$CSV" --table pgbench_accounts --format csv --jobs "$LOAD_JOBS" --port "$TESSERA_PORT" --config "$TESSERA_DIR/tessera.toml" "$@"; }
 COORD_PID_SAVED=$COORD_PID
 COORD_PID=
 load tessera_load "$TESSERA_PORT" load_tool

@@ -71,7 +71,21 @@ free_port() {
 
 psql_at() { # psql_at PORT [psql args...]
     local port=$1; shift
-    "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres -d postgres "$@"
+    "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$(host_of "$port")" -p "$port" -U postgres -d postgres "$@"
+}
+
+# The host psql reaches PORT at: a node of the Tessera cluster by its Unix
+# socket, in its data directory (over TCP the nodes take only certificates
+# of the cluster's CA), anything else at the loopback address.
+host_of() {
+    local dir
+    for dir in "${TESSERA_DIR:-/nonexistent}"/coordinator-db "${TESSERA_DIR:-/nonexistent}"/worker-*; do
+        if [[ -S $dir/.s.PGSQL.$1 ]]; then
+            echo "$dir"
+            return
+        fi
+    done
+    echo 127.0.0.1
 }
 
 # Coordinator CPU time (utime+stime, clock ticks) from /proc/PID/stat fields

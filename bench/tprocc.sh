@@ -77,7 +77,7 @@ load_tessera() {
         psql_at "$1" -f "$KIT/schema.sql"
         psql_at "$1" -v shards="$SHARDS" -f "$KIT/distribute.sql"
         for t in "${TABLES[@]}"; do
-            "$TESSERA_BIN" load "$DATA/$t.csv" --table "$t" --port "$1" --jobs 2
+            "$TESSERA_BIN" load "$DATA/$t.csv" --table "$t" --port "$1" --jobs 2 --config "$TESSERA_DIR/tessera.toml"
         done
         psql_at "$1" -f "$KIT/procedures.sql"
         psql_at "$1" -f "$KIT/delegate.sql"

@@ -26,6 +26,14 @@ pub struct Config {
     /// PostgreSQL with `ssl = off`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsConfig>,
+    /// The cluster's certificate authority (`[node_tls]`): with it the
+    /// coordinator reaches nodes over TCP only by TLS, verifying them
+    /// against the CA and logging in with certificates it signs for each
+    /// role, and hands the nodes the certificates their own links log in
+    /// with. Without it, node connections over TCP are in the clear and
+    /// nodes must trust them (or take `coordinator_db.password`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_tls: Option<NodeTlsConfig>,
     pub coordinator_db: DatabaseConfig,
     /// Where the coordinator relays the workers' postgres_fdw links to other
     /// nodes (`transaction::links`), e.g. "10.0.0.5:6433": an address of
@@ -43,6 +51,37 @@ pub struct Config {
     pub connections: ConnectionConfig,
     #[serde(default)]
     pub statements: StatementConfig,
+    #[serde(default)]
+    pub failover: FailoverConfig,
+}
+
+/// The name a worker's standby gives itself on its primary: its replication
+/// slot and, for synchronous replication, its `application_name`.
+pub const STANDBY_NAME: &str = "tessera_standby";
+
+/// Automatic failover of workers that have a standby (`[failover]`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FailoverConfig {
+    /// How often the coordinator asks each such worker's primary whether it answers.
+    #[serde(default = "default_health_check_interval")]
+    pub health_check_interval_secs: f64,
+    /// How long a primary may go without answering before its standby is promoted.
+    #[serde(default = "default_failure_timeout")]
+    pub failure_timeout_secs: f64,
+}
+
+impl Default for FailoverConfig {
+    fn default() -> Self {
+        FailoverConfig { health_check_interval_secs: default_health_check_interval(), failure_timeout_secs: default_failure_timeout() }
+    }
+}
+
+fn default_health_check_interval() -> f64 {
+    1.0
+}
+
+fn default_failure_timeout() -> f64 {
+    4.0
 }
 
 /// What one statement may take of the coordinator process (`[statements]`).
@@ -234,6 +273,14 @@ pub struct TlsConfig {
     pub key_file: String,
     #[serde(default)]
     pub mode: TlsMode,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NodeTlsConfig {
+    /// The CA's certificate, PEM: nodes' certificates must chain to it.
+    pub ca_file: String,
+    /// The CA's private key, PEM: only the coordinator needs it.
+    pub ca_key_file: String,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -2,6 +2,7 @@
 //! wire protocol to clients and shards tables across stock PostgreSQL workers.
 //! See docs/architecture.md for the map of these modules.
 
+pub mod certificates;
 pub mod cluster;
 pub mod commands;
 pub mod config;

@@ -28,6 +28,11 @@ enum Command {
         /// configuration. Default: this machine's CPUs.
         #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
         max_adaptive_executor_pool_size: Option<usize>,
+        /// Give every worker a synchronous streaming standby (0 or 1), which
+        /// the coordinator promotes when the primary stops answering; a
+        /// worker's former primary becomes its standby again.
+        #[arg(long, default_value_t = 0)]
+        standbys: usize,
     },
     /// Stop the local cluster.
     Down {
@@ -94,6 +99,12 @@ enum Command {
         /// `tessera receive` they start themselves (COPY … FROM PROGRAM).
         #[arg(long, value_parser = ["zstd"])]
         compress: Option<String>,
+        /// The coordinator's configuration file: the loader reaches the
+        /// workers as the coordinator does (their Unix sockets on this host,
+        /// else TLS with the certificates of the cluster's CA). Default:
+        /// ./tessera-data/tessera.toml, when there is one.
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
     /// Internal: run by a worker's COPY … FROM PROGRAM during `tessera load --compress zstd`.
     #[command(hide = true)]
@@ -109,8 +120,9 @@ fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::try_from_env("TESSERA_LOG").unwrap_or_else(|_| "info".into())).init();
     let cli = Cli::parse();
     match cli.command {
-        Command::Up { data_dir, port, workers, max_adaptive_executor_pool_size } => {
-            let cluster = tessera::cluster::up(&data_dir, port, workers, max_adaptive_executor_pool_size, &std::env::current_exe()?)?;
+        Command::Up { data_dir, port, workers, max_adaptive_executor_pool_size, standbys } => {
+            let mut cluster = tessera::cluster::up(&data_dir, port, workers, max_adaptive_executor_pool_size, &std::env::current_exe()?)?;
+            tessera::cluster::standbys::ensure(&mut cluster, standbys)?;
             // A data directory made before keeps the port it was made with.
             let port = cluster.state.coordinator_port;
             println!(
@@ -128,7 +140,11 @@ fn main() -> anyhow::Result<()> {
             let config = tessera::config::Config::load(&config)?;
             runtime()?.block_on(tessera::server::serve(config))
         }
-        Command::Load { inputs, table, format, header, delimiter, jobs, reject_file, batch_size, host, port, user, dbname, compress } => {
+        Command::Load { inputs, table, format, header, delimiter, jobs, reject_file, batch_size, host, port, user, dbname, compress, config } => {
+            let embedded = PathBuf::from("./tessera-data/tessera.toml");
+            if let Some(path) = config.or_else(|| embedded.exists().then_some(embedded)) {
+                tessera::connection::node_tls::reach_nodes_as_configured(&tessera::config::Config::load(&path)?)?;
+            }
             let format = match format.as_str() {
                 "csv" => tessera::copy::Format::Csv,
                 "text" => tessera::copy::Format::Text,

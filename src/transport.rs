@@ -1,8 +1,11 @@
 //! The byte streams the protocol travels over: TCP and Unix-domain sockets,
-//! both to clients and to nodes, and TLS over TCP to clients. On one host a
-//! Unix socket skips the loopback TCP stack, which costs a PostgreSQL server
-//! a third of its select-only throughput on these machines.
+//! both to clients and to nodes, and TLS over TCP to clients and to nodes.
+//! On one host a Unix socket skips the loopback TCP stack, which costs a
+//! PostgreSQL server a third of its select-only throughput on these
+//! machines.
 
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -16,6 +19,18 @@ pub enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+    /// A connection to a node over TCP, verified against the cluster's CA.
+    NodeTls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+/// A context whose waker does nothing: polls a TLS stream once, for the
+/// reads and writes that must not wait.
+fn no_wait() -> Context<'static> {
+    Context::from_waker(std::task::Waker::noop())
+}
+
+fn would_block() -> io::Error {
+    io::ErrorKind::WouldBlock.into()
 }
 
 impl Stream {
@@ -25,22 +40,61 @@ impl Stream {
     }
 
     /// Reads what has arrived, without waiting (`WouldBlock` when nothing
-    /// has). Node connections use it; they never run over TLS.
-    pub fn try_read_buf<B: bytes::BufMut>(&self, buf: &mut B) -> io::Result<usize> {
+    /// has). Node connections use it.
+    pub fn try_read_buf<B: bytes::BufMut>(&mut self, buf: &mut B) -> io::Result<usize> {
         match self {
             Stream::Tcp(s) => s.try_read_buf(buf),
             Stream::Unix(s) => s.try_read_buf(buf),
-            Stream::Tls(_) => Err(io::ErrorKind::WouldBlock.into()),
+            Stream::Tls(_) => Err(would_block()),
+            Stream::NodeTls(s) => {
+                // SAFETY: ReadBuf writes only initialised bytes into the spare
+                // capacity and counts them; only those are then taken as written.
+                let spare = unsafe { buf.chunk_mut().as_uninit_slice_mut() };
+                let mut read = ReadBuf::uninit(spare);
+                match Pin::new(s.as_mut()).poll_read(&mut no_wait(), &mut read) {
+                    Poll::Ready(Ok(())) => {
+                        let n = read.filled().len();
+                        // SAFETY: the first n bytes of the spare capacity were written just now.
+                        unsafe { buf.advance_mut(n) };
+                        Ok(n)
+                    }
+                    Poll::Ready(Err(e)) => Err(e),
+                    Poll::Pending => Err(would_block()),
+                }
+            }
         }
     }
 
     /// Writes what the socket takes now, without waiting (`WouldBlock` when
-    /// it takes nothing). Node connections use it; they never run over TLS.
-    pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+    /// it takes nothing). Node connections use it. Over TLS, what the
+    /// socket did not take of earlier writes goes first, and some of the
+    /// bytes taken may wait in the TLS session: see `has_unsent`.
+    pub fn try_write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match self {
             Stream::Tcp(s) => s.try_write(buf),
             Stream::Unix(s) => s.try_write(buf),
-            Stream::Tls(_) => Err(io::Error::new(io::ErrorKind::Unsupported, "no unbuffered writes over TLS")),
+            Stream::Tls(_) => Err(io::Error::new(io::ErrorKind::Unsupported, "no unbuffered writes to clients")),
+            Stream::NodeTls(s) => {
+                let mut cx = no_wait();
+                match Pin::new(s.as_mut()).poll_flush(&mut cx) {
+                    Poll::Ready(Ok(())) => {}
+                    Poll::Ready(Err(e)) => return Err(e),
+                    Poll::Pending => return Err(would_block()),
+                }
+                match Pin::new(s.as_mut()).poll_write(&mut cx, buf) {
+                    Poll::Ready(written) => written,
+                    Poll::Pending => Err(would_block()),
+                }
+            }
+        }
+    }
+
+    /// Whether bytes written are still waiting in the TLS session for the
+    /// socket to take them.
+    pub fn has_unsent(&self) -> bool {
+        match self {
+            Stream::NodeTls(s) => s.get_ref().1.wants_write(),
+            _ => false,
         }
     }
 
@@ -49,7 +103,8 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.ready(interest).await,
             Stream::Unix(s) => s.ready(interest).await,
-            Stream::Tls(_) => Err(io::Error::new(io::ErrorKind::Unsupported, "no readiness over TLS")),
+            Stream::Tls(_) => Err(io::Error::new(io::ErrorKind::Unsupported, "no readiness of client TLS")),
+            Stream::NodeTls(s) => s.get_ref().0.ready(interest).await,
         }
     }
 
@@ -66,32 +121,76 @@ impl Stream {
             _ => Err(io::Error::new(io::ErrorKind::InvalidInput, "TLS runs only over a TCP connection")),
         }
     }
+
+    /// Runs the client side of the TLS handshake with node `host` (a name
+    /// or address its certificate must carry) on a TCP stream.
+    pub async fn connect_tls(self, config: Arc<rustls::ClientConfig>, host: &str) -> io::Result<Stream> {
+        let name = rustls::pki_types::ServerName::try_from(host.to_string()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        match self {
+            Stream::Tcp(tcp) => Ok(Stream::NodeTls(Box::new(tokio_rustls::TlsConnector::from(config).connect(name, tcp).await?))),
+            _ => Err(io::Error::new(io::ErrorKind::InvalidInput, "TLS runs only over a TCP connection")),
+        }
+    }
+
+    /// The certificate a client presented in the TLS handshake (DER).
+    pub fn peer_certificate(&self) -> Option<&[u8]> {
+        match self {
+            Stream::Tls(s) => s.get_ref().1.peer_certificates()?.first().map(|c| c.as_ref()),
+            _ => None,
+        }
+    }
 }
 
 /// The TLS server configuration for clients, from a certificate chain and
 /// its private key in PEM files.
 pub fn tls_acceptor(cert_file: &Path, key_file: &Path) -> anyhow::Result<TlsAcceptor> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let certs = CertificateDer::pem_file_iter(cert_file)
         .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
         .map_err(|e| anyhow::anyhow!("could not read the TLS certificate {}: {e}", cert_file.display()))?;
     let key = PrivateKeyDer::from_pem_file(key_file).map_err(|e| anyhow::anyhow!("could not read the TLS key {}: {e}", key_file.display()))?;
-    let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(|e| {
-            anyhow::anyhow!("the TLS certificate {} and key {} do not make a server identity: {e}", cert_file.display(), key_file.display())
-        })?;
+    let config = tls_server_builder()?.with_no_client_auth().with_single_cert(certs, key).map_err(|e| {
+        anyhow::anyhow!("the TLS certificate {} and key {} do not make a server identity: {e}", cert_file.display(), key_file.display())
+    })?;
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
-/// A self-signed certificate for `localhost` and 127.0.0.1, and its key, as
-/// PEM: the embedded cluster's, so that clients can ask for TLS at once.
-pub fn self_signed_certificate() -> anyhow::Result<(String, String)> {
-    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string(), "127.0.0.1".to_string()])?;
-    Ok((certified.cert.pem(), certified.key_pair.serialize_pem()))
+/// The TLS server configuration of a port only the cluster's nodes use:
+/// a client must present a certificate that `roots` signed.
+pub fn tls_acceptor_verifying_clients(certificate_pem: &str, key_pem: &str, roots: Arc<rustls::RootCertStore>) -> anyhow::Result<TlsAcceptor> {
+    let certs = vec![CertificateDer::from_pem_slice(certificate_pem.as_bytes())?];
+    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())?;
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(roots, crypto_provider()).build()?;
+    let config = tls_server_builder()?.with_client_cert_verifier(verifier).with_single_cert(certs, key)?;
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// The TLS client configuration for nodes: their certificates must chain
+/// to `roots`; the connection presents `certificate_pem` (its role's).
+pub fn tls_client_config(roots: Arc<rustls::RootCertStore>, certificate_pem: &str, key_pem: &str) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+    let certs = vec![CertificateDer::from_pem_slice(certificate_pem.as_bytes())?];
+    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())?;
+    let config = rustls::ClientConfig::builder_with_provider(crypto_provider())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(certs, key)?;
+    Ok(Arc::new(config))
+}
+
+/// The certificates of `pem` as trust roots.
+pub fn root_store(pem: &str) -> anyhow::Result<rustls::RootCertStore> {
+    let mut roots = rustls::RootCertStore::empty();
+    for certificate in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+        roots.add(certificate?)?;
+    }
+    Ok(roots)
+}
+
+fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn tls_server_builder() -> anyhow::Result<rustls::ConfigBuilder<rustls::ServerConfig, rustls::WantsVerifier>> {
+    Ok(rustls::ServerConfig::builder_with_provider(crypto_provider()).with_safe_default_protocol_versions()?)
 }
 
 impl From<TcpStream> for Stream {
@@ -112,6 +211,7 @@ impl AsyncRead for Stream {
             Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
             Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
             Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            Stream::NodeTls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
     }
 }
@@ -122,6 +222,7 @@ impl AsyncWrite for Stream {
             Stream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
             Stream::Unix(s) => Pin::new(s).poll_write(cx, buf),
             Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            Stream::NodeTls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
         }
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -129,6 +230,7 @@ impl AsyncWrite for Stream {
             Stream::Tcp(s) => Pin::new(s).poll_flush(cx),
             Stream::Unix(s) => Pin::new(s).poll_flush(cx),
             Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            Stream::NodeTls(s) => Pin::new(s.as_mut()).poll_flush(cx),
         }
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -136,6 +238,7 @@ impl AsyncWrite for Stream {
             Stream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
             Stream::Unix(s) => Pin::new(s).poll_shutdown(cx),
             Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            Stream::NodeTls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }
 }

@@ -213,7 +213,7 @@ async fn a_node_added_later_gets_every_object_and_role() {
     )
     .await
     .unwrap();
-    let node = PlainPostgres::start();
+    let node = PlainPostgres::start_node_for(&cluster);
     c.batch_execute(&format!("SELECT citus_add_node('127.0.0.1', {})", node.instance.port)).await.unwrap_or_else(|e| panic!("{}", error_text(&e)));
 
     let new = node.connect().await;

@@ -1184,10 +1184,11 @@ async fn a_node_moves_to_a_new_address_with_citus_update_node() {
     // the original keeps running, with the pooled connections to it.
     let clone_dir = cluster.data_dir().join("worker-1-clone");
     let basebackup = tessera::cluster::instance::pg_bin_dir().unwrap().join("pg_basebackup");
+    let worker_socket = cluster.workers()[0].data_dir.display().to_string();
     let status = std::process::Command::new(basebackup)
         .args([
             "-h",
-            "127.0.0.1",
+            &worker_socket,
             "-p",
             &old_port.to_string(),
             "-U",
@@ -1210,6 +1211,7 @@ async fn a_node_moves_to_a_new_address_with_citus_update_node() {
     writeln!(conf, "port = {new_port}\nunix_socket_directories = '{}'", clone_dir.display()).unwrap();
     let clone = tessera::cluster::instance::Instance::new(&clone_dir, new_port);
     clone.start().unwrap();
+    common::reach_by_socket(new_port, &clone_dir);
 
     // Only a superuser, outside a block, for a node that exists, at a free address.
     let operator = common::connect_as(cluster.cluster.state.coordinator_port, "operator").await;

@@ -3,7 +3,7 @@
 //! a prepared call decides anew from its bound value.
 
 mod common;
-use common::{connect_as, connect_with, placement_ports, shard_of_int4, sqlstate, text_rows, TestCluster};
+use common::{connect_as, placement_ports, shard_of_int4, sqlstate, text_rows, TestCluster};
 use tessera::config::Fault;
 
 async fn answer(c: &tokio_postgres::Client, sql: &str) -> String {
@@ -228,9 +228,13 @@ async fn the_link_relay_sends_bookkeeping_with_the_next_request() {
         .await
         .unwrap();
     let (host, port, name): (String, String, String) = (row.get(0), row.get(1), row.get(2));
-    let link = connect_with(&format!("host={host} port={port} user=postgres dbname=postgres application_name={}", name.replace("%p", "4242")))
-        .await
-        .unwrap();
+    let link = common::connect_with_certificate(
+        &cluster,
+        &format!("host={host} port={port} user=postgres dbname=postgres sslmode=require application_name={}", name.replace("%p", "4242")),
+        "postgres",
+    )
+    .await
+    .unwrap();
     let node = cluster.connect_worker(1).await;
     let last_statement = |pid: i32| {
         let node = &node;

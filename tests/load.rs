@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 /// if `stdin`, its standard input open for the caller to write to.
 fn spawn_load(cluster: &TestCluster, args: &[&str], stdin: bool) -> std::process::Child {
     let mut cmd = Command::new(common::tessera_bin());
-    cmd.arg("load").args(args).args(["--port", &cluster.port.to_string()]);
+    cmd.arg("load").args(args).args(["--port", &cluster.port.to_string()]).arg("--config").arg(cluster.cluster.config_path());
     cmd.stdin(if stdin { Stdio::piped() } else { Stdio::null() }).stdout(Stdio::piped()).stderr(Stdio::piped());
     cmd.spawn().expect("tessera load")
 }

@@ -82,11 +82,7 @@ async fn tpcb_runs_without_failures_while_the_cluster_grows_and_rebalances() {
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
     let dir = cluster.data_dir().to_path_buf();
     let coordinator_port = cluster.port;
-    let grown = tokio::task::spawn_blocking(move || {
-        tessera::cluster::up(&dir, coordinator_port, 3, None, &common::tessera_bin()).expect("tessera up --workers 3")
-    })
-    .await
-    .unwrap();
+    let grown = tokio::task::spawn_blocking(move || common::grow(&dir, coordinator_port, 3)).await.unwrap();
     c.batch_execute("SELECT rebalance_table_shards()").await.unwrap();
     let out = run.join().unwrap();
     assert_eq!(number_after(&out, "number of failed transactions:"), 0, "{out}");

@@ -54,10 +54,12 @@ fn backup_dir(node: &Instance) -> PathBuf {
 fn take_base_backup(node: &Instance) {
     let basebackup = tessera::cluster::instance::pg_bin_dir().unwrap().join("pg_basebackup");
     let dir = backup_dir(node);
+    // Over the node's socket: over TCP it takes only the cluster's certificates.
+    let socket = node.data_dir.to_string_lossy().to_string();
     let status = std::process::Command::new(basebackup)
         .args([
             "-h",
-            "127.0.0.1",
+            &socket,
             "-p",
             &node.port.to_string(),
             "-U",

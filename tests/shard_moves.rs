@@ -254,10 +254,7 @@ async fn the_cluster_grows_rebalances_and_drains_while_clients_write() {
 
     let dir = cluster.data_dir().to_path_buf();
     let port = cluster.port;
-    let grown =
-        tokio::task::spawn_blocking(move || tessera::cluster::up(&dir, port, 3, None, &common::tessera_bin()).expect("tessera up --workers 3"))
-            .await
-            .unwrap();
+    let grown = tokio::task::spawn_blocking(move || common::grow(&dir, port, 3)).await.unwrap();
     let third = i32::from(grown.state.worker_ports[2]);
     // The new worker has the reference table before any shard lands there.
     let w3 = common::connect(grown.state.worker_ports[2]).await;
@@ -408,10 +405,7 @@ async fn a_background_rebalance_survives_a_crash_and_stops_when_told() {
     drop(c);
     let dir = cluster.data_dir().to_path_buf();
     let port = cluster.port;
-    let grown =
-        tokio::task::spawn_blocking(move || tessera::cluster::up(&dir, port, 3, None, &common::tessera_bin()).expect("tessera up --workers 3"))
-            .await
-            .unwrap();
+    let grown = tokio::task::spawn_blocking(move || common::grow(&dir, port, 3)).await.unwrap();
     let third = i32::from(grown.state.worker_ports[2]);
 
     // The first move goes through; the second kills the coordinator.

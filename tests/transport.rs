@@ -1,5 +1,5 @@
 //! How clients and nodes reach each other: TLS to clients (the embedded
-//! cluster's self-signed certificate, `mode = "require"`, SCRAM over TLS),
+//! cluster's certificate, signed by its CA; `mode = "require"`, SCRAM over TLS),
 //! the coordinator's Unix sockets, and nodes reached over theirs.
 
 mod common;
@@ -115,7 +115,7 @@ async fn unix_sockets_to_the_coordinator_and_to_the_nodes() {
 async fn a_tls_client_gets_the_whole_result_however_full_its_socket() {
     let cluster = TestCluster::start(0);
     let mut roots = rustls::RootCertStore::empty();
-    let pem = std::fs::read(cluster.data_dir().join("server.crt")).unwrap();
+    let pem = std::fs::read(cluster.data_dir().join("ca.crt")).unwrap();
     for cert in pem_certificates(&pem) {
         roots.add(cert).unwrap();
     }

@@ -138,7 +138,7 @@ async fn worker_side_relations_follow_every_change() {
     }
 
     // A node added later gets every relation, all of its partitions foreign.
-    let extra = PlainPostgres::start();
+    let extra = PlainPostgres::start_node_for(&cluster);
     c.execute("SELECT citus_add_node('127.0.0.1', $1)", &[&(extra.instance.port as i32)]).await.unwrap();
     workers.push(extra.connect().await);
     for table in ["wr_kinds", "wr_sales", "wr_events", "wr_events_feb"] {
@@ -246,7 +246,7 @@ async fn roles_see_on_a_worker_what_they_see_through_tessera() {
     c.batch_execute("CREATE POLICY wr_mid ON wr_notes TO wr_app USING (tenant BETWEEN 2 AND 4)").await.unwrap();
     let through_tessera = text_rows(&app, "SELECT count(*) FROM wr_notes").await;
     assert_eq!(through_tessera[0][0].as_deref(), Some("150"));
-    let extra = PlainPostgres::start();
+    let extra = PlainPostgres::start_node_for(&cluster);
     c.execute("SELECT citus_add_node('127.0.0.1', $1)", &[&(extra.instance.port as i32)]).await.unwrap();
     let on_new_node = connect_as(extra.instance.port, "wr_app").await;
     assert_eq!(text_rows(&on_new_node, "SELECT count(*) FROM wr_notes").await, through_tessera);

@@ -3,6 +3,7 @@
 //! PostgreSQL refuses to run as root, so as root every server command runs as the
 //! `postgres` OS user and the data directories belong to it.
 
+use crate::config::STANDBY_NAME;
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -124,9 +125,38 @@ pub fn prepare_dir(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Writes a file only its owner may read (a private key).
+pub fn write_private(path: &Path, contents: &str) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?.write_all(contents.as_bytes())?;
+    Ok(())
+}
+
 fn postgres_uid() -> Result<u32> {
     let out = check(Command::new("id").args(["-u", "postgres"]).output()?, "id -u postgres")?;
     String::from_utf8_lossy(&out.stdout).trim().parse().context("unexpected output of id -u postgres")
+}
+
+/// Who may connect to a node of a cluster with a CA: anyone on the node's
+/// own Unix socket, whose directory (the data directory) only the server's
+/// OS user may enter; over TCP, only by TLS with a client certificate of the
+/// cluster's CA made out to the role logging in (`cert` checks the common
+/// name against the role).
+const SECURE_HBA: &str = "\
+# Written by tessera: trust on this node's own Unix socket only; over TCP,
+# TLS with a client certificate of the cluster's CA naming the role.
+local   all          all                trust
+local   replication  all                trust
+hostssl all          all  0.0.0.0/0     cert
+hostssl all          all  ::/0          cert
+hostssl replication  all  0.0.0.0/0     cert
+hostssl replication  all  ::/0          cert
+";
+
+/// The names a local node's certificate is made out to.
+pub fn local_host_names() -> Vec<String> {
+    vec!["127.0.0.1".into(), "localhost".into()]
 }
 
 impl Instance {
@@ -156,6 +186,51 @@ impl Instance {
         existing.push_str(&conf);
         std::fs::write(&conf_path, existing)?;
         Ok(())
+    }
+
+    /// Makes an initialized node accept TCP connections only over TLS, with
+    /// a server certificate `ca` signs and client certificates of `ca`
+    /// (`SECURE_HBA`). Takes effect at the next start.
+    pub fn secure(&self, ca: &crate::certificates::ClusterCa) -> Result<()> {
+        let issued = ca.server_certificate(&local_host_names())?;
+        std::fs::write(self.data_dir.join("server.crt"), &issued.certificate_pem)?;
+        write_private(&self.data_dir.join("server.key"), &issued.key_pem)?;
+        std::fs::write(self.data_dir.join("root.crt"), ca.certificate_pem())?;
+        std::fs::write(self.data_dir.join("pg_hba.conf"), SECURE_HBA)?;
+        let conf_path = self.data_dir.join("postgresql.conf");
+        let mut conf = std::fs::read_to_string(&conf_path)?;
+        conf.push_str("ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\nssl_ca_file = 'root.crt'\n");
+        std::fs::write(&conf_path, conf)?;
+        prepare_dir(&self.data_dir)
+    }
+
+    /// Makes this (new) instance a streaming standby of `primary`, from a
+    /// base backup taken over the primary's socket. It replays through
+    /// replication slot `STANDBY_NAME`, which keeps the WAL it has not had
+    /// yet, and names itself so (`application_name`) for the primary's
+    /// synchronous replication. A standby promoted later waits for no
+    /// standby of its own until it is given one.
+    pub fn init_standby_of(&self, primary: &Instance) -> Result<()> {
+        let (dir, source) = (self.data_dir.to_string_lossy(), primary.data_dir.to_string_lossy());
+        let port = primary.port.to_string();
+        let backup = ["-h", &source, "-p", &port, "-U", "postgres", "-D", &dir, "-X", "stream", "-c", "fast", "--no-sync", "-C", "-S", STANDBY_NAME];
+        check(run_pg("pg_basebackup", &backup)?, &format!("copying {source} for its standby"))?;
+        std::fs::write(self.data_dir.join("standby.signal"), "")?;
+        let conf_path = self.data_dir.join("postgresql.conf");
+        let mut conf = std::fs::read_to_string(&conf_path)?;
+        conf.push_str(&format!(
+            "\n# Written by tessera: a standby of {source}\nport = {}\nunix_socket_directories = '{dir}'\n\
+             primary_conninfo = 'host=''{source}'' port={port} user=postgres application_name={STANDBY_NAME}'\n\
+             primary_slot_name = '{STANDBY_NAME}'\nsynchronous_standby_names = ''\n",
+            self.port
+        ));
+        std::fs::write(&conf_path, conf)?;
+        // The primary's own setting may have come along.
+        let auto_path = self.data_dir.join("postgresql.auto.conf");
+        let auto = std::fs::read_to_string(&auto_path).unwrap_or_default();
+        let kept: Vec<&str> = auto.lines().filter(|line| !line.trim_start().starts_with("synchronous_standby_names")).collect();
+        std::fs::write(&auto_path, kept.join("\n") + "\n")?;
+        prepare_dir(&self.data_dir)
     }
 
     pub fn start(&self) -> Result<()> {

@@ -4,8 +4,10 @@
 //! the ports, so a second `up` restarts the same cluster instead of creating one.
 
 pub mod instance;
+pub mod standbys;
 
-use crate::config::{Config, DatabaseConfig, NodeConfig, TlsConfig, TlsMode};
+use crate::certificates::ClusterCa;
+use crate::config::{Config, DatabaseConfig, NodeConfig, NodeTlsConfig, TlsConfig, TlsMode};
 use crate::config::{Login, ServerAddr};
 use crate::connection::PgConnection;
 use anyhow::{bail, Context, Result};
@@ -18,12 +20,18 @@ const STATE_FILE: &str = "cluster.toml";
 const CONFIG_FILE: &str = "tessera.toml";
 const PID_FILE: &str = "coordinator.pid";
 const LOG_FILE: &str = "coordinator.log";
+const CA_FILE: &str = "ca.crt";
+const CA_KEY_FILE: &str = "ca.key";
 
 #[derive(Debug, Serialize, Deserialize)]
 pub struct ClusterState {
     pub coordinator_port: u16,
     pub coordinator_db_port: u16,
     pub worker_ports: Vec<u16>,
+    /// The port of each worker's second server (`<worker>-standby`), by the
+    /// worker's directory name (`standbys`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub standby_ports: std::collections::BTreeMap<String, u16>,
 }
 
 pub struct LocalCluster {
@@ -48,6 +56,21 @@ impl LocalCluster {
 
     pub fn workers(&self) -> Vec<Instance> {
         self.state.worker_ports.iter().enumerate().map(|(i, p)| Instance::new(self.dir.join(format!("worker-{}", i + 1)), *p)).collect()
+    }
+
+    /// The cluster's CA, when it was made with one.
+    pub fn ca(&self) -> Result<Option<ClusterCa>> {
+        let (certificate, key) = (self.dir.join(CA_FILE), self.dir.join(CA_KEY_FILE));
+        if !certificate.exists() {
+            return Ok(None);
+        }
+        ClusterCa::load(&certificate, &key).map(Some)
+    }
+
+    /// How this host's commands reach a node of the cluster: over its Unix
+    /// socket (TCP would need a certificate).
+    pub(crate) fn socket_addr(node: &Instance) -> ServerAddr {
+        ServerAddr { host: node.data_dir.display().to_string(), port: node.port }
     }
 
     pub fn config_path(&self) -> PathBuf {
@@ -119,9 +142,11 @@ pub fn up(dir: &Path, port: u16, workers: usize, executor_pool_size: Option<usiz
         }
     }
     cluster.coordinator_db().start()?;
-    for w in cluster.workers() {
+    let paired: Vec<u16> = cluster.pairs().iter().map(|pair| pair.servers[0].port).collect();
+    for w in cluster.workers().into_iter().filter(|w| !paired.contains(&w.port)) {
         w.start()?;
     }
+    standbys::start(&cluster)?;
     if cluster.coordinator_pid().is_none() {
         start_coordinator(&cluster, exe)?;
     }
@@ -139,6 +164,9 @@ fn add_worker(cluster: &mut LocalCluster) -> Result<()> {
     let worker = Instance::new(cluster.dir.join(format!("worker-{n}")), port);
     eprintln!("initializing {} (new worker {n})", worker.data_dir.display());
     worker.init_worker()?;
+    if let Some(ca) = cluster.ca()? {
+        worker.secure(&ca)?;
+    }
     worker.start()?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime
@@ -220,10 +248,17 @@ fn create(dir: &Path, port: u16, workers: usize) -> Result<LocalCluster> {
         coordinator_port: port,
         coordinator_db_port: free_port()?,
         worker_ports: (0..workers).map(|_| free_port()).collect::<Result<_>>()?,
+        standby_ports: Default::default(),
     };
     let cluster = LocalCluster { dir, state };
     let mut all = vec![cluster.coordinator_db()];
     all.extend(cluster.workers());
+    // The cluster's CA: it signs every server's certificate, and the
+    // coordinator logs in to the nodes with role certificates it signs.
+    let ca = ClusterCa::create()?;
+    let (ca_file, ca_key_file) = (cluster.dir.join(CA_FILE), cluster.dir.join(CA_KEY_FILE));
+    std::fs::write(&ca_file, ca.certificate_pem())?;
+    instance::write_private(&ca_key_file, &ca.key_pem())?;
     for (i, node) in all.iter().enumerate() {
         eprintln!("initializing {} ({}/{})", node.data_dir.display(), i + 1, all.len());
         // The first is the coordinator database, the others workers.
@@ -232,12 +267,14 @@ fn create(dir: &Path, port: u16, workers: usize) -> Result<LocalCluster> {
         } else {
             node.init_worker()?;
         }
+        node.secure(&ca)?;
     }
-    // A self-signed certificate, so that clients may ask for TLS at once.
-    let (certificate, key) = crate::transport::self_signed_certificate()?;
+    // So that clients may ask for TLS at once, and verify the coordinator
+    // against the cluster's CA (`sslmode=verify-full sslrootcert=ca.crt`).
+    let issued = ca.server_certificate(&instance::local_host_names())?;
     let (cert_file, key_file) = (cluster.dir.join("server.crt"), cluster.dir.join("server.key"));
-    std::fs::write(&cert_file, certificate)?;
-    write_private(&key_file, &key)?;
+    std::fs::write(&cert_file, issued.certificate_pem)?;
+    instance::write_private(&key_file, &issued.key_pem)?;
     let config = Config {
         listen: format!("127.0.0.1:{port}"),
         tls: Some(TlsConfig { cert_file: cert_file.display().to_string(), key_file: key_file.display().to_string(), mode: TlsMode::Allow }),
@@ -245,6 +282,7 @@ fn create(dir: &Path, port: u16, workers: usize) -> Result<LocalCluster> {
         // Each node keeps its socket in its data directory.
         node_socket_directories: all.iter().map(|node| node.data_dir.display().to_string()).collect(),
         auth: Default::default(),
+        node_tls: Some(NodeTlsConfig { ca_file: ca_file.display().to_string(), ca_key_file: ca_key_file.display().to_string() }),
         coordinator_db: DatabaseConfig {
             host: "127.0.0.1".into(),
             port: cluster.state.coordinator_db_port,
@@ -257,18 +295,11 @@ fn create(dir: &Path, port: u16, workers: usize) -> Result<LocalCluster> {
         transactions: Default::default(),
         connections: Default::default(),
         statements: Default::default(),
+        failover: Default::default(),
     };
     std::fs::write(cluster.config_path(), toml::to_string(&config)?)?;
     std::fs::write(cluster.dir.join(STATE_FILE), toml::to_string(&cluster.state)?)?;
     Ok(cluster)
-}
-
-/// Writes a file only its owner may read (a private key).
-fn write_private(path: &Path, contents: &str) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?.write_all(contents.as_bytes())?;
-    Ok(())
 }
 
 /// Starts the coordinator process in the background (e.g. again after a crash).
@@ -343,6 +374,9 @@ pub fn down(dir: &Path) -> Result<()> {
     for w in cluster.workers() {
         w.stop()?;
     }
+    for pair in cluster.pairs() {
+        pair.servers[1].stop()?;
+    }
     cluster.coordinator_db().stop()?;
     Ok(())
 }
@@ -373,7 +407,7 @@ pub async fn status(dir: &Path, env: bool) -> Result<()> {
     let placements = shard_placements(&cluster).await.unwrap_or_default();
     for w in cluster.workers() {
         let names: Vec<String> = placements.iter().filter(|(p, _)| *p == w.port).map(|(_, name)| name.clone()).collect();
-        let addr = ServerAddr { host: "127.0.0.1".into(), port: w.port };
+        let addr = LocalCluster::socket_addr(&w);
         let bytes = if names.is_empty() || !w.is_running() {
             None
         } else {
@@ -384,6 +418,9 @@ pub async fn status(dir: &Path, env: bool) -> Result<()> {
             None => format!("{} shard placements", names.len()),
         };
         println!("worker           127.0.0.1:{:<5}  {:<5} {}", w.port, up(w.is_running()), shards);
+    }
+    for line in standbys::describe(&cluster).await {
+        println!("{line}");
     }
     if let Ok(config) = Config::load(&cluster.config_path()) {
         let source = match config.connections.max_adaptive_executor_pool_size {
@@ -442,13 +479,11 @@ async fn coordinator_report(cluster: &LocalCluster) -> Result<Vec<String>> {
 
 /// Every shard placement: its worker's port and the shard's qualified name.
 async fn shard_placements(cluster: &LocalCluster) -> Result<Vec<(u16, String)>> {
-    let mut conn =
-        PgConnection::connect(&ServerAddr { host: "127.0.0.1".into(), port: cluster.state.coordinator_db_port }, &admin_login("tessera status"))
-            .await?;
+    let mut conn = PgConnection::connect(&LocalCluster::socket_addr(&cluster.coordinator_db()), &admin_login("tessera status")).await?;
     let rows = conn
         .query(
             "SELECT n.nodeport, format('%I.%I', ns.nspname, c.relname || '_' || s.shardid) FROM tessera.pg_dist_placement p
-               JOIN tessera.pg_dist_node n ON n.groupid = p.groupid JOIN tessera.pg_dist_shard s ON s.shardid = p.shardid
+               JOIN tessera.pg_dist_node n ON n.groupid = p.groupid AND n.noderole = 'primary' JOIN tessera.pg_dist_shard s ON s.shardid = p.shardid
                JOIN pg_class c ON c.oid = s.logicalrelid JOIN pg_namespace ns ON ns.oid = c.relnamespace",
         )
         .await?;

@@ -9,6 +9,7 @@ pub mod table_ddl;
 mod time_partitions;
 pub mod worker_relations;
 
+use crate::config::ServerAddr;
 use crate::error::{sqlstate, PgError, PgResult};
 use crate::metadata::DistributedTable;
 use crate::planner::rewrite::ShardTemplate;
@@ -796,6 +797,12 @@ async fn run_everywhere(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_>)
         local.execute(&crate::metadata::forget_roles_sql("tessera", names)).await?;
     }
     let tag = local.execute(sql).await?;
+    if let RoleChange::Named(names) = roles {
+        // The nodes' links log in as the new roles with these certificates.
+        let mut nodes: Vec<ServerAddr> = ctx.catalog.active_nodes().map(|n| n.addr.clone()).collect();
+        nodes.push(ctx.coordinator.config.coordinator_db_addr());
+        crate::connection::node_tls::provide_on_nodes(&nodes, &ctx.coordinator.config.service_login(), Some(names)).await?;
+    }
     let mut per_node = BTreeMap::new();
     for node in ctx.catalog.active_nodes() {
         // Function copies may follow what changes; they are made again on demand.
@@ -804,7 +811,7 @@ async fn run_everywhere(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_>)
             statements.push(crate::planner::worker_relations::forget_roles_sql(names));
         }
         statements.push(plan.node_sql(node.group_id)?);
-        if *roles == RoleChange::Named {
+        if matches!(roles, RoleChange::Named(_)) {
             statements.push(crate::planner::worker_relations::MAP_ROLES_SQL.to_string());
         }
         per_node.insert(node.group_id, statements);

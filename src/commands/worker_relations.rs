@@ -149,27 +149,32 @@ fn setup_sql(node: &Node, nodes: &[Node], relay: &ServerAddr) -> String {
              USING ERRCODE = '40001', HINT = 'Retry the transaction: the coordinator now routes it to the new node.';
          END $tessera$;
          {reference_writes}
+         {link_security}
          {pull_rows}
          {forget_roles}
          -- Every role gets a mapping that logs it in as itself, so that the
-         -- other node checks its privileges. Only a superuser may waive the
-         -- password for non-superusers; the nodes trust each other's network.
+         -- other node checks its privileges, with its certificate where the
+         -- cluster has a CA. Only a superuser may waive the password for
+         -- non-superusers, or name the certificate files.
          CREATE OR REPLACE FUNCTION {REMOTE_SCHEMA}.map_roles() RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $tessera$
-         DECLARE r record;
+         DECLARE r record; wanted text[]; options text;
          BEGIN
-           FOR r IN SELECT s.srvname, a.rolname, m.umoptions IS NOT NULL AS mapped
+           FOR r IN SELECT s.srvname, a.rolname, m.umid IS NOT NULL AS mapped, coalesce(m.umoptions, '{{}}') AS present
                       FROM pg_foreign_server s CROSS JOIN pg_roles a
                       LEFT JOIN pg_user_mappings m ON m.srvid = s.oid AND m.umuser = a.oid
-                     WHERE s.srvname LIKE 'tessera\\_node\\_%' AND a.rolname !~ '^pg_'
-                       AND (m.umoptions IS NULL OR NOT (format('user=%s', a.rolname) = ANY (m.umoptions))) LOOP
+                     WHERE s.srvname LIKE 'tessera\\_node\\_%' AND a.rolname !~ '^pg_' LOOP
+             SELECT array_agg(o.option || '=' || o.value), string_agg(format('%I %L', o.option, o.value), ', ') INTO wanted, options
+               FROM (VALUES ('user', r.rolname::text), ('password_required', 'false')
+                     UNION ALL SELECT * FROM {REMOTE_SCHEMA}.link_security(r.rolname) l WHERE l.option IN ('sslcert', 'sslkey')) AS o (option, value);
+             CONTINUE WHEN r.mapped AND r.present @> wanted AND wanted @> r.present;
              IF r.mapped THEN
-               EXECUTE format('ALTER USER MAPPING FOR %I SERVER %I OPTIONS (SET user %L)', r.rolname, r.srvname, r.rolname);
-             ELSE
-               EXECUTE format('CREATE USER MAPPING FOR %I SERVER %I OPTIONS (user %L, password_required ''false'')', r.rolname, r.srvname, r.rolname);
+               EXECUTE format('DROP USER MAPPING FOR %I SERVER %I', r.rolname, r.srvname);
              END IF;
+             EXECUTE format('CREATE USER MAPPING FOR %I SERVER %I OPTIONS (%s)', r.rolname, r.srvname, options);
            END LOOP;
          END $tessera$;",
         forget_roles = crate::metadata::forget_roles_function(REMOTE_SCHEMA),
+        link_security = crate::metadata::link_security_function(REMOTE_SCHEMA),
         decisions = crate::transaction::decided::deciding_objects_sql(),
         record_once = crate::transaction::decided::RECORD_ONCE_SQL,
         reference_writes = REFERENCE_WRITES_SQL,
@@ -196,7 +201,7 @@ fn setup_sql(node: &Node, nodes: &[Node], relay: &ServerAddr) -> String {
             name = quote_literal(&link_application_name(node.group_id, other.group_id)),
         ));
     }
-    sql.push_str(&format!("\nSELECT {REMOTE_SCHEMA}.map_roles();"));
+    sql.push_str(&format!("\nSELECT {REMOTE_SCHEMA}.secure_servers();\nSELECT {REMOTE_SCHEMA}.map_roles();"));
     sql
 }
 
@@ -250,9 +255,9 @@ BEGIN
   END IF;
   SELECT CASE WHEN bool_and(a.atttypid < 16384) THEN 'binary' ELSE 'text' END INTO copy_format
     FROM pg_attribute a WHERE a.attrelid = target AND a.attnum > 0 AND NOT a.attisdropped;
-  command := pg_catalog.format('mkdir -p %s && env --default-signal=PIPE setsid %s -X -q -w -h %s -p %s -d %s -U %s -v ON_ERROR_STOP=1 -v VERBOSITY=verbose -c %s 2>%s && rm -f %s',
+  command := pg_catalog.format('mkdir -p %s && env --default-signal=PIPE setsid %s -X -q -w -d %s -v ON_ERROR_STOP=1 -v VERBOSITY=verbose -c %s 2>%s && rm -f %s',
     tessera_remote.shell_word(temporary), tessera_remote.shell_word((SELECT setting FROM pg_config WHERE name = 'BINDIR') || '/psql'),
-    tessera_remote.shell_word(host), port, tessera_remote.shell_word(current_database()), tessera_remote.shell_word(session_user),
+    tessera_remote.shell_word(tessera_remote.link_conninfo(host, port, current_database(), session_user)),
     tessera_remote.shell_word(pg_catalog.format('SET ROLE %I; COPY (%s) TO STDOUT (FORMAT %s)', role, query, copy_format)),
     tessera_remote.shell_word(errors), tessera_remote.shell_word(errors));
   BEGIN
@@ -378,6 +383,8 @@ pub(super) async fn prepare_in_block(ctx: &mut CommandContext<'_>, nodes: &[Node
 /// on a service connection of its own, when the coordinator starts or the
 /// node answers again. The error names the node.
 pub async fn prepare_node(config: &Config, relay: &ServerAddr, node: &Node, all: &[Node]) -> PgResult<()> {
+    // Its links log in with the certificates of their roles.
+    crate::connection::node_tls::provide_on_nodes(std::slice::from_ref(&node.addr), &config.service_login(), None).await?;
     PgConnection::query_once(&node.addr, &config.service_login(), &setup_sql(node, all, relay))
         .await
         .map(|_| ())

@@ -53,6 +53,11 @@ impl ClientConn {
         self.stream.is_clear_tcp()
     }
 
+    /// The certificate the client presented over TLS (DER).
+    pub fn peer_certificate(&self) -> Option<&[u8]> {
+        self.stream.peer_certificate()
+    }
+
     /// Reads the next start-up packet; None when the client went away.
     pub async fn recv_startup(&mut self) -> std::io::Result<Option<Bytes>> {
         loop {

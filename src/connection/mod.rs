@@ -5,6 +5,7 @@
 
 pub mod client;
 pub mod kept;
+pub mod node_tls;
 pub mod pool;
 
 use crate::config::{Login, ServerAddr};
@@ -86,6 +87,23 @@ pub fn set_connect_timeout(timeout: Duration) {
     CONNECT_TIMEOUT_MS.store(timeout.as_millis().clamp(1, u128::from(u64::MAX)) as u64, Ordering::Relaxed);
 }
 
+/// Asks the node at `host` for TLS and runs the handshake, verifying the
+/// node against the cluster's CA and presenting `role`'s certificate.
+async fn start_tls(mut stream: Stream, credentials: &node_tls::NodeCredentials, host: &str, role: &str, label: &str) -> PgResult<Stream> {
+    let failed = |why: String| PgError::new(sqlstate::UNABLE_TO_CONNECT, format!("could not connect to node {label} over TLS: {why}"));
+    let config = credentials.client_config(role).map_err(|e| failed(e.to_string()))?;
+    let mut request = BytesMut::new();
+    frontend::ssl_request(&mut request);
+    stream.write_all(&request).await.map_err(|e| failed(e.to_string()))?;
+    let mut answer = [0u8; 1];
+    stream.read_exact(&mut answer).await.map_err(|e| failed(e.to_string()))?;
+    if answer[0] != b'S' {
+        return Err(failed("the node does not accept TLS".into())
+            .with_hint("The cluster's nodes need ssl = on with a certificate signed by the cluster's CA (docs/operations.md, \"Security\")."));
+    }
+    stream.connect_tls(config, host).await.map_err(|e| failed(e.to_string()))
+}
+
 impl PgConnection {
     /// A connection to `addr`, logged in as `login`; a node that does not
     /// answer within the connect timeout fails with 08001.
@@ -105,9 +123,14 @@ impl PgConnection {
 
     async fn connect_unbounded(addr: &ServerAddr, login: &Login) -> PgResult<Self> {
         let label: Arc<str> = Arc::from(addr.to_string());
-        let stream = connect_node(&addr.host, addr.port)
+        let mut stream = connect_node(&addr.host, addr.port)
             .await
             .map_err(|e| PgError::new(sqlstate::CONNECTION_FAILURE, format!("could not connect to node {label}: {e}")))?;
+        if let (Some(credentials), true) = (node_tls::node_credentials(), stream.is_clear_tcp()) {
+            // Boxed: the handshake's state is large, and every future that
+            // may make a connection would carry it.
+            stream = Box::pin(start_tls(stream, credentials, &addr.host, &login.user, &label)).await?;
+        }
         let mut conn = PgConnection {
             stream,
             rbuf: BytesMut::with_capacity(16 * 1024),
@@ -245,7 +268,7 @@ impl PgConnection {
         let (requests, counted) = frontend::ready_requests(&self.wbuf[from..]);
         self.ready_owed += requests;
         self.uncounted_from = from + counted;
-        while !self.wbuf.is_empty() {
+        while !self.wbuf.is_empty() || self.stream.has_unsent() {
             match self.stream.try_write(&self.wbuf) {
                 Ok(n) => {
                     self.wbuf.advance(n);

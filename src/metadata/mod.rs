@@ -37,7 +37,8 @@ pub async fn install(conn: &mut PgConnection, deciding_objects_sql: &str) -> PgR
     // (`transaction::decided`) live in a schema of their own, as on workers.
     let result = conn
         .execute(&format!(
-            "{schema}\n{}\nGRANT EXECUTE ON FUNCTION tessera.forget_roles(text[]) TO PUBLIC;\n{}",
+            "{schema}\n{}\n{}\nGRANT EXECUTE ON FUNCTION tessera.forget_roles(text[]) TO PUBLIC;\n{}",
+            link_security_function("tessera"),
             forget_roles_function("tessera"),
             deciding_objects_sql
         ))
@@ -63,6 +64,52 @@ pub fn forget_roles_function(schema: &str) -> String {
              EXECUTE format('DROP USER MAPPING FOR %I SERVER %I', m.usename, m.srvname);
            END LOOP;
          END $tessera$;"
+    )
+}
+
+/// SQL making the functions by which a node's own connections to other
+/// nodes (postgres_fdw servers and user mappings, `psql` pulling rows, a
+/// shard move's subscription) log in when the cluster has a CA: the
+/// coordinator stores the CA's certificate and each role's certificate
+/// under the node's data directory (`connection::node_tls`).
+/// `<schema>.link_security(role)` gives the libpq options (TLS verified
+/// against the CA, the role's certificate), none where nothing is stored;
+/// `<schema>.link_conninfo(host, port, dbname, role)` a whole connection
+/// string; `<schema>.secure_servers()` gives the `tessera_node_*` foreign
+/// servers the options that are not per role.
+pub fn link_security_function(schema: &str) -> String {
+    format!(
+        r#"CREATE OR REPLACE FUNCTION {schema}.link_security(role text) RETURNS TABLE (option text, value text) LANGUAGE plpgsql SET search_path = pg_catalog AS $tessera$
+         DECLARE
+           dir text := current_setting('data_directory') || '/{directory}';
+           stem text := encode(convert_to(role, 'UTF8'), 'hex');
+         BEGIN
+           IF (pg_stat_file(dir || '/root.crt', true)).size IS NOT NULL THEN
+             RETURN QUERY VALUES ('sslmode', 'verify-full'), ('sslrootcert', dir || '/root.crt'),
+                                 ('sslcert', dir || '/' || stem || '.crt'), ('sslkey', dir || '/' || stem || '.key');
+           END IF;
+         END $tessera$;
+         REVOKE ALL ON FUNCTION {schema}.link_security(text) FROM PUBLIC;
+         CREATE OR REPLACE FUNCTION {schema}.link_conninfo(host text, port integer, dbname text, role text) RETURNS text LANGUAGE sql SET search_path = pg_catalog AS $tessera$
+           SELECT string_agg(o.option || '=''' || replace(replace(o.value, E'\\', E'\\\\'), '''', E'\\''') || '''', ' ')
+             FROM (VALUES ('host', host), ('port', port::text), ('dbname', dbname), ('user', role)
+                   UNION ALL SELECT * FROM {schema}.link_security(role)) AS o (option, value)
+         $tessera$;
+         REVOKE ALL ON FUNCTION {schema}.link_conninfo(text, integer, text, text) FROM PUBLIC;
+         CREATE OR REPLACE FUNCTION {schema}.secure_servers() RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog AS $tessera$
+         DECLARE s record; o record;
+         BEGIN
+           FOR s IN SELECT srvname, coalesce(srvoptions, '{{}}') AS options FROM pg_foreign_server WHERE srvname LIKE 'tessera\_node\_%' LOOP
+             FOR o IN SELECT * FROM {schema}.link_security(current_user) l WHERE l.option IN ('sslmode', 'sslrootcert') LOOP
+               IF NOT (o.option || '=' || o.value = ANY (s.options)) THEN
+                 EXECUTE format('ALTER SERVER %I OPTIONS (%s %I %L)', s.srvname,
+                                CASE WHEN EXISTS (SELECT FROM unnest(s.options) x WHERE x LIKE o.option || '=%') THEN 'SET' ELSE 'ADD' END, o.option, o.value);
+               END IF;
+             END LOOP;
+           END LOOP;
+         END $tessera$;
+         REVOKE ALL ON FUNCTION {schema}.secure_servers() FROM PUBLIC;"#,
+        directory = crate::connection::node_tls::CERTIFICATE_DIRECTORY,
     )
 }
 

@@ -594,6 +594,32 @@ CREATE OR REPLACE FUNCTION pg_catalog.citus_add_node(nodename text, nodeport int
     RETURNS int LANGUAGE sql AS 'SELECT tessera.coordinator_only(); SELECT 0';
 CREATE OR REPLACE FUNCTION pg_catalog.master_add_node(nodename text, nodeport int DEFAULT 5432, groupid int DEFAULT -1, noderole text DEFAULT 'primary', nodecluster name DEFAULT 'default')
     RETURNS int LANGUAGE sql AS 'SELECT tessera.coordinator_only(); SELECT 0';
+-- Registers a streaming standby of the primary at primaryname:primaryport
+-- as its secondary (same group): the coordinator promotes it and points the
+-- node at it when the primary stops answering (operations/failover.rs).
+CREATE OR REPLACE FUNCTION pg_catalog.citus_add_secondary_node(nodename text, nodeport int, primaryname text, primaryport int, nodecluster name DEFAULT 'default')
+RETURNS int LANGUAGE plpgsql SET search_path = pg_catalog AS $$
+DECLARE
+    primary_group int;
+    id int;
+BEGIN
+    SELECT n.groupid INTO primary_group FROM tessera.pg_dist_node n
+     WHERE n.nodename = primaryname AND n.nodeport = primaryport AND n.noderole = 'primary';
+    IF primary_group IS NULL THEN
+        RAISE EXCEPTION 'node at "%:%" does not exist', primaryname, primaryport USING ERRCODE = '42704',
+            HINT = 'SELECT nodename, nodeport FROM pg_dist_node WHERE noderole = ''primary'' lists the primaries.';
+    END IF;
+    INSERT INTO tessera.pg_dist_node AS n (nodename, nodeport, groupid, noderole, nodecluster)
+    VALUES (citus_add_secondary_node.nodename, citus_add_secondary_node.nodeport, primary_group, 'secondary', citus_add_secondary_node.nodecluster)
+    ON CONFLICT ON CONSTRAINT pg_dist_node_nodename_nodeport_key DO UPDATE SET groupid = excluded.groupid, noderole = 'secondary'
+    WHERE n.noderole = 'secondary'
+    RETURNING n.nodeid INTO id;
+    IF id IS NULL THEN
+        RAISE EXCEPTION 'node at "%:%" is a primary', nodename, nodeport USING ERRCODE = '22023';
+    END IF;
+    RETURN id;
+END $$;
+REVOKE ALL ON FUNCTION pg_catalog.citus_add_secondary_node(text, int, text, int, name) FROM PUBLIC;
 CREATE OR REPLACE FUNCTION pg_catalog.citus_remove_node(nodename text, nodeport int)
     RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
 CREATE OR REPLACE FUNCTION pg_catalog.master_remove_node(nodename text, nodeport int)
@@ -916,7 +942,7 @@ SELECT p.logicalrelid AS table_name,
 FROM tessera.pg_dist_shard s
 JOIN tessera.pg_dist_partition p USING (logicalrelid)
 JOIN tessera.pg_dist_placement pl USING (shardid)
-JOIN tessera.pg_dist_node n ON n.groupid = pl.groupid;
+JOIN tessera.pg_dist_node n ON n.groupid = pl.groupid AND n.noderole = 'primary';
 CREATE OR REPLACE VIEW pg_catalog.citus_stat_activity AS
 SELECT * FROM tessera.gathered_rows(NULL::tessera.cluster_activity, 'tessera_cluster_activity', 'citus_stat_activity');
 RESET allow_system_table_mods;
@@ -1078,19 +1104,27 @@ CREATE OR REPLACE FUNCTION tessera.column_definitions(rel regclass) RETURNS text
     WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped
 $$;
 
--- Gives `role` a user mapping on every node's foreign server that lacks one,
--- so that foreign scans run as that role reach the workers as that role.
+-- Gives `role` a user mapping on every node's foreign server that lacks one
+-- (or lacks the certificate it logs in with, `tessera.link_security`), so
+-- that foreign scans run as that role reach the workers as that role.
 CREATE OR REPLACE FUNCTION tessera.map_role_to_nodes(role name, password text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, tessera AS $$
 DECLARE
     s record;
+    options text;
 BEGIN
-    FOR s IN SELECT srvname FROM pg_foreign_server f WHERE srvname LIKE 'tessera\_node\_%'
-             AND NOT EXISTS (SELECT FROM pg_user_mappings m WHERE m.srvid = f.oid AND m.usename = role) LOOP
+    SELECT string_agg(format('%I %L', l.option, l.value), ', ') INTO options FROM tessera.link_security(role) l WHERE l.option IN ('sslcert', 'sslkey');
+    FOR s IN SELECT f.srvname, m.umid IS NOT NULL AS mapped FROM pg_foreign_server f
+             LEFT JOIN pg_user_mappings m ON m.srvid = f.oid AND m.usename = role
+             WHERE f.srvname LIKE 'tessera\_node\_%'
+               AND (m.umid IS NULL OR (options IS NOT NULL AND NOT EXISTS (SELECT FROM unnest(m.umoptions) o WHERE o LIKE 'sslcert=%'))) LOOP
+        IF s.mapped THEN
+            EXECUTE format('DROP USER MAPPING FOR %I SERVER %I', role, s.srvname);
+        END IF;
         IF password IS NULL THEN
-            EXECUTE format('CREATE USER MAPPING FOR %I SERVER %I OPTIONS (user %L, password_required ''false'')', role, s.srvname, role);
+            EXECUTE format('CREATE USER MAPPING FOR %I SERVER %I OPTIONS (user %L, password_required ''false''%s)', role, s.srvname, role, coalesce(', ' || options, ''));
         ELSE
-            EXECUTE format('CREATE USER MAPPING FOR %I SERVER %I OPTIONS (user %L, password %L)', role, s.srvname, role, password);
+            EXECUTE format('CREATE USER MAPPING FOR %I SERVER %I OPTIONS (user %L, password %L%s)', role, s.srvname, role, password, coalesce(', ' || options, ''));
         END IF;
     END LOOP;
 END $$;
@@ -1164,6 +1198,7 @@ BEGIN
             EXECUTE format('DROP SERVER %I CASCADE', s.srvname);
             TRUNCATE tessera.fallback_tables;
         END LOOP;
+        PERFORM tessera.secure_servers();
         FOR t IN SELECT f.relid FROM tessera.fallback_tables f LEFT JOIN tessera.fallback_signatures() now USING (relid)
                  WHERE now.signature IS DISTINCT FROM f.signature LOOP
             PERFORM tessera.drop_stand_in(t.relid);

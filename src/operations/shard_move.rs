@@ -185,13 +185,19 @@ async fn transfer(ctx: &mut CommandContext<'_>, op: &mut Operation, group: &Grou
             .await
             .map_err(|e| on_node(e, source, &names))?;
         let password = login.password.as_deref().map(|p| format!(" password={}", conninfo_value(p))).unwrap_or_default();
-        let conninfo = format!(
-            "host={} port={} user={} dbname={}{password}",
-            conninfo_value(&source.addr.host),
-            source.addr.port,
-            conninfo_value(&login.user),
-            conninfo_value(&login.database)
-        );
+        // With the role's certificate where the cluster has a CA.
+        let conninfo = target_conn
+            .query_value(&format!(
+                "SELECT tessera_remote.link_conninfo({}, {}, {}, {})",
+                quote_literal(&source.addr.host),
+                source.addr.port,
+                quote_literal(&login.database),
+                quote_literal(&login.user)
+            ))
+            .await
+            .map_err(|e| on_node(e, target, &names))?
+            .unwrap_or_default()
+            + &password;
         target_conn
             .execute(&format!(
                 "CREATE SUBSCRIPTION {sub} CONNECTION {conn} PUBLICATION {sub} WITH (slot_name = {slot}, copy_data = true)",

@@ -483,8 +483,9 @@ fn plan_drop_everywhere(version: i32, drop: &protobuf::DropStmt, catalog: &Catal
 fn everywhere(version: i32, stmt: NodeEnum) -> Plan {
     let roles = match &stmt {
         // DROP OWNED drops a role's user mappings with what it owns.
-        NodeEnum::CreateRoleStmt(_) | NodeEnum::DropOwnedStmt(_) => RoleChange::Named,
-        NodeEnum::RenameStmt(r) if r.rename_type == ObjectType::ObjectRole as i32 => RoleChange::Named,
+        NodeEnum::CreateRoleStmt(c) => RoleChange::Named(vec![c.role.clone()]),
+        NodeEnum::DropOwnedStmt(_) => RoleChange::Named(Vec::new()),
+        NodeEnum::RenameStmt(r) if r.rename_type == ObjectType::ObjectRole as i32 => RoleChange::Named(vec![r.newname.clone()]),
         NodeEnum::DropRoleStmt(d) => RoleChange::Dropped(
             d.roles
                 .iter()

@@ -147,8 +147,9 @@ impl ForeignRetype {
 pub enum RoleChange {
     #[default]
     None,
-    /// Created or renamed.
-    Named,
+    /// Created or renamed: the new names (none after DROP OWNED, which
+    /// drops user mappings with what it owns).
+    Named(Vec<String>),
     /// Dropped: these roles.
     Dropped(Vec<String>),
 }

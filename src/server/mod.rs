@@ -115,7 +115,7 @@ async fn detect_deadlocks_periodically(coordinator: Arc<Coordinator>) {
 /// Serves clients until the process is stopped.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
     raise_file_limit();
-    crate::transport::use_node_socket_directories(config.node_socket_directories.iter().map(std::path::PathBuf::from).collect());
+    crate::connection::node_tls::reach_nodes_as_configured(&config)?;
     let tls = match &config.tls {
         Some(tls) => Some(crate::transport::tls_acceptor(std::path::Path::new(&tls.cert_file), std::path::Path::new(&tls.key_file))?),
         None => None,
@@ -127,6 +127,12 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     // the node's `tessera_commit` objects. A node that is down now is made
     // ready once it answers again.
     let groups: Vec<i32> = coordinator.catalog.snapshot().active_nodes().map(|n| n.group_id).collect();
+    // The coordinator database's fallback reaches the workers with the
+    // roles' certificates.
+    let coordinator_db = [coordinator.config.coordinator_db_addr()];
+    if let Err(e) = crate::connection::node_tls::provide_on_nodes(&coordinator_db, &coordinator.config.service_login(), None).await {
+        tracing::warn!("{e}");
+    }
     let mut unprepared = Vec::new();
     for (node, outcome) in prepare_nodes(&coordinator, &groups).await {
         if let Err(e) = outcome {
@@ -143,6 +149,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let sockets = unix_sockets(&coordinator.config.unix_socket_directories, port);
     tokio::spawn(follow_catalog(coordinator.clone()));
     tokio::spawn(recover_periodically(coordinator.clone()));
+    tokio::spawn(crate::operations::failover::watch(coordinator.clone()));
     tokio::spawn(detect_deadlocks_periodically(coordinator.clone()));
     tokio::spawn(crate::operations::background::run_jobs(coordinator.clone()));
     tracing::info!(

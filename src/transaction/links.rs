@@ -102,6 +102,10 @@ pub struct LinkRelay {
     /// must be the one a session's two-phase commit lets decide. Per backend,
     /// how many of its links are inside a transaction.
     linked: Mutex<HashMap<(i32, i32), usize>>,
+    /// With the cluster's CA, links come over TLS and log in with their
+    /// role's certificate; without it, they are taken from the nodes'
+    /// addresses in the clear.
+    tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 impl std::fmt::Debug for LinkRelay {
@@ -130,6 +134,7 @@ impl LinkRelay {
         let bound = listener.local_addr()?;
         // Bound to every interface, the relay is reached by this host's name.
         let host = if bound.ip().is_unspecified() { host_name()? } else { bound.ip().to_string() };
+        let tls = crate::connection::node_tls::node_credentials().map(|credentials| credentials.link_acceptor(&host)).transpose()?;
         let relay = Arc::new(LinkRelay {
             addr: ServerAddr { host, port: bound.port() },
             catalog,
@@ -142,6 +147,7 @@ impl LinkRelay {
             idle: Mutex::new(HashMap::new()),
             serial: AtomicU64::new(0),
             linked: Mutex::default(),
+            tls,
         });
         tokio::spawn(relay.clone().accept(listener));
         tokio::spawn(relay.clone().settle_periodically());
@@ -190,8 +196,11 @@ impl LinkRelay {
         let params = loop {
             let Some(packet) = link.recv_startup().await? else { return Ok(()) };
             match frontend::decode_startup(&packet)? {
-                // Links stay on the nodes' own network, in the clear like
-                // the coordinator's connections to the nodes.
+                StartupPacket::SslRequest if self.tls.is_some() && link.is_clear_tcp() => {
+                    link.write_now(b"S").await?;
+                    let acceptor = self.tls.as_ref().expect("checked above");
+                    link = ClientConn::new(link.into_stream()?.accept_tls(acceptor).await?);
+                }
                 StartupPacket::SslRequest | StartupPacket::GssEncRequest => link.write_now(b"N").await?,
                 StartupPacket::Cancel { process_id, secret_key } => {
                     let node = self.cancel_keys.lock().unwrap().get(&(process_id, secret_key)).cloned();
@@ -206,6 +215,17 @@ impl LinkRelay {
         let get = |name: &str| params.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
         let ends = get("application_name").as_deref().and_then(LinkEnds::parse);
         let target = ends.and_then(|e| self.catalog.snapshot().node_for_group(e.to).map(|n| n.addr.clone()));
+        if self.tls.is_some()
+            && get("user").is_none_or(|user| link.peer_certificate().and_then(crate::certificates::common_name).as_deref() != Some(user.as_str()))
+        {
+            let refusal = PgError::new(
+                sqlstate::INVALID_AUTHORIZATION,
+                "worker links log in over TLS with a certificate of the cluster's CA made out to the role they log in as",
+            );
+            backend::error_response(link.out(), &refusal);
+            link.flush().await?;
+            return Ok(());
+        }
         let (Some(ends), Some(target), Some(user), true) = (ends, target, get("user"), self.is_node(peer, from_this_host).await) else {
             let refusal = PgError::new(
                 sqlstate::INVALID_AUTHORIZATION,

@@ -39,7 +39,10 @@ impl TestCluster {
             let data = dir.path().join("cluster");
             let port = free_port().unwrap();
             match cluster::up(&data, port, workers, None, &tessera_bin()) {
-                Ok(cluster) => return TestCluster { cluster, port, _dir: dir },
+                Ok(cluster) => {
+                    reach_nodes_by_socket(&cluster);
+                    return TestCluster { cluster, port, _dir: dir };
+                }
                 Err(e) => {
                     eprintln!("tessera up failed, retrying: {e:#}");
                     let _ = cluster::down(&data);
@@ -48,6 +51,21 @@ impl TestCluster {
             }
         }
         panic!("tessera up: {:#}", last_error.unwrap());
+    }
+
+    /// `tessera up --standbys 1` on the running cluster: every worker gets
+    /// a synchronous standby. Returns the cluster as it is then.
+    pub async fn add_standbys(&self) -> LocalCluster {
+        let dir = self.cluster.dir.clone();
+        let cluster = tokio::task::spawn_blocking(move || {
+            let mut cluster = LocalCluster::open(&dir).unwrap().expect("the test's cluster");
+            cluster::standbys::ensure(&mut cluster, 1).expect("tessera up --standbys 1");
+            cluster
+        })
+        .await
+        .unwrap();
+        reach_nodes_by_socket(&cluster);
+        cluster
     }
 
     pub fn data_dir(&self) -> &Path {
@@ -226,6 +244,21 @@ impl PlainPostgres {
     pub async fn connect(&self) -> Client {
         connect(self.instance.port).await
     }
+
+    /// A server ready to join `cluster` as a node: it takes TCP connections
+    /// only with certificates of the cluster's CA, as `tessera up` makes its
+    /// nodes; the test reaches it by its socket.
+    pub fn start_node_for(cluster: &TestCluster) -> PlainPostgres {
+        let dir = temp_dir("tessera-node-");
+        let instance = Instance::new(dir.path().join("pg"), free_port().unwrap());
+        instance.init_worker().expect("initdb");
+        if let Some(ca) = cluster.cluster.ca().expect("the cluster's CA") {
+            instance.secure(&ca).expect("the node's certificates");
+        }
+        instance.start().expect("start");
+        reach_by_socket(instance.port, &instance.data_dir);
+        PlainPostgres { instance, _dir: dir }
+    }
 }
 
 impl Drop for PlainPostgres {
@@ -250,17 +283,69 @@ pub async fn try_connect(port: u16) -> Result<Client, tokio_postgres::Error> {
 }
 
 async fn try_connect_as(port: u16, user: &str) -> Result<Client, tokio_postgres::Error> {
-    connect_with(&format!("host=127.0.0.1 port={port} user={user} dbname=postgres")).await
+    connect_with(&format!("host={} port={port} user={user} dbname=postgres", host_for(port))).await
 }
 
 /// A connection to `port` as `user` with `password`, or the error.
 pub async fn try_login(port: u16, user: &str, password: &str) -> Result<Client, tokio_postgres::Error> {
-    connect_with(&format!("host=127.0.0.1 port={port} user={user} password={password} dbname=postgres")).await
+    connect_with(&format!("host={} port={port} user={user} password={password} dbname=postgres", host_for(port))).await
+}
+
+/// Nodes of the clusters this test process made, by port: their Unix
+/// socket's directory. Over TCP a node takes only TLS with a certificate
+/// of its cluster's CA; tests reach it as its operator would, on its host.
+static NODE_SOCKETS: std::sync::Mutex<Vec<(u16, String)>> = std::sync::Mutex::new(Vec::new());
+
+/// Where a test connects for `port`: a node's socket directory, or the
+/// loopback address (the coordinator, a plain server, a node gone whose
+/// port another server took).
+fn host_for(port: u16) -> String {
+    let sockets = NODE_SOCKETS.lock().unwrap();
+    let node = sockets.iter().find(|(p, dir)| *p == port && Path::new(dir).join(format!(".s.PGSQL.{port}")).exists());
+    node.map(|(_, dir)| dir.clone()).unwrap_or_else(|| "127.0.0.1".into())
+}
+
+/// Makes direct connections to `port` go over the socket in `dir`.
+pub fn reach_by_socket(port: u16, dir: &Path) {
+    let mut sockets = NODE_SOCKETS.lock().unwrap();
+    sockets.retain(|(p, _)| *p != port);
+    sockets.push((port, dir.display().to_string()));
+}
+
+/// Makes direct connections to `cluster`'s nodes go over their sockets.
+pub fn reach_nodes_by_socket(cluster: &LocalCluster) {
+    let standbys = cluster.pairs().into_iter().map(|pair| pair.servers[1].clone());
+    for node in std::iter::once(cluster.coordinator_db()).chain(cluster.workers()).chain(standbys) {
+        reach_by_socket(node.port, &node.data_dir);
+    }
+}
+
+/// `tessera up` on an existing test cluster (with more workers), whose
+/// nodes are then reached by socket too.
+pub fn grow(dir: &Path, port: u16, workers: usize) -> LocalCluster {
+    let grown = cluster::up(dir, port, workers, None, &tessera_bin()).expect("tessera up with more workers");
+    reach_nodes_by_socket(&grown);
+    grown
 }
 
 /// A connection made from a libpq-style connection string, or the error.
 pub async fn connect_with(conn_str: &str) -> Result<Client, tokio_postgres::Error> {
     let (client, conn) = tokio_postgres::connect(conn_str, NoTls).await?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(client)
+}
+
+/// A connection over TLS for `role`, as a node's link makes one: it
+/// verifies the server against `cluster`'s CA and presents a certificate
+/// the CA made out to `role`.
+pub async fn connect_with_certificate(cluster: &TestCluster, conn_str: &str, role: &str) -> Result<Client, tokio_postgres::Error> {
+    let ca = cluster.cluster.ca().unwrap().expect("the cluster's CA");
+    let issued = ca.role_certificate(role).unwrap();
+    let roots = std::sync::Arc::new(tessera::transport::root_store(&ca.certificate_pem()).unwrap());
+    let config = tessera::transport::tls_client_config(roots, &issued.certificate_pem, &issued.key_pem).unwrap();
+    let (client, conn) = tokio_postgres::connect(conn_str, tokio_postgres_rustls::MakeRustlsConnect::new((*config).clone())).await?;
     tokio::spawn(async move {
         let _ = conn.await;
     });
