@@ -77,6 +77,88 @@ async fn a_killed_worker_primary_fails_over_with_no_acknowledged_commit_lost() {
         config.transactions.recovery_interval_secs = 1.0;
     });
     let c = cluster.connect().await;
+    create_bank(&c).await;
+    let mut local = cluster.add_standbys().await;
+    assert_eq!(local.pairs().len(), 2, "a standby per worker");
+    let roles = text_rows(&c, "SELECT noderole, count(*) FROM pg_dist_node GROUP BY 1 ORDER BY 1").await;
+    assert_eq!(roles, vec![vec![Some("primary".into()), Some("2".into())], vec![Some("secondary".into()), Some("2".into())]], "{roles:?}");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let outcomes = Arc::new(Mutex::new(Outcomes::default()));
+    let clients: Vec<_> = (1..=CLIENTS).map(|n| tokio::spawn(client_loop(cluster.port, n, stop.clone(), outcomes.clone()))).collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // bench/failover.sh repeats the failover, each worker's in turn.
+    let repetitions: usize = std::env::var("FAILOVER_REPETITIONS").ok().and_then(|n| n.parse().ok()).unwrap_or(1);
+    for repetition in 0..repetitions {
+        let pair = &local.pairs()[repetition % 2];
+        let primaries = primary_ports(&c).await;
+        let victim = pair.servers.iter().find(|s| primaries.contains(&s.port)).expect("a primary").clone();
+        let successor = pair.servers.iter().find(|s| s.port != victim.port).unwrap().clone();
+        let sync = text_rows(&common::connect(victim.port).await, "SELECT sync_state FROM pg_stat_replication").await;
+        assert_eq!(sync, vec![vec![Some("sync".into())]], "the standby replicates synchronously");
+        let before_kill = outcomes.lock().unwrap().acknowledged.len();
+
+        // SIGKILL of the postmaster: no shutdown, its backends die as they notice.
+        let pid: i32 = std::fs::read_to_string(victim.data_dir.join("postmaster.pid")).unwrap().lines().next().unwrap().trim().parse().unwrap();
+        let killed_at = Instant::now();
+        // SAFETY: plain signal delivery to the test's own PostgreSQL server.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+        // Until the clients have committed for a few seconds after the failover.
+        let deadline = killed_at + Duration::from_secs(40);
+        let (failed, window, last_message) = loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let seen = outcomes.lock().unwrap();
+            let since_kill: Vec<Instant> = seen.failures.iter().copied().filter(|t| *t >= killed_at).collect();
+            let settled = since_kill.last().is_some_and(|last| last.elapsed() > Duration::from_secs(4));
+            if settled || Instant::now() > deadline {
+                let window = since_kill.last().map(|last| last.duration_since(killed_at)).unwrap_or_default();
+                break (since_kill.len(), window, seen.last_failure_message.clone());
+            }
+        };
+        let committed = outcomes.lock().unwrap().acknowledged.len() - before_kill;
+        eprintln!(
+            "failover {}: clients saw errors for {:.1} s after the kill ({failed} failed transactions, {committed} committed)",
+            repetition + 1,
+            window.as_secs_f64()
+        );
+        assert!(failed > 0, "the kill failed some transactions");
+        assert!(window <= Duration::from_secs(10), "clients saw errors for {:.1} s (last: {last_message})", window.as_secs_f64());
+        assert!(committed > 20, "the clients commit again after the failover");
+        // The node is the standby now, under the same id; the standby row is gone.
+        let ports = primary_ports(&c).await;
+        assert!(ports.contains(&successor.port) && !ports.contains(&victim.port), "{ports:?}");
+        let secondaries = text_rows(&c, "SELECT count(*) FROM pg_dist_node WHERE noderole = 'secondary'").await;
+        assert_eq!(secondaries, vec![vec![Some("1".into())]]);
+
+        // The old primary stays down through `tessera up`, and
+        // `--standbys 1` makes it the new primary's standby.
+        local = cluster.add_standbys().await;
+        assert!(victim.data_dir.join("standby.signal").exists(), "the old primary is a standby now");
+        let sync = text_rows(&common::connect(successor.port).await, "SELECT sync_state FROM pg_stat_replication").await;
+        assert_eq!(sync, vec![vec![Some("sync".into())]]);
+        let status = std::process::Command::new(common::tessera_bin()).args(["status", "--data-dir"]).arg(&local.dir).output().unwrap();
+        let status = String::from_utf8_lossy(&status.stdout);
+        assert!(status.contains(&format!("primary 127.0.0.1:{}, standby 127.0.0.1:{} streaming, sync", successor.port, victim.port)), "{status}");
+    }
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        client.await.unwrap();
+    }
+    let seen = std::mem::take(&mut *outcomes.lock().unwrap());
+    let ports: Vec<u16> = primary_ports(&c).await;
+    nothing_lost(&c, &seen.acknowledged, &ports).await;
+}
+
+/// The ports of the nodes the catalog names primaries.
+async fn primary_ports(c: &tokio_postgres::Client) -> Vec<u16> {
+    text_rows(c, "SELECT nodeport FROM pg_dist_node WHERE noderole = 'primary'")
+        .await
+        .into_iter()
+        .map(|r| r[0].as_deref().unwrap().parse().unwrap())
+        .collect()
+}
+
+async fn create_bank(c: &tokio_postgres::Client) {
     c.batch_execute(&format!(
         "CREATE TABLE fo_accounts (id int PRIMARY KEY, balance bigint NOT NULL);
          CREATE TABLE fo_history (id int, client int, seq int, delta int);
@@ -86,75 +168,24 @@ async fn a_killed_worker_primary_fails_over_with_no_acknowledged_commit_lost() {
     ))
     .await
     .unwrap();
-    let local = cluster.add_standbys().await;
-    let pairs = local.pairs();
-    assert_eq!(pairs.len(), 2, "a standby per worker");
-    let roles = text_rows(&c, "SELECT noderole, count(*) FROM pg_dist_node GROUP BY 1 ORDER BY 1").await;
-    assert_eq!(roles, vec![vec![Some("primary".into()), Some("2".into())], vec![Some("secondary".into()), Some("2".into())]], "{roles:?}");
-    let (victim, successor) = (pairs[0].servers[0].clone(), pairs[0].servers[1].clone());
-    let sync = text_rows(&common::connect(victim.port).await, "SELECT sync_state FROM pg_stat_replication").await;
-    assert_eq!(sync, vec![vec![Some("sync".into())]], "the standby replicates synchronously");
+}
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let outcomes = Arc::new(Mutex::new(Outcomes::default()));
-    let clients: Vec<_> = (1..=CLIENTS).map(|n| tokio::spawn(client_loop(cluster.port, n, stop.clone(), outcomes.clone()))).collect();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let before_kill = outcomes.lock().unwrap().acknowledged.len();
-    assert!(before_kill > 20, "the clients commit before the kill: {before_kill}");
-
-    // SIGKILL of the postmaster: no shutdown, its backends die as they notice.
-    let pid: i32 = std::fs::read_to_string(victim.data_dir.join("postmaster.pid")).unwrap().lines().next().unwrap().trim().parse().unwrap();
-    let killed_at = Instant::now();
-    // SAFETY: plain signal delivery to the test's own PostgreSQL server.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
-    // Until the clients commit again for a few seconds after the failover.
-    let deadline = killed_at + Duration::from_secs(40);
-    loop {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let seen = outcomes.lock().unwrap();
-        let settled = seen.failures.last().is_some_and(|last| last.elapsed() > Duration::from_secs(4));
-        if settled || Instant::now() > deadline {
-            break;
-        }
-    }
-    stop.store(true, Ordering::Relaxed);
-    for client in clients {
-        client.await.unwrap();
-    }
-    let seen = std::mem::take(&mut *outcomes.lock().unwrap());
-    let (first, last) = (*seen.failures.first().expect("the kill failed some transactions"), *seen.failures.last().unwrap());
-    let window = last.duration_since(first.min(killed_at));
-    eprintln!(
-        "failover: {} failed transactions over {:.1} s after the kill; {} acknowledged in all",
-        seen.failures.len(),
-        window.as_secs_f64(),
-        seen.acknowledged.len()
-    );
-    assert!(window <= Duration::from_secs(10), "clients saw errors for {:.1} s (last: {})", window.as_secs_f64(), seen.last_failure_message);
-    assert!(seen.acknowledged.len() > before_kill + 20, "the clients commit again after the failover");
-
-    // The node is the standby now, under the same id; the standby row is gone.
-    let ports: Vec<u16> = text_rows(&c, "SELECT nodeport FROM pg_dist_node WHERE noderole = 'primary'")
-        .await
-        .into_iter()
-        .map(|r| r[0].as_deref().unwrap().parse().unwrap())
-        .collect();
-    assert!(ports.contains(&successor.port) && !ports.contains(&victim.port), "{ports:?}");
-    // Every acknowledged commit is there, and the books balance.
-    let stored: HashSet<(i32, i32)> = text_rows(&c, "SELECT DISTINCT client, seq FROM fo_history")
+/// Every acknowledged commit is there, the books balance, and nothing
+/// stays prepared on the workers at `ports` (once recovery had its turn).
+async fn nothing_lost(c: &tokio_postgres::Client, acknowledged: &[(i32, i32)], ports: &[u16]) {
+    let stored: HashSet<(i32, i32)> = text_rows(c, "SELECT DISTINCT client, seq FROM fo_history")
         .await
         .into_iter()
         .map(|r| (r[0].as_deref().unwrap().parse().unwrap(), r[1].as_deref().unwrap().parse().unwrap()))
         .collect();
-    let lost: Vec<_> = seen.acknowledged.iter().filter(|ack| !stored.contains(ack)).collect();
-    assert!(lost.is_empty(), "{} acknowledged commits are missing: {:?}", lost.len(), &lost[..lost.len().min(10)]);
-    let books = text_rows(&c, "SELECT (SELECT sum(balance) FROM fo_accounts) = (SELECT coalesce(sum(delta), 0) FROM fo_history)").await;
+    let lost: Vec<_> = acknowledged.iter().filter(|ack| !stored.contains(ack)).collect();
+    assert!(lost.is_empty(), "{} of {} acknowledged commits are missing: {:?}", lost.len(), acknowledged.len(), &lost[..lost.len().min(10)]);
+    let books = text_rows(c, "SELECT (SELECT sum(balance) FROM fo_accounts) = (SELECT coalesce(sum(delta), 0) FROM fo_history)").await;
     assert_eq!(books, vec![vec![Some("t".into())]], "sum of balances = sum of history deltas");
-    // Nothing stays in doubt on any primary.
     let mut in_doubt = -1;
-    for _ in 0..40 {
+    for _ in 0..60 {
         in_doubt = 0;
-        for port in ports.iter().filter(|p| **p != cluster.cluster.state.coordinator_db_port) {
+        for port in ports {
             let n = text_rows(&common::connect(*port).await, "SELECT count(*) FROM pg_prepared_xacts").await;
             in_doubt += n[0][0].as_deref().unwrap().parse::<i32>().unwrap();
         }
@@ -164,14 +195,46 @@ async fn a_killed_worker_primary_fails_over_with_no_acknowledged_commit_lost() {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     assert_eq!(in_doubt, 0, "prepared transactions left in doubt");
+}
 
-    // The old primary stays down through `tessera up`, and `--standbys 1`
-    // makes it the new primary's standby.
-    let local = cluster.add_standbys().await;
-    assert!(victim.data_dir.join("standby.signal").exists(), "the old primary is a standby now");
-    let sync = text_rows(&common::connect(successor.port).await, "SELECT sync_state FROM pg_stat_replication").await;
-    assert_eq!(sync, vec![vec![Some("sync".into())]]);
-    let status = std::process::Command::new(common::tessera_bin()).args(["status", "--data-dir"]).arg(&local.dir).output().unwrap();
-    let status = String::from_utf8_lossy(&status.stdout);
-    assert!(status.contains(&format!("primary 127.0.0.1:{}, standby 127.0.0.1:{} streaming, sync", successor.port, victim.port)), "{status}");
+/// A coordinator process killed with SIGKILL under load: the clients of a
+/// second coordinator over the same catalog see no error, the first one's
+/// clients get back in once `tessera up` has started it again, and nothing
+/// it had acknowledged is lost nor left in doubt.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_coordinator_loses_nothing_while_a_second_one_serves() {
+    let cluster = TestCluster::start(2);
+    create_bank(&cluster.connect().await).await;
+    let (_second, second_port) = cluster.start_second_coordinator(|_| {}).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (on_first, on_second) = (Arc::new(Mutex::new(Outcomes::default())), Arc::new(Mutex::new(Outcomes::default())));
+    let clients: Vec<_> = (1..=CLIENTS)
+        .map(|n| {
+            let (port, seen) = if n % 2 == 0 { (cluster.port, on_first.clone()) } else { (second_port, on_second.clone()) };
+            tokio::spawn(client_loop(port, n, stop.clone(), seen))
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let pid = cluster.cluster.coordinator_pid().expect("the coordinator runs");
+    // SAFETY: plain signal delivery to the coordinator process the test's cluster started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    cluster.wait_for_coordinator_exit();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before_restart = on_first.lock().unwrap().acknowledged.len();
+    // What `tessera up` does for a coordinator that is not running.
+    cluster.start_coordinator(|_| {});
+    cluster.wait_for_coordinator();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        client.await.unwrap();
+    }
+    let first = std::mem::take(&mut *on_first.lock().unwrap());
+    let second = std::mem::take(&mut *on_second.lock().unwrap());
+    assert!(second.failures.is_empty(), "the second coordinator's clients saw errors: {}", second.last_failure_message);
+    assert!(!first.failures.is_empty(), "the first coordinator's clients lost it");
+    assert!(first.acknowledged.len() > before_restart, "the first coordinator's clients commit again once it is back");
+    let acknowledged: Vec<(i32, i32)> = first.acknowledged.into_iter().chain(second.acknowledged).collect();
+    let c = cluster.connect().await;
+    nothing_lost(&c, &acknowledged, &cluster.cluster.state.worker_ports).await;
 }

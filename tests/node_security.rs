@@ -81,6 +81,22 @@ async fn nodes_and_the_link_relay_refuse_connections_without_a_certificate_of_th
         logs.push(std::fs::read_to_string(node.data_dir.join("server.log")).unwrap_or_default());
     }
     assert!(logs.iter().all(|log| !log.contains("PRIVATE KEY")), "a key was logged");
+
+    // A node down: the others do not reach it, and it reaches nothing.
+    let health = "SELECT from_nodeport, to_nodeport, result FROM citus_check_cluster_node_health()";
+    assert!(text_rows(&c, health).await.iter().all(|row| row[2].as_deref() == Some("t")));
+    cluster.kill_worker(1);
+    let down = cluster.cluster.state.worker_ports[1].to_string();
+    for row in text_rows(&c, health).await {
+        let expected = if row[0].as_deref() == Some(down.as_str()) {
+            None
+        } else if row[1].as_deref() == Some(down.as_str()) {
+            Some("f".to_string())
+        } else {
+            Some("t".to_string())
+        };
+        assert_eq!(row[2], expected, "{row:?}");
+    }
 }
 
 const FALLBACK: &str =
@@ -126,6 +142,9 @@ async fn the_coordinator_reaches_nodes_over_tls_with_each_roles_certificate() {
         });
         assert_eq!(value.as_deref(), Some(expected), "{sql}");
     }
+    // Each worker reaches each worker (itself too) over TLS with the role's certificate.
+    let health = text_rows(&app, "SELECT count(*), bool_and(result) FROM citus_check_cluster_node_health()").await;
+    assert_eq!(health, vec![vec![Some("4".into()), Some("t".into())]]);
     // The nodes saw the coordinator's connections over TLS, each logged in
     // by the certificate of its role.
     let worker = cluster.connect_worker(0).await;

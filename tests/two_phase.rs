@@ -471,32 +471,8 @@ async fn a_deadlock_across_coordinator_processes_reports_40p01() {
     drop(c);
     cluster.restart_coordinator(|c| c.transactions.deadlock_check_interval_secs = 0.2);
     // A second coordinator process over the same nodes, on a port of its own.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut config = tessera::config::Config::load(&cluster.cluster.config_path()).unwrap();
-    config.listen = format!("127.0.0.1:{port}");
-    config.unix_socket_directories.clear();
-    config.transactions.deadlock_check_interval_secs = 1.0;
-    let second_config = cluster.data_dir().join("second.toml");
-    std::fs::write(&second_config, toml::to_string(&config).unwrap()).unwrap();
-    let log = std::fs::File::create(cluster.data_dir().join("second.log")).unwrap();
-    let _second = StopOnDrop(
-        std::process::Command::new(common::tessera_bin())
-            .arg("serve")
-            .arg("--config")
-            .arg(&second_config)
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    );
-    let waiting = std::time::Instant::now();
-    let s2 = loop {
-        match common::try_connect(port).await {
-            Ok(client) => break client,
-            Err(e) => assert!(waiting.elapsed() < std::time::Duration::from_secs(30), "the second coordinator did not start: {e}"),
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    };
+    let (_second, port) = cluster.start_second_coordinator(|config| config.transactions.deadlock_check_interval_secs = 1.0).await;
+    let s2 = common::connect(port).await;
     let s1 = cluster.connect().await;
     s1.batch_execute(&format!("BEGIN; UPDATE bank SET balance = balance + 1 WHERE id = {a}")).await.unwrap();
     s2.batch_execute(&format!("BEGIN; UPDATE bank SET balance = balance + 10 WHERE id = {b}")).await.unwrap();
@@ -516,16 +492,6 @@ async fn a_deadlock_across_coordinator_processes_reports_40p01() {
         text_rows(&s1, &format!("SELECT balance FROM bank WHERE id IN ({a}, {b}) ORDER BY id = {a}")).await,
         vec![vec![Some("101".into())], vec![Some("101".into())]]
     );
-}
-
-/// A process the test started, stopped when the test ends (passing or not).
-struct StopOnDrop(std::process::Child);
-
-impl Drop for StopOnDrop {
-    fn drop(&mut self) {
-        self.0.kill().ok();
-        self.0.wait().ok();
-    }
 }
 
 /// With the coordinator database stopped, clients it let in before log in

@@ -228,7 +228,9 @@ fn setup_sql(node: &Node, nodes: &[Node], relay: &ServerAddr) -> String {
 /// copy cancels the other node's statement and then never ends. The other
 /// node's error (psql's standard error, in a file among PostgreSQL's
 /// temporary files until read) comes back with its SQLSTATE and the node's
-/// address. Each function returns the rows it inserted.
+/// address. Each function returns the rows it inserted. `reaches(host,
+/// port)` tries the same kind of connection, for
+/// `citus_check_cluster_node_health()`.
 const PULL_ROWS_SQL: &str = r#"
 DROP FUNCTION IF EXISTS tessera_remote.pull_rows(text, integer, text, regclass, text);
 DROP FUNCTION IF EXISTS tessera_remote.open_pull_link(text, text, integer, text);
@@ -282,6 +284,17 @@ BEGIN
     RAISE EXCEPTION 'could not read rows from node %:%: %', host, port, report USING ERRCODE = '08006';
   END;
   RETURN copied;
+END $tessera$;
+CREATE OR REPLACE FUNCTION tessera_remote.reaches(host text, port integer) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $tessera$
+BEGIN
+  EXECUTE pg_catalog.format('COPY (SELECT) TO PROGRAM %L', pg_catalog.format('%s -X -q -w -d %s -c %s >/dev/null 2>&1',
+    tessera_remote.shell_word((SELECT setting FROM pg_config WHERE name = 'BINDIR') || '/psql'),
+    tessera_remote.shell_word(tessera_remote.link_conninfo(host, port, current_database(), session_user) || ' connect_timeout=5'),
+    tessera_remote.shell_word('SELECT 1')));
+  RETURN true;
+EXCEPTION WHEN OTHERS THEN
+  RETURN false;
 END $tessera$;
 CREATE OR REPLACE FUNCTION tessera_remote.insert_rows(query text, target regclass) RETURNS bigint LANGUAGE plpgsql AS $tessera$
 DECLARE inserted bigint;

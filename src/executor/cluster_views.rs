@@ -1,5 +1,6 @@
 //! Gathers what only the nodes know, for statements that read
-//! `citus_stat_activity` or call the size functions: every node's
+//! `citus_stat_activity` or call the size functions (or check the nodes'
+//! connections to each other): every node's
 //! `pg_stat_activity` and the sizes of every distributed table's shards are
 //! read through the session's own connections (so they show what this role
 //! may see) into temporary tables of the session's coordinator-database
@@ -10,7 +11,7 @@
 
 use super::{run_on_coordinator_db, Mode};
 use crate::connection::client::ClientConn;
-use crate::connection::quote_literal;
+use crate::connection::{quote_literal, PgConnection};
 use crate::error::PgResult;
 use crate::metadata::{Catalog, DistributedTable};
 use crate::planner::ClusterData;
@@ -45,6 +46,9 @@ pub async fn run(
     }
     if needs.activity {
         script.push_str(&activity_script(catalog, parts).await?);
+    }
+    if needs.node_health {
+        script.push_str(&node_health_script(catalog, parts.login()).await);
     }
     parts.local().await?.execute(&script).await?;
     run_on_coordinator_db(parts, needs.rewritten.as_deref().unwrap_or(sql), mode, client).await
@@ -217,6 +221,47 @@ async fn lock_waits_script(catalog: &Catalog, parts: &mut Participants) -> PgRes
         format!("SELECT {id}::bigint * {GLOBAL_PID_FACTOR} + w.pid, {id}::bigint * {GLOBAL_PID_FACTOR} + w.blocker, {id}, {id} FROM ({WAITS}) w")
     })
     .await
+}
+
+/// Whether each active node reaches every active node, itself included, as
+/// the session's role: each node tries a connection of its own to each
+/// (`tessera_remote.reaches`, with the role's certificate where the cluster
+/// has a CA). A node the coordinator cannot reach reaches nothing (NULL,
+/// as Citus reports it).
+async fn node_health_script(catalog: &Catalog, login: &crate::config::Login) -> String {
+    let nodes: Vec<_> = catalog.active_nodes().collect();
+    let targets: Vec<String> = nodes.iter().map(|n| format!("({}, {})", quote_literal(&n.addr.host), n.addr.port)).collect();
+    let mut script = String::from(
+        "CREATE TEMP TABLE IF NOT EXISTS tessera_node_health (LIKE tessera.node_health);
+         DELETE FROM pg_temp.tessera_node_health;",
+    );
+    for from in &nodes {
+        let answers = match PgConnection::connect(&from.addr, login).await {
+            Ok(mut conn) => {
+                let sql = format!("SELECT t.port, tessera_remote.reaches(t.host, t.port) FROM (VALUES {}) AS t (host, port)", targets.join(", "));
+                let rows = conn.query(&sql).await.ok();
+                conn.terminate().await;
+                rows
+            }
+            Err(_) => None,
+        };
+        for to in &nodes {
+            let result = answers
+                .as_ref()
+                .and_then(|rows| rows.iter().find(|r| r[0].as_deref() == Some(to.addr.port.to_string().as_str())))
+                .and_then(|r| r[1].clone())
+                .map_or_else(|| "NULL".to_string(), |value| quote_literal(&value));
+            let _ = write!(
+                script,
+                "INSERT INTO pg_temp.tessera_node_health VALUES ({}, {}, {}, {}, {result});",
+                quote_literal(&from.addr.host),
+                from.addr.port,
+                quote_literal(&to.addr.host),
+                to.addr.port
+            );
+        }
+    }
+    script
 }
 
 /// `script` followed by an INSERT into the session's temporary table `table`

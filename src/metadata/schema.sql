@@ -949,6 +949,11 @@ RESET allow_system_table_mods;
 GRANT SELECT ON pg_catalog.citus_stat_activity, tessera.cluster_activity, pg_catalog.citus_tables, pg_catalog.citus_shards TO PUBLIC;
 -- Backends waiting for a lock and each backend they wait for, on every node
 -- (pg_blocking_pids), by global pid; the statements come from the activity.
+-- Whether each node reaches each node, as the coordinator gathered it.
+CREATE TABLE IF NOT EXISTS tessera.node_health (from_nodename text, from_nodeport int, to_nodename text, to_nodeport int, result boolean);
+CREATE OR REPLACE FUNCTION pg_catalog.citus_check_cluster_node_health() RETURNS SETOF tessera.node_health LANGUAGE sql STABLE AS
+$$ SELECT * FROM tessera.gathered_rows(NULL::tessera.node_health, 'tessera_node_health', 'citus_check_cluster_node_health()') ORDER BY 1, 2, 3, 4 $$;
+GRANT SELECT ON tessera.node_health TO PUBLIC;
 CREATE TABLE IF NOT EXISTS tessera.cluster_lock_wait (waiting_gpid bigint, blocking_gpid bigint, waiting_nodeid int, blocking_nodeid int);
 SET allow_system_table_mods = on;
 CREATE OR REPLACE VIEW pg_catalog.citus_lock_waits AS

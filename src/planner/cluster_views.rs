@@ -1,5 +1,6 @@
 //! Statements that read what only the nodes know: the `citus_stat_activity`
-//! and `citus_lock_waits` views and the size functions (`citus_table_size()` and friends). They run in
+//! and `citus_lock_waits` views, the size functions (`citus_table_size()` and friends)
+//! and `citus_check_cluster_node_health()`. They run in
 //! the coordinator database like any local statement, once the executor has
 //! gathered that data from every node into the session's temporary tables,
 //! which the view and the functions read.
@@ -33,6 +34,8 @@ pub struct ClusterData {
     pub pools: bool,
     /// The coordinator process's client sessions (`tessera.client_sessions`).
     pub sessions: bool,
+    /// Whether each node reaches every node (`citus_check_cluster_node_health()`).
+    pub node_health: bool,
     /// The statement with PostgreSQL's size functions redirected, when it
     /// calls them.
     pub rewritten: Option<String>,
@@ -85,6 +88,9 @@ pub(super) fn needed(text: &str, distributed_tables: bool) -> Option<ClusterData
             };
             if SIZE_FUNCTIONS.contains(&name.as_str()) {
                 needs.sizes = true;
+            }
+            if name == "citus_check_cluster_node_health" {
+                needs.node_health = true;
             }
             let kind = POSTGRES_SIZE_FUNCTIONS.iter().find(|(f, _)| *f == name).map(|(_, kind)| *kind);
             if let (Some(kind), true, 1) = (kind, postgres_sizes, call.args.len()) {

@@ -134,6 +134,29 @@ impl TestCluster {
         cluster::start_coordinator(&self.cluster, &tessera_bin()).unwrap();
     }
 
+    /// Starts a second coordinator process over the same catalog and nodes,
+    /// on a port of its own (the configuration as `edit` leaves it), and
+    /// waits until it accepts clients; it stops when the handle drops.
+    pub async fn start_second_coordinator(&self, edit: impl FnOnce(&mut tessera::config::Config)) -> (StopOnDrop, u16) {
+        let port = free_port().unwrap();
+        let mut config = tessera::config::Config::load(&self.cluster.config_path()).unwrap();
+        config.listen = format!("127.0.0.1:{port}");
+        config.unix_socket_directories.clear();
+        edit(&mut config);
+        let path = self.data_dir().join("second.toml");
+        std::fs::write(&path, toml::to_string(&config).unwrap()).unwrap();
+        let log = std::fs::File::create(self.data_dir().join("second.log")).unwrap();
+        let process =
+            Command::new(tessera_bin()).arg("serve").arg("--config").arg(&path).stdout(log.try_clone().unwrap()).stderr(log).spawn().unwrap();
+        let second = StopOnDrop(process);
+        let waiting = std::time::Instant::now();
+        while try_connect(port).await.is_err() {
+            assert!(waiting.elapsed() < std::time::Duration::from_secs(30), "the second coordinator did not start");
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        (second, port)
+    }
+
     /// Everything the coordinator processes of this cluster logged.
     pub fn coordinator_log(&self) -> String {
         std::fs::read_to_string(self.data_dir().join("coordinator.log")).unwrap_or_default()
@@ -223,6 +246,16 @@ impl TestCluster {
 impl Drop for TestCluster {
     fn drop(&mut self) {
         let _ = cluster::down(&self.cluster.dir);
+    }
+}
+
+/// A process the test started, stopped when the test ends (passing or not).
+pub struct StopOnDrop(pub std::process::Child);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.kill().ok();
+        self.0.wait().ok();
     }
 }
 
