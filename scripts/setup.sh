@@ -2,11 +2,12 @@
 # Installs what building, running and testing Tessera needs and the machine
 # lacks: PostgreSQL 15 (server, contrib, client tools incl. pgbench, the hll and
 # tdigest extensions for approximate aggregates), libclang for
-# the pg_query parser bindings, sysbench for the benchmarks and SQLsmith for the
-# random-query corpus tests. Idempotent.
+# the pg_query parser bindings, sysbench for the benchmarks, SQLsmith for the
+# random-query corpus tests and iptables for the network-partition test
+# (tests/failover.rs). Idempotent.
 set -euo pipefail
 
-packages=(postgresql-15 postgresql-contrib postgresql-client-15 postgresql-15-hll postgresql-15-tdigest libclang-dev clang pkg-config sysbench sqlsmith)
+packages=(postgresql-15 postgresql-contrib postgresql-client-15 postgresql-15-hll postgresql-15-tdigest libclang-dev clang pkg-config sysbench sqlsmith iptables)
 missing=()
 for p in "${packages[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

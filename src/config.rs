@@ -168,6 +168,12 @@ pub struct ConnectionConfig {
     /// before the statement that needed it fails with 08001.
     #[serde(default = "default_node_connect_timeout")]
     pub node_connect_timeout_secs: f64,
+    /// How long a TCP connection to a node may go unanswered (keepalive
+    /// probes on an idle one, unacknowledged data on a busy one) before it
+    /// counts as lost: what a statement waiting on a node that the network
+    /// cut off waits at most.
+    #[serde(default = "default_node_silence_timeout")]
+    pub node_silence_timeout_secs: f64,
 }
 
 impl Default for ConnectionConfig {
@@ -180,6 +186,7 @@ impl Default for ConnectionConfig {
             pool_wait_secs: default_pool_wait(),
             max_clients: default_max_clients(),
             node_connect_timeout_secs: default_node_connect_timeout(),
+            node_silence_timeout_secs: default_node_silence_timeout(),
         }
     }
 }
@@ -207,6 +214,10 @@ fn default_pool_wait() -> f64 {
 
 fn default_max_clients() -> usize {
     10_000
+}
+
+fn default_node_silence_timeout() -> f64 {
+    20.0
 }
 
 fn default_node_connect_timeout() -> f64 {

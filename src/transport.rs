@@ -283,19 +283,32 @@ pub async fn connect_node(host: &str, port: u16) -> io::Result<Stream> {
     }
     let stream = TcpStream::connect((host, port)).await?;
     // A node that vanishes without closing the connection (power loss, a
-    // network partition) is noticed in about a minute instead of the
-    // system's default of two hours.
-    let keepalive =
-        socket2::TcpKeepalive::new().with_time(NODE_KEEPALIVE_IDLE).with_interval(NODE_KEEPALIVE_INTERVAL).with_retries(NODE_KEEPALIVE_PROBES);
-    socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive)?;
+    // network partition) is noticed within the silence timeout instead of
+    // the system's defaults (two hours idle, a quarter of an hour busy):
+    // keepalive probes from half of it on, three of them over the other
+    // half, and unacknowledged data dropped after it.
+    let silence = std::time::Duration::from_millis(NODE_SILENCE_TIMEOUT_MS.load(std::sync::atomic::Ordering::Relaxed));
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time((silence / 2).max(std::time::Duration::from_secs(1)))
+        .with_interval((silence / 6).max(std::time::Duration::from_secs(1)))
+        .with_retries(NODE_KEEPALIVE_PROBES);
+    let socket = socket2::SockRef::from(&stream);
+    socket.set_tcp_keepalive(&keepalive)?;
+    socket.set_tcp_user_timeout(Some(silence))?;
     Ok(Stream::tcp(stream))
 }
 
-/// TCP keepalive of node connections: idle time before the first probe,
-/// time between probes, probes unanswered before the connection is dropped.
-const NODE_KEEPALIVE_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
-const NODE_KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+/// Keepalive probes unanswered before a node connection is dropped.
 const NODE_KEEPALIVE_PROBES: u32 = 3;
+
+/// How long a node connection may go unanswered, in milliseconds:
+/// `[connections] node_silence_timeout_secs`, set once at start-up.
+static NODE_SILENCE_TIMEOUT_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(20_000);
+
+/// Sets how long a TCP connection to a node may go unanswered.
+pub fn set_node_silence_timeout(timeout: std::time::Duration) {
+    NODE_SILENCE_TIMEOUT_MS.store(timeout.as_millis().clamp(1000, u128::from(u64::MAX)) as u64, std::sync::atomic::Ordering::Relaxed);
+}
 
 /// A Unix socket the coordinator listens on, removed when dropped.
 pub struct UnixSocket {
@@ -341,8 +354,10 @@ mod tests {
         let Stream::Tcp(stream) = connect_node("127.0.0.1", port).await.unwrap() else { panic!("a TCP connection was asked for") };
         let socket = socket2::SockRef::from(&stream);
         assert!(socket.keepalive().unwrap());
-        assert_eq!(socket.tcp_keepalive_time().unwrap(), NODE_KEEPALIVE_IDLE);
-        assert_eq!(socket.tcp_keepalive_interval().unwrap(), NODE_KEEPALIVE_INTERVAL);
+        // The default silence timeout, 20 s: probes from 10 s on, every 3 s.
+        assert_eq!(socket.tcp_keepalive_time().unwrap(), std::time::Duration::from_secs(10));
+        assert_eq!(socket.tcp_keepalive_interval().unwrap(), std::time::Duration::from_secs(3));
         assert_eq!(socket.tcp_keepalive_retries().unwrap(), NODE_KEEPALIVE_PROBES);
+        assert_eq!(socket.tcp_user_timeout().unwrap(), Some(std::time::Duration::from_secs(20)));
     }
 }

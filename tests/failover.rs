@@ -238,3 +238,94 @@ async fn a_killed_coordinator_loses_nothing_while_a_second_one_serves() {
     let c = cluster.connect().await;
     nothing_lost(&c, &acknowledged, &cluster.cluster.state.worker_ports).await;
 }
+
+/// Rules that drop every packet to and from a local port, as a network
+/// partition would; removed when dropped.
+struct Cut(u16);
+
+impl Cut {
+    fn port(port: u16) -> Cut {
+        for direction in ["--dport", "--sport"] {
+            iptables("-I", direction, port);
+        }
+        Cut(port)
+    }
+}
+
+impl Drop for Cut {
+    fn drop(&mut self) {
+        for direction in ["--dport", "--sport"] {
+            iptables("-D", direction, self.0);
+        }
+    }
+}
+
+fn iptables(action: &str, direction: &str, port: u16) {
+    let out = std::process::Command::new("iptables")
+        .args([action, "INPUT", "-p", "tcp", "-i", "lo", direction, &port.to_string(), "-j", "DROP"])
+        .output()
+        .expect("iptables (scripts/setup.sh installs it)");
+    assert!(out.status.success(), "iptables {action}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A worker's primary cut off from the network for longer than the failure
+/// timeout, with the coordinator reaching the nodes over TCP as between
+/// hosts: statements waiting on it fail once the connection has gone
+/// unanswered for the silence timeout, its standby is promoted, nothing
+/// acknowledged is lost, and once the old primary is reachable again the
+/// coordinator stops it rather than let it take a write.
+#[tokio::test]
+async fn a_primary_cut_off_fails_over_and_is_stopped_once_reachable() {
+    let cluster = TestCluster::start(2);
+    cluster.restart_coordinator(|config| {
+        config.node_socket_directories.clear();
+        config.failover.health_check_interval_secs = 0.5;
+        config.failover.failure_timeout_secs = 2.0;
+        config.transactions.recovery_interval_secs = 1.0;
+        config.connections.node_silence_timeout_secs = 3.0;
+    });
+    let c = cluster.connect().await;
+    create_bank(&c).await;
+    let local = cluster.add_standbys().await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let outcomes = Arc::new(Mutex::new(Outcomes::default()));
+    let clients: Vec<_> = (1..=CLIENTS).map(|n| tokio::spawn(client_loop(cluster.port, n, stop.clone(), outcomes.clone()))).collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let pair = &local.pairs()[0];
+    let primaries = primary_ports(&c).await;
+    let victim = pair.servers.iter().find(|s| primaries.contains(&s.port)).expect("a primary").clone();
+    let successor = pair.servers.iter().find(|s| s.port != victim.port).unwrap().clone();
+
+    let cut = Cut::port(victim.port);
+    let cut_at = Instant::now();
+    let deadline = cut_at + Duration::from_secs(40);
+    let window = loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let seen = outcomes.lock().unwrap();
+        let last = seen.failures.iter().rev().find(|t| **t >= cut_at).copied();
+        if last.is_some_and(|last| last.elapsed() > Duration::from_secs(4)) || Instant::now() > deadline {
+            break last.map(|last| last.duration_since(cut_at));
+        }
+    };
+    let window = window.expect("the cut failed some transactions");
+    eprintln!("partition: clients saw errors for {:.1} s after the cut", window.as_secs_f64());
+    assert!(window <= Duration::from_secs(10), "clients saw errors for {:.1} s", window.as_secs_f64());
+    let ports = primary_ports(&c).await;
+    assert!(ports.contains(&successor.port) && !ports.contains(&victim.port), "{ports:?}");
+    assert!(victim.is_running(), "cut off, not dead");
+
+    // Back on the network: the coordinator stops it.
+    drop(cut);
+    let back = Instant::now();
+    while victim.is_running() {
+        assert!(back.elapsed() < Duration::from_secs(20), "the old primary still runs");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(cluster.coordinator_log().contains("answers as a primary after its node failed over to its standby: stopping it"));
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        client.await.unwrap();
+    }
+    let seen = std::mem::take(&mut *outcomes.lock().unwrap());
+    nothing_lost(&c, &seen.acknowledged, &primary_ports(&c).await).await;
+}

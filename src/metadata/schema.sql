@@ -594,6 +594,14 @@ CREATE OR REPLACE FUNCTION pg_catalog.citus_add_node(nodename text, nodeport int
     RETURNS int LANGUAGE sql AS 'SELECT tessera.coordinator_only(); SELECT 0';
 CREATE OR REPLACE FUNCTION pg_catalog.master_add_node(nodename text, nodeport int DEFAULT 5432, groupid int DEFAULT -1, noderole text DEFAULT 'primary', nodecluster name DEFAULT 'default')
     RETURNS int LANGUAGE sql AS 'SELECT tessera.coordinator_only(); SELECT 0';
+-- Former primaries a failover left behind (operations/failover.rs): a
+-- coordinator that finds one answering as a primary stops it.
+CREATE TABLE IF NOT EXISTS tessera.fenced_nodes (
+    nodename text NOT NULL,
+    nodeport int NOT NULL,
+    fenced_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (nodename, nodeport)
+);
 -- Registers a streaming standby of the primary at primaryname:primaryport
 -- as its secondary (same group): the coordinator promotes it and points the
 -- node at it when the primary stops answering (operations/failover.rs).
@@ -617,6 +625,8 @@ BEGIN
     IF id IS NULL THEN
         RAISE EXCEPTION 'node at "%:%" is a primary', nodename, nodeport USING ERRCODE = '22023';
     END IF;
+    -- A former primary made a standby again is no longer fenced.
+    DELETE FROM tessera.fenced_nodes f WHERE f.nodename = citus_add_secondary_node.nodename AND f.nodeport = citus_add_secondary_node.nodeport;
     RETURN id;
 END $$;
 REVOKE ALL ON FUNCTION pg_catalog.citus_add_secondary_node(text, int, text, int, name) FROM PUBLIC;

@@ -9,9 +9,10 @@
 //! Nothing acknowledged is lost: the primaries replicate synchronously, so a
 //! commit (and a PREPARE TRANSACTION) was on the standby before its client
 //! heard of it. The old primary is fenced: with its standby gone no commit
-//! of its can ever be acknowledged, and the catalog no longer leads to it
-//! (`tessera up` does not start it again; `--standbys 1` makes it the new
-//! primary's standby). The transactions in doubt on it were replicated too,
+//! of its can ever be acknowledged, the catalog no longer leads to it, and
+//! a coordinator that finds it answering again as a primary (it was cut
+//! off, not dead) stops it (`tessera.fenced_nodes`); `tessera up` does not
+//! start it again, and `--standbys 1` makes it the new primary's standby. The transactions in doubt on it were replicated too,
 //! and the next recovery round settles them on the promoted standby.
 //! Coordinators sharing one catalog take turns through an advisory lock in
 //! the coordinator database, and only one finds the node still pointing at
@@ -139,7 +140,47 @@ pub async fn watch(coordinator: Arc<Coordinator>) {
                 },
             }
         }
+        match catalog.on(&coordinator_db, |conn| Box::pin(fenced(conn))).await {
+            Ok(fenced) => {
+                for addr in fenced {
+                    stop_if_primary(&mut primaries, &addr).await;
+                }
+            }
+            Err(e) => tracing::debug!("failover: the fenced servers are unknown: {e}"),
+        }
         primaries.end_round().await;
+    }
+}
+
+/// The former primaries that failovers left behind.
+async fn fenced(catalog: &mut PgConnection) -> PgResult<Vec<ServerAddr>> {
+    let rows = catalog.query("SELECT nodename, nodeport FROM tessera.fenced_nodes").await?;
+    Ok(rows.into_iter().filter_map(|r| Some(ServerAddr { host: r[0].clone()?, port: r[1].as_deref()?.parse().ok()? })).collect())
+}
+
+/// Stops the server at `addr` if it answers as a primary: a former primary
+/// cut off while its standby was promoted, back on the network. It could
+/// take no acknowledged commit (its standby is gone), but it must not take
+/// any write at all, nor look like the node to anyone reaching it directly.
+async fn stop_if_primary(nodes: &mut KeptConnections, addr: &ServerAddr) {
+    let Ok(primary) = nodes.on(addr, |conn| Box::pin(async move { conn.query_value("SELECT NOT pg_catalog.pg_is_in_recovery()").await })).await
+    else {
+        return;
+    };
+    if primary.as_deref() != Some("t") {
+        return;
+    }
+    // A fast shutdown, not waited for: it ends this very connection.
+    const STOP: &str = "DO $tessera$ BEGIN
+         EXECUTE pg_catalog.format('COPY (SELECT) TO PROGRAM %L', pg_catalog.format('%s -D %s -m fast -W stop',
+           tessera_remote.shell_word((SELECT setting FROM pg_catalog.pg_config WHERE name = 'BINDIR') || '/pg_ctl'),
+           tessera_remote.shell_word(pg_catalog.current_setting('data_directory'))));
+       END $tessera$";
+    tracing::warn!("{addr} answers as a primary after its node failed over to its standby: stopping it");
+    // The shutdown may end the connection before the statement returns;
+    // the next round finds the server gone, or tries again.
+    if let Err(e) = nodes.on(addr, |conn| Box::pin(async move { conn.execute(STOP).await })).await {
+        tracing::debug!("stopping {addr}: {e}");
     }
 }
 
@@ -255,11 +296,14 @@ async fn promote_and_repoint(catalog: &mut PgConnection, login: &crate::config::
     catalog
         .execute(&format!(
             "BEGIN; DELETE FROM tessera.pg_dist_node WHERE nodeid = {standby_id};
-             UPDATE tessera.pg_dist_node SET nodename = {host}, nodeport = {port} WHERE nodeid = {node_id}; COMMIT",
+             UPDATE tessera.pg_dist_node SET nodename = {host}, nodeport = {port} WHERE nodeid = {node_id};
+             INSERT INTO tessera.fenced_nodes (nodename, nodeport) VALUES ({old_host}, {old_port}) ON CONFLICT DO NOTHING; COMMIT",
             standby_id = pair.standby_id,
             host = quote_literal(&pair.standby.host),
             port = pair.standby.port,
-            node_id = pair.node_id
+            node_id = pair.node_id,
+            old_host = quote_literal(&pair.primary.host),
+            old_port = pair.primary.port,
         ))
         .await?;
     Ok(true)

@@ -67,6 +67,7 @@ impl Coordinator {
     /// or upgrades the catalog, registers configured workers and loads the catalog.
     pub async fn start(config: Config) -> anyhow::Result<Arc<Coordinator>> {
         crate::connection::set_connect_timeout(Duration::from_secs_f64(config.connections.node_connect_timeout_secs.max(0.001)));
+        crate::transport::set_node_silence_timeout(Duration::from_secs_f64(config.connections.node_silence_timeout_secs.max(1.0)));
         let mut conn = connect_with_retry(&config, Duration::from_secs(60)).await?;
         metadata::install(&mut conn, &crate::transaction::decided::deciding_objects_sql())
             .await
