@@ -82,6 +82,13 @@ async fn a_killed_worker_primary_fails_over_with_no_acknowledged_commit_lost() {
     assert_eq!(local.pairs().len(), 2, "a standby per worker");
     let roles = text_rows(&c, "SELECT noderole, count(*) FROM pg_dist_node GROUP BY 1 ORDER BY 1").await;
     assert_eq!(roles, vec![vec![Some("primary".into()), Some("2".into())], vec![Some("secondary".into()), Some("2".into())]], "{roles:?}");
+    c.batch_execute("CREATE ROLE fo_app LOGIN").await.unwrap();
+    let refused = common::connect_as(cluster.port, "fo_app")
+        .await
+        .batch_execute("SELECT citus_add_secondary_node('127.0.0.1', 1, '127.0.0.1', 2)")
+        .await
+        .unwrap_err();
+    assert_eq!(common::sqlstate(&refused), "42501");
 
     let stop = Arc::new(AtomicBool::new(false));
     let outcomes = Arc::new(Mutex::new(Outcomes::default()));

@@ -611,6 +611,11 @@ DECLARE
     primary_group int;
     id int;
 BEGIN
+    -- Checked here, not by revoking EXECUTE: pg_dump would carry a changed
+    -- privilege of a pg_catalog function into every dump.
+    IF NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
+        RAISE EXCEPTION 'permission denied for function citus_add_secondary_node' USING ERRCODE = '42501';
+    END IF;
     SELECT n.groupid INTO primary_group FROM tessera.pg_dist_node n
      WHERE n.nodename = primaryname AND n.nodeport = primaryport AND n.noderole = 'primary';
     IF primary_group IS NULL THEN
@@ -629,7 +634,6 @@ BEGIN
     DELETE FROM tessera.fenced_nodes f WHERE f.nodename = citus_add_secondary_node.nodename AND f.nodeport = citus_add_secondary_node.nodeport;
     RETURN id;
 END $$;
-REVOKE ALL ON FUNCTION pg_catalog.citus_add_secondary_node(text, int, text, int, name) FROM PUBLIC;
 CREATE OR REPLACE FUNCTION pg_catalog.citus_remove_node(nodename text, nodeport int)
     RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
 CREATE OR REPLACE FUNCTION pg_catalog.master_remove_node(nodename text, nodeport int)
