@@ -358,8 +358,10 @@ impl Config {
         toml::from_str(&text).map_err(|e| anyhow::anyhow!("invalid configuration {}: {e}", path.display()))
     }
 
+    /// Where the coordinator database is: as configured, or where a
+    /// failover moved it since this process started (`move_coordinator_db`).
     pub fn coordinator_db_addr(&self) -> ServerAddr {
-        ServerAddr { host: self.coordinator_db.host.clone(), port: self.coordinator_db.port }
+        coordinator_db_now(&ServerAddr { host: self.coordinator_db.host.clone(), port: self.coordinator_db.port })
     }
 
     /// The address to relay worker links on (`worker_links`).
@@ -380,6 +382,25 @@ impl Config {
             options: vec![("application_name".into(), "tessera".into())],
         }
     }
+}
+
+/// The coordinator database's address after a failover to its standby
+/// (`operations::failover`), for the rest of the process's life; the
+/// configuration names the server it started with.
+static MOVED_COORDINATOR_DB: arc_swap::ArcSwapOption<ServerAddr> = arc_swap::ArcSwapOption::const_empty();
+
+/// The coordinator database's address now: `configured`, unless a
+/// failover moved it.
+pub fn coordinator_db_now(configured: &ServerAddr) -> ServerAddr {
+    match MOVED_COORDINATOR_DB.load_full() {
+        Some(moved) => (*moved).clone(),
+        None => configured.clone(),
+    }
+}
+
+/// Makes `addr` the coordinator database of this process from now on.
+pub fn move_coordinator_db(addr: ServerAddr) {
+    MOVED_COORDINATOR_DB.store(Some(std::sync::Arc::new(addr)));
 }
 
 /// Where a PostgreSQL server listens.

@@ -28,9 +28,10 @@ enum Command {
         /// configuration. Default: this machine's CPUs.
         #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
         max_adaptive_executor_pool_size: Option<usize>,
-        /// Give every worker a synchronous streaming standby (0 or 1), which
-        /// the coordinator promotes when the primary stops answering; a
-        /// worker's former primary becomes its standby again.
+        /// Give every worker and the coordinator database a synchronous
+        /// streaming standby (0 or 1), which the coordinator promotes when
+        /// the primary stops answering; a former primary becomes its
+        /// successor's standby again.
         #[arg(long, default_value_t = 0)]
         standbys: usize,
     },

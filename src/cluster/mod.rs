@@ -21,6 +21,8 @@ const CONFIG_FILE: &str = "tessera.toml";
 const PID_FILE: &str = "coordinator.pid";
 const LOG_FILE: &str = "coordinator.log";
 const CA_FILE: &str = "ca.crt";
+/// The coordinator database's directory (its standby's has `-standby`).
+const COORDINATOR_DB: &str = "coordinator-db";
 const CA_KEY_FILE: &str = "ca.key";
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -50,8 +52,21 @@ impl LocalCluster {
         Ok(Some(LocalCluster { dir, state }))
     }
 
+    /// The coordinator database's primary: the server it was made with,
+    /// or, with a standby, whichever of the two is primary now.
     pub fn coordinator_db(&self) -> Instance {
-        Instance::new(self.dir.join("coordinator-db"), self.state.coordinator_db_port)
+        match self.state.standby_ports.get(COORDINATOR_DB) {
+            Some(port) => {
+                let servers = [self.configured_coordinator_db(), Instance::new(self.dir.join(format!("{COORDINATOR_DB}-standby")), *port)];
+                standbys::newest(&servers).clone()
+            }
+            None => self.configured_coordinator_db(),
+        }
+    }
+
+    /// The coordinator database's server as `tessera up` made it.
+    fn configured_coordinator_db(&self) -> Instance {
+        Instance::new(self.dir.join(COORDINATOR_DB), self.state.coordinator_db_port)
     }
 
     pub fn workers(&self) -> Vec<Instance> {
@@ -147,6 +162,13 @@ pub fn up(dir: &Path, port: u16, workers: usize, executor_pool_size: Option<usiz
         w.start()?;
     }
     standbys::start(&cluster)?;
+    // After a failover of the coordinator database, a coordinator starts on
+    // its promoted standby.
+    let mut config = Config::load(&cluster.config_path())?;
+    if config.coordinator_db.port != cluster.coordinator_db().port {
+        config.coordinator_db.port = cluster.coordinator_db().port;
+        std::fs::write(cluster.config_path(), toml::to_string(&config)?)?;
+    }
     if cluster.coordinator_pid().is_none() {
         start_coordinator(&cluster, exe)?;
     }
@@ -375,7 +397,9 @@ pub fn down(dir: &Path) -> Result<()> {
         w.stop()?;
     }
     for pair in cluster.pairs() {
-        pair.servers[1].stop()?;
+        for server in &pair.servers {
+            server.stop()?;
+        }
     }
     cluster.coordinator_db().stop()?;
     Ok(())

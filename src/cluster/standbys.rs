@@ -1,37 +1,77 @@
 //! The embedded cluster's standbys (`tessera up --standbys 1`): each worker
-//! gets a second server, `<worker>-standby`, a synchronous streaming standby
-//! registered as the worker's secondary, which the coordinator promotes when
-//! the primary stops answering (`operations::failover`). Which of a worker's
-//! two servers is its primary is the catalog's to say: after a failover the
-//! old primary is not started again, and `--standbys 1` makes it the new
-//! primary's standby, from a fresh base backup.
+//! and the coordinator database get a second server, `<name>-standby`, a
+//! synchronous streaming standby registered as their secondary
+//! (`citus_add_secondary_node`), which the coordinator promotes when the
+//! primary stops answering (`operations::failover`). Which of a worker's
+//! two servers is its primary is the catalog's to say; of the coordinator
+//! database's, the one on the newer timeline (a promotion starts one). After
+//! a failover the old primary is not started again, and `--standbys 1`
+//! makes it the new primary's standby, from a fresh base backup.
 
 use super::instance::Instance;
-use super::{admin_login, LocalCluster, STATE_FILE};
+use super::{admin_login, LocalCluster, COORDINATOR_DB, STATE_FILE};
 use crate::config::{Config, ServerAddr, STANDBY_NAME};
 use crate::connection::{quote_literal, PgConnection};
 use anyhow::{bail, Context, Result};
 use std::collections::HashMap;
 
-/// A worker with a standby: its two servers, the first as created.
+/// A worker or the coordinator database with a standby: its two servers,
+/// the first as created.
 pub struct Pair {
     pub name: String,
     pub servers: [Instance; 2],
 }
 
+impl Pair {
+    /// The server that is the primary now, if either is (`roles`: what the
+    /// catalog says of each port).
+    fn primary(&self, roles: &HashMap<u16, String>) -> Option<&Instance> {
+        if self.name == COORDINATOR_DB {
+            return Some(newest(&self.servers));
+        }
+        self.servers.iter().find(|s| roles.get(&s.port).map(String::as_str) == Some("primary"))
+    }
+
+    fn other(&self, primary: &Instance) -> &Instance {
+        self.servers.iter().find(|s| s.port != primary.port).expect("two servers")
+    }
+}
+
 impl LocalCluster {
-    /// The workers that have a second server.
+    /// The coordinator database and the workers that have a second server.
     pub fn pairs(&self) -> Vec<Pair> {
-        self.workers()
-            .into_iter()
-            .filter_map(|worker| {
-                let name = worker.data_dir.file_name()?.to_string_lossy().to_string();
+        std::iter::once(self.configured_coordinator_db())
+            .chain(self.workers())
+            .filter_map(|first| {
+                let name = first.data_dir.file_name()?.to_string_lossy().to_string();
                 let port = *self.state.standby_ports.get(&name)?;
-                let standby = Instance::new(self.dir.join(format!("{name}-standby")), port);
-                Some(Pair { name, servers: [worker, standby] })
+                let second = Instance::new(self.dir.join(format!("{name}-standby")), port);
+                Some(Pair { name, servers: [first, second] })
             })
             .collect()
     }
+}
+
+/// Of the coordinator database's two servers, the primary: the one on the
+/// newer timeline (a promoted standby starts a new one, its old primary
+/// stays behind), or the one that is not a standby.
+pub fn newest(servers: &[Instance; 2]) -> &Instance {
+    let rank = |s: &Instance| (timeline(s), !s.data_dir.join("standby.signal").exists());
+    if rank(&servers[1]) > rank(&servers[0]) {
+        &servers[1]
+    } else {
+        &servers[0]
+    }
+}
+
+/// The newest timeline a server has a history file of (1 without any).
+fn timeline(server: &Instance) -> u32 {
+    let Ok(files) = std::fs::read_dir(server.data_dir.join("pg_wal")) else { return 0 };
+    files
+        .flatten()
+        .filter_map(|f| f.file_name().to_str()?.strip_suffix(".history").and_then(|hex| u32::from_str_radix(hex, 16).ok()))
+        .max()
+        .unwrap_or(1)
 }
 
 /// What the catalog says of each port: `primary` or `secondary`.
@@ -45,7 +85,7 @@ async fn catalog_roles(cluster: &LocalCluster) -> crate::error::PgResult<HashMap
     Ok(rows.into_iter().filter_map(|r| Some((r[0].as_deref()?.parse().ok()?, r[1].clone()?))).collect())
 }
 
-/// One line per worker with a standby: which server is primary, which
+/// One line per server with a standby: which server is primary, which
 /// standby, and how the standby follows (`tessera status`).
 pub async fn describe(cluster: &LocalCluster) -> Vec<String> {
     let pairs = cluster.pairs();
@@ -55,9 +95,8 @@ pub async fn describe(cluster: &LocalCluster) -> Vec<String> {
     let Ok(roles) = catalog_roles(cluster).await else { return vec!["standbys        unknown: the coordinator database does not answer".into()] };
     let mut lines = Vec::new();
     for pair in &pairs {
-        let role = |server: &Instance| roles.get(&server.port).map(String::as_str);
-        let Some(primary) = pair.servers.iter().find(|s| role(s) == Some("primary")) else { continue };
-        let other = pair.servers.iter().find(|s| s.port != primary.port).expect("two servers");
+        let Some(primary) = pair.primary(&roles) else { continue };
+        let other = pair.other(primary);
         let following = PgConnection::query_once(
             &LocalCluster::socket_addr(primary),
             &admin_login("tessera status"),
@@ -67,7 +106,7 @@ pub async fn describe(cluster: &LocalCluster) -> Vec<String> {
             ),
         )
         .await;
-        let standby = match (role(other), following.ok().and_then(|rows| rows.into_iter().next())) {
+        let standby = match (roles.get(&other.port).map(String::as_str), following.ok().and_then(|rows| rows.into_iter().next())) {
             (Some("secondary"), Some(row)) => format!(
                 "standby 127.0.0.1:{} {}, {}, {} bytes behind",
                 other.port,
@@ -83,9 +122,9 @@ pub async fn describe(cluster: &LocalCluster) -> Vec<String> {
     lines
 }
 
-/// Starts each pair's servers that the catalog knows (a primary, and a
-/// standby); a server it has dropped is a primary that failed over, and
-/// stays down until `--standbys` makes it a standby again.
+/// Starts the standbys the catalog knows; a server it has dropped is a
+/// primary that failed over, and stays down until `--standbys` makes it a
+/// standby again. The primaries are started already.
 pub fn start(cluster: &LocalCluster) -> Result<()> {
     let pairs = cluster.pairs();
     if pairs.is_empty() {
@@ -93,34 +132,36 @@ pub fn start(cluster: &LocalCluster) -> Result<()> {
     }
     let roles = block_on(catalog_roles(cluster))?;
     for pair in &pairs {
-        for server in &pair.servers {
-            if roles.contains_key(&server.port) || !roles.values().any(|r| r == "primary") {
-                server.start()?;
-            } else if !server.is_running() {
-                eprintln!(
-                    "note: {} (port {}) was {}'s primary before a failover; `tessera up --standbys 1` makes it a standby again",
-                    server.data_dir.display(),
-                    server.port,
-                    pair.name
-                );
-            }
+        let Some(primary) = pair.primary(&roles) else { continue };
+        primary.start()?;
+        let other = pair.other(primary);
+        if roles.get(&other.port).map(String::as_str) == Some("secondary") {
+            other.start()?;
+        } else if !other.is_running() {
+            eprintln!(
+                "note: {} (port {}) was {}'s primary before a failover; `tessera up --standbys 1` makes it a standby again",
+                other.data_dir.display(),
+                other.port,
+                pair.name
+            );
         }
     }
     Ok(())
 }
 
-/// Gives every worker a running standby: a new second server, or the one it
-/// has made again from its primary when it is not a standby (a primary that
-/// failed over). Only one standby per worker is supported.
+/// Gives the coordinator database and every worker a running standby: a
+/// new second server, or the one it has made again from its primary when
+/// it is not a standby (a primary that failed over). Only one standby each
+/// is supported.
 pub fn ensure(cluster: &mut LocalCluster, standbys: usize) -> Result<()> {
     if standbys > 1 {
-        bail!("only one standby per worker is supported (--standbys 1)");
+        bail!("only one standby per node is supported (--standbys 1)");
     }
     if standbys == 0 {
         return Ok(());
     }
-    for worker in cluster.workers() {
-        let name = worker.data_dir.file_name().context("a worker's directory")?.to_string_lossy().to_string();
+    for first in std::iter::once(cluster.configured_coordinator_db()).chain(cluster.workers()) {
+        let name = first.data_dir.file_name().context("a node's directory")?.to_string_lossy().to_string();
         if !cluster.state.standby_ports.contains_key(&name) {
             cluster.state.standby_ports.insert(name.clone(), super::instance::free_port()?);
             std::fs::write(cluster.dir.join(STATE_FILE), toml::to_string(&cluster.state)?)?;
@@ -128,10 +169,10 @@ pub fn ensure(cluster: &mut LocalCluster, standbys: usize) -> Result<()> {
     }
     let roles = block_on(catalog_roles(cluster))?;
     for pair in cluster.pairs() {
-        let Some(primary) = pair.servers.iter().find(|s| roles.get(&s.port).map(String::as_str) == Some("primary")) else {
+        let Some(primary) = pair.primary(&roles) else {
             bail!("the catalog names neither server of {} as its primary", pair.name);
         };
-        let other = pair.servers.iter().find(|s| s.port != primary.port).expect("two servers");
+        let other = pair.other(primary);
         if roles.get(&other.port).map(String::as_str) == Some("secondary") && other.data_dir.join("standby.signal").exists() {
             other.start()?;
             continue;

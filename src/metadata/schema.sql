@@ -603,8 +603,9 @@ CREATE TABLE IF NOT EXISTS tessera.fenced_nodes (
     PRIMARY KEY (nodename, nodeport)
 );
 -- Registers a streaming standby of the primary at primaryname:primaryport
--- as its secondary (same group): the coordinator promotes it and points the
--- node at it when the primary stops answering (operations/failover.rs).
+-- (a worker, or this coordinator database) as its secondary (same group):
+-- the coordinator promotes it and points the node at it (or moves to it)
+-- when the primary stops answering (operations/failover.rs).
 CREATE OR REPLACE FUNCTION pg_catalog.citus_add_secondary_node(nodename text, nodeport int, primaryname text, primaryport int, nodecluster name DEFAULT 'default')
 RETURNS int LANGUAGE plpgsql SET search_path = pg_catalog AS $$
 DECLARE
@@ -618,6 +619,11 @@ BEGIN
     END IF;
     SELECT n.groupid INTO primary_group FROM tessera.pg_dist_node n
      WHERE n.nodename = primaryname AND n.nodeport = primaryport AND n.noderole = 'primary';
+    -- The coordinator database itself: group 0, as Citus numbers the coordinator.
+    IF primary_group IS NULL AND primaryport = current_setting('port')::int
+       AND (primaryname IN ('localhost', '127.0.0.1', '::1') OR primaryname = host(inet_server_addr())) THEN
+        primary_group := 0;
+    END IF;
     IF primary_group IS NULL THEN
         RAISE EXCEPTION 'node at "%:%" does not exist', primaryname, primaryport USING ERRCODE = '42704',
             HINT = 'SELECT nodename, nodeport FROM pg_dist_node WHERE noderole = ''primary'' lists the primaries.';

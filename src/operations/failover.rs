@@ -59,7 +59,7 @@ pub async fn pairs(catalog: &mut PgConnection) -> PgResult<Vec<Pair>> {
         .collect())
 }
 
-/// What the coordinator last knew of a worker with a standby.
+/// What the coordinator last knew of a primary with a standby.
 struct Watched {
     primary: ServerAddr,
     /// When the primary last answered.
@@ -71,7 +71,20 @@ struct Watched {
     standby_missing: Option<Instant>,
 }
 
+impl Watched {
+    fn new(primary: ServerAddr) -> Watched {
+        Watched { primary, answered: Instant::now(), in_sync: false, standby_missing: None }
+    }
+
+    /// Takes what the primary said of its standby.
+    fn answered(&mut self, health: &Health) {
+        self.answered = Instant::now();
+        self.in_sync = health.standby.as_deref() == Some("sync");
+    }
+}
+
 /// What a primary says of its standby.
+#[derive(Default)]
 struct Health {
     /// `pg_stat_replication.sync_state` of the standby, if it is connected.
     standby: Option<String>,
@@ -79,10 +92,20 @@ struct Health {
     waits: bool,
 }
 
-/// Watches the primaries of workers with a standby for as long as the
-/// process runs: fails over those that stop answering, and lets a primary
-/// whose standby is gone commit without it until it is back (else every
-/// commit there would wait for it).
+/// What one round reads from the coordinator database.
+struct Survey {
+    pairs: Vec<Pair>,
+    fenced: Vec<ServerAddr>,
+    /// The coordinator database's own standby, and what it says of it.
+    standby: Option<ServerAddr>,
+    health: Health,
+}
+
+/// Watches the primaries that have a standby — the workers' and the
+/// coordinator database — for as long as the process runs: fails over
+/// those that stop answering, lets a primary whose standby is gone commit
+/// without it until it is back (else every commit there would wait for it),
+/// and stops fenced former primaries found answering again.
 pub async fn watch(coordinator: Arc<Coordinator>) {
     let settings = &coordinator.config.failover;
     let interval = Duration::from_secs_f64(settings.health_check_interval_secs.max(0.05));
@@ -93,42 +116,61 @@ pub async fn watch(coordinator: Arc<Coordinator>) {
     let mut catalog = KeptConnections::new(login.clone(), "tessera failover", patience);
     let mut primaries = KeptConnections::new(login, "tessera health check", patience);
     let mut watched: HashMap<i32, Watched> = HashMap::new();
-    let coordinator_db = coordinator.config.coordinator_db_addr();
+    let mut database = Watched::new(coordinator.config.coordinator_db_addr());
+    let mut database_standby: Option<ServerAddr> = None;
     loop {
         tokio::time::sleep(interval).await;
-        let pairs = match catalog.on(&coordinator_db, |conn| Box::pin(pairs(conn))).await {
-            Ok(pairs) => pairs,
+        let coordinator_db = coordinator.config.coordinator_db_addr();
+        if database.primary != coordinator_db {
+            database = Watched::new(coordinator_db.clone());
+        }
+        let survey = match catalog.on(&coordinator_db, |conn| Box::pin(survey(conn))).await {
+            Ok(survey) => survey,
             Err(e) => {
-                tracing::debug!("failover: the catalog's standbys are unknown: {e}");
+                let silent = database.answered.elapsed();
+                match &database_standby {
+                    Some(standby) if silent >= timeout && database.in_sync => {
+                        if let Err(e) = move_coordinator_db(&coordinator, standby, silent).await {
+                            tracing::warn!("failover of the coordinator database ({coordinator_db} -> {standby}) failed, trying again: {e}");
+                        }
+                    }
+                    Some(standby) if silent >= timeout => tracing::error!(
+                        "the coordinator database at {coordinator_db} does not answer ({e}), but its standby {standby} was not in sync when it last did: not failing over"
+                    ),
+                    _ => tracing::debug!("failover: the coordinator database does not answer: {e}"),
+                }
                 continue;
             }
         };
-        watched.retain(|id, _| pairs.iter().any(|p| p.node_id == *id));
-        for pair in &pairs {
-            let now = Instant::now();
-            let seen = watched.entry(pair.node_id).or_insert_with(|| Watched {
-                primary: pair.primary.clone(),
-                answered: now,
-                in_sync: false,
-                standby_missing: None,
-            });
-            if seen.primary != pair.primary {
-                *seen = Watched { primary: pair.primary.clone(), answered: now, in_sync: false, standby_missing: None };
+        database.answered(&survey.health);
+        database_standby = survey.standby.clone();
+        if let Some(standby) = &survey.standby {
+            keep_commits_going(&mut primaries, standby, "the coordinator database", &survey.health, &mut database, timeout).await;
+            // Another coordinator promoted it: this one follows.
+            if answers_as_primary(&mut primaries, standby).await {
+                let _ = move_coordinator_db(&coordinator, standby, Duration::ZERO).await;
+                continue;
             }
+        }
+        watched.retain(|id, _| survey.pairs.iter().any(|p| p.node_id == *id));
+        for pair in &survey.pairs {
+            let seen = watched.entry(pair.node_id).or_insert_with(|| Watched::new(pair.primary.clone()));
+            if seen.primary != pair.primary {
+                *seen = Watched::new(pair.primary.clone());
+            }
+            let what = format!("node {}", pair.node_id);
             match health(&mut primaries, &pair.primary).await {
                 Ok(health) => {
-                    seen.answered = now;
-                    seen.in_sync = health.standby.as_deref() == Some("sync");
-                    keep_commits_going(&mut primaries, pair, &health, seen, timeout).await;
+                    seen.answered(&health);
+                    keep_commits_going(&mut primaries, &pair.standby, &what, &health, seen, timeout).await;
                 }
-                Err(_) if now.duration_since(seen.answered) < timeout => {}
+                Err(_) if seen.answered.elapsed() < timeout => {}
                 Err(e) if !seen.in_sync => tracing::error!(
-                    "node {} at {} does not answer ({e}), but its standby {} was not in sync when it last did: not failing over, since commits would be lost; fail over by hand with citus_update_node if that is acceptable",
-                    pair.node_id,
+                    "{what} at {} does not answer ({e}), but its standby {} was not in sync when it last did: not failing over, since commits would be lost; fail over by hand with citus_update_node if that is acceptable",
                     pair.primary,
                     pair.standby
                 ),
-                Err(_) => match fail_over(&coordinator, pair, now.duration_since(seen.answered)).await {
+                Err(_) => match fail_over(&coordinator, pair, seen.answered.elapsed()).await {
                     Ok(true) => {
                         watched.remove(&pair.node_id);
                         // The node's catalog row changed: every coordinator
@@ -136,20 +178,127 @@ pub async fn watch(coordinator: Arc<Coordinator>) {
                         let _ = coordinator.reload_after_commit().await;
                     }
                     Ok(false) => {}
-                    Err(e) => tracing::warn!("failover of node {} ({} -> {}) failed, trying again: {e}", pair.node_id, pair.primary, pair.standby),
+                    Err(e) => tracing::warn!("failover of {what} ({} -> {}) failed, trying again: {e}", pair.primary, pair.standby),
                 },
             }
         }
-        match catalog.on(&coordinator_db, |conn| Box::pin(fenced(conn))).await {
-            Ok(fenced) => {
-                for addr in fenced {
-                    stop_if_primary(&mut primaries, &addr).await;
-                }
-            }
-            Err(e) => tracing::debug!("failover: the fenced servers are unknown: {e}"),
+        for addr in &survey.fenced {
+            stop_if_primary(&mut primaries, addr).await;
         }
         primaries.end_round().await;
     }
+}
+
+/// One round's look at the catalog: the workers with a standby, the fenced
+/// servers, and the coordinator database's standby with its state.
+async fn survey(conn: &mut PgConnection) -> PgResult<Survey> {
+    let pairs = pairs(conn).await?;
+    let fenced = fenced(conn).await?;
+    let rows = conn
+        .query(&format!(
+            "SELECT s.nodename, s.nodeport, {HEALTH_COLUMNS}
+               FROM (SELECT 1) AS one LEFT JOIN (SELECT nodename, nodeport FROM tessera.pg_dist_node WHERE groupid = 0 AND noderole = 'secondary' ORDER BY nodeid LIMIT 1) AS s ON true"
+        ))
+        .await?;
+    let row = rows.into_iter().next().unwrap_or_default();
+    let standby = match (row.first().cloned().flatten(), row.get(1).cloned().flatten().and_then(|p| p.parse().ok())) {
+        (Some(host), Some(port)) => Some(ServerAddr { host, port }),
+        _ => None,
+    };
+    Ok(Survey { pairs, fenced, standby, health: health_of(&row[2.min(row.len())..]) })
+}
+
+/// What a primary says of its standby, as columns: its `sync_state` and
+/// whether commits wait for it.
+const HEALTH_COLUMNS: &str = "(SELECT max(sync_state) FROM pg_catalog.pg_stat_replication WHERE application_name = 'tessera_standby'),
+    pg_catalog.current_setting('synchronous_standby_names') <> ''";
+
+fn health_of(columns: &[Option<String>]) -> Health {
+    Health { standby: columns.first().cloned().flatten(), waits: columns.get(1).cloned().flatten().as_deref() == Some("t") }
+}
+
+/// Asks the primary at `addr` about its standby.
+async fn health(nodes: &mut KeptConnections, addr: &ServerAddr) -> PgResult<Health> {
+    let rows = nodes.on(addr, |conn| Box::pin(async move { conn.query(&format!("SELECT {HEALTH_COLUMNS}")).await })).await?;
+    Ok(health_of(&rows.into_iter().next().unwrap_or_default()))
+}
+
+/// Stops a primary (`seen`) waiting for a standby that has been gone for
+/// `timeout` (its commits would wait forever), and makes it wait again once
+/// the standby streams. Failing over is refused meanwhile (`in_sync`).
+async fn keep_commits_going(nodes: &mut KeptConnections, standby: &ServerAddr, what: &str, health: &Health, seen: &mut Watched, timeout: Duration) {
+    let setting = match (health.waits, health.standby.is_some()) {
+        (true, false) => {
+            let since = *seen.standby_missing.get_or_insert_with(Instant::now);
+            if since.elapsed() < timeout {
+                return;
+            }
+            tracing::warn!(
+                "the standby {standby} of {what} has been gone for {:.1} s: its primary {} commits without waiting for it until it is back (no failover meanwhile)",
+                since.elapsed().as_secs_f64(),
+                seen.primary
+            );
+            "''".to_string()
+        }
+        (false, true) => {
+            tracing::info!("the standby {standby} of {what} streams again: its primary {} waits for it again", seen.primary);
+            quote_literal(STANDBY_NAME)
+        }
+        _ => {
+            seen.standby_missing = None;
+            return;
+        }
+    };
+    seen.standby_missing = None;
+    let sql = format!("ALTER SYSTEM SET synchronous_standby_names = {setting}");
+    let changed = nodes
+        .on(&seen.primary, |conn| {
+            Box::pin(async move {
+                conn.execute(&sql).await?;
+                conn.execute("SELECT pg_catalog.pg_reload_conf()").await
+            })
+        })
+        .await;
+    if let Err(e) = changed {
+        tracing::warn!("could not change synchronous replication on {}: {e}", seen.primary);
+    }
+}
+
+/// Whether the server at `addr` answers and is a primary.
+async fn answers_as_primary(nodes: &mut KeptConnections, addr: &ServerAddr) -> bool {
+    let primary = nodes.on(addr, |conn| Box::pin(async move { conn.query_value("SELECT NOT pg_catalog.pg_is_in_recovery()").await })).await;
+    primary.is_ok_and(|p| p.as_deref() == Some("t"))
+}
+
+/// Makes the coordinator database's standby at `standby` the coordinator
+/// database of this process: promoted (unless another coordinator did
+/// that), the old one fenced and its standby row gone, the catalog read
+/// again from there. Every coordinator that knew the standby moves on its
+/// own: the silent primary, or the standby found promoted, tells it to.
+async fn move_coordinator_db(coordinator: &Coordinator, standby: &ServerAddr, silent: Duration) -> PgResult<()> {
+    let old = coordinator.config.coordinator_db_addr();
+    let login = coordinator.config.service_login();
+    promote(standby, &login).await?;
+    crate::config::move_coordinator_db(standby.clone());
+    tracing::warn!(
+        "the coordinator database did not answer at {old} for {:.1} s: its standby {standby} is the coordinator database now",
+        silent.as_secs_f64()
+    );
+    let mut catalog = PgConnection::connect(standby, &login).await?;
+    let recorded = catalog
+        .execute(&format!(
+            "BEGIN; DELETE FROM tessera.pg_dist_node WHERE groupid = 0 AND noderole = 'secondary' AND nodename = {host} AND nodeport = {port};
+             INSERT INTO tessera.fenced_nodes (nodename, nodeport) VALUES ({old_host}, {old_port}) ON CONFLICT DO NOTHING; COMMIT",
+            host = quote_literal(&standby.host),
+            port = standby.port,
+            old_host = quote_literal(&old.host),
+            old_port = old.port
+        ))
+        .await;
+    catalog.terminate().await;
+    recorded?;
+    let _ = coordinator.reload_after_commit().await;
+    Ok(())
 }
 
 /// The former primaries that failovers left behind.
@@ -163,78 +312,20 @@ async fn fenced(catalog: &mut PgConnection) -> PgResult<Vec<ServerAddr>> {
 /// take no acknowledged commit (its standby is gone), but it must not take
 /// any write at all, nor look like the node to anyone reaching it directly.
 async fn stop_if_primary(nodes: &mut KeptConnections, addr: &ServerAddr) {
-    let Ok(primary) = nodes.on(addr, |conn| Box::pin(async move { conn.query_value("SELECT NOT pg_catalog.pg_is_in_recovery()").await })).await
-    else {
-        return;
-    };
-    if primary.as_deref() != Some("t") {
+    if !answers_as_primary(nodes, addr).await {
         return;
     }
-    // A fast shutdown, not waited for: it ends this very connection.
+    // A fast shutdown (SIGINT to the postmaster), not waited for: it ends
+    // this very connection.
     const STOP: &str = "DO $tessera$ BEGIN
-         EXECUTE pg_catalog.format('COPY (SELECT) TO PROGRAM %L', pg_catalog.format('%s -D %s -m fast -W stop',
-           tessera_remote.shell_word((SELECT setting FROM pg_catalog.pg_config WHERE name = 'BINDIR') || '/pg_ctl'),
-           tessera_remote.shell_word(pg_catalog.current_setting('data_directory'))));
+         EXECUTE pg_catalog.format('COPY (SELECT) TO PROGRAM %L',
+           'kill -INT ' || pg_catalog.split_part(pg_catalog.pg_read_file('postmaster.pid'), E'\\n', 1)::int);
        END $tessera$";
     tracing::warn!("{addr} answers as a primary after its node failed over to its standby: stopping it");
     // The shutdown may end the connection before the statement returns;
     // the next round finds the server gone, or tries again.
     if let Err(e) = nodes.on(addr, |conn| Box::pin(async move { conn.execute(STOP).await })).await {
         tracing::debug!("stopping {addr}: {e}");
-    }
-}
-
-/// Asks the primary at `addr` about its standby.
-async fn health(nodes: &mut KeptConnections, addr: &ServerAddr) -> PgResult<Health> {
-    let sql = format!(
-        "SELECT (SELECT max(sync_state) FROM pg_catalog.pg_stat_replication WHERE application_name = {}), pg_catalog.current_setting('synchronous_standby_names') <> ''",
-        quote_literal(STANDBY_NAME)
-    );
-    let rows = nodes.on(addr, |conn| Box::pin(async move { conn.query(&sql).await })).await?;
-    let row = rows.into_iter().next().unwrap_or_default();
-    Ok(Health { standby: row.first().cloned().flatten(), waits: row.get(1).cloned().flatten().as_deref() == Some("t") })
-}
-
-/// Stops a primary waiting for a standby that has been gone for `timeout`
-/// (its commits would wait forever), and makes it wait again once the
-/// standby streams. Failing over is refused meanwhile (`in_sync`).
-async fn keep_commits_going(nodes: &mut KeptConnections, pair: &Pair, health: &Health, seen: &mut Watched, timeout: Duration) {
-    let setting = match (health.waits, health.standby.is_some()) {
-        (true, false) => {
-            let since = *seen.standby_missing.get_or_insert_with(Instant::now);
-            if since.elapsed() < timeout {
-                return;
-            }
-            tracing::warn!(
-                "the standby {} of node {} has been gone for {:.1} s: its primary {} commits without waiting for it until it is back (no failover meanwhile)",
-                pair.standby,
-                pair.node_id,
-                since.elapsed().as_secs_f64(),
-                pair.primary
-            );
-            "''".to_string()
-        }
-        (false, true) => {
-            tracing::info!("the standby {} of node {} streams again: its primary {} waits for it again", pair.standby, pair.node_id, pair.primary);
-            quote_literal(STANDBY_NAME)
-        }
-        _ => {
-            seen.standby_missing = None;
-            return;
-        }
-    };
-    seen.standby_missing = None;
-    let sql = format!("ALTER SYSTEM SET synchronous_standby_names = {setting}");
-    let changed = nodes
-        .on(&pair.primary, |conn| {
-            Box::pin(async move {
-                conn.execute(&sql).await?;
-                conn.execute("SELECT pg_catalog.pg_reload_conf()").await
-            })
-        })
-        .await;
-    if let Err(e) = changed {
-        tracing::warn!("could not change synchronous replication on {}: {e}", pair.primary);
     }
 }
 
@@ -274,25 +365,7 @@ async fn promote_and_repoint(catalog: &mut PgConnection, login: &crate::config::
     if still.as_deref() != Some("1") {
         return Ok(false);
     }
-    let on_standby = |e: PgError| e.map_message(|m| format!("{m} (promoting the standby {} of node {})", pair.standby, pair.node_id));
-    let mut standby = PgConnection::connect(&pair.standby, login).await.map_err(on_standby)?;
-    let promoted = async {
-        // A standby promoted by an attempt that failed later is a primary already.
-        if standby.query_value("SELECT pg_catalog.pg_is_in_recovery()").await?.as_deref() == Some("t") {
-            let done = standby.query_value("SELECT pg_catalog.pg_promote(true, 60)").await?;
-            if done.as_deref() != Some("t") {
-                return Err(PgError::internal("the standby did not finish its promotion within 60 s"));
-            }
-        }
-        // It has no standby of its own to wait for.
-        standby.execute("ALTER SYSTEM RESET synchronous_standby_names").await?;
-        standby.execute("SELECT pg_catalog.pg_reload_conf()").await?;
-        Ok(())
-    }
-    .await
-    .map_err(on_standby);
-    standby.terminate().await;
-    promoted?;
+    promote(&pair.standby, login).await.map_err(|e| e.map_message(|m| format!("{m} (node {})", pair.node_id)))?;
     catalog
         .execute(&format!(
             "BEGIN; DELETE FROM tessera.pg_dist_node WHERE nodeid = {standby_id};
@@ -307,4 +380,27 @@ async fn promote_and_repoint(catalog: &mut PgConnection, login: &crate::config::
         ))
         .await?;
     Ok(true)
+}
+
+/// Promotes the standby at `addr` (unless it is a primary already, promoted
+/// by an attempt that failed later or by another coordinator) and lets it
+/// commit without a standby of its own.
+async fn promote(addr: &ServerAddr, login: &crate::config::Login) -> PgResult<()> {
+    let on_standby = |e: PgError| e.map_message(|m| format!("{m} (promoting the standby {addr})"));
+    let mut standby = PgConnection::connect(addr, login).await.map_err(on_standby)?;
+    let promoted = async {
+        if standby.query_value("SELECT pg_catalog.pg_is_in_recovery()").await?.as_deref() == Some("t") {
+            let done = standby.query_value("SELECT pg_catalog.pg_promote(true, 60)").await?;
+            if done.as_deref() != Some("t") {
+                return Err(PgError::internal("the standby did not finish its promotion within 60 s"));
+            }
+        }
+        standby.execute("ALTER SYSTEM RESET synchronous_standby_names").await?;
+        standby.execute("SELECT pg_catalog.pg_reload_conf()").await?;
+        Ok(())
+    }
+    .await
+    .map_err(on_standby);
+    standby.terminate().await;
+    promoted
 }

@@ -33,6 +33,7 @@ pub type PinReason = Arc<std::sync::OnceLock<&'static str>>;
 /// Where a session takes its coordinator database connections from.
 pub struct LocalSource {
     pub pool: Arc<LocalPool>,
+    /// As configured: a failover may move it (`config::coordinator_db_now`).
     pub addr: ServerAddr,
     pub wait: Duration,
 }
@@ -111,7 +112,8 @@ impl CoordinatorDb {
             return Ok((&mut self.held.as_mut().unwrap().conn, None));
         }
         let last = self.last_backend;
-        let label = self.source.addr.to_string();
+        let addr = self.addr();
+        let label = addr.to_string();
         let taken = loop {
             match self
                 .source
@@ -120,7 +122,8 @@ impl CoordinatorDb {
                 .await?
             {
                 Checkout::Idle(mut local) => {
-                    if local.conn.is_dead_while_idle() {
+                    // One to a server the coordinator database moved away from is closed.
+                    if local.conn.is_dead_while_idle() || **local.conn.label() != *label {
                         continue;
                     }
                     if *local.owner != **owner || local.state_epoch != self.state_epoch {
@@ -136,7 +139,7 @@ impl CoordinatorDb {
                     break local;
                 }
                 Checkout::Open(slot) => {
-                    let mut conn = PgConnection::connect(&self.source.addr, &self.login).await.map_err(|e| unavailable(&self.source.addr, e))?;
+                    let mut conn = PgConnection::connect(&addr, &self.login).await.map_err(|e| unavailable(&addr, e))?;
                     conn.track_parameter_changes();
                     if !self.settings.is_empty() {
                         conn.queue_silent(&self.settings.join("; "));
@@ -151,8 +154,8 @@ impl CoordinatorDb {
         Ok((&mut self.held.as_mut().unwrap().conn, Some(key)))
     }
 
-    pub fn addr(&self) -> &ServerAddr {
-        &self.source.addr
+    pub fn addr(&self) -> ServerAddr {
+        crate::config::coordinator_db_now(&self.source.addr)
     }
 
     pub fn is_held(&self) -> bool {
