@@ -22,7 +22,7 @@ out=$BENCH_LOG_DIR/failover.log
 
 cd "$REPO_ROOT"
 echo "failover under load: $REPETITIONS kills; output in $out"
-FAILOVER_REPETITIONS=$REPETITIONS cargo test --release --test failover -- --nocapture >"$out" 2>&1 || {
+FAILOVER_REPETITIONS=$REPETITIONS cargo test --release --test failover a_killed_worker_primary -- --nocapture >"$out" 2>&1 || {
     tail -n 40 "$out" >&2
     echo "the failover test failed (see $out)" >&2
     exit 1

@@ -169,7 +169,16 @@ pub fn tls_acceptor_verifying_clients(certificate_pem: &str, key_pem: &str, root
 pub fn tls_client_config(roots: Arc<rustls::RootCertStore>, certificate_pem: &str, key_pem: &str) -> anyhow::Result<Arc<rustls::ClientConfig>> {
     let certs = vec![CertificateDer::from_pem_slice(certificate_pem.as_bytes())?];
     let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())?;
-    let config = rustls::ClientConfig::builder_with_provider(crypto_provider())
+    // AES-128-GCM only: the nodes (OpenSSL, preferring their own order)
+    // would pick AES-256, which costs more on both ends of every message
+    // and buys nothing here.
+    let mut provider = rustls::crypto::ring::default_provider();
+    provider.cipher_suites = vec![
+        rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256,
+        rustls::crypto::ring::cipher_suite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+        rustls::crypto::ring::cipher_suite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+    ];
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
         .with_safe_default_protocol_versions()?
         .with_root_certificates(roots)
         .with_client_auth_cert(certs, key)?;

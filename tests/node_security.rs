@@ -156,6 +156,13 @@ async fn the_coordinator_reaches_nodes_over_tls_with_each_roles_certificate() {
     .await;
     assert!(logins.contains(&vec![Some("ns_app".into()), Some("/CN=ns_app".into())]), "{logins:?}");
     assert!(logins.contains(&vec![Some("postgres".into()), Some("/CN=postgres".into())]), "{logins:?}");
+    // AES-128 (bench/node_links.sh: AES-256 cost TPC-B another 5 %).
+    let ciphers = text_rows(
+        &worker,
+        "SELECT DISTINCT version, cipher FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) WHERE s.ssl AND a.application_name LIKE 'tessera%'",
+    )
+    .await;
+    assert_eq!(ciphers, vec![vec![Some("TLSv1.3".into()), Some("TLS_AES_128_GCM_SHA256".into())]]);
     let clear =
         text_rows(&worker, "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) WHERE a.client_addr IS NOT NULL AND NOT s.ssl")
             .await;
