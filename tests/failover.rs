@@ -70,12 +70,7 @@ async fn client_loop(port: u16, client: i32, stop: Arc<AtomicBool>, outcomes: Ar
 
 #[tokio::test]
 async fn a_killed_worker_primary_fails_over_with_no_acknowledged_commit_lost() {
-    let cluster = TestCluster::start(2);
-    cluster.restart_coordinator(|config| {
-        config.failover.health_check_interval_secs = 0.5;
-        config.failover.failure_timeout_secs = 2.0;
-        config.transactions.recovery_interval_secs = 1.0;
-    });
+    let cluster = cluster_failing_over_fast(|_| {});
     let c = cluster.connect().await;
     create_bank(&c).await;
     let mut local = cluster.add_standbys().await;
@@ -165,6 +160,20 @@ async fn primary_ports(c: &tokio_postgres::Client) -> Vec<u16> {
         .into_iter()
         .map(|r| r[0].as_deref().unwrap().parse().unwrap())
         .collect()
+}
+
+/// A cluster whose coordinator checks every 0.5 s and fails over after 2 s
+/// of silence, settling prepared transactions every second, its
+/// configuration then changed by `edit`.
+fn cluster_failing_over_fast(edit: impl FnOnce(&mut tessera::config::Config)) -> TestCluster {
+    let cluster = TestCluster::start(2);
+    cluster.restart_coordinator(|config| {
+        config.failover.health_check_interval_secs = 0.5;
+        config.failover.failure_timeout_secs = 2.0;
+        config.transactions.recovery_interval_secs = 1.0;
+        edit(config);
+    });
+    cluster
 }
 
 async fn create_bank(c: &tokio_postgres::Client) {
@@ -285,12 +294,8 @@ fn iptables(action: &str, direction: &str, port: u16) {
 /// coordinator stops it rather than let it take a write.
 #[tokio::test]
 async fn a_primary_cut_off_fails_over_and_is_stopped_once_reachable() {
-    let cluster = TestCluster::start(2);
-    cluster.restart_coordinator(|config| {
+    let cluster = cluster_failing_over_fast(|config| {
         config.node_socket_directories.clear();
-        config.failover.health_check_interval_secs = 0.5;
-        config.failover.failure_timeout_secs = 2.0;
-        config.transactions.recovery_interval_secs = 1.0;
         config.connections.node_silence_timeout_secs = 3.0;
     });
     let c = cluster.connect().await;
@@ -353,12 +358,7 @@ async fn a_primary_cut_off_fails_over_and_is_stopped_once_reachable() {
 /// in doubt, and `tessera up --standbys 1` makes the old server its standby.
 #[tokio::test]
 async fn a_killed_coordinator_database_fails_over_with_no_acknowledged_commit_lost() {
-    let cluster = TestCluster::start(2);
-    cluster.restart_coordinator(|config| {
-        config.failover.health_check_interval_secs = 0.5;
-        config.failover.failure_timeout_secs = 2.0;
-        config.transactions.recovery_interval_secs = 1.0;
-    });
+    let cluster = cluster_failing_over_fast(|_| {});
     create_bank(&cluster.connect().await).await;
     let local = cluster.add_standbys().await;
     let victim = local.coordinator_db();

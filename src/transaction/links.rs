@@ -218,22 +218,12 @@ impl LinkRelay {
         if self.tls.is_some()
             && get("user").is_none_or(|user| link.peer_certificate().and_then(crate::certificates::common_name).as_deref() != Some(user.as_str()))
         {
-            let refusal = PgError::new(
-                sqlstate::INVALID_AUTHORIZATION,
-                "worker links log in over TLS with a certificate of the cluster's CA made out to the role they log in as",
-            );
-            backend::error_response(link.out(), &refusal);
-            link.flush().await?;
-            return Ok(());
+            return refuse(&mut link, "worker links log in over TLS with a certificate of the cluster's CA made out to the role they log in as")
+                .await;
         }
         let (Some(ends), Some(target), Some(user), true) = (ends, target, get("user"), self.is_node(peer, from_this_host).await) else {
-            let refusal = PgError::new(
-                sqlstate::INVALID_AUTHORIZATION,
-                "this port relays the Tessera workers' links to other nodes; clients connect to the coordinator's own port",
-            );
-            backend::error_response(link.out(), &refusal);
-            link.flush().await?;
-            return Ok(());
+            return refuse(&mut link, "this port relays the Tessera workers' links to other nodes; clients connect to the coordinator's own port")
+                .await;
         };
         let mut options: Vec<(String, String)> = vec![("application_name".into(), format!("tessera_link_{}_{}_{}", ends.from, ends.to, ends.pid))];
         options.extend(params.iter().filter(|(k, _)| k == "client_encoding" || k == "options").cloned());
@@ -552,6 +542,13 @@ impl LinkRelay {
 }
 
 /// This host's name, as gethostname(2) gives it.
+/// Turns a would-be link away (28000) with `why`.
+async fn refuse(link: &mut ClientConn, why: &str) -> anyhow::Result<()> {
+    backend::error_response(link.out(), &PgError::new(sqlstate::INVALID_AUTHORIZATION, why));
+    link.flush().await?;
+    Ok(())
+}
+
 fn host_name() -> std::io::Result<String> {
     let mut buf = [0u8; 256];
     // SAFETY: gethostname writes at most buf.len() bytes into buf.
