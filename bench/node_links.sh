@@ -12,8 +12,12 @@
 # Prints TPS per target and round, the ratios to plain PostgreSQL, and
 # tls/tcp: the price of TLS and certificate logins on every node link.
 #
-# Environment: DURATION=30 ROUNDS=3 SCALE=10 BENCH_LOG_DIR TESSERA_BIN PG_BIN
-# (as bench/pgbench.sh).
+# Then, with STANDBYS=1 (the default), a last stage: the socket target again
+# after `tessera up --standbys 1` (a synchronous streaming standby for every
+# node), alternating with plain: what synchronous standbys cost.
+#
+# Environment: DURATION=30 ROUNDS=3 SCALE=10 STANDBYS=1 TARGETS="socket tcp
+# tls" BENCH_LOG_DIR TESSERA_BIN PG_BIN (as bench/pgbench.sh).
 set -euo pipefail
 
 SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
@@ -21,6 +25,7 @@ REPO_ROOT=$(cd -- "$SCRIPT_DIR/.." && pwd)
 DURATION=${DURATION:-30}
 ROUNDS=${ROUNDS:-3}
 SCALE=${SCALE:-10}
+STANDBYS=${STANDBYS:-1}
 BENCH_ONLY_PLAIN=0
 TESSERA_BIN=${TESSERA_BIN:-$REPO_ROOT/target/release/tessera}
 PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
@@ -105,7 +110,7 @@ start_tessera
 pgbench_init tessera "$TESSERA_PORT"
 distribute_pgbench_tables "$TESSERA_PORT"
 configure_targets
-TARGETS=(socket tcp tls)
+read -r -a TARGETS <<<"${TARGETS:-socket tcp tls}"
 for ((round = 1; round <= ROUNDS; round++)); do
     pgbench_tpcb plain "$PLAIN_PORT" "$round"
     for target in "${TARGETS[@]}"; do
@@ -113,6 +118,21 @@ for ((round = 1; round <= ROUNDS; round++)); do
         pgbench_tpcb "$target" "$TESSERA_PORT" "$round"
     done
 done
+
+# Then the embedded default again with a synchronous standby for every
+# node (`tessera up --standbys 1`): a stage of its own, after the others,
+# since standbys are not taken away again. Plain PostgreSQL runs beside it
+# in each round, so the ratios to plain compare across the stages.
+if [[ $STANDBYS == 1 ]]; then
+    use_target socket
+    log "tessera: up --standbys 1"
+    "$TESSERA_BIN" up --data-dir "$TESSERA_DIR" --port "$TESSERA_PORT" --workers 2 --standbys 1 >>"$BENCH_LOG_DIR/tessera-up.log" 2>&1 ||
+        die "tessera up --standbys 1 failed" "$BENCH_LOG_DIR/tessera-up.log"
+    for ((round = 1; round <= ROUNDS; round++)); do
+        pgbench_tpcb plain_again "$PLAIN_PORT" "$round"
+        pgbench_tpcb standbys "$TESSERA_PORT" "$round"
+    done
+fi
 
 ratios() { # ratios NUMERATOR DENOMINATOR: min / median / max over the rounds
     local r values
@@ -128,4 +148,12 @@ for target in plain "${TARGETS[@]}"; do
 done
 echo "ratio to plain (min / median / max):"
 for target in "${TARGETS[@]}"; do printf '  %-8s %s\n' "$target" "$(ratios "$target" plain)"; done
-echo "tls / tcp (min / median / max): $(ratios tls tcp)"
+if [[ " ${TARGETS[*]} " == *" tls "* && " ${TARGETS[*]} " == *" tcp "* ]]; then
+    echo "tls / tcp (min / median / max): $(ratios tls tcp)"
+fi
+if [[ $STANDBYS == 1 ]]; then
+    printf '%-8s' standbys
+    for ((r = 1; r <= ROUNDS; r++)); do printf ' %10s' "${TPS[standbys:$r]}"; done
+    echo
+    echo "with a synchronous standby per node, ratio to plain (measured beside it): $(ratios standbys plain_again) (socket without: $(ratios socket plain))"
+fi
