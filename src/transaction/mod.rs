@@ -664,7 +664,14 @@ impl Participants {
         if self.followed_unknown {
             self.read_followed_settings().await?;
         }
-        if self.workers.get_mut(&node.group_id).is_some_and(WorkerConnection::died_while_idle) {
+        // A connection held from before the node moved (a failover,
+        // citus_update_node) is not used for it again, unless a block under
+        // way needs it to the end.
+        if self
+            .workers
+            .get_mut(&node.group_id)
+            .is_some_and(|w| (!w.in_block && !w.needs_sync && !names(w.conn.label(), &node.addr)) || w.died_while_idle())
+        {
             self.drop_worker(node.group_id);
         }
         let limits = self.limits.clone();
@@ -1005,6 +1012,12 @@ fn replay_sql(block: &Block) -> String {
         sql.push_str(&format!("; SAVEPOINT {}", crate::connection::quote_ident(s)));
     }
     sql
+}
+
+/// Whether a connection's label ("host:port") names `addr`, without
+/// formatting the address (the check runs for every statement).
+fn names(label: &str, addr: &ServerAddr) -> bool {
+    label.rsplit_once(':').is_some_and(|(host, port)| host == addr.host && port.parse() == Ok(addr.port))
 }
 
 #[cfg(test)]
