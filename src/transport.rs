@@ -157,8 +157,7 @@ pub fn tls_acceptor(cert_file: &Path, key_file: &Path) -> anyhow::Result<TlsAcce
 /// The TLS server configuration of a port only the cluster's nodes use:
 /// a client must present a certificate that `roots` signed.
 pub fn tls_acceptor_verifying_clients(certificate_pem: &str, key_pem: &str, roots: Arc<rustls::RootCertStore>) -> anyhow::Result<TlsAcceptor> {
-    let certs = vec![CertificateDer::from_pem_slice(certificate_pem.as_bytes())?];
-    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())?;
+    let (certs, key) = identity(certificate_pem, key_pem)?;
     let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(roots, crypto_provider()).build()?;
     let config = tls_server_builder()?.with_client_cert_verifier(verifier).with_single_cert(certs, key)?;
     Ok(TlsAcceptor::from(Arc::new(config)))
@@ -167,8 +166,7 @@ pub fn tls_acceptor_verifying_clients(certificate_pem: &str, key_pem: &str, root
 /// The TLS client configuration for nodes: their certificates must chain
 /// to `roots`; the connection presents `certificate_pem` (its role's).
 pub fn tls_client_config(roots: Arc<rustls::RootCertStore>, certificate_pem: &str, key_pem: &str) -> anyhow::Result<Arc<rustls::ClientConfig>> {
-    let certs = vec![CertificateDer::from_pem_slice(certificate_pem.as_bytes())?];
-    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())?;
+    let (certs, key) = identity(certificate_pem, key_pem)?;
     // AES-128-GCM only: the nodes (OpenSSL, preferring their own order)
     // would pick AES-256, which costs more on both ends of every message
     // and buys nothing here.
@@ -183,6 +181,11 @@ pub fn tls_client_config(roots: Arc<rustls::RootCertStore>, certificate_pem: &st
         .with_root_certificates(roots)
         .with_client_auth_cert(certs, key)?;
     Ok(Arc::new(config))
+}
+
+/// A certificate and its private key, from PEM.
+fn identity(certificate_pem: &str, key_pem: &str) -> anyhow::Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
+    Ok((vec![CertificateDer::from_pem_slice(certificate_pem.as_bytes())?], PrivateKeyDer::from_pem_slice(key_pem.as_bytes())?))
 }
 
 /// The certificates of `pem` as trust roots.

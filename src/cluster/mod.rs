@@ -165,8 +165,9 @@ pub fn up(dir: &Path, port: u16, workers: usize, executor_pool_size: Option<usiz
     // After a failover of the coordinator database, a coordinator starts on
     // its promoted standby.
     let mut config = Config::load(&cluster.config_path())?;
-    if config.coordinator_db.port != cluster.coordinator_db().port {
-        config.coordinator_db.port = cluster.coordinator_db().port;
+    let coordinator_db_port = cluster.coordinator_db().port;
+    if config.coordinator_db.port != coordinator_db_port {
+        config.coordinator_db.port = coordinator_db_port;
         std::fs::write(cluster.config_path(), toml::to_string(&config)?)?;
     }
     if cluster.coordinator_pid().is_none() {

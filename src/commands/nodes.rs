@@ -19,15 +19,7 @@ pub async fn add_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) -> Pg
     let addr = ServerAddr { host: host.to_string(), port };
     // Fail early, naming the node, if it cannot be reached. Its links log
     // in with the roles' certificates, as the other nodes' do.
-    let roles: Vec<String> = ctx
-        .parts
-        .local()
-        .await?
-        .query("SELECT rolname FROM pg_catalog.pg_roles WHERE rolname !~ '^pg_'")
-        .await?
-        .into_iter()
-        .filter_map(|row| row.into_iter().next().flatten())
-        .collect();
+    let roles = crate::connection::node_tls::role_names(ctx.parts.local().await?).await?;
     crate::connection::node_tls::provide_on_nodes(std::slice::from_ref(&addr), &ctx.coordinator.config.service_login(), Some(&roles)).await?;
     PgConnection::connect(&addr, ctx.parts.login()).await?.terminate().await;
     let implicit = ctx.parts.begin_implicit();

@@ -79,7 +79,7 @@ pub const CERTIFICATE_DIRECTORY: &str = "tessera_certificates";
 
 /// The name of role `role`'s certificate files, without extension: the
 /// name's UTF-8 bytes in hex, whatever characters it has.
-pub fn certificate_file_stem(role: &str) -> String {
+fn certificate_file_stem(role: &str) -> String {
     role.bytes().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -101,11 +101,11 @@ pub async fn provide_on_nodes(nodes: &[ServerAddr], login: &Login, roles: Option
 
 /// Stores on a node (`conn`, a superuser's) the CA's certificate and the
 /// certificates of `roles` (of every role the node has, when None) that it
-/// lacks; returns how many files it wrote. Nothing of a key passes in a
+/// lacks. Nothing of a key passes in a
 /// statement's text (which the node may log): the files' lines go in by
 /// COPY and out to the file by a program that makes it private.
-async fn provide_role_certificates(conn: &mut PgConnection, roles: Option<&[String]>) -> PgResult<usize> {
-    let Some(credentials) = node_credentials() else { return Ok(0) };
+async fn provide_role_certificates(conn: &mut PgConnection, roles: Option<&[String]>) -> PgResult<()> {
+    let Some(credentials) = node_credentials() else { return Ok(()) };
     let dir = conn
         .query_value(&format!("SELECT current_setting('data_directory') || '/{CERTIFICATE_DIRECTORY}'"))
         .await?
@@ -118,9 +118,7 @@ async fn provide_role_certificates(conn: &mut PgConnection, roles: Option<&[Stri
         .collect();
     let roles: Vec<String> = match roles {
         Some(roles) => roles.to_vec(),
-        None => {
-            conn.query("SELECT rolname FROM pg_catalog.pg_roles WHERE rolname !~ '^pg_'").await?.into_iter().filter_map(|r| r[0].clone()).collect()
-        }
+        None => role_names(conn).await?,
     };
     let mut files: Vec<(String, String)> = Vec::new();
     if !present.contains("root.crt") {
@@ -137,13 +135,20 @@ async fn provide_role_certificates(conn: &mut PgConnection, roles: Option<&[Stri
         files.push((format!("{stem}.crt"), issued.certificate_pem));
     }
     if files.is_empty() {
-        return Ok(0);
+        return Ok(());
     }
     conn.execute("BEGIN; CREATE TEMPORARY TABLE tessera_file_lines (line text) ON COMMIT DROP").await?;
     let written = write_files(conn, &dir, &files).await;
     let end = if written.is_ok() { "COMMIT" } else { "ROLLBACK" };
     conn.execute(end).await?;
-    written.map(|_| files.len())
+    written
+}
+
+/// The roles of the server at `conn` that log in or act (all but
+/// PostgreSQL's own `pg_*` ones): those a certificate is made for.
+pub async fn role_names(conn: &mut PgConnection) -> PgResult<Vec<String>> {
+    let rows = conn.query("SELECT rolname FROM pg_catalog.pg_roles WHERE rolname !~ '^pg_'").await?;
+    Ok(rows.into_iter().filter_map(|row| row.into_iter().next().flatten()).collect())
 }
 
 /// Writes each of `files` (name, text) into directory `dir` of the node,

@@ -31,19 +31,19 @@ use std::time::{Duration, Instant};
 
 /// A worker with a standby, as the catalog has it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Pair {
-    pub node_id: i32,
-    pub group_id: i32,
-    pub primary: ServerAddr,
-    pub standby_id: i32,
-    pub standby: ServerAddr,
+struct Pair {
+    node_id: i32,
+    group_id: i32,
+    primary: ServerAddr,
+    standby_id: i32,
+    standby: ServerAddr,
 }
 
 /// Advisory lock class of failovers (the key's second half is the node group).
 const FAILOVER_LOCK: i32 = 7482912;
 
 /// The workers with a standby: each primary with its first secondary.
-pub async fn pairs(catalog: &mut PgConnection) -> PgResult<Vec<Pair>> {
+async fn pairs(catalog: &mut PgConnection) -> PgResult<Vec<Pair>> {
     let rows = catalog
         .query(
             "SELECT DISTINCT ON (p.nodeid) p.nodeid, p.groupid, p.nodename, p.nodeport, s.nodeid, s.nodename, s.nodeport
@@ -74,6 +74,13 @@ struct Watched {
 impl Watched {
     fn new(primary: ServerAddr) -> Watched {
         Watched { primary, answered: Instant::now(), in_sync: false, standby_missing: None }
+    }
+
+    /// Starts over when the primary is another server now (a failover).
+    fn follow(&mut self, primary: &ServerAddr) {
+        if self.primary != *primary {
+            *self = Watched::new(primary.clone());
+        }
     }
 
     /// Takes what the primary said of its standby.
@@ -121,9 +128,7 @@ pub async fn watch(coordinator: Arc<Coordinator>) {
     loop {
         tokio::time::sleep(interval).await;
         let coordinator_db = coordinator.config.coordinator_db_addr();
-        if database.primary != coordinator_db {
-            database = Watched::new(coordinator_db.clone());
-        }
+        database.follow(&coordinator_db);
         let survey = match catalog.on(&coordinator_db, |conn| Box::pin(survey(conn))).await {
             Ok(survey) => survey,
             Err(e) => {
@@ -155,9 +160,7 @@ pub async fn watch(coordinator: Arc<Coordinator>) {
         watched.retain(|id, _| survey.pairs.iter().any(|p| p.node_id == *id));
         for pair in &survey.pairs {
             let seen = watched.entry(pair.node_id).or_insert_with(|| Watched::new(pair.primary.clone()));
-            if seen.primary != pair.primary {
-                *seen = Watched::new(pair.primary.clone());
-            }
+            seen.follow(&pair.primary);
             let what = format!("node {}", pair.node_id);
             match health(&mut primaries, &pair.primary).await {
                 Ok(health) => {
@@ -196,8 +199,9 @@ async fn survey(conn: &mut PgConnection) -> PgResult<Survey> {
     let fenced = fenced(conn).await?;
     let rows = conn
         .query(&format!(
-            "SELECT s.nodename, s.nodeport, {HEALTH_COLUMNS}
-               FROM (SELECT 1) AS one LEFT JOIN (SELECT nodename, nodeport FROM tessera.pg_dist_node WHERE groupid = 0 AND noderole = 'secondary' ORDER BY nodeid LIMIT 1) AS s ON true"
+            "SELECT s.nodename, s.nodeport, {}
+               FROM (SELECT 1) AS one LEFT JOIN (SELECT nodename, nodeport FROM tessera.pg_dist_node WHERE groupid = 0 AND noderole = 'secondary' ORDER BY nodeid LIMIT 1) AS s ON true",
+            health_columns()
         ))
         .await?;
     let row = rows.into_iter().next().unwrap_or_default();
@@ -210,8 +214,13 @@ async fn survey(conn: &mut PgConnection) -> PgResult<Survey> {
 
 /// What a primary says of its standby, as columns: its `sync_state` and
 /// whether commits wait for it.
-const HEALTH_COLUMNS: &str = "(SELECT max(sync_state) FROM pg_catalog.pg_stat_replication WHERE application_name = 'tessera_standby'),
-    pg_catalog.current_setting('synchronous_standby_names') <> ''";
+fn health_columns() -> String {
+    format!(
+        "(SELECT max(sync_state) FROM pg_catalog.pg_stat_replication WHERE application_name = {}),
+         pg_catalog.current_setting('synchronous_standby_names') <> ''",
+        quote_literal(STANDBY_NAME)
+    )
+}
 
 fn health_of(columns: &[Option<String>]) -> Health {
     Health { standby: columns.first().cloned().flatten(), waits: columns.get(1).cloned().flatten().as_deref() == Some("t") }
@@ -219,7 +228,8 @@ fn health_of(columns: &[Option<String>]) -> Health {
 
 /// Asks the primary at `addr` about its standby.
 async fn health(nodes: &mut KeptConnections, addr: &ServerAddr) -> PgResult<Health> {
-    let rows = nodes.on(addr, |conn| Box::pin(async move { conn.query(&format!("SELECT {HEALTH_COLUMNS}")).await })).await?;
+    let sql = format!("SELECT {}", health_columns());
+    let rows = nodes.on(addr, |conn| Box::pin(async move { conn.query(&sql).await })).await?;
     Ok(health_of(&rows.into_iter().next().unwrap_or_default()))
 }
 
@@ -331,7 +341,7 @@ async fn stop_if_primary(nodes: &mut KeptConnections, addr: &ServerAddr) {
 
 /// Promotes `pair`'s standby and points the node at it, unless another
 /// coordinator did so first; true when this call did.
-pub async fn fail_over(coordinator: &Coordinator, pair: &Pair, silent: Duration) -> PgResult<bool> {
+async fn fail_over(coordinator: &Coordinator, pair: &Pair, silent: Duration) -> PgResult<bool> {
     let login = coordinator.config.service_login();
     let mut catalog = PgConnection::connect(&coordinator.config.coordinator_db_addr(), &login).await?;
     catalog.execute(&format!("SELECT pg_catalog.pg_advisory_lock({FAILOVER_LOCK}, {})", pair.group_id)).await?;

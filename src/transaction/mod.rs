@@ -551,7 +551,7 @@ impl Participants {
     /// The coordinator database connection, without joining the block: for
     /// reading the session's settings and role.
     pub async fn local_outside_block(&mut self) -> PgResult<&mut PgConnection> {
-        let addr = self.local.addr().clone();
+        let addr = self.local.addr();
         let holds_block_connections = self.holds_block_connections();
         let limits = self.limits.clone();
         let (conn, taken) = limits.unless_stopped(self.local.acquire(&self.two_phase.session_name, holds_block_connections)).await?;
