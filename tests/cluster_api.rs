@@ -1162,17 +1162,7 @@ async fn time_partitions_are_created_and_dropped_with_their_shards() {
 async fn a_node_moves_to_a_new_address_with_citus_update_node() {
     let cluster = TestCluster::start(2);
     let c = cluster.connect().await;
-    c.batch_execute(
-        "CREATE TABLE items (id int PRIMARY KEY, v int);
-         SELECT create_distributed_table('items', 'id', shard_count => 4);
-         CREATE TABLE kinds (k int PRIMARY KEY);
-         SELECT create_reference_table('kinds');
-         INSERT INTO items SELECT g, g FROM generate_series(1, 100) g;
-         INSERT INTO kinds VALUES (1), (2);
-         CREATE ROLE operator LOGIN;",
-    )
-    .await
-    .unwrap();
+    c.batch_execute(ITEMS_AND_KINDS).await.unwrap();
     let old_port = cluster.cluster.state.worker_ports[0];
     let node_id: i32 = c.query_one("SELECT nodeid FROM pg_dist_node WHERE nodeport = $1", &[&(old_port as i32)]).await.unwrap().get(0);
     // Connections to the old address wait in the pools.
@@ -1271,6 +1261,117 @@ async fn a_node_moves_to_a_new_address_with_citus_update_node() {
     assert_eq!(stale_rows, 0, "nothing reached the old address");
     assert_eq!((clone_kinds, old_kinds), (3, 2));
     clone.stop().unwrap();
+}
+
+/// A distributed table of 100 rows in 4 shards, a reference table of two,
+/// and a role that may log in but is no superuser.
+const ITEMS_AND_KINDS: &str = "CREATE TABLE items (id int PRIMARY KEY, v int);
+     SELECT create_distributed_table('items', 'id', shard_count => 4);
+     CREATE TABLE kinds (k int PRIMARY KEY);
+     SELECT create_reference_table('kinds');
+     INSERT INTO items SELECT g, g FROM generate_series(1, 100) g;
+     INSERT INTO kinds VALUES (1), (2);
+     CREATE ROLE operator LOGIN;";
+
+/// `citus_disable_node` takes a node out of service for maintenance (down
+/// or not): statements that need its shards fail naming it, the rest go on,
+/// reference tables keep their other copies. `citus_activate_node` brings
+/// it back with what changed meanwhile.
+#[tokio::test]
+async fn a_node_is_disabled_for_maintenance_and_activated_again() {
+    let cluster = TestCluster::start(2);
+    let c = cluster.connect().await;
+    let (first, second) = (cluster.cluster.state.worker_ports[0], cluster.cluster.state.worker_ports[1]);
+    c.batch_execute(ITEMS_AND_KINDS).await.unwrap();
+    c.batch_execute(&format!(
+        "SELECT citus_set_node_property('127.0.0.1', {second}, 'shouldhaveshards', false);
+         CREATE TABLE notes (id int, body text);
+         SELECT create_distributed_table('notes', 'id', shard_count => 4, colocate_with => 'none');
+         CREATE TABLE doomed (id int);
+         SELECT create_distributed_table('doomed', 'id', shard_count => 4, colocate_with => 'none');
+         SELECT citus_set_node_property('127.0.0.1', {second}, 'shouldhaveshards', true);
+         INSERT INTO notes VALUES (1, 'a'), (2, 'b');"
+    ))
+    .await
+    .unwrap();
+    let on_first = format!(
+        "SELECT min(id) FROM generate_series(1, 100) id WHERE (SELECT n.nodeport FROM pg_dist_placement p JOIN pg_dist_node n USING (groupid)
+          WHERE p.shardid = get_shard_id_for_distribution_column('items', id)) = {first}"
+    );
+    let kept_id: i32 = text_rows(&c, &on_first).await[0][0].clone().unwrap().parse().unwrap();
+
+    // Only a superuser, for a node that exists.
+    let operator = common::connect_as(cluster.cluster.state.coordinator_port, "operator").await;
+    let err = operator.simple_query(&format!("SELECT citus_disable_node('127.0.0.1', {second})")).await.unwrap_err();
+    assert_eq!(sqlstate(&err), "42501", "{err}");
+    let err = c.simple_query("SELECT citus_disable_node('127.0.0.1', 1)").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "42704", "{err}");
+
+    c.batch_execute(&format!("SELECT citus_disable_node('127.0.0.1', {second})")).await.unwrap();
+    assert_eq!(text_rows(&c, &format!("SELECT isactive FROM pg_dist_node WHERE nodeport = {second}")).await, vec![vec![Some("f".into())]]);
+    assert_eq!(text_rows(&c, "SELECT node_port FROM master_get_active_worker_nodes()").await, vec![vec![Some(first.to_string())]]);
+    // The last copy of a reference table stays in service.
+    let err = c.simple_query(&format!("SELECT citus_disable_node('127.0.0.1', {first})")).await.unwrap_err();
+    assert_eq!(sqlstate(&err), "55006", "{err}");
+    assert!(error_text(&err).contains("kinds"), "{err}");
+    let maintained = &cluster.workers()[1];
+    maintained.stop().unwrap();
+
+    // Its shards are out of reach, with the error saying so; the rest works.
+    let err = c.simple_query("SELECT count(*) FROM items").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "55000", "{err}");
+    assert!(error_text(&err).contains(&format!("127.0.0.1:{second}")) && error_text(&err).contains("citus_activate_node"), "{err}");
+    assert_eq!(text_rows(&c, &format!("SELECT v FROM items WHERE id = {kept_id}")).await, vec![vec![Some(kept_id.to_string())]]);
+    let err = c.simple_query("ALTER TABLE items ADD COLUMN w int").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "55000", "{err}");
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM information_schema.columns WHERE table_name = 'items'").await, vec![vec![Some("2".into())]]);
+    c.batch_execute(
+        "INSERT INTO kinds VALUES (3);
+         INSERT INTO notes VALUES (3, 'c');
+         ALTER TABLE notes ADD COLUMN tag text DEFAULT 'x';
+         DROP TABLE doomed;
+         CREATE TABLE fresh (id int);
+         SELECT create_distributed_table('fresh', 'id');
+         INSERT INTO fresh SELECT generate_series(1, 10);
+         CREATE ROLE auditor;
+         GRANT SELECT ON notes TO auditor;",
+    )
+    .await
+    .unwrap();
+    assert_eq!(text_rows(&c, "SELECT count(*), sum(k) FROM kinds").await, vec![vec![Some("3".into()), Some("6".into())]]);
+    assert_eq!(text_rows(&c, "SELECT count(*) FROM fresh").await, vec![vec![Some("10".into())]]);
+    // A node that cannot be reached is not put back in service.
+    let err = c.simple_query(&format!("SELECT citus_activate_node('127.0.0.1', {second})")).await.unwrap_err();
+    assert!(error_text(&err).contains(&second.to_string()), "{err}");
+    assert_eq!(text_rows(&c, &format!("SELECT isactive FROM pg_dist_node WHERE nodeport = {second}")).await, vec![vec![Some("f".into())]]);
+
+    maintained.start().unwrap();
+    let id: i32 = c.query_one("SELECT citus_activate_node('127.0.0.1', $1)", &[&(second as i32)]).await.unwrap().get(0);
+    let known: i32 = c.query_one("SELECT nodeid FROM pg_dist_node WHERE nodeport = $1", &[&(second as i32)]).await.unwrap().get(0);
+    assert_eq!(id, known);
+    assert_eq!(text_rows(&c, "SELECT count(*), sum(v) FROM items").await, vec![vec![Some("100".into()), Some("5050".into())]]);
+    assert_eq!(
+        text_rows(&c, "SELECT count(*) FROM items i JOIN kinds k ON k.k = i.v % 4").await,
+        vec![vec![Some("75".into())]],
+        "joins with the reference table read either copy"
+    );
+    c.batch_execute("ALTER TABLE items ADD COLUMN w int; UPDATE items SET w = v").await.unwrap();
+    // The node has what changed: a fresh reference copy, the new column of
+    // a table whose shards are elsewhere, the new table, the new role, and
+    // no relation of the dropped table. Its own relations read the others'.
+    let back = common::connect(second).await;
+    assert_eq!(text_rows(&back, "SELECT count(*), sum(k) FROM kinds").await, vec![vec![Some("3".into()), Some("6".into())]]);
+    assert_eq!(text_rows(&back, "SELECT string_agg(tag, ',' ORDER BY id) FROM notes").await, vec![vec![Some("x,x,x".into())]]);
+    assert_eq!(text_rows(&back, "SELECT count(*) FROM fresh").await, vec![vec![Some("10".into())]]);
+    assert_eq!(
+        text_rows(&back, "SELECT to_regclass('doomed') IS NULL, EXISTS (SELECT FROM pg_roles WHERE rolname = 'auditor')").await,
+        vec![vec![Some("t".into()), Some("t".into())]]
+    );
+    // Writes to the reference table reach its copy there again.
+    c.batch_execute("INSERT INTO kinds VALUES (4)").await.unwrap();
+    for port in [first, second] {
+        assert_eq!(text_rows(&common::connect(port).await, "SELECT count(*) FROM kinds").await, vec![vec![Some("4".into())]], "node {port}");
+    }
 }
 
 #[tokio::test]

@@ -236,6 +236,18 @@ pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'
             let lsn = crate::operations::restore_point::create(&ctx.coordinator.config, &ctx.catalog, &name).await?;
             (vec![FieldDescription::computed(&call.column_name, PG_LSN_OID, 8)], vec![vec![Some(lsn)]])
         }
+        ClusterFunction::DisableNode => {
+            let name = arg(0).ok_or_else(|| null_argument("nodename"))?;
+            let port = parse_port(arg(1))?;
+            nodes::disable_node(ctx, &name, port).await?;
+            void_result(&call.column_name)
+        }
+        ClusterFunction::ActivateNode => {
+            let name = arg(0).ok_or_else(|| null_argument("nodename"))?;
+            let port = parse_port(arg(1))?;
+            let id = nodes::activate_node(ctx, &name, port).await?;
+            (vec![FieldDescription::computed(&call.column_name, INT4_OID, 4)], vec![vec![Some(id.to_string())]])
+        }
         ClusterFunction::RemoveNode => {
             let name = arg(0).ok_or_else(|| null_argument("nodename"))?;
             let port = parse_port(arg(1))?;
@@ -479,6 +491,7 @@ async fn evaluate_arguments(call: &ClusterCall, ctx: &mut CommandContext<'_>, bo
 
 /// Runs distributed DDL and writes its CommandComplete.
 pub async fn run_ddl(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_>) -> PgResult<()> {
+    refuse_disabled_placements(plan, &ctx.catalog)?;
     let tag = match plan {
         DdlPlan::Vacuum { stmt, .. } => run_vacuum(plan, stmt.is_vacuumcmd, sql, ctx).await?,
         DdlPlan::Checkpoint => run_everywhere(plan, sql, ctx).await?,
@@ -631,6 +644,17 @@ async fn run_ddl_in_block(plan: &DdlPlan, sql: &str, ctx: &mut CommandContext<'_
         }
         DdlPlan::Everywhere { .. } => run_everywhere(plan, sql, ctx).await,
         DdlPlan::DropIndex(_) | DdlPlan::Vacuum { .. } | DdlPlan::Checkpoint | DdlPlan::Lock { .. } => unreachable!("{plan} runs on its own"),
+    }
+}
+
+/// Refuses DDL on a table with shards on a disabled node, which would leave
+/// them behind (a column change reaches the shards through each node's
+/// worker-side parent, on the active nodes only).
+fn refuse_disabled_placements(plan: &DdlPlan, catalog: &crate::metadata::Catalog) -> PgResult<()> {
+    let groups = placement_groups(plan.tables());
+    match catalog.nodes.iter().find(|n| !n.active && groups.contains(&n.group_id)) {
+        Some(node) => Err(node.disabled_error()),
+        None => Ok(()),
     }
 }
 

@@ -1,4 +1,5 @@
-//! citus_add_node, citus_remove_node, citus_update_node and citus_set_node_property.
+//! citus_add_node, citus_remove_node, citus_update_node, citus_disable_node,
+//! citus_activate_node and citus_set_node_property.
 
 use super::read_shard_rows;
 use super::table_ddl::TableDefinition;
@@ -17,11 +18,7 @@ pub async fn add_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) -> Pg
         return Ok(n.id);
     }
     let addr = ServerAddr { host: host.to_string(), port };
-    // Fail early, naming the node, if it cannot be reached. Its links log
-    // in with the roles' certificates, as the other nodes' do.
-    let roles = crate::connection::node_tls::role_names(ctx.parts.local().await?).await?;
-    crate::connection::node_tls::provide_on_nodes(std::slice::from_ref(&addr), &ctx.coordinator.config.service_login(), Some(&roles)).await?;
-    PgConnection::connect(&addr, ctx.parts.login()).await?.terminate().await;
+    reach(ctx, &addr).await?;
     let implicit = ctx.parts.begin_implicit();
     let result = async {
         let local = ctx.parts.local().await?;
@@ -34,23 +31,148 @@ pub async fn add_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) -> Pg
         let id: i32 = row[0][0].as_deref().unwrap_or("0").parse().unwrap_or(0);
         let group: i32 = row[0][1].as_deref().unwrap_or("0").parse().unwrap_or(0);
         let node = Node { id, group_id: group, addr: addr.clone(), active: true, should_have_shards: true, type_oids: Default::default() };
+        let mut catalog = (*ctx.catalog).clone();
+        catalog.nodes.push(node.clone());
+        bring_up_to_date(ctx, catalog, &node).await?;
+        Ok(id)
+    }
+    .await;
+    ctx.finish_block(implicit, result).await
+}
+
+/// Fails early, naming the node, when the node at `addr` cannot be reached.
+/// Its links log in with the roles' certificates, as the other nodes' do.
+async fn reach(ctx: &mut CommandContext<'_>, addr: &ServerAddr) -> PgResult<()> {
+    let roles = crate::connection::node_tls::role_names(ctx.parts.local().await?).await?;
+    crate::connection::node_tls::provide_on_nodes(std::slice::from_ref(addr), &ctx.coordinator.config.service_login(), Some(&roles)).await?;
+    PgConnection::connect(addr, ctx.parts.login()).await?.terminate().await;
+    Ok(())
+}
+
+/// `citus_disable_node`: takes a node out of service (maintenance, or a
+/// server that is down). Its copies of reference tables are forgotten (the
+/// others take the writes and the reads), statements that need its shards
+/// of distributed tables fail naming it, and nothing new is placed on it.
+pub async fn disable_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) -> PgResult<()> {
+    let node = ctx.catalog.registered_node(host, port)?;
+    if !node.active {
+        return Ok(());
+    }
+    let other_copy = |shard: &Shard| shard.placements.iter().any(|g| *g != node.group_id && ctx.catalog.node_for_group(*g).is_some_and(|n| n.active));
+    let references: Vec<Arc<DistributedTable>> = ctx.catalog.tables().filter(|t| t.is_reference()).cloned().collect();
+    let only_copies: Vec<&str> = references
+        .iter()
+        .filter(|t| t.shards.first().is_some_and(|s| s.placements.contains(&node.group_id) && !other_copy(s)))
+        .map(|t| t.name.as_str())
+        .collect();
+    if !only_copies.is_empty() {
+        return Err(PgError::new(
+            sqlstate::OBJECT_IN_USE,
+            format!("cannot disable node {host}:{port}: it holds the only active copy of reference table {}", only_copies.join(", ")),
+        )
+        .with_hint("Add another node first (citus_add_node copies the reference tables to it)."));
+    }
+    let forget = forget_reference_copies_sql(&ctx.catalog, node.group_id);
+    let implicit = ctx.parts.begin_implicit();
+    let result = async {
+        ctx.parts.local().await?.execute(&format!("UPDATE tessera.pg_dist_node SET isactive = false WHERE nodeid = {};{forget}", node.id)).await?;
+        let oids: Vec<u32> = references.iter().map(|t| t.oid).collect();
+        super::worker_relations::link_reference_copies(ctx, &oids).await
+    }
+    .await;
+    ctx.finish_block(implicit, result).await?;
+    ctx.catalog = ctx.coordinator.catalog.snapshot();
+    let holding: Vec<String> = ctx
+        .catalog
+        .tables()
+        .filter(|t| !t.is_reference())
+        .filter_map(|t| {
+            let shards = t.shards.iter().filter(|s| s.placements.contains(&node.group_id)).count();
+            (shards > 0).then(|| format!("{} ({shards})", t.name))
+        })
+        .collect();
+    if !holding.is_empty() {
+        ctx.notice(format!(
+            "node {host}:{port} holds shards of {}: statements that need them fail until SELECT citus_activate_node('{host}', {port})",
+            holding.join(", ")
+        ))
+        .await;
+    }
+    Ok(())
+}
+
+/// `citus_activate_node`: puts a node back in service and brings it up to
+/// date with what changed while it was disabled. Returns its node id.
+pub async fn activate_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) -> PgResult<i32> {
+    let node = Node { active: true, ..ctx.catalog.registered_node(host, port)? };
+    reach(ctx, &node.addr).await?;
+    // Its reference copies are made afresh (it may be active already).
+    let forget = forget_reference_copies_sql(&ctx.catalog, node.group_id);
+    let implicit = ctx.parts.begin_implicit();
+    let result = async {
+        ctx.parts.local().await?.execute(&format!("UPDATE tessera.pg_dist_node SET isactive = true WHERE nodeid = {};{forget}", node.id)).await?;
+        let mut catalog = (*ctx.catalog).clone();
+        catalog.nodes.iter_mut().filter(|n| n.id == node.id).for_each(|n| n.active = true);
+        bring_up_to_date(ctx, catalog, &node).await
+    }
+    .await;
+    ctx.finish_block(implicit, result).await?;
+    ctx.catalog = ctx.coordinator.catalog.snapshot();
+    Ok(node.id)
+}
+
+/// The statement forgetting node group `group`'s copies of reference tables
+/// (empty when there are no reference tables).
+fn forget_reference_copies_sql(catalog: &crate::metadata::Catalog, group: i32) -> String {
+    let shards: Vec<String> = catalog.tables().filter(|t| t.is_reference()).filter_map(|t| t.shards.first()).map(|s| s.id.to_string()).collect();
+    if shards.is_empty() {
+        return String::new();
+    }
+    format!(" DELETE FROM tessera.pg_dist_placement WHERE groupid = {group} AND shardid IN ({})", shards.join(", "))
+}
+
+/// Gives `node` (new, or back from being disabled) inside the current block
+/// what the cluster has: the shared objects, foreign servers for every other
+/// node, a fresh copy of every reference table, and the worker-side
+/// relations of every table. `catalog` is the committed one with `node` in
+/// service. Tables with shards on `node` kept their shards (statements that
+/// would change them failed while it was disabled); their foreign tables
+/// follow shards moved meanwhile. The relations of the other tables, which
+/// may have changed, are made again, and those of tables dropped meanwhile go.
+async fn bring_up_to_date(ctx: &mut CommandContext<'_>, catalog: crate::metadata::Catalog, node: &Node) -> PgResult<()> {
+    let committed = std::mem::replace(&mut ctx.catalog, Arc::new(catalog));
+    let result = async {
+        let group = node.group_id;
         // Roles and shared objects first: the tables' copies use them, and
         // each role gets its user mappings below.
         let objects = super::objects::read(ctx.parts.local().await?, true).await?;
-        super::objects::create_missing(ctx, std::slice::from_ref(&node), &objects).await?;
+        super::objects::create_missing(ctx, std::slice::from_ref(node), &objects).await?;
         // Every node needs a foreign server for every other one before the
-        // new node's relations can be made (and before shards land on it).
-        let mut nodes: Vec<Node> = ctx.catalog.active_nodes().cloned().collect();
-        nodes.push(node.clone());
-        super::worker_relations::prepare_in_block(ctx, &nodes).await?;
-        let references: Vec<_> = ctx.catalog.tables().filter(|t| t.is_reference()).cloned().collect();
-        for table in references {
+        // node's relations can be made (and before shards land on it).
+        super::worker_relations::prepare_in_block(ctx).await?;
+        let (held, rebuilt): (Vec<Arc<DistributedTable>>, Vec<Arc<DistributedTable>>) =
+            ctx.catalog.tables().cloned().partition(|t| !t.is_reference() && t.shards.iter().any(|s| s.placements.contains(&group)));
+        let known: Vec<(&str, &str)> = ctx.catalog.tables().map(|t| (t.schema.as_str(), t.name.as_str())).collect();
+        let mut cleanup = vec![crate::planner::function_copy::drop_all_sql(), crate::planner::worker_relations::drop_strays_sql(&known)];
+        for table in &rebuilt {
+            cleanup.extend(crate::planner::worker_relations::release_sql(table, group));
+            if let Some(shard) = table.shards.first().filter(|_| table.is_reference()) {
+                cleanup.push(format!("DROP TABLE IF EXISTS {} CASCADE", table.qualified_shard_name(shard)));
+            }
+        }
+        for table in &held {
+            cleanup.extend(crate::planner::worker_relations::refresh_foreign_sql(table, group));
+        }
+        super::run_per_node(ctx, [(group, cleanup)].into()).await?;
+        for table in rebuilt.iter().filter(|t| t.is_reference()) {
             let Some(shard) = table.shards.first() else { continue };
-            let Some(source) = shard.placements.first().and_then(|g| ctx.catalog.node_for_group(*g)).cloned() else { continue };
-            copy_reference_shard(ctx, &table, shard, &source, &node).await?;
+            let Some(source) = shard.placements.iter().filter(|g| **g != group).find_map(|g| ctx.catalog.node_for_group(*g)).cloned() else {
+                continue;
+            };
+            copy_reference_shard(ctx, table, shard, &source, node).await?;
         }
         // Partitions' views read their roots' parents: roots first.
-        let mut tables: Vec<_> = ctx.catalog.tables().map(|t| (t.partition_of.is_some(), t.oid, t.qualified_name())).collect();
+        let mut tables: Vec<_> = rebuilt.iter().map(|t| (t.partition_of.is_some(), t.oid, t.qualified_name())).collect();
         tables.sort();
         for (_, oid, _) in &tables {
             super::worker_relations::create(ctx, *oid, Some(group)).await?;
@@ -61,11 +183,11 @@ pub async fn add_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) -> Pg
             super::distribute::follow_shell_onto_shards(ctx, *oid, name, Some(group)).await?;
         }
         let references: Vec<u32> = ctx.catalog.tables().filter(|t| t.is_reference()).map(|t| t.oid).collect();
-        super::worker_relations::link_reference_copies(ctx, &references).await?;
-        Ok(id)
+        super::worker_relations::link_reference_copies(ctx, &references).await
     }
     .await;
-    ctx.finish_block(implicit, result).await
+    ctx.catalog = committed;
+    result
 }
 
 /// Makes `node` hold a copy of reference table `table` (shard `shard`), read

@@ -380,14 +380,16 @@ BEGIN
 END $tessera$;
 ";
 
-/// Makes `nodes` ready for worker-side relations among each other
-/// (`setup_sql`) inside the current block, on the session's connections:
-/// `citus_add_node`, which only a superuser may run.
-pub(super) async fn prepare_in_block(ctx: &mut CommandContext<'_>, nodes: &[Node]) -> PgResult<()> {
+/// Makes the active nodes ready for worker-side relations among all the
+/// catalog's nodes (`setup_sql`; a disabled node keeps its foreign server)
+/// inside the current block, on the session's connections: `citus_add_node`
+/// and `citus_activate_node`, which only a superuser may run.
+pub(super) async fn prepare_in_block(ctx: &mut CommandContext<'_>) -> PgResult<()> {
     let relay = ctx.coordinator.links.addr.clone();
-    for node in nodes {
+    let catalog = ctx.catalog.clone();
+    for node in catalog.active_nodes() {
         let worker = ctx.parts.worker(node, crate::transaction::Access::Write).await?;
-        worker.conn.execute(&setup_sql(node, nodes, &relay)).await?;
+        worker.conn.execute(&setup_sql(node, &catalog.nodes, &relay)).await?;
     }
     Ok(())
 }

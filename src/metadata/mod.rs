@@ -135,6 +135,17 @@ pub struct Node {
     pub type_oids: Arc<TypeOids>,
 }
 
+impl Node {
+    /// The error of a statement that needs the node while it is disabled
+    /// (`citus_disable_node`).
+    pub fn disabled_error(&self) -> PgError {
+        PgError::new(sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE, format!("node {} is disabled", self.addr)).with_hint(format!(
+            "The statement needs shards on it. Bring the node back with SELECT citus_activate_node('{}', {}).",
+            self.addr.host, self.addr.port
+        ))
+    }
+}
+
 /// The first oid PostgreSQL gives objects created after initdb; below it,
 /// every node's built-in types share their oids.
 pub const FIRST_USER_OID: u32 = 16384;

@@ -648,6 +648,14 @@ CREATE OR REPLACE FUNCTION pg_catalog.citus_update_node(node_id int, new_node_na
     RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
 CREATE OR REPLACE FUNCTION pg_catalog.master_update_node(node_id int, new_node_name text, new_node_port int, force bool DEFAULT false, lock_cooldown int DEFAULT 10000)
     RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
+CREATE OR REPLACE FUNCTION pg_catalog.citus_disable_node(nodename text, nodeport int, synchronous bool DEFAULT false)
+    RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
+CREATE OR REPLACE FUNCTION pg_catalog.master_disable_node(nodename text, nodeport int)
+    RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
+CREATE OR REPLACE FUNCTION pg_catalog.citus_activate_node(nodename text, nodeport int)
+    RETURNS int LANGUAGE sql AS 'SELECT tessera.coordinator_only(); SELECT 0';
+CREATE OR REPLACE FUNCTION pg_catalog.master_activate_node(nodename text, nodeport int)
+    RETURNS int LANGUAGE sql AS 'SELECT tessera.coordinator_only(); SELECT 0';
 CREATE OR REPLACE FUNCTION pg_catalog.recover_prepared_transactions()
     RETURNS int LANGUAGE sql AS 'SELECT tessera.coordinator_only(); SELECT 0';
 CREATE OR REPLACE FUNCTION pg_catalog.citus_create_restore_point(name text)

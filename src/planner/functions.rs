@@ -17,6 +17,8 @@ pub enum ClusterFunction {
     AddNode,
     RemoveNode,
     UpdateNode,
+    DisableNode,
+    ActivateNode,
     RecoverPreparedTransactions,
     MoveShardPlacement,
     CleanupOrphanedResources,
@@ -86,6 +88,8 @@ impl ClusterFunction {
             "citus_add_node" | "master_add_node" => Self::AddNode,
             "citus_remove_node" | "master_remove_node" => Self::RemoveNode,
             "citus_update_node" | "master_update_node" => Self::UpdateNode,
+            "citus_disable_node" | "master_disable_node" => Self::DisableNode,
+            "citus_activate_node" | "master_activate_node" => Self::ActivateNode,
             "recover_prepared_transactions" => Self::RecoverPreparedTransactions,
             "citus_move_shard_placement" | "master_move_shard_placement" => Self::MoveShardPlacement,
             "citus_cleanup_orphaned_resources" => Self::CleanupOrphanedResources,
@@ -125,6 +129,8 @@ impl ClusterFunction {
             Self::AddNode => &["nodename", "nodeport", "groupid", "noderole", "nodecluster"],
             Self::RemoveNode => &["nodename", "nodeport"],
             Self::UpdateNode => &["node_id", "new_node_name", "new_node_port", "force", "lock_cooldown"],
+            Self::DisableNode => &["nodename", "nodeport", "synchronous"],
+            Self::ActivateNode => &["nodename", "nodeport"],
             Self::RecoverPreparedTransactions | Self::CleanupOrphanedResources => &[],
             Self::MoveShardPlacement => {
                 &["shard_id", "source_node_name", "source_node_port", "target_node_name", "target_node_port", "shard_transfer_mode"]

@@ -179,6 +179,48 @@ pub fn repoint_sql(table: &DistributedTable, shard: &Shard, from: i32, to: i32, 
     out
 }
 
+/// Statements on node `group`, which holds shards of `table`, making the
+/// foreign tables of the table's other shards there over their placements
+/// as the catalog has them now: shards moved between other nodes while it
+/// was disabled.
+pub fn refresh_foreign_sql(table: &DistributedTable, group: i32) -> Vec<String> {
+    if !table.has_worker_parent() {
+        return Vec::new();
+    }
+    foreign_shards(table, group)
+        .flat_map(|shard| {
+            std::iter::once(format!("DROP FOREIGN TABLE IF EXISTS {}", foreign_table_name(table, shard))).chain(partition_sql(
+                table,
+                shard,
+                &shard.placements,
+                group,
+            ))
+        })
+        .collect()
+}
+
+/// The statement dropping, on a node, the worker-side parents of tables that
+/// are no longer distributed (dropped while the node was disabled): the
+/// partitioned tables outside `known` (schema and name of every distributed
+/// table) whose partitions are all foreign tables over other nodes' shards.
+pub fn drop_strays_sql(known: &[(&str, &str)]) -> String {
+    let known: Vec<String> = known.iter().map(|(schema, name)| format!("({}, {})", quote_literal(schema), quote_literal(name))).collect();
+    let known = if known.is_empty() { String::new() } else { format!("AND (n.nspname, c.relname) NOT IN ({})", known.join(", ")) };
+    format!(
+        "DO $tessera$ DECLARE stray regclass;
+         BEGIN
+           FOR stray IN SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                         WHERE c.relkind = 'p' {known}
+                           AND EXISTS (SELECT FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhrelid
+                                        WHERE i.inhparent = c.oid AND p.relnamespace = '{REMOTE_SCHEMA}'::regnamespace)
+                           AND NOT EXISTS (SELECT FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhrelid
+                                            WHERE i.inhparent = c.oid AND p.relnamespace <> '{REMOTE_SCHEMA}'::regnamespace) LOOP
+             EXECUTE format('DROP TABLE %s CASCADE', stray);
+           END LOOP;
+         END $tessera$"
+    )
+}
+
 /// A trigger making a shard's old placement refuse writes once the catalog
 /// names its new one: statements that were already on their way to it (from
 /// other coordinator processes, or user code on its node) fail rather than

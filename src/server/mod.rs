@@ -69,10 +69,10 @@ async fn recover_periodically(coordinator: Arc<Coordinator>) {
 /// Prepares the active nodes among `groups` for worker-side relations and
 /// two-phase commits (`worker_relations::prepare_node`), each with its outcome.
 async fn prepare_nodes(coordinator: &Coordinator, groups: &[i32]) -> Vec<(metadata::Node, PgResult<()>)> {
-    let nodes: Vec<_> = coordinator.catalog.snapshot().active_nodes().cloned().collect();
+    let catalog = coordinator.catalog.snapshot();
     let mut outcomes = Vec::new();
-    for node in nodes.iter().filter(|n| groups.contains(&n.group_id)) {
-        let outcome = crate::commands::worker_relations::prepare_node(&coordinator.config, &coordinator.links.addr, node, &nodes).await;
+    for node in catalog.active_nodes().filter(|n| groups.contains(&n.group_id)) {
+        let outcome = crate::commands::worker_relations::prepare_node(&coordinator.config, &coordinator.links.addr, node, &catalog.nodes).await;
         outcomes.push((node.clone(), outcome));
     }
     outcomes

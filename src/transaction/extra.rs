@@ -80,7 +80,7 @@ impl Participants {
     /// that joined the block (its writes, snapshot and locks), and so is
     /// an unsynced pipeline's.
     pub fn try_extra_worker(&mut self, node: &Node) -> Option<ExtraWorker> {
-        if self.block.is_some() || self.workers.get(&node.group_id).is_none_or(|own| own.needs_sync) {
+        if self.block.is_some() || !node.active || self.workers.get(&node.group_id).is_none_or(|own| own.needs_sync) {
             return None;
         }
         let pool = self.node_pool(node.group_id);

@@ -665,12 +665,12 @@ impl Participants {
             self.read_followed_settings().await?;
         }
         // A connection held from before the node moved (a failover,
-        // citus_update_node) is not used for it again, unless a block under
-        // way needs it to the end.
+        // citus_update_node) or was disabled is not used for it again,
+        // unless a block under way needs it to the end.
         if self
             .workers
             .get_mut(&node.group_id)
-            .is_some_and(|w| (!w.in_block && !w.needs_sync && !names(w.conn.label(), &node.addr)) || w.died_while_idle())
+            .is_some_and(|w| (!w.in_block && !w.needs_sync && (!node.active || !names(w.conn.label(), &node.addr))) || w.died_while_idle())
         {
             self.drop_worker(node.group_id);
         }
@@ -680,7 +680,7 @@ impl Participants {
         }
         if !self.workers.contains_key(&node.group_id) {
             if !node.active {
-                return Err(PgError::new(sqlstate::CONNECTION_FAILURE, format!("node {} is not active", node.addr)));
+                return Err(node.disabled_error());
             }
             let worker = limits.unless_stopped(self.take_worker(node)).await?;
             self.cancel_targets.lock().unwrap().push((node.addr.clone(), worker.conn.backend_key()));
