@@ -53,6 +53,32 @@ pub struct Config {
     pub statements: StatementConfig,
     #[serde(default)]
     pub failover: FailoverConfig,
+    #[serde(default)]
+    pub stats: StatsConfig,
+}
+
+/// The limits and switches of the statistics (`[stats]` in the
+/// configuration; Citus's `citus.stat_statements_max`,
+/// `citus.stat_tenants_limit`, `citus.stat_tenants_period`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StatsConfig {
+    /// Whether statements and tenants are tracked at all (the counters and
+    /// histograms always are).
+    pub track: bool,
+    /// Statement entries kept at most; the least-called go first.
+    pub statements_max: usize,
+    /// Tenants `citus_stat_tenants` shows at most (three times as many are
+    /// tracked, so that a rising tenant is not evicted before it shows).
+    pub tenants_limit: usize,
+    /// The length of a tenant statistics period, in seconds.
+    pub tenants_period_secs: u64,
+}
+
+impl Default for StatsConfig {
+    fn default() -> Self {
+        StatsConfig { track: true, statements_max: 50_000, tenants_limit: 100, tenants_period_secs: 60 }
+    }
 }
 
 /// The name a worker's standby gives itself on its primary: its replication

@@ -18,6 +18,7 @@ pub mod planner;
 pub mod process;
 pub mod protocol;
 pub mod server;
+pub mod stats;
 pub mod transaction;
 pub mod transport;
 pub mod walk;

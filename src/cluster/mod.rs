@@ -319,6 +319,7 @@ fn create(dir: &Path, port: u16, workers: usize) -> Result<LocalCluster> {
         connections: Default::default(),
         statements: Default::default(),
         failover: Default::default(),
+        stats: Default::default(),
     };
     std::fs::write(cluster.config_path(), toml::to_string(&config)?)?;
     std::fs::write(cluster.dir.join(STATE_FILE), toml::to_string(&cluster.state)?)?;

@@ -236,6 +236,18 @@ pub async fn run_cluster_function(call: &ClusterCall, ctx: &mut CommandContext<'
             let lsn = crate::operations::restore_point::create(&ctx.coordinator.config, &ctx.catalog, &name).await?;
             (vec![FieldDescription::computed(&call.column_name, PG_LSN_OID, 8)], vec![vec![Some(lsn)]])
         }
+        ClusterFunction::StatStatementsReset => {
+            ctx.coordinator.stats.statements.reset();
+            void_result(&call.column_name)
+        }
+        ClusterFunction::StatTenantsReset => {
+            ctx.coordinator.stats.tenants.reset();
+            void_result(&call.column_name)
+        }
+        ClusterFunction::StatCountersReset => {
+            ctx.coordinator.stats.counters.reset();
+            void_result(&call.column_name)
+        }
         ClusterFunction::DisableNode => {
             let name = arg(0).ok_or_else(|| null_argument("nodename"))?;
             let port = parse_port(arg(1))?;

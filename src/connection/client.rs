@@ -26,6 +26,16 @@ pub struct ClientConn {
     /// limit on a portal needs them all before sending any), counted against
     /// the statement's memory: what counts it, and the bytes counted so far.
     holding: Option<(Box<dyn MemoryCharge>, usize)>,
+    /// How many times the buffer was sent: an `OutputMark` taken before
+    /// tells whether what follows it is still in the buffer.
+    flushes: u64,
+}
+
+/// Where the output stood when a statement began (`ClientConn::output_mark`).
+#[derive(Clone, Copy, Debug)]
+pub struct OutputMark {
+    flushes: u64,
+    len: usize,
 }
 
 impl ClientConn {
@@ -36,6 +46,7 @@ impl ClientConn {
             wbuf: BytesMut::with_capacity(16 * 1024),
             max_message_len: MAX_UNAUTHENTICATED_MESSAGE_LEN,
             holding: None,
+            flushes: 0,
         }
     }
 
@@ -113,10 +124,35 @@ impl ClientConn {
         &mut self.wbuf
     }
 
+    pub fn output_mark(&self) -> OutputMark {
+        OutputMark { flushes: self.flushes, len: self.wbuf.len() }
+    }
+
+    /// The rows the CommandCompletes written since `mark` report: read
+    /// from the mark on, or from the start of the buffer when it was sent
+    /// meanwhile (the buffer is only ever sent whole, so it starts with a
+    /// message; the last CommandComplete is still there).
+    pub fn rows_completed_since(&self, mark: OutputMark) -> u64 {
+        let from = if mark.flushes == self.flushes { mark.len.min(self.wbuf.len()) } else { 0 };
+        let mut rest = &self.wbuf[from..];
+        let mut rows = 0;
+        while rest.len() >= 5 {
+            let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+            let Some(message) = rest.get(..1 + len).filter(|_| len >= 4) else { break };
+            if message[0] == b'C' {
+                let tag = message[5..].strip_suffix(&[0]).unwrap_or(&message[5..]);
+                rows += std::str::from_utf8(tag).ok().and_then(crate::protocol::backend::rows_in_tag).unwrap_or(0);
+            }
+            rest = &rest[1 + len..];
+        }
+        rows
+    }
+
     pub async fn flush(&mut self) -> std::io::Result<()> {
         if !self.wbuf.is_empty() {
             self.stream.write_all(&self.wbuf).await?;
             self.wbuf.clear();
+            self.flushes += 1;
             // TLS may still hold the tail of what it accepted (the socket was
             // full): pushed out now, or the client could wait for it while
             // the session waits for the client.

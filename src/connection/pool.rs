@@ -24,6 +24,8 @@ pub struct Pools<T> {
     pub wait: Duration,
     /// Admits the transaction blocks that hold these connections.
     pub blocks: Arc<BlockGate>,
+    /// Where connections opened, failed and reused are counted.
+    pub stats: Arc<crate::stats::Stats>,
     /// Statements outside blocks running at once per node at most.
     active: usize,
     /// Connections one read outside a block may run its tasks on per node
@@ -74,7 +76,14 @@ impl<T> Pools<T> {
         if let Some(limit) = limit {
             blocks.fit(limit.max(1));
         }
-        Pools { nodes: Mutex::new(HashMap::new()), limit, wait, blocks, active, per_statement: 1 }
+        let stats = Arc::new(crate::stats::Stats::new(Default::default()));
+        Pools { nodes: Mutex::new(HashMap::new()), limit, wait, blocks, stats, active, per_statement: 1 }
+    }
+
+    /// Counts into the process's statistics.
+    pub fn with_stats(mut self, stats: Arc<crate::stats::Stats>) -> Self {
+        self.stats = stats;
+        self
     }
 
     /// Lets a statement run on up to `per_statement` connections per node.

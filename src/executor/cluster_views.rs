@@ -11,11 +11,12 @@
 
 use super::{run_on_coordinator_db, Mode};
 use crate::connection::client::ClientConn;
-use crate::connection::{quote_literal, PgConnection};
+use crate::connection::{quote_ident, quote_literal, PgConnection};
 use crate::error::PgResult;
 use crate::metadata::{Catalog, DistributedTable};
 use crate::planner::ClusterData;
 use crate::process::report::ProcessReport;
+use crate::stats::{Counter, Stats};
 use crate::transaction::{Access, Participants};
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -23,9 +24,11 @@ use std::sync::Arc;
 /// Citus numbers a backend cluster-wide as node id × 10¹⁰ + process id.
 const GLOBAL_PID_FACTOR: i64 = 10_000_000_000;
 
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     needs: &ClusterData,
     report: Option<&ProcessReport>,
+    stats: &Stats,
     sql: &str,
     catalog: &Catalog,
     parts: &mut Participants,
@@ -36,6 +39,7 @@ pub async fn run(
     if let Some(report) = report {
         script.push_str(&report_script(needs, report));
     }
+    script.push_str(&stats_script(needs, stats));
     if needs.sizes {
         script.push_str(&sizes_script(catalog, parts).await?);
     }
@@ -190,6 +194,70 @@ fn report_script(needs: &ClusterData, report: &ProcessReport) -> String {
             })
             .collect();
         fill("client_session", rows);
+    }
+    script
+}
+
+/// The process's statistics, into the temporary tables the
+/// `citus_stat_*` views read.
+fn stats_script(needs: &ClusterData, stats: &Stats) -> String {
+    let mut script = String::new();
+    let mut fill = |name: &str, rows: Vec<String>| {
+        let _ = write!(script, "CREATE TEMP TABLE IF NOT EXISTS tessera_{name} (LIKE tessera.{name}); DELETE FROM pg_temp.tessera_{name};");
+        for chunk in rows.chunks(1000) {
+            let _ = write!(script, "INSERT INTO pg_temp.tessera_{name} VALUES {};", chunk.join(", "));
+        }
+    };
+    const DATABASE: &str = "(SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())";
+    let millis = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
+    if needs.statements {
+        let rows = stats
+            .statements
+            .rows()
+            .into_iter()
+            .map(|r| {
+                format!(
+                    "({}, coalesce(pg_catalog.to_regrole({})::oid, 0), {DATABASE}, {}, {}, {}, {}, {}, {}, {})",
+                    r.key.queryid,
+                    quote_literal(&quote_ident(&r.key.user)),
+                    quote_literal(&r.query),
+                    quote_literal(r.key.tier.name()),
+                    r.key.partition_key.as_deref().map_or_else(|| "NULL".to_string(), quote_literal),
+                    r.calls,
+                    millis(r.total),
+                    millis(r.total) / r.calls.max(1) as f64,
+                    r.rows
+                )
+            })
+            .collect();
+        fill("stat_statement", rows);
+    }
+    if needs.tenants {
+        let seconds = |d: std::time::Duration| d.as_secs_f64();
+        let rows = stats
+            .tenants
+            .rows()
+            .into_iter()
+            .map(|r| {
+                format!(
+                    "({}, {}, {}, {}, {}, {}, {}, {})",
+                    r.colocation_id,
+                    quote_literal(&r.tenant),
+                    r.this.reads,
+                    r.last.reads,
+                    r.this.queries,
+                    r.last.queries,
+                    seconds(r.this.time),
+                    seconds(r.last.time)
+                )
+            })
+            .collect();
+        fill("stat_tenant", rows);
+    }
+    if needs.counters {
+        let values: Vec<String> = Counter::ALL.iter().map(|c| stats.counters.get(*c).to_string()).collect();
+        let reset = stats.counters.reset_at().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs_f64();
+        fill("stat_counter", vec![format!("({DATABASE}, pg_catalog.current_database(), {}, pg_catalog.to_timestamp({reset}))", values.join(", "))]);
     }
     script
 }

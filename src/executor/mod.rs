@@ -96,7 +96,7 @@ async fn run<'p>(plan: &'p Plan, ctx: &mut ExecutionContext<'_>) -> PgResult<Exe
         Plan::MultiShard(multi) => multi_shard::run(multi, coordinator, ctx.parts, catalog, &unsynced, ctx.client).await?,
         Plan::LocalWithClusterData(needs) => {
             let report = (needs.pools || needs.sessions).then(|| coordinator.process_report(catalog));
-            cluster_views::run(needs, report.as_ref(), ctx.sql, catalog, ctx.parts, &unsynced, ctx.client).await?
+            cluster_views::run(needs, report.as_ref(), &coordinator.stats, ctx.sql, catalog, ctx.parts, &unsynced, ctx.client).await?
         }
         Plan::LocalOverShards(lent) => materialized_views::run(lent, ctx.sql, coordinator, catalog, ctx.parts, ctx.client).await?,
         Plan::Fallback(fallback) => fallback::run(fallback, coordinator, catalog, ctx.parts, &unsynced, ctx.client).await?,

@@ -999,6 +999,44 @@ CREATE TABLE IF NOT EXISTS tessera.pool_usage (node text, open_connections int, 
 CREATE TABLE IF NOT EXISTS tessera.client_session (session_name text, user_name text, held_connections int, pinned_by text);
 CREATE OR REPLACE VIEW tessera.connection_pools AS SELECT * FROM tessera.gathered_rows(NULL::tessera.pool_usage, 'tessera_pool_usage', 'tessera.connection_pools');
 CREATE OR REPLACE VIEW tessera.client_sessions AS SELECT * FROM tessera.gathered_rows(NULL::tessera.client_session, 'tessera_client_session', 'tessera.client_sessions');
+-- The process's statistics (src/stats): statements by normalised text,
+-- tier and partition key; the busiest tenants, with the node their shard
+-- is on; event counters. Another role's statement text is shown to
+-- superusers and members of pg_read_all_stats only, as pg_stat_statements does.
+CREATE TABLE IF NOT EXISTS tessera.stat_statement (queryid bigint, userid oid, dbid oid, query text, executor text, partition_key text,
+    calls bigint, total_time double precision, mean_time double precision, rows bigint);
+CREATE TABLE IF NOT EXISTS tessera.stat_tenant (colocation_id int, tenant_attribute text, read_count_in_this_period int, read_count_in_last_period int,
+    query_count_in_this_period int, query_count_in_last_period int, cpu_usage_in_this_period double precision, cpu_usage_in_last_period double precision);
+CREATE TABLE IF NOT EXISTS tessera.stat_counter (database_id oid, name text, connection_establishment_succeeded bigint,
+    connection_establishment_failed bigint, connection_reused bigint, query_execution_single_shard bigint, query_execution_multi_shard bigint,
+    rows_copied bigint, two_phase_commits bigint, one_phase_commits bigint, prepared_transactions_recovered bigint, fallback_statements bigint,
+    stats_reset timestamptz);
+SET allow_system_table_mods = on;
+CREATE OR REPLACE VIEW pg_catalog.citus_stat_statements AS
+SELECT s.queryid, s.userid, s.dbid,
+       CASE WHEN pg_catalog.pg_has_role(s.userid, 'USAGE') OR pg_catalog.pg_has_role('pg_read_all_stats', 'USAGE')
+            THEN s.query ELSE '<insufficient privilege>' END AS query,
+       s.executor, s.partition_key, s.calls, s.total_time, s.mean_time, s.rows
+  FROM tessera.gathered_rows(NULL::tessera.stat_statement, 'tessera_stat_statement', 'citus_stat_statements') s;
+CREATE OR REPLACE VIEW pg_catalog.citus_stat_tenants AS
+SELECT (SELECT n.nodeid FROM pg_catalog.pg_dist_placement pl JOIN pg_catalog.pg_dist_node n ON n.groupid = pl.groupid
+         WHERE pl.shardid = pg_catalog.get_shard_id_for_distribution_column(
+                   (SELECT p.logicalrelid FROM pg_catalog.pg_dist_partition p WHERE p.colocationid = t.colocation_id ORDER BY p.logicalrelid LIMIT 1),
+                   t.tenant_attribute)
+         ORDER BY n.nodeid LIMIT 1) AS nodeid,
+       t.*
+  FROM tessera.gathered_rows(NULL::tessera.stat_tenant, 'tessera_stat_tenant', 'citus_stat_tenants') t;
+CREATE OR REPLACE VIEW pg_catalog.citus_stat_counters AS
+SELECT * FROM tessera.gathered_rows(NULL::tessera.stat_counter, 'tessera_stat_counter', 'citus_stat_counters');
+RESET allow_system_table_mods;
+GRANT SELECT ON pg_catalog.citus_stat_statements, pg_catalog.citus_stat_tenants, pg_catalog.citus_stat_counters,
+    tessera.stat_statement, tessera.stat_tenant, tessera.stat_counter TO PUBLIC;
+CREATE OR REPLACE FUNCTION pg_catalog.citus_stat_statements_reset()
+    RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
+CREATE OR REPLACE FUNCTION pg_catalog.citus_stat_tenants_reset()
+    RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
+CREATE OR REPLACE FUNCTION pg_catalog.citus_stat_counters_reset(database_id oid DEFAULT 0)
+    RETURNS void LANGUAGE sql AS 'SELECT tessera.coordinator_only()';
 -- Earlier versions read each kind through a function of its own.
 DROP FUNCTION IF EXISTS tessera.gathered_activity(), tessera.process_rows(anyelement, text);
 GRANT SELECT ON tessera.connection_pools, tessera.client_sessions, tessera.pool_usage, tessera.client_session TO PUBLIC;

@@ -36,6 +36,12 @@ pub struct ClusterData {
     pub sessions: bool,
     /// Whether each node reaches every node (`citus_check_cluster_node_health()`).
     pub node_health: bool,
+    /// The process's statement statistics (`citus_stat_statements`).
+    pub statements: bool,
+    /// The process's tenant statistics (`citus_stat_tenants`).
+    pub tenants: bool,
+    /// The process's event counters (`citus_stat_counters`).
+    pub counters: bool,
     /// The statement with PostgreSQL's size functions redirected, when it
     /// calls them.
     pub rewritten: Option<String>,
@@ -81,6 +87,12 @@ pub(super) fn needed(text: &str, distributed_tables: bool) -> Option<ClusterData
         }
         NodeEnum::RangeVar(rv) if rv.relname == "connection_pools" && rv.schemaname == "tessera" => needs.pools = true,
         NodeEnum::RangeVar(rv) if rv.relname == "client_sessions" && rv.schemaname == "tessera" => needs.sessions = true,
+        NodeEnum::RangeVar(rv) if matches!(rv.schemaname.as_str(), "" | "pg_catalog") => match rv.relname.as_str() {
+            "citus_stat_statements" => needs.statements = true,
+            "citus_stat_tenants" => needs.tenants = true,
+            "citus_stat_counters" => needs.counters = true,
+            _ => {}
+        },
         NodeEnum::FuncCall(call) => {
             let name = match function_names(call).as_slice() {
                 [name] | ["pg_catalog", name] => name.to_string(),

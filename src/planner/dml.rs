@@ -345,7 +345,7 @@ pub(super) fn plan_insert(insert: &protobuf::InsertStmt, node: &NodeEnum, templa
     let Distribution::Hash { column, column_type, key, .. } = &table.distribution else {
         let insert_key =
             InsertKey { table: (table.oid, table.name.clone()), column: String::new(), position: None, default_sql: None, fills, rows: rows.len() };
-        return router_with_key(Command::Insert, ShardTarget::Reference, None, template, Some(insert_key));
+        return router_with_key(Command::Insert, ShardTarget::Reference, None, template, Some(insert_key), None);
     };
     if let Some(conflict) = &insert.on_conflict_clause {
         let sets_key = conflict.target_list.iter().any(|n| matches!(n.node.as_ref(), Some(NodeEnum::ResTarget(r)) if r.name == *column));
@@ -397,6 +397,10 @@ pub(super) fn plan_insert(insert: &protobuf::InsertStmt, node: &NodeEnum, templa
         }
     }
     let shards = table.shard_count();
+    let tenant = match keys.as_slice() {
+        [single] => Some(single.clone()),
+        _ => None,
+    };
     let targets: Vec<ShardTarget> = keys.iter().map(|k| insert_target(k, *column_type, key, shards)).collect();
     let target = match targets.as_slice() {
         // Rows the coordinator fills in are written out per execution.
@@ -405,5 +409,5 @@ pub(super) fn plan_insert(insert: &protobuf::InsertStmt, node: &NodeEnum, templa
         [single @ ShardTarget::Key(KeyValue::Param(_) | KeyValue::Literal { .. })] => single.clone(),
         _ => ShardTarget::InsertRows(keys),
     };
-    router_with_key(Command::Insert, target, Some(table), template, Some(insert_key))
+    router_with_key(Command::Insert, target, Some(table), template, Some(insert_key), tenant)
 }

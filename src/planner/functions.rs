@@ -37,6 +37,9 @@ pub enum ClusterFunction {
     CreateTimePartitions,
     DropOldTimePartitions,
     CreateRestorePoint,
+    StatStatementsReset,
+    StatTenantsReset,
+    StatCountersReset,
 }
 
 impl ClusterFunction {
@@ -108,6 +111,9 @@ impl ClusterFunction {
             "create_time_partitions" => Self::CreateTimePartitions,
             "drop_old_time_partitions" => Self::DropOldTimePartitions,
             "citus_create_restore_point" => Self::CreateRestorePoint,
+            "citus_stat_statements_reset" => Self::StatStatementsReset,
+            "citus_stat_tenants_reset" => Self::StatTenantsReset,
+            "citus_stat_counters_reset" => Self::StatCountersReset,
             _ => return None,
         })
     }
@@ -155,6 +161,8 @@ impl ClusterFunction {
             Self::CreateTimePartitions => &["table_name", "partition_interval", "end_at", "start_from"],
             Self::DropOldTimePartitions => &["table_name", "older_than"],
             Self::CreateRestorePoint => &["name"],
+            Self::StatStatementsReset | Self::StatTenantsReset => &[],
+            Self::StatCountersReset => &["database_id"],
         }
     }
 }

@@ -103,6 +103,9 @@ pub struct RouterPlan {
     pub template: ShardTemplate,
     /// Set for INSERTs: where the distribution column's value sits.
     pub insert_key: Option<InsertKey>,
+    /// The distribution-key value that pins the statement to its shard
+    /// group: the tenant its statistics count it for.
+    pub tenant: Option<KeyValue>,
     /// Deparsed SQL per shard group, filled on first use.
     shard_sql: Vec<OnceLock<Arc<str>>>,
     /// Deparsed SQL of a multi-row INSERT's part for one shard group, by
@@ -229,7 +232,7 @@ pub(super) struct ScopeEntry {
 }
 
 pub(super) fn router(command: Command, target: ShardTarget, anchor: Option<Arc<DistributedTable>>, template: ShardTemplate) -> Plan {
-    router_with_key(command, target, anchor, template, None)
+    router_with_key(command, target, anchor, template, None, None)
 }
 
 pub(super) fn router_with_key(
@@ -238,7 +241,13 @@ pub(super) fn router_with_key(
     anchor: Option<Arc<DistributedTable>>,
     template: ShardTemplate,
     insert_key: Option<InsertKey>,
+    tenant: Option<KeyValue>,
 ) -> Plan {
+    let tenant = tenant.or_else(|| match &target {
+        ShardTarget::Key(key) => Some(key.clone()),
+        _ => None,
+    });
+    let tenant = tenant.filter(|key| !matches!(key, KeyValue::Default) && anchor.is_some());
     let key_type = anchor.as_ref().and_then(|a| match &a.distribution {
         Distribution::Hash { column_type, .. } => Some(*column_type),
         Distribution::Reference => None,
@@ -251,6 +260,7 @@ pub(super) fn router_with_key(
         key_type,
         template,
         insert_key,
+        tenant,
         shard_sql: (0..groups).map(|_| OnceLock::new()).collect(),
         insert_rows_sql: Mutex::default(),
     }))
@@ -534,8 +544,9 @@ pub(super) fn plan_pinned(
             Some(_) => keys_differ = true,
         }
     }
+    let tenant = keys.first().cloned();
     let target = if keys_differ { ShardTarget::SameKeys(keys) } else { target.unwrap() };
-    router(command, target, Some(anchor), template)
+    router_with_key(command, target, Some(anchor), template, None, tenant)
 }
 
 /// How one query level's distributed tables are pinned.

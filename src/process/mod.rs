@@ -60,6 +60,8 @@ pub struct Coordinator {
     pub jobs_scheduled: tokio::sync::Notify,
     /// The memory the sessions' running statements hold together.
     statement_memory: Arc<ProcessMemory>,
+    /// What the process counts of its work (`citus_stat_*`, `/metrics`).
+    pub stats: Arc<crate::stats::Stats>,
 }
 
 impl Coordinator {
@@ -86,8 +88,10 @@ impl Coordinator {
             .map_err(|e| anyhow::anyhow!("could not load the catalog: {e}"))?;
         conn.terminate().await;
         let pool_wait = Duration::from_secs_f64(config.connections.pool_wait_secs.max(0.0));
+        let stats = Arc::new(crate::stats::Stats::new(config.stats.clone()));
         let worker_pools = crate::transaction::WorkerPools::new(config.connections.max_per_node, config.connections.active_per_node(), pool_wait)
-            .with_per_statement(config.connections.executor_pool_size());
+            .with_per_statement(config.connections.executor_pool_size())
+            .with_stats(stats.clone());
         let local_pool = crate::connection::pool::NodePool::new(config.connections.max_coordinator_db);
         let catalog = Arc::new(CatalogHandle::new(catalog));
         let transactions = &config.transactions;
@@ -118,6 +122,7 @@ impl Coordinator {
             fences: Default::default(),
             jobs_scheduled: Default::default(),
             statement_memory,
+            stats,
         }))
     }
 
@@ -146,8 +151,17 @@ impl Coordinator {
     /// connections of its own (`recover_prepared_transactions()`).
     pub async fn recover_prepared_transactions(&self) -> PgResult<u64> {
         let mut nodes = self.recovery_connections();
-        let settled = crate::transaction::recovery::recover(&self.config, &self.catalog.snapshot(), &mut nodes).await;
+        let settled = self.recover_on(&mut nodes).await;
         nodes.close().await;
+        settled
+    }
+
+    /// One pass of prepared-transaction recovery on `nodes`, counted.
+    pub async fn recover_on(&self, nodes: &mut KeptConnections) -> PgResult<u64> {
+        let settled = crate::transaction::recovery::recover(&self.config, &self.catalog.snapshot(), nodes).await;
+        if let Ok(n) = settled {
+            self.stats.counters.add(crate::stats::Counter::PreparedTransactionsRecovered, n);
+        }
         settled
     }
 

@@ -56,7 +56,7 @@ async fn recover_periodically(coordinator: Arc<Coordinator>) {
     let interval = Duration::from_secs_f64(coordinator.config.transactions.recovery_interval_secs.max(0.1));
     let mut nodes = coordinator.recovery_connections();
     loop {
-        if let Err(e) = crate::transaction::recovery::recover(&coordinator.config, &coordinator.catalog.snapshot(), &mut nodes).await {
+        if let Err(e) = coordinator.recover_on(&mut nodes).await {
             tracing::warn!("prepared-transaction recovery: {e}");
         }
         if let Err(e) = crate::operations::cleanup::run(&coordinator.config, &coordinator.catalog.snapshot()).await {

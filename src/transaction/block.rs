@@ -110,11 +110,18 @@ impl Participants {
         let command = if lost.is_empty() { command } else { "ROLLBACK" };
         if command == "COMMIT" && self.needs_two_phase().await? {
             let result = self.commit_two_phase().await;
+            if result.is_ok() {
+                self.pools.stats.counters.add(crate::stats::Counter::TwoPhaseCommits, 1);
+            }
             self.discard_broken();
             return result;
         }
+        let one_phase = command == "COMMIT" && self.workers.values().any(|w| w.in_block);
         if let Some(e) = self.end_on_touched_nodes(command).await? {
             first_error.get_or_insert(e);
+        }
+        if one_phase && first_error.is_none() {
+            self.pools.stats.counters.add(crate::stats::Counter::OnePhaseCommits, 1);
         }
         self.discard_broken();
         match first_error {

@@ -166,6 +166,7 @@ pub struct WorkerConnection {
 /// The pools of worker connections a coordinator process shares among its sessions.
 pub type WorkerPools = crate::connection::pool::Pools<WorkerConnection>;
 use crate::connection::pool::Checkout;
+use crate::stats::Counter;
 
 /// How long a worker connection must have been idle before it is probed for a
 /// server that went away meanwhile.
@@ -772,6 +773,7 @@ impl Participants {
         if worker.died_while_idle() || **worker.conn.label() != *label {
             return false;
         }
+        self.pools.stats.counters.add(Counter::ConnectionReused, 1);
         if worker.login_state != self.login_state {
             worker.conn.queue_silent(&self.handover_sql());
             worker.login_state = self.login_state;
@@ -808,8 +810,12 @@ impl Participants {
         let handover = (self.login_state != self.startup_state).then(|| self.handover_sql());
         let (group_id, type_oids, name) = (node.group_id, node.type_oids.clone(), self.two_phase.session_name.clone());
         let (login_state, catalog_version) = (self.login_state, self.catalog_version);
+        let stats = self.pools.stats.clone();
         async move {
-            let mut conn = PgConnection::connect(&addr, &login).await?;
+            let connected = PgConnection::connect(&addr, &login).await;
+            let outcome = if connected.is_ok() { Counter::ConnectionEstablishmentSucceeded } else { Counter::ConnectionEstablishmentFailed };
+            stats.counters.add(outcome, 1);
+            let mut conn = connected?;
             if let Some(sql) = handover {
                 conn.queue_silent(&sql);
             }

@@ -19,7 +19,7 @@ impl Session {
     /// One whose work spans several nodes or the coordinator runs under its
     /// limits (`transaction::limits`): its timeout, the client's cancel
     /// request and its memory stop all of it.
-    pub(super) async fn execute_distributed(&mut self, sql: &str, plan: &Plan, extended: Option<(&Bind, &Shape)>) -> Result<(), Failure> {
+    pub(super) async fn run_distributed(&mut self, sql: &str, plan: &Plan, extended: Option<(&Bind, &Shape)>) -> Result<(), Failure> {
         let limits = self.parts.limits().clone();
         if !watched(plan) || limits.is_armed() {
             return self.execute_plan(sql, plan, extended).await;
@@ -38,6 +38,9 @@ impl Session {
 
     pub(super) async fn execute_plan(&mut self, sql: &str, plan: &Plan, extended: Option<(&Bind, &Shape)>) -> Result<(), Failure> {
         let catalog = self.catalog_to_run_under();
+        if let Some(tier) = statistics::tier_of(plan) {
+            self.ran_tier = Some(tier);
+        }
         if let Some(check) = shell_check(plan) {
             let param_types = extended.map_or(&[][..], |(_, shape)| shape.param_types.as_slice());
             self.check_on_shells(sql, param_types, check).await?;
@@ -115,8 +118,8 @@ impl Session {
                 };
                 match executor::execute(executed_plan, &mut ctx).await? {
                     Executed::Done => {}
-                    Executed::Instead(instead) => Box::pin(self.execute_distributed(sql, instead, extended)).await?,
-                    Executed::Replanned(replanned) => Box::pin(self.execute_distributed(sql, &replanned, extended)).await?,
+                    Executed::Instead(instead) => Box::pin(self.run_distributed(sql, instead, extended)).await?,
+                    Executed::Replanned(replanned) => Box::pin(self.run_distributed(sql, &replanned, extended)).await?,
                 }
             }
         }
@@ -135,7 +138,7 @@ impl Session {
         }
         let params = bound.values.into_iter().map(|v| v.map(bytes::Bytes::from)).collect();
         let bind = Bind { portal: String::new(), statement: String::new(), param_formats: Vec::new(), params, result_formats: Vec::new() };
-        Box::pin(self.execute_distributed(&bound.statement, &inner.plan, Some((&bind, &shape)))).await
+        Box::pin(self.run_distributed(&bound.statement, &inner.plan, Some((&bind, &shape)))).await
     }
 
     /// EXPLAIN EXECUTE: a statement prepared over distributed tables is
@@ -157,7 +160,7 @@ impl Session {
         if matches!(inner.plan, Plan::Local | Plan::Empty) {
             return Ok(executor::run_on_coordinator_db(&mut self.parts, sql, &Mode::Simple, &mut self.client).await?);
         }
-        Box::pin(self.execute_distributed(&explained, &inner.plan, None)).await
+        Box::pin(self.run_distributed(&explained, &inner.plan, None)).await
     }
 
     /// For `command` (EXECUTE or EXPLAIN EXECUTE) of `sql`: the statement

@@ -11,6 +11,7 @@ mod extended;
 mod relay;
 mod simple;
 mod startup;
+mod statistics;
 
 use super::auth;
 use super::login_memory::LoginMemory;
@@ -163,6 +164,12 @@ struct Session {
     /// The client's text of what runs now (a simple query's whole string,
     /// an extended-protocol statement), which error positions refer to.
     query_text: String,
+    /// The tier of the plan that ran last (a plan may hand over to another).
+    ran_tier: Option<crate::stats::Tier>,
+    /// Statements' ids and normalised texts, by their text.
+    normalized: HashMap<Box<str>, (i64, Arc<str>)>,
+    /// The role statements are counted under: the one the client logged in as.
+    stats_user: Arc<str>,
 }
 
 /// Where the session's search_path leads unqualified names of distributed

@@ -63,6 +63,7 @@ pub async fn run(coordinator: Arc<Coordinator>, front: Arc<Front>, stream: Strea
         }
     }
     let options: Vec<(String, String)> = params.iter().filter(|(k, _)| k != "user" && k != "database").cloned().collect();
+    let local_login_user = user.clone();
     let local_login = Login {
         user: user.clone(),
         database: database.clone(),
@@ -131,6 +132,9 @@ pub async fn run(coordinator: Arc<Coordinator>, front: Arc<Front>, stream: Strea
         abandoned: false,
         search_path: SearchPath { stale: !facts.search_path_public, ..SearchPath::default() },
         query_text: String::new(),
+        ran_tier: None,
+        normalized: HashMap::new(),
+        stats_user: Arc::from(local_login_user.as_str()),
     };
     // A client that logs in and waits holds no connection meanwhile.
     session.parts.release_connections(true).await;
