@@ -3,11 +3,12 @@
 # lacks: PostgreSQL 15 (server, contrib, client tools incl. pgbench, the hll and
 # tdigest extensions for approximate aggregates), libclang for
 # the pg_query parser bindings, sysbench for the benchmarks, SQLsmith for the
-# random-query corpus tests and iptables for the network-partition test
-# (tests/failover.rs). Idempotent.
+# random-query corpus tests, iptables for the network-partition test
+# (tests/failover.rs), and Chromium and Python's Prometheus parser for the
+# dashboard and /metrics test (tests/monitoring.rs). Idempotent.
 set -euo pipefail
 
-packages=(postgresql-15 postgresql-contrib postgresql-client-15 postgresql-15-hll postgresql-15-tdigest libclang-dev clang pkg-config sysbench sqlsmith iptables)
+packages=(postgresql-15 postgresql-contrib postgresql-client-15 postgresql-15-hll postgresql-15-tdigest libclang-dev clang pkg-config sysbench sqlsmith iptables chromium python3-prometheus-client)
 missing=()
 for p in "${packages[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

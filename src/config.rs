@@ -42,6 +42,15 @@ pub struct Config {
     /// when `listen` names every interface).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker_links: Option<String>,
+    /// Where the coordinator serves `/metrics` (OpenMetrics) and the
+    /// dashboard over HTTP, e.g. "127.0.0.1:9187"; absent: nowhere. An
+    /// address other than loopback needs `metrics_password` and `[tls]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_listen: Option<String>,
+    /// The password the HTTP listener asks for (Basic authentication, any
+    /// user name); required when it listens beyond loopback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_password: Option<String>,
     /// Workers registered at start-up if the catalog does not know them yet.
     #[serde(default)]
     pub workers: Vec<NodeConfig>,

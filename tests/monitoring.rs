@@ -105,3 +105,143 @@ async fn statements_tenants_and_counters_follow_the_workload() {
     let err = direct.simple_query("SELECT * FROM citus_stat_statements").await.unwrap_err();
     assert_eq!(sqlstate(&err), "0A000", "{err}");
 }
+
+/// `/metrics` parsed by Prometheus's own Python parser moves with the
+/// workload; the dashboard, opened in headless Chromium, shows the nodes, a
+/// chart with points and the top statement.
+#[tokio::test]
+async fn metrics_and_the_dashboard_show_the_cluster_at_work() {
+    let cluster = TestCluster::start(2);
+    let config: tessera::config::Config = toml::from_str(&std::fs::read_to_string(cluster.cluster.config_path()).unwrap()).unwrap();
+    let listen = config.metrics_listen.clone().expect("tessera up serves the dashboard");
+    let c = cluster.connect().await;
+    c.batch_execute(
+        "CREATE TABLE orders (id int PRIMARY KEY, total int);
+         SELECT create_distributed_table('orders', 'id', shard_count => 8);
+         INSERT INTO orders SELECT g, g FROM generate_series(1, 1000) g;",
+    )
+    .await
+    .unwrap();
+    let lookup = c.prepare("SELECT total FROM orders WHERE id = $1").await.unwrap();
+    for id in 1..=40 {
+        c.query_one(&lookup, &[&id]).await.unwrap();
+    }
+    let before = scrape(&listen).await;
+    assert_eq!(before.value("tessera_node_up", &[]).map(|v| v as i64), Some(3), "three nodes answer: {}", before.raw);
+    let routed = before.value("tessera_statements_total", &[("tier", "router")]).unwrap();
+    assert!(routed >= 40.0, "{}", before.raw);
+    for id in 1..=25 {
+        c.query_one(&lookup, &[&id]).await.unwrap();
+    }
+    c.simple_query("SELECT count(*) FROM orders").await.unwrap();
+    let after = scrape(&listen).await;
+    assert_eq!(after.value("tessera_statements_total", &[("tier", "router")]).unwrap() - routed, 25.0);
+    assert!(after.value("tessera_statement_duration_seconds_count", &[("tier", "multi-shard")]).unwrap() >= 1.0);
+    assert!(after.value("tessera_connection_establishments_total", &[("outcome", "succeeded")]).unwrap() > 0.0);
+
+    // A steady workload across a few of the sampler's intervals, for the chart.
+    let workload = {
+        let c = cluster.connect().await;
+        tokio::spawn(async move {
+            let lookup = c.prepare("SELECT total FROM orders WHERE id = $1").await.unwrap();
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(7);
+            let mut id = 0;
+            while std::time::Instant::now() < until {
+                id = id % 1000 + 1;
+                c.query_one(&lookup, &[&id]).await.unwrap();
+            }
+        })
+    };
+    workload.await.unwrap();
+    let shot = cluster.data_dir().join("dashboard.png");
+    let dom = chromium(&format!("http://{listen}/"), &shot);
+    let section = |id: &str| dom.split(&format!("id=\"{id}\"")).nth(1).and_then(|rest| rest.split("</table>").next()).unwrap_or_default().to_string();
+    for port in [cluster.cluster.state.coordinator_db_port].iter().chain(&cluster.cluster.state.worker_ports) {
+        assert!(section("nodes").contains(&format!("127.0.0.1:{port}")), "node {port} in {}", section("nodes"));
+    }
+    assert!(section("nodes").matches(">up<").count() == 3, "{}", section("nodes"));
+    let points: usize =
+        dom.split("id=\"rate-chart\"").nth(1).and_then(|rest| rest.split("data-points=\"").nth(1)?.split('"').next()?.parse().ok()).unwrap_or(0);
+    assert!(points > 0, "the chart has points: {dom}");
+    assert!(section("statements").contains("SELECT total FROM orders WHERE id = $1"), "{}", section("statements"));
+    assert!(section("tables").contains("public.orders"), "{}", section("tables"));
+    assert!(std::fs::metadata(&shot).map(|m| m.len() > 10_000).unwrap_or(false), "a screenshot was taken");
+    if let Ok(dest) = std::env::var("DASHBOARD_SCREENSHOT") {
+        std::fs::copy(&shot, dest).unwrap();
+    }
+}
+
+/// A sample: its name, its labels and its value.
+type Sample = (String, Vec<(String, String)>, f64);
+
+struct Scrape {
+    raw: String,
+    samples: Vec<Sample>,
+}
+
+impl Scrape {
+    /// The sum of the samples called `name` whose labels include `labels`.
+    fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let matching: Vec<f64> = self
+            .samples
+            .iter()
+            .filter(|(n, l, _)| n == name && labels.iter().all(|(k, v)| l.iter().any(|(lk, lv)| lk == k && lv == v)))
+            .map(|(_, _, v)| *v)
+            .collect();
+        (!matching.is_empty()).then(|| matching.iter().sum())
+    }
+}
+
+/// GETs `path` from the monitoring listener: the status line and the body.
+async fn http_get(listen: &str, path: &str) -> (String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(listen).await.unwrap();
+    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: {listen}\r\n\r\n").as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    (head.lines().next().unwrap().to_string(), body.to_string())
+}
+
+/// `/metrics`, parsed by the `prometheus_client` Python package's
+/// OpenMetrics parser (which rejects a malformed page).
+async fn scrape(listen: &str) -> Scrape {
+    let (status, raw) = http_get(listen, "/metrics").await;
+    assert!(status.contains("200"), "{status}");
+    let parser = "import json, sys\n\
+                  from prometheus_client.openmetrics.parser import text_string_to_metric_families\n\
+                  out = [[s.name, sorted(s.labels.items()), s.value] for f in text_string_to_metric_families(sys.stdin.read()) for s in f.samples]\n\
+                  print(json.dumps(out))";
+    let mut child = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", parser])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    child.stdin.take().unwrap().write_all(raw.as_bytes()).unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "the parser refused the page: {}\n{raw}", String::from_utf8_lossy(&output.stderr));
+    let parsed: Vec<Sample> = serde_json::from_slice(&output.stdout).unwrap();
+    Scrape { raw, samples: parsed }
+}
+
+/// The page's DOM once its scripts ran, from headless Chromium, with a
+/// screenshot taken as it loads.
+fn chromium(url: &str, screenshot: &std::path::Path) -> String {
+    let run = |extra: &[&str]| {
+        let profile = tempfile::tempdir().unwrap();
+        let output = std::process::Command::new("chromium")
+            .args(["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--virtual-time-budget=6000", "--window-size=1400,1200"])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .args(extra)
+            .arg(url)
+            .output()
+            .expect("chromium (scripts/setup.sh installs it)");
+        assert!(output.status.success(), "chromium: {}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    run(&[&format!("--screenshot={}", screenshot.display())]);
+    run(&["--dump-dom"])
+}

@@ -314,6 +314,9 @@ fn create(dir: &Path, port: u16, workers: usize) -> Result<LocalCluster> {
             password: None,
         },
         worker_links: None,
+        // The dashboard and /metrics, on loopback only.
+        metrics_listen: Some(format!("127.0.0.1:{}", free_port()?)),
+        metrics_password: None,
         workers: cluster.state.worker_ports.iter().map(|p| NodeConfig { host: "127.0.0.1".into(), port: *p }).collect(),
         transactions: Default::default(),
         connections: Default::default(),

@@ -9,7 +9,7 @@
 use super::PgConnection;
 use crate::error::{sqlstate, PgError, PgResult};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -51,6 +51,19 @@ pub struct NodePool<T> {
     /// Permits for statements outside transaction blocks to run (see
     /// `run_outside_block`); None: unbounded but for the limit.
     running: Option<Arc<Semaphore>>,
+    /// Sessions waiting for a connection now, and how many waits there
+    /// have been (`/metrics`).
+    waiting: AtomicUsize,
+    waits: AtomicU64,
+}
+
+/// Counts a session among those waiting for a connection while it lives.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 fn overflow_for(limit: usize) -> usize {
@@ -136,6 +149,8 @@ impl<T> NodePool<T> {
             returned: tokio::sync::Notify::new(),
             limit: AtomicUsize::new(if sized { permits } else { 0 }),
             running: None,
+            waiting: AtomicUsize::new(0),
+            waits: AtomicU64::new(0),
         }
     }
 
@@ -230,6 +245,7 @@ impl<T> NodePool<T> {
         node: &str,
     ) -> PgResult<Checkout<T>> {
         let deadline = tokio::time::Instant::now() + wait;
+        let mut waiting = None;
         loop {
             let returned = self.returned.notified();
             tokio::pin!(returned);
@@ -248,6 +264,11 @@ impl<T> NodePool<T> {
                     return Ok(Checkout::Open(permit));
                 }
             }
+            waiting.get_or_insert_with(|| {
+                self.waits.fetch_add(1, Ordering::Relaxed);
+                self.waiting.fetch_add(1, Ordering::Relaxed);
+                Waiting(&self.waiting)
+            });
             tokio::select! {
                 Ok(permit) = self.slots.clone().acquire_owned() => return Ok(Checkout::Open(permit)),
                 _ = &mut returned => continue,
@@ -284,6 +305,11 @@ impl<T> NodePool<T> {
         let (size, overflow) = if limit == 0 { (1, 0) } else { (limit, overflow_for(limit)) };
         let open = size - self.slots.available_permits() + overflow - self.overflow.available_permits();
         (open, idle, (limit > 0).then_some(limit))
+    }
+
+    /// Sessions waiting for a connection now, and the waits so far.
+    pub fn waits(&self) -> (usize, u64) {
+        (self.waiting.load(Ordering::Relaxed), self.waits.load(Ordering::Relaxed))
     }
 
     fn close_one_idle(&self) -> bool {

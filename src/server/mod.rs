@@ -5,6 +5,7 @@
 
 mod auth;
 mod login_memory;
+mod monitoring;
 mod session;
 
 use crate::config::Config;
@@ -152,6 +153,9 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     tokio::spawn(crate::operations::failover::watch(coordinator.clone()));
     tokio::spawn(detect_deadlocks_periodically(coordinator.clone()));
     tokio::spawn(crate::operations::background::run_jobs(coordinator.clone()));
+    if let Some(listen) = &coordinator.config.metrics_listen {
+        monitoring::start(coordinator.clone(), listen).await?;
+    }
     tracing::info!(
         "tessera coordinator listening on {}{}",
         coordinator.config.listen,

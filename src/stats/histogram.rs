@@ -1,5 +1,5 @@
 //! A latency histogram of atomic buckets: observing is a few relaxed adds,
-//! and the `/metrics` endpoint reads it as Prometheus's cumulative buckets.
+//! and the `/metrics` endpoint reads it as a Prometheus histogram.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
@@ -23,16 +23,13 @@ impl Histogram {
         self.sum_nanos.fetch_add(elapsed.as_nanos().min(u64::MAX as u128) as u64, Relaxed);
     }
 
-    /// The sum of the observations in seconds, their count, and the
-    /// cumulative count at each bound.
+    /// The sum of the observations in seconds, their count, and the count
+    /// in each bucket by its upper bound (not cumulative), the last one's
+    /// bound infinite: as OpenMetrics encoders take them.
     pub fn snapshot(&self) -> (f64, u64, Vec<(f64, u64)>) {
-        let mut cumulative = 0;
-        let mut buckets = Vec::with_capacity(LATENCY_BUCKETS_SECONDS.len());
-        for (bound, count) in LATENCY_BUCKETS_SECONDS.iter().zip(&self.buckets) {
-            cumulative += count.load(Relaxed);
-            buckets.push((*bound, cumulative));
-        }
-        let count = cumulative + self.buckets[LATENCY_BUCKETS_SECONDS.len()].load(Relaxed);
+        let bounds = LATENCY_BUCKETS_SECONDS.iter().copied().chain([f64::INFINITY]);
+        let buckets: Vec<(f64, u64)> = bounds.zip(&self.buckets).map(|(bound, count)| (bound, count.load(Relaxed))).collect();
+        let count = buckets.iter().map(|(_, n)| n).sum();
         (self.sum_nanos.load(Relaxed) as f64 / 1e9, count, buckets)
     }
 }
@@ -42,7 +39,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn buckets_are_cumulative_and_the_count_includes_the_slowest() {
+    fn observations_land_in_their_buckets_and_the_slowest_past_every_bound() {
         let h = Histogram::default();
         for micros in [50, 50, 700, 3_000, 60_000_000] {
             h.observe(Duration::from_micros(micros));
@@ -50,9 +47,8 @@ mod tests {
         let (sum, count, buckets) = h.snapshot();
         assert_eq!(count, 5);
         assert!((sum - 60.0038).abs() < 1e-6, "{sum}");
-        assert_eq!(buckets[0], (0.0001, 2));
-        assert_eq!(buckets.iter().find(|(b, _)| *b == 0.001).unwrap().1, 3);
-        assert_eq!(buckets.iter().find(|(b, _)| *b == 0.005).unwrap().1, 4);
-        assert_eq!(buckets.last().unwrap().1, 4);
+        let at = |bound: f64| buckets.iter().find(|(b, _)| *b == bound).unwrap().1;
+        assert_eq!((at(0.0001), at(0.001), at(0.005), at(f64::INFINITY)), (2, 1, 1, 1));
+        assert_eq!(buckets.iter().map(|(_, n)| n).sum::<u64>(), 5);
     }
 }
