@@ -132,6 +132,9 @@ fn main() -> anyhow::Result<()> {
                 cluster.dir.display()
             );
             println!("Connect with:  psql -h 127.0.0.1 -p {port} -U postgres postgres");
+            if let Some(listen) = tessera::config::Config::load(&cluster.config_path())?.metrics_listen {
+                println!("Dashboard:     http://{listen}/   (Prometheus metrics at /metrics)");
+            }
             Ok(())
         }
         Command::Down { data_dir } => tessera::cluster::down(&data_dir),

@@ -452,6 +452,9 @@ pub async fn status(dir: &Path, env: bool) -> Result<()> {
         println!("{line}");
     }
     if let Ok(config) = Config::load(&cluster.config_path()) {
+        if let Some(listen) = &config.metrics_listen {
+            println!("dashboard        http://{listen}/  (Prometheus: http://{listen}/metrics)");
+        }
         let source = match config.connections.max_adaptive_executor_pool_size {
             Some(_) => "[connections] max_adaptive_executor_pool_size",
             None => "this machine's CPUs",

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# What seeing the cluster costs, and how fast the dashboard answers.
+#
+# Stage 1: pgbench select-only (-S -M prepared -c 8 -j 2) against plain
+# PostgreSQL and one Tessera cluster whose coordinator restarts between
+# runs in two configurations, alternating (plain, on, off, plain, …) for
+# $ROUNDS rounds:
+#   on   statement and tenant statistics tracked ([stats] track = true),
+#        the monitoring listener up and scraped every second (/metrics and
+#        the dashboard's /api/history and /api/overview)
+#   off  [stats] track = false and no monitoring listener
+# With BEFORE_BIN set (a `tessera` built before the statistics existed),
+# a third target runs that binary on the `off` configuration: the price of
+# what is always counted (latency histograms, counters).
+# Prints TPS per target and round and on/off, min / median / max.
+#
+# Stage 2: the dashboard with $TABLES tables of $SHARDS_PER_TABLE shards
+# each (1,000 shards by default): each of $LOADS loads fetches the page,
+# then its two data requests at once, as the page does; prints the time of
+# the whole load and of /api/overview, min / median / max.
+#
+# Environment: DURATION=30 ROUNDS=3 SCALE=10 TABLES=10 SHARDS_PER_TABLE=100
+# LOADS=5 BEFORE_BIN BENCH_LOG_DIR TESSERA_BIN PG_BIN (as bench/pgbench.sh).
+set -euo pipefail
+
+SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
+REPO_ROOT=$(cd -- "$SCRIPT_DIR/.." && pwd)
+DURATION=${DURATION:-30}
+ROUNDS=${ROUNDS:-3}
+SCALE=${SCALE:-10}
+TABLES=${TABLES:-10}
+SHARDS_PER_TABLE=${SHARDS_PER_TABLE:-100}
+LOADS=${LOADS:-5}
+BENCH_ONLY_PLAIN=0
+TESSERA_BIN=${TESSERA_BIN:-$REPO_ROOT/target/release/tessera}
+PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
+TESSERA_START_TIMEOUT=${TESSERA_START_TIMEOUT:-180}
+
+# shellcheck source=bench/lib.sh
+source "$SCRIPT_DIR/lib.sh"
+require_positive DURATION ROUNDS SCALE TABLES SHARDS_PER_TABLE LOADS
+
+declare -A TPS=()
+SCRAPER_PID=
+
+# select_only TARGET PORT ROUND
+select_only() {
+    local out=$BENCH_LOG_DIR/$1-select-$3.log tps
+    "$PG_BIN/pgbench" -h 127.0.0.1 -p "$2" -U postgres -S -M prepared -c 8 -j 2 -T "$DURATION" -n postgres >"$out" 2>&1 ||
+        die "$1: pgbench failed" "$out"
+    tps=$(sed -n 's/^tps = \([0-9.]*\) (without initial connection time).*/\1/p' "$out" | head -n 1)
+    [[ -n $tps ]] || die "$1: could not parse pgbench's output" "$out"
+    TPS[$1:$3]=$tps
+    log "$1: round $3: tps=$tps"
+}
+
+# The two configurations, made from the one `tessera up` wrote.
+configure_targets() {
+    local config=$TESSERA_DIR/tessera.toml
+    METRICS_LISTEN=$(sed -n 's/^metrics_listen = "\(.*\)"$/\1/p' "$config")
+    [[ -n $METRICS_LISTEN ]] || die "tessera up wrote no metrics_listen" "$config"
+    cp -- "$config" "$config.on"
+    grep -v '^metrics_listen' "$config" | sed 's/^track = true$/track = false/' >"$config.off"
+    grep -q '^track = false$' "$config.off" || die "no [stats] track line to turn off" "$config"
+}
+
+# use_target on|off|before: the coordinator restarted on that configuration
+# (and binary), the scraper running for `on`.
+use_target() {
+    local pid bin=$TESSERA_BIN config=$1
+    if [[ -n $SCRAPER_PID ]]; then kill "$SCRAPER_PID" 2>/dev/null || true; wait "$SCRAPER_PID" 2>/dev/null || true; SCRAPER_PID=; fi
+    [[ $1 == before ]] && { bin=$BEFORE_BIN; config=off; }
+    cp -- "$TESSERA_DIR/tessera.toml.$config" "$TESSERA_DIR/tessera.toml"
+    pid=$(cat "$TESSERA_DIR/coordinator.pid")
+    kill "$pid"
+    while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+    "$bin" up --data-dir "$TESSERA_DIR" --port "$TESSERA_PORT" --workers 2 >>"$BENCH_LOG_DIR/tessera-up.log" 2>&1 ||
+        die "tessera up ($1) failed" "$BENCH_LOG_DIR/tessera-up.log"
+    COORD_PID=$(cat "$TESSERA_DIR/coordinator.pid")
+    if [[ $1 == on ]]; then
+        (while true; do
+            for path in metrics api/history api/overview; do curl -s -o /dev/null "http://$METRICS_LISTEN/$path" || true; done
+            sleep 1
+        done) &
+        SCRAPER_PID=$!
+    fi
+}
+
+ratios() { # ratios NUMERATOR DENOMINATOR: min / median / max over the rounds
+    local r values
+    values=$(for ((r = 1; r <= ROUNDS; r++)); do awk -v a="${TPS[$1:$r]}" -v b="${TPS[$2:$r]}" 'BEGIN { printf "%.3f\n", a / b }'; done | sort -g)
+    printf '%s / %s / %s' "$(head -n 1 <<<"$values")" "$(median <<<"$values")" "$(tail -n 1 <<<"$values")"
+}
+
+spread() { # spread: min / median / max of the numbers on stdin
+    local values
+    values=$(sort -g)
+    printf '%s / %s / %s' "$(head -n 1 <<<"$values")" "$(median <<<"$values")" "$(tail -n 1 <<<"$values")"
+}
+
+trap '[[ -n $SCRAPER_PID ]] && kill "$SCRAPER_PID" 2>/dev/null; true' EXIT
+command -v curl >/dev/null || die "curl is needed"
+log "monitoring benchmark: SCALE=$SCALE DURATION=${DURATION}s ROUNDS=$ROUNDS cpus=$(nproc); raw outputs in $BENCH_LOG_DIR"
+start_plain
+pgbench_init plain "$PLAIN_PORT"
+start_tessera
+pgbench_init tessera "$TESSERA_PORT"
+distribute_pgbench_tables "$TESSERA_PORT"
+configure_targets
+TARGETS=(on off)
+[[ -n ${BEFORE_BIN:-} ]] && TARGETS+=(before)
+for ((round = 1; round <= ROUNDS; round++)); do
+    select_only plain "$PLAIN_PORT" "$round"
+    for target in "${TARGETS[@]}"; do
+        use_target "$target"
+        select_only "$target" "$TESSERA_PORT" "$round"
+    done
+done
+
+# Stage 2: the dashboard over many shards, the listener on.
+use_target on
+kill "$SCRAPER_PID" 2>/dev/null || true
+SCRAPER_PID=
+log "tessera: $TABLES tables of $SHARDS_PER_TABLE shards"
+for ((t = 1; t <= TABLES; t++)); do
+    psql_at "$TESSERA_PORT" -c "CREATE TABLE dash_$t (id bigint PRIMARY KEY, v text)" \
+        -c "SELECT create_distributed_table('dash_$t', 'id', shard_count => $SHARDS_PER_TABLE)" \
+        -c "INSERT INTO dash_$t SELECT g, md5(g::text) FROM generate_series(1, 20000) g" >/dev/null
+done
+SHARDS=$(psql_at "$TESSERA_PORT" -Atc "SELECT count(*) FROM pg_dist_shard")
+LOAD_TIMES=()
+OVERVIEW_TIMES=()
+for ((i = 1; i <= LOADS; i++)); do
+    started=$(date +%s.%N)
+    curl -s -o /dev/null "http://$METRICS_LISTEN/"
+    overview=$( { curl -s -o /dev/null -w '%{time_total}\n' "http://$METRICS_LISTEN/api/overview" & curl -s -o /dev/null "http://$METRICS_LISTEN/api/history" & wait; } )
+    ended=$(date +%s.%N)
+    LOAD_TIMES+=("$(awk -v a="$started" -v b="$ended" 'BEGIN { printf "%.3f", b - a }')")
+    OVERVIEW_TIMES+=("$overview")
+    log "dashboard load $i: ${LOAD_TIMES[-1]} s (overview ${overview} s)"
+done
+
+echo
+echo "pgbench select-only, scale $SCALE, 8 clients, ${DURATION} s x $ROUNDS rounds (tps by round)"
+for target in plain "${TARGETS[@]}"; do
+    printf '%-8s' "$target"
+    for ((r = 1; r <= ROUNDS; r++)); do printf ' %10s' "${TPS[$target:$r]}"; done
+    echo
+done
+echo "ratio to plain (min / median / max):"
+for target in "${TARGETS[@]}"; do printf '  %-8s %s\n' "$target" "$(ratios "$target" plain)"; done
+echo "on / off (min / median / max): $(ratios on off)"
+[[ -n ${BEFORE_BIN:-} ]] && echo "off / before (min / median / max): $(ratios off before)"
+echo "dashboard with $SHARDS shards: whole load $(printf '%s\n' "${LOAD_TIMES[@]}" | spread) s, /api/overview $(printf '%s\n' "${OVERVIEW_TIMES[@]}" | spread) s (min / median / max of $LOADS)"
