@@ -6,8 +6,10 @@
 # runs in two configurations, alternating (plain, on, off, plain, …) for
 # $ROUNDS rounds:
 #   on   statement and tenant statistics tracked ([stats] track = true),
-#        the monitoring listener up and scraped every second (/metrics and
-#        the dashboard's /api/history and /api/overview)
+#        the monitoring listener up, /metrics scraped every $SCRAPE_EVERY s
+#        (15, Prometheus's usual interval; 0: not at all) and, with
+#        DASHBOARD_OPEN=1, the dashboard's requests as an open page makes
+#        them (/api/history every 2 s, /api/overview every 5 s)
 #   off  [stats] track = false and no monitoring listener
 # With BEFORE_BIN set (a `tessera` built before the statistics existed),
 # a third target runs that binary on the `off` configuration: the price of
@@ -20,7 +22,8 @@
 # the whole load and of /api/overview, min / median / max.
 #
 # Environment: DURATION=30 ROUNDS=3 SCALE=10 TABLES=10 SHARDS_PER_TABLE=100
-# LOADS=5 BEFORE_BIN BENCH_LOG_DIR TESSERA_BIN PG_BIN (as bench/pgbench.sh).
+# LOADS=5 SCRAPE_EVERY=15 DASHBOARD_OPEN=0 BEFORE_BIN BENCH_LOG_DIR
+# TESSERA_BIN PG_BIN (as bench/pgbench.sh).
 set -euo pipefail
 
 SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
@@ -31,6 +34,8 @@ SCALE=${SCALE:-10}
 TABLES=${TABLES:-10}
 SHARDS_PER_TABLE=${SHARDS_PER_TABLE:-100}
 LOADS=${LOADS:-5}
+SCRAPE_EVERY=${SCRAPE_EVERY:-15}
+DASHBOARD_OPEN=${DASHBOARD_OPEN:-0}
 BENCH_ONLY_PLAIN=0
 TESSERA_BIN=${TESSERA_BIN:-$REPO_ROOT/target/release/tessera}
 PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
@@ -64,11 +69,15 @@ configure_targets() {
     grep -q '^track = false$' "$config.off" || die "no [stats] track line to turn off" "$config"
 }
 
+stop_scraper() {
+    if [[ -n $SCRAPER_PID ]]; then kill "$SCRAPER_PID" 2>/dev/null || true; wait "$SCRAPER_PID" 2>/dev/null || true; SCRAPER_PID=; fi
+}
+
 # use_target on|off|before: the coordinator restarted on that configuration
 # (and binary), the scraper running for `on`.
 use_target() {
     local pid bin=$TESSERA_BIN config=$1
-    if [[ -n $SCRAPER_PID ]]; then kill "$SCRAPER_PID" 2>/dev/null || true; wait "$SCRAPER_PID" 2>/dev/null || true; SCRAPER_PID=; fi
+    stop_scraper
     [[ $1 == before ]] && { bin=$BEFORE_BIN; config=off; }
     cp -- "$TESSERA_DIR/tessera.toml.$config" "$TESSERA_DIR/tessera.toml"
     pid=$(cat "$TESSERA_DIR/coordinator.pid")
@@ -78,9 +87,14 @@ use_target() {
         die "tessera up ($1) failed" "$BENCH_LOG_DIR/tessera-up.log"
     COORD_PID=$(cat "$TESSERA_DIR/coordinator.pid")
     if [[ $1 == on ]]; then
-        (while true; do
-            for path in metrics api/history api/overview; do curl -s -o /dev/null "http://$METRICS_LISTEN/$path" || true; done
+        (tick=0
+        while true; do
+            get() { curl -s -o /dev/null "http://$METRICS_LISTEN/$1" || true; }
+            if ((SCRAPE_EVERY > 0 && tick % SCRAPE_EVERY == 0)); then get metrics; fi
+            if ((DASHBOARD_OPEN && tick % 2 == 0)); then get api/history; fi
+            if ((DASHBOARD_OPEN && tick % 5 == 0)); then get api/overview; fi
             sleep 1
+            tick=$((tick + 1))
         done) &
         SCRAPER_PID=$!
     fi
@@ -98,9 +112,9 @@ spread() { # spread: min / median / max of the numbers on stdin
     printf '%s / %s / %s' "$(head -n 1 <<<"$values")" "$(median <<<"$values")" "$(tail -n 1 <<<"$values")"
 }
 
-trap '[[ -n $SCRAPER_PID ]] && kill "$SCRAPER_PID" 2>/dev/null; true' EXIT
+trap 'rc=$?; stop_scraper; (exit $rc); cleanup' EXIT
 command -v curl >/dev/null || die "curl is needed"
-log "monitoring benchmark: SCALE=$SCALE DURATION=${DURATION}s ROUNDS=$ROUNDS cpus=$(nproc); raw outputs in $BENCH_LOG_DIR"
+log "monitoring benchmark: SCALE=$SCALE DURATION=${DURATION}s ROUNDS=$ROUNDS SCRAPE_EVERY=$SCRAPE_EVERY DASHBOARD_OPEN=$DASHBOARD_OPEN cpus=$(nproc); raw outputs in $BENCH_LOG_DIR"
 start_plain
 pgbench_init plain "$PLAIN_PORT"
 start_tessera
@@ -119,8 +133,7 @@ done
 
 # Stage 2: the dashboard over many shards, the listener on.
 use_target on
-kill "$SCRAPER_PID" 2>/dev/null || true
-SCRAPER_PID=
+stop_scraper
 log "tessera: $TABLES tables of $SHARDS_PER_TABLE shards"
 for ((t = 1; t <= TABLES; t++)); do
     psql_at "$TESSERA_PORT" -c "CREATE TABLE dash_$t (id bigint PRIMARY KEY, v text)" \

@@ -99,7 +99,7 @@ pub struct Tracked<'a> {
     /// for only when the statement has no entry yet).
     pub normalized: &'a dyn Fn() -> std::sync::Arc<str>,
     /// The co-location group and distribution-key value of a routed statement.
-    pub tenant: Option<(i32, String)>,
+    pub tenant: Option<(i32, std::sync::Arc<str>)>,
     pub is_write: bool,
 }
 

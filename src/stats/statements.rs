@@ -15,7 +15,7 @@ pub struct StatementKey {
     pub user: Arc<str>,
     pub tier: Tier,
     /// The distribution-key value of a routed statement.
-    pub partition_key: Option<Box<str>>,
+    pub partition_key: Option<Arc<str>>,
 }
 
 struct Entry {
@@ -23,6 +23,14 @@ struct Entry {
     calls: u64,
     total: Duration,
     rows: u64,
+}
+
+impl Entry {
+    fn add(&mut self, elapsed: Duration, rows: u64) {
+        self.calls += 1;
+        self.total += elapsed;
+        self.rows += rows;
+    }
 }
 
 /// One row of `citus_stat_statements`.
@@ -45,25 +53,33 @@ impl StatementStats {
         StatementStats { entries: Striped::default(), per_stripe: max.div_ceil(STRIPES).max(1) }
     }
 
+    /// Counts a call. When the entries are many, a partition key seen for
+    /// the first time lately is counted in its statement's entry without
+    /// one: a stream of keys that never recur (a uniform spread over a
+    /// million tenants) would otherwise evict and insert on every call.
     pub(super) fn record(&self, key: &StatementKey, query: &dyn Fn() -> Arc<str>, elapsed: Duration, rows: u64) {
-        let mut stripe = self.entries.stripe_of(key);
-        if let Some(entry) = stripe.get_mut(key) {
-            entry.calls += 1;
-            entry.total += elapsed;
-            entry.rows += rows;
+        let hash = self.entries.hash(key);
+        let mut stripe = self.entries.stripe(hash);
+        if let Some(entry) = stripe.map.get_mut(key) {
+            entry.add(elapsed, rows);
             return;
         }
-        if stripe.len() >= self.per_stripe {
-            evict_least_called(&mut stripe);
+        if stripe.map.len() >= self.per_stripe / 2 && key.partition_key.is_some() && !stripe.seen_lately(hash) {
+            drop(stripe);
+            let general = StatementKey { queryid: key.queryid, user: key.user.clone(), tier: key.tier, partition_key: None };
+            return self.record(&general, query, elapsed, rows);
         }
-        stripe.insert(key.clone(), Entry { query: query(), calls: 1, total: elapsed, rows });
+        if stripe.map.len() >= self.per_stripe {
+            evict_least_called(&mut stripe.map);
+        }
+        stripe.map.insert(key.clone(), Entry { query: query(), calls: 1, total: elapsed, rows });
     }
 
     /// A copy of every entry.
     pub fn rows(&self) -> Vec<StatementRow> {
         let mut rows = Vec::new();
         for stripe in self.entries.stripes() {
-            rows.extend(stripe.iter().map(|(key, e)| StatementRow {
+            rows.extend(stripe.map.iter().map(|(key, e)| StatementRow {
                 key: key.clone(),
                 query: e.query.clone(),
                 calls: e.calls,
@@ -82,7 +98,7 @@ impl StatementStats {
 
 /// Makes room in a full stripe: the tenth of its entries called least go at
 /// once, so that a stream of new keys does not scan it on every insert.
-fn evict_least_called(stripe: &mut HashMap<StatementKey, Entry>) {
+fn evict_least_called<S: std::hash::BuildHasher>(stripe: &mut HashMap<StatementKey, Entry, S>) {
     let mut calls: Vec<u64> = stripe.values().map(|e| e.calls).collect();
     let cut = (calls.len() / 10).max(1) - 1;
     let (_, threshold, _) = calls.select_nth_unstable(cut);
@@ -114,7 +130,7 @@ mod tests {
     use super::*;
 
     fn key(queryid: i64, partition_key: Option<&str>) -> StatementKey {
-        StatementKey { queryid, user: Arc::from("alice"), tier: Tier::Router, partition_key: partition_key.map(Box::from) }
+        StatementKey { queryid, user: Arc::from("alice"), tier: Tier::Router, partition_key: partition_key.map(Arc::from) }
     }
 
     #[test]
@@ -128,13 +144,19 @@ mod tests {
         let rows = stats.rows();
         let seven = rows.iter().find(|r| r.key.partition_key.as_deref() == Some("7")).unwrap();
         assert_eq!((seven.calls, seven.total, seven.rows), (5, Duration::from_millis(10), 5));
-        // Far more keys than room: the busy one stays, the total is bounded.
+        // Far more keys than room, each seen twice: the busy one stays, the
+        // total is bounded, keys that recur get entries of their own and
+        // first sights count in the statement's entry without a key.
         for i in 0..10_000 {
-            stats.record(&key(2, Some(&i.to_string())), &text, Duration::from_micros(1), 0);
+            for _ in 0..2 {
+                stats.record(&key(2, Some(&i.to_string())), &text, Duration::from_micros(1), 0);
+            }
         }
         let rows = stats.rows();
         assert!(rows.len() <= STRIPES * 10, "{}", rows.len());
         assert!(rows.iter().any(|r| r.key.partition_key.as_deref() == Some("7")));
+        assert!(rows.iter().filter(|r| r.key.queryid == 2 && r.key.partition_key.is_some()).count() > STRIPES);
+        assert!(rows.iter().any(|r| r.key.queryid == 2 && r.key.partition_key.is_none() && r.calls >= 100));
         stats.reset();
         assert!(stats.rows().is_empty());
     }

@@ -3,6 +3,7 @@
 //! current period and the one before, for the busiest tenants.
 
 use super::striped::{Striped, STRIPES};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -39,13 +40,13 @@ impl Entry {
 #[derive(Clone, Debug, PartialEq)]
 pub struct TenantRow {
     pub colocation_id: i32,
-    pub tenant: String,
+    pub tenant: Arc<str>,
     pub this: PeriodCounts,
     pub last: PeriodCounts,
 }
 
 pub struct TenantStats {
-    entries: Striped<(i32, String), Entry>,
+    entries: Striped<(i32, Arc<str>), Entry>,
     limit: usize,
     per_stripe: usize,
     period: Duration,
@@ -61,17 +62,25 @@ impl TenantStats {
         (self.started.elapsed().as_nanos() / self.period.as_nanos().max(1)) as u64
     }
 
-    pub(super) fn record(&self, colocation: i32, tenant: String, is_write: bool, elapsed: Duration) {
+    /// Counts a statement for a tenant. When the tenants are many, one seen
+    /// for the first time lately is not taken in: only tenants that come
+    /// back can be among the busiest, and a stream of tenants that never
+    /// do would otherwise evict one on every call.
+    pub(super) fn record(&self, colocation: i32, tenant: Arc<str>, is_write: bool, elapsed: Duration) {
         let now = self.period_now();
         let key = (colocation, tenant);
-        let mut stripe = self.entries.stripe_of(&key);
-        if !stripe.contains_key(&key) && stripe.len() >= self.per_stripe {
+        let hash = self.entries.hash(&key);
+        let mut stripe = self.entries.stripe(hash);
+        if !stripe.map.contains_key(&key) && stripe.map.len() >= self.per_stripe {
+            if !stripe.seen_lately(hash) {
+                return;
+            }
             // The quietest tenant makes room.
-            if let Some(quietest) = stripe.iter().min_by_key(|(_, e)| e.as_of(now).score()).map(|(k, _)| k.clone()) {
-                stripe.remove(&quietest);
+            if let Some(quietest) = stripe.map.iter().min_by_key(|(_, e)| e.as_of(now).score()).map(|(k, _)| k.clone()) {
+                stripe.map.remove(&quietest);
             }
         }
-        let entry = stripe.entry(key).or_insert(Entry { period: now, this: PeriodCounts::default(), last: PeriodCounts::default() });
+        let entry = stripe.map.entry(key).or_insert(Entry { period: now, this: PeriodCounts::default(), last: PeriodCounts::default() });
         *entry = entry.as_of(now);
         entry.this.queries += 1;
         entry.this.reads += u64::from(!is_write);
@@ -84,7 +93,7 @@ impl TenantStats {
         let now = self.period_now();
         let mut entries = Vec::new();
         for stripe in self.entries.stripes() {
-            entries.extend(stripe.iter().map(|(k, e)| (k.clone(), e.as_of(now))));
+            entries.extend(stripe.map.iter().map(|(k, e)| (k.clone(), e.as_of(now))));
         }
         entries.sort_by(|a, b| b.1.score().cmp(&a.1.score()).then_with(|| a.0.cmp(&b.0)));
         entries
@@ -109,14 +118,14 @@ mod tests {
     fn counts_move_to_the_last_period_and_the_busiest_show() {
         let stats = TenantStats::new(2, Duration::from_millis(200));
         for _ in 0..3 {
-            stats.record(1, "7".into(), false, Duration::from_millis(1));
+            stats.record(1, Arc::from("7"), false, Duration::from_millis(1));
         }
-        stats.record(1, "7".into(), true, Duration::from_millis(1));
-        stats.record(1, "8".into(), false, Duration::from_millis(1));
-        stats.record(1, "9".into(), false, Duration::from_millis(1));
-        stats.record(1, "9".into(), false, Duration::from_millis(1));
+        stats.record(1, Arc::from("7"), true, Duration::from_millis(1));
+        stats.record(1, Arc::from("8"), false, Duration::from_millis(1));
+        stats.record(1, Arc::from("9"), false, Duration::from_millis(1));
+        stats.record(1, Arc::from("9"), false, Duration::from_millis(1));
         let rows = stats.rows();
-        assert_eq!(rows.iter().map(|r| r.tenant.as_str()).collect::<Vec<_>>(), ["7", "9"]);
+        assert_eq!(rows.iter().map(|r| &*r.tenant).collect::<Vec<_>>(), ["7", "9"]);
         assert_eq!((rows[0].this.queries, rows[0].this.reads), (4, 3));
         // Wait into the next period: this period's counts become the last's.
         let period = stats.period_now();

@@ -92,7 +92,7 @@ pub async fn overview(coordinator: &Coordinator) -> Value {
         .take(TOP)
         .map(|t| {
             json!({
-                "tenant": t.tenant,
+                "tenant": &*t.tenant,
                 "colocation_id": t.colocation_id,
                 "queries_this_period": t.this.queries,
                 "reads_this_period": t.this.reads,

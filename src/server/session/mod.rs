@@ -167,7 +167,7 @@ struct Session {
     /// The tier of the plan that ran last (a plan may hand over to another).
     ran_tier: Option<crate::stats::Tier>,
     /// Statements' ids and normalised texts, by their text.
-    normalized: HashMap<Box<str>, (i64, Arc<str>)>,
+    normalized: HashMap<Box<str>, (i64, Arc<str>), foldhash::fast::RandomState>,
     /// The role statements are counted under: the one the client logged in as.
     stats_user: Arc<str>,
 }

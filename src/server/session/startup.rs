@@ -133,7 +133,7 @@ pub async fn run(coordinator: Arc<Coordinator>, front: Arc<Front>, stream: Strea
         search_path: SearchPath { stale: !facts.search_path_public, ..SearchPath::default() },
         query_text: String::new(),
         ran_tier: None,
-        normalized: HashMap::new(),
+        normalized: HashMap::default(),
         stats_user: Arc::from(local_login_user.as_str()),
     };
     // A client that logs in and waits holds no connection meanwhile.

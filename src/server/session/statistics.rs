@@ -34,16 +34,15 @@ impl Session {
         result: &Result<(), Failure>,
     ) {
         let Some(tier) = self.ran_tier.take() else { return };
-        let stats = self.coordinator.stats.clone();
         match result {
             Ok(()) => {}
-            Err(Failure::Error(e)) => return stats.record_error(e.code()),
+            Err(Failure::Error(e)) => return self.coordinator.stats.record_error(e.code()),
             Err(Failure::Reported) => return,
         }
         let elapsed = started.elapsed();
         let rows = self.client.rows_completed_since(mark);
-        stats.observe(tier, elapsed, rows);
-        if !stats.config.track {
+        self.coordinator.stats.observe(tier, elapsed, rows);
+        if !self.coordinator.stats.config.track {
             return;
         }
         let (queryid, normalized) = self.normalized(sql);
@@ -53,10 +52,9 @@ impl Session {
             _ => None,
         };
         let tenant = routed.and_then(|route| tenant_of(route, extended));
-        let key =
-            StatementKey { queryid, user: self.stats_user.clone(), tier, partition_key: tenant.as_ref().map(|(_, value)| value.as_str().into()) };
+        let key = StatementKey { queryid, user: self.stats_user.clone(), tier, partition_key: tenant.as_ref().map(|(_, value)| value.clone()) };
         let is_write = routed.is_some_and(|route| route.is_write());
-        stats.track(Tracked { key: &key, normalized: &|| normalized.clone(), tenant, is_write }, elapsed, rows);
+        self.coordinator.stats.track(Tracked { key: &key, normalized: &|| normalized.clone(), tenant, is_write }, elapsed, rows);
     }
 
     /// The statement's id and its text with constants replaced by `$n`,
@@ -103,17 +101,17 @@ pub(super) fn tier_of(plan: &Plan) -> Option<Tier> {
 
 /// The co-location group and the distribution-key value, as text, that a
 /// routed statement ran for.
-fn tenant_of(route: &RouterPlan, extended: Option<(&Bind, &Shape)>) -> Option<(i32, String)> {
+fn tenant_of(route: &RouterPlan, extended: Option<(&Bind, &Shape)>) -> Option<(i32, Arc<str>)> {
     let colocation = route.anchor.as_ref()?.colocation_id;
-    let value = match route.tenant.as_ref()? {
-        KeyValue::Literal { text, .. } => text.clone(),
+    let value: Arc<str> = match route.tenant.as_ref()? {
+        KeyValue::Literal { text, .. } => text.as_str().into(),
         KeyValue::Param(index) => {
             let (bind, shape) = extended?;
             let raw = bind.params.get(*index)?.as_deref()?;
             if bind.param_format(*index) == 1 {
-                binary_as_text(raw, shape.param_types.get(*index).copied().unwrap_or(0))
+                binary_as_text(raw, shape.param_types.get(*index).copied().unwrap_or(0)).into()
             } else {
-                String::from_utf8_lossy(raw).into_owned()
+                String::from_utf8_lossy(raw).as_ref().into()
             }
         }
         KeyValue::Default => return None,
