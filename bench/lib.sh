@@ -235,6 +235,64 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+# ------------------------------------------------ rounds of pgbench runs
+
+# Throughput by "target:round", for scripts that alternate targets.
+declare -A TPS=()
+
+# pgbench_round TARGET PORT ROUND NAME [PGBENCH ARGS...]: one pgbench run of
+# $DURATION s with 8 clients over 2 threads and prepared statements, its tps
+# recorded in TPS[TARGET:ROUND].
+pgbench_round() {
+    local target=$1 port=$2 round=$3 name=$4 out tps
+    shift 4
+    out=$BENCH_LOG_DIR/$target-$name-$round.log
+    "$PG_BIN/pgbench" -h 127.0.0.1 -p "$port" -U postgres "$@" -M prepared -c 8 -j 2 -T "$DURATION" -n postgres >"$out" 2>&1 ||
+        die "$target: pgbench failed" "$out"
+    tps=$(sed -n 's/^tps = \([0-9.]*\) (without initial connection time).*/\1/p' "$out" | head -n 1)
+    [[ -n $tps ]] || die "$target: could not parse pgbench's output" "$out"
+    TPS[$target:$round]=$tps
+    log "$target: round $round: tps=$tps"
+}
+
+# round_ratios NUMERATOR DENOMINATOR: min / median / max over the $ROUNDS rounds
+# of TPS[NUMERATOR:r] / TPS[DENOMINATOR:r].
+round_ratios() {
+    local r
+    for ((r = 1; r <= ROUNDS; r++)); do awk -v a="${TPS[$1:$r]}" -v b="${TPS[$2:$r]}" 'BEGIN { printf "%.3f\n", a / b }'; done | spread
+}
+
+# spread: min / median / max of the numbers on stdin.
+spread() {
+    local values
+    values=$(sort -g)
+    printf '%s / %s / %s' "$(head -n 1 <<<"$values")" "$(median <<<"$values")" "$(tail -n 1 <<<"$values")"
+}
+
+# print_tps TARGET...: each target's tps by round, a line each.
+print_tps() {
+    local target r
+    for target in "$@"; do
+        printf '%-8s' "$target"
+        for ((r = 1; r <= ROUNDS; r++)); do printf ' %10s' "${TPS[$target:$r]}"; done
+        echo
+    done
+}
+
+# restart_coordinator CONFIG [BIN]: the coordinator of the embedded cluster
+# stopped and started again (by BIN, default $TESSERA_BIN) on the
+# configuration file CONFIG.
+restart_coordinator() {
+    local pid
+    cp -- "$1" "$TESSERA_DIR/tessera.toml"
+    pid=$(cat "$TESSERA_DIR/coordinator.pid")
+    kill "$pid"
+    while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+    "${2:-$TESSERA_BIN}" up --data-dir "$TESSERA_DIR" --port "$TESSERA_PORT" --workers 2 >>"$BENCH_LOG_DIR/tessera-up.log" 2>&1 ||
+        die "tessera up on $1 failed" "$BENCH_LOG_DIR/tessera-up.log"
+    COORD_PID=$(cat "$TESSERA_DIR/coordinator.pid")
+}
+
 # ---------------------------------------------------------------- targets
 
 start_plain() {

@@ -45,19 +45,7 @@ TESSERA_START_TIMEOUT=${TESSERA_START_TIMEOUT:-180}
 source "$SCRIPT_DIR/lib.sh"
 require_positive DURATION ROUNDS SCALE TABLES SHARDS_PER_TABLE LOADS
 
-declare -A TPS=()
 SCRAPER_PID=
-
-# select_only TARGET PORT ROUND
-select_only() {
-    local out=$BENCH_LOG_DIR/$1-select-$3.log tps
-    "$PG_BIN/pgbench" -h 127.0.0.1 -p "$2" -U postgres -S -M prepared -c 8 -j 2 -T "$DURATION" -n postgres >"$out" 2>&1 ||
-        die "$1: pgbench failed" "$out"
-    tps=$(sed -n 's/^tps = \([0-9.]*\) (without initial connection time).*/\1/p' "$out" | head -n 1)
-    [[ -n $tps ]] || die "$1: could not parse pgbench's output" "$out"
-    TPS[$1:$3]=$tps
-    log "$1: round $3: tps=$tps"
-}
 
 # The two configurations, made from the one `tessera up` wrote.
 configure_targets() {
@@ -76,16 +64,10 @@ stop_scraper() {
 # use_target on|off|before: the coordinator restarted on that configuration
 # (and binary), the scraper running for `on`.
 use_target() {
-    local pid bin=$TESSERA_BIN config=$1
+    local bin=$TESSERA_BIN config=$1
     stop_scraper
     [[ $1 == before ]] && { bin=$BEFORE_BIN; config=off; }
-    cp -- "$TESSERA_DIR/tessera.toml.$config" "$TESSERA_DIR/tessera.toml"
-    pid=$(cat "$TESSERA_DIR/coordinator.pid")
-    kill "$pid"
-    while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
-    "$bin" up --data-dir "$TESSERA_DIR" --port "$TESSERA_PORT" --workers 2 >>"$BENCH_LOG_DIR/tessera-up.log" 2>&1 ||
-        die "tessera up ($1) failed" "$BENCH_LOG_DIR/tessera-up.log"
-    COORD_PID=$(cat "$TESSERA_DIR/coordinator.pid")
+    restart_coordinator "$TESSERA_DIR/tessera.toml.$config" "$bin"
     if [[ $1 == on ]]; then
         (tick=0
         while true; do
@@ -100,18 +82,6 @@ use_target() {
     fi
 }
 
-ratios() { # ratios NUMERATOR DENOMINATOR: min / median / max over the rounds
-    local r values
-    values=$(for ((r = 1; r <= ROUNDS; r++)); do awk -v a="${TPS[$1:$r]}" -v b="${TPS[$2:$r]}" 'BEGIN { printf "%.3f\n", a / b }'; done | sort -g)
-    printf '%s / %s / %s' "$(head -n 1 <<<"$values")" "$(median <<<"$values")" "$(tail -n 1 <<<"$values")"
-}
-
-spread() { # spread: min / median / max of the numbers on stdin
-    local values
-    values=$(sort -g)
-    printf '%s / %s / %s' "$(head -n 1 <<<"$values")" "$(median <<<"$values")" "$(tail -n 1 <<<"$values")"
-}
-
 trap 'rc=$?; stop_scraper; (exit $rc); cleanup' EXIT
 command -v curl >/dev/null || die "curl is needed"
 log "monitoring benchmark: SCALE=$SCALE DURATION=${DURATION}s ROUNDS=$ROUNDS SCRAPE_EVERY=$SCRAPE_EVERY DASHBOARD_OPEN=$DASHBOARD_OPEN cpus=$(nproc); raw outputs in $BENCH_LOG_DIR"
@@ -124,10 +94,10 @@ configure_targets
 TARGETS=(on off)
 [[ -n ${BEFORE_BIN:-} ]] && TARGETS+=(before)
 for ((round = 1; round <= ROUNDS; round++)); do
-    select_only plain "$PLAIN_PORT" "$round"
+    pgbench_round plain "$PLAIN_PORT" "$round" select -S
     for target in "${TARGETS[@]}"; do
         use_target "$target"
-        select_only "$target" "$TESSERA_PORT" "$round"
+        pgbench_round "$target" "$TESSERA_PORT" "$round" select -S
     done
 done
 
@@ -155,13 +125,9 @@ done
 
 echo
 echo "pgbench select-only, scale $SCALE, 8 clients, ${DURATION} s x $ROUNDS rounds (tps by round)"
-for target in plain "${TARGETS[@]}"; do
-    printf '%-8s' "$target"
-    for ((r = 1; r <= ROUNDS; r++)); do printf ' %10s' "${TPS[$target:$r]}"; done
-    echo
-done
+print_tps plain "${TARGETS[@]}"
 echo "ratio to plain (min / median / max):"
-for target in "${TARGETS[@]}"; do printf '  %-8s %s\n' "$target" "$(ratios "$target" plain)"; done
-echo "on / off (min / median / max): $(ratios on off)"
-[[ -n ${BEFORE_BIN:-} ]] && echo "off / before (min / median / max): $(ratios off before)"
+for target in "${TARGETS[@]}"; do printf '  %-8s %s\n' "$target" "$(round_ratios "$target" plain)"; done
+echo "on / off (min / median / max): $(round_ratios on off)"
+[[ -n ${BEFORE_BIN:-} ]] && echo "off / before (min / median / max): $(round_ratios off before)"
 echo "dashboard with $SHARDS shards: whole load $(printf '%s\n' "${LOAD_TIMES[@]}" | spread) s, /api/overview $(printf '%s\n' "${OVERVIEW_TIMES[@]}" | spread) s (min / median / max of $LOADS)"

@@ -35,18 +35,8 @@ TESSERA_START_TIMEOUT=${TESSERA_START_TIMEOUT:-180}
 source "$SCRIPT_DIR/lib.sh"
 require_positive DURATION ROUNDS SCALE
 
-declare -A TPS=()
-
 # pgbench_tpcb TARGET PORT ROUND
-pgbench_tpcb() {
-    local out=$BENCH_LOG_DIR/$1-tpcb-$3.log tps
-    "$PG_BIN/pgbench" -h 127.0.0.1 -p "$2" -U postgres -M prepared -c 8 -j 2 -T "$DURATION" -n postgres >"$out" 2>&1 ||
-        die "$1: pgbench failed" "$out"
-    tps=$(sed -n 's/^tps = \([0-9.]*\) (without initial connection time).*/\1/p' "$out" | head -n 1)
-    [[ -n $tps ]] || die "$1: could not parse pgbench's output" "$out"
-    TPS[$1:$3]=$tps
-    log "$1: round $3: tps=$tps"
-}
+pgbench_tpcb() { pgbench_round "$1" "$2" "$3" tpcb; }
 
 # The coordinator's configuration for each way to the nodes, made once
 # from the one `tessera up` wrote.
@@ -88,19 +78,13 @@ PY
 # use_target socket|tcp|tls: the nodes' pg_hba.conf and the coordinator's
 # configuration for that target, the coordinator restarted on them.
 use_target() {
-    local hba=tls node pid
+    local hba=tls node
     [[ $1 == tcp ]] && hba=tcp
     for node in "$TESSERA_DIR"/coordinator-db "$TESSERA_DIR"/worker-*; do
         cp -- "$node/pg_hba.conf.$hba" "$node/pg_hba.conf"
         as_pg "$PG_BIN/pg_ctl" -D "$node" reload >/dev/null
     done
-    cp -- "$TESSERA_DIR/tessera.toml.$1" "$TESSERA_DIR/tessera.toml"
-    pid=$(cat "$TESSERA_DIR/coordinator.pid")
-    kill "$pid"
-    while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
-    "$TESSERA_BIN" up --data-dir "$TESSERA_DIR" --port "$TESSERA_PORT" --workers 2 >>"$BENCH_LOG_DIR/tessera-up.log" 2>&1 ||
-        die "tessera up ($1) failed" "$BENCH_LOG_DIR/tessera-up.log"
-    COORD_PID=$(cat "$TESSERA_DIR/coordinator.pid")
+    restart_coordinator "$TESSERA_DIR/tessera.toml.$1"
 }
 
 log "node links benchmark: SCALE=$SCALE DURATION=${DURATION}s ROUNDS=$ROUNDS cpus=$(nproc); raw outputs in $BENCH_LOG_DIR"
@@ -134,26 +118,15 @@ if [[ $STANDBYS == 1 ]]; then
     done
 fi
 
-ratios() { # ratios NUMERATOR DENOMINATOR: min / median / max over the rounds
-    local r values
-    values=$(for ((r = 1; r <= ROUNDS; r++)); do awk -v a="${TPS[$1:$r]}" -v b="${TPS[$2:$r]}" 'BEGIN { printf "%.3f\n", a / b }'; done | sort -g)
-    printf '%s / %s / %s' "$(head -n 1 <<<"$values")" "$(median <<<"$values")" "$(tail -n 1 <<<"$values")"
-}
 echo
 echo "pgbench TPC-B, scale $SCALE, 8 clients, ${DURATION} s x $ROUNDS rounds (tps by round)"
-for target in plain "${TARGETS[@]}"; do
-    printf '%-8s' "$target"
-    for ((r = 1; r <= ROUNDS; r++)); do printf ' %10s' "${TPS[$target:$r]}"; done
-    echo
-done
+print_tps plain "${TARGETS[@]}"
 echo "ratio to plain (min / median / max):"
-for target in "${TARGETS[@]}"; do printf '  %-8s %s\n' "$target" "$(ratios "$target" plain)"; done
+for target in "${TARGETS[@]}"; do printf '  %-8s %s\n' "$target" "$(round_ratios "$target" plain)"; done
 if [[ " ${TARGETS[*]} " == *" tls "* && " ${TARGETS[*]} " == *" tcp "* ]]; then
-    echo "tls / tcp (min / median / max): $(ratios tls tcp)"
+    echo "tls / tcp (min / median / max): $(round_ratios tls tcp)"
 fi
 if [[ $STANDBYS == 1 ]]; then
-    printf '%-8s' standbys
-    for ((r = 1; r <= ROUNDS; r++)); do printf ' %10s' "${TPS[standbys:$r]}"; done
-    echo
-    echo "with a synchronous standby per node, ratio to plain (measured beside it): $(ratios standbys plain_again) (socket without: $(ratios socket plain))"
+    print_tps standbys
+    echo "with a synchronous standby per node, ratio to plain (measured beside it): $(round_ratios standbys plain_again) (socket without: $(round_ratios socket plain))"
 fi
