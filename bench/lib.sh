@@ -405,4 +405,14 @@ SELECT create_distributed_table('pgbench_history','aid');
 SQL
 }
 
+# Plain PostgreSQL and the embedded Tessera cluster, both with pgbench's
+# tables at $SCALE (distributed on Tessera).
+start_pgbench_targets() {
+    start_plain
+    pgbench_init plain "$PLAIN_PORT"
+    start_tessera
+    pgbench_init tessera "$TESSERA_PORT"
+    distribute_pgbench_tables "$TESSERA_PORT"
+}
+
 # run_pgbench TARGET PORT WORKLOAD [pgbench args...]; fails the script on error.

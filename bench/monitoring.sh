@@ -27,7 +27,6 @@
 set -euo pipefail
 
 SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
-REPO_ROOT=$(cd -- "$SCRIPT_DIR/.." && pwd)
 DURATION=${DURATION:-30}
 ROUNDS=${ROUNDS:-3}
 SCALE=${SCALE:-10}
@@ -36,10 +35,6 @@ SHARDS_PER_TABLE=${SHARDS_PER_TABLE:-100}
 LOADS=${LOADS:-5}
 SCRAPE_EVERY=${SCRAPE_EVERY:-15}
 DASHBOARD_OPEN=${DASHBOARD_OPEN:-0}
-BENCH_ONLY_PLAIN=0
-TESSERA_BIN=${TESSERA_BIN:-$REPO_ROOT/target/release/tessera}
-PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
-TESSERA_START_TIMEOUT=${TESSERA_START_TIMEOUT:-180}
 
 # shellcheck source=bench/lib.sh
 source "$SCRIPT_DIR/lib.sh"
@@ -85,11 +80,7 @@ use_target() {
 trap 'rc=$?; stop_scraper; (exit $rc); cleanup' EXIT
 command -v curl >/dev/null || die "curl is needed"
 log "monitoring benchmark: SCALE=$SCALE DURATION=${DURATION}s ROUNDS=$ROUNDS SCRAPE_EVERY=$SCRAPE_EVERY DASHBOARD_OPEN=$DASHBOARD_OPEN cpus=$(nproc); raw outputs in $BENCH_LOG_DIR"
-start_plain
-pgbench_init plain "$PLAIN_PORT"
-start_tessera
-pgbench_init tessera "$TESSERA_PORT"
-distribute_pgbench_tables "$TESSERA_PORT"
+start_pgbench_targets
 configure_targets
 TARGETS=(on off)
 [[ -n ${BEFORE_BIN:-} ]] && TARGETS+=(before)

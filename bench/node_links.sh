@@ -88,11 +88,7 @@ use_target() {
 }
 
 log "node links benchmark: SCALE=$SCALE DURATION=${DURATION}s ROUNDS=$ROUNDS cpus=$(nproc); raw outputs in $BENCH_LOG_DIR"
-start_plain
-pgbench_init plain "$PLAIN_PORT"
-start_tessera
-pgbench_init tessera "$TESSERA_PORT"
-distribute_pgbench_tables "$TESSERA_PORT"
+start_pgbench_targets
 configure_targets
 read -r -a TARGETS <<<"${TARGETS:-socket tcp tls}"
 for ((round = 1; round <= ROUNDS; round++)); do
