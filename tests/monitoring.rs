@@ -245,3 +245,69 @@ fn chromium(url: &str, screenshot: &std::path::Path) -> String {
     run(&[&format!("--screenshot={}", screenshot.display())]);
     run(&["--dump-dom"])
 }
+
+/// Beyond loopback the listener needs a password, and serves only TLS: a
+/// coordinator configured without the password does not start, one with
+/// it answers 401 to requests without it and nothing to clear text.
+#[tokio::test]
+async fn beyond_loopback_the_listener_takes_tls_and_a_password() {
+    let cluster = TestCluster::start(1);
+    let port = tessera::cluster::instance::free_port().unwrap();
+    let open = format!("0.0.0.0:{port}");
+
+    let mut config = tessera::config::Config::load(&cluster.cluster.config_path()).unwrap();
+    config.listen = format!("127.0.0.1:{}", tessera::cluster::instance::free_port().unwrap());
+    config.unix_socket_directories.clear();
+    config.metrics_listen = Some(open.clone());
+    let path = cluster.data_dir().join("open.toml");
+    std::fs::write(&path, toml::to_string(&config).unwrap()).unwrap();
+    let refused = std::process::Command::new(common::tessera_bin()).arg("serve").arg("--config").arg(&path).output().unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("metrics_password"), "{}", String::from_utf8_lossy(&refused.stderr));
+
+    let (_second, _) = cluster
+        .start_second_coordinator(|c| {
+            c.metrics_listen = Some(open.clone());
+            c.metrics_password = Some("s3cret".into());
+        })
+        .await;
+    let ca = cluster.data_dir().join("ca.crt");
+    let basic = |password: &str| {
+        use base64::Engine as _;
+        format!("Authorization: Basic {}\r\n", base64::engine::general_purpose::STANDARD.encode(format!("prometheus:{password}")))
+    };
+    assert!(tls_get(port, &ca, "").await.starts_with("HTTP/1.1 401"));
+    assert!(tls_get(port, &ca, &basic("wrong")).await.starts_with("HTTP/1.1 401"));
+    let answer = tls_get(port, &ca, &basic("s3cret")).await;
+    assert!(answer.starts_with("HTTP/1.1 200") && answer.contains("tessera_clients"), "{answer}");
+    // Clear text gets no HTTP answer.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut clear = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    clear.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let mut reply = Vec::new();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), clear.read_to_end(&mut reply)).await;
+    assert!(!String::from_utf8_lossy(&reply).contains("HTTP/1.1 200"));
+}
+
+/// GET /metrics over TLS, verifying the server against the cluster's CA,
+/// with `header` added: the whole answer.
+async fn tls_get(port: u16, ca: &std::path::Path, header: &str) -> String {
+    use rustls::pki_types::pem::PemObject as _;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let mut stream = connector.connect(rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap(), tcp).await.unwrap();
+    stream.write_all(format!("GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n{header}\r\n").as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer).await;
+    String::from_utf8_lossy(&answer).into_owned()
+}

@@ -144,6 +144,11 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     if !unprepared.is_empty() {
         tokio::spawn(prepare_when_back(coordinator.clone(), unprepared));
     }
+    // A monitoring listener set up wrongly stops the start before any
+    // client is taken.
+    if let Some(listen) = &coordinator.config.metrics_listen {
+        monitoring::start(coordinator.clone(), listen).await?;
+    }
     let listen = &coordinator.config.listen;
     let listener = TcpListener::bind(listen).await.map_err(|e| anyhow::anyhow!("could not listen on {listen}: {e}"))?;
     let port = listener.local_addr()?.port();
@@ -153,9 +158,6 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     tokio::spawn(crate::operations::failover::watch(coordinator.clone()));
     tokio::spawn(detect_deadlocks_periodically(coordinator.clone()));
     tokio::spawn(crate::operations::background::run_jobs(coordinator.clone()));
-    if let Some(listen) = &coordinator.config.metrics_listen {
-        monitoring::start(coordinator.clone(), listen).await?;
-    }
     tracing::info!(
         "tessera coordinator listening on {}{}",
         coordinator.config.listen,

@@ -2,8 +2,9 @@
 //! (`citus_stat_statements`, `citus_stat_tenants`, `citus_stat_counters`)
 //! and the `/metrics` endpoint: statements by normalised text, tier and
 //! partition key, tenants by distribution-key value, event counters, and
-//! latency histograms per tier. Recording takes atomics and one stripe of a
-//! striped map, never a lock the whole process waits on; the views read
+//! latency histograms per tier. Recording a statement that succeeds takes
+//! atomics and one stripe of a striped map, never a lock the whole process
+//! waits on (failed statements, which are rare, share one); the views read
 //! copies.
 
 mod counters;
@@ -13,7 +14,7 @@ mod striped;
 mod tenants;
 
 pub use counters::{Counter, Counters};
-pub use histogram::{Histogram, LATENCY_BUCKETS_SECONDS};
+pub use histogram::Histogram;
 pub use statements::{queryid_of, StatementKey, StatementRow, StatementStats};
 pub use tenants::{TenantRow, TenantStats};
 

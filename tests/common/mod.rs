@@ -142,6 +142,8 @@ impl TestCluster {
         let mut config = tessera::config::Config::load(&self.cluster.config_path()).unwrap();
         config.listen = format!("127.0.0.1:{port}");
         config.unix_socket_directories.clear();
+        // The first coordinator's monitoring port is taken.
+        config.metrics_listen = None;
         edit(&mut config);
         let path = self.data_dir().join("second.toml");
         std::fs::write(&path, toml::to_string(&config).unwrap()).unwrap();
