@@ -82,15 +82,7 @@ pub async fn disable_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) -
     .await;
     ctx.finish_block(implicit, result).await?;
     ctx.catalog = ctx.coordinator.catalog.snapshot();
-    let holding: Vec<String> = ctx
-        .catalog
-        .tables()
-        .filter(|t| !t.is_reference())
-        .filter_map(|t| {
-            let shards = t.shards.iter().filter(|s| s.placements.contains(&node.group_id)).count();
-            (shards > 0).then(|| format!("{} ({shards})", t.name))
-        })
-        .collect();
+    let holding = shards_held(&ctx.catalog, node.group_id);
     if !holding.is_empty() {
         ctx.notice(format!(
             "node {host}:{port} holds shards of {}: statements that need them fail until SELECT citus_activate_node('{host}', {port})",
@@ -119,6 +111,19 @@ pub async fn activate_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) 
     ctx.finish_block(implicit, result).await?;
     ctx.catalog = ctx.coordinator.catalog.snapshot();
     Ok(node.id)
+}
+
+/// The distributed tables with shards on node group `group`, each as
+/// "name (shards 102008, 102012)".
+fn shards_held(catalog: &crate::metadata::Catalog, group: i32) -> Vec<String> {
+    catalog
+        .tables()
+        .filter(|t| !t.is_reference())
+        .filter_map(|t| {
+            let shards: Vec<String> = t.shards.iter().filter(|s| s.placements.contains(&group)).map(|s| s.id.to_string()).collect();
+            (!shards.is_empty()).then(|| format!("{} (shards {})", t.name, shards.join(", ")))
+        })
+        .collect()
 }
 
 /// The statement forgetting node group `group`'s copies of reference tables
@@ -269,15 +274,7 @@ async fn copy_reference_placements(ctx: &mut CommandContext<'_>, copies: &[(Arc<
 /// of reference tables are forgotten.
 pub async fn remove_node(ctx: &mut CommandContext<'_>, host: &str, port: u16) -> PgResult<()> {
     let node = ctx.catalog.registered_node(host, port)?;
-    let holding: Vec<String> = ctx
-        .catalog
-        .tables()
-        .filter(|t| !t.is_reference())
-        .filter_map(|t| {
-            let shards: Vec<String> = t.shards.iter().filter(|s| s.placements.contains(&node.group_id)).map(|s| s.id.to_string()).collect();
-            (!shards.is_empty()).then(|| format!("{} (shards {})", t.name, shards.join(", ")))
-        })
-        .collect();
+    let holding = shards_held(&ctx.catalog, node.group_id);
     if !holding.is_empty() {
         return Err(PgError::new(sqlstate::OBJECT_IN_USE, format!("cannot remove node {host}:{port}: it holds shards of {}", holding.join("; ")))
             .with_hint(format!("Move them to other nodes first: SELECT citus_drain_node('{host}', {port}).")));

@@ -84,19 +84,13 @@ pub enum Checkout<T> {
 const SHARE_OF_NODE: f64 = 0.8;
 
 impl<T> Pools<T> {
-    pub fn new(limit: Option<usize>, active: usize, wait: Duration) -> Self {
+    /// Pools counting into `stats`.
+    pub fn new(limit: Option<usize>, active: usize, wait: Duration, stats: Arc<crate::stats::Stats>) -> Self {
         let blocks = Arc::new(BlockGate::new());
         if let Some(limit) = limit {
             blocks.fit(limit.max(1));
         }
-        let stats = Arc::new(crate::stats::Stats::new(Default::default()));
         Pools { nodes: Mutex::new(HashMap::new()), limit, wait, blocks, stats, active, per_statement: 1 }
-    }
-
-    /// Counts into the process's statistics.
-    pub fn with_stats(mut self, stats: Arc<crate::stats::Stats>) -> Self {
-        self.stats = stats;
-        self
     }
 
     /// Lets a statement run on up to `per_statement` connections per node.

@@ -165,12 +165,7 @@ async fn sizes_script(catalog: &Catalog, parts: &mut Participants) -> PgResult<S
 fn report_script(needs: &ClusterData, report: &ProcessReport) -> String {
     let number = |n: Option<usize>| n.map_or_else(|| "NULL".to_string(), |n| n.to_string());
     let mut script = String::new();
-    let mut fill = |name: &str, rows: Vec<String>| {
-        let _ = write!(script, "CREATE TEMP TABLE IF NOT EXISTS tessera_{name} (LIKE tessera.{name}); DELETE FROM pg_temp.tessera_{name};");
-        if !rows.is_empty() {
-            let _ = write!(script, "INSERT INTO pg_temp.tessera_{name} VALUES {};", rows.join(", "));
-        }
-    };
+    let mut fill = |name: &str, rows: Vec<String>| fill_gathered(&mut script, name, &rows);
     if needs.pools {
         let rows = report
             .pools
@@ -198,16 +193,21 @@ fn report_script(needs: &ClusterData, report: &ProcessReport) -> String {
     script
 }
 
+/// Appends to `script` the statements that fill the session's temporary
+/// table `tessera_<name>` (shaped like `tessera.<name>`) with `rows`, each
+/// a VALUES row, anew; the rows go in batches, as there may be many.
+fn fill_gathered(script: &mut String, name: &str, rows: &[String]) {
+    let _ = write!(script, "CREATE TEMP TABLE IF NOT EXISTS tessera_{name} (LIKE tessera.{name}); DELETE FROM pg_temp.tessera_{name};");
+    for chunk in rows.chunks(1000) {
+        let _ = write!(script, "INSERT INTO pg_temp.tessera_{name} VALUES {};", chunk.join(", "));
+    }
+}
+
 /// The process's statistics, into the temporary tables the
 /// `citus_stat_*` views read.
 fn stats_script(needs: &ClusterData, stats: &Stats) -> String {
     let mut script = String::new();
-    let mut fill = |name: &str, rows: Vec<String>| {
-        let _ = write!(script, "CREATE TEMP TABLE IF NOT EXISTS tessera_{name} (LIKE tessera.{name}); DELETE FROM pg_temp.tessera_{name};");
-        for chunk in rows.chunks(1000) {
-            let _ = write!(script, "INSERT INTO pg_temp.tessera_{name} VALUES {};", chunk.join(", "));
-        }
-    };
+    let mut fill = |name: &str, rows: Vec<String>| fill_gathered(&mut script, name, &rows);
     const DATABASE: &str = "(SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())";
     let millis = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
     if needs.statements {

@@ -89,9 +89,9 @@ impl Coordinator {
         conn.terminate().await;
         let pool_wait = Duration::from_secs_f64(config.connections.pool_wait_secs.max(0.0));
         let stats = Arc::new(crate::stats::Stats::new(config.stats.clone()));
-        let worker_pools = crate::transaction::WorkerPools::new(config.connections.max_per_node, config.connections.active_per_node(), pool_wait)
-            .with_per_statement(config.connections.executor_pool_size())
-            .with_stats(stats.clone());
+        let worker_pools =
+            crate::transaction::WorkerPools::new(config.connections.max_per_node, config.connections.active_per_node(), pool_wait, stats.clone())
+                .with_per_statement(config.connections.executor_pool_size());
         let local_pool = crate::connection::pool::NodePool::new(config.connections.max_coordinator_db);
         let catalog = Arc::new(CatalogHandle::new(catalog));
         let transactions = &config.transactions;

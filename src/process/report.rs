@@ -11,6 +11,10 @@ pub struct PoolUsage {
     pub idle: usize,
     /// None until the pool has read the node's `max_connections`.
     pub limit: Option<usize>,
+    /// Sessions waiting for one of its connections now.
+    pub waiting: usize,
+    /// Times a session had to wait, since the start.
+    pub waits: u64,
 }
 
 /// One client session of this coordinator process.
@@ -36,14 +40,22 @@ impl Coordinator {
     /// The process's connection pools and client sessions as they are now,
     /// for `tessera.connection_pools` and `tessera.client_sessions`.
     pub fn process_report(&self, catalog: &crate::metadata::Catalog) -> ProcessReport {
-        let pool = |node: String, pool: (usize, usize, Option<usize>)| PoolUsage { node, open: pool.0, idle: pool.1, limit: pool.2 };
-        let mut pools = vec![pool(format!("{} (coordinator database)", self.config.coordinator_db_addr()), self.local_pool.usage())];
+        let pool = |node: String, (open, idle, limit): (usize, usize, Option<usize>), (waiting, waits): (usize, u64)| PoolUsage {
+            node,
+            open,
+            idle,
+            limit,
+            waiting,
+            waits,
+        };
+        let mut pools =
+            vec![pool(format!("{} (coordinator database)", self.config.coordinator_db_addr()), self.local_pool.usage(), self.local_pool.waits())];
         let mut workers: Vec<(i32, _)> = self.worker_pools.all();
         workers.sort_by_key(|(group, _)| *group);
         for (group, node_pool) in workers {
             let node =
                 catalog.nodes.iter().find(|n| n.group_id == group).map(|n| n.addr.to_string()).unwrap_or_else(|| format!("node group {group}"));
-            pools.push(pool(node, node_pool.usage()));
+            pools.push(pool(node, node_pool.usage(), node_pool.waits()));
         }
         let (blocks, blocks_limit) = self.worker_pools.blocks.usage();
         let mut sessions: Vec<ClientSession> = self

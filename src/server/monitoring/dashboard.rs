@@ -103,13 +103,8 @@ pub async fn overview(coordinator: &Coordinator) -> Value {
         .collect();
 
     let report = coordinator.process_report(&catalog);
-    let waits: BTreeMap<String, usize> =
-        coordinator.worker_pools.all().into_iter().filter_map(|(group, pool)| Some((address_of_group(group)?, pool.waits().0))).collect();
-    let pools: Vec<Value> = report
-        .pools
-        .iter()
-        .map(|p| json!({ "node": p.node, "open": p.open, "idle": p.idle, "limit": p.limit, "waiting": waits.get(&p.node).copied().unwrap_or(0) }))
-        .collect();
+    let pools: Vec<Value> =
+        report.pools.iter().map(|p| json!({ "node": p.node, "open": p.open, "idle": p.idle, "limit": p.limit, "waiting": p.waiting })).collect();
 
     json!({
         "clients": coordinator.clients.load(std::sync::atomic::Ordering::Relaxed),

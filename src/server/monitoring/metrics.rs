@@ -7,7 +7,7 @@ use super::snapshot::{JobView, NodeView};
 use crate::process::Coordinator;
 use crate::stats::{Counter, Tier};
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
@@ -54,20 +54,21 @@ fn family<L: prometheus_client::encoding::EncodeLabelSet>(
 ) -> Result<(), Error> {
     let mut metric = encoder.encode_descriptor(name, help, None, kind)?;
     for (labels, value) in samples {
-        let sample = metric.encode_family(&labels)?;
-        match kind {
-            MetricType::Counter => ConstCounter::new(value).encode(sample)?,
-            _ => ConstGauge::new(value as i64).encode(sample)?,
-        }
+        value_of(kind, value, metric.encode_family(&labels)?)?;
     }
     Ok(())
 }
 
+/// Writes one metric of `kind` without labels.
 fn single(encoder: &mut DescriptorEncoder, name: &str, help: &str, kind: MetricType, value: u64) -> Result<(), Error> {
-    let metric = encoder.encode_descriptor(name, help, None, kind)?;
+    value_of(kind, value, encoder.encode_descriptor(name, help, None, kind)?)
+}
+
+/// Writes a counter's or a gauge's value.
+fn value_of(kind: MetricType, value: u64, sample: MetricEncoder) -> Result<(), Error> {
     match kind {
-        MetricType::Counter => ConstCounter::new(value).encode(metric),
-        _ => ConstGauge::new(value as i64).encode(metric),
+        MetricType::Counter => ConstCounter::new(value).encode(sample),
+        _ => ConstGauge::new(value as i64).encode(sample),
     }
 }
 
@@ -105,29 +106,19 @@ impl Collector for Scrape {
             MetricType::Gauge,
             pools.iter().filter_map(|p| Some(([("node", p.node.clone())], p.limit? as u64))),
         )?;
-        let catalog = coordinator.catalog.snapshot();
-        let waits: Vec<(String, (usize, u64))> = coordinator
-            .worker_pools
-            .all()
-            .into_iter()
-            .map(|(group, pool)| {
-                let node = catalog.node_for_group(group).map(|n| n.addr.to_string()).unwrap_or_else(|| format!("node group {group}"));
-                (node, pool.waits())
-            })
-            .collect();
         family(
             &mut encoder,
             "tessera_pool_waiting_sessions",
-            "Sessions waiting now for a connection to each worker.",
+            "Sessions waiting now for a connection to each node.",
             MetricType::Gauge,
-            waits.iter().map(|(node, (waiting, _))| ([("node", node.clone())], *waiting as u64)),
+            pools.iter().map(|p| ([("node", p.node.clone())], p.waiting as u64)),
         )?;
         family(
             &mut encoder,
             "tessera_pool_waits",
-            "Times a session had to wait for a connection to each worker.",
+            "Times a session had to wait for a connection to each node.",
             MetricType::Counter,
-            waits.iter().map(|(node, (_, total))| ([("node", node.clone())], *total)),
+            pools.iter().map(|p| ([("node", p.node.clone())], p.waits)),
         )?;
         single(
             &mut encoder,
